@@ -1,0 +1,74 @@
+package allocate
+
+import (
+	"github.com/gpulink/gpulink/driver/topology"
+)
+
+// Strategy says whether to pack work tightly or spread it out.
+type Strategy string
+
+const (
+	// Binpack fills the busiest GPU (or node) that still fits, keeping
+	// whole GPUs and whole nodes free for large jobs.
+	Binpack Strategy = "binpack"
+	// Spread places work on the least-used GPU (or node).
+	Spread Strategy = "spread"
+)
+
+// Policy chooses the packing strategy at node level and at GPU level (for shares).
+type Policy struct {
+	Node Strategy `json:"node,omitempty"`
+	GPU  Strategy `json:"gpu,omitempty"`
+}
+
+// GPUUsage is what is already consumed on one GPU.
+type GPUUsage struct {
+	// Exclusive is true when the GPU is given out whole.
+	Exclusive bool
+	// Shares is the number of shares placed on the GPU.
+	Shares int
+	// MemoryBytes and Cores are the sums consumed by those shares
+	// (cores: 100 = the whole GPU).
+	MemoryBytes int64
+	Cores       int64
+}
+
+// NodeState is one node as the allocator sees it.
+type NodeState struct {
+	Name     string
+	Topology *topology.Topology
+	// Usage is indexed by position in Topology; nil means nothing used.
+	Usage []GPUUsage
+	// MaxSharesPerGPU caps shares on one GPU; 0 means the package default.
+	MaxSharesPerGPU int
+}
+
+// ShareRequest asks for part of one GPU.
+type ShareRequest struct {
+	MemoryBytes int64
+	// Cores is the percentage of the GPU's compute (1..100).
+	Cores int64
+}
+
+// Request is one allocation request: N whole GPUs, or one share.
+type Request struct {
+	// GPUs is the number of whole GPUs; must be 0 when Share is set.
+	GPUs  int
+	Share *ShareRequest
+	// RequiredLink is the minimum link class every pair of the set must
+	// have (topology.LinkNVLink for "every pair NVLink"). LinkNone means
+	// best effort.
+	RequiredLink topology.Link
+	// Eligible restricts the GPUs (by position) that may be chosen, e.g.
+	// after CEL selectors; nil means all.
+	Eligible []bool
+}
+
+// Result is a successful placement.
+type Result struct {
+	Node string
+	// GPUs are positions in the node's topology, ascending.
+	GPUs []int
+	// WeakestLink is the slowest link within the set; LinkNone for one GPU.
+	WeakestLink topology.Link
+}
