@@ -13,6 +13,23 @@ import (
 // Name is the DRA driver name, the domain of every attribute gpulink publishes.
 const Name = "gpu.gpulink.dev"
 
+// Names shared by the kubelet plugin, the controller and the Helm chart.
+const (
+	// DeviceClassWhole selects whole GPUs, given out exclusively.
+	DeviceClassWhole = "gpu.gpulink.dev"
+	// DeviceClassShare selects a memory/core share of one GPU.
+	DeviceClassShare = "gpu-share.gpulink.dev"
+	// ManagedTaintKey is the device taint (effect NoSchedule) the kubelet
+	// plugin puts on every device when the controller allocates them, so
+	// kube-scheduler never allocates a gpulink device itself.
+	ManagedTaintKey = "gpu.gpulink.dev/managed-by-controller"
+	// SchedulingGate holds pods back from kube-scheduler until the
+	// controller has allocated their gpulink claims.
+	SchedulingGate = "gpu.gpulink.dev/allocation"
+	// ClaimFinalizer is the controller's finalizer on claims it allocated.
+	ClaimFinalizer = "gpu.gpulink.dev/allocation"
+)
+
 // Device attribute names (unqualified: the API qualifies them with Name).
 // They reuse the NVIDIA GPU DRA driver's names where one exists so users can
 // move CEL selectors over unchanged.
