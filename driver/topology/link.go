@@ -49,6 +49,12 @@ func NVLink(lanes int) Link {
 	return linkNVBase + Link(lanes)
 }
 
+// Valid reports whether l is a real link class: a PCIe path or an NVLink
+// bond of 1 to MaxNVLinkLanes lanes (not LinkNone).
+func (l Link) Valid() bool {
+	return (l >= LinkSYS && l <= LinkPIX) || (l > linkNVBase && l <= linkNVBase+MaxNVLinkLanes)
+}
+
 // IsNVLink reports whether the link is an NVLink bond.
 func (l Link) IsNVLink() bool { return l > linkNVBase }
 

@@ -1,14 +1,8 @@
-// Package topology models the GPUs of one node and the link class between
-// every two of them, as `nvidia-smi topo -m` and NVML report it.
-//
-// The model is pure data: no API server, no NVML calls. Everything that
-// needs to know how GPUs are wired (the allocator, the kubelet plugin's
-// ResourceSlice attributes, the controller's reconstruction of a node from
-// those slices) goes through a *Topology.
 package topology
 
 import (
 	"fmt"
+	"sync"
 )
 
 // GPU is what gpulink knows about one physical GPU. Fields that a source
@@ -46,6 +40,19 @@ const MaxGPUs = 64
 type Topology struct {
 	GPUs  []GPU
 	links []Link // row-major Len()×Len(); diagonal is LinkNone
+
+	// Derived data. A Topology is immutable after New, so islands are
+	// computed once there and aligned groups on first use; derived is a
+	// pointer so that copying a Topology value does not copy a mutex.
+	islands  [][]int
+	islandOf []int
+	derived  *derivedCache
+}
+
+// derivedCache memoizes AlignedGroups per group size for concurrent readers.
+type derivedCache struct {
+	mu     sync.Mutex
+	groups map[int]*alignedPartition
 }
 
 // New builds a topology from GPUs in position order and a full square link
@@ -82,6 +89,9 @@ func New(gpus []GPU, links [][]Link) (*Topology, error) {
 			if l == LinkNone {
 				return nil, fmt.Errorf("no link between GPU%d and GPU%d", gpus[i].Index, gpus[j].Index)
 			}
+			if !l.Valid() {
+				return nil, fmt.Errorf("link between GPU%d and GPU%d has invalid class value %d", gpus[i].Index, gpus[j].Index, uint8(l))
+			}
 			if links[j][i] != l {
 				return nil, fmt.Errorf("asymmetric link matrix: GPU%d->GPU%d is %s but GPU%d->GPU%d is %s",
 					gpus[i].Index, gpus[j].Index, l, gpus[j].Index, gpus[i].Index, links[j][i])
@@ -89,6 +99,8 @@ func New(gpus []GPU, links [][]Link) (*Topology, error) {
 			t.links[i*n+j] = l
 		}
 	}
+	t.islands, t.islandOf = nvlinkIslands(t)
+	t.derived = &derivedCache{groups: make(map[int]*alignedPartition)}
 	return t, nil
 }
 
