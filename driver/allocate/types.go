@@ -62,6 +62,11 @@ type Request struct {
 	// Eligible restricts the GPUs (by position) that may be chosen, e.g.
 	// after CEL selectors; nil means all.
 	Eligible []bool
+	// EligibleByNode is Eligible per node name, for ChooseNode over nodes
+	// that differ (selectors evaluated per node). A node missing from the
+	// map has no eligible GPU. At most one of Eligible and EligibleByNode
+	// may be set; Allocate and Commit honor either.
+	EligibleByNode map[string][]bool
 }
 
 // Result is a successful placement.
@@ -71,4 +76,13 @@ type Result struct {
 	GPUs []int
 	// WeakestLink is the slowest link within the set; LinkNone for one GPU.
 	WeakestLink topology.Link
+	// AggregateLink is the sum of the link classes of every pair in the
+	// set (0 for one GPU): the second criterion after WeakestLink.
+	AggregateLink int
 }
+
+// DefaultMaxSharesPerGPU caps the shares placed on one GPU when
+// NodeState.MaxSharesPerGPU is 0. 16 is the client limit of MPS on
+// pre-Volta GPUs, the lowest any supported GPU has, and keeps each share's
+// slice of memory and SMs large enough to be useful.
+const DefaultMaxSharesPerGPU = 16

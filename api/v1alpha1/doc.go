@@ -1,0 +1,40 @@
+// Package v1alpha1 is the opaque configuration that a DeviceClass or a
+// ResourceClaim passes to the gpulink DRA driver (driver name
+// gpu.gpulink.dev) in its `config[].opaque.parameters`.
+//
+// A full example, as it appears in a ResourceClaim:
+//
+//	spec:
+//	  devices:
+//	    requests:
+//	    - name: gpus
+//	      exactly:
+//	        deviceClassName: gpu.gpulink.dev
+//	        count: 4
+//	    config:
+//	    - requests: [gpus]
+//	      opaque:
+//	        driver: gpu.gpulink.dev
+//	        parameters:
+//	          apiVersion: gpu.gpulink.dev/v1alpha1
+//	          kind: GpuConfig
+//	          topology:
+//	            policy: Required   # BestEffort (default) or Required
+//	            minLink: NVLink    # NVLink, NV1..NV18, PIX, PXB, PHB, NODE or SYS
+//	          sharing:
+//	            strategy: MPS      # MPS (default), HAMiCore or None
+//	            defaultMemory: 4Gi
+//	            defaultCores: 25
+//	            maxSharesPerGPU: 16
+//
+// Configs are read in layers: the DeviceClass's first, then the claim's, each
+// later layer overriding the earlier one field by field (see Merge). Resolve
+// does the whole pipeline (Decode each layer, Merge, Default, Validate);
+// Normalize does it for a single layer.
+//
+// Fields that the selected policy or strategy does not use (minLink under
+// BestEffort, the share sizes under strategy None) are still checked for
+// well-formedness but otherwise ignored. Rejecting them would make layering
+// impossible: a claim that relaxes a class's Required policy to BestEffort
+// cannot remove the class's minLink, because a layer can only set fields.
+package v1alpha1

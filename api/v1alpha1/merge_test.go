@@ -1,0 +1,77 @@
+package v1alpha1
+
+import (
+	"testing"
+)
+
+func TestMerge(t *testing.T) {
+	class := &GpuConfig{
+		Topology: &TopologyConfig{Policy: TopologyRequired, MinLink: "NVLink"},
+		Sharing:  &SharingConfig{Strategy: SharingHAMiCore, DefaultMemory: quantity("8Gi"), MaxSharesPerGPU: ptr(4)},
+	}
+	tests := []struct {
+		name    string
+		configs []*GpuConfig
+		want    *GpuConfig
+	}{
+		{name: "nothing", configs: nil, want: &GpuConfig{}},
+		{name: "only nils", configs: []*GpuConfig{nil, nil}, want: &GpuConfig{}},
+		{name: "one config is copied", configs: []*GpuConfig{class}, want: class},
+		{
+			name: "claim overrides the fields it sets",
+			configs: []*GpuConfig{class, {
+				Topology: &TopologyConfig{MinLink: "NV2"},
+				Sharing:  &SharingConfig{DefaultMemory: quantity("2Gi"), DefaultCores: ptr(int64(10))},
+			}},
+			want: &GpuConfig{
+				Topology: &TopologyConfig{Policy: TopologyRequired, MinLink: "NV2"},
+				Sharing:  &SharingConfig{Strategy: SharingHAMiCore, DefaultMemory: quantity("2Gi"), DefaultCores: ptr(int64(10)), MaxSharesPerGPU: ptr(4)},
+			},
+		},
+		{
+			name:    "claim relaxes the policy; minLink stays but is ignored",
+			configs: []*GpuConfig{class, {Topology: &TopologyConfig{Policy: TopologyBestEffort}}},
+			want: &GpuConfig{
+				Topology: &TopologyConfig{Policy: TopologyBestEffort, MinLink: "NVLink"},
+				Sharing:  class.Sharing,
+			},
+		},
+		{
+			name:    "nil in the middle is skipped",
+			configs: []*GpuConfig{{Sharing: &SharingConfig{Strategy: SharingNone}}, nil, {Topology: &TopologyConfig{Policy: TopologyBestEffort}}},
+			want: &GpuConfig{
+				Topology: &TopologyConfig{Policy: TopologyBestEffort},
+				Sharing:  &SharingConfig{Strategy: SharingNone},
+			},
+		},
+		{
+			name:    "last of three wins",
+			configs: []*GpuConfig{{Sharing: &SharingConfig{DefaultCores: ptr(int64(1))}}, {Sharing: &SharingConfig{DefaultCores: ptr(int64(2))}}, {Sharing: &SharingConfig{DefaultCores: ptr(int64(3))}}},
+			want:    &GpuConfig{Sharing: &SharingConfig{DefaultCores: ptr(int64(3))}},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := Merge(tt.configs...)
+			if got.APIVersion != APIVersion || got.Kind != Kind {
+				t.Errorf("type meta = %q %q, want %q %q", got.APIVersion, got.Kind, APIVersion, Kind)
+			}
+			assertConfigEqual(t, got, tt.want)
+		})
+	}
+}
+
+func TestMergeDoesNotAlias(t *testing.T) {
+	class := &GpuConfig{
+		Topology: &TopologyConfig{Policy: TopologyRequired, MinLink: "NVLink"},
+		Sharing:  &SharingConfig{DefaultMemory: quantity("8Gi"), DefaultCores: ptr(int64(20)), MaxSharesPerGPU: ptr(4)},
+	}
+	got := Merge(class)
+	got.Topology.MinLink = "SYS"
+	*got.Sharing.DefaultCores = 99
+	*got.Sharing.MaxSharesPerGPU = 99
+	got.Sharing.DefaultMemory.Set(1)
+	if class.Topology.MinLink != "NVLink" || *class.Sharing.DefaultCores != 20 || *class.Sharing.MaxSharesPerGPU != 4 || class.Sharing.DefaultMemory.String() != "8Gi" {
+		t.Fatalf("changing the merge result changed its input: %+v %+v", *class.Topology, *class.Sharing)
+	}
+}

@@ -1,0 +1,87 @@
+package v1alpha1
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/gpulink/gpulink/driver/topology"
+)
+
+func TestResolve(t *testing.T) {
+	const classCfg = `apiVersion: gpu.gpulink.dev/v1alpha1
+kind: GpuConfig
+topology: {policy: Required, minLink: NVLink}
+sharing: {strategy: HAMiCore, defaultMemory: 8Gi}
+`
+	tests := []struct {
+		name     string
+		layers   []string
+		wantLink topology.Link
+		want     *GpuConfig
+		wantErr  []string
+	}{
+		{
+			name:     "no layers gives the defaults",
+			wantLink: topology.LinkNone,
+			want: &GpuConfig{
+				Topology: &TopologyConfig{Policy: TopologyBestEffort},
+				Sharing:  &SharingConfig{Strategy: SharingMPS, DefaultMemory: quantity("4Gi"), DefaultCores: ptr(int64(25)), MaxSharesPerGPU: ptr(16)},
+			},
+		},
+		{
+			name:     "claim defaults do not mask class settings",
+			layers:   []string{classCfg, "apiVersion: gpu.gpulink.dev/v1alpha1\nkind: GpuConfig\nsharing: {defaultCores: 50}\n"},
+			wantLink: topology.LinkNVLink,
+			want: &GpuConfig{
+				Topology: &TopologyConfig{Policy: TopologyRequired, MinLink: "NVLink"},
+				Sharing:  &SharingConfig{Strategy: SharingHAMiCore, DefaultMemory: quantity("8Gi"), DefaultCores: ptr(int64(50)), MaxSharesPerGPU: ptr(16)},
+			},
+		},
+		{
+			name:     "claim relaxes to best effort",
+			layers:   []string{classCfg, `{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","topology":{"policy":"BestEffort"}}`},
+			wantLink: topology.LinkNone,
+			want: &GpuConfig{
+				Topology: &TopologyConfig{Policy: TopologyBestEffort, MinLink: "NVLink"},
+				Sharing:  &SharingConfig{Strategy: SharingHAMiCore, DefaultMemory: quantity("8Gi"), DefaultCores: ptr(int64(25)), MaxSharesPerGPU: ptr(16)},
+			},
+		},
+		{
+			name:    "bad layer is named",
+			layers:  []string{classCfg, "apiVersion: gpu.gpulink.dev/v1alpha1\nkind: GpuConfig\nsharing: {maxShares: 2}\n"},
+			wantErr: []string{"configuration layer 1", `unknown field "sharing.maxShares"`},
+		},
+		{
+			name:    "merged result is validated",
+			layers:  []string{"apiVersion: gpu.gpulink.dev/v1alpha1\nkind: GpuConfig\ntopology: {policy: Required}\n"},
+			wantErr: []string{"topology.minLink: Required value"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			raws := make([][]byte, len(tt.layers))
+			for i, l := range tt.layers {
+				raws[i] = []byte(l)
+			}
+			got, err := Resolve(raws...)
+			if len(tt.wantErr) > 0 {
+				if err == nil {
+					t.Fatalf("Resolve succeeded with %+v, want an error", got)
+				}
+				for _, w := range tt.wantErr {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error %q does not contain %q", err, w)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Resolve: %v", err)
+			}
+			assertConfigEqual(t, got, tt.want)
+			if l := got.RequiredLink(); l != tt.wantLink {
+				t.Errorf("RequiredLink = %v, want %v", l, tt.wantLink)
+			}
+		})
+	}
+}

@@ -1,0 +1,74 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Identity of the configuration type; Decode accepts nothing else.
+const (
+	GroupName = "gpu.gpulink.dev"
+	Version   = "v1alpha1"
+	Kind      = "GpuConfig"
+)
+
+// APIVersion is the value the apiVersion field must carry.
+const APIVersion = GroupName + "/" + Version
+
+// GpuConfig is the opaque configuration of driver gpu.gpulink.dev.
+type GpuConfig struct {
+	metav1.TypeMeta `json:",inline"`
+	// Topology says how strictly the links between the GPUs of one
+	// request are enforced.
+	Topology *TopologyConfig `json:"topology,omitempty"`
+	// Sharing says how a GPU given out in shares is partitioned.
+	Sharing *SharingConfig `json:"sharing,omitempty"`
+}
+
+// TopologyPolicy says whether a link requirement is a preference or a must.
+type TopologyPolicy string
+
+const (
+	// TopologyBestEffort picks the best-connected GPUs available but never
+	// fails a request because of its links.
+	TopologyBestEffort TopologyPolicy = "BestEffort"
+	// TopologyRequired fails a request unless every pair of its GPUs is
+	// connected by at least MinLink.
+	TopologyRequired TopologyPolicy = "Required"
+)
+
+// TopologyConfig is the link policy for multi-GPU requests.
+type TopologyConfig struct {
+	Policy TopologyPolicy `json:"policy,omitempty"`
+	// MinLink is the slowest acceptable link class between any two GPUs of
+	// the request: "NVLink" (any NVLink bond), "NV1".."NV18", "PIX", "PXB",
+	// "PHB", "NODE" or "SYS". Required iff Policy is Required.
+	MinLink string `json:"minLink,omitempty"`
+}
+
+// SharingStrategy is the mechanism that confines a share to its part of a GPU.
+type SharingStrategy string
+
+const (
+	// SharingMPS runs an MPS control daemon per GPU and limits each client
+	// with CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE.
+	SharingMPS SharingStrategy = "MPS"
+	// SharingHAMiCore relies on the HAMi-core interception library and sets
+	// CUDA_DEVICE_MEMORY_LIMIT_<i> and CUDA_DEVICE_SM_LIMIT_<i>.
+	SharingHAMiCore SharingStrategy = "HAMiCore"
+	// SharingNone gives out no shares: only whole GPUs.
+	SharingNone SharingStrategy = "None"
+)
+
+// SharingConfig sizes the shares of one GPU.
+type SharingConfig struct {
+	Strategy SharingStrategy `json:"strategy,omitempty"`
+	// DefaultMemory is the GPU memory a share gets when its request does
+	// not ask for the memory capacity.
+	DefaultMemory *resource.Quantity `json:"defaultMemory,omitempty"`
+	// DefaultCores is the percentage of the GPU's SMs (1..100) a share gets
+	// when its request does not ask for the cores capacity.
+	DefaultCores *int64 `json:"defaultCores,omitempty"`
+	// MaxSharesPerGPU caps how many shares one GPU carries at a time.
+	MaxSharesPerGPU *int `json:"maxSharesPerGPU,omitempty"`
+}

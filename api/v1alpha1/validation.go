@@ -1,0 +1,76 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/gpulink/gpulink/driver/topology"
+)
+
+// maxSharesPerGPULimit follows from cores being whole percentages: beyond
+// 100 shares some share would get less than 1% of the SMs.
+const maxSharesPerGPULimit = 100
+
+var (
+	supportedPolicies   = []TopologyPolicy{TopologyBestEffort, TopologyRequired}
+	supportedStrategies = []SharingStrategy{SharingMPS, SharingHAMiCore, SharingNone}
+)
+
+// Validate checks every field and returns all problems at once as an
+// aggregate of field errors (nil if none). Empty policy and strategy are
+// accepted as "the default", so Validate works before and after Default.
+func (c *GpuConfig) Validate() error {
+	if c == nil {
+		return field.ErrorList{field.Required(field.NewPath(Kind), "configuration is missing")}.ToAggregate()
+	}
+	var errs field.ErrorList
+	errs = append(errs, validateTopology(c.Topology, field.NewPath("topology"))...)
+	errs = append(errs, validateSharing(c.Sharing, field.NewPath("sharing"))...)
+	return errs.ToAggregate()
+}
+
+func validateTopology(t *TopologyConfig, path *field.Path) field.ErrorList {
+	if t == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	switch t.Policy {
+	case "", TopologyBestEffort, TopologyRequired:
+	default:
+		errs = append(errs, field.NotSupported(path.Child("policy"), t.Policy, supportedPolicies))
+	}
+	minLink := path.Child("minLink")
+	if t.MinLink == "" {
+		if t.Policy == TopologyRequired {
+			errs = append(errs, field.Required(minLink, "policy Required needs the slowest acceptable link class"))
+		}
+	} else if _, err := topology.ParseLinkClass(t.MinLink); err != nil {
+		errs = append(errs, field.Invalid(minLink, t.MinLink, err.Error()))
+	}
+	return errs
+}
+
+func validateSharing(s *SharingConfig, path *field.Path) field.ErrorList {
+	if s == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	switch s.Strategy {
+	case "", SharingMPS, SharingHAMiCore, SharingNone:
+	default:
+		errs = append(errs, field.NotSupported(path.Child("strategy"), s.Strategy, supportedStrategies))
+	}
+	if q := s.DefaultMemory; q != nil {
+		// AsInt64 fails for fractional bytes ("100m") and for values beyond
+		// int64, both of which the allocator cannot account.
+		if v, ok := q.AsInt64(); !ok || v <= 0 {
+			errs = append(errs, field.Invalid(path.Child("defaultMemory"), q.String(), "must be a positive whole number of bytes"))
+		}
+	}
+	if v := s.DefaultCores; v != nil && (*v < 1 || *v > 100) {
+		errs = append(errs, field.Invalid(path.Child("defaultCores"), *v, "must be between 1 and 100"))
+	}
+	if v := s.MaxSharesPerGPU; v != nil && (*v < 1 || *v > maxSharesPerGPULimit) {
+		errs = append(errs, field.Invalid(path.Child("maxSharesPerGPU"), *v, "must be between 1 and 100"))
+	}
+	return errs
+}

@@ -1,0 +1,104 @@
+package v1alpha1
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  *GpuConfig
+		want []string // substrings of the error; none means valid
+	}{
+		{name: "empty is valid", cfg: &GpuConfig{}},
+		{name: "required with NVLink", cfg: &GpuConfig{Topology: &TopologyConfig{Policy: TopologyRequired, MinLink: "NVLink"}}},
+		{name: "required with PCIe class", cfg: &GpuConfig{Topology: &TopologyConfig{Policy: TopologyRequired, MinLink: "PXB"}}},
+		{name: "best effort with minLink is allowed", cfg: &GpuConfig{Topology: &TopologyConfig{Policy: TopologyBestEffort, MinLink: "NV2"}}},
+		{name: "None with share sizes is allowed", cfg: &GpuConfig{Sharing: &SharingConfig{Strategy: SharingNone, DefaultCores: ptr(int64(50))}}},
+		{name: "bounds are inclusive", cfg: &GpuConfig{Sharing: &SharingConfig{DefaultCores: ptr(int64(100)), MaxSharesPerGPU: ptr(1), DefaultMemory: quantity("1")}}},
+		{
+			name: "unknown policy",
+			cfg:  &GpuConfig{Topology: &TopologyConfig{Policy: "Sometimes"}},
+			want: []string{`topology.policy: Unsupported value: "Sometimes": supported values: "BestEffort", "Required"`},
+		},
+		{
+			name: "unknown link class",
+			cfg:  &GpuConfig{Topology: &TopologyConfig{Policy: TopologyRequired, MinLink: "FAST"}},
+			want: []string{`topology.minLink: Invalid value: "FAST"`},
+		},
+		{
+			name: "minLink is checked under best effort too",
+			cfg:  &GpuConfig{Topology: &TopologyConfig{MinLink: "NV19"}},
+			want: []string{`topology.minLink: Invalid value: "NV19"`},
+		},
+		{
+			name: "required without minLink",
+			cfg:  &GpuConfig{Topology: &TopologyConfig{Policy: TopologyRequired}},
+			want: []string{"topology.minLink: Required value"},
+		},
+		{
+			name: "unknown strategy",
+			cfg:  &GpuConfig{Sharing: &SharingConfig{Strategy: "TimeSlice"}},
+			want: []string{`sharing.strategy: Unsupported value: "TimeSlice": supported values: "MPS", "HAMiCore", "None"`},
+		},
+		{
+			name: "cores above 100",
+			cfg:  &GpuConfig{Sharing: &SharingConfig{DefaultCores: ptr(int64(130))}},
+			want: []string{"sharing.defaultCores: Invalid value: 130: must be between 1 and 100"},
+		},
+		{
+			name: "zero cores",
+			cfg:  &GpuConfig{Sharing: &SharingConfig{DefaultCores: ptr(int64(0))}},
+			want: []string{"sharing.defaultCores: Invalid value: 0: must be between 1 and 100"},
+		},
+		{
+			name: "zero memory",
+			cfg:  &GpuConfig{Sharing: &SharingConfig{DefaultMemory: quantity("0")}},
+			want: []string{`sharing.defaultMemory: Invalid value: "0": must be a positive whole number of bytes`},
+		},
+		{
+			name: "fractional bytes",
+			cfg:  &GpuConfig{Sharing: &SharingConfig{DefaultMemory: quantity("100m")}},
+			want: []string{`sharing.defaultMemory: Invalid value: "100m"`},
+		},
+		{
+			name: "negative memory",
+			cfg:  &GpuConfig{Sharing: &SharingConfig{DefaultMemory: quantity("-1Gi")}},
+			want: []string{`sharing.defaultMemory: Invalid value: "-1Gi"`},
+		},
+		{
+			name: "too many shares",
+			cfg:  &GpuConfig{Sharing: &SharingConfig{MaxSharesPerGPU: ptr(101)}},
+			want: []string{"sharing.maxSharesPerGPU: Invalid value: 101: must be between 1 and 100"},
+		},
+		{
+			name: "every problem is reported at once",
+			cfg: &GpuConfig{
+				Topology: &TopologyConfig{Policy: "Sometimes", MinLink: "FAST"},
+				Sharing:  &SharingConfig{DefaultCores: ptr(int64(130)), MaxSharesPerGPU: ptr(0)},
+			},
+			want: []string{"topology.policy", "topology.minLink", "sharing.defaultCores", "sharing.maxSharesPerGPU"},
+		},
+		{name: "nil config", cfg: nil, want: []string{"configuration is missing"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.cfg.Validate()
+			if len(tt.want) == 0 {
+				if err != nil {
+					t.Fatalf("Validate: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("Validate succeeded, want an error")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,13 @@
+// Command gpulink is gpulink's offline command line (topology, simulate).
+// Installed as kubectl-gpulink it also serves as a kubectl plugin.
+package main
+
+import (
+	"os"
+
+	"github.com/gpulink/gpulink/internal/cli"
+)
+
+func main() {
+	os.Exit(cli.Execute(os.Args, os.Stdout, os.Stderr))
+}

@@ -1,0 +1,108 @@
+// Package allocate decides which GPUs a request gets: a set of whole GPUs
+// on one node, one GPU for a share, or the best node of many. It is pure
+// (no API server, no clocks, no randomness) so the controller, the
+// `gpulink simulate` command and tests all get the same answer for the
+// same input.
+//
+// # Whole GPUs on one node
+//
+// A GPU is free when it is not exclusive and holds no shares; a request
+// may use the free GPUs that are also eligible (Eligible, or the node's
+// entry of EligibleByNode). The link of a pair is a
+// topology.Link (larger is faster). For a set S:
+//
+//	weak(S) = min link over the pairs of S   (none for one GPU)
+//	agg(S)  = sum of links over the pairs of S (0 for one GPU)
+//
+// Allocate picks, among the k-subsets S of the usable GPUs with
+// weak(S) >= RequiredLink (always true for k = 1), the one that is best by
+// these criteria, each consulted only on a tie in the ones before:
+//
+//  1. larger weak(S): a collective runs at the speed of its slowest link;
+//  2. larger agg(S): more fast pairs help all-to-all traffic;
+//  3. the future: let R be the free GPUs left after taking S. For each
+//     size j in {..., 8, 4, 2} with j <= |R|, largest first, compare
+//     best_j(R), the best (weak, agg) of any j-subset of R. Taking S must
+//     not destroy the best place for a future job when another equally
+//     good S would not; larger jobs are harder to place, so they come
+//     first. This is what keeps a one-GPU request off an intact NVLink
+//     pair and a two-GPU request out of an intact NVLink quad;
+//  4. larger agg(R): with 1-3 equal, take the GPUs least connected to the
+//     rest. agg(free) = agg(S) + agg(R) + links between S and R, so this
+//     minimizes the fast links lost, which prefers GPUs whose group is
+//     already partly used;
+//  5. lowest positions: compare the ascending position lists.
+//
+// Criteria 3-4 are the fragmentation cost model: they compare what is
+// left, never what is taken, and only among sets equal on 1-2, so they
+// never trade the requesting job's bandwidth for a hypothetical one.
+//
+// # Exact search (up to 16 free GPUs)
+//
+// With f <= 16 free GPUs the search tabulates (weak, agg) for the subsets
+// of the free GPUs in one pass over the 2^f masks, O(1) per subset: the
+// pairs of a set m with lowest GPUs a < b are the pairs of m\{a}, of
+// m\{b} and {a,b}, so weak(m) is a min of three values and agg(m) follows
+// by inclusion-exclusion. Subsets larger than both k and the largest
+// future size are never consulted and are skipped. Criteria 1-2 scan the
+// same pass. Criterion 4 needs agg(R) only, which is agg(free) - (link
+// sums of S's GPUs) + agg(S). Tied candidates are visited in the order of
+// criteria 4-5; criterion 3 scans the submasks of R for each, 2^(f-k),
+// and the visit stops at the first candidate that leaves the best all
+// free GPUs allow at every size, as nothing can beat it (on uniform
+// NVLink nodes, the first candidate). The result is exact: it equals
+// exhaustive enumeration of the objective (the tests check this on every
+// usage pattern of the 8-GPU topologies). The table is 256 KiB and is
+// kept between searches.
+//
+// # More than 16 free GPUs
+//
+// Every pair of a set whose weakest link is at least c is linked at c or
+// better, so the set lies in one connected component of the free GPUs
+// joined by links >= c. Going down the link classes present, the first
+// class c at which some component with enough usable GPUs holds a set
+// with weakest link >= c holds the optimum of criteria 1-2. Components of
+// at most 16 free GPUs (an NVLink island, a PCIe switch, a NUMA node on
+// real machines) are searched exactly, with criteria 3-4 applied to the
+// component's free GPUs; among components with equally good sets the one
+// with the fewest free GPUs wins (best fit: intact islands stay intact),
+// then lowest positions. So on such nodes the answer is exact for criteria
+// 1-2 and the fragmentation tie-break is local to the island.
+//
+// A component of more than 16 free GPUs (all-NVLink systems beyond 16
+// GPUs) is searched by a beam: sets grow one GPU at a time, the 64 best
+// partial sets by criteria 1, 2, 5 are kept, with a quota per lowest GPU so
+// identical islands all stay represented, and sets that already miss the
+// link bound are dropped (adding GPUs never raises weak). Final sets equal
+// on 1-2 are compared by criterion 4, then 5. It is deterministic and
+// bounded (at most k*64*64 set extensions) but not guaranteed optimal.
+//
+// # Shares
+//
+// A share fits a GPU that is eligible, not exclusive, has a known memory
+// size, holds fewer than the node's MaxSharesPerGPU shares (default
+// DefaultMaxSharesPerGPU), has the memory left, and whose cores stay at
+// most 100. Binpack (the default) takes, among GPUs already holding
+// shares, the one fullest after placing the share (dominant fraction of
+// memory or cores, then least memory left, then lowest position); only
+// when none fits does it open a fresh GPU, and then the one a one-GPU
+// whole request would take, so shares do not break NVLink pairs either.
+// Spread takes the least loaded GPU, fresh ones counting as idle; fresh
+// GPUs are again chosen like a one-GPU whole request.
+//
+// # Choosing a node
+//
+// ChooseNode ranks nodes that can take the request. Whole GPUs: by
+// criteria 1-2 of each node's best set, then the node strategy on the
+// whole GPUs the node has free afterwards (binpack: fewer, so that empty
+// nodes stay empty for large jobs; spread: more), then node name. A node
+// whose best link on every pair could not beat the current leader is not
+// searched; the others are scored by a depth-first branch and bound on
+// criteria 1-2, which cuts a branch once the best link present on every
+// missing pair could not beat the node's best set so far, and stops at a
+// set that reaches that bound. Shares, binpack: a GPU that already holds
+// shares first, then fewer whole free GPUs left, then the fuller GPU;
+// spread: more whole free GPUs left, then the emptier GPU; then node name.
+// Only the winning node runs the full tie-break of its set, so the result
+// equals Allocate on that node.
+package allocate

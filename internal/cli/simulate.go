@@ -1,0 +1,65 @@
+package cli
+
+import (
+	"errors"
+
+	"github.com/spf13/cobra"
+)
+
+func newSimulateCommand(prog string) *cobra.Command {
+	output := outputTable
+	var scenario string
+	cmd := &cobra.Command{
+		Use:   "simulate --scenario FILE",
+		Short: "Replay allocations and frees against simulated nodes",
+		Long: `Run a what-if scenario through gpulink's allocator: nodes described by their
+` + "`nvidia-smi topo -m`" + ` output, then a list of steps that allocate whole GPUs or
+shares and free them again. Each step reports where the allocator put the
+request, the weakest link in the chosen set and what is left free, or why the
+request could not be met (the run goes on).
+
+Scenario format (YAML or JSON; unknown fields are errors):
+
+  nodes:
+  - name: node-a
+    topology: dgx1.txt    # relative to the scenario file
+    gpuMemory: 32Gi       # per GPU, default 80Gi
+    allocated: [1, 6]     # GPU indices already in use
+    maxSharesPerGPU: 16   # optional, default the allocator's
+  policy: {node: binpack, gpu: binpack}   # or spread
+  steps:
+  - {alloc: job-1, gpus: 2}                    # whole GPUs
+  - {alloc: job-2, gpus: 4, require: NVLink}   # NVLink, NV1..NV18, PIX, PXB, PHB, NODE, SYS
+  - {alloc: job-3, memory: 10Gi, cores: 30}    # a share; defaults 4Gi, 25
+  - {alloc: job-4, gpus: 1, node: node-a}      # pinned to one node
+  - {free: job-1}`,
+		Example: "  " + prog + " simulate --scenario demo/scenarios/example.yaml\n" +
+			"  " + prog + " simulate --scenario demo/scenarios/example.yaml -o json",
+		Args: usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if scenario == "" {
+				return usageError{errors.New("--scenario is required")}
+			}
+			ls, err := loadScenario(scenario)
+			if err != nil {
+				return err
+			}
+			outcomes, err := simulate(ls)
+			if err != nil {
+				return err
+			}
+			if output == outputJSON {
+				for _, o := range outcomes {
+					if err := writeJSONLine(cmd.OutOrStdout(), o); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			return writeSimulationTable(cmd.OutOrStdout(), ls, outcomes)
+		},
+	}
+	cmd.Flags().StringVarP(&scenario, "scenario", "f", "", "scenario file (YAML or JSON)")
+	cmd.Flags().VarP(&output, "output", "o", "output format: table or json")
+	return cmd
+}
