@@ -1,0 +1,194 @@
+// Command gpulink-kubeletplugin is gpulink's DRA kubelet plugin: it
+// publishes the node's GPUs as ResourceSlices and prepares the claims
+// allocated to them. See package kubeletplugin.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/kubeletplugin"
+)
+
+type flags struct {
+	nodeName            string
+	kubeconfig          string
+	discovery           kubeletplugin.DiscoveryOptions
+	gpuMemory           string
+	cdiRoot             string
+	registrarDir        string
+	pluginDir           string
+	managedByController bool
+	mpsRoot             string
+	driverRoot          string
+	defaultShareMemory  string
+	defaultShareCores   int64
+	metricsAddress      string
+	bootIDFile          string
+	rediscoverInterval  time.Duration
+}
+
+func parseFlags(args []string) (*flags, error) {
+	fs := flag.NewFlagSet("gpulink-kubeletplugin", flag.ContinueOnError)
+	f := &flags{}
+	fs.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "Name of this node (default: $NODE_NAME).")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "Path to a kubeconfig; empty uses the in-cluster configuration.")
+	fs.StringVar(&f.discovery.Backend, "discovery", kubeletplugin.DiscoveryNVML, "GPU discovery backend: nvml, mock or topology-file.")
+	fs.StringVar(&f.discovery.MockServer, "mock-server", "dgxa100", "Simulated server of --discovery=mock (dgxa100, dgxh100, dgxh200, dgxb200).")
+	fs.StringVar(&f.discovery.TopologyFile, "topology-file", "", "nvidia-smi topo -m output used by --discovery=topology-file.")
+	fs.StringVar(&f.discovery.GPUProduct, "gpu-product", "NVIDIA A100-SXM4-40GB", "Product name of the GPUs of --discovery=topology-file.")
+	fs.StringVar(&f.gpuMemory, "gpu-memory", "40Gi", "Memory of each GPU of --discovery=topology-file.")
+	fs.StringVar(&f.discovery.CUDAComputeCapability, "gpu-compute-capability", "", "CUDA compute capability (e.g. 8.0) of the GPUs of --discovery=topology-file.")
+	fs.StringVar(&f.discovery.Architecture, "gpu-architecture", "", "Architecture (e.g. ampere) of the GPUs of --discovery=topology-file; derived from the compute capability when empty.")
+	fs.StringVar(&f.discovery.DriverVersion, "gpu-driver-version", "", "Driver version of the GPUs of --discovery=topology-file.")
+	fs.StringVar(&f.cdiRoot, "cdi-root", "/var/run/cdi", "Directory the CDI specs are written to.")
+	fs.StringVar(&f.registrarDir, "kubelet-registrar-dir", "/var/lib/kubelet/plugins_registry", "Kubelet plugin registration directory.")
+	fs.StringVar(&f.pluginDir, "kubelet-plugin-dir", "/var/lib/kubelet/plugins/"+driver.Name, "Plugin data directory: DRA socket and checkpoint.")
+	fs.BoolVar(&f.managedByController, "managed-by-controller", true, "Taint every device "+driver.ManagedTaintKey+"=true:NoSchedule so only the gpulink controller allocates them.")
+	fs.StringVar(&f.mpsRoot, "mps-root", "/run/gpulink/mps", "Directory of the MPS control daemons' pipe and log directories.")
+	fs.StringVar(&f.driverRoot, "driver-root", "/", "Root of the NVIDIA driver installation on the host; prefixes device node host paths.")
+	fs.StringVar(&f.defaultShareMemory, "default-share-memory", "4Gi", "Memory a share gets when its request does not ask (request policy default).")
+	fs.Int64Var(&f.defaultShareCores, "default-share-cores", 25, "Percent of SMs a share gets when its request does not ask (request policy default).")
+	fs.StringVar(&f.metricsAddress, "metrics-address", ":8080", "Address of the Prometheus /metrics endpoint; empty disables it.")
+	fs.StringVar(&f.bootIDFile, "boot-id-file", "/proc/sys/kernel/random/boot_id", "File holding the node's boot ID; a change invalidates the checkpoint.")
+	fs.DurationVar(&f.rediscoverInterval, "rediscover-interval", time.Minute, "How often GPU discovery runs again; 0 disables.")
+	klog.InitFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	f.discovery.NodeName = f.nodeName
+	return f, nil
+}
+
+func main() {
+	f, err := parseFlags(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, f); err != nil {
+		klog.ErrorS(err, "gpulink-kubeletplugin failed")
+		klog.Flush()
+		os.Exit(1)
+	}
+	klog.Flush()
+}
+
+func run(ctx context.Context, f *flags) error {
+	logger := klog.Background().WithName("gpulink-kubeletplugin")
+	ctx = klog.NewContext(ctx, logger)
+
+	if f.nodeName == "" {
+		return errors.New("--node-name (or $NODE_NAME) is required")
+	}
+	var err error
+	if f.discovery.GPUMemory, err = resource.ParseQuantity(f.gpuMemory); err != nil {
+		return fmt.Errorf("--gpu-memory: %w", err)
+	}
+	shareMem, err := resource.ParseQuantity(f.defaultShareMemory)
+	if err != nil {
+		return fmt.Errorf("--default-share-memory: %w", err)
+	}
+	if shareMem.Sign() <= 0 {
+		return fmt.Errorf("--default-share-memory: %s must be positive", f.defaultShareMemory)
+	}
+	if f.defaultShareCores < 1 || f.defaultShareCores > 100 {
+		return fmt.Errorf("--default-share-cores: %d must be between 1 and 100", f.defaultShareCores)
+	}
+
+	var cfg *rest.Config
+	if f.kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", f.kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return fmt.Errorf("Kubernetes client configuration: %w", err)
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("Kubernetes client: %w", err)
+	}
+
+	discoverer, err := kubeletplugin.NewDiscoverer(f.discovery)
+	if err != nil {
+		return err
+	}
+	cdi, err := kubeletplugin.NewCDIDir(f.cdiRoot)
+	if err != nil {
+		return err
+	}
+	var daemon kubeletplugin.MPSDaemon = kubeletplugin.DirOnlyMPSDaemon{}
+	if f.discovery.RealGPUs() {
+		daemon = kubeletplugin.NewExecMPSDaemon()
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := kubeletplugin.NewMetrics(reg)
+
+	d, err := kubeletplugin.New(ctx, kubeletplugin.Options{
+		NodeName:            f.nodeName,
+		PluginDataDir:       f.pluginDir,
+		RegistrarDir:        f.registrarDir,
+		DriverRoot:          f.driverRoot,
+		RequireDeviceNodes:  f.discovery.RealGPUs(),
+		ManagedByController: f.managedByController,
+		DefaultShareMemory:  shareMem,
+		DefaultShareCores:   f.defaultShareCores,
+		RediscoverInterval:  f.rediscoverInterval,
+		PCIeRootFromSysfs:   f.discovery.RealGPUs(),
+	}, kubeletplugin.Dependencies{
+		Discoverer: discoverer,
+		CDI:        cdi,
+		MPS:        kubeletplugin.NewMPSManager(f.mpsRoot, daemon),
+		BootID:     kubeletplugin.FileBootID(f.bootIDFile),
+		Metrics:    metrics,
+	})
+	if err != nil {
+		return err
+	}
+
+	if f.metricsAddress != "" {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		srv := &http.Server{Addr: f.metricsAddress, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() {
+			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				logger.Error(err, "Metrics server failed", "address", f.metricsAddress)
+			}
+		}()
+		defer func() {
+			shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(shutdownCtx)
+		}()
+	}
+	logger.Info("Starting", "node", f.nodeName, "discovery", f.discovery.Backend, "cdiRoot", f.cdiRoot, "pluginDir", f.pluginDir, "managedByController", f.managedByController)
+	return d.Run(ctx, client)
+}

@@ -1,0 +1,55 @@
+package main
+
+import (
+	"testing"
+	"time"
+)
+
+func TestParseFlagsDefaults(t *testing.T) {
+	t.Setenv("NODE_NAME", "node-from-env")
+	f, err := parseFlags(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, tc := range map[string]struct{ got, want any }{
+		"node-name":             {f.nodeName, "node-from-env"},
+		"discovery":             {f.discovery.Backend, "nvml"},
+		"cdi-root":              {f.cdiRoot, "/var/run/cdi"},
+		"kubelet-registrar-dir": {f.registrarDir, "/var/lib/kubelet/plugins_registry"},
+		"kubelet-plugin-dir":    {f.pluginDir, "/var/lib/kubelet/plugins/gpu.gpulink.dev"},
+		"managed-by-controller": {f.managedByController, true},
+		"mps-root":              {f.mpsRoot, "/run/gpulink/mps"},
+		"driver-root":           {f.driverRoot, "/"},
+		"default-share-memory":  {f.defaultShareMemory, "4Gi"},
+		"default-share-cores":   {f.defaultShareCores, int64(25)},
+		"metrics-address":       {f.metricsAddress, ":8080"},
+		"boot-id-file":          {f.bootIDFile, "/proc/sys/kernel/random/boot_id"},
+		"rediscover-interval":   {f.rediscoverInterval, time.Minute},
+		"kubeconfig":            {f.kubeconfig, ""},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("--%s default %v, want %v", name, tc.got, tc.want)
+		}
+	}
+}
+
+func TestParseFlagsTopologyFile(t *testing.T) {
+	f, err := parseFlags([]string{
+		"--node-name=n1", "--discovery=topology-file", "--topology-file=/etc/topo.txt",
+		"--gpu-product=NVIDIA H100 80GB HBM3", "--gpu-memory=80Gi", "--managed-by-controller=false",
+		"--metrics-address=", "-v=4",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.discovery.NodeName != "n1" || f.discovery.TopologyFile != "/etc/topo.txt" || f.discovery.GPUProduct != "NVIDIA H100 80GB HBM3" ||
+		f.gpuMemory != "80Gi" || f.managedByController || f.metricsAddress != "" {
+		t.Errorf("parsed %+v", f)
+	}
+	if _, err := parseFlags([]string{"--no-such-flag"}); err == nil {
+		t.Error("unknown flag accepted")
+	}
+	if _, err := parseFlags([]string{"stray"}); err == nil {
+		t.Error("positional argument accepted")
+	}
+}

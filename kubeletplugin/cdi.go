@@ -1,0 +1,293 @@
+package kubeletplugin
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
+	cdiparser "tags.cncf.io/container-device-interface/pkg/parser"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	apiv1alpha1 "github.com/gpulink/gpulink/api/v1alpha1"
+	"github.com/gpulink/gpulink/driver"
+)
+
+// CDI names: one transient spec per claim, holding one device named after
+// the claim UID. Claim UIDs are never reused, so container runtimes that
+// cache specs cannot hit a stale entry.
+const (
+	CDIVendor = driver.Name
+	CDIClass  = "claim"
+	CDIKind   = CDIVendor + "/" + CDIClass
+)
+
+// controlDeviceNodes are the NVIDIA device nodes every CUDA process needs
+// besides the per-GPU /dev/nvidia<minor>.
+var controlDeviceNodes = []string{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
+
+// CDIDeviceID returns the qualified CDI device name of a claim.
+func CDIDeviceID(claimUID types.UID) string {
+	return cdiparser.QualifiedName(CDIVendor, CDIClass, string(claimUID))
+}
+
+// CDIWriter stores the per-claim CDI specs.
+type CDIWriter interface {
+	// WriteClaimSpec writes (or replaces) the spec of a claim.
+	WriteClaimSpec(claimUID types.UID, spec *cdispec.Spec) error
+	// RemoveClaimSpec removes the spec of a claim; a missing one is fine.
+	RemoveClaimSpec(claimUID types.UID) error
+	// ListClaimSpecs returns the UIDs of all claims that have a spec.
+	ListClaimSpecs() ([]types.UID, error)
+}
+
+// CDIDir writes specs with the CDI library into one directory.
+type CDIDir struct {
+	dir   string
+	cache *cdiapi.Cache
+}
+
+// NewCDIDir manages the gpulink claim specs in dir (created if missing).
+func NewCDIDir(dir string) (*CDIDir, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("creating CDI directory: %w", err)
+	}
+	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(dir), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		return nil, fmt.Errorf("creating CDI cache for %s: %w", dir, err)
+	}
+	return &CDIDir{dir: dir, cache: cache}, nil
+}
+
+func specFileName(claimUID types.UID) string {
+	return cdiapi.GenerateTransientSpecName(CDIVendor, CDIClass, string(claimUID)) + ".json"
+}
+
+// WriteClaimSpec implements CDIWriter; the library validates the spec and
+// writes it atomically.
+func (c *CDIDir) WriteClaimSpec(claimUID types.UID, spec *cdispec.Spec) error {
+	if err := c.cache.WriteSpec(spec, specFileName(claimUID)); err != nil {
+		return fmt.Errorf("writing CDI spec for claim %s: %w", claimUID, err)
+	}
+	return nil
+}
+
+// RemoveClaimSpec implements CDIWriter.
+func (c *CDIDir) RemoveClaimSpec(claimUID types.UID) error {
+	if err := c.cache.RemoveSpec(specFileName(claimUID)); err != nil {
+		return fmt.Errorf("removing CDI spec for claim %s: %w", claimUID, err)
+	}
+	return nil
+}
+
+// ListClaimSpecs implements CDIWriter.
+func (c *CDIDir) ListClaimSpecs() ([]types.UID, error) {
+	entries, err := os.ReadDir(c.dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing CDI directory: %w", err)
+	}
+	prefix := cdiapi.GenerateTransientSpecName(CDIVendor, CDIClass, "")
+	var uids []types.UID
+	for _, e := range entries {
+		name := e.Name()
+		if e.IsDir() || !strings.HasPrefix(name, prefix) || !strings.HasSuffix(name, ".json") {
+			continue
+		}
+		uid := strings.TrimSuffix(strings.TrimPrefix(name, prefix), ".json")
+		if uid != "" {
+			uids = append(uids, types.UID(uid))
+		}
+	}
+	return uids, nil
+}
+
+// Dir is the directory the specs are written to.
+func (c *CDIDir) Dir() string { return c.dir }
+
+// cdiOptions say how container edits are built.
+type cdiOptions struct {
+	// DriverRoot prefixes the host side of device nodes.
+	DriverRoot string
+	// RequireDeviceNodes makes a missing device node an error; otherwise
+	// it is left out of the spec and logged (nodes without GPUs).
+	RequireDeviceNodes bool
+	// Stat stats a host path, following symlinks (os.Stat).
+	Stat func(path string) (os.FileInfo, error)
+	// MPSDirs locates a GPU's MPS daemon directories.
+	MPSDirs func(MPSGPU) MPSDirs
+}
+
+// claimGPU is one GPU of a claim with everything its container edits need.
+type claimGPU struct {
+	index, minor   int
+	uuid, pciBusID string
+	share          *PreparedShare // nil: whole GPU
+}
+
+// claimGPUs folds a claim's results into its distinct GPUs in the order a
+// CUDA process inside the container numbers them (CUDA_DEVICE_ORDER is set
+// to PCI_BUS_ID; without bus IDs the index order is the same order). Shares
+// of one GPU add up.
+func claimGPUs(c *PreparedClaim) []claimGPU {
+	byIndex := map[int]*claimGPU{}
+	var order []int
+	for _, d := range c.Devices {
+		g := byIndex[d.Index]
+		if g == nil {
+			g = &claimGPU{index: d.Index, minor: d.Minor, uuid: d.UUID, pciBusID: d.PCIBusID}
+			byIndex[d.Index] = g
+			order = append(order, d.Index)
+		}
+		if d.Share == nil {
+			continue
+		}
+		if g.share == nil {
+			s := *d.Share
+			g.share = &s
+			continue
+		}
+		g.share.MemoryBytes += d.Share.MemoryBytes
+		g.share.Cores = min(g.share.Cores+d.Share.Cores, coresTotal)
+	}
+	out := make([]claimGPU, 0, len(order))
+	for _, i := range order {
+		out = append(out, *byIndex[i])
+	}
+	allBus := true
+	for _, g := range out {
+		if g.pciBusID == "" {
+			allBus = false
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if allBus {
+			return strings.ToLower(out[i].pciBusID) < strings.ToLower(out[j].pciBusID)
+		}
+		return out[i].index < out[j].index
+	})
+	return out
+}
+
+// buildClaimSpec builds the CDI spec of a prepared claim: its GPUs' device
+// nodes and the control nodes, NVIDIA_VISIBLE_DEVICES with exactly the
+// claim's GPUs, and the limits of its shares.
+func buildClaimSpec(logger klog.Logger, c *PreparedClaim, o cdiOptions) (*cdispec.Spec, error) {
+	gpus := claimGPUs(c)
+	edits := cdispec.ContainerEdits{}
+	addNode := func(path string) error {
+		host := filepath.Join(o.DriverRoot, path)
+		n, err := charDevice(o.Stat, path, host)
+		if err != nil {
+			if o.RequireDeviceNodes {
+				return fmt.Errorf("device node %s: %w", host, err)
+			}
+			logger.V(2).Info("Device node missing on this node, leaving it out of the CDI spec", "claim", klog.KRef(c.Namespace, c.Name), "hostPath", host, "reason", err)
+			return nil
+		}
+		edits.DeviceNodes = append(edits.DeviceNodes, n)
+		return nil
+	}
+	visible := make([]string, 0, len(gpus))
+	for _, g := range gpus {
+		if err := addNode("/dev/nvidia" + strconv.Itoa(g.minor)); err != nil {
+			return nil, err
+		}
+		if g.uuid != "" {
+			visible = append(visible, g.uuid)
+		} else {
+			visible = append(visible, strconv.Itoa(g.index))
+		}
+	}
+	for _, p := range controlDeviceNodes {
+		if err := addNode(p); err != nil {
+			return nil, err
+		}
+	}
+	edits.Env = append(edits.Env,
+		"NVIDIA_VISIBLE_DEVICES="+strings.Join(visible, ","),
+		"CUDA_DEVICE_ORDER=PCI_BUS_ID",
+	)
+	for ordinal, g := range gpus {
+		if g.share == nil {
+			continue
+		}
+		mib := g.share.MemoryBytes / memoryStep
+		ord := strconv.Itoa(ordinal)
+		edits.Env = append(edits.Env,
+			"GPULINK_SHARE_MEMORY_"+ord+"="+strconv.FormatInt(g.share.MemoryBytes, 10),
+			"GPULINK_SHARE_CORES_"+ord+"="+strconv.FormatInt(g.share.Cores, 10),
+		)
+		switch g.share.Strategy {
+		case apiv1alpha1.SharingMPS:
+			dirs := o.MPSDirs(MPSGPU{Index: g.index, UUID: g.uuid})
+			edits.Env = append(edits.Env,
+				"CUDA_MPS_PIPE_DIRECTORY="+dirs.Pipe,
+				fmt.Sprintf("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=%d=%dM", ordinal, mib),
+				"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="+strconv.FormatInt(g.share.Cores, 10),
+			)
+			edits.Mounts = append(edits.Mounts, &cdispec.Mount{
+				HostPath:      dirs.Pipe,
+				ContainerPath: dirs.Pipe,
+				Type:          "bind",
+				Options:       []string{"rbind", "rw", "nosuid", "nodev"},
+			})
+		case apiv1alpha1.SharingHAMiCore:
+			edits.Env = append(edits.Env,
+				"CUDA_DEVICE_MEMORY_LIMIT_"+ord+"="+strconv.FormatInt(mib, 10)+"m",
+				"CUDA_DEVICE_SM_LIMIT_"+ord+"="+strconv.FormatInt(g.share.Cores, 10),
+			)
+		case apiv1alpha1.SharingNone:
+			// Recorded in GPULINK_SHARE_* only: nothing enforces it.
+		default:
+			return nil, fmt.Errorf("GPU %d: unknown sharing strategy %q", g.index, g.share.Strategy)
+		}
+	}
+	spec := &cdispec.Spec{
+		Kind: CDIKind,
+		Annotations: map[string]string{
+			driver.Name + "/claim": c.Namespace + "/" + c.Name,
+		},
+		Devices: []cdispec.Device{{Name: string(c.UID), ContainerEdits: edits}},
+	}
+	v, err := cdispec.MinimumRequiredVersion(spec)
+	if err != nil {
+		return nil, fmt.Errorf("CDI spec version: %w", err)
+	}
+	spec.Version = v
+	return spec, nil
+}
+
+// charDevice describes the character device at host for the CDI spec,
+// with its type and numbers filled in so that the container runtime does
+// not need to look at the host path again.
+func charDevice(stat func(string) (os.FileInfo, error), path, host string) (*cdispec.DeviceNode, error) {
+	fi, err := stat(host)
+	if err != nil {
+		return nil, err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok || fi.Mode()&os.ModeCharDevice == 0 || fi.Mode()&os.ModeDevice == 0 {
+		return nil, fmt.Errorf("%s is not a character device", host)
+	}
+	n := &cdispec.DeviceNode{
+		Path:  path,
+		Type:  "c",
+		Major: int64(unix.Major(uint64(st.Rdev))), //nolint:unconvert // Rdev's type differs per platform
+		Minor: int64(unix.Minor(uint64(st.Rdev))), //nolint:unconvert // Rdev's type differs per platform
+	}
+	if host != path {
+		n.HostPath = host
+	}
+	return n, nil
+}

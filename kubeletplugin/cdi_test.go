@@ -1,0 +1,185 @@
+package kubeletplugin
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	oci "github.com/opencontainers/runtime-spec/specs-go"
+	resourceapi "k8s.io/api/resource/v1"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/gpulink/gpulink/driver"
+)
+
+// injected prepares a claim, loads the spec directory with the CDI
+// library as a container runtime would, and injects the claim's device
+// into an empty OCI spec.
+func injected(t *testing.T, e *env, d *Driver, c *resourceapi.ResourceClaim) *oci.Spec {
+	t.Helper()
+	devs := mustPrepare(t, d, c)
+	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(e.cdiDir), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cache.Refresh(); err != nil {
+		t.Fatalf("CDI library rejects the spec directory: %v", err)
+	}
+	id := devs[0].CDIDeviceIDs[0]
+	if cache.GetDevice(id) == nil {
+		t.Fatalf("CDI device %s not found; have %v", id, cache.ListDevices())
+	}
+	spec := &oci.Spec{Process: &oci.Process{}}
+	if unresolved, err := cache.InjectDevices(spec, id); err != nil {
+		t.Fatalf("injecting %s: %v (unresolved %v)", id, err, unresolved)
+	}
+	return spec
+}
+
+func envMap(spec *oci.Spec) map[string]string {
+	m := map[string]string{}
+	for _, kv := range spec.Process.Env {
+		k, v, _ := strings.Cut(kv, "=")
+		m[k] = v
+	}
+	return m
+}
+
+func deviceNodes(spec *oci.Spec) []string {
+	var out []string
+	for _, d := range spec.Linux.Devices {
+		out = append(out, d.Path)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func TestCDISpecWholeGPUs(t *testing.T) {
+	e := newEnv(t, loadTopology(t, "v100-sxm2-8-aliyun-sccgn6.txt"))
+	d := e.start()
+	c := newClaim("train", []resourceapi.DeviceRequestAllocationResult{wholeGPU("gpus", 6), wholeGPU("gpus", 2)})
+	spec := injected(t, e, d, c)
+
+	want := []string{"/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia2", "/dev/nvidia6", "/dev/nvidiactl"}
+	if got := deviceNodes(spec); !slices.Equal(got, want) {
+		t.Errorf("device nodes %v, want %v (only the claim's GPUs)", got, want)
+	}
+	env := envMap(spec)
+	// PCI bus order: GPU2 (0000:12) before GPU6 (0000:16).
+	if got, want := env["NVIDIA_VISIBLE_DEVICES"], "GPU-00000002-0000-0000-0000-000000000000,GPU-00000006-0000-0000-0000-000000000000"; got != want {
+		t.Errorf("NVIDIA_VISIBLE_DEVICES=%s, want %s", got, want)
+	}
+	if env["CUDA_DEVICE_ORDER"] != "PCI_BUS_ID" {
+		t.Errorf("CUDA_DEVICE_ORDER=%s", env["CUDA_DEVICE_ORDER"])
+	}
+	for k := range env {
+		if strings.HasPrefix(k, "CUDA_MPS") || strings.HasPrefix(k, "GPULINK_SHARE") {
+			t.Errorf("whole GPUs got share variable %s", k)
+		}
+	}
+	// Host paths live under the driver root.
+	raw, err := cdiapi.ReadSpec(e.specPath(c.UID), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if raw.GetClass() != "claim" || raw.GetVendor() != driver.Name {
+		t.Errorf("spec kind %s", raw.Kind)
+	}
+	for _, n := range raw.Devices[0].ContainerEdits.DeviceNodes {
+		if n.HostPath != filepath.Join(e.driverRoot, n.Path) {
+			t.Errorf("device node %s has host path %s, want it under %s", n.Path, n.HostPath, e.driverRoot)
+		}
+	}
+}
+
+func TestCDISpecMPSShare(t *testing.T) {
+	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
+	d := e.start()
+	c := newClaim("infer", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 1, "5Gi", 30)})
+	spec := injected(t, e, d, c)
+	env := envMap(spec)
+	pipe := filepath.Join(e.mpsRoot, "GPU-00000001-0000-0000-0000-000000000000", "pipe")
+	for k, want := range map[string]string{
+		"CUDA_MPS_PIPE_DIRECTORY":           pipe,
+		"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT":  "0=5120M",
+		"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30",
+		"GPULINK_SHARE_MEMORY_0":            "5368709120",
+		"GPULINK_SHARE_CORES_0":             "30",
+		"NVIDIA_VISIBLE_DEVICES":            "GPU-00000001-0000-0000-0000-000000000000",
+	} {
+		if env[k] != want {
+			t.Errorf("%s=%q, want %q", k, env[k], want)
+		}
+	}
+	var found bool
+	for _, m := range spec.Mounts {
+		if m.Destination == pipe && m.Source == pipe {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("pipe directory %s not mounted: %+v", pipe, spec.Mounts)
+	}
+	if got, want := deviceNodes(spec), []string{"/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia1", "/dev/nvidiactl"}; !slices.Equal(got, want) {
+		t.Errorf("device nodes %v, want %v", got, want)
+	}
+}
+
+func TestCDIMissingDeviceNodes(t *testing.T) {
+	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
+	e.opts.DriverRoot = filepath.Join(e.dir, "no-driver")
+	d := e.start()
+	// Nodes without GPUs: device nodes are left out, the spec stays valid.
+	c := newClaim("sim", []resourceapi.DeviceRequestAllocationResult{wholeGPU("g", 0)})
+	spec := injected(t, e, d, c)
+	if spec.Linux != nil && len(spec.Linux.Devices) != 0 {
+		t.Errorf("device nodes %v although none exist", deviceNodes(spec))
+	}
+	if envMap(spec)["NVIDIA_VISIBLE_DEVICES"] == "" {
+		t.Error("NVIDIA_VISIBLE_DEVICES missing")
+	}
+
+	// Real GPUs: a missing device node fails the claim and leaves nothing.
+	e.opts.RequireDeviceNodes = true
+	d = e.start()
+	c2 := newClaim("real", []resourceapi.DeviceRequestAllocationResult{wholeGPU("g", 1)})
+	r := prepare(t, d, c2)[c2.UID]
+	if r.Err == nil || !strings.Contains(r.Err.Error(), "device node") || !strings.Contains(r.Err.Error(), "claim default/real") {
+		t.Fatalf("error %v", r.Err)
+	}
+	if e.specExists(c2.UID) {
+		t.Error("spec written for a failed claim")
+	}
+}
+
+func TestCDIListAndRemove(t *testing.T) {
+	dir := t.TempDir()
+	c, err := NewCDIDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc := &PreparedClaim{UID: "1f0e4a2c-1111-4222-8333-444455556666", Namespace: "ns", Name: "n",
+		Devices: []PreparedDevice{{Index: 0, Minor: 0}}}
+	spec, err := buildClaimSpec(testLogger(t), pc, cdiOptions{Stat: os.Stat, DriverRoot: "/", RequireDeviceNodes: false, MPSDirs: func(MPSGPU) MPSDirs { return MPSDirs{} }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WriteClaimSpec(pc.UID, spec); err != nil {
+		t.Fatal(err)
+	}
+	uids, err := c.ListClaimSpecs()
+	if err != nil || len(uids) != 1 || uids[0] != pc.UID {
+		t.Fatalf("ListClaimSpecs = %v, %v", uids, err)
+	}
+	if err := c.RemoveClaimSpec(pc.UID); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.RemoveClaimSpec(pc.UID); err != nil {
+		t.Fatalf("removing a missing spec: %v", err)
+	}
+	if uids, _ := c.ListClaimSpecs(); len(uids) != 0 {
+		t.Errorf("specs left: %v", uids)
+	}
+}

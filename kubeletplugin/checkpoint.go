@@ -1,0 +1,237 @@
+package kubeletplugin
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	apiv1alpha1 "github.com/gpulink/gpulink/api/v1alpha1"
+)
+
+// CheckpointFile is the name of the checkpoint inside the plugin data directory.
+const CheckpointFile = "checkpoint.json"
+
+// checkpointVersion is bumped whenever Checkpoint changes incompatibly.
+const checkpointVersion = "gpulink.kubeletplugin/v1"
+
+// ClaimState is how far preparing a claim got.
+type ClaimState string
+
+const (
+	// PrepareStarted is recorded before any side effect (MPS daemon, CDI
+	// spec); a claim found in this state after a restart is rolled back.
+	PrepareStarted ClaimState = "PrepareStarted"
+	// PrepareCompleted means the CDI spec is written and the claim is
+	// served from the checkpoint from then on.
+	PrepareCompleted ClaimState = "PrepareCompleted"
+)
+
+// Checkpoint is everything the plugin must remember across restarts.
+type Checkpoint struct {
+	Version string `json:"version"`
+	// BootID is the node's boot ID when the checkpoint was written; claims
+	// prepared in an earlier boot are void (device nodes, MPS daemons and
+	// the tmpfs CDI directory are gone).
+	BootID string                       `json:"bootID"`
+	Claims map[types.UID]*PreparedClaim `json:"claims"`
+}
+
+// PreparedClaim is one claim the plugin prepared (or started to).
+type PreparedClaim struct {
+	UID       types.UID  `json:"uid"`
+	Namespace string     `json:"namespace"`
+	Name      string     `json:"name"`
+	State     ClaimState `json:"state"`
+	// CDIDeviceID is the qualified CDI device of the claim ("" when the
+	// claim has no devices of this driver).
+	CDIDeviceID string           `json:"cdiDeviceID,omitempty"`
+	Devices     []PreparedDevice `json:"devices,omitempty"`
+}
+
+// PreparedDevice is one allocation result of a prepared claim.
+type PreparedDevice struct {
+	// Request is the result's request name (with subrequest, if any).
+	Request     string     `json:"request"`
+	Pool        string     `json:"pool"`
+	Device      string     `json:"device"`
+	Index       int        `json:"index"`
+	Minor       int        `json:"minor"`
+	UUID        string     `json:"uuid,omitempty"`
+	PCIBusID    string     `json:"pciBusID,omitempty"`
+	ShareID     *types.UID `json:"shareID,omitempty"`
+	AdminAccess bool       `json:"adminAccess,omitempty"`
+	// Share is set for a share of the GPU, nil for the whole GPU.
+	Share *PreparedShare `json:"share,omitempty"`
+}
+
+// PreparedShare is the part of a GPU one share gets.
+type PreparedShare struct {
+	MemoryBytes int64                       `json:"memoryBytes"`
+	Cores       int64                       `json:"cores"`
+	Strategy    apiv1alpha1.SharingStrategy `json:"strategy"`
+	// MPSRef is true while the claim holds a reference to the GPU's MPS
+	// control daemon (strategy MPS); refcounts are rebuilt from it.
+	MPSRef bool `json:"mpsRef,omitempty"`
+}
+
+// checkpointFile is the on-disk envelope: the checksum covers the exact
+// bytes of Data, so a torn or edited file is detected before it is trusted.
+type checkpointFile struct {
+	Checksum string          `json:"checksum"`
+	Data     json.RawMessage `json:"data"`
+}
+
+// ErrCorruptCheckpoint marks a checkpoint that cannot be trusted.
+var ErrCorruptCheckpoint = errors.New("corrupt checkpoint")
+
+// CheckpointStore reads and writes the checkpoint file. The kubelet's
+// checkpointmanager lives in k8s.io/kubernetes, which gpulink must not
+// import, and neither k8s.io/kubelet nor k8s.io/dynamic-resource-allocation
+// export one, so this follows the same design: a checksum over the
+// payload, written to a temporary file and atomically renamed (see Store
+// for why it is not synced).
+type CheckpointStore struct {
+	path string
+}
+
+// NewCheckpointStore keeps the checkpoint in dir.
+func NewCheckpointStore(dir string) *CheckpointStore {
+	return &CheckpointStore{path: filepath.Join(dir, CheckpointFile)}
+}
+
+// Path is the checkpoint file's path.
+func (s *CheckpointStore) Path() string { return s.path }
+
+// Load returns the stored checkpoint, an empty one when there is none, or
+// an error wrapping ErrCorruptCheckpoint when the file is unreadable JSON,
+// fails its checksum or has an unknown version.
+func (s *CheckpointStore) Load() (*Checkpoint, error) {
+	raw, err := os.ReadFile(s.path)
+	if errors.Is(err, os.ErrNotExist) {
+		return newCheckpoint(""), nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading checkpoint %s: %w", s.path, err)
+	}
+	var f checkpointFile
+	if err := json.Unmarshal(raw, &f); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %w: %w", s.path, ErrCorruptCheckpoint, err)
+	}
+	if len(f.Data) == 0 {
+		return nil, fmt.Errorf("checkpoint %s: %w: no data", s.path, ErrCorruptCheckpoint)
+	}
+	if sum := checksum(f.Data); sum != f.Checksum {
+		return nil, fmt.Errorf("checkpoint %s: %w: checksum %q does not match content (%q)", s.path, ErrCorruptCheckpoint, f.Checksum, sum)
+	}
+	var cp Checkpoint
+	dec := json.NewDecoder(bytes.NewReader(f.Data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&cp); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %w: %w", s.path, ErrCorruptCheckpoint, err)
+	}
+	if cp.Version != checkpointVersion {
+		return nil, fmt.Errorf("checkpoint %s: %w: version %q, want %q", s.path, ErrCorruptCheckpoint, cp.Version, checkpointVersion)
+	}
+	if cp.Claims == nil {
+		cp.Claims = map[types.UID]*PreparedClaim{}
+	}
+	for uid, c := range cp.Claims {
+		if c == nil || c.UID != uid {
+			return nil, fmt.Errorf("checkpoint %s: %w: entry %q does not describe claim %q", s.path, ErrCorruptCheckpoint, uid, uid)
+		}
+	}
+	return &cp, nil
+}
+
+// Store writes cp atomically: a reader sees the old or the new checkpoint,
+// never a mix.
+//
+// It does not fsync. Within one boot the page cache is coherent, so a
+// plugin crash or restart reads what was renamed into place; only a power
+// loss or kernel crash could lose or tear the file, and both mean a new
+// boot, which voids the whole checkpoint anyway (the boot ID changes;
+// a torn file is also caught by the checksum). Syncing would quadruple the
+// cost of a prepare for no gain.
+func (s *CheckpointStore) Store(cp *Checkpoint) error {
+	data, err := json.Marshal(cp)
+	if err != nil {
+		return fmt.Errorf("encoding checkpoint: %w", err)
+	}
+	raw, err := json.Marshal(checkpointFile{Checksum: checksum(data), Data: data})
+	if err != nil {
+		return fmt.Errorf("encoding checkpoint: %w", err)
+	}
+	if err := writeFileAtomic(s.path, raw); err != nil {
+		return fmt.Errorf("writing checkpoint %s: %w", s.path, err)
+	}
+	return nil
+}
+
+// MoveAside renames a corrupt checkpoint to <name>.corrupt (replacing an
+// older one) so it stays available for a post-mortem, and returns the new
+// path.
+func (s *CheckpointStore) MoveAside() (string, error) {
+	to := s.path + ".corrupt"
+	if err := os.Rename(s.path, to); err != nil {
+		return "", fmt.Errorf("moving corrupt checkpoint aside: %w", err)
+	}
+	return to, nil
+}
+
+func newCheckpoint(bootID string) *Checkpoint {
+	return &Checkpoint{Version: checkpointVersion, BootID: bootID, Claims: map[types.UID]*PreparedClaim{}}
+}
+
+func checksum(data []byte) string {
+	sum := sha256.Sum256(data)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// writeFileAtomic writes data to a temporary file next to path and
+// renames it over path.
+func writeFileAtomic(path string, data []byte) (err error) {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			_ = os.Remove(tmp.Name())
+		}
+	}()
+	if _, err = tmp.Write(data); err != nil {
+		_ = tmp.Close()
+		return err
+	}
+	if err = tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+// BootIDReader returns the node's current boot ID.
+type BootIDReader func() (string, error)
+
+// FileBootID reads the boot ID from a file such as
+// /proc/sys/kernel/random/boot_id.
+func FileBootID(path string) BootIDReader {
+	return func() (string, error) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return "", fmt.Errorf("reading boot ID: %w", err)
+		}
+		id := strings.TrimSpace(string(b))
+		if id == "" {
+			return "", fmt.Errorf("reading boot ID: %s is empty", path)
+		}
+		return id, nil
+	}
+}

@@ -1,0 +1,62 @@
+package kubeletplugin
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+)
+
+func TestNewDiscoverer(t *testing.T) {
+	for name, tc := range map[string]struct {
+		opts DiscoveryOptions
+		want string
+	}{
+		"unknown backend":        {DiscoveryOptions{Backend: "magic"}, `unknown backend "magic"`},
+		"mock without server":    {DiscoveryOptions{Backend: DiscoveryMock}, "--mock-server"},
+		"unknown mock server":    {DiscoveryOptions{Backend: DiscoveryMock, MockServer: "dgx9000"}, "dgx9000"},
+		"topology-file, no file": {DiscoveryOptions{Backend: DiscoveryTopologyFile}, "--topology-file"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := NewDiscoverer(tc.opts); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want %q", err, tc.want)
+			}
+		})
+	}
+
+	d, err := NewDiscoverer(DiscoveryOptions{
+		Backend: DiscoveryTopologyFile, TopologyFile: filepath.Join("testdata", "pcie-4.txt"),
+		NodeName: testNode, GPUProduct: "NVIDIA A100-PCIE-40GB", GPUMemory: resource.MustParse("40Gi"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	topo, err := d.Discover(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if topo.Len() != 4 || topo.GPUs[0].MemoryBytes != 40<<30 || topo.GPUs[0].ProductName != "NVIDIA A100-PCIE-40GB" {
+		t.Errorf("topology-file discovery: %+v", topo.GPUs)
+	}
+	// Its slices pass the API limits as they are.
+	if _, err := BuildDriverResources(testLogger(t), testNode, topo, defaultSliceOptions()); err != nil {
+		t.Fatal(err)
+	}
+
+	mock, err := NewDiscoverer(DiscoveryOptions{Backend: DiscoveryMock, MockServer: "dgxa100"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	topo, err = mock.Discover(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := BuildDriverResources(testLogger(t), testNode, topo, defaultSliceOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(res.Pools[testNode].Slices[0].Devices); n != 8 {
+		t.Errorf("dgxa100 mock: %d devices, want 8", n)
+	}
+}

@@ -1,0 +1,327 @@
+package kubeletplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/resource"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/driver/discovery"
+	"github.com/gpulink/gpulink/driver/topology"
+)
+
+// Options configure the plugin.
+type Options struct {
+	// NodeName is this node; it names the pool, too.
+	NodeName string
+	// PluginDataDir holds the DRA socket and the checkpoint.
+	PluginDataDir string
+	// RegistrarDir is the kubelet's plugin registration directory.
+	RegistrarDir string
+	// DriverRoot prefixes the host paths of device nodes.
+	DriverRoot string
+	// RequireDeviceNodes makes a missing /dev/nvidia* node a prepare
+	// error (real GPUs); otherwise missing nodes are left out and logged.
+	RequireDeviceNodes bool
+	// ManagedByController taints every device so only the gpulink
+	// controller allocates it.
+	ManagedByController bool
+	// DefaultShareMemory and DefaultShareCores are the request policy
+	// defaults, and the share size when an allocation does not say.
+	DefaultShareMemory resource.Quantity
+	DefaultShareCores  int64
+	// RediscoverInterval is how often discovery runs again (0: never).
+	RediscoverInterval time.Duration
+	// PCIeRootFromSysfs looks up the PCIe root of GPUs whose discovery
+	// did not report one in this host's sysfs (real GPUs only).
+	PCIeRootFromSysfs bool
+}
+
+// Dependencies are the seams tests replace.
+type Dependencies struct {
+	Discoverer discovery.Discoverer
+	CDI        CDIWriter
+	MPS        MPSManager
+	BootID     BootIDReader
+	// Clock defaults to the real clock.
+	Clock clock.WithTicker
+	// Metrics defaults to unregistered metrics.
+	Metrics *Metrics
+	// Stat stats host paths (device nodes); defaults to os.Stat.
+	Stat func(path string) (os.FileInfo, error)
+}
+
+// Publisher publishes ResourceSlices; *kubeletplugin.Helper is one.
+type Publisher interface {
+	PublishResources(ctx context.Context, resources resourceslice.DriverResources) error
+}
+
+// Driver is gpulink's DRA kubelet plugin.
+type Driver struct {
+	opts       Options
+	discoverer discovery.Discoverer
+	cdi        CDIWriter
+	mps        MPSManager
+	bootID     BootIDReader
+	clock      clock.WithTicker
+	metrics    *Metrics
+	stat       func(string) (os.FileInfo, error)
+	ckpt       *CheckpointStore
+
+	// fatal ends Run; set by Run.
+	fatalMu sync.Mutex
+	fatal   context.CancelCauseFunc
+
+	mu        sync.Mutex
+	topo      *topology.Topology
+	resources *resourceslice.DriverResources
+	cp        *Checkpoint
+	// dirty means cp has changes not yet in the checkpoint file.
+	dirty bool
+}
+
+var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
+
+// New discovers the GPUs, builds the ResourceSlices (failing on any API
+// limit violation) and recovers the prepared claims from the checkpoint.
+// It starts nothing; Run does.
+func New(ctx context.Context, opts Options, deps Dependencies) (*Driver, error) {
+	logger := klog.FromContext(ctx)
+	switch {
+	case opts.NodeName == "":
+		return nil, errors.New("node name is empty (--node-name or NODE_NAME)")
+	case opts.PluginDataDir == "":
+		return nil, errors.New("plugin data directory is empty")
+	case deps.Discoverer == nil || deps.CDI == nil || deps.MPS == nil || deps.BootID == nil:
+		return nil, errors.New("discoverer, CDI writer, MPS manager and boot ID reader are required")
+	}
+	if opts.DriverRoot == "" {
+		opts.DriverRoot = "/"
+	}
+	d := &Driver{
+		opts:       opts,
+		discoverer: deps.Discoverer,
+		cdi:        deps.CDI,
+		mps:        deps.MPS,
+		bootID:     deps.BootID,
+		clock:      deps.Clock,
+		metrics:    deps.Metrics,
+		stat:       deps.Stat,
+		ckpt:       NewCheckpointStore(opts.PluginDataDir),
+	}
+	if d.clock == nil {
+		d.clock = clock.RealClock{}
+	}
+	if d.metrics == nil {
+		d.metrics = NewMetrics(nil)
+	}
+	if d.stat == nil {
+		d.stat = os.Stat
+	}
+	if err := os.MkdirAll(opts.PluginDataDir, 0o750); err != nil {
+		return nil, fmt.Errorf("creating plugin data directory: %w", err)
+	}
+	t, res, err := d.discover(ctx)
+	if err != nil {
+		return nil, err
+	}
+	d.topo, d.resources = t, &res
+	logger.Info("Discovered GPUs", "node", opts.NodeName, "gpus", t.Len())
+	if err := d.recoverState(ctx); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// discover runs discovery and builds the node's slices from the result.
+func (d *Driver) discover(ctx context.Context) (*topology.Topology, resourceslice.DriverResources, error) {
+	t, err := d.discoverer.Discover(ctx)
+	if err != nil {
+		return nil, resourceslice.DriverResources{}, fmt.Errorf("discovering GPUs: %w", err)
+	}
+	res, err := BuildDriverResources(klog.FromContext(ctx), d.opts.NodeName, t, SliceOptions{
+		ManagedByController: d.opts.ManagedByController,
+		DefaultShareMemory:  d.opts.DefaultShareMemory,
+		DefaultShareCores:   d.opts.DefaultShareCores,
+		PCIeRootFromSysfs:   d.opts.PCIeRootFromSysfs,
+	})
+	if err != nil {
+		return nil, resourceslice.DriverResources{}, err
+	}
+	return t, res, nil
+}
+
+// Resources returns a copy of the slices the plugin publishes.
+func (d *Driver) Resources() resourceslice.DriverResources {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return *d.resources.DeepCopy()
+}
+
+// Run registers the plugin with the kubelet, publishes the node's
+// ResourceSlices, rediscovers periodically until ctx ends or a fatal
+// background error occurs, and then stops the helper. extra options are
+// appended to the helper's (tests use them).
+func (d *Driver) Run(ctx context.Context, kubeClient kubernetes.Interface, extra ...kubeletplugin.Option) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	d.fatalMu.Lock()
+	d.fatal = cancel
+	d.fatalMu.Unlock()
+
+	opts := []kubeletplugin.Option{
+		kubeletplugin.DriverName(driver.Name),
+		kubeletplugin.KubeClient(kubeClient),
+		kubeletplugin.NodeName(d.opts.NodeName),
+		kubeletplugin.PluginDataDirectoryPath(d.opts.PluginDataDir),
+		kubeletplugin.Serialize(true),
+	}
+	if d.opts.RegistrarDir != "" {
+		opts = append(opts, kubeletplugin.RegistrarDirectoryPath(d.opts.RegistrarDir))
+	}
+	helper, err := kubeletplugin.Start(ctx, d, append(opts, extra...)...)
+	if err != nil {
+		return fmt.Errorf("starting kubelet plugin helper: %w", err)
+	}
+	defer helper.Stop()
+	if err := d.RunPublisher(ctx, helper); err != nil {
+		return err
+	}
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	return nil
+}
+
+// RunPublisher publishes the current slices, then reruns discovery every
+// RediscoverInterval and republishes when the result changed, until ctx
+// ends. A failed rediscovery keeps the last good publication and is logged
+// as an error.
+func (d *Driver) RunPublisher(ctx context.Context, p Publisher) error {
+	logger := klog.FromContext(ctx)
+	if err := p.PublishResources(ctx, d.Resources()); err != nil {
+		return fmt.Errorf("publishing ResourceSlices: %w", err)
+	}
+	d.metrics.Publications.Inc()
+	logger.Info("Published ResourceSlices", "pool", d.opts.NodeName)
+	if d.opts.RediscoverInterval <= 0 {
+		<-ctx.Done()
+		return nil
+	}
+	ticker := d.clock.NewTicker(d.opts.RediscoverInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C():
+		}
+		changed, err := d.Rediscover(ctx)
+		if err != nil {
+			d.metrics.BackgroundErrors.Inc()
+			logger.Error(err, "Rediscovery failed, keeping the published ResourceSlices")
+			continue
+		}
+		if !changed {
+			continue
+		}
+		if err := p.PublishResources(ctx, d.Resources()); err != nil {
+			d.metrics.BackgroundErrors.Inc()
+			logger.Error(err, "Republishing ResourceSlices failed")
+			continue
+		}
+		d.metrics.Publications.Inc()
+		logger.Info("GPUs changed, republished ResourceSlices", "pool", d.opts.NodeName)
+	}
+}
+
+// Rediscover runs discovery again and reports whether the slices changed.
+// Claims already prepared are unaffected: they are served and torn down
+// from the checkpoint.
+func (d *Driver) Rediscover(ctx context.Context) (bool, error) {
+	t, res, err := d.discover(ctx)
+	if err != nil {
+		return false, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.topo = t
+	if equality.Semantic.DeepEqual(d.resources, &res) {
+		return false, nil
+	}
+	d.resources = &res
+	return true, nil
+}
+
+// HandleError implements kubeletplugin.DRAPlugin. Errors the helper marks
+// recoverable are logged and counted, except dropped fields: when the API
+// server drops the devices' taints or allowMultipleAllocations (feature
+// gates off), kube-scheduler could hand out devices the controller
+// manages, so the plugin stops rather than run with wrong slices. Other
+// unrecoverable errors stop the plugin too.
+func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
+	d.metrics.BackgroundErrors.Inc()
+	utilruntime.HandleErrorWithContext(ctx, err, msg)
+	var dropped *resourceslice.DroppedFieldsError
+	switch {
+	case errors.As(err, &dropped):
+		d.stop(fmt.Errorf("%s: the API server dropped fields of the ResourceSlices (disabled features: %v); refusing to run with slices that kube-scheduler would misread: %w", msg, dropped.DisabledFeatures(), err))
+	case !errors.Is(err, kubeletplugin.ErrRecoverable):
+		d.stop(fmt.Errorf("%s: %w", msg, err))
+	}
+}
+
+func (d *Driver) stop(err error) {
+	d.fatalMu.Lock()
+	defer d.fatalMu.Unlock()
+	if d.fatal != nil {
+		d.fatal(err)
+	}
+}
+
+// WatchHealthStatus implements kubeletplugin.DRAPlugin: gpulink does not
+// report device health (yet), which the helper turns into Unimplemented.
+func (d *Driver) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceHealthReport) error {
+	return kubeletplugin.ErrHealthNotSupported
+}
+
+// store writes the checkpoint and clears dirty.
+func (d *Driver) store() error {
+	if err := d.ckpt.Store(d.cp); err != nil {
+		return err
+	}
+	d.dirty = false
+	d.metrics.PreparedClaims.Set(float64(len(d.cp.Claims)))
+	return nil
+}
+
+// flushIfDirty retries a checkpoint write that failed earlier.
+func (d *Driver) flushIfDirty(logger klog.Logger) {
+	if !d.dirty {
+		return
+	}
+	if err := d.store(); err != nil {
+		logger.Error(err, "Writing checkpoint failed, will retry")
+	}
+}
+
+func (d *Driver) cdiOptions() cdiOptions {
+	return cdiOptions{
+		DriverRoot:         d.opts.DriverRoot,
+		RequireDeviceNodes: d.opts.RequireDeviceNodes,
+		Stat:               d.stat,
+		MPSDirs:            d.mps.Dirs,
+	}
+}

@@ -1,0 +1,69 @@
+package kubeletplugin
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Operation label values.
+const (
+	opPrepare   = "prepare"
+	opUnprepare = "unprepare"
+)
+
+// Metrics are the plugin's Prometheus metrics.
+type Metrics struct {
+	// ClaimDuration is the time to prepare or unprepare one claim,
+	// checkpoint write included.
+	ClaimDuration *prometheus.HistogramVec
+	// ClaimErrors counts claims whose prepare or unprepare failed.
+	ClaimErrors *prometheus.CounterVec
+	// PreparedClaims is the number of claims currently prepared.
+	PreparedClaims prometheus.Gauge
+	// CheckpointCorruptions counts checkpoints found corrupt at startup.
+	CheckpointCorruptions prometheus.Counter
+	// Publications counts ResourceSlice (re)publications.
+	Publications prometheus.Counter
+	// BackgroundErrors counts errors reported through HandleError.
+	BackgroundErrors prometheus.Counter
+}
+
+// NewMetrics creates the metrics and registers them with reg (nil: not
+// registered, for tests).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		ClaimDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "gpulink", Subsystem: "kubeletplugin", Name: "claim_duration_seconds",
+			Help:    "Time to prepare or unprepare one ResourceClaim, checkpoint write included.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+		}, []string{"operation"}),
+		ClaimErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gpulink", Subsystem: "kubeletplugin", Name: "claim_errors_total",
+			Help: "ResourceClaims whose prepare or unprepare failed.",
+		}, []string{"operation"}),
+		PreparedClaims: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "gpulink", Subsystem: "kubeletplugin", Name: "prepared_claims",
+			Help: "ResourceClaims currently prepared on this node.",
+		}),
+		CheckpointCorruptions: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "gpulink", Subsystem: "kubeletplugin", Name: "checkpoint_corruptions_total",
+			Help: "Corrupt checkpoints found at startup (moved aside, state started fresh).",
+		}),
+		Publications: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "gpulink", Subsystem: "kubeletplugin", Name: "resourceslice_publications_total",
+			Help: "Times the node's ResourceSlices were handed to the publisher.",
+		}),
+		BackgroundErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "gpulink", Subsystem: "kubeletplugin", Name: "background_errors_total",
+			Help: "Errors of background work (ResourceSlice publishing, gRPC servers).",
+		}),
+	}
+	// Export every series from the start, zero until something happens.
+	for _, op := range []string{opPrepare, opUnprepare} {
+		m.ClaimErrors.WithLabelValues(op)
+		m.ClaimDuration.WithLabelValues(op)
+	}
+	if reg != nil {
+		reg.MustRegister(m.ClaimDuration, m.ClaimErrors, m.PreparedClaims, m.CheckpointCorruptions, m.Publications, m.BackgroundErrors)
+	}
+	return m
+}

@@ -1,0 +1,478 @@
+package kubeletplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+
+	apiv1alpha1 "github.com/gpulink/gpulink/api/v1alpha1"
+	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/driver/topology"
+)
+
+// claimError is a per-claim failure; its message names the claim and the
+// offending field.
+func claimError(ns, name string, uid types.UID, err error) error {
+	return fmt.Errorf("claim %s/%s (UID %s): %w", ns, name, uid, err)
+}
+
+// PrepareResourceClaims implements kubeletplugin.DRAPlugin. Each claim is
+// prepared at most once: a claim already in the checkpoint is answered from
+// it. Side effects happen only after the claim is recorded as
+// PrepareStarted, and a failure rolls them back, so a bad claim leaves
+// neither a CDI spec nor a checkpoint entry behind.
+func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	logger := klog.FromContext(ctx)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+
+	start := d.clock.Now()
+	results := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	fail := func(uid types.UID, err error) {
+		results[uid] = kubeletplugin.PrepareResult{Err: err}
+		d.metrics.ClaimErrors.WithLabelValues(opPrepare).Inc()
+		logger.Error(err, "Preparing claim failed")
+	}
+
+	var work []*PreparedClaim
+	for _, claim := range claims {
+		if pc := d.cp.Claims[claim.UID]; pc != nil {
+			if pc.State == PrepareCompleted {
+				logger.V(3).Info("Claim already prepared", "claim", klog.KObj(claim))
+				results[claim.UID] = kubeletplugin.PrepareResult{Devices: pc.kubeletDevices()}
+				continue
+			}
+			// Only an interrupted call leaves PrepareStarted behind; undo
+			// it and prepare afresh.
+			if err := d.teardown(ctx, pc); err != nil {
+				fail(claim.UID, claimError(claim.Namespace, claim.Name, claim.UID, fmt.Errorf("rolling back an interrupted prepare: %w", err)))
+				continue
+			}
+			delete(d.cp.Claims, claim.UID)
+			d.dirty = true
+		}
+		pc, err := d.planClaim(logger, claim)
+		if err != nil {
+			fail(claim.UID, claimError(claim.Namespace, claim.Name, claim.UID, err))
+			continue
+		}
+		pc.State = PrepareStarted
+		d.cp.Claims[claim.UID] = pc
+		work = append(work, pc)
+	}
+	if len(work) == 0 {
+		d.flushIfDirty(logger)
+		d.observe(opPrepare, start, len(claims))
+		return results, nil
+	}
+
+	// Record the intent before touching anything outside the process.
+	if err := d.store(); err != nil {
+		for _, pc := range work {
+			delete(d.cp.Claims, pc.UID)
+			fail(pc.UID, claimError(pc.Namespace, pc.Name, pc.UID, fmt.Errorf("recording PrepareStarted: %w", err)))
+		}
+		d.observe(opPrepare, start, len(claims))
+		return results, nil
+	}
+
+	var done []*PreparedClaim
+	for _, pc := range work {
+		if err := d.apply(ctx, pc); err != nil {
+			delete(d.cp.Claims, pc.UID)
+			d.dirty = true
+			fail(pc.UID, claimError(pc.Namespace, pc.Name, pc.UID, err))
+			continue
+		}
+		pc.State = PrepareCompleted
+		done = append(done, pc)
+	}
+	if err := d.store(); err != nil {
+		// Without a durable PrepareCompleted a restart would roll the
+		// claims back under running containers: fail them now instead.
+		for _, pc := range done {
+			claimErr := fmt.Errorf("recording PrepareCompleted: %w", err)
+			if terr := d.teardown(ctx, pc); terr != nil {
+				// A spec left behind is removed as stray at the next start.
+				claimErr = errors.Join(claimErr, fmt.Errorf("rolling back: %w", terr))
+			}
+			delete(d.cp.Claims, pc.UID)
+			fail(pc.UID, claimError(pc.Namespace, pc.Name, pc.UID, claimErr))
+		}
+		d.dirty = true
+		d.observe(opPrepare, start, len(claims))
+		return results, nil
+	}
+	for _, pc := range done {
+		results[pc.UID] = kubeletplugin.PrepareResult{Devices: pc.kubeletDevices()}
+		logger.V(2).Info("Prepared claim", "claim", klog.KRef(pc.Namespace, pc.Name), "uid", pc.UID, "devices", len(pc.Devices), "cdiDevice", pc.CDIDeviceID)
+	}
+	d.observe(opPrepare, start, len(claims))
+	return results, nil
+}
+
+// UnprepareResourceClaims implements kubeletplugin.DRAPlugin. Claims that
+// are not prepared succeed (after removing a stray CDI spec, if any).
+func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	logger := klog.FromContext(ctx)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+
+	start := d.clock.Now()
+	results := make(map[types.UID]error, len(claims))
+	var removed []kubeletplugin.NamespacedObject
+	for _, c := range claims {
+		pc := d.cp.Claims[c.UID]
+		if pc == nil {
+			if err := d.cdi.RemoveClaimSpec(c.UID); err != nil {
+				results[c.UID] = claimError(c.Namespace, c.Name, c.UID, err)
+				continue
+			}
+			results[c.UID] = nil
+			continue
+		}
+		if err := d.teardown(ctx, pc); err != nil {
+			// Keep the entry (with the references already released
+			// cleared) so that the kubelet's retry finishes the job.
+			d.dirty = true
+			results[c.UID] = claimError(c.Namespace, c.Name, c.UID, fmt.Errorf("unprepare: %w", err))
+			continue
+		}
+		delete(d.cp.Claims, c.UID)
+		d.dirty = true
+		removed = append(removed, c)
+		results[c.UID] = nil
+	}
+	if d.dirty {
+		if err := d.store(); err != nil {
+			for _, c := range claims {
+				if results[c.UID] == nil {
+					results[c.UID] = claimError(c.Namespace, c.Name, c.UID, fmt.Errorf("writing checkpoint: %w", err))
+				}
+			}
+		}
+	}
+	for _, c := range claims {
+		if results[c.UID] != nil {
+			d.metrics.ClaimErrors.WithLabelValues(opUnprepare).Inc()
+			logger.Error(results[c.UID], "Unpreparing claim failed")
+		}
+	}
+	for _, c := range removed {
+		if results[c.UID] == nil {
+			logger.V(2).Info("Unprepared claim", "claim", klog.KRef(c.Namespace, c.Name), "uid", c.UID)
+		}
+	}
+	d.observe(opUnprepare, start, len(claims))
+	return results, nil
+}
+
+// observe records the duration of one call, spread evenly over its claims.
+func (d *Driver) observe(op string, start time.Time, n int) {
+	if n == 0 {
+		return
+	}
+	per := d.clock.Since(start).Seconds() / float64(n)
+	h := d.metrics.ClaimDuration.WithLabelValues(op)
+	for range n {
+		h.Observe(per)
+	}
+}
+
+// kubeletDevices is what the kubelet gets for a prepared claim.
+func (pc *PreparedClaim) kubeletDevices() []kubeletplugin.Device {
+	out := make([]kubeletplugin.Device, 0, len(pc.Devices))
+	for _, dev := range pc.Devices {
+		out = append(out, kubeletplugin.Device{
+			Requests:     []string{dev.Request},
+			PoolName:     dev.Pool,
+			DeviceName:   dev.Device,
+			CDIDeviceIDs: []string{pc.CDIDeviceID},
+			ShareID:      dev.ShareID,
+		})
+	}
+	return out
+}
+
+// planClaim validates a claim against this node and computes what
+// preparing it means, without side effects.
+func (d *Driver) planClaim(logger klog.Logger, claim *resourceapi.ResourceClaim) (*PreparedClaim, error) {
+	alloc := claim.Status.Allocation
+	if alloc == nil {
+		return nil, errors.New("status.allocation: not allocated")
+	}
+	if d.topo == nil {
+		return nil, errors.New("no GPU discovery has succeeded yet on this node")
+	}
+	configs, err := newClaimConfigs(logger, alloc)
+	if err != nil {
+		return nil, err
+	}
+	pc := &PreparedClaim{UID: claim.UID, Namespace: claim.Namespace, Name: claim.Name}
+	resultIdx := map[int]int{} // position in pc.Devices -> index in results
+	for i, r := range alloc.Devices.Results {
+		if r.Driver != driver.Name {
+			continue
+		}
+		field := fmt.Sprintf("status.allocation.devices.results[%d]", i)
+		if r.Pool != d.opts.NodeName {
+			return nil, fmt.Errorf("%s.pool: %q is not this node's pool %q", field, r.Pool, d.opts.NodeName)
+		}
+		index, err := driver.ParseDeviceName(r.Device)
+		if err != nil {
+			return nil, fmt.Errorf("%s.device: %w", field, err)
+		}
+		p, ok := d.topo.Position(index)
+		if !ok {
+			return nil, fmt.Errorf("%s.device: %q: no GPU with index %d on node %s", field, r.Device, index, d.opts.NodeName)
+		}
+		gpu := d.topo.GPUs[p]
+		rc, err := configs.forRequest(r.Request)
+		if err != nil {
+			return nil, err
+		}
+		dev := PreparedDevice{
+			Request: r.Request, Pool: r.Pool, Device: r.Device,
+			Index: gpu.Index, Minor: gpu.Minor, UUID: gpu.UUID, PCIBusID: gpu.PCIBusID,
+			ShareID:     r.ShareID,
+			AdminAccess: r.AdminAccess != nil && *r.AdminAccess,
+		}
+		if r.ShareID != nil {
+			share, err := d.planShare(field, r, gpu, rc)
+			if err != nil {
+				return nil, err
+			}
+			dev.Share = share
+		}
+		resultIdx[len(pc.Devices)] = i
+		pc.Devices = append(pc.Devices, dev)
+	}
+	if err := checkClaimShape(pc, resultIdx); err != nil {
+		return nil, err
+	}
+	if err := d.checkConflicts(pc, resultIdx); err != nil {
+		return nil, err
+	}
+	if len(pc.Devices) > 0 {
+		pc.CDIDeviceID = CDIDeviceID(pc.UID)
+	}
+	return pc, nil
+}
+
+// planShare works out the size and strategy of a share.
+func (d *Driver) planShare(field string, r resourceapi.DeviceRequestAllocationResult, gpu topology.GPU, rc *requestConfig) (*PreparedShare, error) {
+	strategy := rc.resolved.Sharing.Strategy
+	var explicitMem *resource.Quantity
+	var explicitCores *int64
+	if s := rc.explicit.Sharing; s != nil {
+		explicitMem, explicitCores = s.DefaultMemory, s.DefaultCores
+	}
+	mem, ok := consumed(r, driver.CapacityMemory)
+	switch {
+	case ok:
+	case explicitMem != nil:
+		mem = *explicitMem
+	default:
+		mem = d.opts.DefaultShareMemory
+	}
+	var cores int64
+	if q, ok := consumed(r, driver.CapacityCores); ok {
+		cores = q.Value()
+	} else if explicitCores != nil {
+		cores = *explicitCores
+	} else {
+		cores = d.opts.DefaultShareCores
+	}
+	memBytes := mem.Value()
+	memField := field + ".consumedCapacity." + driver.CapacityMemory
+	switch {
+	case memBytes < memoryStep:
+		return nil, fmt.Errorf("%s: %s: a share needs at least 1Mi of memory", memField, mem.String())
+	case gpu.MemoryBytes > 0 && memBytes > gpu.MemoryBytes:
+		return nil, fmt.Errorf("%s: %s is larger than GPU %d's %s", memField, mem.String(), gpu.Index,
+			resource.NewQuantity(gpu.MemoryBytes, resource.BinarySI).String())
+	}
+	if cores < 1 || cores > coresTotal {
+		return nil, fmt.Errorf("%s.consumedCapacity.%s: %d: must be between 1 and %d", field, driver.CapacityCores, cores, coresTotal)
+	}
+	return &PreparedShare{MemoryBytes: memBytes, Cores: cores, Strategy: strategy}, nil
+}
+
+// consumed looks a capacity up in a result's consumedCapacity, qualified
+// with the driver name or not.
+func consumed(r resourceapi.DeviceRequestAllocationResult, name string) (resource.Quantity, bool) {
+	if q, ok := r.ConsumedCapacity[resourceapi.QualifiedName(name)]; ok {
+		return q, true
+	}
+	q, ok := r.ConsumedCapacity[resourceapi.QualifiedName(driver.Name+"/"+name)]
+	return q, ok
+}
+
+// checkClaimShape rejects combinations one container cannot be set up for:
+// a GPU given whole and in shares (or whole twice) in one claim, shares of
+// one GPU with different strategies, and MPS shares next to other GPUs (a
+// CUDA process talks to a single MPS control daemon, which sees one GPU).
+func checkClaimShape(pc *PreparedClaim, resultIdx map[int]int) error {
+	field := func(j int) string { return fmt.Sprintf("status.allocation.devices.results[%d]", resultIdx[j]) }
+	whole := map[int]int{}
+	shared := map[int]int{}
+	strategy := map[int]apiv1alpha1.SharingStrategy{}
+	mpsGPU := -1
+	for j, dev := range pc.Devices {
+		if dev.Share == nil {
+			if k, ok := whole[dev.Index]; ok {
+				return fmt.Errorf("%s.device: %q is allocated whole twice (also in %s)", field(j), dev.Device, field(k))
+			}
+			if k, ok := shared[dev.Index]; ok {
+				return fmt.Errorf("%s.device: %q is allocated whole and as a share (%s) in the same claim", field(j), dev.Device, field(k))
+			}
+			whole[dev.Index] = j
+			continue
+		}
+		if k, ok := whole[dev.Index]; ok {
+			return fmt.Errorf("%s.device: %q is allocated as a share and whole (%s) in the same claim", field(j), dev.Device, field(k))
+		}
+		if s, ok := strategy[dev.Index]; ok && s != dev.Share.Strategy {
+			return fmt.Errorf("%s: shares of %q use sharing strategies %s and %s; one GPU takes one strategy", field(j), dev.Device, s, dev.Share.Strategy)
+		}
+		strategy[dev.Index] = dev.Share.Strategy
+		if _, ok := shared[dev.Index]; !ok {
+			shared[dev.Index] = j
+		}
+		if dev.Share.Strategy == apiv1alpha1.SharingMPS {
+			if mpsGPU >= 0 && mpsGPU != dev.Index {
+				return fmt.Errorf("%s.device: %q: MPS shares of one claim must all be on one GPU (also GPU %d); a CUDA process connects to one MPS control daemon", field(j), dev.Device, mpsGPU)
+			}
+			mpsGPU = dev.Index
+		}
+	}
+	if mpsGPU >= 0 && len(whole)+len(shared) > 1 {
+		for j, dev := range pc.Devices {
+			if dev.Index != mpsGPU {
+				return fmt.Errorf("%s.device: %q cannot be combined with the MPS share of GPU %d in one claim; a CUDA process connects to one MPS control daemon, which sees only its GPU", field(j), dev.Device, mpsGPU)
+			}
+		}
+	}
+	return nil
+}
+
+// checkConflicts is the last line of defense against double allocation:
+// a GPU given whole must not be in any other prepared claim, and shares of
+// one GPU must fit into it together. Admin-access results are exempt.
+func (d *Driver) checkConflicts(pc *PreparedClaim, resultIdx map[int]int) error {
+	type usage struct {
+		wholeBy     types.UID
+		mem, cores  int64
+		shareClaims int
+	}
+	used := map[int]*usage{}
+	for uid, other := range d.cp.Claims {
+		if uid == pc.UID {
+			continue
+		}
+		for _, dev := range other.Devices {
+			if dev.AdminAccess {
+				continue
+			}
+			u := used[dev.Index]
+			if u == nil {
+				u = &usage{}
+				used[dev.Index] = u
+			}
+			if dev.Share == nil {
+				u.wholeBy = uid
+				continue
+			}
+			u.mem += dev.Share.MemoryBytes
+			u.cores += dev.Share.Cores
+			u.shareClaims++
+		}
+	}
+	for j, dev := range pc.Devices {
+		if dev.AdminAccess {
+			continue
+		}
+		field := fmt.Sprintf("status.allocation.devices.results[%d]", resultIdx[j])
+		u := used[dev.Index]
+		if u == nil {
+			u = &usage{}
+			used[dev.Index] = u
+		}
+		if u.wholeBy != "" {
+			return fmt.Errorf("%s.device: %q is already prepared whole for claim UID %s", field, dev.Device, u.wholeBy)
+		}
+		if dev.Share == nil {
+			if u.shareClaims > 0 {
+				return fmt.Errorf("%s.device: %q is allocated whole but %d share(s) of it are prepared for other claims", field, dev.Device, u.shareClaims)
+			}
+			continue
+		}
+		u.mem += dev.Share.MemoryBytes
+		u.cores += dev.Share.Cores
+		u.shareClaims++
+		p, _ := d.topo.Position(dev.Index)
+		if total := d.topo.GPUs[p].MemoryBytes; total > 0 && u.mem > total {
+			return fmt.Errorf("%s.consumedCapacity.%s: shares of %q would use %d bytes, more than the GPU's %d", field, driver.CapacityMemory, dev.Device, u.mem, total)
+		}
+	}
+	return nil
+}
+
+// apply performs the side effects of a planned claim: MPS daemon
+// references, then the CDI spec. On error everything done is undone.
+func (d *Driver) apply(ctx context.Context, pc *PreparedClaim) error {
+	if len(pc.Devices) == 0 {
+		return nil
+	}
+	spec, err := buildClaimSpec(klog.FromContext(ctx), pc, d.cdiOptions())
+	if err != nil {
+		return fmt.Errorf("building CDI spec: %w", err)
+	}
+	for i := range pc.Devices {
+		dev := &pc.Devices[i]
+		if dev.Share == nil || dev.Share.Strategy != apiv1alpha1.SharingMPS {
+			continue
+		}
+		if err := d.mps.EnsureDaemon(ctx, MPSGPU{Index: dev.Index, UUID: dev.UUID}); err != nil {
+			return errors.Join(fmt.Errorf("%s: %w", dev.Device, err), d.releaseMPS(ctx, pc))
+		}
+		dev.Share.MPSRef = true
+	}
+	if err := d.cdi.WriteClaimSpec(pc.UID, spec); err != nil {
+		return errors.Join(err, d.releaseMPS(ctx, pc), d.cdi.RemoveClaimSpec(pc.UID))
+	}
+	return nil
+}
+
+// teardown undoes apply; it can be retried after a partial failure.
+func (d *Driver) teardown(ctx context.Context, pc *PreparedClaim) error {
+	if err := d.cdi.RemoveClaimSpec(pc.UID); err != nil {
+		return err
+	}
+	return d.releaseMPS(ctx, pc)
+}
+
+// releaseMPS drops the claim's MPS daemon references, clearing each one it
+// released so a retry does not release it twice.
+func (d *Driver) releaseMPS(ctx context.Context, pc *PreparedClaim) error {
+	var errs []error
+	for i := range pc.Devices {
+		dev := &pc.Devices[i]
+		if dev.Share == nil || !dev.Share.MPSRef {
+			continue
+		}
+		if err := d.mps.ReleaseDaemon(ctx, MPSGPU{Index: dev.Index, UUID: dev.UUID}); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		dev.Share.MPSRef = false
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,528 @@
+package kubeletplugin
+
+import (
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+
+	"github.com/gpulink/gpulink/driver"
+)
+
+func prepare(t *testing.T, d *Driver, claims ...*resourceapi.ResourceClaim) map[types.UID]kubeletplugin.PrepareResult {
+	t.Helper()
+	res, err := d.PrepareResourceClaims(t.Context(), claims)
+	if err != nil {
+		t.Fatalf("PrepareResourceClaims: %v", err)
+	}
+	if len(res) != len(claims) {
+		t.Fatalf("%d results for %d claims", len(res), len(claims))
+	}
+	return res
+}
+
+func unprepare(t *testing.T, d *Driver, claims ...*resourceapi.ResourceClaim) map[types.UID]error {
+	t.Helper()
+	objs := make([]kubeletplugin.NamespacedObject, 0, len(claims))
+	for _, c := range claims {
+		objs = append(objs, kubeletplugin.NamespacedObject{UID: c.UID, NamespacedName: types.NamespacedName{Namespace: c.Namespace, Name: c.Name}})
+	}
+	res, err := d.UnprepareResourceClaims(t.Context(), objs)
+	if err != nil {
+		t.Fatalf("UnprepareResourceClaims: %v", err)
+	}
+	if len(res) != len(claims) {
+		t.Fatalf("%d results for %d claims", len(res), len(claims))
+	}
+	return res
+}
+
+func mustPrepare(t *testing.T, d *Driver, c *resourceapi.ResourceClaim) []kubeletplugin.Device {
+	t.Helper()
+	r := prepare(t, d, c)[c.UID]
+	if r.Err != nil {
+		t.Fatalf("prepare %s: %v", c.Name, r.Err)
+	}
+	return r.Devices
+}
+
+func mustUnprepare(t *testing.T, d *Driver, c *resourceapi.ResourceClaim) {
+	t.Helper()
+	if err := unprepare(t, d, c)[c.UID]; err != nil {
+		t.Fatalf("unprepare %s: %v", c.Name, err)
+	}
+}
+
+func readCheckpoint(t *testing.T, e *env) *Checkpoint {
+	t.Helper()
+	cp, err := NewCheckpointStore(e.pluginDir).Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cp
+}
+
+func TestPrepareWholeGPUsIdempotent(t *testing.T) {
+	e := newEnv(t, loadTopology(t, "v100-sxm2-8-aliyun-sccgn6.txt"))
+	d := e.start()
+	c := newClaim("train", []resourceapi.DeviceRequestAllocationResult{
+		wholeGPU("gpus", 0), wholeGPU("gpus", 3),
+		// Another driver's result is not ours to prepare.
+		{Request: "nic", Driver: "nic.example.com", Pool: testNode, Device: "eth0"},
+	})
+	devs := mustPrepare(t, d, c)
+	if len(devs) != 2 {
+		t.Fatalf("devices %+v, want 2", devs)
+	}
+	wantID := "gpu.gpulink.dev/claim=" + string(c.UID)
+	for i, dev := range devs {
+		if dev.PoolName != testNode || dev.DeviceName != driver.DeviceName([]int{0, 3}[i]) ||
+			len(dev.Requests) != 1 || dev.Requests[0] != "gpus" || len(dev.CDIDeviceIDs) != 1 || dev.CDIDeviceIDs[0] != wantID {
+			t.Errorf("device %d: %+v", i, dev)
+		}
+	}
+	if !e.specExists(c.UID) {
+		t.Fatal("no CDI spec written")
+	}
+	if got := readCheckpoint(t, e).Claims[c.UID]; got == nil || got.State != PrepareCompleted {
+		t.Fatalf("checkpoint entry %+v, want PrepareCompleted", got)
+	}
+	before, err := os.ReadFile(e.specPath(c.UID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Preparing again answers from the checkpoint with the same devices.
+	again := mustPrepare(t, d, c)
+	if len(again) != 2 || again[0].DeviceName != devs[0].DeviceName || again[1].CDIDeviceIDs[0] != wantID {
+		t.Errorf("second prepare %+v, want %+v", again, devs)
+	}
+	after, _ := os.ReadFile(e.specPath(c.UID))
+	if string(before) != string(after) {
+		t.Errorf("second prepare rewrote the spec")
+	}
+
+	mustUnprepare(t, d, c)
+	if e.specExists(c.UID) {
+		t.Error("CDI spec left after unprepare")
+	}
+	if n := len(readCheckpoint(t, e).Claims); n != 0 {
+		t.Errorf("%d checkpoint entries after unprepare", n)
+	}
+	// Unpreparing again (kubelet retry) is fine.
+	mustUnprepare(t, d, c)
+}
+
+func TestPrepareSharesAndMPSRefcount(t *testing.T) {
+	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
+	d := e.start()
+	gpu1 := "GPU-00000001-0000-0000-0000-000000000000"
+	a := newClaim("a", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 1, "4Gi", 30)})
+	b := newClaim("b", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 1, "2Gi", 20)})
+	mustPrepare(t, d, a)
+	devs := mustPrepare(t, d, b)
+	if devs[0].ShareID == nil {
+		t.Errorf("share ID not passed to the kubelet: %+v", devs[0])
+	}
+	if n := e.daemon.starts[gpu1]; n != 1 || !e.daemon.isRunning(gpu1) {
+		t.Fatalf("daemon started %d times, running %v; want once, running", n, e.daemon.isRunning(gpu1))
+	}
+	share := readCheckpoint(t, e).Claims[a.UID].Devices[0].Share
+	if share == nil || share.MemoryBytes != 4*gib || share.Cores != 30 || share.Strategy != "MPS" || !share.MPSRef {
+		t.Errorf("checkpointed share %+v", share)
+	}
+	mustUnprepare(t, d, a)
+	if !e.daemon.isRunning(gpu1) {
+		t.Fatal("daemon stopped while claim b still uses it")
+	}
+	mustUnprepare(t, d, a) // idempotent: must not release b's reference
+	if !e.daemon.isRunning(gpu1) {
+		t.Fatal("repeated unprepare released another claim's reference")
+	}
+	mustUnprepare(t, d, b)
+	if e.daemon.isRunning(gpu1) || e.daemon.stops[gpu1] != 1 {
+		t.Fatalf("daemon running %v, stopped %d times; want stopped once", e.daemon.isRunning(gpu1), e.daemon.stops[gpu1])
+	}
+}
+
+func TestPrepareSharingStrategies(t *testing.T) {
+	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
+	d := e.start()
+	hami := newClaim("hami", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 2, "3Gi", 40)},
+		opaqueEntry(resourceapi.AllocationConfigSourceClaim, driver.Name, nil, sharingConfig("HAMiCore")))
+	none := newClaim("none", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 3, "1Gi", 10)},
+		opaqueEntry(resourceapi.AllocationConfigSourceClass, driver.Name, []string{"s"}, sharingConfig("None")))
+	mustPrepare(t, d, hami)
+	mustPrepare(t, d, none)
+	if len(e.daemon.starts) != 0 {
+		t.Errorf("MPS daemons started for non-MPS shares: %v", e.daemon.starts)
+	}
+	envOf := func(uid types.UID) string {
+		raw, err := os.ReadFile(e.specPath(uid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(raw)
+	}
+	for _, want := range []string{"CUDA_DEVICE_MEMORY_LIMIT_0=3072m", "CUDA_DEVICE_SM_LIMIT_0=40"} {
+		if !strings.Contains(envOf(hami.UID), want) {
+			t.Errorf("HAMiCore spec lacks %s", want)
+		}
+	}
+	spec := envOf(none.UID)
+	if !strings.Contains(spec, "GPULINK_SHARE_MEMORY_0=1073741824") || strings.Contains(spec, "CUDA_MPS") || strings.Contains(spec, "CUDA_DEVICE_MEMORY_LIMIT") {
+		t.Errorf("None spec: %s", spec)
+	}
+}
+
+func TestPrepareConfigLayering(t *testing.T) {
+	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
+	d := e.start()
+	// Class says HAMiCore for all requests, the claim says None for
+	// request "b" only; another driver's garbage config is ignored.
+	c := newClaim("layers",
+		[]resourceapi.DeviceRequestAllocationResult{shareOf("a", 0, "1Gi", 10), shareOf("b/small", 1, "1Gi", 10)},
+		opaqueEntry(resourceapi.AllocationConfigSourceClaim, driver.Name, []string{"b"}, sharingConfig("None")),
+		opaqueEntry(resourceapi.AllocationConfigSourceClass, driver.Name, nil, sharingConfig("HAMiCore")),
+		opaqueEntry(resourceapi.AllocationConfigSourceClaim, "other.example.com", nil, `{"not": "ours"}`),
+	)
+	mustPrepare(t, d, c)
+	got := readCheckpoint(t, e).Claims[c.UID]
+	if s := got.Devices[0].Share.Strategy; s != "HAMiCore" {
+		t.Errorf("request a: strategy %s, want HAMiCore from the class", s)
+	}
+	if s := got.Devices[1].Share.Strategy; s != "None" {
+		t.Errorf("request b/small: strategy %s, want None from the claim", s)
+	}
+}
+
+func TestPrepareShareDefaultsWithoutConsumedCapacity(t *testing.T) {
+	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
+	d := e.start()
+	r := shareOf("s", 0, "1Gi", 1)
+	r.ConsumedCapacity = nil
+	explicit := `{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"HAMiCore","defaultMemory":"6Gi"}}`
+	c := newClaim("defaults", []resourceapi.DeviceRequestAllocationResult{r},
+		opaqueEntry(resourceapi.AllocationConfigSourceClaim, driver.Name, nil, explicit))
+	mustPrepare(t, d, c)
+	share := readCheckpoint(t, e).Claims[c.UID].Devices[0].Share
+	// Memory from the config's explicit default, cores from the flag.
+	if share.MemoryBytes != 6*gib || share.Cores != 25 {
+		t.Errorf("share %+v, want 6Gi from the config and 25 cores from the flag", share)
+	}
+}
+
+func TestPrepareBadInput(t *testing.T) {
+	bad := func(mutate func(*resourceapi.DeviceRequestAllocationResult)) []resourceapi.DeviceRequestAllocationResult {
+		r := wholeGPU("gpus", 0)
+		mutate(&r)
+		return []resourceapi.DeviceRequestAllocationResult{wholeGPU("gpus", 1), r}
+	}
+	cfg := func(raw string) resourceapi.DeviceAllocationConfiguration {
+		return opaqueEntry(resourceapi.AllocationConfigSourceClaim, driver.Name, nil, raw)
+	}
+	for name, tc := range map[string]struct {
+		results []resourceapi.DeviceRequestAllocationResult
+		configs []resourceapi.DeviceAllocationConfiguration
+		want    []string
+	}{
+		"unknown device": {
+			results: bad(func(r *resourceapi.DeviceRequestAllocationResult) { r.Device = "gpu-9" }),
+			want:    []string{"status.allocation.devices.results[1].device", `"gpu-9"`, "no GPU with index 9"},
+		},
+		"malformed device name": {
+			results: bad(func(r *resourceapi.DeviceRequestAllocationResult) { r.Device = "nvidia0" }),
+			want:    []string{"status.allocation.devices.results[1].device", `"nvidia0"`},
+		},
+		"other node's pool": {
+			results: bad(func(r *resourceapi.DeviceRequestAllocationResult) { r.Pool = "node-b" }),
+			want:    []string{"status.allocation.devices.results[1].pool", `"node-b"`},
+		},
+		"malformed config": {
+			results: []resourceapi.DeviceRequestAllocationResult{wholeGPU("gpus", 0)},
+			configs: []resourceapi.DeviceAllocationConfiguration{cfg(`{"apiVersion": `)},
+			want:    []string{"status.allocation.devices.config[0].opaque.parameters"},
+		},
+		"unknown config field": {
+			results: []resourceapi.DeviceRequestAllocationResult{wholeGPU("gpus", 0)},
+			configs: []resourceapi.DeviceAllocationConfiguration{
+				opaqueEntry(resourceapi.AllocationConfigSourceClaim, "other.example.com", nil, `{}`),
+				cfg(`{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","sharing":{"stratgy":"MPS"}}`),
+			},
+			want: []string{"status.allocation.devices.config[1].opaque.parameters", "stratgy"},
+		},
+		"invalid config value": {
+			results: []resourceapi.DeviceRequestAllocationResult{wholeGPU("gpus", 0)},
+			configs: []resourceapi.DeviceAllocationConfiguration{cfg(sharingConfig("Magic"))},
+			want:    []string{"status.allocation.devices.config[0]", "Magic"},
+		},
+		"share larger than the GPU": {
+			results: []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "17Gi", 10)},
+			want:    []string{"status.allocation.devices.results[0].consumedCapacity.memory", "17Gi", "larger than GPU 0"},
+		},
+		"share with 0 cores": {
+			results: []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 0)},
+			want:    []string{"status.allocation.devices.results[0].consumedCapacity.cores", "0"},
+		},
+		"same GPU whole twice": {
+			results: []resourceapi.DeviceRequestAllocationResult{wholeGPU("a", 0), wholeGPU("b", 0)},
+			want:    []string{"status.allocation.devices.results[1].device", "whole twice"},
+		},
+		"MPS share with another GPU": {
+			results: []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10), wholeGPU("g", 1)},
+			want:    []string{"status.allocation.devices.results[1].device", "MPS"},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t, loadTopology(t, "pcie-4.txt"))
+			d := e.start()
+			c := newClaim("bad", tc.results, tc.configs...)
+			r := prepare(t, d, c)[c.UID]
+			if r.Err == nil {
+				t.Fatalf("prepare succeeded with %+v", r.Devices)
+			}
+			msg := r.Err.Error()
+			for _, want := range append([]string{"claim default/bad", string(c.UID)}, tc.want...) {
+				if !strings.Contains(msg, want) {
+					t.Errorf("error %q lacks %q", msg, want)
+				}
+			}
+			if e.specExists(c.UID) {
+				t.Error("CDI spec left behind")
+			}
+			if n := len(readCheckpoint(t, e).Claims); n != 0 {
+				t.Errorf("%d checkpoint entries left behind", n)
+			}
+			if len(e.daemon.running) != 0 {
+				t.Errorf("MPS daemons left running: %v", e.daemon.running)
+			}
+		})
+	}
+}
+
+func TestPrepareConflicts(t *testing.T) {
+	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
+	d := e.start()
+	first := newClaim("first", []resourceapi.DeviceRequestAllocationResult{wholeGPU("g", 0), shareOf("s", 1, "10Gi", 50)},
+		opaqueEntry(resourceapi.AllocationConfigSourceClaim, driver.Name, []string{"s"}, sharingConfig("HAMiCore")))
+	mustPrepare(t, d, first)
+	for name, tc := range map[string]struct {
+		results []resourceapi.DeviceRequestAllocationResult
+		want    string
+	}{
+		"GPU already whole":  {[]resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10)}, "already prepared whole"},
+		"GPU already shared": {[]resourceapi.DeviceRequestAllocationResult{wholeGPU("g", 1)}, "share(s) of it are prepared"},
+		"memory overcommit":  {[]resourceapi.DeviceRequestAllocationResult{shareOf("s", 1, "7Gi", 10)}, "more than the GPU's"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := newClaim("second", tc.results, opaqueEntry(resourceapi.AllocationConfigSourceClaim, driver.Name, nil, sharingConfig("HAMiCore")))
+			r := prepare(t, d, c)[c.UID]
+			if r.Err == nil || !strings.Contains(r.Err.Error(), tc.want) {
+				t.Fatalf("error %v, want %q", r.Err, tc.want)
+			}
+			if e.specExists(c.UID) {
+				t.Error("CDI spec left behind")
+			}
+		})
+	}
+	// Admin access may look at a GPU in use.
+	admin := wholeGPU("g", 0)
+	admin.AdminAccess = new(bool)
+	*admin.AdminAccess = true
+	mustPrepare(t, d, newClaim("admin", []resourceapi.DeviceRequestAllocationResult{admin}))
+}
+
+func TestPrepareBatchIsolatesBadClaims(t *testing.T) {
+	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
+	d := e.start()
+	good := newClaim("good", []resourceapi.DeviceRequestAllocationResult{wholeGPU("g", 0)})
+	badClaim := newClaim("bad", []resourceapi.DeviceRequestAllocationResult{wholeGPU("g", 7)})
+	res := prepare(t, d, good, badClaim)
+	if res[good.UID].Err != nil || res[badClaim.UID].Err == nil {
+		t.Fatalf("results %+v", res)
+	}
+	if !e.specExists(good.UID) || e.specExists(badClaim.UID) {
+		t.Errorf("spec of good %v, of bad %v", e.specExists(good.UID), e.specExists(badClaim.UID))
+	}
+}
+
+func TestPrepareMPSStartFailureRollsBack(t *testing.T) {
+	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
+	d := e.start()
+	e.daemon.startErr = os.ErrPermission
+	c := newClaim("mps", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10)})
+	r := prepare(t, d, c)[c.UID]
+	if r.Err == nil || !strings.Contains(r.Err.Error(), "starting MPS control daemon") {
+		t.Fatalf("error %v", r.Err)
+	}
+	if e.specExists(c.UID) || len(readCheckpoint(t, e).Claims) != 0 {
+		t.Error("state left behind after a failed MPS start")
+	}
+	e.daemon.startErr = nil
+	mustPrepare(t, d, c)
+}
+
+func TestRestartRecovery(t *testing.T) {
+	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
+	d := e.start()
+	gpu0 := "GPU-00000000-0000-0000-0000-000000000000"
+	kept := newClaim("kept", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10)})
+	kept2 := newClaim("kept2", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10)})
+	whole := newClaim("whole", []resourceapi.DeviceRequestAllocationResult{wholeGPU("g", 2)})
+	mustPrepare(t, d, kept)
+	mustPrepare(t, d, kept2)
+	devs := mustPrepare(t, d, whole)
+
+	// A stray spec (its claim's unprepare happened while the files were
+	// out of sync) and a half-prepared claim from an interrupted call.
+	stray := types.UID("0b7d5c0e-0000-4000-8000-000000000001")
+	if err := os.WriteFile(e.specPath(stray), []byte(`{"cdiVersion":"0.3.0","kind":"gpu.gpulink.dev/claim","devices":[{"name":"x","containerEdits":{"env":["A=B"]}}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	half := newClaim("half", []resourceapi.DeviceRequestAllocationResult{wholeGPU("g", 3)})
+	cp := readCheckpoint(t, e)
+	cp.Claims[half.UID] = &PreparedClaim{UID: half.UID, Namespace: "default", Name: "half", State: PrepareStarted,
+		CDIDeviceID: CDIDeviceID(half.UID), Devices: []PreparedDevice{{Request: "g", Pool: testNode, Device: "gpu-3", Index: 3, Minor: 3}}}
+	if err := NewCheckpointStore(e.pluginDir).Store(cp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(e.specPath(half.UID), []byte(`{}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Removing a prepared claim's spec by hand: recovery rewrites it.
+	if err := os.Remove(e.specPath(whole.UID)); err != nil {
+		t.Fatal(err)
+	}
+
+	// Restart: a new Driver on the same directories, new MPS manager,
+	// daemons still running.
+	d2 := e.start()
+	if e.specExists(stray) || e.specExists(half.UID) {
+		t.Error("stray or half-prepared specs survived the restart")
+	}
+	if !e.specExists(whole.UID) || !e.specExists(kept.UID) {
+		t.Error("spec of a prepared claim missing after restart")
+	}
+	if _, ok := readCheckpoint(t, e).Claims[half.UID]; ok {
+		t.Error("half-prepared claim still in the checkpoint")
+	}
+	// Served from the checkpoint.
+	again := mustPrepare(t, d2, whole)
+	if len(again) != 1 || again[0].CDIDeviceIDs[0] != devs[0].CDIDeviceIDs[0] {
+		t.Errorf("after restart %+v, want %+v", again, devs)
+	}
+	// MPS references were rebuilt: two claims hold GPU0's daemon.
+	mustUnprepare(t, d2, kept)
+	if !e.daemon.isRunning(gpu0) {
+		t.Fatal("daemon stopped although kept2 still holds it")
+	}
+	mustUnprepare(t, d2, kept2)
+	if e.daemon.isRunning(gpu0) {
+		t.Fatal("daemon still running after its last claim")
+	}
+	// GPU 3 is free again.
+	mustPrepare(t, d2, half)
+}
+
+func TestRestartAfterReboot(t *testing.T) {
+	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
+	d := e.start()
+	c := newClaim("c", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10)})
+	mustPrepare(t, d, c)
+	starts := e.daemon.starts["GPU-00000000-0000-0000-0000-000000000000"]
+	e.bootID = "boot-2"
+	e.start()
+	cp := readCheckpoint(t, e)
+	if len(cp.Claims) != 0 || cp.BootID != "boot-2" {
+		t.Errorf("checkpoint after reboot: %d claims, boot ID %s", len(cp.Claims), cp.BootID)
+	}
+	if e.specExists(c.UID) {
+		t.Error("spec of a claim from the previous boot survived")
+	}
+	if got := e.daemon.starts["GPU-00000000-0000-0000-0000-000000000000"]; got != starts {
+		t.Errorf("daemon restarted for a claim of the previous boot")
+	}
+}
+
+func TestRestartWithCorruptCheckpoint(t *testing.T) {
+	for name, corrupt := range map[string]func(t *testing.T, path string){
+		"bad JSON": func(t *testing.T, path string) {
+			if err := os.WriteFile(path, []byte(`{"checksum":`), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		},
+		"checksum mismatch": func(t *testing.T, path string) {
+			raw, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var f checkpointFile
+			if err := json.Unmarshal(raw, &f); err != nil {
+				t.Fatal(err)
+			}
+			f.Data = json.RawMessage(strings.Replace(string(f.Data), `"gpu-0"`, `"gpu-1"`, 1))
+			raw, _ = json.Marshal(f)
+			if err := os.WriteFile(path, raw, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t, loadTopology(t, "pcie-4.txt"))
+			d := e.start()
+			c := newClaim("c", []resourceapi.DeviceRequestAllocationResult{wholeGPU("g", 0)})
+			mustPrepare(t, d, c)
+			path := NewCheckpointStore(e.pluginDir).Path()
+			corrupt(t, path)
+
+			d2 := e.start()
+			if got := testutil.ToFloat64(d2.metrics.CheckpointCorruptions); got != 1 {
+				t.Errorf("corruption counter %v, want 1", got)
+			}
+			if _, err := os.Stat(path + ".corrupt"); err != nil {
+				t.Errorf("corrupt checkpoint not moved aside: %v", err)
+			}
+			if e.specExists(c.UID) {
+				t.Error("CDI spec of a claim the plugin no longer knows survived")
+			}
+			if n := len(readCheckpoint(t, e).Claims); n != 0 {
+				t.Errorf("%d claims in the fresh checkpoint", n)
+			}
+			// The kubelet prepares the claim again.
+			mustPrepare(t, d2, c)
+		})
+	}
+}
+
+func TestPrepareCheckpointWriteFailure(t *testing.T) {
+	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
+	d := e.start()
+	path := NewCheckpointStore(e.pluginDir).Path()
+	// A non-empty directory in the checkpoint's place makes the rename fail
+	// (root ignores permission bits, so those cannot be used).
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(path+"/blocker", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	c := newClaim("c", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10)})
+	r := prepare(t, d, c)[c.UID]
+	if r.Err == nil || !strings.Contains(r.Err.Error(), "recording PrepareStarted") || !strings.Contains(r.Err.Error(), "claim default/c") {
+		t.Fatalf("error %v", r.Err)
+	}
+	if e.specExists(c.UID) || len(e.daemon.running) != 0 {
+		t.Error("side effects despite the failed checkpoint write")
+	}
+	if err := os.RemoveAll(path); err != nil {
+		t.Fatal(err)
+	}
+	mustPrepare(t, d, c)
+	if readCheckpoint(t, e).Claims[c.UID] == nil {
+		t.Error("claim not checkpointed after recovery of the file system")
+	}
+}

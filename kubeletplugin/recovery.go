@@ -1,0 +1,118 @@
+package kubeletplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+)
+
+// recoverState loads the checkpoint and makes the node match it:
+//
+//   - A corrupt checkpoint is moved aside as checkpoint.json.corrupt and
+//     the plugin starts with no prepared claims (every CDI spec of ours is
+//     then stray and removed); the kubelet prepares the claims of pods it
+//     still runs again, which rewrites their specs. Refusing to start
+//     instead would leave the node unable to start any GPU pod until a
+//     human deletes the file, while the claims themselves live in the API.
+//   - A checkpoint from an earlier boot is void: after a reboot no daemon
+//     runs and no container uses the devices.
+//   - Claims left in PrepareStarted are rolled back.
+//   - MPS daemon references are rebuilt from the claims that hold them.
+//   - CDI specs of claims that are not prepared are removed.
+func (d *Driver) recoverState(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	bootID, err := d.bootID()
+	if err != nil {
+		return err
+	}
+	cp, err := d.ckpt.Load()
+	switch {
+	case errors.Is(err, ErrCorruptCheckpoint):
+		d.metrics.CheckpointCorruptions.Inc()
+		moved, mvErr := d.ckpt.MoveAside()
+		if mvErr != nil {
+			return errors.Join(err, mvErr)
+		}
+		logger.Error(err, "CHECKPOINT CORRUPT: moved it aside and starting with no prepared claims; stray CDI specs will be removed and the kubelet re-prepares the claims of running pods", "movedTo", moved)
+		cp = newCheckpoint(bootID)
+	case err != nil:
+		return err
+	case cp.BootID != "" && cp.BootID != bootID:
+		logger.Info("Node rebooted since the checkpoint was written, dropping its claims", "checkpointBootID", cp.BootID, "bootID", bootID, "claims", len(cp.Claims))
+		cp = newCheckpoint(bootID)
+	}
+	cp.BootID = bootID
+	d.cp = cp
+
+	// Rebuild MPS references first, so that rolling back a half-prepared
+	// claim below stops a daemon only if nothing else uses it.
+	for _, pc := range cp.Claims {
+		for i := range pc.Devices {
+			dev := &pc.Devices[i]
+			if dev.Share == nil || !dev.Share.MPSRef {
+				continue
+			}
+			if err := d.mps.EnsureDaemon(ctx, MPSGPU{Index: dev.Index, UUID: dev.UUID}); err != nil {
+				logger.Error(err, "Restoring MPS daemon reference failed; the claim's containers cannot use MPS", "claim", klog.KRef(pc.Namespace, pc.Name), "device", dev.Device)
+				dev.Share.MPSRef = false
+			}
+		}
+	}
+	for uid, pc := range cp.Claims {
+		if pc.State == PrepareCompleted {
+			continue
+		}
+		logger.Info("Rolling back interrupted prepare", "claim", klog.KRef(pc.Namespace, pc.Name), "uid", uid, "state", pc.State)
+		if err := d.teardown(ctx, pc); err != nil {
+			return fmt.Errorf("rolling back claim %s/%s (UID %s): %w", pc.Namespace, pc.Name, uid, err)
+		}
+		delete(cp.Claims, uid)
+	}
+	uids, err := d.cdi.ListClaimSpecs()
+	if err != nil {
+		return err
+	}
+	have := map[types.UID]bool{}
+	for _, uid := range uids {
+		if _, ok := cp.Claims[uid]; ok {
+			have[uid] = true
+			continue
+		}
+		if err := d.cdi.RemoveClaimSpec(uid); err != nil {
+			return fmt.Errorf("removing stray CDI spec: %w", err)
+		}
+		logger.Info("Removed stray CDI spec of a claim that is not prepared", "uid", uid)
+	}
+	// A prepared claim whose spec vanished (someone cleaned the CDI
+	// directory) gets it back: containers of its pods may still start.
+	for uid, pc := range cp.Claims {
+		if have[uid] || len(pc.Devices) == 0 {
+			continue
+		}
+		spec, err := buildClaimSpec(logger, pc, d.cdiOptions())
+		if err == nil {
+			err = d.cdi.WriteClaimSpec(uid, spec)
+		}
+		if err != nil {
+			logger.Error(err, "Restoring the CDI spec of a prepared claim failed", "claim", klog.KRef(pc.Namespace, pc.Name), "uid", uid)
+			continue
+		}
+		logger.Info("Restored missing CDI spec of a prepared claim", "claim", klog.KRef(pc.Namespace, pc.Name), "uid", uid)
+	}
+	if err := d.store(); err != nil {
+		return err
+	}
+	logger.Info("Recovered prepared claims", "claims", len(cp.Claims), "uids", claimUIDs(cp))
+	return nil
+}
+
+func claimUIDs(cp *Checkpoint) []types.UID {
+	out := make([]types.UID, 0, len(cp.Claims))
+	for uid := range cp.Claims {
+		out = append(out, uid)
+	}
+	return out
+}
