@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# Lints and renders the gpulink Helm chart (make helm-lint; part of make test).
+#
+#   hack/helm.sh            build _output/bin/helm if needed, lint, render
+#   hack/helm.sh --build    only build _output/bin/helm
+#
+# Helm is built from source (hack/tools/helm, a Go module of its own pinned by
+# go.sum) because only the Go module proxy is reachable from CI; no prebuilt
+# binaries are downloaded. The binary is rebuilt when its stamped version no
+# longer matches hack/tools/helm/go.mod.
+#
+# Every rendering is checked by helm itself (templates, values.schema.json,
+# and a YAML parse of each document) and for apiVersion/kind. When
+# `hack/cluster.sh build` has built etcd, kube-apiserver and kubectl,
+# deployments/helm/test-policies.sh then starts a throw-away API server,
+# dry-runs every rendering against it (full server-side validation, CEL
+# compilation included) and tests the admission policies and RBAC for real.
+# kubectl's client-side dry run is no substitute: it needs a server for
+# discovery too. Set HELM_SKIP_APISERVER=1 to skip that step.
+set -o errexit -o nounset -o pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BIN="${ROOT}/_output/bin"
+HELM="${BIN}/helm"
+TOOLS="${ROOT}/hack/tools/helm"
+CHART="${ROOT}/deployments/helm/gpulink"
+# The Kubernetes release the chart targets; helm template reports it as
+# .Capabilities.KubeVersion so kubeVersion in Chart.yaml is checked too.
+KUBE_VERSION=v1.37.0
+
+log() { printf '>>> %s\n' "$*" >&2; }
+die() { printf 'hack/helm.sh: %s\n' "$*" >&2; exit 1; }
+
+build_helm() {
+	local want k8s major minor have=""
+	want=$(cd "${TOOLS}" && go list -m -f '{{.Version}}' helm.sh/helm/v3)
+	if [[ -x "${HELM}" ]]; then
+		have=$("${HELM}" version --template '{{.Version}}' 2>/dev/null || true)
+	fi
+	if [[ "${have}" == "${want}" ]]; then
+		return 0
+	fi
+	# Helm's lint deprecation rules and the default .Capabilities.KubeVersion
+	# come from link-time variables; derive them from the client-go Helm is
+	# built with (v0.X.Y -> 1.X), as Helm's own Makefile does.
+	k8s=$(cd "${TOOLS}" && go list -m -f '{{.Version}}' k8s.io/client-go)
+	k8s=${k8s#v}
+	major=$(( ${k8s%%.*} + 1 ))
+	minor=${k8s#*.}
+	minor=${minor%%.*}
+	log "building helm ${want} (Kubernetes ${major}.${minor} libraries) into ${HELM}"
+	mkdir -p "${BIN}"
+	(
+		cd "${TOOLS}"
+		# -mod=readonly: go.sum in the repository is the source of truth;
+		# a missing or changed checksum is an error, never silently fixed.
+		CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -o "${HELM}.tmp" -ldflags "-s -w \
+			-X helm.sh/helm/v3/internal/version.version=${want} \
+			-X helm.sh/helm/v3/internal/version.gitTreeState=clean \
+			-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=${major} \
+			-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=${minor} \
+			-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=${major} \
+			-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=${minor}" \
+			helm.sh/helm/v3/cmd/helm
+	)
+	mv "${HELM}.tmp" "${HELM}"
+}
+
+# check_yaml fails unless the rendering has documents and each carries a
+# top-level apiVersion and kind. helm template has already parsed every
+# document as YAML; this catches documents that lost their identity (a
+# template whose header ended up inside a conditional, say).
+check_yaml() {
+	local file=$1 docs
+	docs=$(awk '/^---/{n++} END{print n+0}' "${file}")
+	[[ "${docs}" -gt 0 ]] || die "rendering produced no documents"
+	# Every document must name apiVersion and kind at top level.
+	awk -v f="${file}" '
+		function flush() {
+			if (body && (!api || !kind)) { printf "%s: document %d has no apiVersion/kind\n", f, doc > "/dev/stderr"; bad=1 }
+			api=0; kind=0; body=0
+		}
+		/^---/ { flush(); doc++; next }
+		/^apiVersion: [^ ]/ { api=1 }
+		/^kind: [^ ]/ { kind=1 }
+		/^[^#[:space:]]/ { body=1 }
+		END { flush(); exit bad }
+	' "${file}"
+}
+
+render() {
+	local name=$1; shift
+	local out="${WORK}/${name}.yaml"
+	log "helm template (${name}) $*"
+	"${HELM}" template gpulink "${CHART}" --namespace gpulink-system \
+		--kube-version "${KUBE_VERSION}" "$@" >"${out}"
+	check_yaml "${out}"
+}
+
+lint() {
+	local name=$1; shift
+	log "helm lint --strict (${name}) $*"
+	"${HELM}" lint --strict --kube-version "${KUBE_VERSION}" "${CHART}" "$@"
+}
+
+# expect_failure WHAT PATTERN ARGS... checks that the chart refuses bad
+# values (through values.schema.json or a template check) with an error
+# matching PATTERN, so an unrelated breakage cannot pass for a rejection.
+expect_failure() {
+	local what=$1 pattern=$2 out
+	shift 2
+	if out=$("${HELM}" template gpulink "${CHART}" --kube-version "${KUBE_VERSION}" "$@" 2>&1); then
+		die "the chart accepted ${what} ($*)"
+	fi
+	grep -qE -- "${pattern}" <<<"${out}" || die "${what}: want an error matching '${pattern}', got: ${out}"
+	log "rejected as expected: ${what}"
+}
+
+build_helm
+if [[ "${1:-}" == "--build" ]]; then
+	exit 0
+fi
+
+WORK=$(mktemp -d)
+trap 'rm -rf "${WORK}"' EXIT
+
+# The values demo/kind/run.sh installs with.
+KIND_DEMO=(--set image.repository=gpulink/gpulink --set image.tag=kind-demo --set image.pullPolicy=Never
+	--set kubeletPlugin.discovery=topology-file --set kubeletPlugin.topologyConfigMap=gpulink-demo-topology
+	--set kubeletPlugin.topologyConfigMapKey=topology.txt
+	--set-string kubeletPlugin.gpuProduct="Tesla V100-SXM2-32GB" --set-string kubeletPlugin.gpuMemory=32Gi)
+
+lint defaults
+lint kind-demo "${KIND_DEMO[@]}"
+render defaults
+render kind-demo "${KIND_DEMO[@]}"
+render kind-demo-mock --set kubeletPlugin.discovery=mock --set kubeletPlugin.mockServer=dgxa100
+render ha --set controller.replicas=2 --set controller.metricsService.enabled=true \
+	--set kubeletPlugin.metricsPort=8080
+render mock-standalone --set kubeletPlugin.discovery=mock --set kubeletPlugin.managedByController=false \
+	--set controller.enabled=false --set gate.enabled=false --set nodeAdmission.enabled=false
+render gated-namespaces --set-string 'gate.namespaceSelector.matchLabels.gpulink\.dev/gated=true' \
+	--set kubeletPlugin.driverRoot=/run/nvidia/driver
+
+expect_failure "an unknown discovery mode" "/kubeletPlugin/discovery" --set kubeletPlugin.discovery=bogus
+expect_failure "an unknown top-level key" "additional properties 'bogus'" --set bogus=1
+expect_failure "a misspelt nested key" "additional properties 'replica'" --set controller.replica=2
+expect_failure "zero controller replicas" "/controller/replicas" --set controller.replicas=0
+expect_failure "a relative host path" "/kubeletPlugin/cdiRoot" --set kubeletPlugin.cdiRoot=run/cdi
+expect_failure "topology-file discovery without a ConfigMap" "needs kubeletPlugin.topologyConfigMap" \
+	--set kubeletPlugin.discovery=topology-file
+expect_failure "the gate without the controller" "gate.enabled=true needs controller.enabled=true" \
+	--set controller.enabled=false
+expect_failure "tainted devices without the controller" "managedByController=true needs controller.enabled=true" \
+	--set controller.enabled=false --set gate.enabled=false
+expect_failure "the gate without the device taint" "needs kubeletPlugin.managedByController=true" \
+	--set kubeletPlugin.managedByController=false
+if [[ "${HELM_SKIP_APISERVER:-}" == 1 ]]; then
+	log "skipping the API server checks (HELM_SKIP_APISERVER=1)"
+elif [[ -x "${BIN}/etcd" && -x "${BIN}/kube-apiserver" && -x "${BIN}/kubectl" ]]; then
+	"${ROOT}/deployments/helm/test-policies.sh" "${WORK}"/*.yaml
+else
+	log "skipping the API server checks: run hack/cluster.sh build for _output/bin/{etcd,kube-apiserver,kubectl}"
+fi
+log "chart OK"

@@ -1,0 +1,59 @@
+// Command workload is the container the e2e tests run to observe what a pod
+// got from gpulink. It prints, to stdout (the container log):
+//
+//	ENV <name>=<value>      one line per environment variable, sorted
+//	DEV /dev/<entry>        one line per /dev entry whose name starts with "nvidia"
+//	READY                   after both lists
+//
+// and then sleeps until SIGTERM or SIGINT, when it exits 0.
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+)
+
+func main() {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+
+	w := bufio.NewWriter(os.Stdout)
+	env := os.Environ()
+	sort.Strings(env)
+	for _, kv := range env {
+		fmt.Fprintf(w, "ENV %s\n", kv)
+	}
+	devs, err := filepath.Glob("/dev/nvidia*")
+	if err != nil {
+		fmt.Fprintf(w, "ERROR listing /dev: %v\n", err)
+	}
+	sort.Strings(devs)
+	for _, d := range devs {
+		fmt.Fprintf(w, "DEV %s\n", d)
+	}
+	// Also list nested device directories such as /dev/nvidia-caps.
+	for _, d := range devs {
+		if fi, err := os.Stat(d); err == nil && fi.IsDir() {
+			entries, err := os.ReadDir(d)
+			if err != nil {
+				fmt.Fprintf(w, "ERROR listing %s: %v\n", d, err)
+				continue
+			}
+			for _, e := range entries {
+				fmt.Fprintf(w, "DEV %s\n", strings.TrimSuffix(d, "/")+"/"+e.Name())
+			}
+		}
+	}
+	fmt.Fprintln(w, "READY")
+	if err := w.Flush(); err != nil {
+		fmt.Fprintf(os.Stderr, "writing stdout: %v\n", err)
+		os.Exit(1)
+	}
+	<-sigs
+}

@@ -1,0 +1,498 @@
+// Package localcluster runs a real Kubernetes 1.37 cluster on 127.0.0.1 for
+// gpulink's integration and e2e tests and for hack/cluster.sh: etcd,
+// kube-apiserver, kube-controller-manager and kube-scheduler, optionally a
+// real node (containerd v2 with CDI and runc, and a kubelet), and any number
+// of API-only nodes (Node objects without a kubelet).
+//
+// The binaries come from hack/cluster.sh build (_output/bin). The control
+// plane listens on 127.0.0.1; the kubelet serves on the host's first
+// non-loopback address (kubelets refuse a loopback node IP, and the API
+// server reaches kubelets for logs and exec at the node IP) and authenticates
+// clients by certificate. Every port is chosen dynamically (and reserved
+// against concurrent Starts), every file lives under Options.Dir and the
+// kubelet gets its own cgroup root, so several clusters can run at once. A
+// real node needs root and runs only hostNetwork pods (no pod network).
+//
+//	c, err := localcluster.Start(ctx, localcluster.Options{Dir: t.TempDir(), RealNode: true, Logf: t.Logf})
+//	if err != nil { t.Fatal(err) }
+//	t.Cleanup(func() { _ = c.Stop() })
+package localcluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+)
+
+const (
+	serviceCIDR = "10.0.0.0/24"
+	serviceIP   = "10.0.0.1"
+	// DefaultNodeName is the name of the real node unless Options.NodeName is set.
+	DefaultNodeName = "local-node"
+)
+
+// Options configure Start.
+type Options struct {
+	// Dir is the state directory (t.TempDir() in tests): certificates, etcd
+	// data, logs (<Dir>/logs/<component>.log), the admin kubeconfig, the
+	// kubelet root, the CDI directory and containerd's root and state all
+	// live under it. Keep it short: Unix socket paths under it must stay
+	// below 108 bytes. Required.
+	Dir string
+	// BinDir holds etcd, kube-* and containerd binaries. Default:
+	// $GPULINK_BIN_DIR, else <repo>/_output/bin.
+	BinDir string
+	// ImageDir receives the test image archives built for a real node.
+	// Default: $GPULINK_IMAGE_DIR, else <repo>/_output/images.
+	ImageDir string
+	// RealNode starts containerd v2 (CDI enabled, cdi_spec_dirs = [CDIDir()])
+	// and a kubelet registered as node NodeName, and imports PauseImage and
+	// WorkloadImage. Needs root.
+	RealNode bool
+	// NodeName is the real node's name. Default: DefaultNodeName.
+	NodeName string
+	// FeatureGates are passed to every Kubernetes component.
+	FeatureGates map[string]bool
+	// Logf receives progress lines. Default: discard.
+	Logf func(format string, args ...any)
+}
+
+// Cluster is a running local cluster.
+type Cluster struct {
+	opts   Options
+	dir    string
+	binDir string
+	pki    *pki
+
+	procs []*process
+
+	etcdPort, etcdPeerPort           int
+	apiserverPort                    int
+	schedulerPort, controllerMgrPort int
+	kubeletPort, kubeletHealthzPort  int
+
+	kubeconfig       string
+	restConfig       *rest.Config
+	client           kubernetes.Interface
+	containerdSocket string
+	cgroupRoot       string
+	cgroupsCreated   bool
+
+	portLocks []*os.File
+
+	stopOnce sync.Once
+	stopErr  error
+}
+
+// Start starts a cluster and returns once it is usable: the API server is
+// ready, the scheduler and controller-manager are healthy, the default
+// service account exists and, with RealNode, the node is Ready, schedulable
+// and has the test images. On failure it stops what it started and returns
+// an error that includes the tail of the failing component's log.
+func Start(ctx context.Context, opts Options) (_ *Cluster, retErr error) {
+	begin := time.Now()
+	if opts.Dir == "" {
+		return nil, errors.New("localcluster: Options.Dir is required")
+	}
+	dir, err := filepath.Abs(opts.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("localcluster: %w", err)
+	}
+	if opts.NodeName == "" {
+		opts.NodeName = DefaultNodeName
+	}
+	if opts.Logf == nil {
+		opts.Logf = func(string, ...any) {}
+	}
+	if opts.RealNode && os.Geteuid() != 0 {
+		return nil, errors.New("localcluster: a real node needs root (containerd, runc and the kubelet mount file systems and manage cgroups)")
+	}
+	c := &Cluster{opts: opts, dir: dir}
+	if c.binDir, err = defaultDir(opts.BinDir, "GPULINK_BIN_DIR", "bin"); err != nil {
+		return nil, err
+	}
+	for _, b := range c.requiredBinaries() {
+		if _, err := os.Stat(filepath.Join(c.binDir, b)); err != nil {
+			return nil, fmt.Errorf("localcluster: %s missing in %s (run hack/cluster.sh build): %w", b, c.binDir, err)
+		}
+	}
+	for _, d := range []string{"logs", "etcd", "cdi"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return nil, fmt.Errorf("localcluster: creating state directory: %w", err)
+		}
+	}
+	defer func() {
+		if retErr != nil {
+			if err := c.Stop(); err != nil {
+				c.logf("stopping after failed start: %v", err)
+			}
+		}
+	}()
+
+	ports, locks, err := reservePorts(7)
+	if err != nil {
+		return nil, fmt.Errorf("localcluster: %w", err)
+	}
+	c.portLocks = locks
+	c.etcdPort, c.etcdPeerPort, c.apiserverPort = ports[0], ports[1], ports[2]
+	c.schedulerPort, c.controllerMgrPort = ports[3], ports[4]
+	c.kubeletPort, c.kubeletHealthzPort = ports[5], ports[6]
+
+	if c.pki, err = writePKI(filepath.Join(dir, "pki"), opts.NodeName); err != nil {
+		return nil, fmt.Errorf("localcluster: %w", err)
+	}
+	if err := c.writeKubeconfigs(); err != nil {
+		return nil, err
+	}
+
+	// A real node's image build runs while the control plane starts.
+	var imgs []string
+	imgErr := make(chan error, 1)
+	if opts.RealNode {
+		go func() {
+			var err error
+			imgs, err = c.buildTestImages(ctx)
+			imgErr <- err
+		}()
+	}
+	imgStart := time.Now()
+
+	if err := c.startEtcd(ctx); err != nil {
+		return nil, err
+	}
+	if err := c.startAPIServer(ctx); err != nil {
+		return nil, err
+	}
+	if err := c.startControllerManagerAndScheduler(ctx); err != nil {
+		return nil, err
+	}
+	if opts.RealNode {
+		if err := <-imgErr; err != nil {
+			return nil, err
+		}
+		c.logf("test images built (%.1fs after start)", time.Since(imgStart).Seconds())
+		if err := c.startNode(ctx, imgs); err != nil {
+			return nil, err
+		}
+	}
+	c.logf("cluster up in %.1fs (API server https://127.0.0.1:%d, kubeconfig %s)",
+		time.Since(begin).Seconds(), c.apiserverPort, c.kubeconfig)
+	return c, nil
+}
+
+func (c *Cluster) requiredBinaries() []string {
+	bins := []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"}
+	if c.opts.RealNode {
+		bins = append(bins, "kubelet", "containerd", "containerd-shim-runc-v2", "ctr")
+	}
+	return bins
+}
+
+func (c *Cluster) logf(format string, args ...any) {
+	c.opts.Logf("localcluster: "+format, args...)
+}
+
+// defaultDir returns dir, else $env, else <repo>/_output/<sub>.
+func defaultDir(dir, env, sub string) (string, error) {
+	if dir == "" {
+		dir = os.Getenv(env)
+	}
+	if dir == "" {
+		root, err := RepoRoot()
+		if err != nil {
+			return "", fmt.Errorf("localcluster: locating _output/%s: %w", sub, err)
+		}
+		dir = filepath.Join(root, "_output", sub)
+	}
+	return filepath.Abs(dir)
+}
+
+func (c *Cluster) bin(name string) string { return filepath.Join(c.binDir, name) }
+
+func (c *Cluster) featureGates() []string {
+	if len(c.opts.FeatureGates) == 0 {
+		return nil
+	}
+	var kv []string
+	for k, v := range c.opts.FeatureGates {
+		kv = append(kv, fmt.Sprintf("%s=%t", k, v))
+	}
+	sort.Strings(kv)
+	return []string{"--feature-gates=" + strings.Join(kv, ",")}
+}
+
+func (c *Cluster) writeKubeconfigs() error {
+	server := fmt.Sprintf("https://127.0.0.1:%d", c.apiserverPort)
+	write := func(path, user, token string) error {
+		cfg := clientcmdapi.NewConfig()
+		cfg.Clusters["local"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: c.pki.caPEM}
+		cfg.AuthInfos[user] = &clientcmdapi.AuthInfo{Token: token}
+		cfg.Contexts["local"] = &clientcmdapi.Context{Cluster: "local", AuthInfo: user}
+		cfg.CurrentContext = "local"
+		if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+			return fmt.Errorf("localcluster: writing kubeconfig %s: %w", path, err)
+		}
+		return nil
+	}
+	c.kubeconfig = filepath.Join(c.dir, "kubeconfig")
+	if err := write(c.kubeconfig, "admin", c.pki.adminToken); err != nil {
+		return err
+	}
+	if err := write(filepath.Join(c.dir, "pki", "kubelet.kubeconfig"), "system:node:"+c.opts.NodeName, c.pki.nodeToken); err != nil {
+		return err
+	}
+	c.restConfig = &rest.Config{
+		Host:            server,
+		BearerToken:     c.pki.adminToken,
+		TLSClientConfig: rest.TLSClientConfig{CAData: c.pki.caPEM},
+		QPS:             200,
+		Burst:           400,
+	}
+	client, err := kubernetes.NewForConfig(c.restConfig)
+	if err != nil {
+		return fmt.Errorf("localcluster: creating client: %w", err)
+	}
+	c.client = client
+	return nil
+}
+
+func (c *Cluster) startEtcd(ctx context.Context) error {
+	start := time.Now()
+	client := fmt.Sprintf("http://127.0.0.1:%d", c.etcdPort)
+	peer := fmt.Sprintf("http://127.0.0.1:%d", c.etcdPeerPort)
+	p, err := c.startProcess("etcd", c.bin("etcd"),
+		"--name=default",
+		"--data-dir="+filepath.Join(c.dir, "etcd"),
+		"--listen-client-urls="+client,
+		"--advertise-client-urls="+client,
+		"--listen-peer-urls="+peer,
+		"--initial-advertise-peer-urls="+peer,
+		"--initial-cluster=default="+peer,
+		"--unsafe-no-fsync",
+		"--log-level=warn",
+	)
+	if err != nil {
+		return fmt.Errorf("localcluster: %w", err)
+	}
+	hc := &http.Client{Timeout: 2 * time.Second}
+	if err := waitFor(ctx, p, 60*time.Second, "etcd health", func(ctx context.Context) (bool, error) {
+		return httpOK(ctx, hc, client+"/health", "")
+	}); err != nil {
+		return fmt.Errorf("localcluster: %w", err)
+	}
+	c.logf("etcd ready on 127.0.0.1:%d after %.1fs", c.etcdPort, time.Since(start).Seconds())
+	return nil
+}
+
+func (c *Cluster) startAPIServer(ctx context.Context) error {
+	start := time.Now()
+	args := []string{
+		fmt.Sprintf("--etcd-servers=http://127.0.0.1:%d", c.etcdPort),
+		"--bind-address=127.0.0.1",
+		"--advertise-address=127.0.0.1",
+		fmt.Sprintf("--secure-port=%d", c.apiserverPort),
+		"--cert-dir=" + filepath.Join(c.dir, "pki", "apiserver"),
+		"--tls-cert-file=" + c.pki.apiserverCert,
+		"--tls-private-key-file=" + c.pki.apiserverKey,
+		"--client-ca-file=" + c.pki.caCert,
+		"--token-auth-file=" + c.pki.tokenFile,
+		"--kubelet-client-certificate=" + c.pki.kubeletClientCert,
+		"--kubelet-client-key=" + c.pki.kubeletClientKey,
+		// Node names do not resolve; reach kubelets (logs, exec) at their node IP.
+		"--kubelet-preferred-address-types=InternalIP,Hostname",
+		"--authorization-mode=Node,RBAC",
+		"--enable-admission-plugins=NodeRestriction",
+		"--service-account-key-file=" + c.pki.saPub,
+		"--service-account-signing-key-file=" + c.pki.saKey,
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-cluster-ip-range=" + serviceCIDR,
+		"--endpoint-reconciler-type=none",
+		"--allow-privileged=true",
+		"--runtime-config=resource.k8s.io/v1=true",
+		"--profiling=false",
+		"--v=1",
+	}
+	p, err := c.startProcess("kube-apiserver", c.bin("kube-apiserver"), append(args, c.featureGates()...)...)
+	if err != nil {
+		return fmt.Errorf("localcluster: %w", err)
+	}
+	hc, err := rest.HTTPClientFor(c.restConfig)
+	if err != nil {
+		return fmt.Errorf("localcluster: creating HTTP client: %w", err)
+	}
+	hc.Timeout = 5 * time.Second
+	if err := waitFor(ctx, p, 120*time.Second, "kube-apiserver /readyz", func(ctx context.Context) (bool, error) {
+		return httpOK(ctx, hc, c.restConfig.Host+"/readyz", "")
+	}); err != nil {
+		return fmt.Errorf("localcluster: %w", err)
+	}
+	c.logf("kube-apiserver ready on 127.0.0.1:%d after %.1fs", c.apiserverPort, time.Since(start).Seconds())
+	return nil
+}
+
+func (c *Cluster) startControllerManagerAndScheduler(ctx context.Context) error {
+	start := time.Now()
+	common := []string{
+		"--kubeconfig=" + c.kubeconfig,
+		"--authentication-kubeconfig=" + c.kubeconfig,
+		"--authorization-kubeconfig=" + c.kubeconfig,
+		"--bind-address=127.0.0.1",
+		"--leader-elect=false",
+		"--profiling=false",
+		"--v=1",
+	}
+	common = append(common, c.featureGates()...)
+	cm, err := c.startProcess("kube-controller-manager", c.bin("kube-controller-manager"), append([]string{
+		fmt.Sprintf("--secure-port=%d", c.controllerMgrPort),
+		"--cert-dir=" + filepath.Join(c.dir, "pki", "kube-controller-manager"),
+		"--controllers=*,-node-lifecycle-controller",
+		"--service-account-private-key-file=" + c.pki.saKey,
+		"--root-ca-file=" + c.pki.caCert,
+		"--cluster-signing-cert-file=" + c.pki.caCert,
+		"--cluster-signing-key-file=" + c.pki.caKey,
+		"--service-cluster-ip-range=" + serviceCIDR,
+	}, common...)...)
+	if err != nil {
+		return fmt.Errorf("localcluster: %w", err)
+	}
+	sched, err := c.startProcess("kube-scheduler", c.bin("kube-scheduler"), append([]string{
+		fmt.Sprintf("--secure-port=%d", c.schedulerPort),
+		"--cert-dir=" + filepath.Join(c.dir, "pki", "kube-scheduler"),
+	}, common...)...)
+	if err != nil {
+		return fmt.Errorf("localcluster: %w", err)
+	}
+	hc := insecureHTTPClient()
+	for _, w := range []struct {
+		p    *process
+		port int
+	}{{cm, c.controllerMgrPort}, {sched, c.schedulerPort}} {
+		url := fmt.Sprintf("https://127.0.0.1:%d/healthz", w.port)
+		if err := waitFor(ctx, w.p, 120*time.Second, w.p.name+" /healthz", func(ctx context.Context) (bool, error) {
+			return httpOK(ctx, hc, url, "")
+		}); err != nil {
+			return fmt.Errorf("localcluster: %w", err)
+		}
+	}
+	// Pods cannot be created before the service account controller has
+	// created the namespace's "default" service account.
+	if err := waitFor(ctx, cm, 120*time.Second, "service account default/default", func(ctx context.Context) (bool, error) {
+		_, err := c.client.CoreV1().ServiceAccounts("default").Get(ctx, "default", getOpts)
+		return err == nil, err
+	}); err != nil {
+		return fmt.Errorf("localcluster: %w", err)
+	}
+	c.logf("kube-controller-manager and kube-scheduler ready after %.1fs", time.Since(start).Seconds())
+	return nil
+}
+
+// Stop stops what Start started, in reverse order: the kubelet, then every
+// container task via ctr while containerd still runs, containerd and its
+// leftover shims, the control plane. It then removes the node's cgroups and
+// lazily unmounts everything mounted under Dir, so Dir can be removed. It
+// is safe to call more than once.
+func (c *Cluster) Stop() error {
+	c.stopOnce.Do(func() {
+		begin := time.Now()
+		var errs []error
+		byName := map[string]*process{}
+		for _, p := range c.procs {
+			byName[p.name] = p
+		}
+		if p := byName["kubelet"]; p != nil {
+			if err := p.stop(10 * time.Second); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if p := byName["containerd"]; p != nil {
+			if !p.exited() {
+				if err := c.killAllTasks(); err != nil {
+					errs = append(errs, err)
+				}
+			}
+			if err := p.stop(10 * time.Second); err != nil {
+				errs = append(errs, err)
+			}
+			if err := killMatching(c.containerdSocket); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		for i := len(c.procs) - 1; i >= 0; i-- {
+			p := c.procs[i]
+			if p.name == "kubelet" || p.name == "containerd" {
+				continue
+			}
+			if err := p.stop(10 * time.Second); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if c.cgroupsCreated {
+			if err := removeCgroups(c.cgroupRoot); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if err := unmountUnder(c.dir); err != nil {
+			errs = append(errs, err)
+		}
+		if c.opts.RealNode {
+			if err := removeContainerLogLinks(c.dir); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		for _, f := range c.portLocks {
+			f.Close()
+		}
+		c.stopErr = errors.Join(errs...)
+		if c.stopErr != nil {
+			c.stopErr = fmt.Errorf("localcluster: stopping: %w", c.stopErr)
+		}
+		c.logf("cluster stopped in %.1fs", time.Since(begin).Seconds())
+	})
+	return c.stopErr
+}
+
+// RESTConfig returns a config for the admin user (a static token in group
+// system:masters). The caller may modify the returned copy.
+func (c *Cluster) RESTConfig() *rest.Config { return rest.CopyConfig(c.restConfig) }
+
+// Kubeconfig returns the path of the admin kubeconfig (<Dir>/kubeconfig).
+func (c *Cluster) Kubeconfig() string { return c.kubeconfig }
+
+// Client returns a clientset for the admin user.
+func (c *Cluster) Client() kubernetes.Interface { return c.client }
+
+// Dir returns the absolute state directory.
+func (c *Cluster) Dir() string { return c.dir }
+
+// NodeName returns the real node's name (Options.NodeName or DefaultNodeName).
+func (c *Cluster) NodeName() string { return c.opts.NodeName }
+
+// CDIDir returns the directory containerd reads CDI specs from (<Dir>/cdi).
+func (c *Cluster) CDIDir() string { return filepath.Join(c.dir, "cdi") }
+
+// KubeletRootDir returns the kubelet's --root-dir (<Dir>/kubelet): kubelet
+// plugins register in <root>/plugins_registry and keep their sockets and
+// data in <root>/plugins/<driver>.
+func (c *Cluster) KubeletRootDir() string { return filepath.Join(c.dir, "kubelet") }
+
+// ContainerdSocket returns the path of containerd's gRPC socket; empty
+// without a real node.
+func (c *Cluster) ContainerdSocket() string { return c.containerdSocket }
+
+// LogPath returns the log file of a component ("etcd", "kube-apiserver",
+// "kube-controller-manager", "kube-scheduler", "containerd", "kubelet").
+func (c *Cluster) LogPath(component string) string {
+	return filepath.Join(c.dir, "logs", component+".log")
+}
