@@ -158,7 +158,8 @@ expect_failure "the gate without the device taint" "needs kubeletPlugin.managedB
 if [[ "${HELM_SKIP_APISERVER:-}" == 1 ]]; then
 	log "skipping the API server checks (HELM_SKIP_APISERVER=1)"
 elif [[ -x "${BIN}/etcd" && -x "${BIN}/kube-apiserver" && -x "${BIN}/kubectl" ]]; then
-	"${ROOT}/deployments/helm/test-policies.sh" "${WORK}"/*.yaml
+	# The kind demo's claims and pods go through the same server checks.
+	"${ROOT}/deployments/helm/test-policies.sh" "${WORK}"/*.yaml "${ROOT}"/demo/kind/examples/*.yaml
 else
 	log "skipping the API server checks: run hack/cluster.sh build for _output/bin/{etcd,kube-apiserver,kubectl}"
 fi

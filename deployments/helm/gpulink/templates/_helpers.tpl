@@ -1,0 +1,111 @@
+{{/*
+Names the driver, the kubelet plugin and the controller agree on; they must
+match driver/names.go.
+*/}}
+{{- define "gpulink.driverName" -}}gpu.gpulink.dev{{- end -}}
+{{- define "gpulink.schedulingGate" -}}gpu.gpulink.dev/allocation{{- end -}}
+
+{{/* Chart name, truncated to the 63 characters of a DNS label. */}}
+{{- define "gpulink.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+Prefix of every object name: the release name, with the chart name appended
+unless the release name already contains it.
+*/}}
+{{- define "gpulink.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Component names. The suffix is kept whole by truncating the prefix, so the
+two names never collide however long the release name is.
+*/}}
+{{- define "gpulink.kubeletPlugin.fullname" -}}
+{{- printf "%s-kubelet-plugin" (include "gpulink.fullname" . | trunc 48 | trimSuffix "-") -}}
+{{- end -}}
+{{- define "gpulink.controller.fullname" -}}
+{{- printf "%s-controller" (include "gpulink.fullname" . | trunc 52 | trimSuffix "-") -}}
+{{- end -}}
+
+{{- define "gpulink.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels every object carries. */}}
+{{- define "gpulink.labels" -}}
+helm.sh/chart: {{ include "gpulink.chart" . }}
+app.kubernetes.io/name: {{ include "gpulink.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: gpulink
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+Metadata block body shared by all objects: labels plus common annotations.
+Arguments: root (the chart context), component, labels (extra labels).
+*/}}
+{{- define "gpulink.metadata" -}}
+labels:
+  {{- include "gpulink.labels" .root | nindent 2 }}
+  {{- with .component }}
+  app.kubernetes.io/component: {{ . }}
+  {{- end }}
+  {{- with .labels }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- with .root.Values.commonAnnotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Selector labels of a component; immutable once deployed, so kept minimal. */}}
+{{- define "gpulink.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpulink.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "gpulink.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* Full user name of the kubelet plugin's service account, as the API server sees it. */}}
+{{- define "gpulink.kubeletPlugin.username" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "gpulink.kubeletPlugin.fullname" .) -}}
+{{- end -}}
+
+{{/*
+Cross-field checks the JSON schema cannot express readably. Each guards a
+combination that installs cleanly but leaves GPU pods Pending forever.
+*/}}
+{{- define "gpulink.validate" -}}
+{{- $kp := .Values.kubeletPlugin -}}
+{{- if and (eq $kp.discovery "topology-file") (not $kp.topologyConfigMap) -}}
+{{- fail "kubeletPlugin.discovery=topology-file needs kubeletPlugin.topologyConfigMap: the ConfigMap holding `nvidia-smi topo -m` output" -}}
+{{- end -}}
+{{- if and .Values.gate.enabled (not .Values.controller.enabled) -}}
+{{- fail "gate.enabled=true needs controller.enabled=true: only the controller lifts the scheduling gate, gated pods would never be scheduled" -}}
+{{- end -}}
+{{- if and $kp.managedByController (not .Values.controller.enabled) -}}
+{{- fail "kubeletPlugin.managedByController=true needs controller.enabled=true: the devices are tainted against kube-scheduler and nothing else would allocate them" -}}
+{{- end -}}
+{{- if and .Values.gate.enabled (not $kp.managedByController) -}}
+{{- fail "gate.enabled=true needs kubeletPlugin.managedByController=true: without the device taint kube-scheduler and the controller would both allocate the same GPUs" -}}
+{{- end -}}
+{{- end -}}

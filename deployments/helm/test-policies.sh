@@ -1,0 +1,345 @@
+#!/usr/bin/env bash
+# Checks the chart's admission policies and RBAC against a real
+# kube-apiserver: installs the rendered chart into a throw-away etcd +
+# kube-apiserver (no controllers, no nodes) and then
+#   - creates pods and checks what the MutatingAdmissionPolicy did to their
+#     scheduling gates;
+#   - writes ResourceSlices with a token of the kubelet plugin's service
+#     account bound to a pod on node-a, and checks that the
+#     ValidatingAdmissionPolicy and the ClusterRole let through exactly the
+#     slices of driver gpu.gpulink.dev on node-a.
+#
+#   deployments/helm/test-policies.sh [RENDERED.yaml...]
+#
+# Each RENDERED file (helm template output for namespace gpulink-system, or
+# a demo manifest for namespace gpulink-demo) is also applied with
+# --dry-run=server, which runs the API server's full validation (schemas,
+# CEL compilation, RBAC rule checks) on it.
+#
+# Needs _output/bin/{helm,etcd,kube-apiserver,kubectl} (hack/helm.sh --build,
+# hack/cluster.sh build) and openssl. hack/helm.sh runs it when they exist.
+# Ports: 127.0.0.1:$ETCD_PORT, $ETCD_PORT+1 (peer) and $APISERVER_PORT;
+# the defaults derive from the process ID so that parallel runs (CI jobs on
+# one machine) do not collide.
+set -o errexit -o nounset -o pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BIN="${ROOT}/_output/bin"
+CHART="${ROOT}/deployments/helm/gpulink"
+ETCD_PORT=${ETCD_PORT:-$((20000 + ($$ % 10000) * 2))}
+APISERVER_PORT=${APISERVER_PORT:-$((ETCD_PORT + 20001))}
+NS=gpulink-system
+PLUGIN_SA=gpulink-kubelet-plugin
+GATE=gpu.gpulink.dev/allocation
+
+log() { printf '>>> %s %s\n' "$(date -u +%T)" "$*" >&2; }
+fail() { printf 'test-policies.sh: FAIL: %s\n' "$*" >&2; FAILED=1; }
+die() { printf 'test-policies.sh: %s\n' "$*" >&2; exit 1; }
+FAILED=0
+
+for b in helm etcd kube-apiserver kubectl; do
+	[[ -x "${BIN}/${b}" ]] || die "${BIN}/${b} not built"
+done
+command -v openssl >/dev/null || die "openssl not found"
+
+WORK=$(mktemp -d)
+PIDS=()
+cleanup_processes() {
+	# Newest first: kube-apiserver before its etcd, which it would otherwise
+	# wait for during its graceful shutdown. SIGKILL after 10 s: nothing
+	# here has state worth a clean shutdown.
+	local i pid
+	for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
+		pid=${PIDS[i]}
+		if kill "${pid}" 2>/dev/null; then
+			for _ in $(seq 20); do
+				kill -0 "${pid}" 2>/dev/null || break
+				sleep 0.5
+			done
+			kill -9 "${pid}" 2>/dev/null || true
+		fi
+		wait "${pid}" 2>/dev/null || true
+	done
+	PIDS=()
+}
+cleanup() {
+	cleanup_processes
+	rm -rf "${WORK}"
+}
+trap cleanup EXIT
+
+# --- a bare control plane -----------------------------------------------
+openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=127.0.0.1 \
+	-addext subjectAltName=IP:127.0.0.1 \
+	-keyout "${WORK}/serving.key" -out "${WORK}/serving.crt" 2>/dev/null
+openssl genrsa -out "${WORK}/sa.key" 2048 2>/dev/null
+openssl rsa -in "${WORK}/sa.key" -pubout -out "${WORK}/sa.pub" 2>/dev/null
+ADMIN_TOKEN=$(openssl rand -hex 16)
+echo "${ADMIN_TOKEN},admin,admin,system:masters" >"${WORK}/tokens.csv"
+
+# start_control_plane starts etcd and kube-apiserver on ETCD_PORT and
+# APISERVER_PORT and waits until the API server is ready. It fails (after
+# stopping both) when either exits early, typically because a port is taken.
+start_control_plane() {
+	rm -rf "${WORK}/etcd"
+	"${BIN}/etcd" --data-dir "${WORK}/etcd" --unsafe-no-fsync \
+		--listen-client-urls "http://127.0.0.1:${ETCD_PORT}" \
+		--advertise-client-urls "http://127.0.0.1:${ETCD_PORT}" \
+		--listen-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" \
+		--initial-advertise-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" \
+		--initial-cluster "default=http://127.0.0.1:$((ETCD_PORT + 1))" \
+		>"${WORK}/etcd.log" 2>&1 &
+	PIDS+=($!)
+	"${BIN}/kube-apiserver" \
+		--etcd-servers "http://127.0.0.1:${ETCD_PORT}" \
+		--bind-address 127.0.0.1 --secure-port "${APISERVER_PORT}" \
+		--tls-cert-file "${WORK}/serving.crt" --tls-private-key-file "${WORK}/serving.key" \
+		--token-auth-file "${WORK}/tokens.csv" --authorization-mode Node,RBAC \
+		--service-account-issuer https://kubernetes.default.svc \
+		--service-account-key-file "${WORK}/sa.pub" \
+		--service-account-signing-key-file "${WORK}/sa.key" \
+		--service-cluster-ip-range 10.96.0.0/16 --endpoint-reconciler-type none \
+		--allow-privileged=true \
+		>"${WORK}/apiserver.log" 2>&1 &
+	PIDS+=($!)
+	cat >"${WORK}/kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: test
+  cluster:
+    server: https://127.0.0.1:${APISERVER_PORT}
+    certificate-authority: ${WORK}/serving.crt
+users:
+- name: admin
+  user:
+    token: ${ADMIN_TOKEN}
+contexts:
+- name: test
+  context: {cluster: test, user: admin}
+current-context: test
+EOF
+	local pid
+	for _ in $(seq 120); do
+		for pid in "${PIDS[@]}"; do
+			if ! kill -0 "${pid}" 2>/dev/null; then
+				tail -n 3 "${WORK}/etcd.log" "${WORK}/apiserver.log" >&2
+				cleanup_processes
+				return 1
+			fi
+		done
+		kc get --raw /readyz >/dev/null 2>&1 && return 0
+		sleep 0.5
+	done
+	tail -n 20 "${WORK}/apiserver.log" >&2
+	die "kube-apiserver not ready after 60 s"
+}
+
+export KUBECONFIG="${WORK}/kubeconfig"
+# A request timeout keeps a wedged API server from hanging the test.
+kc() { "${BIN}/kubectl" --request-timeout=30s "$@"; }
+
+log "starting etcd and kube-apiserver"
+attempt=1
+until start_control_plane; do
+	((attempt < 3)) || die "etcd or kube-apiserver keep exiting; see the logs above"
+	log "etcd or kube-apiserver exited (port taken?); retrying on other ports"
+	ETCD_PORT=$((ETCD_PORT + 7))
+	APISERVER_PORT=$((APISERVER_PORT + 7))
+	((attempt++))
+done
+
+# --- install the chart's objects ----------------------------------------
+log "applying the rendered chart"
+kc create namespace "${NS}" >/dev/null
+"${BIN}/helm" template gpulink "${CHART}" --namespace "${NS}" --kube-version v1.37.0 >"${WORK}/chart.yaml"
+kc apply -f "${WORK}/chart.yaml" >/dev/null
+# No static type check of the policies' CEL here: kube-controller-manager
+# writes that (status.typeChecking) and does not run. Every expression is
+# evaluated below instead, and with failurePolicy Fail a type error at
+# run time would turn an expected "allowed" into a failure.
+
+kc create namespace gpulink-demo >/dev/null
+kc -n gpulink-demo create serviceaccount default >/dev/null
+for rendered in "$@"; do
+	if out=$(kc apply --dry-run=server -f "${rendered}" 2>&1); then
+		log "ok: server-side dry run of ${rendered#"${ROOT}"/}"
+	else
+		fail "server-side dry run of ${rendered}: ${out}"
+	fi
+done
+
+# --- MutatingAdmissionPolicy: the scheduling gate --------------------------
+kc create namespace gate-test >/dev/null
+kc -n gate-test create serviceaccount default >/dev/null
+
+# pod NAME [claims] [gates JSON] [nodeName]: a pod manifest.
+pod() {
+	local name=$1 claims=${2:-} gates=${3:-} node=${4:-}
+	printf '{"apiVersion":"v1","kind":"Pod","metadata":{"name":"%s","namespace":"gate-test"},"spec":{' "${name}"
+	[[ -n "${claims}" ]] && printf '"resourceClaims":[{"name":"gpu","resourceClaimTemplateName":"one-gpu"}],'
+	[[ -n "${gates}" ]] && printf '"schedulingGates":%s,' "${gates}"
+	[[ -n "${node}" ]] && printf '"nodeName":"%s",' "${node}"
+	printf '"containers":[{"name":"c","image":"registry.k8s.io/pause:3.10"'
+	[[ -n "${claims}" ]] && printf ',"resources":{"claims":[{"name":"gpu"}]}'
+	printf '}]}}\n'
+}
+gates_of() { kc -n gate-test get pod "$1" -o jsonpath='{range .spec.schedulingGates[*]}{.name}{" "}{end}'; }
+
+log "waiting for the MutatingAdmissionPolicy to take effect"
+for _ in $(seq 60); do
+	probe=$(pod probe claims | kc create --dry-run=server -o jsonpath='{.spec.schedulingGates[*].name}' -f - 2>/dev/null || true)
+	[[ "${probe}" == "${GATE}" ]] && break
+	sleep 0.5
+done
+[[ "${probe:-}" == "${GATE}" ]] || fail "gate policy never took effect"
+
+expect_gates() {
+	local name=$1 want=$2 got
+	got=$(gates_of "${name}")
+	if [[ "${got}" == "${want}" ]]; then
+		log "ok: pod ${name}: gates [${got% }]"
+	else
+		fail "pod ${name}: gates [${got% }], want [${want% }]"
+	fi
+}
+pod with-claims claims | kc create -f - >/dev/null
+expect_gates with-claims "${GATE} "
+pod other-gate claims '[{"name":"example.com/other"}]' | kc create -f - >/dev/null
+expect_gates other-gate "example.com/other ${GATE} "
+pod already-gated claims "[{\"name\":\"${GATE}\"}]" | kc create -f - >/dev/null
+expect_gates already-gated "${GATE} "
+pod no-claims | kc create -f - >/dev/null
+expect_gates no-claims ""
+pod bound claims "" some-node | kc create -f - >/dev/null
+expect_gates bound ""
+
+# --- ValidatingAdmissionPolicy + RBAC: the kubelet plugin's slices --------
+log "minting a token of ${PLUGIN_SA} bound to a pod on node-a"
+for node in node-a node-b; do
+	kc create -f - >/dev/null <<EOF
+{"apiVersion":"v1","kind":"Node","metadata":{"name":"${node}"}}
+EOF
+done
+kc -n "${NS}" create -f - >/dev/null <<EOF
+{"apiVersion":"v1","kind":"Pod","metadata":{"name":"plugin-on-node-a","namespace":"${NS}"},
+ "spec":{"serviceAccountName":"${PLUGIN_SA}","nodeName":"node-a",
+         "containers":[{"name":"c","image":"registry.k8s.io/pause:3.10"}]}}
+EOF
+PLUGIN_TOKEN=$(kc -n "${NS}" create token "${PLUGIN_SA}" --bound-object-kind Pod --bound-object-name plugin-on-node-a)
+UNBOUND_TOKEN=$(kc -n "${NS}" create token "${PLUGIN_SA}")
+as_plugin() { kc --token "${PLUGIN_TOKEN}" "$@"; }
+
+# slice NAME NODE [DRIVER [GENERATION]]: a ResourceSlice manifest.
+slice() {
+	local name=$1 node=$2 driver=${3:-gpu.gpulink.dev} generation=${4:-1}
+	printf '{"apiVersion":"resource.k8s.io/v1","kind":"ResourceSlice","metadata":{"name":"%s"},"spec":{"driver":"%s","nodeName":"%s","pool":{"name":"%s","generation":%s,"resourceSliceCount":1},"devices":[{"name":"gpu-0"}]}}\n' \
+		"${name}" "${driver}" "${node}" "${node}" "${generation}"
+}
+
+log "waiting for the ValidatingAdmissionPolicy to take effect"
+for _ in $(seq 60); do
+	if ! slice probe node-b | as_plugin create --dry-run=server -f - >/dev/null 2>&1; then
+		break
+	fi
+	sleep 0.5
+done
+
+# expect allow|deny DESCRIPTION COMMAND...
+expect() {
+	local want=$1 what=$2 out
+	shift 2
+	if out=$("$@" 2>&1); then
+		if [[ "${want}" == allow ]]; then
+			log "ok: allowed: ${what}"
+		else
+			fail "allowed, want denied: ${what}"
+		fi
+	else
+		if [[ "${want}" == deny ]]; then
+			log "ok: denied: ${what} (${out##*: })"
+		else
+			fail "denied, want allowed: ${what}: ${out}"
+		fi
+	fi
+}
+# write VERB TOKEN SLICE-ARGS...: create or replace (an update, which is
+# what the plugin's slice controller sends) a slice with TOKEN ("" = admin).
+write() {
+	local verb=$1 token=$2
+	shift 2
+	local auth=()
+	[[ -n "${token}" ]] && auth=(--token "${token}")
+	slice "$@" | kc "${auth[@]}" "${verb}" -f -
+}
+expect allow "plugin creates its node's slice" write create "${PLUGIN_TOKEN}" own node-a
+expect deny "plugin creates a slice for another node" write create "${PLUGIN_TOKEN}" foreign node-b
+expect deny "plugin creates another driver's slice" write create "${PLUGIN_TOKEN}" other node-a other.example.com
+expect allow "plugin updates its node's slice" write replace "${PLUGIN_TOKEN}" own node-a gpu.gpulink.dev 2
+expect allow "plugin lists slices" as_plugin get resourceslices
+expect deny "plugin patches a slice (RBAC: the slice controller only updates)" \
+	as_plugin label resourceslice own patched=true
+write create "" theirs node-b >/dev/null
+expect deny "plugin updates another node's slice" write replace "${PLUGIN_TOKEN}" theirs node-b gpu.gpulink.dev 2
+expect deny "plugin deletes another node's slice" as_plugin delete resourceslice theirs
+expect deny "token without a node (not bound to a pod) creates a slice" \
+	write create "${UNBOUND_TOKEN}" unbound node-a
+expect allow "plugin deletes its node's slice" as_plugin delete resourceslice own
+expect allow "admin writes slices of any node (the policy binds only the plugin)" \
+	write replace "" theirs node-b gpu.gpulink.dev 3
+expect deny "plugin may not create pods (RBAC)" as_plugin -n "${NS}" run x --image=registry.k8s.io/pause:3.10
+expect deny "plugin may not list claims (RBAC: get only)" as_plugin get resourceclaims -A
+
+# --- the controller's RBAC: what allocating and ungating take ------------
+log "checking the controller's permissions"
+CONTROLLER_TOKEN=$(kc -n "${NS}" create token gpulink-controller)
+as_controller() { kc --token "${CONTROLLER_TOKEN}" "$@"; }
+CLAIM_SPEC='"spec":{"devices":{"requests":[{"name":"gpu","exactly":{"deviceClassName":"gpu.gpulink.dev"}}]}}'
+kc -n gate-test create -f - >/dev/null <<EOF
+{"apiVersion":"resource.k8s.io/v1","kind":"ResourceClaim","metadata":{"name":"one-gpu","namespace":"gate-test"},${CLAIM_SPEC}}
+EOF
+POD_UID=$(kc -n gate-test get pod with-claims -o jsonpath='{.metadata.uid}')
+# allocate TOKEN: writes status.allocation and reservedFor the way the
+# controller does, which takes resourceclaims/status and the synthetic
+# resourceclaims/binding, with TOKEN's identity.
+allocate() {
+	kc --token "$1" -n gate-test replace --subresource=status -f - <<EOF
+{"apiVersion":"resource.k8s.io/v1","kind":"ResourceClaim","metadata":{"name":"one-gpu","namespace":"gate-test"},${CLAIM_SPEC},
+ "status":{"allocation":{"devices":{"results":[{"request":"gpu","driver":"gpu.gpulink.dev","pool":"node-a","device":"gpu-0"}]},
+   "nodeSelector":{"nodeSelectorTerms":[{"matchFields":[{"key":"metadata.name","operator":"In","values":["node-a"]}]}]},
+   "allocationTimestamp":"2026-01-01T00:00:00Z"},
+  "reservedFor":[{"resource":"pods","name":"with-claims","uid":"${POD_UID}"}]}}
+EOF
+}
+# create_as TOKEN MANIFEST: creates an object with TOKEN's identity ("" = admin).
+create_as() {
+	local auth=()
+	[[ -n "$1" ]] && auth=(--token "$1")
+	kc "${auth[@]}" create -f - <<<"$2"
+}
+event='{"apiVersion":"events.k8s.io/v1","kind":"Event","metadata":{"name":"test.1","namespace":"gate-test"},
+ "eventTime":"2026-01-01T00:00:00.000000Z","reportingController":"gpu.gpulink.dev/controller","reportingInstance":"test",
+ "action":"Allocate","reason":"Test","type":"Normal","note":"test",
+ "regarding":{"kind":"Pod","namespace":"gate-test","name":"with-claims"}}'
+lease() { printf '{"apiVersion":"coordination.k8s.io/v1","kind":"Lease","metadata":{"name":"%s","namespace":"%s"}}' "$1" "$2"; }
+
+expect deny "plugin allocates a claim (RBAC)" allocate "${PLUGIN_TOKEN}"
+expect allow "controller allocates a claim (status + binding)" allocate "${CONTROLLER_TOKEN}"
+expect allow "controller adds its finalizer to a claim" \
+	as_controller -n gate-test patch resourceclaim one-gpu --type=merge -p '{"metadata":{"finalizers":["gpu.gpulink.dev/allocation"]}}'
+expect allow "controller lifts a pod's scheduling gate" \
+	as_controller -n gate-test patch pod with-claims --type=json -p '[{"op":"remove","path":"/spec/schedulingGates/0"}]'
+expect allow "controller reads slices, classes and nodes" as_controller get resourceslices,deviceclasses,nodes
+expect allow "controller records an event" create_as "${CONTROLLER_TOKEN}" "${event}"
+expect allow "controller creates its Lease" create_as "${CONTROLLER_TOKEN}" "$(lease gpulink-controller "${NS}")"
+expect allow "controller reads its Lease" as_controller -n "${NS}" get lease gpulink-controller
+create_as "" "$(lease other "${NS}")" >/dev/null
+expect deny "controller reads another Lease" as_controller -n "${NS}" get lease other
+expect deny "controller creates a Lease in another namespace" \
+	create_as "${CONTROLLER_TOKEN}" "$(lease gpulink-controller gate-test)"
+expect deny "controller may not delete pods" as_controller -n gate-test delete pod no-claims
+
+if ((FAILED)); then
+	die "policy checks failed"
+fi
+log "admission policies and RBAC OK"
