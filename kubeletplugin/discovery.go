@@ -2,6 +2,8 @@ package kubeletplugin
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -34,6 +36,42 @@ type DiscoveryOptions struct {
 	CUDAComputeCapability string
 	Architecture          string
 	DriverVersion         string
+	// DriverRoot is where the host's NVIDIA driver is visible to the
+	// plugin ("/" on the host, e.g. /driver-root in the chart's container).
+	// The nvml backend loads libnvidia-ml from there, so a container image
+	// without the driver library still talks to the host's driver.
+	DriverRoot string
+}
+
+// nvmlLibraryDirs are the places distributions and the GPU Operator's
+// driver container install libnvidia-ml, relative to the driver root.
+var nvmlLibraryDirs = []string{
+	"usr/lib64",
+	"usr/lib/x86_64-linux-gnu",
+	"usr/lib/aarch64-linux-gnu",
+	"lib64",
+	"usr/lib",
+	"lib/x86_64-linux-gnu",
+	"lib/aarch64-linux-gnu",
+}
+
+// nvmlLibrary returns the NVML library option for a driver root: none for
+// "/" (the loader's search path finds the host's library), otherwise the
+// first libnvidia-ml.so.1 under the root, and an error naming every place
+// looked at when there is none.
+func nvmlLibrary(driverRoot string) ([]nvml.LibraryOption, error) {
+	if driverRoot == "" || filepath.Clean(driverRoot) == "/" {
+		return nil, nil
+	}
+	var tried []string
+	for _, dir := range nvmlLibraryDirs {
+		path := filepath.Join(driverRoot, dir, "libnvidia-ml.so.1")
+		if _, err := os.Stat(path); err == nil {
+			return []nvml.LibraryOption{nvml.WithLibraryPath(path)}, nil
+		}
+		tried = append(tried, path)
+	}
+	return nil, fmt.Errorf("--driver-root=%s: libnvidia-ml.so.1 not found (looked in %v); is the NVIDIA driver installed at that root?", driverRoot, tried)
 }
 
 // RealGPUs reports whether the backend talks to real GPUs, which decides
@@ -44,7 +82,11 @@ func (o DiscoveryOptions) RealGPUs() bool { return o.Backend == DiscoveryNVML }
 func NewDiscoverer(o DiscoveryOptions) (discovery.Discoverer, error) {
 	switch o.Backend {
 	case DiscoveryNVML:
-		return discovery.NewNVML(nvml.New()), nil
+		libOpts, err := nvmlLibrary(o.DriverRoot)
+		if err != nil {
+			return nil, err
+		}
+		return discovery.NewNVML(nvml.New(libOpts...)), nil
 	case DiscoveryMock:
 		if o.MockServer == "" {
 			return nil, fmt.Errorf("--discovery=%s needs --mock-server", DiscoveryMock)

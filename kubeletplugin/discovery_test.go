@@ -1,6 +1,7 @@
 package kubeletplugin
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -58,5 +59,31 @@ func TestNewDiscoverer(t *testing.T) {
 	}
 	if n := len(res.Pools[testNode].Slices[0].Devices); n != 8 {
 		t.Errorf("dgxa100 mock: %d devices, want 8", n)
+	}
+}
+
+func TestNVMLLibraryUnderDriverRoot(t *testing.T) {
+	root := t.TempDir()
+	if opts, err := nvmlLibrary("/"); err != nil || opts != nil {
+		t.Fatalf("host root: got %v, %v; want the loader's search path", opts, err)
+	}
+	_, err := nvmlLibrary(root)
+	if err == nil || !strings.Contains(err.Error(), "--driver-root="+root) || !strings.Contains(err.Error(), "libnvidia-ml.so.1") {
+		t.Fatalf("empty driver root: error %v, want one naming the flag, the root and the library", err)
+	}
+	dir := filepath.Join(root, "usr/lib/x86_64-linux-gnu")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "libnvidia-ml.so.1"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := nvmlLibrary(root)
+	if err != nil || len(opts) != 1 {
+		t.Fatalf("driver root with library: got %d options, %v; want one library path option", len(opts), err)
+	}
+	d, err := NewDiscoverer(DiscoveryOptions{Backend: DiscoveryNVML, DriverRoot: root})
+	if err != nil || d == nil {
+		t.Fatalf("NewDiscoverer(nvml, driver root with library): %v", err)
 	}
 }

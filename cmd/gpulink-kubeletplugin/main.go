@@ -38,6 +38,7 @@ type flags struct {
 	managedByController bool
 	mpsRoot             string
 	driverRoot          string
+	driverRootMount     string
 	defaultShareMemory  string
 	defaultShareCores   int64
 	metricsAddress      string
@@ -64,6 +65,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.BoolVar(&f.managedByController, "managed-by-controller", true, "Taint every device "+driver.ManagedTaintKey+"=true:NoSchedule so only the gpulink controller allocates them.")
 	fs.StringVar(&f.mpsRoot, "mps-root", "/run/gpulink/mps", "Directory of the MPS control daemons' pipe and log directories.")
 	fs.StringVar(&f.driverRoot, "driver-root", "/", "Root of the NVIDIA driver installation on the host; prefixes device node host paths.")
+	fs.StringVar(&f.driverRootMount, "driver-root-mount", "", "Where --driver-root is visible to this process (e.g. /driver-root in a container); libnvidia-ml is loaded from there. Default: --driver-root.")
 	fs.StringVar(&f.defaultShareMemory, "default-share-memory", "4Gi", "Memory a share gets when its request does not ask (request policy default).")
 	fs.Int64Var(&f.defaultShareCores, "default-share-cores", 25, "Percent of SMs a share gets when its request does not ask (request policy default).")
 	fs.StringVar(&f.metricsAddress, "metrics-address", ":8080", "Address of the Prometheus /metrics endpoint; empty disables it.")
@@ -135,6 +137,10 @@ func run(ctx context.Context, f *flags) error {
 		return fmt.Errorf("Kubernetes client: %w", err)
 	}
 
+	f.discovery.DriverRoot = f.driverRoot
+	if f.driverRootMount != "" {
+		f.discovery.DriverRoot = f.driverRootMount
+	}
 	discoverer, err := kubeletplugin.NewDiscoverer(f.discovery)
 	if err != nil {
 		return err
