@@ -65,7 +65,15 @@ bench: ## allocator and kubelet plugin benchmarks
 	$(GO) test -run '^$$' -bench . -benchmem ./driver/... ./kubeletplugin/...
 
 .PHONY: demo
-demo: build ## what-if simulation of the shipped example scenario
+demo: ## local cluster + gpulink + example workloads, then a report (hack/demo.sh)
+	hack/demo.sh up
+
+.PHONY: demo-down
+demo-down: ## stop the demo's gpulink processes and its cluster
+	hack/demo.sh down
+
+.PHONY: simulate
+simulate: build ## what-if simulation of the shipped example scenario, no cluster
 	$(BIN)/gpulink simulate --scenario demo/scenarios/example.yaml
 
 .PHONY: cluster-up

@@ -189,6 +189,12 @@ func (d *Driver) Run(ctx context.Context, kubeClient kubernetes.Interface, extra
 		kubeletplugin.Serialize(true),
 	}
 	if d.opts.RegistrarDir != "" {
+		// kubelet creates its registry on start; creating it here too lets
+		// the plugin start first, and lets API-only test nodes (no kubelet)
+		// publish slices.
+		if err := os.MkdirAll(d.opts.RegistrarDir, 0o750); err != nil {
+			return fmt.Errorf("creating kubelet plugin registry %s: %w", d.opts.RegistrarDir, err)
+		}
 		opts = append(opts, kubeletplugin.RegistrarDirectoryPath(d.opts.RegistrarDir))
 	}
 	helper, err := kubeletplugin.Start(ctx, d, append(opts, extra...)...)

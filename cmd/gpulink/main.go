@@ -1,4 +1,5 @@
-// Command gpulink is gpulink's offline command line (topology, simulate).
+// Command gpulink is gpulink's command line: topology and simulate work
+// offline, inspect reads a cluster.
 // Installed as kubectl-gpulink it also serves as a kubectl plugin.
 package main
 

@@ -1,7 +1,8 @@
 // Package cli implements the gpulink command line: offline tools that show
 // what gpulink makes of a node's GPU topology and how its allocator would
-// place a series of requests. The same binary serves as the kubectl plugin
-// kubectl-gpulink.
+// place a series of requests, and `inspect`, which shows a cluster's GPUs,
+// their holders and link matrices. The same binary serves as the kubectl
+// plugin kubectl-gpulink.
 package cli
 
 import (
@@ -19,6 +20,7 @@ import (
 var subcommands = []func(prog string) *cobra.Command{
 	newTopologyCommand,
 	newSimulateCommand,
+	newInspectCommand,
 }
 
 // kubectlPluginPrefix is how kubectl finds plugins on the PATH.
@@ -48,7 +50,8 @@ func NewRootCommand(displayName string) *cobra.Command {
 		Short: "Topology-aware GPU allocation tools for Kubernetes DRA",
 		Long: `gpulink is a Kubernetes DRA driver for NVIDIA GPUs that places multi-GPU
 requests on the best-connected GPUs. This command inspects topologies and
-simulates allocations offline, without a cluster.`,
+simulates allocations offline (topology, simulate), and shows what a
+cluster's GPUs hold (inspect).`,
 		Annotations: map[string]string{cobra.CommandDisplayNameAnnotation: displayName},
 		// Usage after a failed run buries the error; flag and argument
 		// errors still point at --help (see Execute).

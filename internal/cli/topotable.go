@@ -17,19 +17,7 @@ func writeTopologyTable(w io.Writer, source string, t *topology.Topology, v *top
 	p := &errWriter{w: tw}
 	p.printf("%s: %d GPUs\n\n", source, t.Len())
 
-	p.printf("LINKS")
-	for _, g := range v.GPUs {
-		p.printf("\tGPU%d", g.Index)
-	}
-	p.printf("\tNUMA\tCPU AFFINITY\n")
-	for i, g := range v.GPUs {
-		p.printf("GPU%d", g.Index)
-		for _, cell := range v.Links[i] {
-			p.printf("\t%s", cell)
-		}
-		p.printf("\t%s\t%s\n", numaString(g.NUMANode), orDash(g.CPUAffinity))
-	}
-	p.flush()
+	writeLinkMatrix(p, v)
 
 	p.printf("\nNVLINK ISLANDS\n")
 	if len(v.GPUs) > 1 && len(v.Islands) == len(v.GPUs) {

@@ -1,0 +1,177 @@
+// Command gpulink-controller allocates gpulink ResourceClaims (driver
+// gpu.gpulink.dev) with topology awareness and hands the pods to
+// kube-scheduler. It parses flags and wires the controller package.
+package main
+
+import (
+	"context"
+	goflag "flag"
+	"fmt"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/pflag"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/klog/v2"
+
+	"github.com/gpulink/gpulink/controller"
+	"github.com/gpulink/gpulink/driver/allocate"
+)
+
+type options struct {
+	kubeconfig         string
+	qps                float32
+	burst              int
+	leaderElect        bool
+	leaseNamespace     string
+	leaseName          string
+	leaseDuration      time.Duration
+	renewDeadline      time.Duration
+	retryPeriod        time.Duration
+	metricsAddress     string
+	healthAddress      string
+	workers            int
+	resyncPeriod       time.Duration
+	unschedulableGrace time.Duration
+	nodePacking        string
+	gpuPacking         string
+	deviceTaintRules   bool
+}
+
+func main() {
+	o := options{}
+	fs := pflag.NewFlagSet("gpulink-controller", pflag.ExitOnError)
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Path to a kubeconfig; empty means in-cluster configuration.")
+	fs.Float32Var(&o.qps, "kube-api-qps", 200, "Queries per second to the API server.")
+	fs.IntVar(&o.burst, "kube-api-burst", 400, "Burst of queries to the API server.")
+	fs.BoolVar(&o.leaderElect, "leader-elect", true, "Run only while holding a Lease, so that one instance decides at a time.")
+	fs.StringVar(&o.leaseNamespace, "leader-elect-namespace", envOr("POD_NAMESPACE", "gpulink-system"), "Namespace of the leader election Lease (default: $POD_NAMESPACE or gpulink-system).")
+	fs.StringVar(&o.leaseName, "leader-elect-id", "gpulink-controller", "Name of the leader election Lease.")
+	fs.DurationVar(&o.leaseDuration, "leader-elect-lease-duration", 15*time.Second, "How long a lease is valid without renewal.")
+	fs.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", 10*time.Second, "How long the leader retries renewing before giving up.")
+	fs.DurationVar(&o.retryPeriod, "leader-elect-retry-period", 2*time.Second, "How often candidates retry.")
+	fs.StringVar(&o.metricsAddress, "metrics-address", ":8080", "Address for /metrics; empty disables it.")
+	fs.StringVar(&o.healthAddress, "health-address", ":8081", "Address for /healthz and /readyz; empty disables it.")
+	fs.IntVar(&o.workers, "workers", 32, "Pods processed in parallel (decisions are serialized, API writes overlap).")
+	fs.DurationVar(&o.resyncPeriod, "resync-period", 10*time.Minute, "Re-examine every watched object this often (0 disables).")
+	fs.DurationVar(&o.unschedulableGrace, "unschedulable-grace", 30*time.Second, "Time kube-scheduler gets to bind a pod to the allocated node before the allocation is released.")
+	fs.StringVar(&o.nodePacking, "node-packing", string(allocate.Binpack), "Node-level strategy: binpack or spread.")
+	fs.StringVar(&o.gpuPacking, "gpu-packing", string(allocate.Binpack), "Strategy for placing shares on GPUs: binpack or spread.")
+	fs.BoolVar(&o.deviceTaintRules, "device-taint-rules", true, "Apply DeviceTaintRules to devices as kube-scheduler does (turn off where the DRADeviceTaintRules API is disabled).")
+	klogFlags := goflag.NewFlagSet("klog", goflag.ExitOnError)
+	klog.InitFlags(klogFlags)
+	fs.AddGoFlagSet(klogFlags)
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	logger := klog.Background().WithName("gpulink-controller")
+	ctx = klog.NewContext(ctx, logger)
+	if err := run(ctx, o); err != nil {
+		logger.Error(err, "Controller failed")
+		klog.Flush()
+		os.Exit(1)
+	}
+	klog.Flush()
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func run(ctx context.Context, o options) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+		&clientcmd.ClientConfigLoadingRules{ExplicitPath: o.kubeconfig}, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return fmt.Errorf("loading kubeconfig %q: %w", o.kubeconfig, err)
+	}
+	cfg.QPS, cfg.Burst = o.qps, o.burst
+	cfg.UserAgent = "gpulink-controller"
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("creating client: %w", err)
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := controller.NewMetrics(reg)
+	recorder, stopRecorder := controller.NewRecorder(ctx, client)
+	defer stopRecorder()
+
+	ctrl, err := controller.New(controller.Config{
+		Client:             client,
+		Recorder:           recorder,
+		Metrics:            metrics,
+		Policy:             allocate.Policy{Node: allocate.Strategy(o.nodePacking), GPU: allocate.Strategy(o.gpuPacking)},
+		Workers:            o.workers,
+		ResyncPeriod:       o.resyncPeriod,
+		UnschedulableGrace: o.unschedulableGrace,
+		DeviceTaintRules:   o.deviceTaintRules,
+	})
+	if err != nil {
+		return err
+	}
+
+	var leading atomic.Bool
+	watchdog := leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
+	var wg sync.WaitGroup
+	errs := make(chan error, 3)
+	serve := func(addr string, h http.Handler) {
+		if addr == "" {
+			return
+		}
+		wg.Go(func() {
+			if err := controller.Serve(ctx, addr, h); err != nil {
+				errs <- err
+				cancel()
+			}
+		})
+	}
+	serve(o.metricsAddress, controller.MetricsHandler(reg))
+	serve(o.healthAddress, controller.HealthHandler(watchdog.Check, func() bool { return !leading.Load() || ctrl.Ready() }))
+
+	lead := func(ctx context.Context) {
+		leading.Store(true)
+		if err := ctrl.Run(ctx); err != nil {
+			errs <- err
+		}
+		cancel()
+	}
+	if o.leaderElect {
+		if err := controller.RunLeading(ctx, client, controller.LeaderElection{
+			Namespace: o.leaseNamespace, Name: o.leaseName,
+			LeaseDuration: o.leaseDuration, RenewDeadline: o.renewDeadline, RetryPeriod: o.retryPeriod,
+			Watchdog: watchdog,
+		}, lead); err != nil {
+			cancel()
+			wg.Wait()
+			return err
+		}
+	} else {
+		lead(ctx)
+	}
+	cancel()
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return err
+	default:
+		return nil
+	}
+}

@@ -1,0 +1,570 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/gpulink/gpulink/driver/allocate"
+	"github.com/gpulink/gpulink/driver/topology"
+)
+
+// placedResult is one allocation decision for one alternative on a node:
+// a set of whole GPUs, or one share on one GPU.
+type placedResult struct {
+	Alt       *alternative
+	Positions []int
+	// Share is non-nil for a share; Consumed is then what the result's
+	// consumedCapacity records, by the device's own capacity names.
+	Share    *allocate.ShareRequest
+	Consumed map[resourceapi.QualifiedName]resource.Quantity
+	Weakest  topology.Link
+	Agg      int
+	// Req and Eligible are what was asked of the allocator, kept to rank
+	// nodes with allocate.ChooseNode.
+	Req allocate.Request
+}
+
+// nodePlan is the placement of every pending gpulink claim of a pod on one node.
+type nodePlan struct {
+	Node    *nodeInventory
+	Claims  [][]placedResult // parallel to the claims planned
+	RankSum int
+	// base is the node's usage before the plan, for ranking.
+	base []allocate.GPUUsage
+}
+
+// maxAttemptsPerNode bounds the backtracking over firstAvailable
+// alternatives and matchAttribute groups on one node.
+const maxAttemptsPerNode = 512
+
+// placer places the requests of claims on one node, on a private copy of
+// the node's usage.
+type placer struct {
+	ctx      context.Context
+	sel      *selectorEvaluator
+	pol      allocate.Policy
+	node     *nodeInventory
+	state    *allocate.NodeState
+	attempts int
+	// why collects the reasons alternatives failed, for the waiting event.
+	why []string
+}
+
+func (p *placer) note(format string, args ...any) {
+	if len(p.why) < 8 {
+		p.why = append(p.why, fmt.Sprintf(format, args...))
+	}
+}
+
+// planNode places all claims on one node, in order, or explains why not.
+func planNode(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, n *nodeInventory, usage []allocate.GPUUsage, claims []*interpretedClaim) (*nodePlan, []string) {
+	base := sanitizeUsage(usage)
+	p := &placer{ctx: ctx, sel: sel, pol: pol, node: n,
+		state: &allocate.NodeState{Name: n.Node, Topology: n.Topo, Usage: slices.Clone(base)}}
+	plan := &nodePlan{Node: n, base: base}
+	for _, ic := range claims {
+		res, ok := p.placeFrom(ic, 0, make([]string, len(ic.Constraints)))
+		if !ok {
+			return nil, p.why
+		}
+		for _, r := range res {
+			plan.RankSum += r.Alt.Rank
+		}
+		plan.Claims = append(plan.Claims, res)
+	}
+	return plan, nil
+}
+
+// sanitizeUsage makes usage that other allocators produced acceptable to
+// the allocator without ever making a device look freer than it is: a
+// device held whole is only whole, cores never exceed the device.
+func sanitizeUsage(in []allocate.GPUUsage) []allocate.GPUUsage {
+	out := slices.Clone(in)
+	for i := range out {
+		u := &out[i]
+		if u.Exclusive {
+			*u = allocate.GPUUsage{Exclusive: true}
+			continue
+		}
+		if u.Cores > 100 {
+			u.Cores = 100
+		}
+		if u.Shares < 0 || u.MemoryBytes < 0 || u.Cores < 0 || (u.Shares == 0 && (u.MemoryBytes != 0 || u.Cores != 0)) {
+			*u = allocate.GPUUsage{Exclusive: true}
+		}
+	}
+	return out
+}
+
+// placeFrom places requests i.. of a claim with the constraint values
+// bound so far, backtracking over alternatives and attribute groups.
+func (p *placer) placeFrom(ic *interpretedClaim, i int, bound []string) ([]placedResult, bool) {
+	if i == len(ic.Requests) {
+		return nil, true
+	}
+	req := ic.Requests[i]
+	for _, alt := range req.Alternatives {
+		base := p.baseEligible(alt)
+		if base == nil {
+			continue
+		}
+		// Every variant's trial was computed on the current state, and a
+		// failed variant restores exactly that state, so placeAlt can
+		// commit the trial of each without searching again.
+		for _, v := range p.variants(ic, alt, base, bound) {
+			if p.attempts >= maxAttemptsPerNode {
+				p.note("gave up after %d placement attempts on node %s", maxAttemptsPerNode, p.node.Node)
+				return nil, false
+			}
+			p.attempts++
+			saved := slices.Clone(p.state.Usage)
+			savedMax := p.state.MaxSharesPerGPU
+			res, err := p.placeAlt(alt, v)
+			if err == nil {
+				if rest, ok := p.placeFrom(ic, i+1, v.bound); ok {
+					return append(res, rest...), true
+				}
+			} else {
+				p.note("%s", err.Error())
+			}
+			p.state.Usage = saved
+			p.state.MaxSharesPerGPU = savedMax
+		}
+	}
+	return nil, false
+}
+
+// baseEligible applies selectors, taints and shareability to the node's
+// devices. It returns nil (after noting why) when no device qualifies.
+func (p *placer) baseEligible(alt *alternative) []bool {
+	elig, runtimeErr, err := p.sel.eligibleBySelectors(p.ctx, p.node, alt.Selectors)
+	if err != nil {
+		p.note("request %s: %v", alt.ResultName, err)
+		return nil
+	}
+	any := false
+	for pos, d := range p.node.Devices {
+		if !elig[pos] {
+			continue
+		}
+		if t, bad := untoleratedTaint(d, alt.Tolerations); bad {
+			elig[pos] = false
+			p.note("request %s: device %s on node %s has taint %s=%s:%s, which the request does not tolerate", alt.ResultName, d.Name, p.node.Node, t.Key, t.Value, t.Effect)
+			continue
+		}
+		if alt.Share && !d.AllowMultiple {
+			elig[pos] = false
+			continue
+		}
+		any = true
+	}
+	if !any {
+		msg := fmt.Sprintf("request %s: no device on node %s matches its class and selectors", alt.ResultName, p.node.Node)
+		if runtimeErr != nil {
+			msg += fmt.Sprintf(" (%v)", runtimeErr)
+		}
+		p.note("%s", msg)
+		return nil
+	}
+	return elig
+}
+
+// untoleratedTaint returns a NoSchedule or NoExecute device taint, other
+// than gpulink's own managed taint, that the tolerations do not tolerate.
+func untoleratedTaint(d *deviceInfo, tols []resourceapi.DeviceToleration) (resourceapi.DeviceTaint, bool) {
+	for _, t := range d.Taints {
+		if t.Key == managedTaint.Key && t.Effect == managedTaint.Effect {
+			continue
+		}
+		if t.Effect != resourceapi.DeviceTaintEffectNoSchedule && t.Effect != resourceapi.DeviceTaintEffectNoExecute {
+			continue
+		}
+		if !tolerates(tols, t) {
+			return t, true
+		}
+	}
+	return resourceapi.DeviceTaint{}, false
+}
+
+// variant is one candidate set of devices for an alternative: a group of
+// equal matchAttribute values and, for shares, equal consumption.
+type variant struct {
+	eligible []bool
+	bound    []string
+	share    *allocate.ShareRequest
+	consumed map[resourceapi.QualifiedName]resource.Quantity
+	label    string
+	// trial is the allocator's answer for the first placement, computed
+	// on the node state placeAlt will see.
+	trial allocate.Result
+}
+
+// variants splits the eligible devices into groups the alternative may
+// draw from, best first: constraints already bound restrict the devices,
+// unbound ones split them by attribute value; shares split by what they
+// would consume. Groups the allocator cannot satisfy are dropped.
+func (p *placer) variants(ic *interpretedClaim, alt *alternative, base []bool, bound []string) []variant {
+	type group struct {
+		v    variant
+		keys []string
+	}
+	groups := map[string]*group{}
+	var order []string
+	for pos, d := range p.node.Devices {
+		if !base[pos] {
+			continue
+		}
+		nb := slices.Clone(bound)
+		key := ""
+		ok := true
+		for ci, c := range ic.Constraints {
+			if !c.appliesTo(alt.ResultName) {
+				continue
+			}
+			a, has := d.Attrs[c.Attr]
+			val, scalar := attrKey(a)
+			if !has || !scalar {
+				ok = false
+				break
+			}
+			if nb[ci] == "" {
+				nb[ci] = val
+			} else if nb[ci] != val {
+				ok = false
+				break
+			}
+			key += string(c.Attr) + "=" + val + ";"
+		}
+		if !ok {
+			continue
+		}
+		var share *allocate.ShareRequest
+		var consumed map[resourceapi.QualifiedName]resource.Quantity
+		if alt.Share {
+			sc := p.node.shareCons(alt, pos)
+			if sc.err != nil {
+				p.note("request %s: device %s on node %s: %v", alt.ResultName, d.Name, p.node.Node, sc.err)
+				continue
+			}
+			share, consumed = sc.share, sc.consumed
+			key += sc.key
+		}
+		g := groups[key]
+		if g == nil {
+			g = &group{v: variant{eligible: make([]bool, len(p.node.Devices)), bound: nb, share: share, consumed: consumed, label: key}}
+			groups[key] = g
+			order = append(order, key)
+		}
+		g.v.eligible[pos] = true
+	}
+	if len(order) == 0 {
+		if len(ic.Constraints) > 0 {
+			p.note("request %s: no device on node %s satisfies the claim's matchAttribute constraints together with the devices already chosen", alt.ResultName, p.node.Node)
+		}
+		return nil
+	}
+	sort.Strings(order)
+	var out []variant
+	for _, k := range order {
+		v := groups[k].v
+		req, err := p.firstRequest(alt, v)
+		if err != nil {
+			p.note("%v", err)
+			continue
+		}
+		p.applyShareCap(alt)
+		r, err := allocate.Allocate(p.state, req, p.pol)
+		if err != nil {
+			p.note("request %s: %s", alt.ResultName, reasonOf(err))
+			continue
+		}
+		v.trial = r
+		out = append(out, v)
+	}
+	if !alt.Share {
+		sort.SliceStable(out, func(i, j int) bool {
+			a, b := out[i].trial, out[j].trial
+			if a.WeakestLink != b.WeakestLink {
+				return a.WeakestLink > b.WeakestLink
+			}
+			return a.AggregateLink > b.AggregateLink
+		})
+	}
+	return out
+}
+
+// firstRequest is the allocator request for the alternative's first
+// (for whole GPUs: only) placement within a variant.
+func (p *placer) firstRequest(alt *alternative, v variant) (allocate.Request, error) {
+	if alt.Share {
+		return allocate.Request{Share: v.share, Eligible: v.eligible}, nil
+	}
+	k := alt.Count
+	if alt.All {
+		k = 0
+		for _, e := range v.eligible {
+			if e {
+				k++
+			}
+		}
+	}
+	return allocate.Request{GPUs: k, RequiredLink: alt.RequiredLink, Eligible: v.eligible}, nil
+}
+
+func (p *placer) applyShareCap(alt *alternative) {
+	p.state.MaxSharesPerGPU = 0
+	if alt.Share && alt.Config != nil && alt.Config.Sharing != nil && alt.Config.Sharing.MaxSharesPerGPU != nil {
+		p.state.MaxSharesPerGPU = *alt.Config.Sharing.MaxSharesPerGPU
+	}
+}
+
+// placeAlt allocates and commits one alternative within a variant.
+func (p *placer) placeAlt(alt *alternative, v variant) ([]placedResult, error) {
+	req, err := p.firstRequest(alt, v)
+	if err != nil {
+		return nil, err
+	}
+	p.applyShareCap(alt)
+	if !alt.Share {
+		r := v.trial
+		if err := p.state.Commit(req, r); err != nil {
+			return nil, fmt.Errorf("request %s: %w", alt.ResultName, err)
+		}
+		return []placedResult{{Alt: alt, Positions: r.GPUs, Weakest: r.WeakestLink, Agg: r.AggregateLink, Req: req}}, nil
+	}
+	// Count shares, each on a different GPU.
+	elig := slices.Clone(v.eligible)
+	var out []placedResult
+	for i := range alt.Count {
+		req := allocate.Request{Share: v.share, Eligible: slices.Clone(elig)}
+		r := v.trial
+		if i > 0 {
+			var err error
+			if r, err = allocate.Allocate(p.state, req, p.pol); err != nil {
+				return nil, fmt.Errorf("request %s: %s", alt.ResultName, reasonOf(err))
+			}
+		}
+		if err := p.state.Commit(req, r); err != nil {
+			return nil, fmt.Errorf("request %s: %w", alt.ResultName, err)
+		}
+		elig[r.GPUs[0]] = false
+		out = append(out, placedResult{Alt: alt, Positions: r.GPUs, Share: v.share, Consumed: v.consumed, Req: req})
+	}
+	return out, nil
+}
+
+// shareConsumption computes what a share of the alternative takes from a
+// device: every capacity the device publishes (as kube-scheduler records
+// it), and the memory/cores the allocator accounts.
+func shareConsumption(d *deviceInfo, alt *alternative) (*allocate.ShareRequest, map[resourceapi.QualifiedName]resource.Quantity, error) {
+	consumed := map[resourceapi.QualifiedName]resource.Quantity{}
+	share := &allocate.ShareRequest{}
+	haveMem := false
+	for name, c := range d.CEL.Capacity {
+		fq := qualify(string(name), d.CEL.Driver)
+		var want *resource.Quantity
+		if q, ok := alt.Capacity[fq]; ok {
+			want = &q
+		} else if fq == capMemory && alt.ConfigMemory != nil {
+			want = alt.ConfigMemory
+		} else if fq == capCores && alt.ConfigCores != nil {
+			want = resource.NewQuantity(*alt.ConfigCores, resource.DecimalSI)
+		}
+		v, err := consumption(want, c)
+		if err != nil {
+			return nil, nil, fmt.Errorf("capacity %s: %w", name, err)
+		}
+		consumed[name] = *resource.NewQuantity(v, c.Value.Format)
+		switch fq {
+		case capMemory:
+			share.MemoryBytes, haveMem = v, true
+		case capCores:
+			share.Cores = v
+		}
+	}
+	for fq := range alt.Capacity {
+		if _, ok := d.Capacity[fq]; !ok {
+			return nil, nil, fmt.Errorf("the request asks for capacity %s, which the device does not publish", fq)
+		}
+	}
+	if !haveMem {
+		return nil, nil, errors.New("the device publishes no memory capacity, so it cannot be shared")
+	}
+	if _, ok := d.Capacity[capCores]; !ok {
+		// Without a cores capacity the device is shared by memory only;
+		// the allocator still needs a compute share to account.
+		share.Cores = 1
+		if alt.Config != nil && alt.Config.Sharing != nil && alt.Config.Sharing.DefaultCores != nil {
+			share.Cores = *alt.Config.Sharing.DefaultCores
+		}
+	}
+	if share.MemoryBytes < 1 || share.Cores < 1 || share.Cores > 100 {
+		return nil, nil, fmt.Errorf("share of %d bytes and %d%% cores is outside what one GPU can give", share.MemoryBytes, share.Cores)
+	}
+	return share, consumed, nil
+}
+
+// reasonOf returns the human reason of an allocator error.
+func reasonOf(err error) string {
+	var u *allocate.UnsatisfiableError
+	if errors.As(err, &u) {
+		return u.Reason
+	}
+	return err.Error()
+}
+
+// choosePlan picks among feasible plans: fewest firstAvailable fallbacks
+// first, then allocate.ChooseNode on the first request decides (link
+// quality, then the node packing strategy), with ineligible devices
+// masked as taken.
+func choosePlan(plans []*nodePlan, pol allocate.Policy) *nodePlan {
+	if len(plans) == 0 {
+		return nil
+	}
+	best := plans[0].RankSum
+	for _, pl := range plans {
+		best = min(best, pl.RankSum)
+	}
+	var tied []*nodePlan
+	for _, pl := range plans {
+		if pl.RankSum == best {
+			tied = append(tied, pl)
+		}
+	}
+	if len(tied) == 1 {
+		return tied[0]
+	}
+	first := tied[0].Claims[0][0]
+	states := make([]*allocate.NodeState, 0, len(tied))
+	var same []*nodePlan
+	for _, pl := range tied {
+		pr := pl.Claims[0][0]
+		if pr.Alt.ResultName != first.Alt.ResultName {
+			continue
+		}
+		usage := slices.Clone(pl.base)
+		for pos := range usage {
+			if pr.Req.Eligible != nil && !pr.Req.Eligible[pos] {
+				usage[pos] = allocate.GPUUsage{Exclusive: true}
+			}
+		}
+		st := &allocate.NodeState{Name: pl.Node.Node, Topology: pl.Node.Topo, Usage: usage}
+		if pr.Share != nil && pr.Alt.Config != nil && pr.Alt.Config.Sharing != nil && pr.Alt.Config.Sharing.MaxSharesPerGPU != nil {
+			st.MaxSharesPerGPU = *pr.Alt.Config.Sharing.MaxSharesPerGPU
+		}
+		states = append(states, st)
+		same = append(same, pl)
+	}
+	req := first.Req
+	req.Eligible = nil
+	if r, err := allocate.ChooseNode(states, req, pol); err == nil {
+		for _, pl := range same {
+			if pl.Node.Node == r.Node {
+				return pl
+			}
+		}
+	}
+	// The allocator could not rank them (the first request differs per
+	// node, e.g. All): best links of the first request, then name.
+	sort.SliceStable(tied, func(i, j int) bool {
+		a, b := tied[i].Claims[0][0], tied[j].Claims[0][0]
+		if a.Weakest != b.Weakest {
+			return a.Weakest > b.Weakest
+		}
+		if a.Agg != b.Agg {
+			return a.Agg > b.Agg
+		}
+		return tied[i].Node.Node < tied[j].Node.Node
+	})
+	return tied[0]
+}
+
+// summarize renders a plan for events: "gpu-0,gpu-3 on node-a: every pair NV2".
+func (pl *nodePlan) summarize() string {
+	var parts []string
+	for _, claim := range pl.Claims {
+		for _, r := range claim {
+			names := make([]string, len(r.Positions))
+			for i, pos := range r.Positions {
+				names[i] = pl.Node.Devices[pos].Name
+			}
+			s := strings.Join(names, ",")
+			switch {
+			case r.Share != nil:
+				s += fmt.Sprintf(" (share of %s memory, %d%% cores)", resource.NewQuantity(r.Share.MemoryBytes, resource.BinarySI).String(), r.Share.Cores)
+			case len(r.Positions) > 1:
+				s += ": " + linkSummary(pl.Node.Topo, r.Positions, r.Weakest)
+			}
+			parts = append(parts, r.Alt.ResultName+"="+s)
+		}
+	}
+	return strings.Join(parts, "; ") + " on " + pl.Node.Node
+}
+
+// linkSummary says "every pair NV2" when all pairs share the weakest link
+// class and "weakest link NV1" otherwise.
+func linkSummary(t *topology.Topology, pos []int, weakest topology.Link) string {
+	for i := range pos {
+		for j := i + 1; j < len(pos); j++ {
+			if t.Link(pos[i], pos[j]) != weakest {
+				return "weakest link " + weakest.String()
+			}
+		}
+	}
+	return "every pair " + weakest.String()
+}
+
+// shareCons is the memoised consumption of one share on one device.
+type shareCons struct {
+	share    *allocate.ShareRequest
+	consumed map[resourceapi.QualifiedName]resource.Quantity
+	key      string
+	err      error
+}
+
+// shareCons returns what a share of the alternative takes from the device
+// at pos, memoised per node inventory and share signature.
+func (n *nodeInventory) shareCons(alt *alternative, pos int) *shareCons {
+	memoKey := "share:" + alt.shareSig
+	n.memoMu.Lock()
+	row := n.shareMemo[memoKey]
+	if row == nil {
+		row = make([]*shareCons, len(n.Devices))
+		if n.shareMemo == nil {
+			n.shareMemo = map[string][]*shareCons{}
+		}
+		n.shareMemo[memoKey] = row
+	}
+	sc := row[pos]
+	n.memoMu.Unlock()
+	if sc != nil {
+		return sc
+	}
+	sc = &shareCons{}
+	sc.share, sc.consumed, sc.err = shareConsumption(n.Devices[pos], alt)
+	if sc.err == nil {
+		names := make([]string, 0, len(sc.consumed))
+		for name := range sc.consumed {
+			names = append(names, string(name))
+		}
+		sort.Strings(names)
+		var b strings.Builder
+		fmt.Fprintf(&b, "share=%d/%d;", sc.share.MemoryBytes, sc.share.Cores)
+		for _, name := range names {
+			q := sc.consumed[resourceapi.QualifiedName(name)]
+			b.WriteString(name + "=" + q.String() + ";")
+		}
+		sc.key = b.String()
+	}
+	n.memoMu.Lock()
+	row[pos] = sc
+	n.memoMu.Unlock()
+	return sc
+}

@@ -1,0 +1,186 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	resourceapi "k8s.io/api/resource/v1"
+	dracel "k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpulink/gpulink/driver"
+)
+
+// selectorEvaluator compiles CEL device selectors once (k8s.io/dynamic-resource-allocation/cel)
+// and evaluates them against gpulink devices.
+type selectorEvaluator struct {
+	cache *dracel.Cache
+
+	// probeMu guards probe: whether a class (by name and
+	// resourceVersion) matches the driver-only probe device.
+	probeMu sync.Mutex
+	probe   map[string]bool
+}
+
+func newSelectorEvaluator() *selectorEvaluator {
+	// The features match Kubernetes 1.37 defaults: consumable capacity is
+	// beta and on, list-typed attributes are alpha and off.
+	return &selectorEvaluator{cache: dracel.NewCache(1024, dracel.Features{EnableConsumableCapacity: true})}
+}
+
+// compile returns the compiled selector or a field-naming error.
+func (e *selectorEvaluator) compile(expr string) (dracel.CompilationResult, error) {
+	r := e.cache.GetOrCompile(expr)
+	if r.Error != nil {
+		return r, fmt.Errorf("CEL selector %q does not compile: %w", expr, r.Error)
+	}
+	return r, nil
+}
+
+// matchesOnNode evaluates one selector on every device of a node, memoised
+// on the node inventory (which is replaced whenever its slices change).
+// Runtime errors (e.g. a missing attribute) count as no match for that
+// device; they are kept so that a request matching nothing can say why.
+func (e *selectorEvaluator) matchesOnNode(ctx context.Context, n *nodeInventory, expr string) ([]selectorOutcome, error) {
+	n.memoMu.Lock()
+	row, ok := n.memo[expr]
+	n.memoMu.Unlock()
+	if ok {
+		return row, nil
+	}
+	prog, err := e.compile(expr)
+	if err != nil {
+		return nil, err
+	}
+	row = make([]selectorOutcome, len(n.Devices))
+	for p, d := range n.Devices {
+		m, _, err := prog.DeviceMatches(ctx, d.CEL)
+		if err != nil {
+			err = fmt.Errorf("CEL selector %q on device %s/%s: %w", expr, n.Pool, d.Name, err)
+		}
+		row[p] = selectorOutcome{match: m && err == nil, err: err}
+	}
+	n.memoMu.Lock()
+	n.memo[expr] = row
+	n.memoMu.Unlock()
+	return row, nil
+}
+
+// probeDevice stands for "a gpulink device" before any slice exists: it
+// matches class selectors that only test the driver name.
+var probeDevice = dracel.Device{Driver: driver.Name, AllowMultipleAllocations: ptr.To(true)}
+
+// classSelectsGpulink tells whether a DeviceClass selects gpulink devices:
+// it must have at least one selector (a class without selectors matches
+// every driver's devices, so it is not gpulink's), and its selectors must
+// match the driver-only probe device or at least one published gpulink
+// device.
+func (e *selectorEvaluator) classSelectsGpulink(ctx context.Context, class *resourceapi.DeviceClass, inv *inventory) (bool, error) {
+	var exprs []string
+	for i, s := range class.Spec.Selectors {
+		if s.CEL == nil {
+			return false, fmt.Errorf("DeviceClass %s: spec.selectors[%d] has no cel expression; gpulink understands CEL selectors only", class.Name, i)
+		}
+		exprs = append(exprs, s.CEL.Expression)
+	}
+	if len(exprs) == 0 {
+		return false, nil
+	}
+	progs := make([]dracel.CompilationResult, len(exprs))
+	for i, x := range exprs {
+		p, err := e.compile(x)
+		if err != nil {
+			return false, fmt.Errorf("DeviceClass %s: spec.selectors[%d]: %w", class.Name, i, err)
+		}
+		progs[i] = p
+	}
+	all := func(d dracel.Device) bool {
+		for _, p := range progs {
+			m, _, err := p.DeviceMatches(ctx, d)
+			if err != nil || !m {
+				return false
+			}
+		}
+		return true
+	}
+	probeKey := class.Name + "@" + class.ResourceVersion
+	e.probeMu.Lock()
+	matched, known := e.probe[probeKey]
+	e.probeMu.Unlock()
+	if !known {
+		matched = all(probeDevice)
+		e.probeMu.Lock()
+		if e.probe == nil || len(e.probe) > 1024 {
+			e.probe = map[string]bool{}
+		}
+		e.probe[probeKey] = matched
+		e.probeMu.Unlock()
+	}
+	if matched {
+		return true, nil
+	}
+	for _, n := range inv.all() {
+		ok := true
+		for _, x := range exprs {
+			row, err := e.matchesOnNode(ctx, n, x)
+			if err != nil {
+				return false, err
+			}
+			any := false
+			for _, o := range row {
+				if o.match {
+					any = true
+					break
+				}
+			}
+			if !any {
+				ok = false
+				break
+			}
+		}
+		if !ok {
+			continue
+		}
+		// Every selector matches some device; check that one device matches all.
+		for p := range n.Devices {
+			match := true
+			for _, x := range exprs {
+				row, _ := e.matchesOnNode(ctx, n, x)
+				if !row[p].match {
+					match = false
+					break
+				}
+			}
+			if match {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
+
+// eligibleBySelectors returns, per position, whether a device matches all
+// selectors, plus the first runtime error seen (for messages).
+func (e *selectorEvaluator) eligibleBySelectors(ctx context.Context, n *nodeInventory, exprs []string) ([]bool, error, error) {
+	out := make([]bool, len(n.Devices))
+	for p := range out {
+		out[p] = true
+	}
+	var firstRuntime error
+	for _, x := range exprs {
+		row, err := e.matchesOnNode(ctx, n, x)
+		if err != nil {
+			return nil, nil, err
+		}
+		for p, o := range row {
+			if !o.match {
+				out[p] = false
+				if o.err != nil && firstRuntime == nil {
+					firstRuntime = o.err
+				}
+			}
+		}
+	}
+	return out, firstRuntime, nil
+}

@@ -1,0 +1,461 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	resourcelisters "k8s.io/client-go/listers/resource/v1"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
+
+	"github.com/gpulink/gpulink/api/v1alpha1"
+	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/driver/topology"
+)
+
+// claimKind says who allocates a claim.
+type claimKind int
+
+const (
+	// claimForeign: no request selects gpulink devices; kube-scheduler
+	// allocates it.
+	claimForeign claimKind = iota
+	// claimOurs: every request selects gpulink devices; the controller
+	// allocates it.
+	claimOurs
+	// claimDelegated: the requests tolerate gpulink's managed taint, which
+	// opts them into kube-scheduler's own allocator. The controller counts
+	// what kube-scheduler allocates but does not allocate it.
+	claimDelegated
+)
+
+// interpretedClaim is a gpulink claim in the controller's terms.
+type interpretedClaim struct {
+	Claim       *resourceapi.ResourceClaim
+	Requests    []*requestSpec
+	Constraints []matchConstraint
+}
+
+// requestSpec is one request with its alternatives: one for `exactly`,
+// several for `firstAvailable`, tried in order.
+type requestSpec struct {
+	Name         string
+	Alternatives []*alternative
+}
+
+// alternative is one concrete way to satisfy a request.
+type alternative struct {
+	// ResultName is the request name results carry: "req" or "req/sub".
+	ResultName string
+	// Rank is the position in firstAvailable (0 for exactly).
+	Rank  int
+	Class *resourceapi.DeviceClass
+	// Selectors are the class's CEL expressions, then the request's.
+	Selectors []string
+	// All is allocationMode All; otherwise Count devices are wanted.
+	All   bool
+	Count int
+	// Share: one share of Count distinct GPUs each.
+	Share bool
+	// Capacity holds requested capacities by fully qualified name.
+	Capacity map[resourceapi.FullyQualifiedName]resource.Quantity
+	// Config is the effective (merged, defaulted, validated) config.
+	Config *v1alpha1.GpuConfig
+	// ConfigMemory and ConfigCores are share sizes a config layer set
+	// explicitly; they apply when the request asks for no such capacity.
+	ConfigMemory *resource.Quantity
+	ConfigCores  *int64
+	RequiredLink topology.Link
+	Tolerations  []resourceapi.DeviceToleration
+	// shareSig identifies what a share asks for, to memoise per-device
+	// consumption on node inventories.
+	shareSig string
+}
+
+// shareSignature renders the inputs of shareConsumption.
+func shareSignature(a *alternative) string {
+	names := make([]string, 0, len(a.Capacity))
+	for n := range a.Capacity {
+		names = append(names, string(n))
+	}
+	slices.Sort(names)
+	var b strings.Builder
+	for _, n := range names {
+		q := a.Capacity[resourceapi.FullyQualifiedName(n)]
+		b.WriteString(n + "=" + q.String() + ";")
+	}
+	if a.ConfigMemory != nil {
+		b.WriteString("cfgmem=" + a.ConfigMemory.String() + ";")
+	}
+	if a.ConfigCores != nil {
+		b.WriteString("cfgcores=" + strconv.FormatInt(*a.ConfigCores, 10) + ";")
+	}
+	if a.Config != nil && a.Config.Sharing != nil && a.Config.Sharing.DefaultCores != nil {
+		b.WriteString("dfltcores=" + strconv.FormatInt(*a.Config.Sharing.DefaultCores, 10))
+	}
+	return b.String()
+}
+
+// matchConstraint is a matchAttribute constraint over some requests.
+type matchConstraint struct {
+	Attr resourceapi.FullyQualifiedName
+	// Requests it applies to; empty means all requests of the claim.
+	Requests []string
+}
+
+// appliesTo tells whether the constraint covers a result request name.
+func (m matchConstraint) appliesTo(resultName string) bool {
+	if len(m.Requests) == 0 {
+		return true
+	}
+	base := resourceclaim.BaseRequestRef(resultName)
+	return slices.Contains(m.Requests, base) || slices.Contains(m.Requests, resultName)
+}
+
+// uninterpretableError is a claim the controller will not allocate because
+// it cannot honour some part of it exactly. The message names the field.
+type uninterpretableError struct {
+	Claim string
+	Err   error
+}
+
+func (e *uninterpretableError) Error() string {
+	return fmt.Sprintf("claim %s cannot be allocated by gpulink: %v", e.Claim, e.Err)
+}
+func (e *uninterpretableError) Unwrap() error { return e.Err }
+
+// errClassMissing wraps a missing DeviceClass: the claim may become
+// interpretable once the class is created.
+var errClassMissing = errors.New("DeviceClass not found")
+
+var managedTaint = resourceapi.DeviceTaint{Key: driver.ManagedTaintKey, Effect: resourceapi.DeviceTaintEffectNoSchedule}
+
+// interpreter turns claims into allocation problems.
+type interpreter struct {
+	classes resourcelisters.DeviceClassLister
+	cel     *selectorEvaluator
+	inv     *inventory
+
+	// configs caches resolved configuration layers: claims of one
+	// template carry identical layers, and decoding them is the costliest
+	// part of interpreting a claim.
+	configMu sync.Mutex
+	configs  map[string]*resolvedConfig
+}
+
+type resolvedConfig struct {
+	cfg   *v1alpha1.GpuConfig
+	mem   *resource.Quantity
+	cores *int64
+	err   error
+}
+
+// maxConfigCache bounds the config cache; it is simply reset when full.
+const maxConfigCache = 4096
+
+// resolve decodes, merges, defaults and validates configuration layers,
+// and reports the share sizes the layers set explicitly.
+func (ip *interpreter) resolve(layers [][]byte) *resolvedConfig {
+	var key strings.Builder
+	for _, l := range layers {
+		key.WriteString(strconv.Itoa(len(l)))
+		key.WriteByte(':')
+		key.Write(l)
+	}
+	k := key.String()
+	ip.configMu.Lock()
+	if r, ok := ip.configs[k]; ok {
+		ip.configMu.Unlock()
+		return r
+	}
+	ip.configMu.Unlock()
+	r := &resolvedConfig{}
+	r.cfg, r.err = v1alpha1.Resolve(layers...)
+	if r.err == nil {
+		var decoded []*v1alpha1.GpuConfig
+		for _, l := range layers {
+			d, err := v1alpha1.Decode(l)
+			if err != nil {
+				r.err = err
+				break
+			}
+			decoded = append(decoded, d)
+		}
+		if m := v1alpha1.Merge(decoded...); r.err == nil && m.Sharing != nil {
+			r.mem = m.Sharing.DefaultMemory
+			r.cores = m.Sharing.DefaultCores
+		}
+	}
+	ip.configMu.Lock()
+	if ip.configs == nil || len(ip.configs) >= maxConfigCache {
+		ip.configs = map[string]*resolvedConfig{}
+	}
+	ip.configs[k] = r
+	ip.configMu.Unlock()
+	return r
+}
+
+// interpret classifies a claim and, for gpulink claims, builds its
+// requests. Errors are *uninterpretableError, or wrap errClassMissing.
+func (ip *interpreter) interpret(ctx context.Context, claim *resourceapi.ResourceClaim) (*interpretedClaim, claimKind, error) {
+	key := claim.Namespace + "/" + claim.Name
+	fail := func(err error) (*interpretedClaim, claimKind, error) {
+		return nil, claimOurs, &uninterpretableError{Claim: key, Err: err}
+	}
+	spec := claim.Spec.Devices
+	reqPath := field.NewPath("spec", "devices", "requests")
+	out := &interpretedClaim{Claim: claim}
+	var ours, foreign, delegated []string
+	for i := range spec.Requests {
+		r := &spec.Requests[i]
+		path := reqPath.Index(i)
+		rs := &requestSpec{Name: r.Name}
+		var subs []subRequest
+		switch {
+		case r.Exactly != nil && len(r.FirstAvailable) == 0:
+			e := r.Exactly
+			subs = append(subs, subRequest{resultName: r.Name, path: path.Child("exactly"), class: e.DeviceClassName,
+				selectors: e.Selectors, mode: e.AllocationMode, count: e.Count, adminAccess: e.AdminAccess,
+				tolerations: e.Tolerations, capacity: e.Capacity, derived: len(e.DerivedAttributes)})
+		case r.Exactly == nil && len(r.FirstAvailable) > 0:
+			for j := range r.FirstAvailable {
+				s := &r.FirstAvailable[j]
+				subs = append(subs, subRequest{resultName: resourceclaim.CreateSubRequestRef(r.Name, s.Name), path: path.Child("firstAvailable").Index(j),
+					class: s.DeviceClassName, selectors: s.Selectors, mode: s.AllocationMode, count: s.Count,
+					tolerations: s.Tolerations, capacity: s.Capacity, derived: len(s.DerivedAttributes)})
+			}
+		default:
+			return fail(field.Invalid(path, r.Name, "exactly one of exactly or firstAvailable must be set"))
+		}
+		var reqOurs, reqForeign, reqDelegated int
+		for rank, s := range subs {
+			class, err := ip.classes.Get(s.class)
+			if err != nil {
+				return nil, claimOurs, fmt.Errorf("claim %s, %s: DeviceClass %q: %w", key, s.path.Child("deviceClassName"), s.class, errClassMissing)
+			}
+			isOurs, err := ip.cel.classSelectsGpulink(ctx, class, ip.inv)
+			if err != nil {
+				return fail(fmt.Errorf("%s: %w", s.path.Child("deviceClassName"), err))
+			}
+			if !isOurs {
+				reqForeign++
+				continue
+			}
+			if tolerates(s.tolerations, managedTaint) {
+				reqDelegated++
+				continue
+			}
+			reqOurs++
+			alt, err := ip.alternative(claim, class, s, rank)
+			if err != nil {
+				return fail(err)
+			}
+			rs.Alternatives = append(rs.Alternatives, alt)
+		}
+		switch {
+		case reqOurs == len(subs):
+			ours = append(ours, r.Name)
+			out.Requests = append(out.Requests, rs)
+		case reqForeign == len(subs):
+			foreign = append(foreign, r.Name)
+		case reqDelegated == len(subs):
+			delegated = append(delegated, r.Name)
+		default:
+			return fail(field.Invalid(path, r.Name, "its firstAvailable alternatives mix gpulink device classes with other drivers' classes (or with tolerations of "+driver.ManagedTaintKey+"); gpulink cannot weigh alternatives it does not allocate"))
+		}
+	}
+	switch {
+	case len(ours) == 0 && len(delegated) == 0:
+		return nil, claimForeign, nil
+	case len(ours) == 0 && len(foreign) == 0:
+		return nil, claimDelegated, nil
+	case len(foreign) > 0 && (len(ours) > 0 || len(delegated) > 0):
+		return fail(fmt.Errorf("requests %s select gpulink devices but requests %s select other drivers' devices; one claim is allocated as a whole, so put them in separate claims",
+			strings.Join(append(ours, delegated...), ","), strings.Join(foreign, ",")))
+	case len(delegated) > 0:
+		return fail(fmt.Errorf("requests %s tolerate the %s taint (left to kube-scheduler) but requests %s do not; put them in separate claims",
+			strings.Join(delegated, ","), driver.ManagedTaintKey, strings.Join(ours, ",")))
+	}
+	consPath := field.NewPath("spec", "devices", "constraints")
+	for i, c := range spec.Constraints {
+		switch {
+		case c.DistinctAttribute != nil:
+			return fail(field.NotSupported(consPath.Index(i).Child("distinctAttribute"), string(*c.DistinctAttribute), []string{"matchAttribute"}))
+		case c.MatchAttribute != nil:
+			out.Constraints = append(out.Constraints, matchConstraint{Attr: qualify(string(*c.MatchAttribute), driver.Name), Requests: c.Requests})
+		default:
+			return fail(field.Required(consPath.Index(i), "a constraint needs matchAttribute"))
+		}
+	}
+	return out, claimOurs, nil
+}
+
+// subRequest unifies exactly and firstAvailable entries.
+type subRequest struct {
+	resultName  string
+	path        *field.Path
+	class       string
+	selectors   []resourceapi.DeviceSelector
+	mode        resourceapi.DeviceAllocationMode
+	count       int64
+	adminAccess *bool
+	tolerations []resourceapi.DeviceToleration
+	capacity    *resourceapi.CapacityRequirements
+	derived     int
+}
+
+func (ip *interpreter) alternative(claim *resourceapi.ResourceClaim, class *resourceapi.DeviceClass, s subRequest, rank int) (*alternative, error) {
+	alt := &alternative{ResultName: s.resultName, Rank: rank, Class: class, Tolerations: s.tolerations}
+	if s.adminAccess != nil && *s.adminAccess {
+		return nil, field.Forbidden(s.path.Child("adminAccess"), "gpulink does not grant admin access to GPUs")
+	}
+	if s.derived > 0 {
+		return nil, field.Forbidden(s.path.Child("derivedAttributes"), "derived attributes (alpha) are not supported by gpulink")
+	}
+	for _, sel := range class.Spec.Selectors {
+		alt.Selectors = append(alt.Selectors, sel.CEL.Expression)
+	}
+	for i, sel := range s.selectors {
+		if sel.CEL == nil {
+			return nil, field.Required(s.path.Child("selectors").Index(i).Child("cel"), "gpulink understands CEL selectors only")
+		}
+		if _, err := ip.cel.compile(sel.CEL.Expression); err != nil {
+			return nil, field.Invalid(s.path.Child("selectors").Index(i).Child("cel", "expression"), sel.CEL.Expression, err.Error())
+		}
+		alt.Selectors = append(alt.Selectors, sel.CEL.Expression)
+	}
+	switch s.mode {
+	case "", resourceapi.DeviceAllocationModeExactCount:
+		alt.Count = int(s.count)
+		if alt.Count == 0 {
+			alt.Count = 1
+		}
+		if alt.Count < 0 || alt.Count > topology.MaxGPUs {
+			return nil, field.Invalid(s.path.Child("count"), s.count, fmt.Sprintf("must be between 1 and %d", topology.MaxGPUs))
+		}
+	case resourceapi.DeviceAllocationModeAll:
+		alt.All = true
+	default:
+		return nil, field.NotSupported(s.path.Child("allocationMode"), s.mode,
+			[]resourceapi.DeviceAllocationMode{resourceapi.DeviceAllocationModeExactCount, resourceapi.DeviceAllocationModeAll})
+	}
+	for i, t := range s.tolerations {
+		if t.Operator != "" && t.Operator != resourceapi.DeviceTolerationOpExists && t.Operator != resourceapi.DeviceTolerationOpEqual {
+			return nil, field.NotSupported(s.path.Child("tolerations").Index(i).Child("operator"), t.Operator,
+				[]resourceapi.DeviceTolerationOperator{resourceapi.DeviceTolerationOpExists, resourceapi.DeviceTolerationOpEqual})
+		}
+	}
+	if s.capacity != nil && len(s.capacity.Requests) > 0 {
+		alt.Capacity = map[resourceapi.FullyQualifiedName]resource.Quantity{}
+		for name, q := range s.capacity.Requests {
+			fq := qualify(string(name), driver.Name)
+			if fq != capMemory && fq != capCores {
+				return nil, field.NotSupported(s.path.Child("capacity", "requests").Key(string(name)), string(name), []string{driver.CapacityMemory, driver.CapacityCores})
+			}
+			if q.Sign() <= 0 {
+				return nil, field.Invalid(s.path.Child("capacity", "requests").Key(string(name)), q.String(), "must be positive")
+			}
+			alt.Capacity[fq] = q
+		}
+	}
+	alt.Share = isShareClass(class) || len(alt.Capacity) > 0
+	if alt.Share && alt.All {
+		return nil, field.Invalid(s.path.Child("allocationMode"), s.mode, "allocationMode All cannot be combined with a share (share class or capacity requests)")
+	}
+
+	// Configuration layers: the class's, then the claim's entries that
+	// name this request (or its parent), in order.
+	var layers [][]byte
+	for _, c := range class.Spec.Config {
+		if c.Opaque != nil && c.Opaque.Driver == driver.Name {
+			layers = append(layers, c.Opaque.Parameters.Raw)
+		}
+	}
+	base := resourceclaim.BaseRequestRef(s.resultName)
+	for i, c := range claim.Spec.Devices.Config {
+		if c.Opaque == nil || c.Opaque.Driver != driver.Name {
+			continue
+		}
+		if len(c.Requests) > 0 && !slices.Contains(c.Requests, base) && !slices.Contains(c.Requests, s.resultName) {
+			continue
+		}
+		if len(c.Opaque.Parameters.Raw) == 0 {
+			return nil, field.Required(field.NewPath("spec", "devices", "config").Index(i).Child("opaque", "parameters"), "")
+		}
+		layers = append(layers, c.Opaque.Parameters.Raw)
+	}
+	rc := ip.resolve(layers)
+	if rc.err != nil {
+		return nil, fmt.Errorf("opaque configuration for request %s: %w", s.resultName, rc.err)
+	}
+	cfg := rc.cfg
+	alt.Config = cfg
+	alt.RequiredLink = cfg.RequiredLink()
+	alt.ConfigMemory = rc.mem
+	alt.ConfigCores = rc.cores
+	if alt.Share {
+		alt.shareSig = shareSignature(alt)
+	}
+	if alt.Share && cfg.Sharing != nil && cfg.Sharing.Strategy == v1alpha1.SharingNone {
+		return nil, fmt.Errorf("request %s asks for a share but its configuration sets sharing.strategy=%s, which gives out whole GPUs only", s.resultName, v1alpha1.SharingNone)
+	}
+	return alt, nil
+}
+
+// tolerates tells whether any toleration tolerates the taint.
+func tolerates(tols []resourceapi.DeviceToleration, taint resourceapi.DeviceTaint) bool {
+	for _, t := range tols {
+		if resourceclaim.ToleratesTaint(t, taint) {
+			return true
+		}
+	}
+	return false
+}
+
+// describe renders an alternative for events: "4 GPUs with every pair NV1
+// or better (policy Required)", "a share of 8Gi memory, 30% cores".
+func (a *alternative) describe() string {
+	var b strings.Builder
+	switch {
+	case a.Share:
+		if a.Count > 1 {
+			fmt.Fprintf(&b, "%d shares on distinct GPUs", a.Count)
+		} else {
+			b.WriteString("a share")
+		}
+		var parts []string
+		if q, ok := a.Capacity[capMemory]; ok {
+			parts = append(parts, q.String()+" memory")
+		}
+		if q, ok := a.Capacity[capCores]; ok {
+			parts = append(parts, q.String()+"% cores")
+		}
+		if len(parts) > 0 {
+			b.WriteString(" of " + strings.Join(parts, ", "))
+		}
+	case a.All:
+		b.WriteString("all matching GPUs of a node")
+	case a.Count == 1:
+		b.WriteString("1 free GPU")
+	default:
+		fmt.Fprintf(&b, "%d free GPUs", a.Count)
+	}
+	if a.RequiredLink != topology.LinkNone && !a.Share {
+		if a.RequiredLink == topology.LinkNVLink {
+			b.WriteString(" with every pair NVLink (policy Required)")
+		} else {
+			fmt.Fprintf(&b, " with every pair %s or better (policy Required)", a.RequiredLink)
+		}
+	}
+	if len(a.Selectors) > len(a.Class.Spec.Selectors) {
+		b.WriteString(" matching the request's selectors")
+	}
+	return b.String()
+}

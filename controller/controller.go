@@ -1,0 +1,513 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	resourceinformers "k8s.io/client-go/informers/resource/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	resourcelisters "k8s.io/client-go/listers/resource/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
+	"k8s.io/dynamic-resource-allocation/resourceslice/tracker"
+	"k8s.io/klog/v2"
+
+	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/driver/allocate"
+)
+
+// fieldManager names the controller in managedFields.
+const fieldManager = "gpulink-controller"
+
+// podClaimIndex indexes pods by the namespace/name of the claims they use.
+const podClaimIndex = "gpulink.dev/claims"
+
+// Config configures a Controller.
+type Config struct {
+	Client kubernetes.Interface
+	// Recorder records events; see NewRecorder.
+	Recorder events.EventRecorder
+	Metrics  *Metrics
+	// Policy is the packing strategy at node and GPU level.
+	Policy allocate.Policy
+	// Workers is the number of pods processed in parallel. Decisions are
+	// serialized; API writes of different pods overlap.
+	Workers int
+	// ResyncPeriod re-examines every object this often (0: never).
+	ResyncPeriod time.Duration
+	// UnschedulableGrace is how long kube-scheduler gets to bind a pod to
+	// the node its claims were allocated on before the controller treats
+	// the pod as unschedulable there and releases the allocation.
+	UnschedulableGrace time.Duration
+	// WaitingRetry retries waiting pods this often even if no event
+	// suggests their chances changed.
+	WaitingRetry time.Duration
+	// DeviceTaintRules applies DeviceTaintRules (GA and on by default in
+	// Kubernetes 1.37) to the devices, as kube-scheduler does: a device a
+	// rule taints NoSchedule/NoExecute is only allocated to requests that
+	// tolerate it. Turn off where the API is disabled.
+	DeviceTaintRules bool
+}
+
+// Controller is the gpulink allocation controller.
+type Controller struct {
+	client   kubernetes.Interface
+	factory  informers.SharedInformerFactory
+	pods     corelisters.PodLister
+	podIdx   cache.Indexer
+	claims   resourcelisters.ResourceClaimLister
+	classes  resourcelisters.DeviceClassLister
+	nodes    corelisters.NodeLister
+	synced   []cache.InformerSynced
+	metrics  *Metrics
+	explain  *explainer
+	policy   allocate.Policy
+	workers  int
+	grace    time.Duration
+	retry    time.Duration
+	inv      *inventory
+	ledger   *ledger
+	sel      *selectorEvaluator
+	interp   *interpreter
+	filter   *nodeFilter
+	podQueue workqueue.TypedRateLimitingInterface[string]
+	gcQueue  workqueue.TypedRateLimitingInterface[string]
+	// stopTracker stops the ResourceSlice tracker that applies
+	// DeviceTaintRules (a no-op without it).
+	stopTracker func()
+
+	// decideMu serializes decisions: planning reads the ledger and
+	// assume() updates it before the lock is released.
+	decideMu sync.Mutex
+
+	mu       sync.Mutex
+	waiting  sets.Set[string]               // pods (ns/name) waiting for devices
+	excluded map[types.UID]sets.Set[string] // nodes a pod was unschedulable on
+}
+
+// New creates a controller and registers its informers. Call Run to start.
+func New(cfg Config) (*Controller, error) {
+	if cfg.Client == nil {
+		return nil, errors.New("controller config: client is required")
+	}
+	if cfg.Recorder == nil {
+		return nil, errors.New("controller config: event recorder is required")
+	}
+	if err := cfg.Policy.Validate(); err != nil {
+		return nil, fmt.Errorf("controller config: %w", err)
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(nil)
+	}
+	if cfg.Workers < 1 {
+		cfg.Workers = 1
+	}
+	if cfg.UnschedulableGrace <= 0 {
+		cfg.UnschedulableGrace = 30 * time.Second
+	}
+	if cfg.WaitingRetry <= 0 {
+		cfg.WaitingRetry = time.Minute
+	}
+	factory := informers.NewSharedInformerFactory(cfg.Client, cfg.ResyncPeriod)
+	c := &Controller{
+		client:   cfg.Client,
+		factory:  factory,
+		metrics:  cfg.Metrics,
+		explain:  newExplainer(cfg.Recorder),
+		policy:   cfg.Policy,
+		workers:  cfg.Workers,
+		grace:    cfg.UnschedulableGrace,
+		retry:    cfg.WaitingRetry,
+		inv:      newInventory(),
+		ledger:   newLedger(),
+		sel:      newSelectorEvaluator(),
+		waiting:  sets.New[string](),
+		excluded: map[types.UID]sets.Set[string]{},
+		podQueue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "gpulink_pods"}),
+		gcQueue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "gpulink_claims"}),
+	}
+	podInf := factory.Core().V1().Pods()
+	claimInf := factory.Resource().V1().ResourceClaims()
+	sliceInf := factory.Resource().V1().ResourceSlices()
+	classInf := factory.Resource().V1().DeviceClasses()
+	nodeInf := factory.Core().V1().Nodes()
+	if err := podInf.Informer().AddIndexers(cache.Indexers{podClaimIndex: indexPodClaims}); err != nil {
+		return nil, fmt.Errorf("adding pod index: %w", err)
+	}
+	c.pods = podInf.Lister()
+	c.podIdx = podInf.Informer().GetIndexer()
+	c.claims = claimInf.Lister()
+	c.classes = classInf.Lister()
+	c.nodes = nodeInf.Lister()
+	c.interp = &interpreter{classes: c.classes, cel: c.sel, inv: c.inv}
+	c.filter = &nodeFilter{nodes: c.nodes}
+
+	type handlerTarget interface {
+		AddEventHandler(cache.ResourceEventHandler) (cache.ResourceEventHandlerRegistration, error)
+	}
+	// Slices come through the ResourceSlice tracker when DeviceTaintRules
+	// apply: it delivers slices with the rules' taints patched in.
+	var slices handlerTarget = sliceInf.Informer()
+	c.stopTracker = func() {}
+	if cfg.DeviceTaintRules {
+		trackerCtx, cancel := context.WithCancel(context.Background())
+		t, err := tracker.StartTracker(trackerCtx, tracker.Options{
+			EnableDeviceTaintRules:   true,
+			EnableConsumableCapacity: true,
+			SliceInformer:            resourceinformers.ToTypedResourceSliceInformer(sliceInf),
+			TaintInformer:            resourceinformers.ToTypedDeviceTaintRuleInformer(factory.Resource().V1().DeviceTaintRules()),
+		})
+		if err != nil {
+			cancel()
+			return nil, fmt.Errorf("starting ResourceSlice tracker for DeviceTaintRules: %w", err)
+		}
+		slices = t
+		c.stopTracker = func() {
+			t.Stop()
+			cancel()
+		}
+	}
+	regs := []struct {
+		inf handlerTarget
+		h   cache.ResourceEventHandler
+	}{
+		{podInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onPod, UpdateFunc: func(_, o any) { c.onPod(o) }, DeleteFunc: c.onPodDelete}},
+		{claimInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onClaim, UpdateFunc: c.onClaimUpdate, DeleteFunc: c.onClaimDelete}},
+		{slices, cache.ResourceEventHandlerFuncs{AddFunc: c.onSlice, UpdateFunc: func(_, o any) { c.onSlice(o) }, DeleteFunc: c.onSliceDelete}},
+		{classInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onChange, UpdateFunc: func(_, o any) { c.onChange(o) }, DeleteFunc: c.onChange}},
+		{nodeInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onChange, UpdateFunc: c.onNodeUpdate, DeleteFunc: c.onChange}},
+	}
+	for _, r := range regs {
+		reg, err := r.inf.AddEventHandler(r.h)
+		if err != nil {
+			c.stopTracker()
+			return nil, fmt.Errorf("adding event handler: %w", err)
+		}
+		// Waiting for the handlers, not just the stores, guarantees that
+		// the ledger and inventory hold every existing claim and slice
+		// before the first decision.
+		c.synced = append(c.synced, reg.HasSynced)
+	}
+	return c, nil
+}
+
+// NewRecorder returns an events/v1 recorder and a function to stop it.
+func NewRecorder(ctx context.Context, client kubernetes.Interface) (events.EventRecorder, func()) {
+	b := events.NewBroadcaster(&events.EventSinkImpl{Interface: client.EventsV1()})
+	b.StartRecordingToSink(ctx.Done())
+	return b.NewRecorder(scheme.Scheme, "gpulink-controller"), b.Shutdown
+}
+
+// Run starts the informers, waits until every existing object has been
+// seen, then processes pods and claims until ctx ends.
+func (c *Controller) Run(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	defer utilruntime.HandleCrashWithContext(ctx)
+	defer c.podQueue.ShutDown()
+	defer c.gcQueue.ShutDown()
+	defer c.stopTracker()
+
+	c.factory.Start(ctx.Done())
+	defer c.factory.Shutdown()
+	logger.Info("Waiting for informer caches")
+	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
+		return fmt.Errorf("waiting for informer caches: %w", context.Cause(ctx))
+	}
+	logger.Info("Caches synced; starting workers", "workers", c.workers)
+	var wg sync.WaitGroup
+	for range c.workers {
+		wg.Go(func() {
+			wait.UntilWithContext(ctx, func(ctx context.Context) { c.process(ctx, c.podQueue, c.syncPod) }, time.Second)
+		})
+	}
+	wg.Go(func() {
+		wait.UntilWithContext(ctx, func(ctx context.Context) { c.process(ctx, c.gcQueue, c.syncClaim) }, time.Second)
+	})
+	wg.Go(func() {
+		wait.UntilWithContext(ctx, func(context.Context) { c.enqueueWaiting() }, c.retry)
+	})
+	<-ctx.Done()
+	c.podQueue.ShutDown()
+	c.gcQueue.ShutDown()
+	wg.Wait()
+	return nil
+}
+
+// Ready reports whether the caches are synced.
+func (c *Controller) Ready() bool {
+	for _, s := range c.synced {
+		if !s() {
+			return false
+		}
+	}
+	return true
+}
+
+func (c *Controller) process(ctx context.Context, q workqueue.TypedRateLimitingInterface[string], sync func(context.Context, string) error) {
+	for {
+		key, quit := q.Get()
+		if quit {
+			return
+		}
+		func() {
+			defer q.Done(key)
+			logger := klog.FromContext(ctx).WithValues("key", key)
+			err := sync(klog.NewContext(ctx, logger), key)
+			if err == nil {
+				q.Forget(key)
+				return
+			}
+			logger.V(2).Info("Retrying", "err", err)
+			q.AddRateLimited(key)
+		}()
+	}
+}
+
+// indexPodClaims returns namespace/name of every claim a pod uses.
+func indexPodClaims(obj any) ([]string, error) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return nil, nil
+	}
+	var keys []string
+	for name := range resourceclaim.PodClaims(pod) {
+		keys = append(keys, pod.Namespace+"/"+name)
+	}
+	for _, pc := range pod.Spec.ResourceClaims {
+		if pc.ResourceClaimName != nil {
+			keys = append(keys, pod.Namespace+"/"+*pc.ResourceClaimName)
+		}
+	}
+	return keys, nil
+}
+
+func (c *Controller) onPod(obj any) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok || (len(pod.Spec.ResourceClaims) == 0 && gateIndex(pod) < 0) {
+		return
+	}
+	c.podQueue.Add(pod.Namespace + "/" + pod.Name)
+}
+
+func (c *Controller) onPodDelete(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	key := pod.Namespace + "/" + pod.Name
+	c.explain.forget(pod.UID)
+	c.mu.Lock()
+	delete(c.excluded, pod.UID)
+	c.waiting.Delete(key)
+	c.metrics.PendingPods.Set(float64(c.waiting.Len()))
+	c.mu.Unlock()
+	for name := range resourceclaim.PodClaims(pod) {
+		c.gcQueue.Add(pod.Namespace + "/" + name)
+	}
+	c.podQueue.Add(key)
+}
+
+func (c *Controller) onClaim(obj any) {
+	claim, ok := obj.(*resourceapi.ResourceClaim)
+	if !ok {
+		return
+	}
+	c.ledger.observe(claim)
+	c.enqueueClaimPods(claim)
+	if hasFinalizer(claim) {
+		c.gcQueue.Add(claim.Namespace + "/" + claim.Name)
+	}
+}
+
+func (c *Controller) onClaimUpdate(oldObj, newObj any) {
+	c.onClaim(newObj)
+	old, ok1 := oldObj.(*resourceapi.ResourceClaim)
+	cur, ok2 := newObj.(*resourceapi.ResourceClaim)
+	if ok1 && ok2 && old.Status.Allocation != nil && cur.Status.Allocation == nil {
+		c.onDeallocated(old)
+		// Devices were freed: pods waiting for them may fit now.
+		c.enqueueWaiting()
+	}
+}
+
+func (c *Controller) onClaimDelete(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	claim, ok := obj.(*resourceapi.ResourceClaim)
+	if !ok {
+		return
+	}
+	c.ledger.forget(claim.UID)
+	c.enqueueClaimPods(claim)
+	c.enqueueWaiting()
+}
+
+// enqueueClaimPods enqueues the pods that use or reserve a claim.
+func (c *Controller) enqueueClaimPods(claim *resourceapi.ResourceClaim) {
+	for _, r := range claim.Status.ReservedFor {
+		if r.Resource == "pods" && r.APIGroup == "" {
+			c.podQueue.Add(claim.Namespace + "/" + r.Name)
+		}
+	}
+	for _, o := range claim.OwnerReferences {
+		if o.Kind == "Pod" && o.APIVersion == "v1" {
+			c.podQueue.Add(claim.Namespace + "/" + o.Name)
+		}
+	}
+	objs, err := c.podIdx.ByIndex(podClaimIndex, claim.Namespace+"/"+claim.Name)
+	if err != nil {
+		return
+	}
+	for _, o := range objs {
+		if pod, ok := o.(*corev1.Pod); ok {
+			c.podQueue.Add(pod.Namespace + "/" + pod.Name)
+		}
+	}
+}
+
+func (c *Controller) onSlice(obj any) {
+	slice, ok := obj.(*resourceapi.ResourceSlice)
+	if !ok || slice.Spec.Driver != driver.Name {
+		return
+	}
+	if err := c.inv.upsert(slice); err != nil {
+		c.metrics.Errors.WithLabelValues(errReasonInventory).Inc()
+		klog.Background().Error(err, "Ignoring unusable gpulink pool", "pool", slice.Spec.Pool.Name, "slice", klog.KObj(slice))
+	}
+	c.enqueueWaiting()
+}
+
+func (c *Controller) onSliceDelete(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	slice, ok := obj.(*resourceapi.ResourceSlice)
+	if !ok || slice.Spec.Driver != driver.Name {
+		return
+	}
+	c.inv.remove(slice)
+	c.enqueueWaiting()
+}
+
+func (c *Controller) onNodeUpdate(oldObj, newObj any) {
+	old, ok1 := oldObj.(*corev1.Node)
+	cur, ok2 := newObj.(*corev1.Node)
+	if ok1 && ok2 && old.ResourceVersion == cur.ResourceVersion {
+		return
+	}
+	if ok1 && ok2 && old.Spec.Unschedulable == cur.Spec.Unschedulable && len(old.Spec.Taints) == len(cur.Spec.Taints) && labelsEqual(old.Labels, cur.Labels) {
+		// Status-only updates (heartbeats) change nothing the controller uses.
+		return
+	}
+	c.onChange(newObj)
+}
+
+func labelsEqual(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// onChange retries waiting pods after a change that may help them.
+func (c *Controller) onChange(any) { c.enqueueWaiting() }
+
+func (c *Controller) enqueueWaiting() {
+	c.mu.Lock()
+	keys := c.waiting.UnsortedList()
+	c.mu.Unlock()
+	for _, k := range keys {
+		c.podQueue.Add(k)
+	}
+}
+
+func (c *Controller) setWaiting(key string, waiting bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if waiting {
+		c.waiting.Insert(key)
+	} else {
+		c.waiting.Delete(key)
+	}
+	c.metrics.PendingPods.Set(float64(c.waiting.Len()))
+}
+
+func (c *Controller) excludedNodes(uid types.UID) sets.Set[string] {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.excluded[uid].Clone()
+}
+
+func (c *Controller) exclude(uid types.UID, node string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.excluded[uid] == nil {
+		c.excluded[uid] = sets.New[string]()
+	}
+	c.excluded[uid].Insert(node)
+}
+
+func (c *Controller) resetExcluded(uid types.UID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.excluded, uid)
+}
+
+// onDeallocated reacts to an allocation being removed. When kube-scheduler
+// finds a pod unschedulable on the node its claims are allocated on, its
+// DRA plugin deallocates claims reserved only for that pod so that they
+// can be allocated elsewhere (PostFilter). Allocating on the same node
+// again would loop, so the node is excluded for the pods that held the
+// claim, as after the controller's own unschedulable release.
+func (c *Controller) onDeallocated(old *resourceapi.ResourceClaim) {
+	if !hasFinalizer(old) {
+		return
+	}
+	node := allocatedNode(old)
+	if node == "" {
+		return
+	}
+	for _, r := range old.Status.ReservedFor {
+		if r.Resource != "pods" || r.APIGroup != "" {
+			continue
+		}
+		pod, err := c.pods.Pods(old.Namespace).Get(r.Name)
+		if err != nil || pod.UID != r.UID || pod.Spec.NodeName != "" || pod.DeletionTimestamp != nil || gateIndex(pod) >= 0 {
+			continue
+		}
+		c.exclude(pod.UID, node)
+		why := "kube-scheduler could not place the pod there and deallocated the claim"
+		if podUnschedulable(pod) {
+			why += ": " + unschedulableMessage(pod)
+		}
+		c.explain.event(pod, old, corev1.EventTypeWarning, ReasonReleased, actionRelease,
+			fmt.Sprintf("allocation on node %s was released (%s); trying other nodes", node, why))
+		c.metrics.Released.WithLabelValues("scheduler").Inc()
+		c.podQueue.Add(pod.Namespace + "/" + pod.Name)
+	}
+}

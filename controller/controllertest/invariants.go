@@ -1,0 +1,104 @@
+package controllertest
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+
+	"github.com/gpulink/gpulink/driver"
+)
+
+// CheckInvariants checks the allocations of all claims against the
+// published devices: no device is given out whole twice, a device given
+// out whole holds no share, the consumed capacity of a device's shares
+// never exceeds what it publishes, every allocated gpulink device exists,
+// and a claim's gpulink devices all sit on the node its node selector names.
+// It returns every violation found.
+func CheckInvariants(claims []resourceapi.ResourceClaim, slices []resourceapi.ResourceSlice) error {
+	type dev struct {
+		capacity map[string]int64
+		node     string
+	}
+	devices := map[string]*dev{}
+	for _, s := range slices {
+		if s.Spec.Driver != driver.Name {
+			continue
+		}
+		for _, d := range s.Spec.Devices {
+			x := &dev{capacity: map[string]int64{}}
+			if s.Spec.NodeName != nil {
+				x.node = *s.Spec.NodeName
+			}
+			for name, c := range d.Capacity {
+				x.capacity[string(name)] = c.Value.Value()
+			}
+			devices[s.Spec.Pool.Name+"/"+d.Name] = x
+		}
+	}
+	whole := map[string][]string{}
+	shares := map[string][]string{}
+	consumed := map[string]map[string]int64{}
+	var errs []string
+	for _, c := range claims {
+		a := c.Status.Allocation
+		if a == nil {
+			continue
+		}
+		claimKey := c.Namespace + "/" + c.Name
+		node := ""
+		if a.NodeSelector != nil && len(a.NodeSelector.NodeSelectorTerms) == 1 {
+			for _, f := range a.NodeSelector.NodeSelectorTerms[0].MatchFields {
+				if f.Key == "metadata.name" && len(f.Values) == 1 {
+					node = f.Values[0]
+				}
+			}
+		}
+		for _, r := range a.Devices.Results {
+			if r.Driver != driver.Name {
+				continue
+			}
+			key := r.Pool + "/" + r.Device
+			d, ok := devices[key]
+			if !ok {
+				errs = append(errs, fmt.Sprintf("claim %s holds %s, which no slice publishes", claimKey, key))
+				continue
+			}
+			if node != "" && d.node != node {
+				errs = append(errs, fmt.Sprintf("claim %s holds %s on node %s but its node selector names %s", claimKey, key, d.node, node))
+			}
+			if r.ShareID == nil {
+				whole[key] = append(whole[key], claimKey)
+				continue
+			}
+			shares[key] = append(shares[key], claimKey)
+			if consumed[key] == nil {
+				consumed[key] = map[string]int64{}
+			}
+			for name, q := range r.ConsumedCapacity {
+				consumed[key][string(name)] += q.Value()
+			}
+		}
+	}
+	for key, holders := range whole {
+		if len(holders) > 1 {
+			errs = append(errs, fmt.Sprintf("device %s is given out whole to %d claims: %s", key, len(holders), strings.Join(holders, ", ")))
+		}
+		if s := shares[key]; len(s) > 0 {
+			errs = append(errs, fmt.Sprintf("device %s is given out whole to %s and shared with %s", key, holders[0], strings.Join(s, ", ")))
+		}
+	}
+	for key, used := range consumed {
+		for name, v := range used {
+			if limit, ok := devices[key].capacity[name]; ok && v > limit {
+				errs = append(errs, fmt.Sprintf("device %s: shares consume %d of capacity %s, the device has %d", key, v, name, limit))
+			}
+		}
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	sort.Strings(errs)
+	return fmt.Errorf("%d invariant violations:\n%s", len(errs), strings.Join(errs, "\n"))
+}

@@ -1,0 +1,69 @@
+package controller
+
+import (
+	"fmt"
+
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	v1alpha1 "github.com/gpulink/gpulink/api/v1alpha1"
+	"github.com/gpulink/gpulink/driver"
+)
+
+// SharingLabel marks a DeviceClass whose requests are shares of one GPU
+// (value "true") rather than whole GPUs. Labels survive renaming a class
+// (e.g. by a Helm release), so the controller never relies on class names.
+//
+// A request is a share when its DeviceClass carries SharingLabel=true or
+// when it asks for capacity (exactly.capacity.requests); every other
+// gpulink request is for whole GPUs, given out exclusively.
+const SharingLabel = "gpu.gpulink.dev/sharing"
+
+// Selector expressions of the shipped classes. The share class also
+// requires allowMultipleAllocations, which every gpulink device publishes;
+// a device that cannot be shared never matches it.
+const (
+	wholeClassSelector = `device.driver == "` + driver.Name + `"`
+	shareClassSelector = `device.driver == "` + driver.Name + `" && device.allowMultipleAllocations`
+)
+
+// DeviceClasses returns the two DeviceClasses gpulink ships: whole GPUs
+// (driver.DeviceClassWhole) and shares (driver.DeviceClassShare). The YAML
+// in deployments/deviceclasses/ and the Helm chart carry the same content.
+func DeviceClasses() []*resourceapi.DeviceClass {
+	return []*resourceapi.DeviceClass{
+		{
+			TypeMeta: metav1.TypeMeta{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "DeviceClass"},
+			ObjectMeta: metav1.ObjectMeta{
+				Name:   driver.DeviceClassWhole,
+				Labels: map[string]string{SharingLabel: "false"},
+			},
+			Spec: resourceapi.DeviceClassSpec{
+				Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: wholeClassSelector}}},
+			},
+		},
+		{
+			TypeMeta: metav1.TypeMeta{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "DeviceClass"},
+			ObjectMeta: metav1.ObjectMeta{
+				Name:   driver.DeviceClassShare,
+				Labels: map[string]string{SharingLabel: "true"},
+			},
+			Spec: resourceapi.DeviceClassSpec{
+				Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: shareClassSelector}}},
+				Config: []resourceapi.DeviceClassConfiguration{{
+					DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+						Driver: driver.Name,
+						Parameters: runtime.RawExtension{Raw: []byte(fmt.Sprintf(
+							`{"apiVersion":%q,"kind":%q,"sharing":{"strategy":"MPS"}}`, v1alpha1.APIVersion, v1alpha1.Kind))},
+					}},
+				}},
+			},
+		},
+	}
+}
+
+// isShareClass reports whether requests on the class are shares.
+func isShareClass(class *resourceapi.DeviceClass) bool {
+	return class.Labels[SharingLabel] == "true"
+}

@@ -1,0 +1,87 @@
+// Package controller allocates gpulink ResourceClaims (driver
+// gpu.gpulink.dev) with topology awareness and hands their pods to
+// kube-scheduler.
+//
+// # What is gpulink's
+//
+// A request is gpulink's when its DeviceClass has CEL selectors that match
+// a gpulink device (or a driver-only probe device, so classes work before
+// any node publishes). A claim is allocated by the controller when all its
+// requests are gpulink's; a claim with no gpulink request is left to
+// kube-scheduler; a claim mixing both, or using a feature gpulink cannot
+// honour exactly (adminAccess, distinctAttribute, derived attributes,
+// non-CEL selectors, capacity names other than memory and cores,
+// allocationMode All for a share, invalid opaque config), gets a Warning
+// event and stays unallocated. Requests that tolerate the managed device
+// taint (driver.ManagedTaintKey) opt into kube-scheduler's own allocator;
+// their claims are left to it and counted like any other allocation.
+//
+// A request is a share of one GPU when its class carries the label
+// gpu.gpulink.dev/sharing=true (the shipped gpu-share.gpulink.dev class
+// does) or when it asks for capacity; otherwise it gets whole GPUs. See
+// DeviceClasses and deployments/deviceclasses/.
+//
+// # Inventory
+//
+// Every node's topology is rebuilt from its ResourceSlices (pool = node,
+// newest complete generation, the "links" attribute decoded with
+// topology.DecodeLinkRows). A ledger counts what every claim holds, from
+// the claim informer, whoever allocated it: dedicated results (no shareID)
+// take the whole device, shares add their consumedCapacity. Allocations
+// the controller has decided but the informer has not shown yet are kept
+// as assumptions, so informer lag never makes a device look free twice.
+// The caches (including each event handler's initial list) are synced
+// before the first decision, so a restarted controller counts every
+// allocation made before.
+//
+// # Decisions
+//
+// Pods are the unit of work. For a pod with pending gpulink claims, under
+// one decision lock: filter nodes (exists, schedulable, pod nodeSelector
+// and required affinity, NoSchedule/NoExecute taints, node selectors of
+// the pod's already allocated claims, nodes the pod was unschedulable on),
+// then place all pending claims of the pod on each candidate node in turn,
+// on a copy of its usage: requests in order, firstAvailable alternatives
+// in order, devices filtered by the class's and request's CEL selectors
+// and by device taints, matchAttribute constraints handled by splitting
+// the devices into groups of equal values (best group first, with
+// backtracking), shares sized from the capacity request rounded up to the
+// device's requestPolicy (else the opaque config's explicit default size,
+// else the policy default, else the whole capacity). driver/allocate
+// chooses the GPUs within a node. Among nodes that fit, fewer
+// firstAvailable fallbacks win, then allocate.ChooseNode ranks them by
+// link quality and the packing strategy. The chosen devices are assumed
+// in the ledger before the lock is released.
+//
+// # Writes
+//
+// Per claim: the finalizer driver.ClaimFinalizer (a metadata update),
+// then status.allocation (results with request, driver, pool, device; for
+// shares a new shareID and consumedCapacity; the classes' and claim's
+// opaque configs; node selector matchFields metadata.name as
+// kube-scheduler writes it; allocationTimestamp) together with the pod in
+// reservedFor in one status update. Both carry the resourceVersion read,
+// so a concurrent change conflicts instead of being overwritten. Then the
+// scheduling gate driver.SchedulingGate is removed with a JSON patch that
+// tests the gate's name first, and kube-scheduler binds the pod to the
+// node the allocation names.
+//
+// # Recovery
+//
+// Pods whose claims are all allocated lose the gate (the controller may
+// have stopped before ungating). Gated pods without gpulink claims lose it
+// too. A pod that stays unbound with PodScheduled=False/Unschedulable for
+// longer than the grace period after its allocation has its claims
+// released (reservedFor first, then the allocation) and the node excluded
+// for it; a Warning event says so. Claims carrying the finalizer lose
+// reservations of pods that are gone or finished (confirmed with a live
+// read), are deallocated when no live pod references them, and lose the
+// finalizer once neither allocated nor reserved.
+//
+// # Explaining
+//
+// Each decision is an event on the pod ("allocated gpus=gpu-0,gpu-1:
+// every pair NV2 on node-a", "waiting: no node has 4 free GPUs with every
+// pair NVLink (policy Required) (...)"), repeated waiting messages are
+// recorded once. Metrics: see Metrics.
+package controller

@@ -1,0 +1,80 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gpulink/gpulink/driver"
+)
+
+// gateIndex returns the position of gpulink's scheduling gate, or -1.
+func gateIndex(pod *corev1.Pod) int {
+	for i, g := range pod.Spec.SchedulingGates {
+		if g.Name == driver.SchedulingGate {
+			return i
+		}
+	}
+	return -1
+}
+
+type jsonPatchOp struct {
+	Op    string `json:"op"`
+	Path  string `json:"path"`
+	Value any    `json:"value,omitempty"`
+}
+
+// removeGate removes gpulink's scheduling gate from the pod, handing it to
+// kube-scheduler. The JSON patch tests the gate's name at its index first,
+// so a concurrent change to the gate list fails the patch instead of
+// removing someone else's gate. A pod that is gone or no longer carries the
+// gate needs nothing.
+func (c *Controller) removeGate(ctx context.Context, pod *corev1.Pod) error {
+	err := c.patchGate(ctx, pod)
+	if err == nil || ctx.Err() != nil {
+		return err
+	}
+	// The cached pod may be stale (the gate moved or is already gone, so
+	// the patch's test failed): retry once with the pod as the API server
+	// has it.
+	fresh, getErr := c.client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(getErr) {
+		return nil
+	}
+	if getErr != nil {
+		return fmt.Errorf("%w (re-reading the pod: %w)", err, getErr)
+	}
+	if fresh.UID != pod.UID {
+		return nil
+	}
+	return c.patchGate(ctx, fresh)
+}
+
+func (c *Controller) patchGate(ctx context.Context, pod *corev1.Pod) error {
+	i := gateIndex(pod)
+	if i < 0 {
+		return nil
+	}
+	path := fmt.Sprintf("/spec/schedulingGates/%d", i)
+	patch, err := json.Marshal([]jsonPatchOp{
+		{Op: "test", Path: "/metadata/uid", Value: string(pod.UID)},
+		{Op: "test", Path: path + "/name", Value: driver.SchedulingGate},
+		{Op: "remove", Path: path},
+	})
+	if err != nil {
+		return fmt.Errorf("encoding gate removal patch: %w", err)
+	}
+	_, err = c.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.JSONPatchType, patch, metav1.PatchOptions{FieldManager: fieldManager})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("removing scheduling gate %s from pod %s/%s: %w", driver.SchedulingGate, pod.Namespace, pod.Name, err)
+	}
+	return nil
+}

@@ -1,0 +1,114 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+)
+
+// syncClaim cleans up a claim carrying gpulink's finalizer: reservations
+// of pods that are gone (or finished) are dropped, a claim nobody reserves
+// any more is deallocated, and the finalizer is removed once the claim is
+// neither allocated nor reserved. The resourceclaim controller does the
+// first two steps only for claims with its own finalizer; this covers
+// claims gpulink allocated, including after a controller restart.
+func (c *Controller) syncClaim(ctx context.Context, key string) error {
+	logger := klog.FromContext(ctx)
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return nil
+	}
+	claim, err := c.claims.ResourceClaims(ns).Get(name)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reading claim %s from cache: %w", key, err)
+	}
+	if !hasFinalizer(claim) || c.ledger.inFlight(claim.UID) {
+		return nil
+	}
+	var keep []resourceapi.ResourceClaimConsumerReference
+	for _, r := range claim.Status.ReservedFor {
+		gone, err := c.consumerGone(ctx, claim.Namespace, r)
+		if err != nil {
+			return err
+		}
+		if !gone {
+			keep = append(keep, r)
+		}
+	}
+	if len(keep) > 0 {
+		if len(keep) == len(claim.Status.ReservedFor) {
+			return nil
+		}
+		logger.V(2).Info("Removing reservations of pods that are gone", "claim", klog.KObj(claim), "remaining", len(keep))
+		_, err := c.releaseClaim(ctx, claim, keep)
+		return err
+	}
+	if claim.Status.Allocation != nil && claim.DeletionTimestamp == nil && len(claim.Status.ReservedFor) == 0 {
+		// Allocated but not reserved: a pod may be about to use it (one
+		// created with the claim's name after an earlier pod finished).
+		// A pod that references it and still exists keeps it.
+		if c.claimWanted(claim) {
+			return nil
+		}
+	}
+	logger.Info("Releasing claim no pod uses", "claim", klog.KObj(claim), "allocated", claim.Status.Allocation != nil, "deleting", claim.DeletionTimestamp != nil)
+	if _, err := c.releaseClaim(ctx, claim, nil); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return err
+	}
+	if claim.Status.Allocation != nil {
+		c.metrics.Released.WithLabelValues("orphaned").Inc()
+	}
+	return nil
+}
+
+// consumerGone tells whether a reservedFor entry refers to a pod that no
+// longer exists (or was replaced, or has finished). The cache answers
+// first; a pod missing there is confirmed with a live read, so informer
+// lag never releases a claim a new pod holds.
+func (c *Controller) consumerGone(ctx context.Context, ns string, r resourceapi.ResourceClaimConsumerReference) (bool, error) {
+	if r.Resource != "pods" || r.APIGroup != "" {
+		return false, nil
+	}
+	pod, err := c.pods.Pods(ns).Get(r.Name)
+	if err == nil && pod.UID == r.UID {
+		return podDone(pod), nil
+	}
+	pod, err = c.client.CoreV1().Pods(ns).Get(ctx, r.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("checking pod %s/%s reserved in a claim: %w", ns, r.Name, err)
+	}
+	return pod.UID != r.UID || podDone(pod), nil
+}
+
+func podDone(pod *corev1.Pod) bool {
+	return pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
+}
+
+// claimWanted tells whether a live, unfinished pod references the claim.
+func (c *Controller) claimWanted(claim *resourceapi.ResourceClaim) bool {
+	objs, err := c.podIdx.ByIndex(podClaimIndex, claim.Namespace+"/"+claim.Name)
+	if err != nil {
+		return true
+	}
+	for _, o := range objs {
+		if pod, ok := o.(*corev1.Pod); ok && pod.DeletionTimestamp == nil && !podDone(pod) {
+			return true
+		}
+	}
+	return false
+}

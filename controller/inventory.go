@@ -1,0 +1,353 @@
+package controller
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+
+	resourceapi "k8s.io/api/resource/v1"
+	dracel "k8s.io/dynamic-resource-allocation/cel"
+
+	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/driver/topology"
+)
+
+// deviceInfo is one gpulink device as a ResourceSlice publishes it.
+type deviceInfo struct {
+	Name  string
+	Index int
+	// Pos is the device's position in the node's topology.
+	Pos int
+	// CEL is the input for selector evaluation.
+	CEL dracel.Device
+	// Attrs holds the attributes under fully qualified names.
+	Attrs map[resourceapi.FullyQualifiedName]resourceapi.DeviceAttribute
+	// Capacity holds the capacities under fully qualified names.
+	Capacity      map[resourceapi.FullyQualifiedName]resourceapi.DeviceCapacity
+	Taints        []resourceapi.DeviceTaint
+	AllowMultiple bool
+}
+
+// nodeInventory is the immutable view of one node's gpulink pool. A new
+// value replaces it whenever the pool's slices change, so readers may keep
+// a reference without locking; only the selector memo is mutable, and it
+// guards itself.
+type nodeInventory struct {
+	Node string
+	Pool string
+	Topo *topology.Topology
+	// Devices is indexed by topology position.
+	Devices []*deviceInfo
+	byName  map[string]*deviceInfo
+
+	memoMu sync.Mutex
+	// memo caches selector results per expression and position: selectors
+	// are evaluated once per device, not once per claim.
+	memo map[string][]selectorOutcome
+	// shareMemo caches share consumption per share signature and position.
+	shareMemo map[string][]*shareCons
+}
+
+type selectorOutcome struct {
+	match bool
+	err   error
+}
+
+// qualify returns the fully qualified form of an attribute or capacity name;
+// names without a domain belong to the driver that publishes them.
+func qualify(name string, domain string) resourceapi.FullyQualifiedName {
+	if strings.Contains(name, "/") {
+		return resourceapi.FullyQualifiedName(name)
+	}
+	return resourceapi.FullyQualifiedName(domain + "/" + name)
+}
+
+var (
+	capMemory = qualify(driver.CapacityMemory, driver.Name)
+	capCores  = qualify(driver.CapacityCores, driver.Name)
+)
+
+// inventory turns gpulink's ResourceSlices into per-node topologies. It is
+// fed by the ResourceSlice informer and safe for concurrent use.
+type inventory struct {
+	mu       sync.RWMutex
+	slices   map[string]*resourceapi.ResourceSlice // by slice name
+	nodes    map[string]*nodeInventory             // by node name
+	poolNode map[string]string                     // pool -> node it was built for
+	problems map[string]string                     // pool -> why it is unusable
+}
+
+func newInventory() *inventory {
+	return &inventory{
+		slices:   map[string]*resourceapi.ResourceSlice{},
+		nodes:    map[string]*nodeInventory{},
+		poolNode: map[string]string{},
+		problems: map[string]string{},
+	}
+}
+
+// upsert records a slice and rebuilds its pool. It returns the problem that
+// makes the pool unusable, if any. Slices of other drivers are ignored.
+func (inv *inventory) upsert(slice *resourceapi.ResourceSlice) error {
+	if slice.Spec.Driver != driver.Name {
+		return nil
+	}
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	if old, ok := inv.slices[slice.Name]; ok && old.Spec.Pool.Name != slice.Spec.Pool.Name {
+		delete(inv.slices, slice.Name)
+		inv.rebuildLocked(old.Spec.Pool.Name)
+	}
+	inv.slices[slice.Name] = slice
+	return inv.rebuildLocked(slice.Spec.Pool.Name)
+}
+
+// remove forgets a slice and rebuilds its pool.
+func (inv *inventory) remove(slice *resourceapi.ResourceSlice) {
+	if slice.Spec.Driver != driver.Name {
+		return
+	}
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	delete(inv.slices, slice.Name)
+	_ = inv.rebuildLocked(slice.Spec.Pool.Name)
+}
+
+// node returns the inventory of a node, or nil when it has no usable pool.
+func (inv *inventory) node(name string) *nodeInventory {
+	inv.mu.RLock()
+	defer inv.mu.RUnlock()
+	return inv.nodes[name]
+}
+
+// all returns every usable node inventory, sorted by node name.
+func (inv *inventory) all() []*nodeInventory {
+	inv.mu.RLock()
+	out := make([]*nodeInventory, 0, len(inv.nodes))
+	for _, n := range inv.nodes {
+		out = append(out, n)
+	}
+	inv.mu.RUnlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
+	return out
+}
+
+// problemsSnapshot returns why pools are unusable, by pool name.
+func (inv *inventory) problemsSnapshot() map[string]string {
+	inv.mu.RLock()
+	defer inv.mu.RUnlock()
+	out := make(map[string]string, len(inv.problems))
+	for k, v := range inv.problems {
+		out[k] = v
+	}
+	return out
+}
+
+func (inv *inventory) rebuildLocked(pool string) error {
+	if old, ok := inv.poolNode[pool]; ok {
+		delete(inv.nodes, old)
+		delete(inv.poolNode, pool)
+	}
+	delete(inv.problems, pool)
+	var slices []*resourceapi.ResourceSlice
+	for _, s := range inv.slices {
+		if s.Spec.Pool.Name == pool {
+			slices = append(slices, s)
+		}
+	}
+	if len(slices) == 0 {
+		return nil
+	}
+	n, err := buildNode(pool, slices)
+	if err != nil {
+		inv.problems[pool] = err.Error()
+		return err
+	}
+	inv.nodes[n.Node] = n
+	inv.poolNode[pool] = n.Node
+	return nil
+}
+
+// buildNode builds a node from the slices of one pool: only the newest
+// generation counts, and the pool must be complete and node-local.
+func buildNode(pool string, slices []*resourceapi.ResourceSlice) (*nodeInventory, error) {
+	var gen int64
+	for _, s := range slices {
+		gen = max(gen, s.Spec.Pool.Generation)
+	}
+	var current []*resourceapi.ResourceSlice
+	for _, s := range slices {
+		if s.Spec.Pool.Generation == gen {
+			current = append(current, s)
+		}
+	}
+	sort.Slice(current, func(i, j int) bool { return current[i].Name < current[j].Name })
+	want := current[0].Spec.Pool.ResourceSliceCount
+	if int64(len(current)) < want {
+		return nil, fmt.Errorf("pool %q generation %d is incomplete: %d of %d slices published", pool, gen, len(current), want)
+	}
+	nodeName := ""
+	var devices []resourceapi.Device
+	for _, s := range current {
+		if s.Spec.NodeName == nil || *s.Spec.NodeName == "" {
+			return nil, fmt.Errorf("pool %q: slice %q has no spec.nodeName; gpulink pools are node-local", pool, s.Name)
+		}
+		if nodeName != "" && *s.Spec.NodeName != nodeName {
+			return nil, fmt.Errorf("pool %q: slices name nodes %q and %q", pool, nodeName, *s.Spec.NodeName)
+		}
+		nodeName = *s.Spec.NodeName
+		devices = append(devices, s.Spec.Devices...)
+	}
+	infos := make([]*deviceInfo, 0, len(devices))
+	seen := map[int]string{}
+	for i := range devices {
+		d, err := buildDevice(&devices[i])
+		if err != nil {
+			return nil, fmt.Errorf("pool %q: %w", pool, err)
+		}
+		if other, dup := seen[d.Index]; dup {
+			return nil, fmt.Errorf("pool %q: devices %q and %q both have index %d", pool, other, d.Name, d.Index)
+		}
+		seen[d.Index] = d.Name
+		infos = append(infos, d)
+	}
+	sort.Slice(infos, func(i, j int) bool { return infos[i].Index < infos[j].Index })
+	gpus := make([]topology.GPU, len(infos))
+	rows := make(map[int]string, len(infos))
+	for i, d := range infos {
+		gpus[i] = gpuFromDevice(d)
+		if a, ok := d.Attrs[qualify(driver.AttrLinks, driver.Name)]; ok && a.StringValue != nil {
+			rows[d.Index] = *a.StringValue
+		}
+	}
+	topo, err := topology.DecodeLinkRows(gpus, rows)
+	if err != nil {
+		return nil, fmt.Errorf("pool %q: decoding link rows: %w", pool, err)
+	}
+	n := &nodeInventory{
+		Node:    nodeName,
+		Pool:    pool,
+		Topo:    topo,
+		Devices: make([]*deviceInfo, topo.Len()),
+		byName:  make(map[string]*deviceInfo, len(infos)),
+		memo:    map[string][]selectorOutcome{},
+	}
+	for _, d := range infos {
+		p, ok := topo.Position(d.Index)
+		if !ok {
+			return nil, fmt.Errorf("pool %q: device %q (index %d) is missing from the decoded topology", pool, d.Name, d.Index)
+		}
+		d.Pos = p
+		n.Devices[p] = d
+		n.byName[d.Name] = d
+	}
+	for p, d := range n.Devices {
+		if d == nil {
+			return nil, fmt.Errorf("pool %q: topology position %d has no device", pool, p)
+		}
+	}
+	return n, nil
+}
+
+func buildDevice(dev *resourceapi.Device) (*deviceInfo, error) {
+	idx, err := driver.ParseDeviceName(dev.Name)
+	if err != nil {
+		return nil, err
+	}
+	d := &deviceInfo{
+		Name:          dev.Name,
+		Index:         idx,
+		Attrs:         make(map[resourceapi.FullyQualifiedName]resourceapi.DeviceAttribute, len(dev.Attributes)),
+		Capacity:      make(map[resourceapi.FullyQualifiedName]resourceapi.DeviceCapacity, len(dev.Capacity)),
+		Taints:        dev.Taints,
+		AllowMultiple: dev.AllowMultipleAllocations != nil && *dev.AllowMultipleAllocations,
+		CEL: dracel.Device{
+			Driver:                   driver.Name,
+			AllowMultipleAllocations: dev.AllowMultipleAllocations,
+			Attributes:               dev.Attributes,
+			Capacity:                 dev.Capacity,
+		},
+	}
+	for k, v := range dev.Attributes {
+		d.Attrs[qualify(string(k), driver.Name)] = v
+	}
+	for k, v := range dev.Capacity {
+		d.Capacity[qualify(string(k), driver.Name)] = v
+	}
+	if a, ok := d.Attrs[qualify(driver.AttrIndex, driver.Name)]; ok {
+		if a.IntValue == nil || *a.IntValue != int64(idx) {
+			return nil, fmt.Errorf("device %q: attribute %s=%v does not match the index in its name", dev.Name, driver.AttrIndex, attrString(a))
+		}
+	}
+	return d, nil
+}
+
+func gpuFromDevice(d *deviceInfo) topology.GPU {
+	str := func(name string) string {
+		if a, ok := d.Attrs[qualify(name, driver.Name)]; ok {
+			switch {
+			case a.StringValue != nil:
+				return *a.StringValue
+			case a.VersionValue != nil:
+				return *a.VersionValue
+			}
+		}
+		return ""
+	}
+	g := topology.GPU{
+		Index:                 d.Index,
+		Minor:                 d.Index,
+		UUID:                  str(driver.AttrUUID),
+		ProductName:           str(driver.AttrProductName),
+		Architecture:          str(driver.AttrArchitecture),
+		CUDAComputeCapability: str(driver.AttrCUDAComputeCapability),
+		DriverVersion:         str(driver.AttrDriverVersion),
+		PCIBusID:              str(driver.AttrPCIBusID),
+		PCIeRoot:              str(driver.AttrPCIeRoot),
+		NUMANode:              -1,
+	}
+	if a, ok := d.Attrs[qualify(driver.AttrMinor, driver.Name)]; ok && a.IntValue != nil {
+		g.Minor = int(*a.IntValue)
+	}
+	if a, ok := d.Attrs[qualify(driver.AttrNUMANode, driver.Name)]; ok && a.IntValue != nil {
+		g.NUMANode = int(*a.IntValue)
+	}
+	if c, ok := d.Capacity[capMemory]; ok {
+		g.MemoryBytes = c.Value.Value()
+	}
+	return g
+}
+
+// attrString renders an attribute value for messages.
+func attrString(a resourceapi.DeviceAttribute) string {
+	switch {
+	case a.IntValue != nil:
+		return fmt.Sprint(*a.IntValue)
+	case a.BoolValue != nil:
+		return fmt.Sprint(*a.BoolValue)
+	case a.StringValue != nil:
+		return *a.StringValue
+	case a.VersionValue != nil:
+		return *a.VersionValue
+	default:
+		return "<unset>"
+	}
+}
+
+// attrKey returns a comparable form of a scalar attribute value, or false
+// for list values and unset attributes, which matchAttribute cannot use.
+func attrKey(a resourceapi.DeviceAttribute) (string, bool) {
+	switch {
+	case a.IntValue != nil:
+		return "i:" + fmt.Sprint(*a.IntValue), true
+	case a.BoolValue != nil:
+		return "b:" + fmt.Sprint(*a.BoolValue), true
+	case a.StringValue != nil:
+		return "s:" + *a.StringValue, true
+	case a.VersionValue != nil:
+		return "v:" + *a.VersionValue, true
+	default:
+		return "", false
+	}
+}

@@ -1,0 +1,155 @@
+package controller
+
+import (
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/klog/v2/ktesting"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/driver"
+)
+
+func v100Slice(t *testing.T, node string) *resourceapi.ResourceSlice {
+	t.Helper()
+	topo, err := parseFixture("v100-sxm2-8-aliyun-sccgn6.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := controllertest.Slice(node, topo, controllertest.SliceOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestInventoryBuildsTopologyFromSlices(t *testing.T) {
+	inv := newInventory()
+	if err := inv.upsert(v100Slice(t, "n")); err != nil {
+		t.Fatal(err)
+	}
+	n := inv.node("n")
+	if n == nil || n.Topo.Len() != 8 {
+		t.Fatalf("node inventory %+v, want 8 GPUs", n)
+	}
+	topo, _ := parseFixture("v100-sxm2-8-aliyun-sccgn6.txt")
+	for i := range 8 {
+		for j := range 8 {
+			if n.Topo.Link(i, j) != topo.Link(i, j) {
+				t.Fatalf("link %d-%d is %s, the fixture says %s", i, j, n.Topo.Link(i, j), topo.Link(i, j))
+			}
+		}
+	}
+	if n.Topo.GPUs[0].MemoryBytes != 32<<30 {
+		t.Errorf("GPU memory %d, want the published 32Gi", n.Topo.GPUs[0].MemoryBytes)
+	}
+	inv.remove(v100Slice(t, "n"))
+	if inv.node("n") != nil {
+		t.Error("node still known after its slice was deleted")
+	}
+}
+
+func TestInventoryRejectsBadPools(t *testing.T) {
+	for name, mutate := range map[string]func(*resourceapi.ResourceSlice){
+		"incomplete": func(s *resourceapi.ResourceSlice) { s.Spec.Pool.ResourceSliceCount = 2 },
+		"no node":    func(s *resourceapi.ResourceSlice) { s.Spec.NodeName = nil; s.Spec.AllNodes = ptr.To(true) },
+		"bad links": func(s *resourceapi.ResourceSlice) {
+			s.Spec.Devices[0].Attributes[driver.AttrLinks] = resourceapi.DeviceAttribute{StringValue: ptr.To("X")}
+		},
+		"index mismatch": func(s *resourceapi.ResourceSlice) {
+			s.Spec.Devices[0].Attributes[driver.AttrIndex] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(5))}
+		},
+		"bad device name": func(s *resourceapi.ResourceSlice) { s.Spec.Devices[0].Name = "gpu0" },
+	} {
+		t.Run(name, func(t *testing.T) {
+			inv := newInventory()
+			s := v100Slice(t, "n")
+			mutate(s)
+			if err := inv.upsert(s); err == nil {
+				t.Fatal("unusable pool accepted")
+			}
+			if inv.node("n") != nil {
+				t.Error("unusable pool became a node")
+			}
+			if p := inv.problemsSnapshot(); !strings.Contains(p["n"], "pool") {
+				t.Errorf("problems %v, want one for pool n", p)
+			}
+		})
+	}
+	// The newest generation wins.
+	inv := newInventory()
+	old := v100Slice(t, "n")
+	old.Name = "old"
+	four, err := parseFixture("pcie-4.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	newer, err := controllertest.Slice("n", four, controllertest.SliceOptions{Generation: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := inv.upsert(old); err != nil {
+		t.Fatal(err)
+	}
+	if err := inv.upsert(newer); err != nil {
+		t.Fatal(err)
+	}
+	if n := inv.node("n"); n == nil || n.Topo.Len() != 4 {
+		t.Errorf("node %+v, want the 4 GPUs of generation 2", n)
+	}
+}
+
+func TestNodeFilter(t *testing.T) {
+	logger, _ := ktesting.NewTestContext(t)
+	cordoned := controllertest.Node("cordoned")
+	cordoned.Spec.Unschedulable = true
+	tainted := controllertest.Node("tainted")
+	tainted.Spec.Taints = []corev1.Taint{{Key: "dedicated", Value: "infer", Effect: corev1.TaintEffectNoSchedule}}
+	labelled := controllertest.Node("labelled")
+	labelled.Labels["pool"] = "a"
+	plain := controllertest.Node("plain")
+	client := fake.NewClientset(cordoned, tainted, labelled, plain)
+	f := informers.NewSharedInformerFactory(client, 0)
+	lister := f.Core().V1().Nodes().Lister()
+	f.Start(t.Context().Done())
+	f.WaitForCacheSync(t.Context().Done())
+	inv := newInventory()
+	for _, n := range []string{"cordoned", "tainted", "labelled", "plain", "ghost"} {
+		if err := inv.upsert(v100Slice(t, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	filter := &nodeFilter{nodes: lister}
+	names := func(pod *corev1.Pod, allocated []*resourceapi.ResourceClaim, excluded sets.Set[string]) []string {
+		got, _ := filter.candidates(logger, pod, inv.all(), allocated, excluded)
+		var out []string
+		for _, n := range got {
+			out = append(out, n.Node)
+		}
+		return out
+	}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p"}}
+	if got := names(pod, nil, nil); strings.Join(got, ",") != "labelled,plain" {
+		t.Errorf("plain pod: candidates %v, want labelled,plain (cordoned, tainted and node-less pools out)", got)
+	}
+	pod.Spec.NodeSelector = map[string]string{"pool": "a"}
+	if got := names(pod, nil, nil); strings.Join(got, ",") != "labelled" {
+		t.Errorf("pod with nodeSelector: candidates %v, want labelled", got)
+	}
+	pod.Spec.NodeSelector = nil
+	pod.Spec.Tolerations = []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpExists}}
+	if got := names(pod, nil, sets.New("plain")); strings.Join(got, ",") != "labelled,tainted" {
+		t.Errorf("tolerating pod with plain excluded: candidates %v, want labelled,tainted", got)
+	}
+	other := &resourceapi.ResourceClaim{Status: resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{NodeSelector: nodeSelectorFor("tainted")}}}
+	if got := names(pod, []*resourceapi.ResourceClaim{other}, nil); strings.Join(got, ",") != "tainted" {
+		t.Errorf("pod with a claim allocated on tainted: candidates %v, want tainted", got)
+	}
+}

@@ -1,0 +1,243 @@
+package controller
+
+import (
+	"strconv"
+	"sync"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/driver/allocate"
+)
+
+// deviceKey names one gpulink device cluster-wide.
+type deviceKey struct {
+	Pool, Device string
+}
+
+// deviceUse is what one allocation result takes from a device.
+type deviceUse struct {
+	Key deviceKey
+	// Exclusive is true for a dedicated result (no shareID): the whole
+	// device is taken, as kube-scheduler counts it too.
+	Exclusive   bool
+	MemoryBytes int64
+	Cores       int64
+}
+
+// claimUse is everything one claim holds.
+type claimUse struct {
+	uses []deviceUse
+	// assumedRV is set while the claim's usage comes from our own write
+	// rather than the informer: the informer's copy is ignored until it is
+	// at least as new as this resourceVersion ("" = write in flight).
+	assumed   bool
+	assumedRV string
+	// observed is the informer's latest view while the write was in
+	// flight, applied when the write settles.
+	observed   *claimUse
+	observedRV string
+}
+
+// ledger counts every allocated gpulink device from every claim, whoever
+// allocated it, plus the allocations this controller has decided but the
+// informer has not shown yet. Decisions read it under the decision lock,
+// so informer lag can never make a device look free twice.
+type ledger struct {
+	mu     sync.Mutex
+	claims map[types.UID]*claimUse
+	usage  map[deviceKey]*devTotals
+}
+
+// devTotals sums the holders of one device. Exclusive holders are counted,
+// not flagged, so that releasing one of two (which only a double
+// allocation by someone else produces) still leaves the device taken.
+type devTotals struct {
+	exclusive, shares int
+	memory, cores     int64
+}
+
+func (t *devTotals) gpuUsage() allocate.GPUUsage {
+	if t == nil {
+		return allocate.GPUUsage{}
+	}
+	return allocate.GPUUsage{Exclusive: t.exclusive > 0, Shares: t.shares, MemoryBytes: t.memory, Cores: t.cores}
+}
+
+func newLedger() *ledger {
+	return &ledger{claims: map[types.UID]*claimUse{}, usage: map[deviceKey]*devTotals{}}
+}
+
+// usesOf extracts gpulink device usage from a claim's allocation.
+func usesOf(claim *resourceapi.ResourceClaim) []deviceUse {
+	if claim.Status.Allocation == nil {
+		return nil
+	}
+	var out []deviceUse
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver != driver.Name || (r.AdminAccess != nil && *r.AdminAccess) {
+			continue
+		}
+		u := deviceUse{Key: deviceKey{Pool: r.Pool, Device: r.Device}, Exclusive: r.ShareID == nil}
+		if !u.Exclusive {
+			for name, q := range r.ConsumedCapacity {
+				switch qualify(string(name), driver.Name) {
+				case capMemory:
+					u.MemoryBytes = q.Value()
+				case capCores:
+					u.Cores = q.Value()
+				}
+			}
+		}
+		out = append(out, u)
+	}
+	return out
+}
+
+func (l *ledger) addLocked(uses []deviceUse, sign int) {
+	for _, u := range uses {
+		t := l.usage[u.Key]
+		if t == nil {
+			t = &devTotals{}
+			l.usage[u.Key] = t
+		}
+		if u.Exclusive {
+			t.exclusive += sign
+		} else {
+			t.shares += sign
+			t.memory += int64(sign) * u.MemoryBytes
+			t.cores += int64(sign) * u.Cores
+		}
+		if *t == (devTotals{}) {
+			delete(l.usage, u.Key)
+		}
+	}
+}
+
+// setLocked replaces the usage recorded for a claim.
+func (l *ledger) setLocked(uid types.UID, c *claimUse) {
+	if old, ok := l.claims[uid]; ok {
+		delete(l.claims, uid)
+		l.addLocked(old.uses, -1)
+	}
+	if c != nil && (len(c.uses) > 0 || c.assumed) {
+		l.claims[uid] = c
+		l.addLocked(c.uses, 1)
+	}
+}
+
+// observe records the informer's view of a claim. The view is ignored while
+// an assumed allocation of ours is newer than it.
+func (l *ledger) observe(claim *resourceapi.ResourceClaim) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if old, ok := l.claims[claim.UID]; ok && old.assumed {
+		if old.assumedRV == "" {
+			// Our write is in flight; the informer may already deliver
+			// its result before the write returns. Keep the newest view
+			// for settle to compare.
+			old.observed = &claimUse{uses: usesOf(claim)}
+			old.observedRV = claim.ResourceVersion
+			return
+		}
+		if !rvAtLeast(claim.ResourceVersion, old.assumedRV) {
+			return
+		}
+	}
+	l.setLocked(claim.UID, &claimUse{uses: usesOf(claim)})
+}
+
+// forget drops a deleted claim.
+func (l *ledger) forget(uid types.UID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.setLocked(uid, nil)
+}
+
+// assume records an allocation about to be written. It returns a function
+// that settles the assumption: with the resourceVersion the write returned,
+// or with "" after a failed write, which restores the previous usage.
+func (l *ledger) assume(uid types.UID, uses []deviceUse) func(rv string, ok bool) {
+	l.mu.Lock()
+	prev := l.claims[uid]
+	l.setLocked(uid, &claimUse{uses: uses, assumed: true})
+	l.mu.Unlock()
+	return func(rv string, ok bool) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		cur := l.claims[uid]
+		if cur == nil || !cur.assumed || cur.assumedRV != "" {
+			// The claim was deleted or observed meanwhile.
+			return
+		}
+		switch {
+		case ok && cur.observed != nil && rvAtLeast(cur.observedRV, rv):
+			// The informer already showed our write (or something newer).
+			l.setLocked(uid, cur.observed)
+		case ok:
+			cur.assumedRV = rv
+		case cur.observed != nil:
+			l.setLocked(uid, cur.observed)
+		default:
+			l.setLocked(uid, prev)
+		}
+	}
+}
+
+// usageOf returns a copy of the usage of one device.
+func (l *ledger) usageOf(key deviceKey) allocate.GPUUsage {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.usage[key].gpuUsage()
+}
+
+// nodeUsage returns the usage of a node's devices in topology order.
+func (l *ledger) nodeUsage(n *nodeInventory) []allocate.GPUUsage {
+	out := make([]allocate.GPUUsage, len(n.Devices))
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for p, d := range n.Devices {
+		out[p] = l.usage[deviceKey{Pool: n.Pool, Device: d.Name}].gpuUsage()
+	}
+	return out
+}
+
+// holders returns how many claims hold a device (for invariant checks and tests).
+func (l *ledger) holders(key deviceKey) (exclusive, shares int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, c := range l.claims {
+		for _, u := range c.uses {
+			if u.Key == key {
+				if u.Exclusive {
+					exclusive++
+				} else {
+					shares++
+				}
+			}
+		}
+	}
+	return exclusive, shares
+}
+
+// rvAtLeast compares resourceVersions. They are opaque by contract but
+// etcd-backed servers issue increasing integers; anything unparsable is
+// treated as newer so the informer's view wins.
+func rvAtLeast(have, want string) bool {
+	h, err1 := strconv.ParseUint(have, 10, 64)
+	w, err2 := strconv.ParseUint(want, 10, 64)
+	if err1 != nil || err2 != nil {
+		return have == want || err1 != nil || err2 != nil
+	}
+	return h >= w
+}
+
+// inFlight tells whether our own allocation of the claim has not been
+// seen by the informer yet (written or being written).
+func (l *ledger) inFlight(uid types.UID) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c, ok := l.claims[uid]
+	return ok && c.assumed
+}

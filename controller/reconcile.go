@@ -1,0 +1,404 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
+	"k8s.io/klog/v2"
+
+	"github.com/gpulink/gpulink/driver"
+)
+
+// podClaims is what syncPod learns about the claims of one pod.
+type podClaims struct {
+	// all claims of the pod that exist, any driver.
+	all []*resourceapi.ResourceClaim
+	// ours are the gpulink claims (interpreted), allocated or not.
+	ours []*interpretedClaim
+	// notReady explains why the pod must wait before any decision (a
+	// claim not created yet, a DeviceClass missing); empty when ready.
+	notReady string
+	// missingClass is set when notReady is a DeviceClass that does not exist.
+	missingClass bool
+	// broken is a claim gpulink cannot allocate exactly.
+	broken error
+}
+
+// syncPod drives one pod: allocate its pending gpulink claims, hand it to
+// kube-scheduler, or release an allocation kube-scheduler could not use.
+func (c *Controller) syncPod(ctx context.Context, key string) error {
+	logger := klog.FromContext(ctx)
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return nil
+	}
+	pod, err := c.pods.Pods(ns).Get(name)
+	if apierrors.IsNotFound(err) {
+		c.setWaiting(key, false)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reading pod %s from cache: %w", key, err)
+	}
+	if pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		c.setWaiting(key, false)
+		return nil
+	}
+	logger = logger.WithValues("pod", klog.KObj(pod))
+	ctx = klog.NewContext(ctx, logger)
+
+	pc := c.collectClaims(ctx, pod)
+	switch {
+	case pc.broken != nil:
+		c.setWaiting(key, true)
+		c.metrics.Errors.WithLabelValues(errReasonUninterpretable).Inc()
+		logger.Info("Claim cannot be allocated by gpulink", "err", pc.broken)
+		c.explain.event(pod, nil, corev1.EventTypeWarning, ReasonUninterpretable, actionAllocate, pc.broken.Error())
+		return nil
+	case pc.notReady != "":
+		c.setWaiting(key, true)
+		logger.V(4).Info("Pod not ready for allocation", "reason", pc.notReady)
+		if pc.missingClass {
+			c.explain.event(pod, nil, corev1.EventTypeWarning, ReasonWaiting, actionWait, "waiting: "+pc.notReady)
+		}
+		return nil
+	}
+	if len(pc.ours) == 0 {
+		c.setWaiting(key, false)
+		if gateIndex(pod) >= 0 {
+			if err := c.removeGate(ctx, pod); err != nil {
+				return err
+			}
+			logger.V(2).Info("Removed scheduling gate from pod without gpulink claims")
+			c.explain.event(pod, nil, corev1.EventTypeNormal, ReasonGateRemoved, actionUngate, "no gpulink claims: handed to kube-scheduler")
+		}
+		return nil
+	}
+
+	var pending []*interpretedClaim
+	for _, ic := range pc.ours {
+		if ic.Claim.Status.Allocation == nil {
+			if c.ledger.inFlight(ic.Claim.UID) {
+				// Our own write is in flight or not yet in the informer:
+				// the claim update will bring the pod back.
+				return nil
+			}
+			pending = append(pending, ic)
+		}
+	}
+	if len(pending) == 0 {
+		c.setWaiting(key, false)
+		if gateIndex(pod) >= 0 {
+			// Allocated (possibly by a previous run that stopped before
+			// ungating): hand the pod over.
+			if err := c.removeGate(ctx, pod); err != nil {
+				return err
+			}
+			logger.V(2).Info("Removed scheduling gate; all gpulink claims are allocated")
+			return nil
+		}
+		return c.checkUnschedulable(ctx, pod, pc)
+	}
+	return c.allocatePod(ctx, key, pod, pc, pending)
+}
+
+// collectClaims gathers and interprets the pod's claims.
+func (c *Controller) collectClaims(ctx context.Context, pod *corev1.Pod) podClaims {
+	var pc podClaims
+	for i := range pod.Spec.ResourceClaims {
+		podClaim := &pod.Spec.ResourceClaims[i]
+		name, mustCheckOwner, err := resourceclaim.Name(pod, podClaim)
+		if err != nil {
+			if errors.Is(err, resourceclaim.ErrClaimNotFound) {
+				pc.notReady = fmt.Sprintf("claim %q of the pod has not been created from its template yet", podClaim.Name)
+				return pc
+			}
+			pc.broken = fmt.Errorf("pod claim %q: %w", podClaim.Name, err)
+			return pc
+		}
+		if name == nil {
+			continue
+		}
+		claim, err := c.claims.ResourceClaims(pod.Namespace).Get(*name)
+		if err != nil {
+			pc.notReady = fmt.Sprintf("claim %s/%s not found", pod.Namespace, *name)
+			return pc
+		}
+		if mustCheckOwner {
+			if err := resourceclaim.IsForPod(pod, claim, false); err != nil {
+				pc.notReady = err.Error()
+				return pc
+			}
+		}
+		if claim.DeletionTimestamp != nil {
+			pc.notReady = fmt.Sprintf("claim %s/%s is being deleted", claim.Namespace, claim.Name)
+			return pc
+		}
+		pc.all = append(pc.all, claim)
+		ic, kind, err := c.interp.interpret(ctx, claim)
+		switch {
+		case errors.Is(err, errClassMissing):
+			pc.notReady = err.Error()
+			pc.missingClass = true
+			return pc
+		case err != nil:
+			pc.broken = err
+			return pc
+		case kind == claimOurs:
+			pc.ours = append(pc.ours, ic)
+		}
+	}
+	return pc
+}
+
+// allocatePod decides and writes the allocation of the pending claims.
+func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Pod, pc podClaims, pending []*interpretedClaim) error {
+	logger := klog.FromContext(ctx)
+	start := time.Now()
+	var allocated []*resourceapi.ResourceClaim
+	for _, cl := range pc.all {
+		if cl.Status.Allocation != nil {
+			allocated = append(allocated, cl)
+		}
+	}
+
+	c.decideMu.Lock()
+	excluded := c.excludedNodes(pod.UID)
+	all := c.inv.all()
+	cands, skipped := c.filter.candidates(logger, pod, all, allocated, excluded)
+	if len(cands) == 0 && excluded.Len() > 0 {
+		// Every node was ruled out by earlier failures: start over rather
+		// than wait forever for a condition that may have cleared.
+		c.resetExcluded(pod.UID)
+		excluded = nil
+		cands, skipped = c.filter.candidates(logger, pod, all, allocated, excluded)
+	}
+	var plans []*nodePlan
+	var why []string
+	for _, n := range cands {
+		plan, reasons := planNode(ctx, c.sel, c.policy, n, c.ledger.nodeUsage(n), pending)
+		if plan != nil {
+			plans = append(plans, plan)
+		} else {
+			why = append(why, reasons...)
+		}
+	}
+	chosen := choosePlan(plans, c.policy)
+	if chosen == nil {
+		c.decideMu.Unlock()
+		c.setWaiting(key, true)
+		c.metrics.Errors.WithLabelValues(errReasonUnsatisfiable).Inc()
+		msg := c.waitingMessage(pending, len(all), cands, why, skipped)
+		logger.V(2).Info("Waiting for devices", "reason", msg)
+		c.explain.event(pod, pending[0].Claim, corev1.EventTypeWarning, ReasonWaiting, actionWait, msg)
+		return nil
+	}
+	now := metav1.Now()
+	type write struct {
+		ic     *interpretedClaim
+		alloc  *resourceapi.AllocationResult
+		settle func(string, bool)
+	}
+	writes := make([]write, len(pending))
+	for i, ic := range pending {
+		alloc, uses := buildAllocation(ic, chosen.Node, chosen.Claims[i], now)
+		writes[i] = write{ic: ic, alloc: alloc, settle: c.ledger.assume(ic.Claim.UID, uses)}
+	}
+	c.decideMu.Unlock()
+
+	consumer := resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: pod.Name, UID: pod.UID}
+	for i, w := range writes {
+		updated, err := c.writeAllocation(ctx, w.ic.Claim, w.alloc, consumer)
+		if err != nil {
+			for _, rest := range writes[i:] {
+				rest.settle("", false)
+			}
+			reason := errReasonAPI
+			if apierrors.IsConflict(err) {
+				reason = errReasonConflict
+			}
+			c.metrics.Errors.WithLabelValues(reason).Inc()
+			if !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+				c.explain.event(pod, w.ic.Claim, corev1.EventTypeWarning, ReasonAllocateFailed, actionAllocate, err.Error())
+			}
+			return err
+		}
+		w.settle(updated.ResourceVersion, true)
+	}
+	c.setWaiting(key, false)
+	c.metrics.DecisionLatency.Observe(time.Since(start).Seconds())
+	c.metrics.AllocationLatency.Observe(time.Since(pod.CreationTimestamp.Time).Seconds())
+	for _, claim := range chosen.Claims {
+		for _, r := range claim {
+			label := "share"
+			if r.Share == nil {
+				label = r.Weakest.String()
+			}
+			c.metrics.Allocations.WithLabelValues(label).Inc()
+		}
+	}
+	summary := chosen.summarize()
+	logger.Info("Allocated", "node", chosen.Node.Node, "devices", summary, "duration", time.Since(start))
+	c.explain.event(pod, pending[0].Claim, corev1.EventTypeNormal, ReasonAllocated, actionAllocate, "allocated "+summary)
+	if err := c.removeGate(ctx, pod); err != nil {
+		return err
+	}
+	return nil
+}
+
+// waitingMessage explains why nothing fits, naming what was asked.
+func (c *Controller) waitingMessage(pending []*interpretedClaim, nodesWithGPUs int, cands []*nodeInventory, why, skipped []string) string {
+	var wants []string
+	for _, ic := range pending {
+		for _, r := range ic.Requests {
+			if len(r.Alternatives) > 0 {
+				wants = append(wants, r.Alternatives[0].describe())
+			}
+		}
+	}
+	msg := "waiting: "
+	switch {
+	case nodesWithGPUs == 0:
+		msg += "no node publishes gpulink devices yet"
+		if p := c.inv.problemsSnapshot(); len(p) > 0 {
+			for pool, why := range p {
+				msg += fmt.Sprintf("; pool %s unusable: %s", pool, why)
+				break
+			}
+		}
+		return msg
+	case len(cands) == 0:
+		msg += "no node with gpulink devices is eligible for the pod"
+	default:
+		msg += fmt.Sprintf("no node has %s", strings.Join(wants, " plus "))
+	}
+	details := append(dedupe(why), skipped...)
+	if len(details) > 4 {
+		details = append(details[:4], fmt.Sprintf("and %d more", len(details)-4))
+	}
+	if len(details) > 0 {
+		msg += " (" + strings.Join(details, "; ") + ")"
+	}
+	return msg
+}
+
+func dedupe(in []string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, s := range in {
+		if !seen[s] {
+			seen[s] = true
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// checkUnschedulable releases the allocation of a pod that kube-scheduler
+// could not place on the allocated node: the gate is gone, the pod is not
+// bound, PodScheduled is False with reason Unschedulable, and the grace
+// period since the allocation has passed. Only claims gpulink allocated
+// and reserved for this pod alone are released; the node is then excluded
+// for the pod and it is allocated afresh elsewhere.
+func (c *Controller) checkUnschedulable(ctx context.Context, pod *corev1.Pod, pc podClaims) error {
+	if pod.Spec.NodeName != "" || !podUnschedulable(pod) {
+		return nil
+	}
+	var release []*resourceapi.ResourceClaim
+	var newest time.Time
+	node := ""
+	for _, ic := range pc.ours {
+		cl := ic.Claim
+		if !hasFinalizer(cl) || len(cl.Status.ReservedFor) != 1 || cl.Status.ReservedFor[0].UID != pod.UID {
+			continue
+		}
+		if ts := cl.Status.Allocation.AllocationTimestamp; ts != nil && ts.After(newest) {
+			newest = ts.Time
+		}
+		node = allocatedNode(cl)
+		release = append(release, cl)
+	}
+	if len(release) == 0 {
+		return nil
+	}
+	if left := c.grace - time.Since(newest); left > 0 {
+		c.podQueue.AddAfter(pod.Namespace+"/"+pod.Name, left)
+		return nil
+	}
+	// Confirm with the API server, not the cache, that the pod is still
+	// unbound: releasing the claims of a pod being bound would strand it.
+	fresh, err := c.client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+	if err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("confirming pod %s/%s is unschedulable: %w", pod.Namespace, pod.Name, err)
+	}
+	if fresh.UID != pod.UID || fresh.Spec.NodeName != "" || !podUnschedulable(fresh) {
+		return nil
+	}
+	msg := unschedulableMessage(fresh)
+	for _, cl := range release {
+		if _, err := c.releaseClaim(ctx, cl, nil); err != nil {
+			return err
+		}
+		c.metrics.Released.WithLabelValues("unschedulable").Inc()
+	}
+	if node != "" {
+		c.exclude(pod.UID, node)
+	}
+	note := fmt.Sprintf("released allocation on node %s: kube-scheduler could not place the pod there (%s); trying other nodes", node, msg)
+	klog.FromContext(ctx).Info("Released allocation of unschedulable pod", "node", node, "reason", msg)
+	c.explain.event(pod, release[0], corev1.EventTypeWarning, ReasonReleased, actionRelease, note)
+	c.podQueue.Add(pod.Namespace + "/" + pod.Name)
+	return nil
+}
+
+func podUnschedulable(pod *corev1.Pod) bool {
+	for _, cond := range pod.Status.Conditions {
+		if cond.Type == corev1.PodScheduled {
+			return cond.Status == corev1.ConditionFalse && cond.Reason == corev1.PodReasonUnschedulable
+		}
+	}
+	return false
+}
+
+func unschedulableMessage(pod *corev1.Pod) string {
+	for _, cond := range pod.Status.Conditions {
+		if cond.Type == corev1.PodScheduled && cond.Message != "" {
+			return cond.Message
+		}
+	}
+	return "PodScheduled=False, reason Unschedulable"
+}
+
+// allocatedNode returns the node an allocation is pinned to by gpulink's
+// node selector (or the pool of its first gpulink result).
+func allocatedNode(cl *resourceapi.ResourceClaim) string {
+	a := cl.Status.Allocation
+	if a == nil {
+		return ""
+	}
+	if ns := a.NodeSelector; ns != nil && len(ns.NodeSelectorTerms) == 1 {
+		for _, f := range ns.NodeSelectorTerms[0].MatchFields {
+			if f.Key == "metadata.name" && f.Operator == corev1.NodeSelectorOpIn && len(f.Values) == 1 {
+				return f.Values[0]
+			}
+		}
+	}
+	for _, r := range a.Devices.Results {
+		if r.Driver == driver.Name {
+			return r.Pool
+		}
+	}
+	return ""
+}

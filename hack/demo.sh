@@ -1,0 +1,288 @@
+#!/usr/bin/env bash
+# gpulink on a local Kubernetes 1.37 cluster, no Docker, registry or GPU
+# needed (`make demo` runs `hack/demo.sh up`).
+#
+#   hack/demo.sh [up]     build what is missing, start the local cluster (one real
+#                         node, two API-only nodes), install gpulink (DeviceClasses,
+#                         one kubelet plugin per GPU node, the controller), run the
+#                         example workloads of demo/workloads and print what they got
+#   hack/demo.sh report   print the table again
+#   hack/demo.sh status   show the demo's processes and the cluster
+#   hack/demo.sh down     stop the gpulink processes and the cluster
+#
+# The GPU nodes, each presented by a gpulink-kubeletplugin with
+# --discovery=topology-file (demo/topologies):
+#   local-node   8 x A40 in NVLink-bridged pairs (pcie-nvbridge-8.txt); a real
+#                kubelet + containerd node: pods run and see their GPUs via CDI
+#   api-node-1   8 x V100 SXM2, NVLink hybrid cube mesh (v100-sxm2-8-aliyun-sccgn6.txt)
+#   api-node-2   7 x P40 on two PCIe switches (p40-pcie-7.txt)
+# API-only nodes have no kubelet: pods are allocated and bound there, never run.
+#
+# `up` on a running demo (or a cluster left by `hack/cluster.sh up`) stops it
+# and starts afresh. Needs root (containerd and the kubelet of the real node).
+# State and logs: _output/demo (gpulink processes: _output/demo/run/NAME.{pid,log}),
+# _output/cluster (the cluster, see hack/README.md).
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUTPUT_DIR="${GPULINK_OUTPUT_DIR:-${REPO_ROOT}/_output}"
+BIN_DIR="${GPULINK_BIN_DIR:-${OUTPUT_DIR}/bin}"
+CLUSTER_DIR="${OUTPUT_DIR}/cluster"
+DEMO_DIR="${OUTPUT_DIR}/demo"
+RUN_DIR="${DEMO_DIR}/run"
+KUBECONFIG_PATH="${CLUSTER_DIR}/kubeconfig"
+CLUSTER_SH="${REPO_ROOT}/hack/cluster.sh"
+TOPOLOGIES="${REPO_ROOT}/demo/topologies"
+WORKLOADS="${REPO_ROOT}/demo/workloads"
+NAMESPACE=gpulink-demo
+REAL_NODE=local-node
+WAIT_TIMEOUT="${DEMO_WAIT_TIMEOUT:-4m}"
+
+# node:topology file:product:memory:compute capability:node label
+GPU_NODES=(
+	"local-node:pcie-nvbridge-8.txt:NVIDIA A40:48Gi:8.6:a40-nvbridge-8"
+	"api-node-1:v100-sxm2-8-aliyun-sccgn6.txt:Tesla V100-SXM2-16GB:16Gi:7.0:v100-sxm2-8"
+	"api-node-2:p40-pcie-7.txt:Tesla P40:24Gi:6.1:p40-pcie-7"
+)
+# Workload files and their pods, applied in this order; each file's pods
+# are allocated (and running, on the real node) before the next is applied.
+WORKLOAD_FILES=(
+	"01-one-gpu.yaml:one-gpu"
+	"02-two-gpus.yaml:two-gpus"
+	"03-two-gpus-v100.yaml:two-gpus-v100"
+	"04-four-gpus-nvlink.yaml:four-gpus-nvlink"
+	"05-four-gpus-p40.yaml:four-gpus-p40"
+	"06-shares.yaml:share-a,share-b"
+)
+
+log() { printf '[demo %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+kc() { "${BIN_DIR}/kubectl" --kubeconfig "${KUBECONFIG_PATH}" "$@"; }
+report_bin() { "${BIN_DIR}/demoreport" "$1" -kubeconfig "${KUBECONFIG_PATH}" -namespace "${NAMESPACE}" \
+	-run-dir "${RUN_DIR}" -real-node "${REAL_NODE}" -timeout "${WAIT_TIMEOUT}" "${@:2}"; }
+
+all_pods() {
+	local entry pods=()
+	for entry in "${WORKLOAD_FILES[@]}"; do pods+=("${entry#*:}"); done
+	local IFS=,
+	echo "${pods[*]}"
+}
+
+# proc_pid prints the PID of a demo process if it still runs the gpulink
+# binary it was started as.
+proc_pid() {
+	local name="$1" pid
+	[[ -f "${RUN_DIR}/${name}.pid" ]] || return 1
+	pid="$(cat "${RUN_DIR}/${name}.pid")"
+	[[ "${pid}" =~ ^[0-9]+$ ]] || return 1
+	tr '\0' ' ' <"/proc/${pid}/cmdline" 2>/dev/null | grep -q "${BIN_DIR}/gpulink-" || return 1
+	echo "${pid}"
+}
+
+# start_proc NAME BINARY ARGS... runs a gpulink binary in the background.
+start_proc() {
+	local name="$1"
+	shift
+	mkdir -p "${RUN_DIR}"
+	setsid "$@" </dev/null >"${RUN_DIR}/${name}.log" 2>&1 &
+	echo $! >"${RUN_DIR}/${name}.pid"
+	log "started ${name} (pid $!, log ${RUN_DIR#"${REPO_ROOT}"/}/${name}.log)"
+}
+
+stop_procs() {
+	local f name pid start
+	local -A pids=()
+	shopt -s nullglob
+	for f in "${RUN_DIR}"/*.pid; do
+		name="$(basename "${f}" .pid)"
+		if pid="$(proc_pid "${name}")"; then
+			log "stopping ${name} (pid ${pid})"
+			kill -TERM "${pid}" 2>/dev/null || true
+			pids[${name}]=${pid}
+		fi
+		rm -f "${f}"
+	done
+	shopt -u nullglob
+	start=${SECONDS}
+	for name in "${!pids[@]}"; do
+		pid=${pids[${name}]}
+		while kill -0 "${pid}" 2>/dev/null; do
+			if ((SECONDS - start > 20)); then
+				log "${name} did not stop within 20 s of SIGTERM; killing it"
+				kill -KILL "${pid}" 2>/dev/null || true
+				break
+			fi
+			sleep 0.2
+		done
+	done
+}
+
+demo_running() {
+	local f
+	shopt -s nullglob
+	for f in "${RUN_DIR}"/*.pid; do
+		if proc_pid "$(basename "${f}" .pid)" >/dev/null; then
+			shopt -u nullglob
+			return 0
+		fi
+	done
+	shopt -u nullglob
+	return 1
+}
+
+cmd_down() {
+	stop_procs
+	"${CLUSTER_SH}" down
+	log "demo stopped (logs stay in ${RUN_DIR#"${REPO_ROOT}"/} and ${CLUSTER_DIR#"${REPO_ROOT}"/}/logs)"
+}
+
+# mk_device_nodes creates stand-ins for /dev/nvidia* (character devices with
+# /dev/null's numbers) so that containers of the real node get device nodes
+# through CDI as they would on a GPU machine.
+mk_device_nodes() {
+	local dev="${DEMO_DIR}/driver/dev" n
+	mkdir -p "${dev}"
+	for n in nvidiactl nvidia-uvm nvidia-uvm-tools nvidia{0..7}; do
+		[[ -e "${dev}/${n}" ]] && continue
+		if ! mknod -m 666 "${dev}/${n}" c 1 3 2>/dev/null; then
+			log "mknod not permitted: containers get the GPU environment but no /dev/nvidia* stand-ins"
+			return
+		fi
+	done
+}
+
+start_plugins() {
+	local entry node file product memory cc label registrar plugin cdi mps
+	for entry in "${GPU_NODES[@]}"; do
+		IFS=: read -r node file product memory cc label <<<"${entry}"
+		if [[ "${node}" == "${REAL_NODE}" ]]; then
+			registrar="${CLUSTER_DIR}/kubelet/plugins_registry"
+			plugin="${CLUSTER_DIR}/kubelet/plugins/gpu.gpulink.dev"
+			cdi="${CLUSTER_DIR}/cdi"
+		else
+			# No kubelet: the plugin registers with nobody but publishes
+			# its ResourceSlices all the same.
+			registrar="${DEMO_DIR}/nodes/${node}/registry"
+			plugin="${DEMO_DIR}/nodes/${node}/plugin"
+			cdi="${DEMO_DIR}/nodes/${node}/cdi"
+		fi
+		mps="${DEMO_DIR}/nodes/${node}/mps"
+		mkdir -p "${registrar}" "${plugin}" "${cdi}" "${mps}"
+		kc label node "${node}" --overwrite "demo.gpulink.dev/server=${label}" >/dev/null
+		start_proc "kubeletplugin-${node}" "${BIN_DIR}/gpulink-kubeletplugin" \
+			--node-name="${node}" \
+			--kubeconfig="${KUBECONFIG_PATH}" \
+			--discovery=topology-file \
+			--topology-file="${TOPOLOGIES}/${file}" \
+			--gpu-product="${product}" \
+			--gpu-memory="${memory}" \
+			--gpu-compute-capability="${cc}" \
+			--gpu-driver-version=550.90.07 \
+			--kubelet-registrar-dir="${registrar}" \
+			--kubelet-plugin-dir="${plugin}" \
+			--cdi-root="${cdi}" \
+			--mps-root="${mps}" \
+			--driver-root="${DEMO_DIR}/driver" \
+			--metrics-address= \
+			--v=2
+	done
+	for entry in "${GPU_NODES[@]}"; do
+		IFS=: read -r node file _ <<<"${entry}"
+		report_bin wait-slices -node "${node}" -devices "$(grep -c '^GPU[0-9]' "${TOPOLOGIES}/${file}")"
+	done
+}
+
+cmd_up() {
+	[[ "$(id -u)" == 0 ]] || die "the demo's real node (containerd, kubelet) needs root"
+	local begin=${SECONDS}
+	trap 'log "the demo failed; gpulink logs: ${RUN_DIR}/*.log, cluster logs: ${CLUSTER_DIR}/logs; hack/demo.sh down stops what runs"' ERR
+	cd "${REPO_ROOT}"
+	log "step 1/5: build what is missing"
+	log "Kubernetes, etcd and containerd (hack/cluster.sh build; from empty Go caches ~10-13 min on 2 cores, else seconds)"
+	"${CLUSTER_SH}" build
+	log "gpulink binaries (make build)"
+	make --no-print-directory build >&2
+	go build -o "${BIN_DIR}/demoreport" ./test/e2e/cmd/demoreport
+
+	log "step 2/5: local cluster"
+	if demo_running || "${CLUSTER_SH}" status >/dev/null 2>&1; then
+		log "a demo or cluster is already running: stopping it to start afresh"
+		cmd_down
+	fi
+	rm -rf "${DEMO_DIR}"
+	"${CLUSTER_SH}" up --real-node --api-nodes 2
+
+	log "step 3/5: install gpulink (DeviceClasses, kubelet plugins, controller)"
+	kc apply -f "${REPO_ROOT}/deployments/deviceclasses/deviceclasses.yaml" >&2
+	mk_device_nodes
+	start_plugins
+	start_proc controller "${BIN_DIR}/gpulink-controller" \
+		--kubeconfig="${KUBECONFIG_PATH}" \
+		--leader-elect=false \
+		--metrics-address= \
+		--health-address= \
+		--v=2
+
+	log "step 4/5: example workloads (demo/workloads)"
+	kc apply -f "${WORKLOADS}/00-namespace.yaml" >&2
+	local entry file pods
+	for entry in "${WORKLOAD_FILES[@]}"; do
+		file="${entry%%:*}"
+		pods="${entry#*:}"
+		log "applying demo/workloads/${file}"
+		kc apply -f "${WORKLOADS}/${file}" >&2
+		report_bin wait -pods "${pods}"
+	done
+
+	log "step 5/5: what the pods got ($((SECONDS - begin)) s since the start)"
+	cmd_report
+	cat <<EOF
+
+Inspect:
+  export KUBECONFIG=${KUBECONFIG_PATH}
+  PATH=${BIN_DIR}:\$PATH kubectl gpulink inspect       per node: GPUs, holders, free capacity, links
+  hack/cluster.sh kubectl get resourceclaims -A -o wide
+  hack/cluster.sh kubectl -n ${NAMESPACE} logs share-a    what the container sees (ENV, DEV lines)
+  hack/cluster.sh kubectl -n ${NAMESPACE} get events      the controller's decisions
+  gpulink logs: ${RUN_DIR}/*.log    cluster logs: ${CLUSTER_DIR}/logs/*.log
+
+Tear down:
+  hack/demo.sh down        stops the gpulink processes and the cluster (hack/cluster.sh down)
+EOF
+}
+
+cmd_report() {
+	[[ -x "${BIN_DIR}/demoreport" ]] || die "no demo has run yet (hack/demo.sh up)"
+	"${CLUSTER_SH}" status >/dev/null 2>&1 || die "the cluster is not running (hack/demo.sh up)"
+	report_bin report -pods "$(all_pods)" -pod-log-dir "${CLUSTER_DIR}/pod-logs"
+}
+
+cmd_status() {
+	local f name pid
+	shopt -s nullglob
+	for f in "${RUN_DIR}"/*.pid; do
+		name="$(basename "${f}" .pid)"
+		if pid="$(proc_pid "${name}")"; then
+			echo "${name}: running (pid ${pid})"
+		else
+			echo "${name}: not running (log ${RUN_DIR}/${name}.log)"
+		fi
+	done
+	shopt -u nullglob
+	"${CLUSTER_SH}" status
+}
+
+main() {
+	local cmd="${1:-up}"
+	[[ $# -gt 0 ]] && shift
+	case "${cmd}" in
+	up) cmd_up "$@" ;;
+	down) cmd_down "$@" ;;
+	report) cmd_report "$@" ;;
+	status) cmd_status "$@" ;;
+	-h | --help | help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}" ;;
+	*) die "unknown command ${cmd} (up, report, status, down)" ;;
+	esac
+}
+
+main "$@"

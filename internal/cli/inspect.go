@@ -1,0 +1,186 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/gpulink/gpulink/controller"
+	"github.com/gpulink/gpulink/driver"
+)
+
+// inspectOptions are the flags of `inspect`.
+type inspectOptions struct {
+	kubeconfig string
+	context    string
+	timeout    time.Duration
+	node       string
+	output     outputFormat
+}
+
+// clientFactory connects to the cluster the options name and returns the
+// client and the API server's address, for error messages. It is a
+// parameter so tests can inject a fake clientset.
+type clientFactory func(o *inspectOptions) (client kubernetes.Interface, server string, err error)
+
+// listPageSize bounds each list call: a cluster with many claims is read
+// in pages rather than in one response the API server must build at once.
+const listPageSize = 500
+
+func newInspectCommand(prog string) *cobra.Command {
+	return newInspectCommandWith(prog, kubeconfigClient)
+}
+
+func newInspectCommandWith(prog string, newClient clientFactory) *cobra.Command {
+	o := &inspectOptions{output: outputTable}
+	cmd := &cobra.Command{
+		Use:   "inspect",
+		Short: "Show each node's GPUs, who holds them and what is free, from a live cluster",
+		Long: `Read gpulink's ResourceSlices (driver ` + driver.Name + `) and all ResourceClaims
+from the cluster and show, per node: each GPU with its product and memory, the
+claims holding it (whole, or each share's memory and cores) and the pods they
+are reserved for, what is still free, and the node's link matrix as decoded
+from the devices' links attributes. The accounting is the controller's own.
+
+Needs permission to list resourceslices and resourceclaims (all namespaces)
+in the resource.k8s.io/v1 API.`,
+		Example: "  " + prog + " inspect\n" +
+			"  " + prog + " inspect --node gpu-node-1\n" +
+			"  " + prog + " inspect --kubeconfig ~/.kube/lab --context lab -o json | jq '.nodes[].gpus[] | select(.free)'",
+		Args: usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runInspect(cmd, o, newClient)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.kubeconfig, "kubeconfig", "", "path to the kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)")
+	f.StringVar(&o.context, "context", "", "kubeconfig context to use (default: the current context)")
+	f.DurationVar(&o.timeout, "request-timeout", 30*time.Second, "time limit for each API request (0: none)")
+	f.StringVar(&o.node, "node", "", "show only this node")
+	f.VarP(&o.output, "output", "o", "output format: table or json")
+	return cmd
+}
+
+func runInspect(cmd *cobra.Command, o *inspectOptions, newClient clientFactory) error {
+	client, server, err := newClient(o)
+	if err != nil {
+		return err
+	}
+	ctx := cmd.Context()
+	published, err := listResourceSlices(ctx, client)
+	if err != nil {
+		return apiError("list ResourceSlices of driver "+driver.Name, server, err)
+	}
+	claims, err := listResourceClaims(ctx, client)
+	if err != nil {
+		return apiError("list ResourceClaims in all namespaces", server, err)
+	}
+	reports := controller.BuildReport(published, claims)
+	if o.node != "" {
+		var mine []controller.NodeReport
+		for _, r := range reports {
+			if r.Name == o.node {
+				mine = append(mine, r)
+			}
+		}
+		reports = mine
+	}
+
+	if len(reports) == 0 {
+		// Like kubectl's "No resources found": not an error, and on stderr
+		// so that stdout stays valid JSON for scripts.
+		if o.node != "" {
+			fmt.Fprintf(cmd.ErrOrStderr(), "Node %q publishes no gpulink ResourceSlices and no claim holds its GPUs (is the gpulink kubelet plugin running there?).\n", o.node)
+		} else {
+			fmt.Fprintf(cmd.ErrOrStderr(), "No gpulink ResourceSlices found at %s: no node publishes %s devices (is the gpulink kubelet plugin deployed?).\n", server, driver.Name)
+		}
+	}
+	views, err := newInspectViews(reports)
+	if err != nil {
+		return err
+	}
+	if o.output == outputJSON {
+		return writeJSONDocument(cmd.OutOrStdout(), inspectDocument{Nodes: views})
+	}
+	return writeInspectTable(cmd.OutOrStdout(), views)
+}
+
+// listResourceSlices lists gpulink's slices; the field selector spares
+// the transfer of other drivers' slices (BuildReport filters again).
+func listResourceSlices(ctx context.Context, client kubernetes.Interface) ([]*resourceapi.ResourceSlice, error) {
+	opts := metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorDriver, driver.Name).String()}
+	var out []*resourceapi.ResourceSlice
+	err := listPages(ctx, opts, func(ctx context.Context, opts metav1.ListOptions) (string, error) {
+		l, err := client.ResourceV1().ResourceSlices().List(ctx, opts)
+		if err != nil {
+			return "", err
+		}
+		for i := range l.Items {
+			out = append(out, &l.Items[i])
+		}
+		return l.Continue, nil
+	})
+	return out, err
+}
+
+// listResourceClaims lists the claims of all namespaces: allocations are
+// only in their status, which no selector can filter on.
+func listResourceClaims(ctx context.Context, client kubernetes.Interface) ([]*resourceapi.ResourceClaim, error) {
+	var out []*resourceapi.ResourceClaim
+	err := listPages(ctx, metav1.ListOptions{}, func(ctx context.Context, opts metav1.ListOptions) (string, error) {
+		l, err := client.ResourceV1().ResourceClaims(metav1.NamespaceAll).List(ctx, opts)
+		if err != nil {
+			return "", err
+		}
+		for i := range l.Items {
+			out = append(out, &l.Items[i])
+		}
+		return l.Continue, nil
+	})
+	return out, err
+}
+
+// listPages calls page with opts until the server returns no continue
+// token. An expired token (the list took longer than the server keeps
+// its snapshot) fails the command, as it does kubectl's: mixing pages of
+// two snapshots could show a device held twice or not at all.
+func listPages(ctx context.Context, opts metav1.ListOptions, page func(context.Context, metav1.ListOptions) (string, error)) error {
+	opts.Limit = listPageSize
+	for {
+		next, err := page(ctx, opts)
+		if err != nil {
+			return err
+		}
+		if next == "" {
+			return nil
+		}
+		opts.Continue = next
+	}
+}
+
+// apiError names the failed request and the server, and adds a hint for
+// the failures a user can act on.
+func apiError(what, server string, err error) error {
+	hint := ""
+	switch {
+	case apierrors.IsNotFound(err):
+		hint = " (the server does not serve resource.k8s.io/v1: gpulink needs Kubernetes 1.34 or newer with DRA enabled)"
+	case apierrors.IsForbidden(err):
+		hint = " (your credentials need list permission on resourceslices and resourceclaims cluster-wide)"
+	case apierrors.IsResourceExpired(err):
+		hint = " (the cluster changed while it was read page by page; run the command again)"
+	case apierrors.IsUnauthorized(err):
+		hint = " (the kubeconfig's credentials were rejected; are they expired?)"
+	case errors.Is(err, context.DeadlineExceeded) || apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err):
+		hint = " (the server did not answer in time; see --request-timeout)"
+	}
+	return fmt.Errorf("%s from %s: %w%s", what, server, err, hint)
+}

@@ -1,0 +1,320 @@
+//go:build e2e
+
+package e2e_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/test/localcluster"
+)
+
+// proc is a gpulink binary running for the test, its output in a log file.
+type proc struct {
+	name, log string
+	cmd       *exec.Cmd
+	done      chan struct{}
+	err       error
+}
+
+// startProc runs bin with args, output to <logDir>/<name>.log. Cleanup
+// stops it (SIGTERM, then SIGKILL after 15 s) and, when the test failed,
+// prints the log's tail.
+func startProc(t *testing.T, logDir, name, bin string, args ...string) *proc {
+	t.Helper()
+	logPath := filepath.Join(logDir, name+".log")
+	f, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		t.Fatalf("starting %s: %v", name, err)
+	}
+	p := &proc{name: name, log: logPath, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		f.Close()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		p.stop(t)
+		if t.Failed() {
+			t.Logf("last lines of %s (%s):\n%s", name, logPath, tailFile(logPath, 40))
+		}
+	})
+	t.Logf("started %s (pid %d, log %s)", name, cmd.Process.Pid, logPath)
+	return p
+}
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (p *proc) stop(t *testing.T) {
+	if p.exited() {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(15 * time.Second):
+		t.Errorf("%s did not stop within 15 s of SIGTERM; killing it", p.name)
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// alive fails the test with the log's tail when the process has exited.
+func (p *proc) alive() error {
+	if p.exited() {
+		return fmt.Errorf("%s exited (%v); last lines of %s:\n%s", p.name, p.err, p.log, tailFile(p.log, 30))
+	}
+	return nil
+}
+
+func tailFile(path string, n int) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return err.Error()
+	}
+	defer f.Close()
+	var lines []string
+	s := bufio.NewScanner(f)
+	s.Buffer(make([]byte, 0, 64*1024), 1024*1024)
+	for s.Scan() {
+		lines = append(lines, s.Text())
+		if len(lines) > n {
+			lines = lines[1:]
+		}
+	}
+	return strings.Join(lines, "\n")
+}
+
+// freePort returns a currently free TCP port on 127.0.0.1.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// waitHTTP waits until url answers 200 while p runs.
+func waitHTTP(ctx context.Context, p *proc, url string, timeout time.Duration) error {
+	hc := &http.Client{Timeout: 2 * time.Second}
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		if err := p.alive(); err != nil {
+			return false, err
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return false, err
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			last = err
+			return false, nil
+		}
+		resp.Body.Close()
+		last = fmt.Errorf("GET %s: %s", url, resp.Status)
+		return resp.StatusCode == http.StatusOK, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for %s: %w (last: %v)", url, err, last)
+	}
+	return nil
+}
+
+// mkDeviceNodes creates stand-ins for the NVIDIA device nodes under
+// root/dev (character devices with /dev/null's numbers, so containerd can
+// create them in containers) and reports whether mknod was permitted.
+func mkDeviceNodes(t *testing.T, root string, gpus int) bool {
+	t.Helper()
+	dev := filepath.Join(root, "dev")
+	if err := os.MkdirAll(dev, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	names := []string{"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"}
+	for i := range gpus {
+		names = append(names, fmt.Sprintf("nvidia%d", i))
+	}
+	for _, n := range names {
+		if err := unix.Mknod(filepath.Join(dev, n), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
+			if errors.Is(err, unix.EPERM) {
+				t.Logf("mknod not permitted (%v): checking the environment only, not /dev entries", err)
+				return false
+			}
+			t.Fatal(err)
+		}
+	}
+	return true
+}
+
+// applyDeviceClasses creates the DeviceClasses of a multi-document YAML file.
+func applyDeviceClasses(ctx context.Context, client kubernetes.Interface, path string) ([]string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, doc := range strings.Split(string(data), "\n---") {
+		if strings.TrimSpace(stripComments(doc)) == "" {
+			continue
+		}
+		var dc resourceapi.DeviceClass
+		if err := yaml.UnmarshalStrict([]byte(doc), &dc); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		if dc.Kind != "DeviceClass" {
+			return nil, fmt.Errorf("%s: unexpected kind %q", path, dc.Kind)
+		}
+		if _, err := client.ResourceV1().DeviceClasses().Create(ctx, &dc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return nil, fmt.Errorf("creating DeviceClass %s: %w", dc.Name, err)
+		}
+		names = append(names, dc.Name)
+	}
+	return names, nil
+}
+
+func stripComments(doc string) string {
+	var b strings.Builder
+	for _, l := range strings.Split(doc, "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(l), "#") {
+			b.WriteString(l + "\n")
+		}
+	}
+	return b.String()
+}
+
+// waitForDevices waits until node's gpulink pool has n devices.
+func waitForDevices(ctx context.Context, client kubernetes.Interface, node string, n int, p *proc) error {
+	have := 0
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		if err := p.alive(); err != nil {
+			return false, err
+		}
+		list, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
+			FieldSelector: resourceapi.ResourceSliceSelectorNodeName + "=" + node,
+		})
+		if err != nil {
+			return false, err
+		}
+		have = 0
+		for _, s := range list.Items {
+			if s.Spec.Driver == driver.Name {
+				have += len(s.Spec.Devices)
+			}
+		}
+		return have == n, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for %d published devices of node %s (have %d): %w", n, node, have, err)
+	}
+	return nil
+}
+
+// podLog returns the workload container's log once it printed READY,
+// through the API server or, failing that, from the kubelet's log file.
+func podLog(ctx context.Context, cluster *localcluster.Cluster, pod *corev1.Pod) (string, error) {
+	pods := cluster.Client().CoreV1().Pods(pod.Namespace)
+	raw, err := pods.GetLogs(pod.Name, &corev1.PodLogOptions{Container: "workload"}).DoRaw(ctx)
+	if err == nil {
+		return string(raw), nil
+	}
+	pattern := filepath.Join(cluster.Dir(), "pod-logs", pod.Namespace+"_"+pod.Name+"_"+string(pod.UID), "workload", "*.log")
+	files, globErr := filepath.Glob(pattern)
+	if globErr != nil || len(files) == 0 {
+		return "", fmt.Errorf("API: %v; no log file %s", err, pattern)
+	}
+	data, readErr := os.ReadFile(files[len(files)-1])
+	if readErr != nil {
+		return "", errors.Join(err, readErr)
+	}
+	var out strings.Builder
+	for _, line := range strings.Split(string(data), "\n") {
+		// CRI format: <time> <stream> <tag> <line>
+		if f := strings.SplitN(line, " ", 4); len(f) == 4 {
+			out.WriteString(f[3] + "\n")
+		}
+	}
+	return out.String(), nil
+}
+
+// describePod summarizes a pod and its events for failure messages.
+func describePod(ctx context.Context, client kubernetes.Interface, ns, name string) string {
+	pod, err := client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Sprintf("pod %s/%s: %v", ns, name, err)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "pod %s/%s: phase %s, node %q, gates %v", ns, name, pod.Status.Phase, pod.Spec.NodeName, pod.Spec.SchedulingGates)
+	for _, c := range pod.Status.Conditions {
+		fmt.Fprintf(&b, "\n  condition %s=%s %s %s", c.Type, c.Status, c.Reason, c.Message)
+	}
+	for _, s := range pod.Status.ContainerStatuses {
+		if s.State.Waiting != nil {
+			fmt.Fprintf(&b, "\n  container %s waiting: %s %s", s.Name, s.State.Waiting.Reason, s.State.Waiting.Message)
+		}
+	}
+	events, err := client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
+	if err == nil {
+		for _, e := range events.Items {
+			fmt.Fprintf(&b, "\n  event %s %s: %s", e.Type, e.Reason, e.Message)
+		}
+	}
+	return b.String()
+}
+
+// lines returns the log's lines with the given prefix, prefix removed.
+func lines(log, prefix string) []string {
+	var out []string
+	for _, l := range strings.Split(log, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimRight(l, "\r"), prefix); ok {
+			out = append(out, rest)
+		}
+	}
+	return out
+}
+
+// env returns the value of the environment variable in the workload's log.
+func env(log, name string) (string, bool) {
+	for _, kv := range lines(log, "ENV ") {
+		if k, v, ok := strings.Cut(kv, "="); ok && k == name {
+			return v, true
+		}
+	}
+	return "", false
+}
