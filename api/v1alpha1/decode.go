@@ -7,6 +7,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer/json"
+
+	"github.com/gpulink/gpulink/internal/yamldoc"
 )
 
 // strictCodec decodes YAML or JSON (YAML being a superset), rejecting unknown
@@ -26,7 +28,7 @@ func Decode(raw []byte) (*GpuConfig, error) {
 	if len(bytes.TrimSpace(raw)) == 0 {
 		return nil, errors.New("decoding GpuConfig: empty document")
 	}
-	if err := singleDocument(raw); err != nil {
+	if err := yamldoc.SingleDocument(raw); err != nil {
 		return nil, fmt.Errorf("decoding GpuConfig: %w", err)
 	}
 	if err := precheck(raw); err != nil {

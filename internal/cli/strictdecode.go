@@ -11,6 +11,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/yaml"
+
+	"github.com/gpulink/gpulink/internal/yamldoc"
 )
 
 // decodeStrict decodes a YAML or JSON document into out (a pointer to a
@@ -21,7 +23,7 @@ import (
 // matches keys case-insensitively and loses list indices. All problems
 // found are returned at once.
 func decodeStrict(raw []byte, out any) error {
-	if err := singleDocument(raw); err != nil {
+	if err := yamldoc.SingleDocument(raw); err != nil {
 		return err
 	}
 	doc, err := yaml.YAMLToJSONStrict(raw)

@@ -1,4 +1,6 @@
-package v1alpha1
+// Package yamldoc holds YAML input checks shared by the strict decoders of
+// user input (GpuConfig, simulate scenarios).
+package yamldoc
 
 import (
 	"bufio"
@@ -11,11 +13,11 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// singleDocument rejects YAML streams with more than one document: the
+// SingleDocument rejects YAML streams with more than one document: the
 // YAML-to-JSON conversion reads only the first and would silently drop a
 // second one, which is usually the config the user meant. Documents that
 // hold nothing but comments do not count.
-func singleDocument(raw []byte) error {
+func SingleDocument(raw []byte) error {
 	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(raw)))
 	docs := 0
 	for {
