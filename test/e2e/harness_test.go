@@ -3,7 +3,6 @@
 package e2e_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -64,7 +63,7 @@ func startProc(t *testing.T, logDir, name, bin string, args ...string) *proc {
 	t.Cleanup(func() {
 		p.stop(t)
 		if t.Failed() {
-			t.Logf("last lines of %s (%s):\n%s", name, logPath, tailFile(logPath, 40))
+			t.Logf("last lines of %s (%s):\n%s", name, logPath, localcluster.TailFile(logPath, 40))
 		}
 	})
 	t.Logf("started %s (pid %d, log %s)", name, cmd.Process.Pid, logPath)
@@ -97,27 +96,9 @@ func (p *proc) stop(t *testing.T) {
 // alive fails the test with the log's tail when the process has exited.
 func (p *proc) alive() error {
 	if p.exited() {
-		return fmt.Errorf("%s exited (%v); last lines of %s:\n%s", p.name, p.err, p.log, tailFile(p.log, 30))
+		return fmt.Errorf("%s exited (%v); last lines of %s:\n%s", p.name, p.err, p.log, localcluster.TailFile(p.log, 30))
 	}
 	return nil
-}
-
-func tailFile(path string, n int) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return err.Error()
-	}
-	defer f.Close()
-	var lines []string
-	s := bufio.NewScanner(f)
-	s.Buffer(make([]byte, 0, 64*1024), 1024*1024)
-	for s.Scan() {
-		lines = append(lines, s.Text())
-		if len(lines) > n {
-			lines = lines[1:]
-		}
-	}
-	return strings.Join(lines, "\n")
 }
 
 // freePort returns a currently free TCP port on 127.0.0.1.

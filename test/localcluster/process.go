@@ -96,11 +96,13 @@ func (p *process) failure(format string, args ...any) error {
 	if p.exited() {
 		msg += fmt.Sprintf(" (%s exited: %v)", p.name, p.waitErr)
 	}
-	return fmt.Errorf("%s\n--- last lines of %s ---\n%s", msg, p.logPath, tail(p.logPath, 40))
+	return fmt.Errorf("%s\n--- last lines of %s ---\n%s", msg, p.logPath, TailFile(p.logPath, 40))
 }
 
-// tail returns the last n lines of the file at path.
-func tail(path string, n int) string {
+// TailFile returns the last n lines of the (log) file at path, reading at
+// most its last 16 KiB, or a note saying why it could not be read. Tests
+// and the demo print it when a component fails.
+func TailFile(path string, n int) string {
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Sprintf("(cannot read log: %v)", err)

@@ -14,7 +14,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"flag"
@@ -39,6 +38,7 @@ import (
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/topology"
 	"github.com/gpulink/gpulink/test/e2e/gpuview"
+	"github.com/gpulink/gpulink/test/localcluster"
 )
 
 type options struct {
@@ -125,28 +125,10 @@ func processesAlive(runDir string) error {
 		}
 		if syscall.Kill(pid, 0) != nil {
 			log := strings.TrimSuffix(f, ".pid") + ".log"
-			return fmt.Errorf("%s (pid %d) is not running; last lines of %s:\n%s", filepath.Base(strings.TrimSuffix(f, ".pid")), pid, log, tail(log, 20))
+			return fmt.Errorf("%s (pid %d) is not running; last lines of %s:\n%s", filepath.Base(strings.TrimSuffix(f, ".pid")), pid, log, localcluster.TailFile(log, 20))
 		}
 	}
 	return nil
-}
-
-func tail(path string, n int) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return err.Error()
-	}
-	defer f.Close()
-	var lines []string
-	s := bufio.NewScanner(f)
-	s.Buffer(make([]byte, 0, 64*1024), 1024*1024)
-	for s.Scan() {
-		lines = append(lines, s.Text())
-		if len(lines) > n {
-			lines = lines[1:]
-		}
-	}
-	return strings.Join(lines, "\n")
 }
 
 func waitSlices(ctx context.Context, client kubernetes.Interface, o options) error {
