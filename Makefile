@@ -35,7 +35,7 @@ build: ## build the gpulink binaries into _output/bin
 	@ln -sf gpulink $(BIN)/kubectl-gpulink
 
 .PHONY: test
-test: verify test-unit helm-lint test-integration ## run every check CI runs
+test: verify test-unit cluster-build helm-lint test-integration ## run every check CI runs (cluster-build first: helm-lint also checks the chart's policies on a live API server)
 
 .PHONY: verify
 verify: ## gofmt, go vet, go.mod tidiness
