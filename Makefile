@@ -35,7 +35,7 @@ build: ## build the gpulink binaries into _output/bin
 	@ln -sf gpulink $(BIN)/kubectl-gpulink
 
 .PHONY: test
-test: verify test-unit cluster-build helm-lint test-integration ## run every check CI runs (cluster-build first: helm-lint also checks the chart's policies on a live API server)
+test: verify lint test-unit cluster-build helm-lint test-integration ## run every check CI runs (cluster-build first: helm-lint also checks the chart's policies on a live API server)
 
 .PHONY: verify
 verify: ## gofmt, go vet, go.mod tidiness
@@ -43,6 +43,10 @@ verify: ## gofmt, go vet, go.mod tidiness
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed on:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags integration,e2e ./test/...
+
+.PHONY: lint
+lint: ## golangci-lint (built from hack/tools/lint), test code included
+	hack/lint.sh
 
 .PHONY: test-unit
 test-unit: ## unit tests with the race detector

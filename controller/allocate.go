@@ -149,7 +149,7 @@ func (p *placer) baseEligible(alt *alternative) []bool {
 		p.note("request %s: %v", alt.ResultName, err)
 		return nil
 	}
-	any := false
+	anyEligible := false
 	for pos, d := range p.node.Devices {
 		if !elig[pos] {
 			continue
@@ -163,9 +163,9 @@ func (p *placer) baseEligible(alt *alternative) []bool {
 			elig[pos] = false
 			continue
 		}
-		any = true
+		anyEligible = true
 	}
-	if !any {
+	if !anyEligible {
 		msg := fmt.Sprintf("request %s: no device on node %s matches its class and selectors", alt.ResultName, p.node.Node)
 		if runtimeErr != nil {
 			msg += fmt.Sprintf(" (%v)", runtimeErr)
@@ -211,11 +211,7 @@ type variant struct {
 // unbound ones split them by attribute value; shares split by what they
 // would consume. Groups the allocator cannot satisfy are dropped.
 func (p *placer) variants(ic *interpretedClaim, alt *alternative, base []bool, bound []string) []variant {
-	type group struct {
-		v    variant
-		keys []string
-	}
-	groups := map[string]*group{}
+	groups := map[string]*variant{}
 	var order []string
 	for pos, d := range p.node.Devices {
 		if !base[pos] {
@@ -258,11 +254,11 @@ func (p *placer) variants(ic *interpretedClaim, alt *alternative, base []bool, b
 		}
 		g := groups[key]
 		if g == nil {
-			g = &group{v: variant{eligible: make([]bool, len(p.node.Devices)), bound: nb, share: share, consumed: consumed, label: key}}
+			g = &variant{eligible: make([]bool, len(p.node.Devices)), bound: nb, share: share, consumed: consumed, label: key}
 			groups[key] = g
 			order = append(order, key)
 		}
-		g.v.eligible[pos] = true
+		g.eligible[pos] = true
 	}
 	if len(order) == 0 {
 		if len(ic.Constraints) > 0 {
@@ -273,7 +269,7 @@ func (p *placer) variants(ic *interpretedClaim, alt *alternative, base []bool, b
 	sort.Strings(order)
 	var out []variant
 	for _, k := range order {
-		v := groups[k].v
+		v := *groups[k]
 		req, err := p.firstRequest(alt, v)
 		if err != nil {
 			p.note("%v", err)

@@ -127,14 +127,14 @@ func (e *selectorEvaluator) classSelectsGpulink(ctx context.Context, class *reso
 			if err != nil {
 				return false, err
 			}
-			any := false
+			matchesSome := false
 			for _, o := range row {
 				if o.match {
-					any = true
+					matchesSome = true
 					break
 				}
 			}
-			if !any {
+			if !matchesSome {
 				ok = false
 				break
 			}

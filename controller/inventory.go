@@ -97,7 +97,10 @@ func (inv *inventory) upsert(slice *resourceapi.ResourceSlice) error {
 	defer inv.mu.Unlock()
 	if old, ok := inv.slices[slice.Name]; ok && old.Spec.Pool.Name != slice.Spec.Pool.Name {
 		delete(inv.slices, slice.Name)
-		inv.rebuildLocked(old.Spec.Pool.Name)
+		// The slice moved pools. A problem with what is left of the old
+		// pool is recorded in inv.problems; the caller only reports on
+		// the pool the slice is in now.
+		_ = inv.rebuildLocked(old.Spec.Pool.Name)
 	}
 	inv.slices[slice.Name] = slice
 	return inv.rebuildLocked(slice.Spec.Pool.Name)

@@ -74,16 +74,22 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer cancel()
 	logger := klog.Background().WithName("gpulink-controller")
-	ctx = klog.NewContext(ctx, logger)
-	if err := run(ctx, o); err != nil {
+	if err := runUntilSignalled(klog.NewContext(context.Background(), logger), o); err != nil {
 		logger.Error(err, "Controller failed")
 		klog.Flush()
 		os.Exit(1)
 	}
 	klog.Flush()
+}
+
+// runUntilSignalled runs the controller until SIGINT or SIGTERM. It is a
+// function of its own so that the signal handler is released by a deferred
+// call that runs, which it would not in main before os.Exit.
+func runUntilSignalled(ctx context.Context, o options) error {
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return run(ctx, o)
 }
 
 func envOr(name, def string) string {

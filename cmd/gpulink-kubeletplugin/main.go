@@ -91,14 +91,21 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, f); err != nil {
+	if err := runUntilSignalled(f); err != nil {
 		klog.ErrorS(err, "gpulink-kubeletplugin failed")
 		klog.Flush()
 		os.Exit(1)
 	}
 	klog.Flush()
+}
+
+// runUntilSignalled runs the plugin until SIGINT or SIGTERM. It is a
+// function of its own so that the signal handler is released by a deferred
+// call that runs, which it would not in main before os.Exit.
+func runUntilSignalled(f *flags) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	return run(ctx, f)
 }
 
 func run(ctx context.Context, f *flags) error {
@@ -130,11 +137,11 @@ func run(ctx context.Context, f *flags) error {
 		cfg, err = rest.InClusterConfig()
 	}
 	if err != nil {
-		return fmt.Errorf("Kubernetes client configuration: %w", err)
+		return fmt.Errorf("loading the Kubernetes client configuration: %w", err)
 	}
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		return fmt.Errorf("Kubernetes client: %w", err)
+		return fmt.Errorf("creating the Kubernetes client: %w", err)
 	}
 
 	f.discovery.DriverRoot = f.driverRoot

@@ -139,7 +139,7 @@ func (sc *scratch) selectBeam(next []beamState, candidates int) []beamState {
 			kept = append(kept, next[i])
 		}
 	}
-	h := beamHeap(sc.heap[:0])
+	h := sc.heap[:0]
 	for i, s := range next {
 		if !chosen[i] {
 			h.offer(s, beamWidth-len(kept))

@@ -14,7 +14,9 @@ type problemList []error
 func joinProblems(errs []error) error {
 	var kept problemList
 	for _, err := range errs {
-		switch e := err.(type) {
+		// Only a bare problemList is spliced in: a wrapped one carries
+		// context of its own and stays a single problem.
+		switch e := err.(type) { //nolint:errorlint // the exact type is meant, see above
 		case nil:
 		case problemList:
 			kept = append(kept, e...)
