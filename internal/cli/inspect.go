@@ -11,7 +11,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/pager"
 
 	"github.com/gpulink/gpulink/controller"
 	"github.com/gpulink/gpulink/driver"
@@ -118,16 +120,9 @@ func runInspect(cmd *cobra.Command, o *inspectOptions, newClient clientFactory) 
 func listResourceSlices(ctx context.Context, client kubernetes.Interface) ([]*resourceapi.ResourceSlice, error) {
 	opts := metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorDriver, driver.Name).String()}
 	var out []*resourceapi.ResourceSlice
-	err := listPages(ctx, opts, func(ctx context.Context, opts metav1.ListOptions) (string, error) {
-		l, err := client.ResourceV1().ResourceSlices().List(ctx, opts)
-		if err != nil {
-			return "", err
-		}
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-		return l.Continue, nil
-	})
+	err := listAll(ctx, opts, func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+		return client.ResourceV1().ResourceSlices().List(ctx, opts)
+	}, func(obj runtime.Object) { out = append(out, obj.(*resourceapi.ResourceSlice)) })
 	return out, err
 }
 
@@ -135,35 +130,23 @@ func listResourceSlices(ctx context.Context, client kubernetes.Interface) ([]*re
 // only in their status, which no selector can filter on.
 func listResourceClaims(ctx context.Context, client kubernetes.Interface) ([]*resourceapi.ResourceClaim, error) {
 	var out []*resourceapi.ResourceClaim
-	err := listPages(ctx, metav1.ListOptions{}, func(ctx context.Context, opts metav1.ListOptions) (string, error) {
-		l, err := client.ResourceV1().ResourceClaims(metav1.NamespaceAll).List(ctx, opts)
-		if err != nil {
-			return "", err
-		}
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-		return l.Continue, nil
-	})
+	err := listAll(ctx, metav1.ListOptions{}, func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+		return client.ResourceV1().ResourceClaims(metav1.NamespaceAll).List(ctx, opts)
+	}, func(obj runtime.Object) { out = append(out, obj.(*resourceapi.ResourceClaim)) })
 	return out, err
 }
 
-// listPages calls page with opts until the server returns no continue
-// token. An expired token (the list took longer than the server keeps
-// its snapshot) fails the command, as it does kubectl's: mixing pages of
-// two snapshots could show a device held twice or not at all.
-func listPages(ctx context.Context, opts metav1.ListOptions, page func(context.Context, metav1.ListOptions) (string, error)) error {
-	opts.Limit = listPageSize
-	for {
-		next, err := page(ctx, opts)
-		if err != nil {
-			return err
-		}
-		if next == "" {
-			return nil
-		}
-		opts.Continue = next
-	}
+// listAll reads a list page by page with client-go's pager. When the
+// server's snapshot expires half way, the pager starts over with one full
+// list rather than mixing pages of two snapshots, which could show a
+// device held twice or not at all.
+func listAll(ctx context.Context, opts metav1.ListOptions, list pager.ListPageFunc, each func(runtime.Object)) error {
+	p := pager.New(list)
+	p.PageSize = listPageSize
+	return p.EachListItem(ctx, opts, func(obj runtime.Object) error {
+		each(obj)
+		return nil
+	})
 }
 
 // apiError names the failed request and the server, and adds a hint for
