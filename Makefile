@@ -57,8 +57,12 @@ cluster-build: ## build etcd, Kubernetes 1.37 components and containerd into _ou
 	hack/cluster.sh build
 
 .PHONY: test-integration
-test-integration: cluster-build build ## integration and e2e tests on a real local control plane
+test-integration: cluster-build build helm ## integration and e2e tests on a real local control plane (the e2e test renders the chart with helm)
 	$(GO) test -count=1 -p 1 -timeout 40m -tags integration,e2e $(INTEGRATION_PKGS)
+
+.PHONY: helm
+helm: ## build _output/bin/helm (from hack/tools/helm) if missing or outdated
+	hack/helm.sh --build
 
 .PHONY: helm-lint
 helm-lint: ## helm lint and helm template of the chart

@@ -3,8 +3,9 @@
 # needed (`make demo` runs `hack/demo.sh up`).
 #
 #   hack/demo.sh [up]     build what is missing, start the local cluster (one real
-#                         node, two API-only nodes), install gpulink (DeviceClasses,
-#                         one kubelet plugin per GPU node, the controller), run the
+#                         node, two API-only nodes), install gpulink (the chart's
+#                         DeviceClasses and scheduling-gate policy, one kubelet
+#                         plugin per GPU node, the controller), run the
 #                         example workloads of demo/workloads and print what they got
 #   hack/demo.sh report   print the table again
 #   hack/demo.sh status   show the demo's processes and the cluster
@@ -17,6 +18,10 @@
 #   api-node-1   8 x V100 SXM2, NVLink hybrid cube mesh (v100-sxm2-8-aliyun-sccgn6.txt)
 #   api-node-2   7 x P40 on two PCIe switches (p40-pcie-7.txt)
 # API-only nodes have no kubelet: pods are allocated and bound there, never run.
+# The DeviceClasses and the MutatingAdmissionPolicy that adds the scheduling
+# gate to pods with resource claims come from the Helm chart, rendered with
+# `helm template` (_output/bin/helm, built by hack/helm.sh --build); the
+# workloads carry no gate of their own.
 #
 # `up` on a running demo (or a cluster left by `hack/cluster.sh up`) stops it
 # and starts afresh. Needs root (containerd and the kubelet of the real node).
@@ -32,6 +37,8 @@ DEMO_DIR="${OUTPUT_DIR}/demo"
 RUN_DIR="${DEMO_DIR}/run"
 KUBECONFIG_PATH="${CLUSTER_DIR}/kubeconfig"
 CLUSTER_SH="${REPO_ROOT}/hack/cluster.sh"
+CHART="${REPO_ROOT}/deployments/helm/gpulink"
+GATE=gpu.gpulink.dev/allocation
 TOPOLOGIES="${REPO_ROOT}/demo/topologies"
 WORKLOADS="${REPO_ROOT}/demo/workloads"
 NAMESPACE=gpulink-demo
@@ -192,6 +199,29 @@ start_plugins() {
 	done
 }
 
+# install_chart_objects applies the chart's cluster-scoped objects the demo
+# needs (the DeviceClasses and the scheduling-gate MutatingAdmissionPolicy
+# with its binding; the kubelet plugins and the controller run as
+# processes) and waits until the API server applies the policy: it picks up
+# new policies asynchronously, so a server-side dry run of a pod with a
+# claim is repeated until it comes back gated.
+install_chart_objects() {
+	"${BIN_DIR}/helm" template gpulink "${CHART}" --namespace gpulink-system --kube-version v1.37.0 \
+		--show-only templates/deviceclasses.yaml --show-only templates/scheduling-gate.yaml \
+		>"${DEMO_DIR}/chart.yaml"
+	kc apply -f "${DEMO_DIR}/chart.yaml" >&2
+	local probe='{"apiVersion":"v1","kind":"Pod","metadata":{"name":"gate-probe","namespace":"default"},
+		"spec":{"resourceClaims":[{"name":"gpus","resourceClaimTemplateName":"gate-probe"}],
+		"containers":[{"name":"probe","image":"gpulink.local/test/workload:v1","resources":{"claims":[{"name":"gpus"}]}}]}}'
+	local gates="" deadline=$((SECONDS + 60))
+	until [[ "${gates}" == "${GATE}" ]]; do
+		((SECONDS < deadline)) || die "the scheduling-gate policy did not take effect within 60 s (a dry-run pod got gates '${gates}')"
+		sleep 0.2
+		gates="$(kc create --dry-run=server -o jsonpath='{.spec.schedulingGates[*].name}' -f - <<<"${probe}" 2>/dev/null || true)"
+	done
+	log "the scheduling-gate policy is in effect"
+}
+
 cmd_up() {
 	[[ "$(id -u)" == 0 ]] || die "the demo's real node (containerd, kubelet) needs root"
 	local begin=${SECONDS}
@@ -203,6 +233,8 @@ cmd_up() {
 	log "gpulink binaries (make build)"
 	make --no-print-directory build >&2
 	go build -o "${BIN_DIR}/demoreport" ./test/e2e/cmd/demoreport
+	log "helm, to render the chart (hack/helm.sh --build)"
+	"${REPO_ROOT}/hack/helm.sh" --build
 
 	log "step 2/5: local cluster"
 	if demo_running || "${CLUSTER_SH}" status >/dev/null 2>&1; then
@@ -212,8 +244,9 @@ cmd_up() {
 	rm -rf "${DEMO_DIR}"
 	"${CLUSTER_SH}" up --real-node --api-nodes 2
 
-	log "step 3/5: install gpulink (DeviceClasses, kubelet plugins, controller)"
-	kc apply -f "${REPO_ROOT}/deployments/deviceclasses/deviceclasses.yaml" >&2
+	log "step 3/5: install gpulink (the chart's DeviceClasses and scheduling-gate policy, kubelet plugins, controller)"
+	mkdir -p "${DEMO_DIR}"
+	install_chart_objects
 	mk_device_nodes
 	start_plugins
 	start_proc controller "${BIN_DIR}/gpulink-controller" \

@@ -10,19 +10,24 @@
 //	v100-node   API-only node, 8 x V100 hybrid cube mesh (v100-sxm2-8-aliyun-sccgn6.txt)
 //	p40-node    API-only node, 7 x P40 on two PCIe switches (p40-pcie-7.txt)
 //
-// with the DeviceClasses of deployments/deviceclasses and one controller.
+// with one controller and the chart's cluster-scoped objects, rendered with
+// `helm template` (_output/bin/helm, from `hack/helm.sh --build`): the
+// DeviceClasses (checked against deployments/deviceclasses) and the
+// MutatingAdmissionPolicy that adds the scheduling gate to pods with claims.
 // It checks what pods get: the container's NVIDIA_VISIBLE_DEVICES and
 // /dev/nvidia* match the claim's allocation and the published UUIDs, the
 // pair is the node's best, shares carry their MPS limits, pods never see
-// each other's GPUs, the scheduling gate is lifted and pods are bound to the
-// allocated node, NVLink-required claims land on an NVLink quad or wait,
+// each other's GPUs, the policy gates pods with claims and the controller
+// lifts the gate, pods are bound to the allocated node, a pod the policy
+// leaves ungated gets the best pair too, NVLink-required claims land on an NVLink quad or wait,
 // link-minimal sets on the API-only nodes, and deleting pods removes the CDI
 // specs and frees every device.
 //
-// Needs root and the binaries of `hack/cluster.sh build` and `make build`
-// (the test runs the binaries as they are; rebuild after changing code):
+// Needs root and the binaries of `hack/cluster.sh build`, `make build` and
+// `hack/helm.sh --build` (the test runs the binaries as they are; rebuild
+// after changing code):
 //
-//	make build && go test -tags e2e -count=1 -v ./test/e2e/
+//	make build && hack/helm.sh --build && go test -tags e2e -count=1 -v ./test/e2e/
 //
 // On failure the gpulink logs' tails are printed and the state directory
 // (/tmp/gle2e*, component logs in c/logs, gpulink logs in logs) is kept.
@@ -57,9 +62,11 @@ import (
 )
 
 const (
-	ns       = metav1.NamespaceDefault
-	v100Node = "v100-node"
-	p40Node  = "p40-node"
+	ns = metav1.NamespaceDefault
+	// ungatedNS is excluded from the scheduling-gate policy.
+	ungatedNS = "ungated"
+	v100Node  = "v100-node"
+	p40Node   = "p40-node"
 	// Waits are generous: the machine running the tests may be slow and shared.
 	allocTimeout = 3 * time.Minute
 	runTimeout   = 3 * time.Minute
@@ -109,7 +116,7 @@ func TestE2E(t *testing.T) {
 		t.Run("four GPUs on the P40 node share one PCIe switch", func(t *testing.T) {
 			s.p40Quad(ctx, t)
 		})
-		t.Run("a pod without the scheduling gate gets the best free pair too", func(t *testing.T) {
+		t.Run("a pod the gate policy leaves alone gets the best free pair too", func(t *testing.T) {
 			s.ungatedPair(ctx, t)
 		})
 
@@ -120,8 +127,9 @@ func TestE2E(t *testing.T) {
 	t.Logf("e2e took %.1fs", time.Since(begin).Seconds())
 }
 
-// setup starts the cluster, the kubelet plugins and the controller, and
-// applies the DeviceClasses.
+// setup starts the cluster, applies the chart's DeviceClasses and
+// scheduling-gate policy and waits until the policy is in effect, then
+// starts the kubelet plugins and the controller.
 func setup(ctx context.Context, t *testing.T) *suite {
 	root, err := localcluster.RepoRoot()
 	if err != nil {
@@ -137,6 +145,23 @@ func setup(ctx context.Context, t *testing.T) *suite {
 		if _, err := os.Stat(b); err != nil {
 			t.Fatalf("%v: run `make build` first", err)
 		}
+	}
+	// The chart's cluster-scoped objects, as `helm template` renders them
+	// for a user (rendered before the cluster starts, to fail fast): the
+	// DeviceClasses and the MutatingAdmissionPolicy that gates pods with
+	// claims. Its namespaceSelector leaves out namespaces labelled
+	// ungatedLabel=ungatedValue, where the test runs a pod without the gate.
+	chart, err := renderChart(ctx, root, "--set-json",
+		fmt.Sprintf(`gate.namespaceSelector={"matchExpressions":[{"key":%q,"operator":"NotIn","values":[%q]}]}`, ungatedLabel, ungatedValue))
+	if err != nil {
+		t.Fatal(err)
+	}
+	manifest, err := readDeviceClasses(filepath.Join(root, "deployments", "deviceclasses", "deviceclasses.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sameDeviceClasses(chart.deviceClasses, manifest); err != nil {
+		t.Fatalf("the chart's DeviceClasses differ from deployments/deviceclasses/deviceclasses.yaml: %v", err)
 	}
 	// Unix socket paths must stay below 108 bytes: keep the tree short.
 	dir, err := os.MkdirTemp("", "gle2e")
@@ -170,9 +195,25 @@ func setup(ctx context.Context, t *testing.T) *suite {
 			t.Fatal(err)
 		}
 	}
-	if _, err := applyDeviceClasses(ctx, s.client, filepath.Join(root, "deployments", "deviceclasses", "deviceclasses.yaml")); err != nil {
+	policyStart := time.Now()
+	if err := chart.install(ctx, s.client); err != nil {
 		t.Fatal(err)
 	}
+	if err := ungatedNamespace(ctx, s.client, ungatedNS); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitGatePolicy(ctx, s.client, ns); err != nil {
+		t.Fatal(err)
+	}
+	probe, err := s.client.CoreV1().Pods(ungatedNS).Create(ctx, probePod(), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	if err != nil {
+		t.Fatalf("dry-run pod in namespace %s: %v", ungatedNS, err)
+	}
+	if gated(probe) != 0 {
+		t.Fatalf("dry-run pod in namespace %s got gates %v; the policy's namespaceSelector should leave it alone", ungatedNS, probe.Spec.SchedulingGates)
+	}
+	t.Logf("chart objects applied: %d DeviceClasses; the scheduling-gate policy took effect after %.1fs",
+		len(chart.deviceClasses), time.Since(policyStart).Seconds())
 
 	driverRoot := filepath.Join(dir, "driver")
 	s.devNodes = mkDeviceNodes(t, driverRoot, 8)
@@ -248,13 +289,19 @@ func (s *suite) alive() error {
 // template creates a ResourceClaimTemplate with one request "gpus".
 func (s *suite) template(ctx context.Context, t *testing.T, name string, req resourceapi.ExactDeviceRequest, config *resourceapi.DeviceClaimConfiguration) {
 	t.Helper()
+	s.templateIn(ctx, t, ns, name, req, config)
+}
+
+// templateIn is template in namespace.
+func (s *suite) templateIn(ctx context.Context, t *testing.T, namespace, name string, req resourceapi.ExactDeviceRequest, config *resourceapi.DeviceClaimConfiguration) {
+	t.Helper()
 	spec := resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
 		Requests: []resourceapi.DeviceRequest{{Name: "gpus", Exactly: &req}},
 	}}
 	if config != nil {
 		spec.Devices.Config = []resourceapi.DeviceClaimConfiguration{*config}
 	}
-	_, err := s.client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, &resourceapi.ResourceClaimTemplate{
+	_, err := s.client.ResourceV1().ResourceClaimTemplates(namespace).Create(ctx, &resourceapi.ResourceClaimTemplate{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec:       resourceapi.ResourceClaimTemplateSpec{Spec: spec},
 	}, metav1.CreateOptions{})
@@ -263,23 +310,26 @@ func (s *suite) template(ctx context.Context, t *testing.T, name string, req res
 	}
 }
 
-// pod creates a workload pod using a claim from the template, gated for the
-// gpulink controller (the Helm chart's admission policy adds the gate to
-// every pod with claims), on node when it is not empty.
+// pod creates a workload pod using a claim from the template, on node when
+// it is not empty. The pod has no scheduling gate of its own: it checks that
+// the chart's admission policy added gpulink's gate at creation.
 func (s *suite) pod(ctx context.Context, t *testing.T, name, template, node string) *corev1.Pod {
 	t.Helper()
-	return s.createPod(ctx, t, name, template, node, true)
+	created := s.createPod(ctx, t, ns, name, template, node)
+	if n := gated(created); n != 1 {
+		t.Fatalf("pod %s was created with gates %v; want the admission policy to add %s once", name, created.Spec.SchedulingGates, driver.SchedulingGate)
+	}
+	return created
 }
 
-// createPod is pod, with or without the scheduling gate.
-func (s *suite) createPod(ctx context.Context, t *testing.T, name, template, node string, gated bool) *corev1.Pod {
+// createPod creates the workload pod of pod in namespace as it is.
+func (s *suite) createPod(ctx context.Context, t *testing.T, namespace, name, template, node string) *corev1.Pod {
 	t.Helper()
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": "gpulink-e2e"}},
 		Spec: corev1.PodSpec{
 			HostNetwork:                   true,
 			TerminationGracePeriodSeconds: ptr.To[int64](1),
-			SchedulingGates:               []corev1.PodSchedulingGate{{Name: driver.SchedulingGate}},
 			ResourceClaims:                []corev1.PodResourceClaim{{Name: "gpus", ResourceClaimTemplateName: &template}},
 			Containers: []corev1.Container{{
 				Name:            "workload",
@@ -289,13 +339,10 @@ func (s *suite) createPod(ctx context.Context, t *testing.T, name, template, nod
 			}},
 		},
 	}
-	if !gated {
-		pod.Spec.SchedulingGates = nil
-	}
 	if node != "" {
 		pod.Spec.NodeSelector = map[string]string{corev1.LabelHostname: node}
 	}
-	created, err := s.client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+	created, err := s.client.CoreV1().Pods(namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("creating pod %s: %v", name, err)
 	}
@@ -315,13 +362,19 @@ type holding struct {
 // that the claim is reserved for the pod and names the pod's node.
 func (s *suite) waitBound(ctx context.Context, t *testing.T, name string) holding {
 	t.Helper()
+	return s.waitBoundIn(ctx, t, ns, name)
+}
+
+// waitBoundIn is waitBound in namespace.
+func (s *suite) waitBoundIn(ctx context.Context, t *testing.T, namespace, name string) holding {
+	t.Helper()
 	var h holding
 	var state string
 	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, allocTimeout, true, func(ctx context.Context) (bool, error) {
 		if err := s.alive(); err != nil {
 			return false, err
 		}
-		pod, err := s.client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		pod, err := s.client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -330,7 +383,7 @@ func (s *suite) waitBound(ctx context.Context, t *testing.T, name string) holdin
 			state = "claim not created yet"
 			return false, nil
 		}
-		claim, err := s.client.ResourceV1().ResourceClaims(ns).Get(ctx, *pod.Status.ResourceClaimStatuses[0].ResourceClaimName, metav1.GetOptions{})
+		claim, err := s.client.ResourceV1().ResourceClaims(namespace).Get(ctx, *pod.Status.ResourceClaimStatuses[0].ResourceClaimName, metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -353,7 +406,7 @@ func (s *suite) waitBound(ctx context.Context, t *testing.T, name string) holdin
 		return false, nil
 	})
 	if err != nil {
-		t.Fatalf("pod %s: %s: %v\n%s", name, state, err, describePod(ctx, s.client, ns, name))
+		t.Fatalf("pod %s: %s: %v\n%s", name, state, err, describePod(ctx, s.client, namespace, name))
 	}
 	if h.pod.Spec.NodeName != h.Node {
 		t.Errorf("pod %s bound to %s, its claim's devices are on %s", name, h.pod.Spec.NodeName, h.Node)
@@ -366,7 +419,7 @@ func (s *suite) waitBound(ctx context.Context, t *testing.T, name string) holdin
 	}) {
 		t.Errorf("claim %s reservedFor %+v lacks pod %s", h.claim.Name, h.claim.Status.ReservedFor, name)
 	}
-	t.Logf("pod %s: claim %s allocated %s on %s", name, h.claim.Name, gpuview.Indexes(h.Devices), h.Node)
+	t.Logf("pod %s: claim %s allocated %s on %s, pod ungated and bound", name, h.claim.Name, gpuview.Indexes(h.Devices), h.Node)
 	return h
 }
 
@@ -610,12 +663,15 @@ func (s *suite) ungatedPair(ctx context.Context, t *testing.T) {
 	node := s.nodes(ctx, t)[v100Node]
 	free := s.free(ctx, t, node)
 	best := node.BestWeakest(2, free)
-	s.template(ctx, t, name, resourceapi.ExactDeviceRequest{DeviceClassName: driver.DeviceClassWhole, Count: 2}, nil)
-	// kube-scheduler sees this pod at once and finds its claim unallocated
-	// and every device tainted for the controller; it binds the pod once
-	// the controller has allocated the claim.
-	s.createPod(ctx, t, name, name, v100Node, false)
-	h := s.waitBound(ctx, t, name)
+	s.templateIn(ctx, t, ungatedNS, name, resourceapi.ExactDeviceRequest{DeviceClassName: driver.DeviceClassWhole, Count: 2}, nil)
+	// The policy's namespaceSelector excludes this namespace, so the pod is
+	// created without the gate. kube-scheduler sees it at once and finds its
+	// claim unallocated and every device tainted for the controller; it
+	// binds the pod once the controller has allocated the claim.
+	if pod := s.createPod(ctx, t, ungatedNS, name, name, v100Node); len(pod.Spec.SchedulingGates) != 0 {
+		t.Fatalf("pod %s/%s was created with gates %v; the policy's namespaceSelector should leave it alone", ungatedNS, name, pod.Spec.SchedulingGates)
+	}
+	h := s.waitBoundIn(ctx, t, ungatedNS, name)
 	if h.Node != v100Node || len(h.Devices) != 2 {
 		t.Fatalf("claim %s holds %v on %s, want 2 GPUs on %s", h.claim.Name, h.Devices, h.Node, v100Node)
 	}

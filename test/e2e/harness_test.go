@@ -19,7 +19,6 @@ import (
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
@@ -164,17 +163,14 @@ func mkDeviceNodes(t *testing.T, root string, gpus int) bool {
 	return true
 }
 
-// applyDeviceClasses creates the DeviceClasses of a multi-document YAML file.
-func applyDeviceClasses(ctx context.Context, client kubernetes.Interface, path string) ([]string, error) {
+// readDeviceClasses parses the DeviceClasses of a multi-document YAML file.
+func readDeviceClasses(path string) ([]resourceapi.DeviceClass, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	var names []string
-	for _, doc := range strings.Split(string(data), "\n---") {
-		if strings.TrimSpace(stripComments(doc)) == "" {
-			continue
-		}
+	var classes []resourceapi.DeviceClass
+	for _, doc := range yamlDocs(data) {
 		var dc resourceapi.DeviceClass
 		if err := yaml.UnmarshalStrict([]byte(doc), &dc); err != nil {
 			return nil, fmt.Errorf("%s: %w", path, err)
@@ -182,12 +178,21 @@ func applyDeviceClasses(ctx context.Context, client kubernetes.Interface, path s
 		if dc.Kind != "DeviceClass" {
 			return nil, fmt.Errorf("%s: unexpected kind %q", path, dc.Kind)
 		}
-		if _, err := client.ResourceV1().DeviceClasses().Create(ctx, &dc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return nil, fmt.Errorf("creating DeviceClass %s: %w", dc.Name, err)
-		}
-		names = append(names, dc.Name)
+		classes = append(classes, dc)
 	}
-	return names, nil
+	return classes, nil
+}
+
+// yamlDocs splits a multi-document YAML stream, dropping documents that
+// hold nothing but comments.
+func yamlDocs(data []byte) []string {
+	var docs []string
+	for _, doc := range strings.Split("\n"+string(data), "\n---") {
+		if strings.TrimSpace(stripComments(doc)) != "" {
+			docs = append(docs, doc)
+		}
+	}
+	return docs
 }
 
 func stripComments(doc string) string {
