@@ -270,13 +270,8 @@ func (p *placer) variants(ic *interpretedClaim, alt *alternative, base []bool, b
 	var out []variant
 	for _, k := range order {
 		v := *groups[k]
-		req, err := p.firstRequest(alt, v)
-		if err != nil {
-			p.note("%v", err)
-			continue
-		}
-		p.applyShareCap(alt)
-		r, err := allocate.Allocate(p.state, req, p.pol)
+		p.state.MaxSharesPerGPU = maxSharesPerGPU(alt)
+		r, err := allocate.Allocate(p.state, p.firstRequest(alt, v), p.pol)
 		if err != nil {
 			p.note("request %s: %s", alt.ResultName, reasonOf(err))
 			continue
@@ -298,9 +293,9 @@ func (p *placer) variants(ic *interpretedClaim, alt *alternative, base []bool, b
 
 // firstRequest is the allocator request for the alternative's first
 // (for whole GPUs: only) placement within a variant.
-func (p *placer) firstRequest(alt *alternative, v variant) (allocate.Request, error) {
+func (p *placer) firstRequest(alt *alternative, v variant) allocate.Request {
 	if alt.Share {
-		return allocate.Request{Share: v.share, Eligible: v.eligible}, nil
+		return allocate.Request{Share: v.share, Eligible: v.eligible}
 	}
 	k := alt.Count
 	if alt.All {
@@ -311,23 +306,22 @@ func (p *placer) firstRequest(alt *alternative, v variant) (allocate.Request, er
 			}
 		}
 	}
-	return allocate.Request{GPUs: k, RequiredLink: alt.RequiredLink, Eligible: v.eligible}, nil
+	return allocate.Request{GPUs: k, RequiredLink: alt.RequiredLink, Eligible: v.eligible}
 }
 
-func (p *placer) applyShareCap(alt *alternative) {
-	p.state.MaxSharesPerGPU = 0
+// maxSharesPerGPU is the node state's share cap while placing the
+// alternative: its config's maxSharesPerGPU for a share, else none.
+func maxSharesPerGPU(alt *alternative) int {
 	if alt.Share && alt.Config != nil && alt.Config.Sharing != nil && alt.Config.Sharing.MaxSharesPerGPU != nil {
-		p.state.MaxSharesPerGPU = *alt.Config.Sharing.MaxSharesPerGPU
+		return *alt.Config.Sharing.MaxSharesPerGPU
 	}
+	return 0
 }
 
 // placeAlt allocates and commits one alternative within a variant.
 func (p *placer) placeAlt(alt *alternative, v variant) ([]placedResult, error) {
-	req, err := p.firstRequest(alt, v)
-	if err != nil {
-		return nil, err
-	}
-	p.applyShareCap(alt)
+	req := p.firstRequest(alt, v)
+	p.state.MaxSharesPerGPU = maxSharesPerGPU(alt)
 	if !alt.Share {
 		r := v.trial
 		if err := p.state.Commit(req, r); err != nil {
@@ -451,10 +445,7 @@ func choosePlan(plans []*nodePlan, pol allocate.Policy) *nodePlan {
 				usage[pos] = allocate.GPUUsage{Exclusive: true}
 			}
 		}
-		st := &allocate.NodeState{Name: pl.Node.Node, Topology: pl.Node.Topo, Usage: usage}
-		if pr.Share != nil && pr.Alt.Config != nil && pr.Alt.Config.Sharing != nil && pr.Alt.Config.Sharing.MaxSharesPerGPU != nil {
-			st.MaxSharesPerGPU = *pr.Alt.Config.Sharing.MaxSharesPerGPU
-		}
+		st := &allocate.NodeState{Name: pl.Node.Node, Topology: pl.Node.Topo, Usage: usage, MaxSharesPerGPU: maxSharesPerGPU(pr.Alt)}
 		states = append(states, st)
 		same = append(same, pl)
 	}

@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -121,40 +122,12 @@ func (e *selectorEvaluator) classSelectsGpulink(ctx context.Context, class *reso
 		return true, nil
 	}
 	for _, n := range inv.all() {
-		ok := true
-		for _, x := range exprs {
-			row, err := e.matchesOnNode(ctx, n, x)
-			if err != nil {
-				return false, err
-			}
-			matchesSome := false
-			for _, o := range row {
-				if o.match {
-					matchesSome = true
-					break
-				}
-			}
-			if !matchesSome {
-				ok = false
-				break
-			}
+		elig, _, err := e.eligibleBySelectors(ctx, n, exprs)
+		if err != nil {
+			return false, err
 		}
-		if !ok {
-			continue
-		}
-		// Every selector matches some device; check that one device matches all.
-		for p := range n.Devices {
-			match := true
-			for _, x := range exprs {
-				row, _ := e.matchesOnNode(ctx, n, x)
-				if !row[p].match {
-					match = false
-					break
-				}
-			}
-			if match {
-				return true, nil
-			}
+		if slices.Contains(elig, true) {
+			return true, nil
 		}
 	}
 	return false, nil

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -286,13 +288,10 @@ func indexPodClaims(obj any) ([]string, error) {
 		return nil, nil
 	}
 	var keys []string
+	// PodClaims yields claims named directly (resourceClaimName) as well
+	// as those created from templates.
 	for name := range resourceclaim.PodClaims(pod) {
 		keys = append(keys, pod.Namespace+"/"+name)
-	}
-	for _, pc := range pod.Spec.ResourceClaims {
-		if pc.ResourceClaimName != nil {
-			keys = append(keys, pod.Namespace+"/"+*pc.ResourceClaimName)
-		}
 	}
 	return keys, nil
 }
@@ -302,14 +301,24 @@ func (c *Controller) onPod(obj any) {
 	if !ok || (len(pod.Spec.ResourceClaims) == 0 && gateIndex(pod) < 0) {
 		return
 	}
+	if podDone(pod) {
+		// A finished pod's reservations are dropped now, not at the next
+		// resync or when the pod is deleted.
+		c.enqueuePodClaimsGC(pod)
+	}
 	c.podQueue.Add(pod.Namespace + "/" + pod.Name)
 }
 
-func (c *Controller) onPodDelete(obj any) {
-	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = t.Obj
+// enqueuePodClaimsGC queues the claims of a pod that is gone or finished
+// for cleanup.
+func (c *Controller) enqueuePodClaimsGC(pod *corev1.Pod) {
+	for name := range resourceclaim.PodClaims(pod) {
+		c.gcQueue.Add(pod.Namespace + "/" + name)
 	}
-	pod, ok := obj.(*corev1.Pod)
+}
+
+func (c *Controller) onPodDelete(obj any) {
+	pod, ok := deletedObject[*corev1.Pod](obj)
 	if !ok {
 		return
 	}
@@ -320,9 +329,7 @@ func (c *Controller) onPodDelete(obj any) {
 	c.waiting.Delete(key)
 	c.metrics.PendingPods.Set(float64(c.waiting.Len()))
 	c.mu.Unlock()
-	for name := range resourceclaim.PodClaims(pod) {
-		c.gcQueue.Add(pod.Namespace + "/" + name)
-	}
+	c.enqueuePodClaimsGC(pod)
 	c.podQueue.Add(key)
 }
 
@@ -350,16 +357,23 @@ func (c *Controller) onClaimUpdate(oldObj, newObj any) {
 }
 
 func (c *Controller) onClaimDelete(obj any) {
-	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = t.Obj
-	}
-	claim, ok := obj.(*resourceapi.ResourceClaim)
+	claim, ok := deletedObject[*resourceapi.ResourceClaim](obj)
 	if !ok {
 		return
 	}
 	c.ledger.forget(claim.UID)
 	c.enqueueClaimPods(claim)
 	c.enqueueWaiting()
+}
+
+// deletedObject unwraps the object of a delete notification, which may
+// come as a tombstone when the watch missed the deletion.
+func deletedObject[T any](obj any) (T, bool) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	o, ok := obj.(T)
+	return o, ok
 }
 
 // enqueueClaimPods enqueues the pods that use or reserve a claim.
@@ -398,10 +412,7 @@ func (c *Controller) onSlice(obj any) {
 }
 
 func (c *Controller) onSliceDelete(obj any) {
-	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = t.Obj
-	}
-	slice, ok := obj.(*resourceapi.ResourceSlice)
+	slice, ok := deletedObject[*resourceapi.ResourceSlice](obj)
 	if !ok || slice.Spec.Driver != driver.Name {
 		return
 	}
@@ -415,23 +426,11 @@ func (c *Controller) onNodeUpdate(oldObj, newObj any) {
 	if ok1 && ok2 && old.ResourceVersion == cur.ResourceVersion {
 		return
 	}
-	if ok1 && ok2 && old.Spec.Unschedulable == cur.Spec.Unschedulable && len(old.Spec.Taints) == len(cur.Spec.Taints) && labelsEqual(old.Labels, cur.Labels) {
+	if ok1 && ok2 && old.Spec.Unschedulable == cur.Spec.Unschedulable && apiequality.Semantic.DeepEqual(old.Spec.Taints, cur.Spec.Taints) && maps.Equal(old.Labels, cur.Labels) {
 		// Status-only updates (heartbeats) change nothing the controller uses.
 		return
 	}
 	c.onChange(newObj)
-}
-
-func labelsEqual(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 // onChange retries waiting pods after a change that may help them.

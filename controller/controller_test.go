@@ -495,3 +495,47 @@ func TestDeviceTaintRuleIsHonoured(t *testing.T) {
 		t.Error("request tolerations not copied into the results")
 	}
 }
+
+// A node whose taints change without changing in number (one taint swapped
+// for another) may now fit waiting pods: they are retried at once, not
+// only after WaitingRetry. Heartbeats (status-only updates) retry nothing.
+func TestNodeTaintChangeRetriesWaitingPods(t *testing.T) {
+	h := newHarness(t)
+	close(h.done) // never started: the handler is called directly
+	h.ctrl.setWaiting(ns+"/p", true)
+	old := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "a", ResourceVersion: "1"},
+		Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: "maintenance", Effect: corev1.TaintEffectNoSchedule}}}}
+	heartbeat := old.DeepCopy()
+	heartbeat.ResourceVersion = "2"
+	heartbeat.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
+	h.ctrl.onNodeUpdate(old, heartbeat)
+	if n := h.ctrl.podQueue.Len(); n != 0 {
+		t.Fatalf("heartbeat enqueued %d pods, want 0", n)
+	}
+	swapped := heartbeat.DeepCopy()
+	swapped.ResourceVersion = "3"
+	swapped.Spec.Taints[0].Effect = corev1.TaintEffectPreferNoSchedule
+	h.ctrl.onNodeUpdate(heartbeat, swapped)
+	if n := h.ctrl.podQueue.Len(); n != 1 {
+		t.Errorf("taint change enqueued %d pods, want the 1 waiting pod", n)
+	}
+}
+
+// A pod that finishes gives its GPUs back without being deleted: its
+// reservation is dropped and the claim, which no live pod wants, released.
+func TestFinishedPodReleasesClaim(t *testing.T) {
+	h := newHarness(t, objs(classes(), gpuNode(t, "v100", "v100-sxm2-8-aliyun-sccgn6.txt"))...).start()
+	h.claim("c", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 2)}})
+	h.pod("p", true, "c")
+	h.waitAllocated("c")
+	h.waitUngated("p")
+	p := h.getPod("p")
+	p.Status.Phase = corev1.PodSucceeded
+	if _, err := h.client.CoreV1().Pods(ns).UpdateStatus(h.ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually("claim of the finished pod released", func() bool {
+		c := h.getClaim("c")
+		return c.Status.Allocation == nil && len(c.Status.ReservedFor) == 0 && len(c.Finalizers) == 0
+	})
+}

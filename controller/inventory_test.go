@@ -153,3 +153,26 @@ func TestNodeFilter(t *testing.T) {
 		t.Errorf("pod with a claim allocated on tainted: candidates %v, want tainted", got)
 	}
 }
+
+// With several unusable pools and no usable node, the waiting message
+// names the same pool every time: the explainer records a message once
+// only while it repeats exactly.
+func TestWaitingMessageStableWithUnusablePools(t *testing.T) {
+	c := &Controller{inv: newInventory()}
+	for _, node := range []string{"c", "a", "d", "b"} {
+		s := v100Slice(t, node)
+		s.Spec.Pool.ResourceSliceCount = 2
+		if err := c.inv.upsert(s); err == nil {
+			t.Fatalf("incomplete pool %s accepted", node)
+		}
+	}
+	first := c.waitingMessage(nil, 0, nil, nil, nil)
+	if !strings.Contains(first, "pool a unusable") {
+		t.Errorf("message %q does not name pool a, the first by name", first)
+	}
+	for range 50 {
+		if msg := c.waitingMessage(nil, 0, nil, nil, nil); msg != first {
+			t.Fatalf("waiting message changed between calls:\n%s\n%s", first, msg)
+		}
+	}
+}

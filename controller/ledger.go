@@ -75,24 +75,32 @@ func usesOf(claim *resourceapi.ResourceClaim) []deviceUse {
 		return nil
 	}
 	var out []deviceUse
-	for _, r := range claim.Status.Allocation.Devices.Results {
-		if r.Driver != driver.Name || (r.AdminAccess != nil && *r.AdminAccess) {
-			continue
+	for i := range claim.Status.Allocation.Devices.Results {
+		if u, ok := resultUse(&claim.Status.Allocation.Devices.Results[i]); ok {
+			out = append(out, u)
 		}
-		u := deviceUse{Key: deviceKey{Pool: r.Pool, Device: r.Device}, Exclusive: r.ShareID == nil}
-		if !u.Exclusive {
-			for name, q := range r.ConsumedCapacity {
-				switch qualify(string(name), driver.Name) {
-				case capMemory:
-					u.MemoryBytes = q.Value()
-				case capCores:
-					u.Cores = q.Value()
-				}
-			}
-		}
-		out = append(out, u)
 	}
 	return out
+}
+
+// resultUse is what one allocation result takes from a gpulink device;
+// false for other drivers' results and admin access, which take nothing.
+func resultUse(r *resourceapi.DeviceRequestAllocationResult) (deviceUse, bool) {
+	if r.Driver != driver.Name || (r.AdminAccess != nil && *r.AdminAccess) {
+		return deviceUse{}, false
+	}
+	u := deviceUse{Key: deviceKey{Pool: r.Pool, Device: r.Device}, Exclusive: r.ShareID == nil}
+	if !u.Exclusive {
+		for name, q := range r.ConsumedCapacity {
+			switch qualify(string(name), driver.Name) {
+			case capMemory:
+				u.MemoryBytes = q.Value()
+			case capCores:
+				u.Cores = q.Value()
+			}
+		}
+	}
+	return u, true
 }
 
 func (l *ledger) addLocked(uses []deviceUse, sign int) {
@@ -203,34 +211,13 @@ func (l *ledger) nodeUsage(n *nodeInventory) []allocate.GPUUsage {
 	return out
 }
 
-// holders returns how many claims hold a device (for invariant checks and tests).
-func (l *ledger) holders(key deviceKey) (exclusive, shares int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, c := range l.claims {
-		for _, u := range c.uses {
-			if u.Key == key {
-				if u.Exclusive {
-					exclusive++
-				} else {
-					shares++
-				}
-			}
-		}
-	}
-	return exclusive, shares
-}
-
 // rvAtLeast compares resourceVersions. They are opaque by contract but
 // etcd-backed servers issue increasing integers; anything unparsable is
 // treated as newer so the informer's view wins.
 func rvAtLeast(have, want string) bool {
 	h, err1 := strconv.ParseUint(have, 10, 64)
 	w, err2 := strconv.ParseUint(want, 10, 64)
-	if err1 != nil || err2 != nil {
-		return have == want || err1 != nil || err2 != nil
-	}
-	return h >= w
+	return err1 != nil || err2 != nil || h >= w
 }
 
 // inFlight tells whether our own allocation of the claim has not been

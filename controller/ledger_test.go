@@ -134,3 +134,21 @@ func TestRVAtLeast(t *testing.T) {
 		}
 	}
 }
+
+// holders returns how many claims hold a device.
+func (l *ledger) holders(key deviceKey) (exclusive, shares int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, c := range l.claims {
+		for _, u := range c.uses {
+			if u.Key == key {
+				if u.Exclusive {
+					exclusive++
+				} else {
+					shares++
+				}
+			}
+		}
+	}
+	return exclusive, shares
+}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -49,7 +51,7 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 	if err != nil {
 		return fmt.Errorf("reading pod %s from cache: %w", key, err)
 	}
-	if pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+	if pod.DeletionTimestamp != nil || podDone(pod) {
 		c.setWaiting(key, false)
 		return nil
 	}
@@ -270,10 +272,10 @@ func (c *Controller) waitingMessage(pending []*interpretedClaim, nodesWithGPUs i
 	case nodesWithGPUs == 0:
 		msg += "no node publishes gpulink devices yet"
 		if p := c.inv.problemsSnapshot(); len(p) > 0 {
-			for pool, why := range p {
-				msg += fmt.Sprintf("; pool %s unusable: %s", pool, why)
-				break
-			}
+			// Name the first pool by name, so that the message (and thus
+			// the explainer's deduplication) is stable across retries.
+			pool := slices.Min(slices.Collect(maps.Keys(p)))
+			msg += fmt.Sprintf("; pool %s unusable: %s", pool, p[pool])
 		}
 		return msg
 	case len(cands) == 0:

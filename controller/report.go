@@ -138,28 +138,21 @@ type hold struct {
 func poolHolds(claims []*resourceapi.ResourceClaim) map[string][]hold {
 	out := map[string][]hold{}
 	for _, c := range claims {
-		if c == nil {
-			continue
-		}
-		if len(usesOf(c)) == 0 {
+		if c == nil || c.Status.Allocation == nil {
 			continue
 		}
 		ref := claimRef(c)
-		// usesOf decides which results are gpulink's; asking it one result
-		// at a time pairs each use with its shareID without repeating
-		// that decision here.
-		one := *c
-		alloc := *c.Status.Allocation
-		one.Status.Allocation = &alloc
-		for _, r := range c.Status.Allocation.Devices.Results {
-			alloc.Devices.Results = []resourceapi.DeviceRequestAllocationResult{r}
-			for _, u := range usesOf(&one) {
-				h := hold{use: u, claim: ref}
-				if r.ShareID != nil {
-					h.shareID = string(*r.ShareID)
-				}
-				out[u.Key.Pool] = append(out[u.Key.Pool], h)
+		for i := range c.Status.Allocation.Devices.Results {
+			r := &c.Status.Allocation.Devices.Results[i]
+			u, ok := resultUse(r)
+			if !ok {
+				continue
 			}
+			h := hold{use: u, claim: ref}
+			if r.ShareID != nil {
+				h.shareID = string(*r.ShareID)
+			}
+			out[u.Key.Pool] = append(out[u.Key.Pool], h)
 		}
 	}
 	return out

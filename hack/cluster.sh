@@ -15,9 +15,9 @@
 # (default $GPULINK_OUTPUT_DIR/bin).
 set -euo pipefail
 
-REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUTPUT_DIR="${GPULINK_OUTPUT_DIR:-${REPO_ROOT}/_output}"
-BIN_DIR="${GPULINK_BIN_DIR:-${OUTPUT_DIR}/bin}"
+LOG_TAG=cluster.sh
+# shellcheck source=hack/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 CLUSTER_DIR="${OUTPUT_DIR}/cluster"
 PID_FILE="${OUTPUT_DIR}/cluster.pid"
 DAEMON_LOG="${OUTPUT_DIR}/cluster.log"
@@ -33,13 +33,6 @@ K8S_BUILD_DATE="2026-09-23T17:06:22Z"
 K8S_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
 CONTAINERD_BINARIES=(containerd containerd-shim-runc-v2 ctr)
 DEBIAN_PACKAGES=(runc containernetworking-plugins iproute2 util-linux mount procps)
-
-log() { printf '[cluster.sh %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
-die() { log "error: $*"; exit 1; }
-
-usage() {
-	awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}"
-}
 
 as_root() {
 	if [[ "$(id -u)" == 0 ]]; then

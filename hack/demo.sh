@@ -20,7 +20,7 @@
 # API-only nodes have no kubelet: pods are allocated and bound there, never run.
 # The DeviceClasses and the MutatingAdmissionPolicy that adds the scheduling
 # gate to pods with resource claims come from the Helm chart, rendered with
-# `helm template` (_output/bin/helm, built by hack/helm.sh --build); the
+# `helm template` (<bin dir>/helm, built by hack/helm.sh --build); the
 # workloads carry no gate of their own.
 #
 # `up` on a running demo (or a cluster left by `hack/cluster.sh up`) stops it
@@ -29,9 +29,9 @@
 # _output/cluster (the cluster, see hack/README.md).
 set -euo pipefail
 
-REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUTPUT_DIR="${GPULINK_OUTPUT_DIR:-${REPO_ROOT}/_output}"
-BIN_DIR="${GPULINK_BIN_DIR:-${OUTPUT_DIR}/bin}"
+LOG_TAG=demo
+# shellcheck source=hack/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 CLUSTER_DIR="${OUTPUT_DIR}/cluster"
 DEMO_DIR="${OUTPUT_DIR}/demo"
 RUN_DIR="${DEMO_DIR}/run"
@@ -62,8 +62,6 @@ WORKLOAD_FILES=(
 	"06-shares.yaml:share-a,share-b"
 )
 
-log() { printf '[demo %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
-die() { log "error: $*"; exit 1; }
 kc() { "${BIN_DIR}/kubectl" --kubeconfig "${KUBECONFIG_PATH}" "$@"; }
 report_bin() { "${BIN_DIR}/demoreport" "$1" -kubeconfig "${KUBECONFIG_PATH}" -namespace "${NAMESPACE}" \
 	-run-dir "${RUN_DIR}" -real-node "${REAL_NODE}" -timeout "${WAIT_TIMEOUT}" "${@:2}"; }
@@ -313,7 +311,7 @@ main() {
 	down) cmd_down "$@" ;;
 	report) cmd_report "$@" ;;
 	status) cmd_status "$@" ;;
-	-h | --help | help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}" ;;
+	-h | --help | help) usage ;;
 	*) die "unknown command ${cmd} (up, report, status, down)" ;;
 	esac
 }

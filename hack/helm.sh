@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Lints and renders the gpulink Helm chart (make helm-lint; part of make test).
 #
-#   hack/helm.sh            build _output/bin/helm if needed, lint, render
-#   hack/helm.sh --build    only build _output/bin/helm
+#   hack/helm.sh            build $GPULINK_BIN_DIR/helm (default _output/bin) if needed, lint, render
+#   hack/helm.sh --build    only build it
 #
 # Helm is built from source (hack/tools/helm, a Go module of its own pinned by
 # go.sum) because only the Go module proxy is reachable from CI; no prebuilt
@@ -19,17 +19,15 @@
 # discovery too. Set HELM_SKIP_APISERVER=1 to skip that step.
 set -o errexit -o nounset -o pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BIN="${ROOT}/_output/bin"
-HELM="${BIN}/helm"
-TOOLS="${ROOT}/hack/tools/helm"
-CHART="${ROOT}/deployments/helm/gpulink"
+LOG_TAG=helm.sh
+# shellcheck source=hack/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+HELM="${BIN_DIR}/helm"
+TOOLS="${REPO_ROOT}/hack/tools/helm"
+CHART="${REPO_ROOT}/deployments/helm/gpulink"
 # The Kubernetes release the chart targets; helm template reports it as
 # .Capabilities.KubeVersion so kubeVersion in Chart.yaml is checked too.
 KUBE_VERSION=v1.37.0
-
-log() { printf '>>> %s\n' "$*" >&2; }
-die() { printf 'hack/helm.sh: %s\n' "$*" >&2; exit 1; }
 
 build_helm() {
 	local want k8s major minor have=""
@@ -49,21 +47,13 @@ build_helm() {
 	minor=${k8s#*.}
 	minor=${minor%%.*}
 	log "building helm ${want} (Kubernetes ${major}.${minor} libraries) into ${HELM}"
-	mkdir -p "${BIN}"
-	(
-		cd "${TOOLS}"
-		# -mod=readonly: go.sum in the repository is the source of truth;
-		# a missing or changed checksum is an error, never silently fixed.
-		CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -o "${HELM}.tmp" -ldflags "-s -w \
-			-X helm.sh/helm/v3/internal/version.version=${want} \
-			-X helm.sh/helm/v3/internal/version.gitTreeState=clean \
-			-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=${major} \
-			-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=${minor} \
-			-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=${major} \
-			-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=${minor}" \
-			helm.sh/helm/v3/cmd/helm
-	)
-	mv "${HELM}.tmp" "${HELM}"
+	build_go_tool "${TOOLS}" "${HELM}" "-X helm.sh/helm/v3/internal/version.version=${want} \
+		-X helm.sh/helm/v3/internal/version.gitTreeState=clean \
+		-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=${major} \
+		-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=${minor} \
+		-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=${major} \
+		-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=${minor}" \
+		helm.sh/helm/v3/cmd/helm
 }
 
 # check_yaml fails unless the rendering has documents and each carries a
@@ -157,10 +147,10 @@ expect_failure "the gate without the device taint" "needs kubeletPlugin.managedB
 	--set kubeletPlugin.managedByController=false
 if [[ "${HELM_SKIP_APISERVER:-}" == 1 ]]; then
 	log "skipping the API server checks (HELM_SKIP_APISERVER=1)"
-elif [[ -x "${BIN}/etcd" && -x "${BIN}/kube-apiserver" && -x "${BIN}/kubectl" ]]; then
+elif [[ -x "${BIN_DIR}/etcd" && -x "${BIN_DIR}/kube-apiserver" && -x "${BIN_DIR}/kubectl" ]]; then
 	# The kind demo's claims and pods go through the same server checks.
-	"${ROOT}/deployments/helm/test-policies.sh" "${WORK}"/*.yaml "${ROOT}"/demo/kind/examples/*.yaml
+	"${REPO_ROOT}/deployments/helm/test-policies.sh" "${WORK}"/*.yaml "${REPO_ROOT}"/demo/kind/examples/*.yaml
 else
-	log "skipping the API server checks: run hack/cluster.sh build for _output/bin/{etcd,kube-apiserver,kubectl}"
+	log "skipping the API server checks: run hack/cluster.sh build for ${BIN_DIR}/{etcd,kube-apiserver,kubectl}"
 fi
 log "chart OK"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs golangci-lint over the gpulink code (make lint; part of make test).
 #
-#   hack/lint.sh            build _output/bin/golangci-lint if needed, lint
-#   hack/lint.sh --build    only build _output/bin/golangci-lint
+#   hack/lint.sh            build $GPULINK_BIN_DIR/golangci-lint (default _output/bin) if needed, lint
+#   hack/lint.sh --build    only build it
 #   hack/lint.sh ARGS...    extra arguments for `golangci-lint run`
 #                           (e.g. --fix, or package patterns instead of ./...)
 #
@@ -14,12 +14,11 @@
 # are set so that the tests under test/ are linted as well.
 set -o errexit -o nounset -o pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BIN="${ROOT}/_output/bin"
-LINT="${BIN}/golangci-lint"
-TOOLS="${ROOT}/hack/tools/lint"
-
-log() { printf '>>> %s\n' "$*" >&2; }
+LOG_TAG=lint.sh
+# shellcheck source=hack/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+LINT="${BIN_DIR}/golangci-lint"
+TOOLS="${REPO_ROOT}/hack/tools/lint"
 
 build_lint() {
 	local want have=""
@@ -32,20 +31,10 @@ build_lint() {
 		return 0
 	fi
 	log "building golangci-lint ${want} into ${LINT}"
-	mkdir -p "${BIN}"
-	(
-		cd "${TOOLS}"
-		# -mod=readonly: go.sum in the repository is the source of truth;
-		# a missing or changed checksum is an error, never silently fixed.
-		# main.version/date are what golangci-lint's release build stamps;
-		# without them `golangci-lint version` reports "(devel)".
-		CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -o "${LINT}.tmp" -ldflags "-s -w \
-			-X main.version=${want} \
-			-X main.commit=v${want} \
-			-X main.date=unknown" \
-			github.com/golangci/golangci-lint/v2/cmd/golangci-lint
-	)
-	mv "${LINT}.tmp" "${LINT}"
+	# main.version/commit/date are what golangci-lint's release build
+	# stamps; without them `golangci-lint version` reports "(devel)".
+	build_go_tool "${TOOLS}" "${LINT}" "-X main.version=${want} -X main.commit=v${want} -X main.date=unknown" \
+		github.com/golangci/golangci-lint/v2/cmd/golangci-lint
 }
 
 build_lint
@@ -53,7 +42,7 @@ if [[ "${1:-}" == "--build" ]]; then
 	exit 0
 fi
 
-cd "${ROOT}"
+cd "${REPO_ROOT}"
 if [[ $# -eq 0 ]]; then
 	set -- ./...
 fi

@@ -133,7 +133,9 @@
 // are idempotent. At startup:
 //
 //   - a checkpoint from another boot (boot ID changed) is discarded;
-//   - claims in PrepareStarted are rolled back;
+//   - claims in PrepareStarted are rolled back, stopping an MPS daemon
+//     their interrupted prepare may have started unless another claim
+//     holds it;
 //   - CDI specs of claims that are not prepared are removed, and missing
 //     specs of prepared claims are rewritten;
 //   - a corrupt checkpoint (bad JSON, checksum mismatch, unknown version)

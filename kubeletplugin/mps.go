@@ -46,6 +46,16 @@ type MPSDirs struct {
 	Log  string
 }
 
+// create makes both directories.
+func (d MPSDirs) create() error {
+	for _, dir := range []string{d.Pipe, d.Log} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("creating MPS directory: %w", err)
+		}
+	}
+	return nil
+}
+
 // MPSManager hands out references to per-GPU MPS control daemons: the first
 // reference starts the GPU's daemon, releasing the last stops it.
 type MPSManager interface {
@@ -168,10 +178,8 @@ func (d *ExecMPSDaemon) running(ctx context.Context, gpu MPSGPU, dirs MPSDirs) b
 // Start launches `nvidia-cuda-mps-control -d` for the GPU unless a daemon
 // already serves its pipe directory.
 func (d *ExecMPSDaemon) Start(ctx context.Context, gpu MPSGPU, dirs MPSDirs) error {
-	for _, dir := range []string{dirs.Pipe, dirs.Log} {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return fmt.Errorf("creating MPS directory: %w", err)
-		}
+	if err := dirs.create(); err != nil {
+		return err
 	}
 	if d.running(ctx, gpu, dirs) {
 		klog.FromContext(ctx).Info("MPS control daemon already running, adopting it", "gpu", gpu.ID(), "pipeDir", dirs.Pipe)
@@ -202,10 +210,8 @@ func (d *ExecMPSDaemon) Stop(ctx context.Context, gpu MPSGPU, dirs MPSDirs) erro
 type DirOnlyMPSDaemon struct{}
 
 func (DirOnlyMPSDaemon) Start(ctx context.Context, gpu MPSGPU, dirs MPSDirs) error {
-	for _, dir := range []string{dirs.Pipe, dirs.Log} {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return fmt.Errorf("creating MPS directory: %w", err)
-		}
+	if err := dirs.create(); err != nil {
+		return err
 	}
 	klog.FromContext(ctx).Info("No NVIDIA driver on this node: not starting an MPS control daemon, only its directories", "gpu", gpu.ID(), "pipeDir", dirs.Pipe)
 	return nil

@@ -49,14 +49,11 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 				results[claim.UID] = kubeletplugin.PrepareResult{Devices: pc.kubeletDevices()}
 				continue
 			}
-			// Only an interrupted call leaves PrepareStarted behind; undo
-			// it and prepare afresh.
-			if err := d.teardown(ctx, pc); err != nil {
-				fail(claim.UID, claimError(claim.Namespace, claim.Name, claim.UID, fmt.Errorf("rolling back an interrupted prepare: %w", err)))
-				continue
-			}
-			delete(d.cp.Claims, claim.UID)
-			d.dirty = true
+			// PrepareStarted: planned earlier in this call (the claim is
+			// listed twice) and answered with it. Interrupted calls left
+			// none behind: recovery rolled them back at startup, and every
+			// error path of this call removes its claims.
+			continue
 		}
 		pc, err := d.planClaim(logger, claim)
 		if err != nil {
@@ -216,12 +213,12 @@ func (d *Driver) planClaim(logger klog.Logger, claim *resourceapi.ResourceClaim)
 		return nil, err
 	}
 	pc := &PreparedClaim{UID: claim.UID, Namespace: claim.Namespace, Name: claim.Name}
-	resultIdx := map[int]int{} // position in pc.Devices -> index in results
+	var resultIdx []int // position in pc.Devices -> index in results
 	for i, r := range alloc.Devices.Results {
 		if r.Driver != driver.Name {
 			continue
 		}
-		field := fmt.Sprintf("status.allocation.devices.results[%d]", i)
+		field := resultField(i)
 		if r.Pool != d.opts.NodeName {
 			return nil, fmt.Errorf("%s.pool: %q is not this node's pool %q", field, r.Pool, d.opts.NodeName)
 		}
@@ -251,7 +248,7 @@ func (d *Driver) planClaim(logger klog.Logger, claim *resourceapi.ResourceClaim)
 			}
 			dev.Share = share
 		}
-		resultIdx[len(pc.Devices)] = i
+		resultIdx = append(resultIdx, i)
 		pc.Devices = append(pc.Devices, dev)
 	}
 	if err := checkClaimShape(pc, resultIdx); err != nil {
@@ -264,6 +261,11 @@ func (d *Driver) planClaim(logger klog.Logger, claim *resourceapi.ResourceClaim)
 		pc.CDIDeviceID = CDIDeviceID(pc.UID)
 	}
 	return pc, nil
+}
+
+// resultField names an allocation result in error messages.
+func resultField(i int) string {
+	return fmt.Sprintf("status.allocation.devices.results[%d]", i)
 }
 
 // planShare works out the size and strategy of a share.
@@ -319,8 +321,8 @@ func consumed(r resourceapi.DeviceRequestAllocationResult, name string) (resourc
 // a GPU given whole and in shares (or whole twice) in one claim, shares of
 // one GPU with different strategies, and MPS shares next to other GPUs (a
 // CUDA process talks to a single MPS control daemon, which sees one GPU).
-func checkClaimShape(pc *PreparedClaim, resultIdx map[int]int) error {
-	field := func(j int) string { return fmt.Sprintf("status.allocation.devices.results[%d]", resultIdx[j]) }
+func checkClaimShape(pc *PreparedClaim, resultIdx []int) error {
+	field := func(j int) string { return resultField(resultIdx[j]) }
 	whole := map[int]int{}
 	shared := map[int]int{}
 	strategy := map[int]apiv1alpha1.SharingStrategy{}
@@ -366,7 +368,7 @@ func checkClaimShape(pc *PreparedClaim, resultIdx map[int]int) error {
 // checkConflicts is the last line of defense against double allocation:
 // a GPU given whole must not be in any other prepared claim, and shares of
 // one GPU must fit into it together. Admin-access results are exempt.
-func (d *Driver) checkConflicts(pc *PreparedClaim, resultIdx map[int]int) error {
+func (d *Driver) checkConflicts(pc *PreparedClaim, resultIdx []int) error {
 	type usage struct {
 		wholeBy     types.UID
 		mem, cores  int64
@@ -399,7 +401,7 @@ func (d *Driver) checkConflicts(pc *PreparedClaim, resultIdx map[int]int) error 
 		if dev.AdminAccess {
 			continue
 		}
-		field := fmt.Sprintf("status.allocation.devices.results[%d]", resultIdx[j])
+		field := resultField(resultIdx[j])
 		u := used[dev.Index]
 		if u == nil {
 			u = &usage{}

@@ -350,6 +350,26 @@ func TestPrepareBatchIsolatesBadClaims(t *testing.T) {
 	}
 }
 
+// A claim listed twice in one call (a pod naming it twice) is prepared
+// once: one MPS reference, so its unprepare stops the daemon.
+func TestPrepareClaimListedTwice(t *testing.T) {
+	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
+	gpu0 := "GPU-00000000-0000-0000-0000-000000000000"
+	d := e.start()
+	c := newClaim("mps", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10)})
+	res, err := d.PrepareResourceClaims(t.Context(), []*resourceapi.ResourceClaim{c, c})
+	if err != nil || len(res) != 1 || res[c.UID].Err != nil || len(res[c.UID].Devices) != 1 {
+		t.Fatalf("PrepareResourceClaims = %+v, %v", res, err)
+	}
+	if got := e.daemon.starts[gpu0]; got != 1 {
+		t.Errorf("MPS daemon started %d times, want 1", got)
+	}
+	mustUnprepare(t, d, c)
+	if e.daemon.isRunning(gpu0) {
+		t.Error("MPS daemon still running after its only claim was unprepared")
+	}
+}
+
 func TestPrepareMPSStartFailureRollsBack(t *testing.T) {
 	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
 	d := e.start()
@@ -426,6 +446,40 @@ func TestRestartRecovery(t *testing.T) {
 	}
 	// GPU 3 is free again.
 	mustPrepare(t, d2, half)
+}
+
+// A crash after apply started the MPS daemon but before PrepareCompleted
+// was recorded leaves the claim in PrepareStarted without MPSRef; the
+// rollback at restart must still stop the daemon it started.
+func TestRestartRollsBackInterruptedMPSStart(t *testing.T) {
+	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
+	gpu0 := "GPU-00000000-0000-0000-0000-000000000000"
+	d := e.start()
+	c := newClaim("mps", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10)})
+	mustPrepare(t, d, c)
+	if !e.daemon.isRunning(gpu0) {
+		t.Fatal("MPS daemon not started")
+	}
+	cp := readCheckpoint(t, e)
+	pc := cp.Claims[c.UID]
+	pc.State = PrepareStarted
+	pc.Devices[0].Share.MPSRef = false
+	if err := NewCheckpointStore(e.pluginDir).Store(cp); err != nil {
+		t.Fatal(err)
+	}
+
+	d2 := e.start()
+	if e.daemon.isRunning(gpu0) {
+		t.Error("MPS daemon of the rolled-back claim still running")
+	}
+	if e.specExists(c.UID) || len(readCheckpoint(t, e).Claims) != 0 {
+		t.Error("state of the rolled-back claim left behind")
+	}
+	mustPrepare(t, d2, c)
+	mustUnprepare(t, d2, c)
+	if e.daemon.isRunning(gpu0) {
+		t.Error("MPS daemon still running after its last claim")
+	}
 }
 
 func TestRestartAfterReboot(t *testing.T) {

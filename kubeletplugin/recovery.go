@@ -7,6 +7,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
+
+	apiv1alpha1 "github.com/gpulink/gpulink/api/v1alpha1"
 )
 
 // recoverState loads the checkpoint and makes the node match it:
@@ -19,7 +21,8 @@ import (
 //     human deletes the file, while the claims themselves live in the API.
 //   - A checkpoint from an earlier boot is void: after a reboot no daemon
 //     runs and no container uses the devices.
-//   - Claims left in PrepareStarted are rolled back.
+//   - Claims left in PrepareStarted are rolled back, including an MPS
+//     daemon their interrupted apply may have started.
 //   - MPS daemon references are rebuilt from the claims that hold them.
 //   - CDI specs of claims that are not prepared are removed.
 func (d *Driver) recoverState(ctx context.Context) error {
@@ -47,6 +50,21 @@ func (d *Driver) recoverState(ctx context.Context) error {
 	cp.BootID = bootID
 	d.cp = cp
 
+	// An interrupted apply may have started an MPS daemon after
+	// PrepareStarted was recorded (MPSRef is only written with
+	// PrepareCompleted). Count such shares as holding a reference: taking
+	// it adopts a running daemon, and the rollback's release stops it
+	// unless another claim holds it.
+	for _, pc := range cp.Claims {
+		if pc.State == PrepareCompleted {
+			continue
+		}
+		for _, dev := range pc.Devices {
+			if dev.Share != nil && dev.Share.Strategy == apiv1alpha1.SharingMPS {
+				dev.Share.MPSRef = true
+			}
+		}
+	}
 	// Rebuild MPS references first, so that rolling back a half-prepared
 	// claim below stops a daemon only if nothing else uses it.
 	for _, pc := range cp.Claims {

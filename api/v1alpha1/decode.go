@@ -7,6 +7,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer/json"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 
 	"github.com/gpulink/gpulink/internal/yamldoc"
 )
@@ -16,7 +17,7 @@ import (
 // is built once: the scheme and serializer are safe for concurrent use.
 var strictCodec = func() *json.Serializer {
 	scheme := runtime.NewScheme()
-	scheme.AddKnownTypeWithName(SchemeGroupVersion.WithKind(Kind), &GpuConfig{})
+	utilruntime.Must(AddToScheme(scheme))
 	return json.NewSerializerWithOptions(json.DefaultMetaFactory, scheme, scheme,
 		json.SerializerOptions{Yaml: true, Strict: true})
 }()

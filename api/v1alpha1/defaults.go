@@ -2,19 +2,22 @@ package v1alpha1
 
 import (
 	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/gpulink/gpulink/driver/allocate"
 )
 
 // Defaults Default fills in. The share sizes aim at inference services:
 // 4Gi fits a small model on any data-centre GPU gpulink targets (16Gi and
 // up), and a quarter of the SMs keeps a few of them from starving one
-// another. 16 shares per GPU is the MPS client limit of pre-Volta GPUs, the
-// lowest any supported GPU has, so the default is safe everywhere.
+// another. The share cap is the allocator's own default (the MPS client
+// limit of pre-Volta GPUs, the lowest any supported GPU has), so the
+// default is safe everywhere.
 const (
 	DefaultTopologyPolicy  = TopologyBestEffort
 	DefaultSharingStrategy = SharingMPS
 	DefaultShareMemory     = "4Gi"
 	DefaultShareCores      = int64(25)
-	DefaultMaxSharesPerGPU = 16
+	DefaultMaxSharesPerGPU = allocate.DefaultMaxSharesPerGPU
 )
 
 // Default fills every unset field with its default, so consumers need no

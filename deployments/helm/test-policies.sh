@@ -16,29 +16,28 @@
 # --dry-run=server, which runs the API server's full validation (schemas,
 # CEL compilation, RBAC rule checks) on it.
 #
-# Needs _output/bin/{helm,etcd,kube-apiserver,kubectl} (hack/helm.sh --build,
+# Needs $GPULINK_BIN_DIR (default _output/bin)/{helm,etcd,kube-apiserver,kubectl} (hack/helm.sh --build,
 # hack/cluster.sh build) and openssl. hack/helm.sh runs it when they exist.
 # Ports: 127.0.0.1:$ETCD_PORT, $ETCD_PORT+1 (peer) and $APISERVER_PORT;
 # the defaults derive from the process ID so that parallel runs (CI jobs on
 # one machine) do not collide.
 set -o errexit -o nounset -o pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-BIN="${ROOT}/_output/bin"
-CHART="${ROOT}/deployments/helm/gpulink"
+LOG_TAG=test-policies.sh
+# shellcheck source=hack/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../hack/lib.sh"
+CHART="${REPO_ROOT}/deployments/helm/gpulink"
 ETCD_PORT=${ETCD_PORT:-$((20000 + ($$ % 10000) * 2))}
 APISERVER_PORT=${APISERVER_PORT:-$((ETCD_PORT + 20001))}
 NS=gpulink-system
 PLUGIN_SA=gpulink-kubelet-plugin
 GATE=gpu.gpulink.dev/allocation
 
-log() { printf '>>> %s %s\n' "$(date -u +%T)" "$*" >&2; }
-fail() { printf 'test-policies.sh: FAIL: %s\n' "$*" >&2; FAILED=1; }
-die() { printf 'test-policies.sh: %s\n' "$*" >&2; exit 1; }
+fail() { log "FAIL: $*"; FAILED=1; }
 FAILED=0
 
 for b in helm etcd kube-apiserver kubectl; do
-	[[ -x "${BIN}/${b}" ]] || die "${BIN}/${b} not built"
+	[[ -x "${BIN_DIR}/${b}" ]] || die "${BIN_DIR}/${b} not built"
 done
 command -v openssl >/dev/null || die "openssl not found"
 
@@ -82,7 +81,7 @@ echo "${ADMIN_TOKEN},admin,admin,system:masters" >"${WORK}/tokens.csv"
 # stopping both) when either exits early, typically because a port is taken.
 start_control_plane() {
 	rm -rf "${WORK}/etcd"
-	"${BIN}/etcd" --data-dir "${WORK}/etcd" --unsafe-no-fsync \
+	"${BIN_DIR}/etcd" --data-dir "${WORK}/etcd" --unsafe-no-fsync \
 		--listen-client-urls "http://127.0.0.1:${ETCD_PORT}" \
 		--advertise-client-urls "http://127.0.0.1:${ETCD_PORT}" \
 		--listen-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" \
@@ -90,7 +89,7 @@ start_control_plane() {
 		--initial-cluster "default=http://127.0.0.1:$((ETCD_PORT + 1))" \
 		>"${WORK}/etcd.log" 2>&1 &
 	PIDS+=($!)
-	"${BIN}/kube-apiserver" \
+	"${BIN_DIR}/kube-apiserver" \
 		--etcd-servers "http://127.0.0.1:${ETCD_PORT}" \
 		--bind-address 127.0.0.1 --secure-port "${APISERVER_PORT}" \
 		--tls-cert-file "${WORK}/serving.crt" --tls-private-key-file "${WORK}/serving.key" \
@@ -137,7 +136,7 @@ EOF
 
 export KUBECONFIG="${WORK}/kubeconfig"
 # A request timeout keeps a wedged API server from hanging the test.
-kc() { "${BIN}/kubectl" --request-timeout=30s "$@"; }
+kc() { "${BIN_DIR}/kubectl" --request-timeout=30s "$@"; }
 
 log "starting etcd and kube-apiserver"
 attempt=1
@@ -152,7 +151,7 @@ done
 # --- install the chart's objects ----------------------------------------
 log "applying the rendered chart"
 kc create namespace "${NS}" >/dev/null
-"${BIN}/helm" template gpulink "${CHART}" --namespace "${NS}" --kube-version v1.37.0 >"${WORK}/chart.yaml"
+"${BIN_DIR}/helm" template gpulink "${CHART}" --namespace "${NS}" --kube-version v1.37.0 >"${WORK}/chart.yaml"
 kc apply -f "${WORK}/chart.yaml" >/dev/null
 # No static type check of the policies' CEL here: kube-controller-manager
 # writes that (status.typeChecking) and does not run. Every expression is
@@ -163,7 +162,7 @@ kc create namespace gpulink-demo >/dev/null
 kc -n gpulink-demo create serviceaccount default >/dev/null
 for rendered in "$@"; do
 	if out=$(kc apply --dry-run=server -f "${rendered}" 2>&1); then
-		log "ok: server-side dry run of ${rendered#"${ROOT}"/}"
+		log "ok: server-side dry run of ${rendered#"${REPO_ROOT}"/}"
 	else
 		fail "server-side dry run of ${rendered}: ${out}"
 	fi

@@ -28,14 +28,8 @@ func boundSearch(t *topology.Topology, cand uint64, k int, required topology.Lin
 	if k == 1 {
 		return pick{set: uint64(1) << b.order[0], key: singleKey, found: true}
 	}
-	var top uint8
-	for i := range b.n {
-		for j := i + 1; j < b.n; j++ {
-			top = max(top, uint8(t.Link(int(b.order[i]), int(b.order[j]))))
-		}
-	}
-	b.topLink = top
-	b.ceiling = makeKey(top, b.pairs*uint32(top))
+	b.ceiling = upperBound(t, cand, k)
+	b.topLink = b.ceiling.weak()
 	b.dfs(0, 0, 0, noPairs, 0)
 	return pick{set: b.bestSet, key: b.best, found: b.best != 0}
 }

@@ -99,6 +99,10 @@ func freeMask(n *NodeState) uint64 {
 	return all &^ busy
 }
 
+// FreeGPUs counts the GPUs free to be given out whole: not exclusive and
+// holding no shares.
+func (n *NodeState) FreeGPUs() int { return bits.OnesCount64(freeMask(n)) }
+
 // eligibleMask is the set of GPUs the request may use at all on n.
 func eligibleMask(n *NodeState, req Request) uint64 {
 	eligible := req.Eligible

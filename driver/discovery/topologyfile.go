@@ -152,14 +152,15 @@ func (d *topologyFileDiscoverer) Discover(ctx context.Context) (*topology.Topolo
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("discover GPUs from topology file %s: %w", d.opts.Path, err)
 	}
-	parsed, err := topology.ParseFile(d.opts.Path)
+	t, err := topology.ParseFile(d.opts.Path)
 	if err != nil {
 		return nil, fmt.Errorf("discover GPUs from topology file: %w", err)
 	}
-	n := parsed.Len()
-	gpus := make([]topology.GPU, n)
-	links := make([][]topology.Link, n)
-	for p, g := range parsed.GPUs {
+	// The parsed topology is this call's own, and what it derives from the
+	// links (islands, groups) does not depend on these fields, so they are
+	// filled in place rather than copied into a second topology.New.
+	for p := range t.GPUs {
+		g := &t.GPUs[p]
 		if g.Index > 0xfe {
 			return nil, fmt.Errorf("topology file %s: GPU index %d does not fit a synthetic PCI bus number", d.opts.Path, g.Index)
 		}
@@ -171,15 +172,6 @@ func (d *topologyFileDiscoverer) Discover(ctx context.Context) (*topology.Topolo
 		g.DriverVersion = d.opts.DriverVersion
 		g.MemoryBytes = d.opts.MemoryBytes
 		g.PCIBusID = syntheticBusID(g.Index)
-		gpus[p] = g
-		links[p] = make([]topology.Link, n)
-		for q := range n {
-			links[p][q] = parsed.Link(p, q)
-		}
-	}
-	t, err := topology.New(gpus, links)
-	if err != nil {
-		return nil, fmt.Errorf("topology file %s: %w", d.opts.Path, err)
 	}
 	return t, nil
 }

@@ -43,12 +43,8 @@ func nvlinkIslands(t *Topology) ([][]int, []int) {
 // by their lowest position, and a GPU without NVLink is an island of one.
 // The result is a copy the caller may modify.
 func (t *Topology) Islands() [][]int {
-	islands := t.islands
-	if islands == nil && t.Len() > 0 {
-		islands, _ = nvlinkIslands(t)
-	}
-	out := make([][]int, len(islands))
-	for i, isl := range islands {
+	out := make([][]int, len(t.islands))
+	for i, isl := range t.islands {
 		out[i] = append([]int(nil), isl...)
 	}
 	return out
@@ -59,10 +55,6 @@ func (t *Topology) Islands() [][]int {
 func (t *Topology) IslandOf(p int) int {
 	if p < 0 || p >= t.Len() {
 		return -1
-	}
-	if t.islandOf == nil {
-		_, islandOf := nvlinkIslands(t)
-		return islandOf[p]
 	}
 	return t.islandOf[p]
 }

@@ -227,8 +227,8 @@ func parseHeader(fields []string) ([]column, error) {
 			return nil, fmt.Errorf("column %q is not a device or a known attribute; is this the header line?", name)
 		default:
 			if rest, ok := strings.CutPrefix(name, "GPU"); ok {
-				idx, err := strconv.Atoi(rest)
-				if err != nil || idx < 0 || strconv.Itoa(idx) != rest {
+				idx, err := parseID(rest)
+				if err != nil {
 					return nil, fmt.Errorf("column %q: want GPU<index> with a non-negative decimal index", name)
 				}
 				c.kind, c.index = colGPU, idx

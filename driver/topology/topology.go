@@ -41,9 +41,10 @@ type Topology struct {
 	GPUs  []GPU
 	links []Link // row-major Len()×Len(); diagonal is LinkNone
 
-	// Derived data. A Topology is immutable after New, so islands are
-	// computed once there and aligned groups on first use; derived is a
-	// pointer so that copying a Topology value does not copy a mutex.
+	// Derived data. The link matrix never changes after New (GPUs' fields
+	// may; nothing here depends on them), so islands are computed once
+	// there and aligned groups on first use; derived is a pointer so that
+	// copying a Topology value does not copy a mutex.
 	islands  [][]int
 	islandOf []int
 	derived  *derivedCache

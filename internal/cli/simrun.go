@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 
-	"k8s.io/apimachinery/pkg/api/resource"
-
 	"github.com/gpulink/gpulink/driver/allocate"
 	"github.com/gpulink/gpulink/driver/topology"
 )
@@ -101,10 +99,10 @@ func runAlloc(ls *loadedScenario, st plannedStep, o *StepOutcome, live map[strin
 		o.Link = res.WeakestLink.String()
 	}
 	if s := st.req.Share; s != nil {
-		o.Memory = resource.NewQuantity(s.MemoryBytes, resource.BinarySI).String()
+		o.Memory = bytesString(s.MemoryBytes)
 		o.Cores = s.Cores
 	}
-	o.nodeFree, o.nodeTotal = wholeFree(ls.nodes[n]), t.Len()
+	o.nodeFree, o.nodeTotal = ls.nodes[n].FreeGPUs(), t.Len()
 	return nil
 }
 
@@ -125,7 +123,7 @@ func runFree(ls *loadedScenario, st plannedStep, o *StepOutcome, live map[string
 	delete(live, st.id)
 	o.freedNode = n.Name
 	o.freedGPUs = indicesOf(n.Topology, a.res.GPUs)
-	o.nodeFree, o.nodeTotal = wholeFree(n), n.Topology.Len()
+	o.nodeFree, o.nodeTotal = n.FreeGPUs(), n.Topology.Len()
 	return nil
 }
 
@@ -145,18 +143,4 @@ func indicesOf(t *topology.Topology, positions []int) []int {
 		out[i] = t.GPUs[p].Index
 	}
 	return out
-}
-
-// wholeFree counts GPUs neither given out whole nor holding shares.
-func wholeFree(n *allocate.NodeState) int {
-	if n.Usage == nil {
-		return n.Topology.Len()
-	}
-	free := 0
-	for _, u := range n.Usage {
-		if !u.Exclusive && u.Shares == 0 {
-			free++
-		}
-	}
-	return free
 }

@@ -5,8 +5,6 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
-
-	"k8s.io/apimachinery/pkg/api/resource"
 )
 
 // writeSimulationTable renders the outcomes for people, then the final
@@ -48,11 +46,11 @@ func writeSimulationTable(w io.Writer, ls *loadedScenario, outcomes []StepOutcom
 				whole = append(whole, g.Index)
 			case u.Shares > 0:
 				shared = append(shared, fmt.Sprintf("GPU%d: %d share(s), %s, %d%% cores",
-					g.Index, u.Shares, resource.NewQuantity(u.MemoryBytes, resource.BinarySI), u.Cores))
+					g.Index, u.Shares, bytesString(u.MemoryBytes), u.Cores))
 			}
 		}
 		p.printf("%s\t%d (%s)\t%d\t%s\t%s\n", n.Name, n.Topology.Len(), ls.files[i],
-			wholeFree(n), formatIndices(whole), orDash(strings.Join(shared, "; ")))
+			n.FreeGPUs(), formatIndices(whole), orDash(strings.Join(shared, "; ")))
 	}
 	p.flush()
 	return p.err

@@ -35,17 +35,13 @@ func writeTopologyTable(w io.Writer, source string, t *topology.Topology, v *top
 		p.printf("none: groups are published for sizes 2, 4, 8, ... smaller than the node\n")
 	}
 	for _, k := range v.sizes {
-		groups := v.Groups[strconv.Itoa(k)]
-		grouped := map[int]bool{}
-		for id, g := range groups {
+		size := strconv.Itoa(k)
+		for id, g := range v.Groups[size] {
 			p.printf("%s=%d\tGPUs %s\t%s\n", driver.GroupAttr(k), id, formatIndices(g), describeSet(t, g))
-			for _, idx := range g {
-				grouped[idx] = true
-			}
 		}
 		var left []int
 		for _, g := range v.GPUs {
-			if !grouped[g.Index] {
+			if _, grouped := g.Groups[size]; !grouped {
 				left = append(left, g.Index)
 			}
 		}

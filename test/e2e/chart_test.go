@@ -46,10 +46,10 @@ type chartObjects struct {
 }
 
 // renderChart renders the DeviceClasses and the scheduling-gate policy of
-// the Helm chart with _output/bin/helm, as `helm template` would for a
-// user, with the extra helm arguments.
-func renderChart(ctx context.Context, root string, extra ...string) (*chartObjects, error) {
-	helm := filepath.Join(root, "_output", "bin", "helm")
+// the Helm chart with binDir/helm, as `helm template` would for a user,
+// with the extra helm arguments.
+func renderChart(ctx context.Context, root, binDir string, extra ...string) (*chartObjects, error) {
+	helm := filepath.Join(binDir, "helm")
 	if _, err := os.Stat(helm); err != nil {
 		return nil, fmt.Errorf("%w: build helm first: `hack/helm.sh --build` (`make helm`, `make helm-lint`; `make test` and `make test-integration` do it before the e2e tests)", err)
 	}

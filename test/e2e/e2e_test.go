@@ -1,8 +1,9 @@
 //go:build e2e
 
 // Package e2e_test deploys gpulink the way a user runs it, as its built
-// binaries (_output/bin/gpulink-kubeletplugin and gpulink-controller, from
-// `make build`), on a local Kubernetes 1.37 cluster (test/localcluster):
+// binaries (gpulink-kubeletplugin and gpulink-controller from `make build`,
+// in localcluster.DefaultBinDir: $GPULINK_BIN_DIR, else _output/bin), on a
+// local Kubernetes 1.37 cluster (test/localcluster):
 //
 //	local-node  real node (kubelet + containerd with CDI), presented by its
 //	            kubelet plugin as 8 GPUs in NVLink-bridged pairs
@@ -11,7 +12,7 @@
 //	p40-node    API-only node, 7 x P40 on two PCIe switches (p40-pcie-7.txt)
 //
 // with one controller and the chart's cluster-scoped objects, rendered with
-// `helm template` (_output/bin/helm, from `hack/helm.sh --build`): the
+// `helm template` (<bin dir>/helm, from `hack/helm.sh --build`): the
 // DeviceClasses (checked against deployments/deviceclasses) and the
 // MutatingAdmissionPolicy that adds the scheduling gate to pods with claims.
 // It checks what pods get: the container's NVIDIA_VISIBLE_DEVICES and
@@ -135,9 +136,9 @@ func setup(ctx context.Context, t *testing.T) *suite {
 	if err != nil {
 		t.Fatal(err)
 	}
-	binDir := os.Getenv("GPULINK_BIN_DIR")
-	if binDir == "" {
-		binDir = filepath.Join(root, "_output", "bin")
+	binDir, err := localcluster.DefaultBinDir()
+	if err != nil {
+		t.Fatal(err)
 	}
 	pluginBin := filepath.Join(binDir, "gpulink-kubeletplugin")
 	controllerBin := filepath.Join(binDir, "gpulink-controller")
@@ -151,7 +152,7 @@ func setup(ctx context.Context, t *testing.T) *suite {
 	// DeviceClasses and the MutatingAdmissionPolicy that gates pods with
 	// claims. Its namespaceSelector leaves out namespaces labelled
 	// ungatedLabel=ungatedValue, where the test runs a pod without the gate.
-	chart, err := renderChart(ctx, root, "--set-json",
+	chart, err := renderChart(ctx, root, binDir, "--set-json",
 		fmt.Sprintf(`gate.namespaceSelector={"matchExpressions":[{"key":%q,"operator":"NotIn","values":[%q]}]}`, ungatedLabel, ungatedValue))
 	if err != nil {
 		t.Fatal(err)
@@ -216,7 +217,7 @@ func setup(ctx context.Context, t *testing.T) *suite {
 		len(chart.deviceClasses), time.Since(policyStart).Seconds())
 
 	driverRoot := filepath.Join(dir, "driver")
-	s.devNodes = mkDeviceNodes(t, driverRoot, 8)
+	s.devNodes = localcluster.MkDeviceNodes(t, driverRoot, 8)
 	testdata := filepath.Join(root, "driver", "topology", "testdata")
 	nodes := []nodeSpec{
 		{s.realNode, "pcie-nvbridge-8.txt", "NVIDIA A40", "48Gi", "8.6", 8},
@@ -262,7 +263,7 @@ func setup(ctx context.Context, t *testing.T) *suite {
 			t.Fatal(err)
 		}
 	}
-	healthPort := freePort(t)
+	healthPort := localcluster.FreePort(t)
 	s.controller = startProc(t, logDir, "controller", controllerBin,
 		"--kubeconfig="+cluster.Kubeconfig(),
 		"--leader-elect=false",
@@ -614,17 +615,22 @@ func (s *suite) secondPod(ctx context.Context, t *testing.T, first, share holdin
 	}
 }
 
+// requireNVLink is the claim configuration of a request "gpus" whose
+// devices must all be NVLink-connected (topology policy Required).
+func requireNVLink() *resourceapi.DeviceClaimConfiguration {
+	return &resourceapi.DeviceClaimConfiguration{
+		Requests: []string{"gpus"},
+		DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+			Driver: driver.Name,
+			Parameters: runtime.RawExtension{Raw: []byte(`{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig",` +
+				`"topology":{"policy":"Required","minLink":"NVLink"}}`)},
+		}},
+	}
+}
+
 func (s *suite) nvlinkQuad(ctx context.Context, t *testing.T) {
 	const name = "four-nvlink"
-	s.template(ctx, t, name, resourceapi.ExactDeviceRequest{DeviceClassName: driver.DeviceClassWhole, Count: 4},
-		&resourceapi.DeviceClaimConfiguration{
-			Requests: []string{"gpus"},
-			DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
-				Driver: driver.Name,
-				Parameters: runtime.RawExtension{Raw: []byte(`{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig",` +
-					`"topology":{"policy":"Required","minLink":"NVLink"}}`)},
-			}},
-		})
+	s.template(ctx, t, name, resourceapi.ExactDeviceRequest{DeviceClassName: driver.DeviceClassWhole, Count: 4}, requireNVLink())
 	// No node selector: only the V100 node has four GPUs that are all
 	// NVLink-connected (the real node has NVLink pairs, the P40 node none).
 	s.pod(ctx, t, name, name, "")
@@ -715,15 +721,7 @@ func (s *suite) free(ctx context.Context, t *testing.T, node *gpuview.Node) map[
 // given anything worse; the pod stays gated and the controller says why.
 func (s *suite) requiredWaits(ctx context.Context, t *testing.T) {
 	const name = "four-nvlink-waits"
-	s.template(ctx, t, name, resourceapi.ExactDeviceRequest{DeviceClassName: driver.DeviceClassWhole, Count: 4},
-		&resourceapi.DeviceClaimConfiguration{
-			Requests: []string{"gpus"},
-			DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
-				Driver: driver.Name,
-				Parameters: runtime.RawExtension{Raw: []byte(`{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig",` +
-					`"topology":{"policy":"Required","minLink":"NVLink"}}`)},
-			}},
-		})
+	s.template(ctx, t, name, resourceapi.ExactDeviceRequest{DeviceClassName: driver.DeviceClassWhole, Count: 4}, requireNVLink())
 	pod := s.pod(ctx, t, name, name, p40Node)
 	var note string
 	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, allocTimeout, true, func(ctx context.Context) (bool, error) {

@@ -4,9 +4,7 @@ package e2e_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -16,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -100,17 +97,6 @@ func (p *proc) alive() error {
 	return nil
 }
 
-// freePort returns a currently free TCP port on 127.0.0.1.
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // waitHTTP waits until url answers 200 while p runs.
 func waitHTTP(ctx context.Context, p *proc, url string, timeout time.Duration) error {
 	hc := &http.Client{Timeout: 2 * time.Second}
@@ -136,31 +122,6 @@ func waitHTTP(ctx context.Context, p *proc, url string, timeout time.Duration) e
 		return fmt.Errorf("waiting for %s: %w (last: %v)", url, err, last)
 	}
 	return nil
-}
-
-// mkDeviceNodes creates stand-ins for the NVIDIA device nodes under
-// root/dev (character devices with /dev/null's numbers, so containerd can
-// create them in containers) and reports whether mknod was permitted.
-func mkDeviceNodes(t *testing.T, root string, gpus int) bool {
-	t.Helper()
-	dev := filepath.Join(root, "dev")
-	if err := os.MkdirAll(dev, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	names := []string{"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"}
-	for i := range gpus {
-		names = append(names, fmt.Sprintf("nvidia%d", i))
-	}
-	for _, n := range names {
-		if err := unix.Mknod(filepath.Join(dev, n), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
-			if errors.Is(err, unix.EPERM) {
-				t.Logf("mknod not permitted (%v): checking the environment only, not /dev entries", err)
-				return false
-			}
-			t.Fatal(err)
-		}
-	}
-	return true
 }
 
 // readDeviceClasses parses the DeviceClasses of a multi-document YAML file.
@@ -240,23 +201,11 @@ func podLog(ctx context.Context, cluster *localcluster.Cluster, pod *corev1.Pod)
 	if err == nil {
 		return string(raw), nil
 	}
-	pattern := filepath.Join(cluster.Dir(), "pod-logs", pod.Namespace+"_"+pod.Name+"_"+string(pod.UID), "workload", "*.log")
-	files, globErr := filepath.Glob(pattern)
-	if globErr != nil || len(files) == 0 {
-		return "", fmt.Errorf("API: %v; no log file %s", err, pattern)
+	log, fileErr := localcluster.ReadPodLogFile(cluster.PodLogDir(), pod, "workload")
+	if fileErr != nil {
+		return "", fmt.Errorf("API: %v; %w", err, fileErr)
 	}
-	data, readErr := os.ReadFile(files[len(files)-1])
-	if readErr != nil {
-		return "", errors.Join(err, readErr)
-	}
-	var out strings.Builder
-	for _, line := range strings.Split(string(data), "\n") {
-		// CRI format: <time> <stream> <tag> <line>
-		if f := strings.SplitN(line, " ", 4); len(f) == 4 {
-			out.WriteString(f[3] + "\n")
-		}
-	}
-	return out.String(), nil
+	return log, nil
 }
 
 // describePod summarizes a pod and its events for failure messages.

@@ -115,18 +115,33 @@ func removeContainerLogLinks(dir string) error {
 	return errors.Join(errs...)
 }
 
-// mountPoints returns the mount points at or below dir, deepest first.
-func mountPoints(dir string) ([]string, error) {
+// mountinfo returns the fields of each line of /proc/self/mountinfo.
+func mountinfo() ([][]string, error) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return nil, fmt.Errorf("reading mounts: %w", err)
 	}
 	defer f.Close()
-	var mps []string
+	var lines [][]string
 	s := bufio.NewScanner(f)
 	s.Buffer(make([]byte, 64<<10), 1<<20)
 	for s.Scan() {
-		fields := strings.Fields(s.Text())
+		lines = append(lines, strings.Fields(s.Text()))
+	}
+	if err := s.Err(); err != nil {
+		return nil, fmt.Errorf("reading mounts: %w", err)
+	}
+	return lines, nil
+}
+
+// mountPoints returns the mount points at or below dir, deepest first.
+func mountPoints(dir string) ([]string, error) {
+	lines, err := mountinfo()
+	if err != nil {
+		return nil, err
+	}
+	var mps []string
+	for _, fields := range lines {
 		if len(fields) < 5 {
 			continue
 		}
@@ -134,9 +149,6 @@ func mountPoints(dir string) ([]string, error) {
 		if mp == dir || strings.HasPrefix(mp, dir+"/") {
 			mps = append(mps, mp)
 		}
-	}
-	if err := s.Err(); err != nil {
-		return nil, fmt.Errorf("reading mounts: %w", err)
 	}
 	sort.Slice(mps, func(i, j int) bool { return len(mps[i]) > len(mps[j]) })
 	return mps, nil
@@ -188,23 +200,19 @@ func unmountUnder(dir string) error {
 // cgroupMounts returns the mount points of the cgroup v1 hierarchies and of
 // the cgroup v2 hierarchy (unified, in hybrid mode).
 func cgroupMounts() ([]string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	lines, err := mountinfo()
 	if err != nil {
-		return nil, fmt.Errorf("reading mounts: %w", err)
+		return nil, err
 	}
-	defer f.Close()
 	var mps []string
-	s := bufio.NewScanner(f)
-	s.Buffer(make([]byte, 64<<10), 1<<20)
-	for s.Scan() {
-		fields := strings.Fields(s.Text())
+	for _, fields := range lines {
 		for i, f := range fields {
 			if f == "-" && i+1 < len(fields) && (fields[i+1] == "cgroup" || fields[i+1] == "cgroup2") && fields[3] == "/" {
 				mps = append(mps, unescapeMount(fields[4]))
 			}
 		}
 	}
-	return mps, s.Err()
+	return mps, nil
 }
 
 // isCgroupV1 reports whether the host runs cgroup v1 (or hybrid) rather than

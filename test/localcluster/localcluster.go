@@ -205,6 +205,11 @@ func (c *Cluster) logf(format string, args ...any) {
 }
 
 // defaultDir returns dir, else $env, else <repo>/_output/<sub>.
+// DefaultBinDir returns where the binaries are when Options.BinDir is
+// empty: $GPULINK_BIN_DIR, else <repo>/_output/bin. The gpulink binaries
+// (make build) and helm (hack/helm.sh --build) are built there too.
+func DefaultBinDir() (string, error) { return defaultDir("", "GPULINK_BIN_DIR", "bin") }
+
 func defaultDir(dir, env, sub string) (string, error) {
 	if dir == "" {
 		dir = os.Getenv(env)
@@ -486,6 +491,9 @@ func (c *Cluster) CDIDir() string { return filepath.Join(c.dir, "cdi") }
 // plugins register in <root>/plugins_registry and keep their sockets and
 // data in <root>/plugins/<driver>.
 func (c *Cluster) KubeletRootDir() string { return filepath.Join(c.dir, "kubelet") }
+
+// PodLogDir returns the real node's pod log directory (see ReadPodLogFile).
+func (c *Cluster) PodLogDir() string { return filepath.Join(c.dir, "pod-logs") }
 
 // ContainerdSocket returns the path of containerd's gRPC socket; empty
 // without a real node.

@@ -243,7 +243,7 @@ func (c *Cluster) killAllTasks() error {
 func (c *Cluster) startKubelet(ctx context.Context) error {
 	start := time.Now()
 	root := c.KubeletRootDir()
-	podLogs := filepath.Join(c.dir, "pod-logs")
+	podLogs := c.PodLogDir()
 	for _, d := range []string{root, podLogs, filepath.Join(root, "plugins_registry"), filepath.Join(root, "plugins")} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			return fmt.Errorf("localcluster: creating kubelet directory: %w", err)

@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,17 +18,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/test/localcluster"
 )
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
 
 // TestBinary builds cmd/gpulink-controller and runs it against the cluster
 // with leader election: it takes the Lease, serves /readyz and /metrics,
@@ -41,7 +31,7 @@ func TestBinary(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building the controller: %v\n%s", err, out)
 	}
-	metrics, health := freePort(t), freePort(t)
+	metrics, health := localcluster.FreePort(t), localcluster.FreePort(t)
 	ctx, cancel := context.WithCancel(e.ctx)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin,

@@ -5,14 +5,12 @@ package kubeletplugin_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -58,7 +56,7 @@ func TestKubeletPluginRealNode(t *testing.T) {
 	// Stand-ins for the NVIDIA device nodes: character devices with
 	// /dev/null's numbers, so containerd can create them in containers.
 	driverRoot := filepath.Join(dir, "driver")
-	devNodes := mkFakeDeviceNodes(t, driverRoot)
+	devNodes := localcluster.MkDeviceNodes(t, driverRoot, 8)
 
 	root := cluster.KubeletRootDir()
 	startPlugin(ctx, t, client, pluginSetup{
@@ -128,30 +126,6 @@ func TestKubeletPluginRealNode(t *testing.T) {
 	}
 }
 
-// mkFakeDeviceNodes creates the device nodes under root/dev and reports
-// whether that was possible (mknod may be forbidden).
-func mkFakeDeviceNodes(t *testing.T, root string) bool {
-	t.Helper()
-	dev := filepath.Join(root, "dev")
-	if err := os.MkdirAll(dev, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	names := []string{"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"}
-	for i := range 8 {
-		names = append(names, "nvidia"+string(rune('0'+i)))
-	}
-	for _, n := range names {
-		if err := unix.Mknod(filepath.Join(dev, n), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
-			if errors.Is(err, unix.EPERM) {
-				t.Logf("mknod not permitted (%v): checking environment only, not device nodes", err)
-				return false
-			}
-			t.Fatal(err)
-		}
-	}
-	return true
-}
-
 // runWorkload runs the workload image with a claim and returns its log
 // once it printed READY.
 func runWorkload(ctx context.Context, t *testing.T, cluster *localcluster.Cluster, name, claim string) string {
@@ -193,7 +167,7 @@ func runWorkload(ctx context.Context, t *testing.T, cluster *localcluster.Cluste
 		// The API server could not fetch the log from the kubelet:
 		// read the kubelet's log file directly.
 		logErr = err
-		log, err = readPodLogFile(cluster, created, "workload")
+		log, err = localcluster.ReadPodLogFile(cluster.PodLogDir(), created, "workload")
 		if err != nil {
 			logErr = errors.Join(logErr, err)
 			return false, nil
@@ -236,27 +210,4 @@ func checkLines(t *testing.T, pod, log string, want, unwanted []string) {
 			t.Errorf("%s: unexpected line %q", pod, u)
 		}
 	}
-}
-
-// readPodLogFile reads a container's log from the kubelet's pod log
-// directory (<cluster>/pod-logs/<ns>_<pod>_<uid>/<container>/N.log, CRI
-// format "<time> <stream> <tag> <line>") and returns the lines.
-func readPodLogFile(cluster *localcluster.Cluster, pod *corev1.Pod, container string) (string, error) {
-	pattern := filepath.Join(cluster.Dir(), "pod-logs", pod.Namespace+"_"+pod.Name+"_"+string(pod.UID), container, "*.log")
-	files, err := filepath.Glob(pattern)
-	if err != nil || len(files) == 0 {
-		return "", fmt.Errorf("no log file %s (%v)", pattern, err)
-	}
-	raw, err := os.ReadFile(files[len(files)-1])
-	if err != nil {
-		return "", err
-	}
-	var out strings.Builder
-	for _, line := range strings.Split(string(raw), "\n") {
-		fields := strings.SplitN(line, " ", 4)
-		if len(fields) == 4 {
-			out.WriteString(fields[3] + "\n")
-		}
-	}
-	return out.String(), nil
 }

@@ -440,16 +440,7 @@ func mpsLimits(ctx context.Context, client kubernetes.Interface, o options, pod 
 	if err == nil {
 		log = string(raw)
 	} else if o.podLogDir != "" {
-		files, _ := filepath.Glob(filepath.Join(o.podLogDir, pod.Namespace+"_"+pod.Name+"_"+string(pod.UID), container, "*.log"))
-		if len(files) > 0 {
-			if data, err := os.ReadFile(files[len(files)-1]); err == nil {
-				for _, line := range strings.Split(string(data), "\n") {
-					if f := strings.SplitN(line, " ", 4); len(f) == 4 {
-						log += f[3] + "\n"
-					}
-				}
-			}
-		}
+		log, _ = localcluster.ReadPodLogFile(o.podLogDir, pod, container)
 	}
 	// Shown as "mem 0=10240M, 30% threads".
 	var mem, threads string

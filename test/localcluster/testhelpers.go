@@ -1,0 +1,74 @@
+package localcluster
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// FreePort returns a TCP port on 127.0.0.1 that the kernel found free, for
+// a gpulink binary a test starts (its metrics or health address).
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// MkDeviceNodes creates stand-ins for the NVIDIA device nodes of gpus GPUs
+// under root/dev (character devices with /dev/null's numbers, so containerd
+// can create them in containers) and reports whether mknod was permitted.
+func MkDeviceNodes(t testing.TB, root string, gpus int) bool {
+	t.Helper()
+	dev := filepath.Join(root, "dev")
+	if err := os.MkdirAll(dev, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	names := []string{"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"}
+	for i := range gpus {
+		names = append(names, fmt.Sprintf("nvidia%d", i))
+	}
+	for _, n := range names {
+		if err := unix.Mknod(filepath.Join(dev, n), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
+			if errors.Is(err, unix.EPERM) {
+				t.Logf("mknod not permitted (%v): checking the environment only, not /dev entries", err)
+				return false
+			}
+			t.Fatal(err)
+		}
+	}
+	return true
+}
+
+// ReadPodLogFile returns what container of pod wrote, read from the
+// kubelet's pod log directory podLogDir (<podLogDir>/<ns>_<pod>_<uid>/
+// <container>/N.log, the newest file, in CRI format "<time> <stream> <tag>
+// <line>"), for when the API server cannot fetch the log from the kubelet.
+func ReadPodLogFile(podLogDir string, pod *corev1.Pod, container string) (string, error) {
+	pattern := filepath.Join(podLogDir, pod.Namespace+"_"+pod.Name+"_"+string(pod.UID), container, "*.log")
+	files, err := filepath.Glob(pattern)
+	if err != nil || len(files) == 0 {
+		return "", fmt.Errorf("no log file %s (%v)", pattern, err)
+	}
+	data, err := os.ReadFile(files[len(files)-1])
+	if err != nil {
+		return "", err
+	}
+	var out strings.Builder
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.SplitN(line, " ", 4); len(f) == 4 {
+			out.WriteString(f[3] + "\n")
+		}
+	}
+	return out.String(), nil
+}
