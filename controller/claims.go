@@ -177,22 +177,7 @@ func (ip *interpreter) resolve(layers [][]byte) *resolvedConfig {
 	}
 	ip.configMu.Unlock()
 	r := &resolvedConfig{}
-	r.cfg, r.err = v1alpha1.Resolve(layers...)
-	if r.err == nil {
-		var decoded []*v1alpha1.GpuConfig
-		for _, l := range layers {
-			d, err := v1alpha1.Decode(l)
-			if err != nil {
-				r.err = err
-				break
-			}
-			decoded = append(decoded, d)
-		}
-		if m := v1alpha1.Merge(decoded...); r.err == nil && m.Sharing != nil {
-			r.mem = m.Sharing.DefaultMemory
-			r.cores = m.Sharing.DefaultCores
-		}
-	}
+	r.cfg, r.mem, r.cores, r.err = resolveLayers(layers)
 	ip.configMu.Lock()
 	if ip.configs == nil || len(ip.configs) >= maxConfigCache {
 		ip.configs = map[string]*resolvedConfig{}
@@ -200,6 +185,24 @@ func (ip *interpreter) resolve(layers [][]byte) *resolvedConfig {
 	ip.configs[k] = r
 	ip.configMu.Unlock()
 	return r
+}
+
+// resolveLayers decodes each configuration layer once and resolves them,
+// returning the effective config and the share size the layers set
+// explicitly (nil where they leave it to the device's default).
+func resolveLayers(layers [][]byte) (*v1alpha1.GpuConfig, *resource.Quantity, *int64, error) {
+	decoded, err := v1alpha1.DecodeLayers(layers...)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cfg, explicit, err := v1alpha1.ResolveDecoded(decoded...)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if explicit.Sharing == nil {
+		return cfg, nil, nil, nil
+	}
+	return cfg, explicit.Sharing.DefaultMemory, explicit.Sharing.DefaultCores, nil
 }
 
 // interpret classifies a claim and, for gpulink claims, builds its

@@ -18,7 +18,6 @@ type opaqueConfig struct {
 	index    int // position in allocation.devices.config, for error messages
 	source   resourceapi.AllocationConfigSource
 	requests []string
-	raw      []byte
 	decoded  *apiv1alpha1.GpuConfig
 }
 
@@ -60,7 +59,7 @@ func newClaimConfigs(logger klog.Logger, alloc *resourceapi.AllocationResult) (*
 			return nil, fmt.Errorf("%s: %w", field, err)
 		}
 		cc.entries = append(cc.entries, opaqueConfig{
-			index: i, source: c.Source, requests: c.Requests, raw: raw, decoded: decoded,
+			index: i, source: c.Source, requests: c.Requests, decoded: decoded,
 		})
 	}
 	// Class configs are the lower layer and claim configs override them,
@@ -90,22 +89,20 @@ func (cc *claimConfigs) forRequest(request string) (*requestConfig, error) {
 		return rc, nil
 	}
 	var (
-		layers  [][]byte
 		decoded []*apiv1alpha1.GpuConfig
 		indices []int
 	)
 	for _, e := range cc.entries {
 		if e.applies(request) {
-			layers = append(layers, e.raw)
 			decoded = append(decoded, e.decoded)
 			indices = append(indices, e.index)
 		}
 	}
-	resolved, err := apiv1alpha1.Resolve(layers...)
+	resolved, explicit, err := apiv1alpha1.ResolveDecoded(decoded...)
 	if err != nil {
 		return nil, fmt.Errorf("status.allocation.devices.config%v (the entries for request %q): %w", indices, request, err)
 	}
-	rc := &requestConfig{resolved: resolved, explicit: apiv1alpha1.Merge(decoded...)}
+	rc := &requestConfig{resolved: resolved, explicit: explicit}
 	cc.cache[request] = rc
 	return rc, nil
 }

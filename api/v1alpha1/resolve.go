@@ -15,6 +15,17 @@ func Normalize(raw []byte) (*GpuConfig, error) {
 // validated, so defaults of a later layer never mask an earlier layer's
 // explicit setting. No layers yields the defaults.
 func Resolve(layers ...[]byte) (*GpuConfig, error) {
+	decoded, err := DecodeLayers(layers...)
+	if err != nil {
+		return nil, err
+	}
+	resolved, _, err := ResolveDecoded(decoded...)
+	return resolved, err
+}
+
+// DecodeLayers strictly decodes each configuration layer; an error names
+// the layer's position when there is more than one.
+func DecodeLayers(layers ...[]byte) ([]*GpuConfig, error) {
 	decoded := make([]*GpuConfig, 0, len(layers))
 	for i, raw := range layers {
 		c, err := Decode(raw)
@@ -26,10 +37,20 @@ func Resolve(layers ...[]byte) (*GpuConfig, error) {
 		}
 		decoded = append(decoded, c)
 	}
-	c := Merge(decoded...)
-	c.Default()
-	if err := c.Validate(); err != nil {
-		return nil, fmt.Errorf("invalid GpuConfig: %w", err)
+	return decoded, nil
+}
+
+// ResolveDecoded is Resolve for layers the caller has already decoded. It
+// also returns the merged layers before defaulting, for callers that need
+// to know which fields a user set explicitly (a share size from the config
+// beats the device's default; a defaulted one does not), so nobody has to
+// decode the same bytes twice.
+func ResolveDecoded(decoded ...*GpuConfig) (resolved, explicit *GpuConfig, err error) {
+	explicit = Merge(decoded...)
+	resolved = explicit.DeepCopy()
+	resolved.Default()
+	if err := resolved.Validate(); err != nil {
+		return nil, nil, fmt.Errorf("invalid GpuConfig: %w", err)
 	}
-	return c, nil
+	return resolved, explicit, nil
 }

@@ -85,3 +85,26 @@ sharing: {strategy: HAMiCore, defaultMemory: 8Gi}
 		})
 	}
 }
+
+func TestResolveDecodedKeepsExplicitApart(t *testing.T) {
+	layers, err := DecodeLayers(
+		[]byte("apiVersion: gpu.gpulink.dev/v1alpha1\nkind: GpuConfig\nsharing: {strategy: HAMiCore}\n"),
+		[]byte("apiVersion: gpu.gpulink.dev/v1alpha1\nkind: GpuConfig\nsharing: {defaultCores: 40}\n"),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resolved, explicit, err := ResolveDecoded(layers...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if explicit.Sharing.DefaultMemory != nil || *explicit.Sharing.DefaultCores != 40 || explicit.Sharing.Strategy != SharingHAMiCore {
+		t.Errorf("explicit = %+v, want only strategy HAMiCore and 40 cores set", explicit.Sharing)
+	}
+	if resolved.Sharing.DefaultMemory == nil || resolved.Sharing.DefaultMemory.String() != DefaultShareMemory || *resolved.Sharing.DefaultCores != 40 {
+		t.Errorf("resolved = %+v, want the 4Gi default memory and the explicit 40 cores", resolved.Sharing)
+	}
+	if _, err := DecodeLayers([]byte("kind: GpuConfig\n"), []byte("{}")); err == nil || !strings.Contains(err.Error(), "configuration layer 0") {
+		t.Errorf("DecodeLayers error %v, want one naming layer 0", err)
+	}
+}
