@@ -84,6 +84,14 @@ demo-down: ## stop the demo's gpulink processes and its cluster
 simulate: build ## what-if simulation of the shipped example scenario, no cluster
 	$(BIN)/gpulink simulate --scenario demo/scenarios/example.yaml
 
+.PHONY: gpu-check-bundle
+gpu-check-bundle: ## GPU acceptance suite bundle to copy to a GPU host: _output/gpu-check/ and _output/gpu-check.tar.gz (< 60 MiB)
+	hack/gpu-check.sh bundle
+
+.PHONY: gpu-check
+gpu-check: ## build the bundle and run the GPU acceptance suite on this host (needs an NVIDIA GPU; GPU_CHECK_ARGS=--dry-run runs the GPU-less checks)
+	hack/gpu-check.sh run $(GPU_CHECK_ARGS)
+
 .PHONY: cluster-up
 cluster-up: cluster-build ## start a local cluster (kubeconfig in _output/cluster/kubeconfig)
 	hack/cluster.sh up --real-node

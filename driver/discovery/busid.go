@@ -55,6 +55,10 @@ func canonicalBusID(raw string) (string, error) {
 	return a.String(), nil
 }
 
+// CanonicalBusID is canonicalBusID for other packages: the GPU acceptance
+// suite compares nvidia-smi's bus IDs with the ones discovery reports.
+func CanonicalBusID(raw string) (string, error) { return canonicalBusID(raw) }
+
 var errEmptyBusID = errors.New("PCI info has an empty bus ID")
 
 // pciInfoBusID returns the canonical bus ID in an NVML PciInfo. BusId is a

@@ -1,0 +1,158 @@
+// Command gpulink-gpucheck is gpulink's GPU acceptance suite: on a Linux
+// host with an NVIDIA GPU and driver (no Kubernetes) it compares NVML
+// discovery with nvidia-smi, prepares a whole-GPU and an MPS share claim
+// with the kubelet plugin's prepare code, runs containers with runc from
+// the CDI specs, and prints one table of checks. See internal/gpucheck and
+// hack/gpu-check/README.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/klog/v2"
+
+	"github.com/gpulink/gpulink/driver/discovery"
+	"github.com/gpulink/gpulink/internal/gpucheck"
+	"github.com/gpulink/gpulink/kubeletplugin"
+)
+
+type flags struct {
+	cfg         gpucheck.Config
+	shareMemory string
+	mockServer  string
+	keep        bool
+}
+
+func parseFlags(args []string) (*flags, error) {
+	fs := flag.NewFlagSet("gpulink-gpucheck", flag.ContinueOnError)
+	f := &flags{}
+	fs.BoolVar(&f.cfg.DryRun, "dry-run", false, "Run only the GPU-less parts: mock discovery, prepare, CDI injection, a shell probe under runc.")
+	fs.StringVar(&f.cfg.WorkDir, "work-dir", "", "Directory for CDI specs, MPS directories and bundles (default: a new temporary directory).")
+	fs.BoolVar(&f.keep, "keep", false, "Keep the work directory.")
+	fs.IntVar(&f.cfg.GPUIndex, "gpu", 0, "Index of the GPU the claims are for.")
+	fs.StringVar(&f.shareMemory, "share-memory", "4Gi", "Memory of the MPS share claim.")
+	fs.Int64Var(&f.cfg.ShareCores, "share-cores", 50, "Percent of SMs of the MPS share claim.")
+	fs.StringVar(&f.cfg.Runc, "runc", defaultRunc(), "runc binary (default: the bundle's bin/runc next to this binary, else runc from PATH).")
+	fs.StringVar(&f.cfg.NVIDIASMI, "nvidia-smi", "nvidia-smi", "nvidia-smi binary.")
+	fs.StringVar(&f.cfg.NVCC, "nvcc", "nvcc", "CUDA compiler that builds the probe.")
+	fs.DurationVar(&f.cfg.ContainerTimeout, "container-timeout", 2*time.Minute, "Time limit of each container.")
+	fs.StringVar(&f.mockServer, "mock-server", "dgxh100", "go-nvml mock server of --dry-run.")
+	klog.InitFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	q, err := resource.ParseQuantity(f.shareMemory)
+	if err != nil || q.Value() < 1<<20 {
+		return nil, fmt.Errorf("--share-memory=%s: want a quantity of at least 1Mi", f.shareMemory)
+	}
+	f.cfg.ShareMemoryBytes = q.Value()
+	if f.cfg.ShareCores < 1 || f.cfg.ShareCores > 100 {
+		return nil, fmt.Errorf("--share-cores=%d: want 1..100", f.cfg.ShareCores)
+	}
+	f.cfg.NodeName = "gpucheck"
+	return f, nil
+}
+
+// defaultRunc prefers the runc shipped next to this binary in the bundle.
+func defaultRunc() string {
+	if exe, err := os.Executable(); err == nil {
+		if p := filepath.Join(filepath.Dir(exe), "runc"); fileExists(p) {
+			return p
+		}
+	}
+	return "runc"
+}
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+func main() {
+	f, err := parseFlags(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := run(ctx, f)
+	stop()
+	os.Exit(code)
+}
+
+func run(ctx context.Context, f *flags) int {
+	if !f.cfg.DryRun {
+		if err := gpucheck.CheckHost(os.Stat, exec.LookPath, f.cfg.NVIDIASMI); err != nil {
+			fmt.Fprintln(os.Stderr, "gpucheck:", err)
+			return 2
+		}
+	}
+	if f.cfg.WorkDir == "" {
+		dir, err := os.MkdirTemp("", "gpucheck-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "gpucheck: creating the work directory:", err)
+			return 2
+		}
+		f.cfg.WorkDir = dir
+		if !f.keep {
+			defer os.RemoveAll(dir)
+		}
+	}
+	deps, err := wire(f)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "gpucheck:", err)
+		return 2
+	}
+	rep := gpucheck.Run(ctx, f.cfg, deps)
+	if f.cfg.DryRun {
+		fmt.Println("gpulink GPU acceptance suite, DRY RUN (no GPU used)")
+	} else {
+		fmt.Println("gpulink GPU acceptance suite")
+	}
+	if err := rep.Print(os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "gpucheck:", err)
+		return 1
+	}
+	if f.keep {
+		fmt.Println("work directory kept:", f.cfg.WorkDir)
+	}
+	return rep.ExitCode()
+}
+
+// wire picks the real or the dry-run backends.
+func wire(f *flags) (gpucheck.Deps, error) {
+	popts := gpucheck.PluginPreparerOptions{WorkDir: f.cfg.WorkDir, NodeName: f.cfg.NodeName}
+	if f.cfg.DryRun {
+		d, err := discovery.NewMock(f.mockServer)
+		if err != nil {
+			return gpucheck.Deps{}, fmt.Errorf("--mock-server: %w", err)
+		}
+		popts.Discoverer, popts.MPSDaemon, popts.Stat = d, kubeletplugin.DirOnlyMPSDaemon{}, gpucheck.DryRunStat
+	} else {
+		d, err := kubeletplugin.NewDiscoverer(kubeletplugin.DiscoveryOptions{Backend: kubeletplugin.DiscoveryNVML, DriverRoot: "/"})
+		if err != nil {
+			return gpucheck.Deps{}, err
+		}
+		popts.Discoverer, popts.MPSDaemon, popts.RealGPUs = d, kubeletplugin.NewExecMPSDaemon(), true
+	}
+	return gpucheck.Deps{
+		Run:        gpucheck.Exec,
+		Discoverer: popts.Discoverer,
+		NewPreparer: func(ctx context.Context) (gpucheck.Preparer, error) {
+			return gpucheck.NewPluginPreparer(ctx, popts)
+		},
+	}, nil
+}

@@ -1,0 +1,367 @@
+package gpucheck
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/gpulink/gpulink/driver/discovery"
+	"github.com/gpulink/gpulink/driver/topology"
+)
+
+// Config is one run of the suite.
+type Config struct {
+	// DryRun runs the parts that need no GPU: discovery from the go-nvml
+	// mock, prepare, CDI injection and a shell probe under runc. Checks
+	// that need a GPU are skipped with the reason.
+	DryRun bool
+	// WorkDir holds CDI specs, MPS directories, bundles and the probe.
+	WorkDir  string
+	NodeName string
+	// GPUIndex is the GPU the claims are for.
+	GPUIndex int
+	// ShareMemoryBytes and ShareCores size the share claim.
+	ShareMemoryBytes int64
+	ShareCores       int64
+	// Programs; names without a slash are looked up in PATH.
+	Runc, NVIDIASMI, NVCC string
+	// ContainerTimeout bounds each container run.
+	ContainerTimeout time.Duration
+}
+
+// Deps are what the suite talks to.
+type Deps struct {
+	Run        Runner
+	Discoverer discovery.Discoverer
+	// NewPreparer builds the plugin's prepare code once discovery worked.
+	NewPreparer func(ctx context.Context) (Preparer, error)
+}
+
+// ErrNoGPU is returned by CheckHost on a host without an NVIDIA GPU and
+// driver.
+var ErrNoGPU = errors.New("no NVIDIA GPU/driver found")
+
+// CheckHost fails fast where the suite cannot run on a GPU: no
+// /dev/nvidiactl (no driver loaded) or no nvidia-smi.
+func CheckHost(stat func(string) (fs.FileInfo, error), lookPath func(string) (string, error), nvidiaSMI string) error {
+	var why []string
+	if _, err := stat("/dev/nvidiactl"); err != nil {
+		why = append(why, fmt.Sprintf("/dev/nvidiactl: %v (is the NVIDIA kernel module loaded?)", err))
+	}
+	if _, err := lookPath(nvidiaSMI); err != nil {
+		why = append(why, fmt.Sprintf("%s: %v", nvidiaSMI, err))
+	}
+	if len(why) > 0 {
+		return fmt.Errorf("%w: %s; run this on a Linux host with an NVIDIA GPU and driver, or use --dry-run for the GPU-less checks", ErrNoGPU, strings.Join(why, "; "))
+	}
+	return nil
+}
+
+// Check names of the claim and container checks.
+const (
+	CheckDiscovery       = "discovery: NVML"
+	CheckProbeBuild      = "probe: nvcc build"
+	CheckPrepareWhole    = "prepare: whole-GPU claim -> CDI"
+	CheckPrepareShare    = "prepare: MPS share claim -> CDI"
+	CheckContainerWhole  = "container: whole GPU, host rootfs"
+	CheckContainerCDI    = "container: whole GPU, CDI-only rootfs"
+	CheckContainerShare  = "container: MPS share"
+	CheckAllocBelow      = "MPS: alloc below the limit works"
+	CheckAllocAbove      = "MPS: alloc past the limit fails"
+	CheckAllocRewritten  = "MPS: alloc past the limit fails, env rewritten"
+	CheckUnprepareWhole  = "unprepare: whole-GPU claim"
+	CheckUnprepareShare  = "unprepare: MPS share claim"
+	dryRunReason         = "dry run: needs a GPU"
+	defaultContainerWait = 2 * time.Minute
+)
+
+// Run runs the suite and returns its table; it never stops at the first
+// failure, so one run shows everything that is wrong.
+func Run(ctx context.Context, cfg Config, deps Deps) *Report {
+	s := &suite{cfg: cfg, deps: deps, rep: &Report{}}
+	if s.cfg.ContainerTimeout <= 0 {
+		s.cfg.ContainerTimeout = defaultContainerWait
+	}
+	s.run(ctx)
+	return s.rep
+}
+
+type suite struct {
+	cfg  Config
+	deps Deps
+	rep  *Report
+	// program and args run in every container; probeArgs are appended.
+	program string
+	args    []string
+	n       int
+}
+
+func (s *suite) run(ctx context.Context) {
+	topo, err := s.deps.Discoverer.Discover(ctx)
+	if err != nil {
+		s.rep.Add(CheckDiscovery, Fail, "%v", err)
+		return
+	}
+	s.rep.Add(CheckDiscovery, Pass, "%d GPU(s)%s", topo.Len(), map[bool]string{true: " (go-nvml mock, dry run)"}[s.cfg.DryRun])
+	s.compareWithNVIDIASMI(ctx, topo)
+
+	p, ok := topo.Position(s.cfg.GPUIndex)
+	if !ok {
+		s.rep.Add("claims: GPU", Fail, "no GPU with index %d on this host", s.cfg.GPUIndex)
+		return
+	}
+	g := topo.GPUs[p]
+	gpu := ClaimedGPU{Index: g.Index, Minor: g.Minor, UUID: g.UUID}
+
+	if !s.prepareProgram(ctx) {
+		return
+	}
+	prep, err := s.deps.NewPreparer(ctx)
+	if err != nil {
+		s.rep.Add(CheckPrepareWhole, Fail, "%v", err)
+		return
+	}
+	s.wholeGPU(ctx, prep, gpu)
+	s.share(ctx, prep, gpu, g.MemoryBytes)
+}
+
+// compareWithNVIDIASMI runs the two nvidia-smi queries and compares.
+func (s *suite) compareWithNVIDIASMI(ctx context.Context, topo *topology.Topology) {
+	if s.cfg.DryRun {
+		for _, name := range []string{CheckSMIGPUs, CheckSMIMemory, CheckSMIBusIDs, CheckTopoGPUs, CheckTopoLinks} {
+			s.rep.Add(name, Skip, "dry run: no nvidia-smi (the comparison is unit-tested on fixtures)")
+		}
+		return
+	}
+	out, err := s.deps.Run(ctx, s.cfg.NVIDIASMI, QueryGPUArgs...)
+	var smi []SMIGPU
+	if err == nil {
+		smi, err = ParseQueryGPU(strings.NewReader(string(out)))
+	}
+	if err != nil {
+		for _, name := range []string{CheckSMIGPUs, CheckSMIMemory, CheckSMIBusIDs} {
+			s.rep.Add(name, Fail, "%s %s: %v (output: %q)", s.cfg.NVIDIASMI, strings.Join(QueryGPUArgs, " "), err, strings.TrimSpace(string(out)))
+		}
+	} else {
+		s.rep.AddAll(CompareQueryGPU(topo, smi)...)
+	}
+	out, err = s.deps.Run(ctx, s.cfg.NVIDIASMI, TopoArgs...)
+	var smiTopo *topology.Topology
+	if err == nil {
+		smiTopo, err = topology.Parse(strings.NewReader(string(out)))
+	}
+	if err != nil {
+		for _, name := range []string{CheckTopoGPUs, CheckTopoLinks} {
+			s.rep.Add(name, Fail, "%s topo -m: %v", s.cfg.NVIDIASMI, err)
+		}
+		return
+	}
+	s.rep.AddAll(CompareTopo(topo, smiTopo)...)
+}
+
+// prepareProgram builds the CUDA probe with nvcc, or in a dry run picks
+// the shell probe.
+func (s *suite) prepareProgram(ctx context.Context) bool {
+	if s.cfg.DryRun {
+		sh, err := filepath.EvalSymlinks("/bin/sh")
+		if err != nil {
+			s.rep.Add(CheckProbeBuild, Fail, "dry run needs /bin/sh: %v", err)
+			return false
+		}
+		s.program, s.args = sh, []string{"-c", ShellProbeScript}
+		return true
+	}
+	src := filepath.Join(s.cfg.WorkDir, ProbeSourceName)
+	bin := filepath.Join(s.cfg.WorkDir, "gpucheck-probe")
+	if err := os.WriteFile(src, ProbeSource, 0o644); err != nil {
+		s.rep.Add(CheckProbeBuild, Fail, "writing %s: %v", src, err)
+		return false
+	}
+	out, err := s.deps.Run(ctx, s.cfg.NVCC, "-O2", "-o", bin, src)
+	if err != nil {
+		s.rep.Add(CheckProbeBuild, Fail, "%s -O2 -o %s %s: %v (output: %q); the container checks need the CUDA compiler on this host (--nvcc)", s.cfg.NVCC, bin, src, err, lastLines(out, 5))
+		return false
+	}
+	s.rep.Add(CheckProbeBuild, Pass, "%s", bin)
+	s.program = bin
+	return true
+}
+
+// container runs the probe in a container with the CDI devices injected.
+func (s *suite) container(ctx context.Context, prep Preparer, ids []string, mode RootfsMode, extra ...string) (*ProbeReport, error) {
+	s.n++
+	id := fmt.Sprintf("gpucheck-%d-%d", os.Getpid(), s.n)
+	dir := filepath.Join(s.cfg.WorkDir, "bundles", id)
+	c := Container{ID: id, Program: s.program, Args: append(append([]string{}, s.args...), extra...), Rootfs: mode}
+	if _, err := BuildBundle(ctx, s.deps.Run, dir, c, prep.SpecDirs(), ids); err != nil {
+		return nil, fmt.Errorf("building the OCI bundle: %w", err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.ContainerTimeout)
+	defer cancel()
+	out, err := RunContainer(cctx, s.deps.Run, s.cfg.Runc, filepath.Join(s.cfg.WorkDir, "runc"), dir, id)
+	if err != nil {
+		return nil, fmt.Errorf("%w (output: %q)", err, lastLines(out, 8))
+	}
+	r, err := ParseProbe(out)
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func (s *suite) wholeGPU(ctx context.Context, prep Preparer, gpu ClaimedGPU) {
+	claim := WholeClaim(s.cfg.NodeName, gpu.Index)
+	ids, err := prep.Prepare(ctx, claim)
+	if err != nil {
+		s.rep.Add(CheckPrepareWhole, Fail, "%v", err)
+		return
+	}
+	s.rep.Add(CheckPrepareWhole, Pass, "GPU %d (%s): %s", gpu.Index, gpu.UUID, strings.Join(ids, ","))
+	for _, m := range []struct {
+		name string
+		mode RootfsMode
+	}{{CheckContainerWhole, RootfsHost}, {CheckContainerCDI, RootfsCDIOnly}} {
+		r, err := s.container(ctx, prep, ids, m.mode)
+		if err != nil {
+			s.rep.Add(m.name, Fail, "%v", err)
+			continue
+		}
+		errs := CheckIsolation(r, gpu)
+		if !s.cfg.DryRun {
+			errs = append(errs, CheckCUDA(r, gpu)...)
+		}
+		s.rep.Add(m.name, statusOf(errs), "%s", detailOf(errs, s.seen(r, gpu)))
+	}
+	if err := prep.Unprepare(ctx, claim); err != nil {
+		s.rep.Add(CheckUnprepareWhole, Fail, "%v", err)
+		return
+	}
+	s.rep.Add(CheckUnprepareWhole, Pass, "CDI spec removed")
+}
+
+func (s *suite) share(ctx context.Context, prep Preparer, gpu ClaimedGPU, gpuMemory int64) {
+	claim := ShareClaim(s.cfg.NodeName, gpu.Index, s.cfg.ShareMemoryBytes, s.cfg.ShareCores)
+	limitMiB := s.cfg.ShareMemoryBytes / mib
+	ids, err := prep.Prepare(ctx, claim)
+	if err != nil {
+		s.rep.Add(CheckPrepareShare, Fail, "%v", err)
+		return
+	}
+	defer func() {
+		if err := prep.Unprepare(ctx, claim); err != nil {
+			s.rep.Add(CheckUnprepareShare, Fail, "%v", err)
+			return
+		}
+		s.rep.Add(CheckUnprepareShare, Pass, "CDI spec removed, MPS daemon reference released")
+	}()
+	s.rep.Add(CheckPrepareShare, Pass, "GPU %d, %d MiB, %d%% SMs: %s", gpu.Index, limitMiB, s.cfg.ShareCores, strings.Join(ids, ","))
+
+	r, err := s.container(ctx, prep, ids, RootfsHost)
+	if err != nil {
+		s.rep.Add(CheckContainerShare, Fail, "%v", err)
+	} else {
+		errs := CheckIsolation(r, gpu)
+		errs = append(errs, checkMPSEnv(r, limitMiB)...)
+		if !s.cfg.DryRun {
+			errs = append(errs, CheckCUDA(r, gpu)...)
+		}
+		s.rep.Add(CheckContainerShare, statusOf(errs), "%s", detailOf(errs, s.seen(r, gpu)))
+	}
+
+	below := max(limitMiB/4, 1)
+	above := limitMiB + 1024
+	rewritten := fmt.Sprintf("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=%dM", max(gpuMemory/mib, above+1024))
+	for _, a := range []struct {
+		name   string
+		mib    int64
+		wantOK bool
+		extra  []string
+	}{
+		{CheckAllocBelow, below, true, nil},
+		{CheckAllocAbove, above, false, nil},
+		{CheckAllocRewritten, above, false, []string{"--set-env", rewritten}},
+	} {
+		if s.cfg.DryRun {
+			s.rep.Add(a.name, Skip, dryRunReason)
+			continue
+		}
+		args := append([]string{"--alloc-mib", fmt.Sprint(a.mib)}, a.extra...)
+		r, err := s.container(ctx, prep, ids, RootfsHost, args...)
+		if err != nil {
+			s.rep.Add(a.name, Fail, "%v", err)
+			continue
+		}
+		errs := CheckAlloc(r, gpu, a.mib, a.wantOK)
+		what := fmt.Sprintf("limit %d MiB, allocated %d MiB: %s", limitMiB, a.mib, r.Alloc)
+		if a.extra != nil {
+			what = fmt.Sprintf("container set %s; %s", rewritten, what)
+			if len(errs) > 0 && r.Alloc == "ok" {
+				errs = append(errs, "the limit is enforced on the client side only: a container that rewrites its environment gets more")
+			}
+		}
+		s.rep.Add(a.name, statusOf(errs), "%s", detailOf(errs, what))
+	}
+}
+
+// checkMPSEnv checks the limits a share's container gets in its env.
+func checkMPSEnv(r *ProbeReport, limitMiB int64) []string {
+	var errs []string
+	if r.Env["CUDA_MPS_PIPE_DIRECTORY"] == "" {
+		errs = append(errs, "no CUDA_MPS_PIPE_DIRECTORY")
+	}
+	if got := r.Env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"]; !strings.Contains(got, fmt.Sprintf("=%dM", limitMiB)) {
+		errs = append(errs, fmt.Sprintf("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=%q, want the share's %d MiB", got, limitMiB))
+	}
+	return errs
+}
+
+// seen summarizes a probe report for a passing row.
+func (s *suite) seen(r *ProbeReport, gpu ClaimedGPU) string {
+	var parts []string
+	parts = append(parts, "NVIDIA_VISIBLE_DEVICES="+r.Env["NVIDIA_VISIBLE_DEVICES"])
+	parts = append(parts, "nodes "+strings.Join(r.DevNodes, ","))
+	if s.cfg.DryRun {
+		parts = append(parts, "(dry run: fake device nodes, no CUDA)")
+	} else {
+		parts = append(parts, fmt.Sprintf("CUDA devices %v, kernel %s", r.UUIDs, r.Kernel))
+	}
+	return strings.Join(parts, "; ")
+}
+
+func statusOf(errs []string) Status {
+	if len(errs) > 0 {
+		return Fail
+	}
+	return Pass
+}
+
+func detailOf(errs []string, ok string) string {
+	if len(errs) > 0 {
+		return strings.Join(errs, "; ")
+	}
+	return ok
+}
+
+// lastLines is the tail of a program's output for an error message.
+func lastLines(out []byte, n int) string {
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, " | ")
+}
+
+// DryRunStat stats /dev/null in place of every /dev/nvidia* node, so that a
+// dry run's CDI specs carry device nodes (harmless ones: runc creates them
+// as 1:3 in the container) and the isolation check has nodes to count.
+func DryRunStat(path string) (fs.FileInfo, error) {
+	if strings.HasPrefix(path, "/dev/nvidia") {
+		return os.Stat("/dev/null")
+	}
+	return os.Stat(path)
+}
