@@ -10,6 +10,9 @@ import (
 	"strings"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	resourceapi "k8s.io/api/resource/v1"
+
 	"github.com/gpulink/gpulink/driver/discovery"
 	"github.com/gpulink/gpulink/driver/topology"
 )
@@ -237,11 +240,20 @@ func (s *suite) wholeGPU(ctx context.Context, prep Preparer, gpu ClaimedGPU) {
 		}
 		s.rep.Add(m.name, statusOf(errs), "%s", detailOf(errs, s.seen(r, gpu)))
 	}
+	s.unprepare(ctx, prep, claim, ids, CheckUnprepareWhole)
+}
+
+// unprepare unprepares a claim and checks that its CDI devices are gone.
+func (s *suite) unprepare(ctx context.Context, prep Preparer, claim *resourceapi.ResourceClaim, ids []string, name string) {
 	if err := prep.Unprepare(ctx, claim); err != nil {
-		s.rep.Add(CheckUnprepareWhole, Fail, "%v", err)
+		s.rep.Add(name, Fail, "%v", err)
 		return
 	}
-	s.rep.Add(CheckUnprepareWhole, Pass, "CDI spec removed")
+	if err := InjectCDI(&specs.Spec{Process: &specs.Process{}}, prep.SpecDirs(), ids); err == nil {
+		s.rep.Add(name, Fail, "unprepare succeeded but %v still resolve in %v", ids, prep.SpecDirs())
+		return
+	}
+	s.rep.Add(name, Pass, "%v no longer resolve", ids)
 }
 
 func (s *suite) share(ctx context.Context, prep Preparer, gpu ClaimedGPU, gpuMemory int64) {
@@ -252,13 +264,7 @@ func (s *suite) share(ctx context.Context, prep Preparer, gpu ClaimedGPU, gpuMem
 		s.rep.Add(CheckPrepareShare, Fail, "%v", err)
 		return
 	}
-	defer func() {
-		if err := prep.Unprepare(ctx, claim); err != nil {
-			s.rep.Add(CheckUnprepareShare, Fail, "%v", err)
-			return
-		}
-		s.rep.Add(CheckUnprepareShare, Pass, "CDI spec removed, MPS daemon reference released")
-	}()
+	defer s.unprepare(ctx, prep, claim, ids, CheckUnprepareShare)
 	s.rep.Add(CheckPrepareShare, Pass, "GPU %d, %d MiB, %d%% SMs: %s", gpu.Index, limitMiB, s.cfg.ShareCores, strings.Join(ids, ","))
 
 	r, err := s.container(ctx, prep, ids, RootfsHost)
@@ -303,6 +309,10 @@ func (s *suite) share(ctx context.Context, prep Preparer, gpu ClaimedGPU, gpuMem
 			if len(errs) > 0 && r.Alloc == "ok" {
 				errs = append(errs, "the limit is enforced on the client side only: a container that rewrites its environment gets more")
 			}
+		}
+		if len(errs) > 0 {
+			// The limit and the sizes are part of the finding.
+			errs = append([]string{what}, errs...)
 		}
 		s.rep.Add(a.name, statusOf(errs), "%s", detailOf(errs, what))
 	}

@@ -1,0 +1,75 @@
+//go:build integration
+
+// Package gpucheck_test runs the GPU acceptance suite's dry run with a real
+// runc: the plugin's prepare code writes CDI specs for GPUs of the go-nvml
+// mock, the CDI library injects them into OCI specs, and runc runs a shell
+// in both root file system layouts, whose view of its environment and
+// device nodes the suite checks. Needs root and runc on PATH (hack/cluster.sh
+// build installs Debian's; GPULINK_RUNC picks another, e.g. the bundle's).
+package gpucheck_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/gpulink/gpulink/driver/discovery"
+	"github.com/gpulink/gpulink/internal/gpucheck"
+	"github.com/gpulink/gpulink/kubeletplugin"
+)
+
+func TestDryRunWithRunc(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("runc containers need root")
+	}
+	runc := os.Getenv("GPULINK_RUNC")
+	if runc == "" {
+		var err error
+		if runc, err = exec.LookPath("runc"); err != nil {
+			t.Fatalf("runc not found (hack/cluster.sh build installs it): %v", err)
+		}
+	}
+	_, ctx := ktesting.NewTestContext(t)
+	d, err := discovery.NewMock("dgxh100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	work := t.TempDir()
+	cfg := gpucheck.Config{
+		DryRun: true, WorkDir: work, NodeName: "gpucheck", GPUIndex: 5,
+		ShareMemoryBytes: 8 << 30, ShareCores: 30, Runc: runc,
+	}
+	rep := gpucheck.Run(ctx, cfg, gpucheck.Deps{
+		Run:        gpucheck.Exec,
+		Discoverer: d,
+		NewPreparer: func(ctx context.Context) (gpucheck.Preparer, error) {
+			return gpucheck.NewPluginPreparer(ctx, gpucheck.PluginPreparerOptions{
+				WorkDir: work, NodeName: "gpucheck", Discoverer: d,
+				MPSDaemon: kubeletplugin.DirOnlyMPSDaemon{}, Stat: gpucheck.DryRunStat,
+			})
+		},
+	})
+	var table strings.Builder
+	if err := rep.Print(&table); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", table.String())
+	if rep.ExitCode() != 0 {
+		t.Fatalf("dry run failed")
+	}
+	byName := map[string]gpucheck.Result{}
+	for _, r := range rep.Results {
+		byName[r.Name] = r
+	}
+	for _, name := range []string{gpucheck.CheckContainerWhole, gpucheck.CheckContainerCDI, gpucheck.CheckContainerShare} {
+		r := byName[name]
+		// The container saw the mock GPU 5's node and no other GPU's.
+		if r.Status != gpucheck.Pass || !strings.Contains(r.Detail, "/dev/nvidia5,") {
+			t.Errorf("%s: %s %s", name, r.Status, r.Detail)
+		}
+	}
+}
