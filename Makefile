@@ -35,7 +35,7 @@ build: ## build the gpulink binaries into _output/bin
 	@ln -sf gpulink $(BIN)/kubectl-gpulink
 
 .PHONY: test
-test: verify lint test-unit cluster-build helm-lint test-integration ## run every check CI runs (cluster-build first: helm-lint also checks the chart's policies on a live API server)
+test: verify lint test-unit gpu-check-bundle cluster-build helm-lint test-integration ## run every check CI runs (cluster-build first: helm-lint also checks the chart's policies on a live API server; the GPU suite's bundle is built and size-checked, its dry run runs with the bundle's runc)
 
 .PHONY: verify
 verify: ## gofmt, go vet, go.mod tidiness

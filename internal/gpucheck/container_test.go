@@ -135,7 +135,9 @@ func TestPreparerFailsOnMissingDeviceNodes(t *testing.T) {
 	prep, err := NewPluginPreparer(ctx, PluginPreparerOptions{
 		WorkDir: t.TempDir(), NodeName: "node", Discoverer: fakeDiscoverer{h.discovered(t, nil)},
 		MPSDaemon: kubeletplugin.DirOnlyMPSDaemon{}, RealGPUs: true,
-		Stat: func(p string) (os.FileInfo, error) { return nil, &os.PathError{Op: "stat", Path: p, Err: os.ErrNotExist} },
+		Stat: func(p string) (os.FileInfo, error) {
+			return nil, &os.PathError{Op: "stat", Path: p, Err: os.ErrNotExist}
+		},
 	})
 	if err != nil {
 		t.Fatal(err)

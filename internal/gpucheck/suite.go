@@ -245,6 +245,8 @@ func (s *suite) wholeGPU(ctx context.Context, prep Preparer, gpu ClaimedGPU) {
 
 // unprepare unprepares a claim and checks that its CDI devices are gone.
 func (s *suite) unprepare(ctx context.Context, prep Preparer, claim *resourceapi.ResourceClaim, ids []string, name string) {
+	// Also after an interrupt: an MPS daemon must not outlive the suite.
+	ctx = context.WithoutCancel(ctx)
 	if err := prep.Unprepare(ctx, claim); err != nil {
 		s.rep.Add(name, Fail, "%v", err)
 		return

@@ -148,7 +148,9 @@ func TestRunUnknownGPU(t *testing.T) {
 }
 
 func TestCheckHost(t *testing.T) {
-	noStat := func(p string) (fs.FileInfo, error) { return nil, &fs.PathError{Op: "stat", Path: p, Err: fs.ErrNotExist} }
+	noStat := func(p string) (fs.FileInfo, error) {
+		return nil, &fs.PathError{Op: "stat", Path: p, Err: fs.ErrNotExist}
+	}
 	okStat := func(string) (fs.FileInfo, error) { return os.Stat(".") }
 	noPath := func(p string) (string, error) { return "", errors.New("executable file not found in $PATH") }
 	okPath := func(p string) (string, error) { return "/usr/bin/" + p, nil }

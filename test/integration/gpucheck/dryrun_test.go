@@ -5,13 +5,15 @@
 // mock, the CDI library injects them into OCI specs, and runc runs a shell
 // in both root file system layouts, whose view of its environment and
 // device nodes the suite checks. Needs root and runc on PATH (hack/cluster.sh
-// build installs Debian's; GPULINK_RUNC picks another, e.g. the bundle's).
+// build installs Debian's), or the bundle's when make test built it
+// (_output/gpu-check/bin/runc); GPULINK_RUNC picks another.
 package gpucheck_test
 
 import (
 	"context"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -27,6 +29,12 @@ func TestDryRunWithRunc(t *testing.T) {
 		t.Fatal("runc containers need root")
 	}
 	runc := os.Getenv("GPULINK_RUNC")
+	if bin := os.Getenv("GPULINK_BIN_DIR"); runc == "" && bin != "" {
+		// make test builds the bundle first: test the runc it ships.
+		if p := filepath.Join(bin, "..", "gpu-check", "bin", "runc"); fileExists(p) {
+			runc = p
+		}
+	}
 	if runc == "" {
 		var err error
 		if runc, err = exec.LookPath("runc"); err != nil {
@@ -57,7 +65,7 @@ func TestDryRunWithRunc(t *testing.T) {
 	if err := rep.Print(&table); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("\n%s", table.String())
+	t.Logf("runc %s\n%s", runc, table.String())
 	if rep.ExitCode() != 0 {
 		t.Fatalf("dry run failed")
 	}
@@ -72,4 +80,9 @@ func TestDryRunWithRunc(t *testing.T) {
 			t.Errorf("%s: %s %s", name, r.Status, r.Detail)
 		}
 	}
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }
