@@ -59,7 +59,7 @@ func ParseQueryGPU(r io.Reader) ([]SMIGPU, error) {
 		}
 		seen[idx] = line
 		if !strings.HasPrefix(cells[1], "GPU-") && !strings.HasPrefix(cells[1], "MIG-") {
-			return nil, fmt.Errorf("nvidia-smi --query-gpu line %d: uuid %q: want GPU-...", line, cells[1])
+			return nil, fmt.Errorf("nvidia-smi --query-gpu line %d: uuid %q: want GPU-<hex> or MIG-<hex>", line, cells[1])
 		}
 		mem, err := strconv.ParseInt(cells[2], 10, 64)
 		if err != nil || mem <= 0 {
