@@ -160,11 +160,16 @@ type resolvedConfig struct {
 // maxConfigCache bounds the config cache; it is simply reset when full.
 const maxConfigCache = 4096
 
-// resolve decodes, merges, defaults and validates configuration layers,
-// and reports the share sizes the layers set explicitly.
-func (ip *interpreter) resolve(layers [][]byte) *resolvedConfig {
+// resolve decodes, checks, merges, defaults and validates the configuration
+// layers of a request (the DeviceClass's, then the claim's), and reports
+// the share sizes the layers set explicitly.
+func (ip *interpreter) resolve(class, claim [][]byte) *resolvedConfig {
 	var key strings.Builder
-	for _, l := range layers {
+	// Which layers are the class's is part of the key: the same bytes
+	// may be allowed from a class and refused from a claim.
+	key.WriteString(strconv.Itoa(len(class)))
+	key.WriteByte('/')
+	for _, l := range slices.Concat(class, claim) {
 		key.WriteString(strconv.Itoa(len(l)))
 		key.WriteByte(':')
 		key.Write(l)
@@ -177,7 +182,7 @@ func (ip *interpreter) resolve(layers [][]byte) *resolvedConfig {
 	}
 	ip.configMu.Unlock()
 	r := &resolvedConfig{}
-	r.cfg, r.mem, r.cores, r.err = resolveLayers(layers)
+	r.cfg, r.mem, r.cores, r.err = resolveLayers(class, claim)
 	ip.configMu.Lock()
 	if ip.configs == nil || len(ip.configs) >= maxConfigCache {
 		ip.configs = map[string]*resolvedConfig{}
@@ -189,13 +194,19 @@ func (ip *interpreter) resolve(layers [][]byte) *resolvedConfig {
 
 // resolveLayers decodes each configuration layer once and resolves them,
 // returning the effective config and the share size the layers set
-// explicitly (nil where they leave it to the device's default).
-func resolveLayers(layers [][]byte) (*v1alpha1.GpuConfig, *resource.Quantity, *int64, error) {
-	decoded, err := v1alpha1.DecodeLayers(layers...)
+// explicitly (nil where they leave it to the device's default). The
+// claim's layers may only narrow what the class's allow (see
+// v1alpha1.CheckClaimNarrows); the kubelet plugin applies the same rule.
+func resolveLayers(class, claim [][]byte) (*v1alpha1.GpuConfig, *resource.Quantity, *int64, error) {
+	decodedClass, err := v1alpha1.DecodeLayers(class...)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, fmt.Errorf("DeviceClass configuration: %w", err)
 	}
-	cfg, explicit, err := v1alpha1.ResolveDecoded(decoded...)
+	decodedClaim, err := v1alpha1.DecodeLayers(claim...)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("claim configuration: %w", err)
+	}
+	cfg, explicit, err := v1alpha1.ResolveDecoded(decodedClass, decodedClaim)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -375,10 +386,10 @@ func (ip *interpreter) alternative(claim *resourceapi.ResourceClaim, class *reso
 
 	// Configuration layers: the class's, then the claim's entries that
 	// name this request (or its parent), in order.
-	var layers [][]byte
+	var classLayers, claimLayers [][]byte
 	for _, c := range class.Spec.Config {
 		if c.Opaque != nil && c.Opaque.Driver == driver.Name {
-			layers = append(layers, c.Opaque.Parameters.Raw)
+			classLayers = append(classLayers, c.Opaque.Parameters.Raw)
 		}
 	}
 	base := resourceclaim.BaseRequestRef(s.resultName)
@@ -392,9 +403,9 @@ func (ip *interpreter) alternative(claim *resourceapi.ResourceClaim, class *reso
 		if len(c.Opaque.Parameters.Raw) == 0 {
 			return nil, field.Required(field.NewPath("spec", "devices", "config").Index(i).Child("opaque", "parameters"), "")
 		}
-		layers = append(layers, c.Opaque.Parameters.Raw)
+		claimLayers = append(claimLayers, c.Opaque.Parameters.Raw)
 	}
-	rc := ip.resolve(layers)
+	rc := ip.resolve(classLayers, claimLayers)
 	if rc.err != nil {
 		return nil, fmt.Errorf("opaque configuration for request %s: %w", s.resultName, rc.err)
 	}

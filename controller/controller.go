@@ -406,7 +406,17 @@ func (c *Controller) onSlice(obj any) {
 	}
 	if err := c.inv.upsert(slice); err != nil {
 		c.metrics.Errors.WithLabelValues(errReasonInventory).Inc()
-		klog.Background().Error(err, "Ignoring unusable gpulink pool", "pool", slice.Spec.Pool.Name, "slice", klog.KObj(slice))
+		var foreign *foreignPoolError
+		if errors.As(err, &foreign) {
+			// Someone with write access to slices (a node's kubelet plugin
+			// where the chart's admission policy is missing) tries to
+			// speak for another node: worth an event an administrator
+			// sees, not only a log line.
+			klog.Background().Error(err, "Ignoring ResourceSlice whose pool is named after another node", "pool", slice.Spec.Pool.Name, "slice", klog.KObj(slice))
+			c.explain.rec.Eventf(slice, nil, corev1.EventTypeWarning, ReasonSliceIgnored, actionInventory, "%s", err.Error())
+		} else {
+			klog.Background().Error(err, "Ignoring unusable gpulink pool", "pool", slice.Spec.Pool.Name, "slice", klog.KObj(slice))
+		}
 	}
 	c.enqueueWaiting()
 }

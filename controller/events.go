@@ -17,11 +17,15 @@ const (
 	ReasonReleased        = "AllocationReleased"
 	ReasonGateRemoved     = "SchedulingGateRemoved"
 	ReasonAllocateFailed  = "AllocationFailed"
+	// ReasonSliceIgnored is recorded on a ResourceSlice the inventory
+	// refuses to use because its pool is named after another node.
+	ReasonSliceIgnored = "ResourceSliceIgnored"
 
-	actionAllocate = "Allocate"
-	actionWait     = "Wait"
-	actionRelease  = "Release"
-	actionUngate   = "Ungate"
+	actionAllocate  = "Allocate"
+	actionWait      = "Wait"
+	actionRelease   = "Release"
+	actionUngate    = "Ungate"
+	actionInventory = "Inventory"
 )
 
 // explainer records one event per decision on the pod (and the claim as

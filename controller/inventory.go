@@ -95,7 +95,18 @@ func (inv *inventory) upsert(slice *resourceapi.ResourceSlice) error {
 	}
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
-	if old, ok := inv.slices[slice.Name]; ok && old.Spec.Pool.Name != slice.Spec.Pool.Name {
+	old, had := inv.slices[slice.Name]
+	if err := checkPoolNode(slice); err != nil {
+		// Not even stored: a stored slice would take part in its pool's
+		// newest-generation-wins rebuild. An earlier, acceptable version
+		// of it goes, and its pool is rebuilt without it.
+		if had {
+			delete(inv.slices, slice.Name)
+			_ = inv.rebuildLocked(old.Spec.Pool.Name)
+		}
+		return err
+	}
+	if had && old.Spec.Pool.Name != slice.Spec.Pool.Name {
 		delete(inv.slices, slice.Name)
 		// The slice moved pools. A problem with what is left of the old
 		// pool is recorded in inv.problems; the caller only reports on
@@ -106,6 +117,32 @@ func (inv *inventory) upsert(slice *resourceapi.ResourceSlice) error {
 	return inv.rebuildLocked(slice.Spec.Pool.Name)
 }
 
+// foreignPoolError reports a node-local slice whose pool is named after
+// another node.
+type foreignPoolError struct {
+	Slice, Pool, Node string
+}
+
+func (e *foreignPoolError) Error() string {
+	return fmt.Sprintf("ResourceSlice %q of node %q names pool %q: a gpulink pool must be named after the node that publishes it (spec.pool.name == spec.nodeName), so the slice is ignored",
+		e.Slice, e.Node, e.Pool)
+}
+
+// checkPoolNode refuses a slice that names a node but puts its devices in a
+// pool named otherwise. Pools are keyed by name and the newest generation
+// wins, so without this check the kubelet plugin of one node (whose
+// credentials only vouch for spec.nodeName) could publish pool "node-b" at
+// a high generation and hide node-b's GPUs, or split a pool across nodes.
+// The chart's ValidatingAdmissionPolicy enforces the same rule at the API
+// server; this keeps the controller safe where the policy is not installed.
+// Slices without spec.nodeName are left to buildNode, which refuses them.
+func checkPoolNode(slice *resourceapi.ResourceSlice) error {
+	if slice.Spec.NodeName == nil || *slice.Spec.NodeName == "" || *slice.Spec.NodeName == slice.Spec.Pool.Name {
+		return nil
+	}
+	return &foreignPoolError{Slice: slice.Name, Pool: slice.Spec.Pool.Name, Node: *slice.Spec.NodeName}
+}
+
 // remove forgets a slice and rebuilds its pool.
 func (inv *inventory) remove(slice *resourceapi.ResourceSlice) {
 	if slice.Spec.Driver != driver.Name {
@@ -113,8 +150,17 @@ func (inv *inventory) remove(slice *resourceapi.ResourceSlice) {
 	}
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
+	pool := slice.Spec.Pool.Name
+	if stored, ok := inv.slices[slice.Name]; ok {
+		// The pool of the version that was accepted, should the deleted
+		// object carry another.
+		pool = stored.Spec.Pool.Name
+	} else if checkPoolNode(slice) != nil {
+		// Never stored, so nothing to rebuild.
+		return
+	}
 	delete(inv.slices, slice.Name)
-	_ = inv.rebuildLocked(slice.Spec.Pool.Name)
+	_ = inv.rebuildLocked(pool)
 }
 
 // node returns the inventory of a node, or nil when it has no usable pool.

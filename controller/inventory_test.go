@@ -1,12 +1,14 @@
 package controller
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
@@ -174,5 +176,131 @@ func TestWaitingMessageStableWithUnusablePools(t *testing.T) {
 		if msg := c.waitingMessage(nil, 0, nil, nil, nil); msg != first {
 			t.Fatalf("waiting message changed between calls:\n%s\n%s", first, msg)
 		}
+	}
+}
+
+// A node's kubelet plugin may only describe its own node's GPUs: a slice
+// whose pool is named after another node (the plugin on node-a publishing
+// pool node-b at a newer generation) must neither hide node-b's GPUs nor
+// replace node-a's, whichever order the slices arrive in.
+func TestInventoryIgnoresPoolsNamedAfterAnotherNode(t *testing.T) {
+	four, err := parseFixture("pcie-4.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged, err := controllertest.Slice("node-a", four, controllertest.SliceOptions{Generation: 99})
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged.Name = "forged"
+	forged.Spec.Pool.Name = "node-b"
+	check := func(t *testing.T, inv *inventory) {
+		t.Helper()
+		for _, node := range []string{"node-a", "node-b"} {
+			if n := inv.node(node); n == nil || n.Topo.Len() != 8 || n.Pool != node {
+				t.Errorf("node %s: inventory %+v, want its own 8-GPU pool %s", node, n, node)
+			}
+		}
+	}
+	for name, forgedFirst := range map[string]bool{"forged slice last": false, "forged slice first": true} {
+		t.Run(name, func(t *testing.T) {
+			inv := newInventory()
+			upsertForged := func() {
+				err := inv.upsert(forged)
+				if err == nil || !strings.Contains(err.Error(), `pool "node-b"`) || !strings.Contains(err.Error(), `node "node-a"`) {
+					t.Errorf("upsert of the forged slice: error %v, want one naming pool node-b and node node-a", err)
+				}
+			}
+			if forgedFirst {
+				upsertForged()
+			}
+			for _, node := range []string{"node-a", "node-b"} {
+				if err := inv.upsert(v100Slice(t, node)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !forgedFirst {
+				upsertForged()
+			}
+			check(t, inv)
+			inv.remove(forged)
+			check(t, inv)
+		})
+	}
+
+	// A slice that was accepted and is then rewritten to name another
+	// node's pool is dropped: its old pool goes with it, and the pool it
+	// now names is untouched.
+	inv := newInventory()
+	for _, node := range []string{"node-a", "node-b"} {
+		if err := inv.upsert(v100Slice(t, node)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	moved := v100Slice(t, "node-a")
+	moved.Spec.Pool.Name = "node-b"
+	moved.Spec.Pool.Generation = 99
+	if err := inv.upsert(moved); err == nil {
+		t.Error("slice moved to another node's pool accepted")
+	}
+	if n := inv.node("node-a"); n != nil {
+		t.Errorf("node-a still has pool %s after its only slice left it", n.Pool)
+	}
+	if n := inv.node("node-b"); n == nil || n.Topo.Len() != 8 {
+		t.Errorf("node-b: inventory %+v, want its own 8 GPUs", n)
+	}
+}
+
+// A pool split across nodes (a second slice of pool n published for node
+// m) never becomes one node's inventory: the slice naming m is ignored, so
+// pool n stays incomplete and unusable, and node m's own pool is untouched.
+func TestInventoryRefusesPoolSplitAcrossNodes(t *testing.T) {
+	inv := newInventory()
+	if err := inv.upsert(v100Slice(t, "m")); err != nil {
+		t.Fatal(err)
+	}
+	first := v100Slice(t, "n")
+	first.Name = "n-1"
+	first.Spec.Pool.ResourceSliceCount = 2
+	second := v100Slice(t, "m")
+	second.Name = "n-2"
+	second.Spec.Pool = first.Spec.Pool
+	if err := inv.upsert(first); err == nil || !strings.Contains(err.Error(), "incomplete") {
+		t.Errorf("first half of pool n: error %v, want the pool reported incomplete", err)
+	}
+	var foreign *foreignPoolError
+	if err := inv.upsert(second); !errors.As(err, &foreign) {
+		t.Errorf("slice of pool n on node m: error %v, want a foreignPoolError", err)
+	}
+	if n := inv.node("n"); n != nil {
+		t.Errorf("pool n split across nodes became node %s's inventory", n.Node)
+	}
+	if p := inv.problemsSnapshot(); !strings.Contains(p["n"], "incomplete") {
+		t.Errorf("problems %v, want pool n incomplete", p)
+	}
+	if n := inv.node("m"); n == nil || n.Pool != "m" || n.Topo.Len() != 8 {
+		t.Errorf("node m: inventory %+v, want its own pool m", n)
+	}
+}
+
+// The controller records a warning on a slice it ignores for naming
+// another node's pool, and still allocates that node's GPUs.
+func TestControllerWarnsAboutForeignPoolSlice(t *testing.T) {
+	four := fixtureTopology(t, "pcie-4.txt")
+	forged, err := controllertest.Slice("node-a", four, controllertest.SliceOptions{Generation: 99})
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged.Name = "forged"
+	forged.Spec.Pool.Name = "node-b"
+	h := newHarness(t, objs(classes(), gpuNode(t, "node-b", "v100-sxm2-8-aliyun-sccgn6.txt"), []runtime.Object{forged})...).start()
+	e := h.waitEvent("/forged", ReasonSliceIgnored)
+	if e.Type != corev1.EventTypeWarning || !strings.Contains(e.Note, `pool "node-b"`) || !strings.Contains(e.Note, `node "node-a"`) {
+		t.Errorf("event %+v, want a warning naming pool node-b and node node-a", e)
+	}
+	h.claim("eight", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("gpus", 8)}})
+	h.pod("p", true, "eight")
+	if got := allocatedNode(h.waitAllocated("eight")); got != "node-b" {
+		t.Errorf("claim allocated on %q, want node-b's own 8 GPUs", got)
 	}
 }

@@ -89,16 +89,26 @@ func (cc *claimConfigs) forRequest(request string) (*requestConfig, error) {
 		return rc, nil
 	}
 	var (
-		decoded []*apiv1alpha1.GpuConfig
-		indices []int
+		class, claim []*apiv1alpha1.GpuConfig
+		indices      []int
 	)
 	for _, e := range cc.entries {
-		if e.applies(request) {
-			decoded = append(decoded, e.decoded)
-			indices = append(indices, e.index)
+		if !e.applies(request) {
+			continue
 		}
+		// Only the allocator copies a DeviceClass's config into the
+		// allocation (users cannot write status), so an entry marked
+		// FromClass is the operator's; everything else is the claim's
+		// and may only narrow it, the same rule the controller applies.
+		// Claims kube-scheduler allocated get it here.
+		if e.source == resourceapi.AllocationConfigSourceClass {
+			class = append(class, e.decoded)
+		} else {
+			claim = append(claim, e.decoded)
+		}
+		indices = append(indices, e.index)
 	}
-	resolved, explicit, err := apiv1alpha1.ResolveDecoded(decoded...)
+	resolved, explicit, err := apiv1alpha1.ResolveDecoded(class, claim)
 	if err != nil {
 		return nil, fmt.Errorf("status.allocation.devices.config%v (the entries for request %q): %w", indices, request, err)
 	}

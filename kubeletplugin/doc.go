@@ -82,7 +82,11 @@
 // PrepareResourceClaims takes the results of driver gpu.gpulink.dev in the
 // node's pool and the driver's opaque configs (class entries first, then
 // the claim's, later entries overriding; an entry applies to all requests
-// or to the listed ones), resolved with api/v1alpha1. It writes one
+// or to the listed ones), resolved with api/v1alpha1. The claim's entries
+// may only narrow the class's sharing strategy and maxSharesPerGPU
+// (v1alpha1.CheckClaimNarrows), the rule the controller applies too; it is
+// checked here again because claims kube-scheduler allocated never went
+// through the controller. It writes one
 // transient CDI spec per claim (kind gpu.gpulink.dev/claim, file
 // gpu.gpulink.dev-claim_<uid>.json in --cdi-root) with one CDI device named
 // after the claim UID, and returns that device for every result of the

@@ -153,7 +153,7 @@ func TestPrepareSharingStrategies(t *testing.T) {
 	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
 	d := e.start()
 	hami := newClaim("hami", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 2, "3Gi", 40)},
-		opaqueEntry(resourceapi.AllocationConfigSourceClaim, driver.Name, nil, sharingConfig("HAMiCore")))
+		opaqueEntry(resourceapi.AllocationConfigSourceClass, driver.Name, nil, sharingConfig("HAMiCore")))
 	none := newClaim("none", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 3, "1Gi", 10)},
 		opaqueEntry(resourceapi.AllocationConfigSourceClass, driver.Name, []string{"s"}, sharingConfig("None")))
 	mustPrepare(t, d, hami)
@@ -182,21 +182,26 @@ func TestPrepareSharingStrategies(t *testing.T) {
 func TestPrepareConfigLayering(t *testing.T) {
 	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
 	d := e.start()
-	// Class says HAMiCore for all requests, the claim says None for
-	// request "b" only; another driver's garbage config is ignored.
-	c := newClaim("layers",
-		[]resourceapi.DeviceRequestAllocationResult{shareOf("a", 0, "1Gi", 10), shareOf("b/small", 1, "1Gi", 10)},
-		opaqueEntry(resourceapi.AllocationConfigSourceClaim, driver.Name, []string{"b"}, sharingConfig("None")),
-		opaqueEntry(resourceapi.AllocationConfigSourceClass, driver.Name, nil, sharingConfig("HAMiCore")),
+	// The class says HAMiCore and 2Gi shares for all requests; the claim,
+	// listed first, repeats the strategy and asks for 3Gi shares for
+	// request "b" only. Another driver's garbage config is ignored. The
+	// shares carry no consumed capacity, so the config's sizes count.
+	a, b := shareOf("a", 0, "1Gi", 10), shareOf("b/small", 1, "1Gi", 10)
+	a.ConsumedCapacity, b.ConsumedCapacity = nil, nil
+	c := newClaim("layers", []resourceapi.DeviceRequestAllocationResult{a, b},
+		opaqueEntry(resourceapi.AllocationConfigSourceClaim, driver.Name, []string{"b"},
+			`{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"HAMiCore","defaultMemory":"3Gi"}}`),
+		opaqueEntry(resourceapi.AllocationConfigSourceClass, driver.Name, nil,
+			`{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"HAMiCore","defaultMemory":"2Gi"}}`),
 		opaqueEntry(resourceapi.AllocationConfigSourceClaim, "other.example.com", nil, `{"not": "ours"}`),
 	)
 	mustPrepare(t, d, c)
 	got := readCheckpoint(t, e).Claims[c.UID]
-	if s := got.Devices[0].Share.Strategy; s != "HAMiCore" {
-		t.Errorf("request a: strategy %s, want HAMiCore from the class", s)
+	if s := got.Devices[0].Share; s.Strategy != "HAMiCore" || s.MemoryBytes != 2*gib {
+		t.Errorf("request a: share %+v, want HAMiCore and 2Gi from the class", s)
 	}
-	if s := got.Devices[1].Share.Strategy; s != "None" {
-		t.Errorf("request b/small: strategy %s, want None from the claim", s)
+	if s := got.Devices[1].Share; s.Strategy != "HAMiCore" || s.MemoryBytes != 3*gib {
+		t.Errorf("request b/small: share %+v, want HAMiCore and 3Gi from the claim", s)
 	}
 }
 
@@ -205,7 +210,7 @@ func TestPrepareShareDefaultsWithoutConsumedCapacity(t *testing.T) {
 	d := e.start()
 	r := shareOf("s", 0, "1Gi", 1)
 	r.ConsumedCapacity = nil
-	explicit := `{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"HAMiCore","defaultMemory":"6Gi"}}`
+	explicit := `{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","sharing":{"defaultMemory":"6Gi"}}`
 	c := newClaim("defaults", []resourceapi.DeviceRequestAllocationResult{r},
 		opaqueEntry(resourceapi.AllocationConfigSourceClaim, driver.Name, nil, explicit))
 	mustPrepare(t, d, c)
@@ -308,7 +313,7 @@ func TestPrepareConflicts(t *testing.T) {
 	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
 	d := e.start()
 	first := newClaim("first", []resourceapi.DeviceRequestAllocationResult{wholeGPU("g", 0), shareOf("s", 1, "10Gi", 50)},
-		opaqueEntry(resourceapi.AllocationConfigSourceClaim, driver.Name, []string{"s"}, sharingConfig("HAMiCore")))
+		opaqueEntry(resourceapi.AllocationConfigSourceClass, driver.Name, []string{"s"}, sharingConfig("HAMiCore")))
 	mustPrepare(t, d, first)
 	for name, tc := range map[string]struct {
 		results []resourceapi.DeviceRequestAllocationResult
@@ -319,7 +324,7 @@ func TestPrepareConflicts(t *testing.T) {
 		"memory overcommit":  {[]resourceapi.DeviceRequestAllocationResult{shareOf("s", 1, "7Gi", 10)}, "more than the GPU's"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			c := newClaim("second", tc.results, opaqueEntry(resourceapi.AllocationConfigSourceClaim, driver.Name, nil, sharingConfig("HAMiCore")))
+			c := newClaim("second", tc.results, opaqueEntry(resourceapi.AllocationConfigSourceClass, driver.Name, nil, sharingConfig("HAMiCore")))
 			r := prepare(t, d, c)[c.UID]
 			if r.Err == nil || !strings.Contains(r.Err.Error(), tc.want) {
 				t.Fatalf("error %v, want %q", r.Err, tc.want)
@@ -579,4 +584,45 @@ func TestPrepareCheckpointWriteFailure(t *testing.T) {
 	if readCheckpoint(t, e).Claims[c.UID] == nil {
 		t.Error("claim not checkpointed after recovery of the file system")
 	}
+}
+
+// The plugin enforces the same rule as the controller, for claims any
+// allocator (kube-scheduler included) wrote: a claim's config may not pick
+// another sharing strategy than its class's or raise maxSharesPerGPU.
+func TestPrepareRefusesClaimConfigBeyondTheClass(t *testing.T) {
+	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
+	d := e.start()
+	classMPS := opaqueEntry(resourceapi.AllocationConfigSourceClass, driver.Name, []string{"s"},
+		`{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS","maxSharesPerGPU":8}}`)
+	for name, tc := range map[string]struct {
+		claim string
+		want  []string
+	}{
+		"strategy":  {sharingConfig("HAMiCore"), []string{"sharing.strategy", "HAMiCore", "MPS"}},
+		"no limits": {sharingConfig("None"), []string{"sharing.strategy", "None", "MPS"}},
+		"more shares": {`{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","sharing":{"maxSharesPerGPU":9}}`,
+			[]string{"sharing.maxSharesPerGPU", "9", "8"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := newClaim("greedy", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 1, "1Gi", 10)},
+				classMPS, opaqueEntry(resourceapi.AllocationConfigSourceClaim, driver.Name, nil, tc.claim))
+			r := prepare(t, d, c)[c.UID]
+			if r.Err == nil {
+				t.Fatal("prepared a claim whose config overrides its class's sharing settings")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(r.Err.Error(), w) {
+					t.Errorf("error %q does not mention %q", r.Err, w)
+				}
+			}
+			if e.specExists(c.UID) || len(e.daemon.starts) != 0 {
+				t.Error("CDI spec or MPS daemon left behind")
+			}
+		})
+	}
+	// Narrowing is fine: the class's strategy again, fewer shares.
+	ok := newClaim("modest", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 1, "1Gi", 10)}, classMPS,
+		opaqueEntry(resourceapi.AllocationConfigSourceClaim, driver.Name, nil,
+			`{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS","maxSharesPerGPU":2}}`))
+	mustPrepare(t, d, ok)
 }

@@ -15,7 +15,8 @@ sharing: {strategy: HAMiCore, defaultMemory: 8Gi}
 `
 	tests := []struct {
 		name     string
-		layers   []string
+		class    []string
+		claim    []string
 		wantLink topology.Link
 		want     *GpuConfig
 		wantErr  []string
@@ -30,7 +31,8 @@ sharing: {strategy: HAMiCore, defaultMemory: 8Gi}
 		},
 		{
 			name:     "claim defaults do not mask class settings",
-			layers:   []string{classCfg, "apiVersion: gpu.gpulink.dev/v1alpha1\nkind: GpuConfig\nsharing: {defaultCores: 50}\n"},
+			class:    []string{classCfg},
+			claim:    []string{"apiVersion: gpu.gpulink.dev/v1alpha1\nkind: GpuConfig\nsharing: {defaultCores: 50}\n"},
 			wantLink: topology.LinkNVLink,
 			want: &GpuConfig{
 				Topology: &TopologyConfig{Policy: TopologyRequired, MinLink: "NVLink"},
@@ -39,7 +41,8 @@ sharing: {strategy: HAMiCore, defaultMemory: 8Gi}
 		},
 		{
 			name:     "claim relaxes to best effort",
-			layers:   []string{classCfg, `{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","topology":{"policy":"BestEffort"}}`},
+			class:    []string{classCfg},
+			claim:    []string{`{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","topology":{"policy":"BestEffort"}}`},
 			wantLink: topology.LinkNone,
 			want: &GpuConfig{
 				Topology: &TopologyConfig{Policy: TopologyBestEffort, MinLink: "NVLink"},
@@ -48,22 +51,30 @@ sharing: {strategy: HAMiCore, defaultMemory: 8Gi}
 		},
 		{
 			name:    "bad layer is named",
-			layers:  []string{classCfg, "apiVersion: gpu.gpulink.dev/v1alpha1\nkind: GpuConfig\nsharing: {maxShares: 2}\n"},
-			wantErr: []string{"configuration layer 1", `unknown field "sharing.maxShares"`},
+			class:   []string{classCfg},
+			claim:   []string{"apiVersion: gpu.gpulink.dev/v1alpha1\nkind: GpuConfig\n", "apiVersion: gpu.gpulink.dev/v1alpha1\nkind: GpuConfig\nsharing: {maxShares: 2}\n"},
+			wantErr: []string{"claim configuration: configuration layer 1", `unknown field "sharing.maxShares"`},
+		},
+		{
+			name:    "bad class layer is named",
+			class:   []string{"apiVersion: gpu.gpulink.dev/v1alpha1\nkind: GpuConfig\nsharing: {maxShares: 2}\n"},
+			wantErr: []string{"DeviceClass configuration", `unknown field "sharing.maxShares"`},
+		},
+		{
+			name:    "claim may not override the class's strategy",
+			class:   []string{classCfg},
+			claim:   []string{"apiVersion: gpu.gpulink.dev/v1alpha1\nkind: GpuConfig\nsharing: {strategy: MPS}\n"},
+			wantErr: []string{"sharing.strategy: Forbidden", "sets MPS", "is HAMiCore"},
 		},
 		{
 			name:    "merged result is validated",
-			layers:  []string{"apiVersion: gpu.gpulink.dev/v1alpha1\nkind: GpuConfig\ntopology: {policy: Required}\n"},
+			claim:   []string{"apiVersion: gpu.gpulink.dev/v1alpha1\nkind: GpuConfig\ntopology: {policy: Required}\n"},
 			wantErr: []string{"topology.minLink: Required value"},
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			raws := make([][]byte, len(tt.layers))
-			for i, l := range tt.layers {
-				raws[i] = []byte(l)
-			}
-			got, err := Resolve(raws...)
+			got, err := Resolve(raw(tt.class), raw(tt.claim))
 			if len(tt.wantErr) > 0 {
 				if err == nil {
 					t.Fatalf("Resolve succeeded with %+v, want an error", got)
@@ -94,7 +105,7 @@ func TestResolveDecodedKeepsExplicitApart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resolved, explicit, err := ResolveDecoded(layers...)
+	resolved, explicit, err := ResolveDecoded(layers[:1], layers[1:])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,4 +118,13 @@ func TestResolveDecodedKeepsExplicitApart(t *testing.T) {
 	if _, err := DecodeLayers([]byte("kind: GpuConfig\n"), []byte("{}")); err == nil || !strings.Contains(err.Error(), "configuration layer 0") {
 		t.Errorf("DecodeLayers error %v, want one naming layer 0", err)
 	}
+}
+
+// raw turns YAML documents into configuration layers.
+func raw(docs []string) [][]byte {
+	out := make([][]byte, len(docs))
+	for i, d := range docs {
+		out[i] = []byte(d)
+	}
+	return out
 }

@@ -62,6 +62,8 @@ const (
 
 // SharingConfig sizes the shares of one GPU.
 type SharingConfig struct {
+	// Strategy is how shares are confined. Only a DeviceClass chooses it:
+	// a claim may set it only to its class's effective strategy.
 	Strategy SharingStrategy `json:"strategy,omitempty"`
 	// DefaultMemory is the GPU memory a share gets when its request does
 	// not ask for the memory capacity.
@@ -69,6 +71,7 @@ type SharingConfig struct {
 	// DefaultCores is the percentage of the GPU's SMs (1..100) a share gets
 	// when its request does not ask for the cores capacity.
 	DefaultCores *int64 `json:"defaultCores,omitempty"`
-	// MaxSharesPerGPU caps how many shares one GPU carries at a time.
+	// MaxSharesPerGPU caps how many shares one GPU carries at a time. A
+	// claim may lower its class's cap for its own shares, never raise it.
 	MaxSharesPerGPU *int `json:"maxSharesPerGPU,omitempty"`
 }

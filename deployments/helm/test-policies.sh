@@ -229,11 +229,12 @@ PLUGIN_TOKEN=$(kc -n "${NS}" create token "${PLUGIN_SA}" --bound-object-kind Pod
 UNBOUND_TOKEN=$(kc -n "${NS}" create token "${PLUGIN_SA}")
 as_plugin() { kc --token "${PLUGIN_TOKEN}" "$@"; }
 
-# slice NAME NODE [DRIVER [GENERATION]]: a ResourceSlice manifest.
+# slice NAME NODE [DRIVER [GENERATION [POOL]]]: a ResourceSlice manifest;
+# the pool is named after the node unless POOL says otherwise.
 slice() {
-	local name=$1 node=$2 driver=${3:-gpu.gpulink.dev} generation=${4:-1}
+	local name=$1 node=$2 driver=${3:-gpu.gpulink.dev} generation=${4:-1} pool=${5:-$2}
 	printf '{"apiVersion":"resource.k8s.io/v1","kind":"ResourceSlice","metadata":{"name":"%s"},"spec":{"driver":"%s","nodeName":"%s","pool":{"name":"%s","generation":%s,"resourceSliceCount":1},"devices":[{"name":"gpu-0"}]}}\n' \
-		"${name}" "${driver}" "${node}" "${node}" "${generation}"
+		"${name}" "${driver}" "${node}" "${pool}" "${generation}"
 }
 
 log "waiting for the ValidatingAdmissionPolicy to take effect"
@@ -275,6 +276,20 @@ expect allow "plugin creates its node's slice" write create "${PLUGIN_TOKEN}" ow
 expect deny "plugin creates a slice for another node" write create "${PLUGIN_TOKEN}" foreign node-b
 expect deny "plugin creates another driver's slice" write create "${PLUGIN_TOKEN}" other node-a other.example.com
 expect allow "plugin updates its node's slice" write replace "${PLUGIN_TOKEN}" own node-a gpu.gpulink.dev 2
+# Pools are keyed by name and the newest generation wins: a slice of
+# node-a in pool node-b would hide node-b's GPUs.
+expect deny "plugin creates its node's slice in another node's pool" \
+	write create "${PLUGIN_TOKEN}" shadow node-a gpu.gpulink.dev 99 node-b
+expect deny "plugin creates its node's slice in a pool not named after a node" \
+	write create "${PLUGIN_TOKEN}" odd-pool node-a gpu.gpulink.dev 1 shared
+# (spec.pool.name is immutable, so the API server itself refuses moving a
+# slice to another pool.) A slice of node-a in pool node-b that got in some
+# other way, written by an administrator here, stays out of reach too.
+write create "" admin-pool node-a gpu.gpulink.dev 1 node-b >/dev/null
+expect deny "plugin updates a slice of its node that sits in another node's pool" \
+	write replace "${PLUGIN_TOKEN}" admin-pool node-a gpu.gpulink.dev 99 node-b
+expect deny "plugin deletes a slice of its node that sits in another node's pool" \
+	as_plugin delete resourceslice admin-pool
 expect allow "plugin lists slices" as_plugin get resourceslices
 expect deny "plugin patches a slice (RBAC: the slice controller only updates)" \
 	as_plugin label resourceslice own patched=true
@@ -337,6 +352,71 @@ expect deny "controller reads another Lease" as_controller -n "${NS}" get lease 
 expect deny "controller creates a Lease in another namespace" \
 	create_as "${CONTROLLER_TOKEN}" "$(lease gpulink-controller gate-test)"
 expect deny "controller may not delete pods" as_controller -n gate-test delete pod no-claims
+
+# --- ValidatingAdmissionPolicy: the controller only lifts its gate --------
+POD_POLICY=gpulink-controller-pods
+log "waiting for the ValidatingAdmissionPolicy ${POD_POLICY} to take effect"
+for _ in $(seq 60); do
+	if ! as_controller -n gate-test label --dry-run=server pod no-claims probe=1 >/dev/null 2>&1; then
+		break
+	fi
+	sleep 0.5
+done
+# expect_policy_denies DESCRIPTION COMMAND...: COMMAND must fail, and
+# because of ${POD_POLICY} (RBAC would allow it).
+expect_policy_denies() {
+	local what=$1 out
+	shift
+	if out=$("$@" 2>&1); then
+		fail "allowed, want denied by ${POD_POLICY}: ${what}"
+	elif [[ "${out}" == *"ValidatingAdmissionPolicy '${POD_POLICY}'"* ]]; then
+		log "ok: denied: ${what} (${out##*denied request: })"
+	else
+		fail "denied, but not by ${POD_POLICY}: ${what}: ${out}"
+	fi
+}
+# json_patch_pod TOKEN POD PATCH: a JSON patch of a pod in gate-test with
+# TOKEN's identity ("" = admin).
+json_patch_pod() {
+	local auth=()
+	[[ -n "$1" ]] && auth=(--token "$1")
+	kc "${auth[@]}" -n gate-test patch pod "$2" --type=json -p "$3"
+}
+# other-gate carries [example.com/other, gpu.gpulink.dev/allocation].
+OTHER_UID=$(kc -n gate-test get pod other-gate -o jsonpath='{.metadata.uid}')
+expect_policy_denies "controller adds a label to a pod" \
+	as_controller -n gate-test label pod other-gate evil=true
+expect_policy_denies "controller changes a pod's container image" \
+	json_patch_pod "${CONTROLLER_TOKEN}" other-gate '[{"op":"replace","path":"/spec/containers/0/image","value":"registry.example.com/evil:1"}]'
+expect_policy_denies "controller adds a toleration to a pod" \
+	json_patch_pod "${CONTROLLER_TOKEN}" other-gate '[{"op":"add","path":"/spec/tolerations/-","value":{"key":"dedicated","operator":"Exists"}}]'
+expect_policy_denies "controller adds a node selector to a gated pod" \
+	json_patch_pod "${CONTROLLER_TOKEN}" other-gate '[{"op":"add","path":"/spec/nodeSelector","value":{"kubernetes.io/hostname":"node-a"}}]'
+expect_policy_denies "controller removes another component's scheduling gate" \
+	json_patch_pod "${CONTROLLER_TOKEN}" other-gate '[{"op":"remove","path":"/spec/schedulingGates/0"}]'
+expect_policy_denies "controller sets an annotation outside gpu.gpulink.dev/" \
+	as_controller -n gate-test annotate pod other-gate example.com/note=x
+expect_policy_denies "controller adds a finalizer to a pod" \
+	json_patch_pod "${CONTROLLER_TOKEN}" other-gate '[{"op":"add","path":"/metadata/finalizers","value":["example.com/hold"]}]'
+expect_policy_denies "controller lifts its gate and adds a label in one patch" \
+	json_patch_pod "${CONTROLLER_TOKEN}" other-gate '[{"op":"remove","path":"/spec/schedulingGates/1"},{"op":"add","path":"/metadata/labels","value":{"evil":"true"}}]'
+expect allow "controller sets an annotation under gpu.gpulink.dev/ (the policy's allow-list)" \
+	as_controller -n gate-test annotate pod other-gate gpu.gpulink.dev/note=x
+expect allow "controller removes its annotation again" \
+	as_controller -n gate-test annotate pod other-gate gpu.gpulink.dev/note-
+# The patch the controller sends (controller/gate.go): test the UID and the
+# gate's name at its index, then remove it.
+expect allow "controller lifts its gate and leaves the other gate" \
+	json_patch_pod "${CONTROLLER_TOKEN}" other-gate "[{\"op\":\"test\",\"path\":\"/metadata/uid\",\"value\":\"${OTHER_UID}\"},
+		{\"op\":\"test\",\"path\":\"/spec/schedulingGates/1/name\",\"value\":\"${GATE}\"},
+		{\"op\":\"remove\",\"path\":\"/spec/schedulingGates/1\"}]"
+expect_gates other-gate "example.com/other "
+expect allow "controller sends a patch that changes nothing" \
+	json_patch_pod "${CONTROLLER_TOKEN}" other-gate '[{"op":"test","path":"/metadata/name","value":"other-gate"}]'
+expect allow "another identity (admin) still changes labels, images and gates" \
+	json_patch_pod "" other-gate '[{"op":"add","path":"/metadata/labels","value":{"app":"x"}},
+		{"op":"replace","path":"/spec/containers/0/image","value":"registry.k8s.io/pause:3.9"},
+		{"op":"remove","path":"/spec/schedulingGates/0"}]'
 
 if ((FAILED)); then
 	die "policy checks failed"

@@ -109,3 +109,8 @@ combination that installs cleanly but leaves GPU pods Pending forever.
 {{- fail "gate.enabled=true needs kubeletPlugin.managedByController=true: without the device taint kube-scheduler and the controller would both allocate the same GPUs" -}}
 {{- end -}}
 {{- end -}}
+
+{{/* Full user name of the controller's service account, as the API server sees it. */}}
+{{- define "gpulink.controller.username" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "gpulink.controller.fullname" .) -}}
+{{- end -}}

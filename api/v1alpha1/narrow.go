@@ -1,0 +1,66 @@
+package v1alpha1
+
+import (
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+// CheckClaimNarrows refuses claim layers that widen what the DeviceClass
+// layers allow for the settings that protect the other tenants of a GPU.
+// A claim is written by whoever may create claims in a namespace, a
+// DeviceClass by the cluster operator, so those settings must be the
+// class's (or, where the class leaves them unset, the operator's defaults):
+//
+//   - sharing.strategy confines a share to its memory and cores. A claim may
+//     only repeat the class's effective strategy: HAMiCore is enforced only
+//     if the workload's own image loads the library, and None puts no limit
+//     on a share at all, so neither is a narrowing of MPS.
+//   - sharing.maxSharesPerGPU caps how many tenants share one GPU. A claim
+//     may lower it for its own shares, never raise it above the class's.
+//
+// Everything else a claim may set freely: the topology policy and minLink
+// only decide where the claim's own GPUs go, and the share sizes
+// (defaultMemory, defaultCores) are what the claim's own shares are
+// accounted for, so a larger one takes capacity from no one. GpuConfig has
+// no over-commit setting; one added later belongs in this list.
+//
+// The error is an aggregate of field errors naming the field, the claim's
+// value and the class's.
+func CheckClaimNarrows(class, claim []*GpuConfig) error {
+	want := Merge(claim...).Sharing
+	if want == nil {
+		return nil
+	}
+	set := Merge(class...)
+	allowed := set.DeepCopy()
+	allowed.Default()
+	path := field.NewPath("sharing")
+	// The class's settings are the yardstick, so they must be valid on
+	// their own: a claim must not be able to repair (and thereby choose) a
+	// broken class value.
+	if errs := validateSharing(allowed.Sharing, path); len(errs) > 0 {
+		return fmt.Errorf("invalid DeviceClass GpuConfig: %w", errs.ToAggregate())
+	}
+	origin := func(explicit bool) string {
+		if explicit {
+			return "the DeviceClass's"
+		}
+		return "the default"
+	}
+	var errs field.ErrorList
+	if s := want.Strategy; s != "" && s != allowed.Sharing.Strategy {
+		errs = append(errs, field.Forbidden(path.Child("strategy"), fmt.Sprintf(
+			"the claim sets %s but the sharing strategy is %s (%s); it protects the other tenants of a GPU, so only the DeviceClass chooses it and a claim may only repeat it",
+			s, allowed.Sharing.Strategy, origin(set.Sharing != nil && set.Sharing.Strategy != ""))))
+	}
+	if n, limit := want.MaxSharesPerGPU, allowed.Sharing.MaxSharesPerGPU; n != nil && limit != nil && *n > *limit {
+		errs = append(errs, field.Forbidden(path.Child("maxSharesPerGPU"), fmt.Sprintf(
+			"the claim sets %d but at most %d shares per GPU are allowed (%s); a claim may only lower it",
+			*n, *limit, origin(set.Sharing != nil && set.Sharing.MaxSharesPerGPU != nil))))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("claim GpuConfig: %w", errs.ToAggregate())
+	}
+	return nil
+}

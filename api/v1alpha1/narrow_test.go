@@ -1,0 +1,108 @@
+package v1alpha1
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestClaimMayOnlyNarrowTheClass(t *testing.T) {
+	const head = "apiVersion: gpu.gpulink.dev/v1alpha1\nkind: GpuConfig\n"
+	sharing := func(s string) string { return head + "sharing: " + s + "\n" }
+	mps8 := sharing("{strategy: MPS, maxSharesPerGPU: 8}")
+	tests := []struct {
+		name  string
+		class []string
+		claim []string
+		// wantErr lists what the error must mention; empty means the
+		// layers are accepted.
+		wantErr []string
+		// wantStrategy and wantMax are the resolved values when accepted.
+		wantStrategy SharingStrategy
+		wantMax      int
+	}{
+		{name: "no claim layer", class: []string{mps8}, wantStrategy: SharingMPS, wantMax: 8},
+		{name: "claim repeats the class's strategy", class: []string{mps8}, claim: []string{sharing("{strategy: MPS}")},
+			wantStrategy: SharingMPS, wantMax: 8},
+		{name: "claim lowers maxSharesPerGPU", class: []string{mps8}, claim: []string{sharing("{maxSharesPerGPU: 2}")},
+			wantStrategy: SharingMPS, wantMax: 2},
+		{name: "claim keeps maxSharesPerGPU", class: []string{mps8}, claim: []string{sharing("{maxSharesPerGPU: 8}")},
+			wantStrategy: SharingMPS, wantMax: 8},
+		{name: "claim lowers the default cap", claim: []string{sharing("{maxSharesPerGPU: 4}")},
+			wantStrategy: SharingMPS, wantMax: 4},
+		{name: "claim sets its own share sizes and topology",
+			class:        []string{mps8},
+			claim:        []string{head + "topology: {policy: Required, minLink: NV1}\nsharing: {defaultMemory: 30Gi, defaultCores: 100}\n"},
+			wantStrategy: SharingMPS, wantMax: 8},
+		{name: "class picks HAMiCore, claim repeats it", class: []string{sharing("{strategy: HAMiCore}")},
+			claim: []string{sharing("{strategy: HAMiCore}")}, wantStrategy: SharingHAMiCore, wantMax: DefaultMaxSharesPerGPU},
+		{name: "later class layer raises the cap", class: []string{mps8, sharing("{maxSharesPerGPU: 32}")},
+			claim: []string{sharing("{maxSharesPerGPU: 32}")}, wantStrategy: SharingMPS, wantMax: 32},
+		{name: "class None, claim None", class: []string{sharing("{strategy: None}")}, claim: []string{sharing("{strategy: None}")},
+			wantStrategy: SharingNone},
+
+		{name: "claim picks HAMiCore over the class's MPS", class: []string{mps8}, claim: []string{sharing("{strategy: HAMiCore}")},
+			wantErr: []string{"sharing.strategy", "Forbidden", "claim sets HAMiCore", "strategy is MPS (the DeviceClass's)"}},
+		{name: "claim picks HAMiCore over the default", claim: []string{sharing("{strategy: HAMiCore}")},
+			wantErr: []string{"sharing.strategy", "claim sets HAMiCore", "strategy is MPS (the default)"}},
+		{name: "claim switches enforcement off", class: []string{mps8}, claim: []string{sharing("{strategy: None}")},
+			wantErr: []string{"sharing.strategy", "claim sets None", "strategy is MPS"}},
+		{name: "claim turns a whole-GPU class into shares", class: []string{sharing("{strategy: None}")}, claim: []string{sharing("{strategy: MPS}")},
+			wantErr: []string{"sharing.strategy", "claim sets MPS", "strategy is None (the DeviceClass's)"}},
+		{name: "claim raises maxSharesPerGPU", class: []string{mps8}, claim: []string{sharing("{maxSharesPerGPU: 100}")},
+			wantErr: []string{"sharing.maxSharesPerGPU", "claim sets 100", "at most 8", "(the DeviceClass's)"}},
+		{name: "claim raises the default cap", claim: []string{sharing("{maxSharesPerGPU: 17}")},
+			wantErr: []string{"sharing.maxSharesPerGPU", "claim sets 17", "at most 16", "(the default)"}},
+		{name: "a later claim layer widens what an earlier narrowed",
+			class: []string{mps8}, claim: []string{sharing("{maxSharesPerGPU: 2}"), sharing("{maxSharesPerGPU: 9}")},
+			wantErr: []string{"sharing.maxSharesPerGPU", "claim sets 9", "at most 8"}},
+		{name: "both at once are reported", class: []string{mps8}, claim: []string{sharing("{strategy: HAMiCore, maxSharesPerGPU: 50}")},
+			wantErr: []string{"sharing.strategy", "sharing.maxSharesPerGPU", "claim sets 50"}},
+		{name: "a claim cannot repair a broken class cap", class: []string{sharing("{maxSharesPerGPU: 500}")}, claim: []string{sharing("{maxSharesPerGPU: 100}")},
+			wantErr: []string{"invalid DeviceClass GpuConfig", "sharing.maxSharesPerGPU", "500"}},
+		{name: "lowering below 1 is still invalid", class: []string{mps8}, claim: []string{sharing("{maxSharesPerGPU: 0}")},
+			wantErr: []string{"sharing.maxSharesPerGPU", "must be between 1 and 100"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Resolve(raw(tt.class), raw(tt.claim))
+			if len(tt.wantErr) > 0 {
+				if err == nil {
+					t.Fatalf("Resolve accepted the claim: %+v", got.Sharing)
+				}
+				for _, w := range tt.wantErr {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error %q does not mention %q", err, w)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Resolve: %v", err)
+			}
+			if got.Sharing.Strategy != tt.wantStrategy {
+				t.Errorf("strategy %s, want %s", got.Sharing.Strategy, tt.wantStrategy)
+			}
+			switch m := got.Sharing.MaxSharesPerGPU; {
+			case tt.wantMax == 0 && m != nil:
+				t.Errorf("maxSharesPerGPU %d, want unset", *m)
+			case tt.wantMax != 0 && (m == nil || *m != tt.wantMax):
+				t.Errorf("maxSharesPerGPU %v, want %d", m, tt.wantMax)
+			}
+		})
+	}
+}
+
+// The claim's layers are checked, not the class's: the same settings are
+// fine from a DeviceClass.
+func TestCheckClaimNarrowsTrustsTheClass(t *testing.T) {
+	cfgs, err := DecodeLayers([]byte("apiVersion: gpu.gpulink.dev/v1alpha1\nkind: GpuConfig\nsharing: {strategy: HAMiCore, maxSharesPerGPU: 100}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckClaimNarrows(cfgs, nil); err != nil {
+		t.Errorf("class layer refused: %v", err)
+	}
+	if err := CheckClaimNarrows(nil, cfgs); err == nil {
+		t.Error("the same settings accepted from a claim")
+	}
+}
