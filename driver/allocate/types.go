@@ -19,6 +19,10 @@ const (
 type Policy struct {
 	Node Strategy `json:"node,omitempty"`
 	GPU  Strategy `json:"gpu,omitempty"`
+	// Mix is how often each request size is asked for; the fragmentation
+	// tie-break keeps free what is asked for most (doc.go, criterion 3).
+	// nil means DefaultSizeMix. A pointer keeps Policy comparable.
+	Mix *SizeMix `json:"-"`
 }
 
 // GPUUsage is what is already consumed on one GPU.
