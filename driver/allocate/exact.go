@@ -67,6 +67,17 @@ func exactPick(sc *scratch, t *topology.Topology, free, cand uint64, k int, requ
 	}
 	q := sc.q
 	lcand := l.toLocal(cand)
+	var mk memoKey
+	if f >= memoMinFree {
+		mk = makeMemoKey(l, lcand, k, required, mix)
+		if v, ok := memo.get(&mk); ok {
+			p := pick{found: v.found, key: v.key, bestAny: v.bestAny, anyExists: v.bestAny != 0}
+			if v.found {
+				p.set = l.toPositions(v.set)
+			}
+			return p
+		}
+	}
 	levels := mix.levels(f, k)
 	// Subsets larger than both the request and the largest future level
 	// are never looked at, so the pass skips them; on 16 free GPUs and
@@ -118,6 +129,9 @@ func exactPick(sc *scratch, t *topology.Topology, free, cand uint64, k int, requ
 	sc.ties = ties
 	p := pick{bestAny: bestAny, anyExists: bestAny != 0}
 	if len(ties) == 0 {
+		if f >= memoMinFree {
+			memo.put(&mk, memoVal{bestAny: bestAny})
+		}
 		return p
 	}
 	p.found = true
@@ -131,5 +145,8 @@ func exactPick(sc *scratch, t *topology.Topology, free, cand uint64, k int, requ
 	tb.all /= 2
 	s := tb.choose(sc, ties)
 	p.set, p.key = l.toPositions(s), q[s&0xFFFF]
+	if f >= memoMinFree {
+		memo.put(&mk, memoVal{set: s, key: p.key, bestAny: bestAny, found: true})
+	}
 	return p
 }

@@ -91,7 +91,7 @@ type futureScore struct {
 }
 
 func (tb *tieBreaker) score(rest uint32, s *futureScore) {
-	future(tb.q, rest, tb.levels, &s.v)
+	future(tb.q, rest, tb.levels, tb.top, &s.v)
 	m := tb.mix.orDefault()
 	s.kept, s.exact = 0, 0
 	for lv := tb.levels; lv != 0; lv &= lv - 1 {
@@ -119,11 +119,18 @@ func (tb *tieBreaker) choose(sc *scratch, ties []uint32) uint32 {
 	if tb.levels == 0 {
 		return slices.MinFunc(cands, cmpTied).set
 	}
-	slices.SortFunc(cands, cmpTied)
-	best := cands[0]
+	// The first candidate in visiting order wins outright when it keeps
+	// the most capacity possible and every future size's best quality;
+	// on symmetric nodes (all NVLink) it does, and sorting thousands of
+	// equal candidates would cost more than the rest of the search.
+	best := slices.MinFunc(cands, cmpTied)
 	bound := maxKept(tb, bits.OnesCount32(best.set))
 	bs, cs := &sc.fut[0], &sc.fut[1]
 	tb.score(tb.full^best.set, bs)
+	if bs.kept >= bound && bs.v == *tb.top {
+		return best.set
+	}
+	slices.SortFunc(cands, cmpTied)
 	for _, c := range cands[1:] {
 		// Candidates come in criterion-2 order: once the incumbent keeps
 		// every class, only an equal aggregate could still beat it, and
@@ -169,13 +176,18 @@ func (s *futureScore) beats(o *futureScore, a, b tied) bool {
 }
 
 // future records in v, per set size in levels, the best quality among the
-// subsets of rest.
-func future(q *table, rest, levels uint32, v *[exactMaxFree + 1]key) {
+// subsets of rest. No subset of rest beats the best of all free GPUs
+// (top), so the scan stops once every level has reached it.
+func future(q *table, rest, levels uint32, top *[exactMaxFree + 1]key, v *[exactMaxFree + 1]key) {
 	*v = [exactMaxFree + 1]key{}
-	for sub := rest; sub != 0; sub = (sub - 1) & rest {
+	open := levels
+	for sub := rest; sub != 0 && open != 0; sub = (sub - 1) & rest {
 		pc := bits.OnesCount32(sub)
-		if kk := q[sub&0xFFFF]; levels>>pc&1 != 0 && kk > v[pc] {
+		if kk := q[sub&0xFFFF]; open>>pc&1 != 0 && kk > v[pc] {
 			v[pc] = kk
+			if kk == top[pc] {
+				open &^= 1 << pc
+			}
 		}
 	}
 }
