@@ -66,20 +66,31 @@
 // pairs of a set m with lowest GPUs a < b are the pairs of m\{a}, of
 // m\{b} and {a,b}, so weak(m) is a min of three values and agg(m) follows
 // by inclusion-exclusion. Subsets larger than both k and the largest
-// future size are never consulted and are skipped. Criteria 1-2 scan the
-// same pass, collecting the sets with the best weak link. Criterion 5 needs agg(R) only, which is agg(free) - (link
-// sums of S's GPUs) + agg(S). Tied candidates are visited in the order of
-// criteria 4-5; criterion 3 scans the submasks of R for each, 2^(f-k),
-// and the visit stops at the first candidate that leaves the best all
-// free GPUs allow at every size, as nothing can beat it (on uniform
+// future size are never consulted and are skipped. The same pass collects
+// the candidates, the sets with the best weak link (criterion 1), and
+// their aggregates (criterion 3). Criterion 5
+// needs agg(R) only, which is agg(free) - (link sums of S's GPUs) +
+// agg(S). Criterion 2 scans the submasks of R for each candidate,
+// 2^(f-k), and a scan stops once every future size has reached the best
+// all free GPUs allow. Candidates are visited by aggregate, then agg(R),
+// then positions; the visit stops once the incumbent keeps the most
+// capacity any take of k GPUs can leave (for size j at most (f-k)/j
+// sets, and no more than all free GPUs hold) and either the next
+// candidate has a smaller aggregate or the incumbent keeps every future
+// size's best quality, as nothing after it can win then (on uniform
 // NVLink nodes, the first candidate). The result is exact: it equals
 // exhaustive enumeration of the objective (the tests check this on every
-// usage pattern of the 8-GPU topologies). Candidates are visited by
-// aggregate, then agg(R), then positions; the visit stops once the
-// incumbent reaches the most capacity any take of k GPUs can leave and
-// either the next candidate has a smaller aggregate or the incumbent keeps
-// every future size's best quality. The table is 256 KiB and is
-// kept between searches.
+// usage pattern of the 8-GPU topologies and under random mixes). The
+// table is 256 KiB and is kept between searches.
+//
+// Searches over 12 or more free GPUs (0.1-0.5 ms; idle 16-GPU nodes are
+// the slowest) are memoized by everything their answer depends on: the
+// links among the free GPUs in their own numbering, the candidates, the
+// size, the required link and the mix. Nodes of one kind in one state,
+// idle ones above all, share an entry whatever their names, so a cluster
+// of idle DGX-2s pays for one search; the memo holds 4,096 answers and is
+// emptied when full. An answer from it is the search's answer, so it
+// changes only the time a decision takes.
 //
 // # More than 16 free GPUs
 //

@@ -19,7 +19,7 @@ const mixScale = 1 << 20
 // SizeMix is how often each request size (whole GPUs) is asked for, for
 // example the recent requests a controller has seen in its cluster. The
 // fragmentation criterion weights each future size by it, so that what is
-// kept free is what will be asked for (doc.go, criterion 3). Build one with
+// kept free is what will be asked for (doc.go, criterion 2). Build one with
 // NewSizeMix; the zero value and nil mean DefaultSizeMix.
 type SizeMix struct {
 	// w[j] is the weight of size j, summing to about mixScale over all
@@ -98,7 +98,7 @@ func (m *SizeMix) orDefault() *SizeMix {
 	return m
 }
 
-// levels are the bits, indexed by set size, of the future sizes criterion 3
+// levels are the bits, indexed by set size, of the future sizes criterion 3a
 // looks at when k of f free GPUs are taken: sizes 2..f-k with a weight.
 func (m *SizeMix) levels(f, k int) uint32 {
 	m = m.orDefault()
