@@ -119,7 +119,7 @@ func TestMixMatchesBruteForce(t *testing.T) {
 						freq[s] = float64(rng.IntN(10))
 					}
 				}
-				freq[1+rng.IntN(8)] += 1
+				freq[1+rng.IntN(8)]++
 				mix := mustSizeMix(freq)
 				used := rng.Uint64() & fullMask(n) & rng.Uint64()
 				node := nodeWith("node-a", nt.topo, positions(used)...)
