@@ -69,7 +69,7 @@ helm-lint: ## helm lint and helm template of the chart
 	hack/helm.sh
 
 .PHONY: bench
-bench: ## allocator and kubelet plugin benchmarks
+bench: ## allocator (latency p50/p99, churn quality per topology vs baselines) and kubelet plugin benchmarks
 	$(GO) test -run '^$$' -bench . -benchmem ./driver/... ./kubeletplugin/...
 
 .PHONY: demo

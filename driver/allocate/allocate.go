@@ -10,7 +10,7 @@ func Allocate(node *NodeState, req Request, pol Policy) (Result, error) {
 	if req.Share != nil {
 		return allocateShare(node, req, pol)
 	}
-	return allocateWhole(node, req)
+	return allocateWhole(node, req, pol.Mix)
 }
 
 func checkInput(node *NodeState, req Request, pol Policy) error {

@@ -10,8 +10,9 @@ import (
 	"github.com/gpulink/gpulink/driver/topology"
 )
 
-// reportP50 times calls to fn one by one and reports the median as
-// p50-ns/op next to the mean that ns/op shows.
+// reportP50 times calls to fn one by one and reports the median and the
+// 99th percentile as p50-ns/op and p99-ns/op next to the mean that ns/op
+// shows.
 func reportP50(b *testing.B, fn func()) {
 	b.Helper()
 	samples := make([]time.Duration, 0, min(b.N, 1<<16))
@@ -27,6 +28,7 @@ func reportP50(b *testing.B, fn func()) {
 	b.StopTimer()
 	slices.Sort(samples)
 	b.ReportMetric(float64(samples[len(samples)/2].Nanoseconds()), "p50-ns/op")
+	b.ReportMetric(float64(samples[len(samples)*99/100].Nanoseconds()), "p99-ns/op")
 }
 
 // benchUsed marks every fourth GPU, starting at 1, exclusive.
@@ -63,6 +65,26 @@ func BenchmarkAllocate(b *testing.B) {
 				}
 				req := Request{GPUs: k}
 				b.Run(fmt.Sprintf("%s/%s/gpus=%d", tc.name, state, k), func(b *testing.B) {
+					reportP50(b, func() {
+						if _, err := Allocate(node, req, Policy{}); err != nil {
+							b.Fatal(err)
+						}
+					})
+				})
+				if free < memoMinFree {
+					continue
+				}
+				// The same decision with the memo off: what the first
+				// decision for a node kind and state costs.
+				b.Run(fmt.Sprintf("%s/%s/gpus=%d/cold", tc.name, state, k), func(b *testing.B) {
+					memo.mu.Lock()
+					memo.off = true
+					memo.mu.Unlock()
+					defer func() {
+						memo.mu.Lock()
+						memo.off = false
+						memo.mu.Unlock()
+					}()
 					reportP50(b, func() {
 						if _, err := Allocate(node, req, Policy{}); err != nil {
 							b.Fatal(err)

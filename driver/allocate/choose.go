@@ -90,7 +90,7 @@ func chooseWhole(nodes []*NodeState, req Request, pol Policy) (Result, error) {
 				continue
 			}
 		}
-		p := pickWhole(sc, n.Topology, free, cand, k, req.RequiredLink, false)
+		p := pickWhole(sc, n.Topology, free, cand, k, req.RequiredLink, false, pol.Mix)
 		if !p.found {
 			if p.anyExists && (looseIdx < 0 || p.bestAny > looseKey) {
 				looseIdx, looseKey = i, p.bestAny
@@ -105,7 +105,7 @@ func chooseWhole(nodes []*NodeState, req Request, pol Policy) (Result, error) {
 		return Result{}, &UnsatisfiableError{Reason: noNodeReason(nodes, req, mostIdx, mostFree, looseIdx, looseKey)}
 	}
 	// Only the winner needs the fragmentation tie-break.
-	return allocateWhole(nodes[best.idx], req)
+	return allocateWhole(nodes[best.idx], req, pol.Mix)
 }
 
 // upperBound is a quality no k-set of cand can exceed: every pair at the
@@ -164,7 +164,7 @@ func chooseShare(nodes []*NodeState, req Request, pol Policy) (Result, error) {
 	defer putScratch(sc)
 	best := shareScore{idx: -1}
 	for i, n := range nodes {
-		pl, why := placeShare(sc, n, req, pol.GPU.spread())
+		pl, why := placeShare(sc, n, req, pol.GPU.spread(), pol.Mix)
 		if why != "" {
 			continue
 		}

@@ -19,23 +19,45 @@
 // these criteria, each consulted only on a tie in the ones before:
 //
 //  1. larger weak(S): a collective runs at the speed of its slowest link;
-//  2. larger agg(S): more fast pairs help all-to-all traffic;
-//  3. the future: let R be the free GPUs left after taking S. For each
-//     size j in {..., 8, 4, 2} with j <= |R|, largest first, compare
-//     best_j(R), the best (weak, agg) of any j-subset of R. Taking S must
-//     not destroy the best place for a future job when another equally
-//     good S would not; larger jobs are harder to place, so they come
-//     first. This is what keeps a one-GPU request off an intact NVLink
-//     pair and a two-GPU request out of an intact NVLink quad;
-//  4. larger agg(R): with 1-3 equal, take the GPUs least connected to the
-//     rest. agg(free) = agg(S) + agg(R) + links between S and R, so this
-//     minimizes the fast links lost, which prefers GPUs whose group is
-//     already partly used;
-//  5. lowest positions: compare the ascending position lists.
+//  2. (3a) the future, weighted by the request-size mix (Policy.Mix, a
+//     SizeMix; DefaultSizeMix, sizes 1-8 equally often, when unset). Let R
+//     be the free GPUs left after taking S, and for each size j with a
+//     weight w_j, 2 <= j <= |R|, let c_j be the weakest link of the best
+//     j-subset of all free GPUs: the class a j-GPU request could get now.
+//     Score sum_j w_j * cap_j(R), where cap_j(R) is 0 when no j-subset of
+//     R reaches c_j any more, and otherwise the number of j-sets the
+//     components of R at class c_j hold (GPUs joined by links >= c_j; a
+//     component of n GPUs counts n/j), at least 1. Larger is better: the
+//     sizes asked for most keep their link class, for as many requests
+//     as possible;
+//  3. (2) larger agg(S): more fast pairs help all-to-all traffic;
+//  4. (3b) the same sum counting only sizes whose best remaining set
+//     keeps its whole (weak, agg) quality, then (3c) best_j(R), the best
+//     (weak, agg) of a j-subset of R, compared largest j first;
+//  5. (4) larger agg(R): with the rest equal, take the GPUs least
+//     connected to the rest. agg(free) = agg(S) + agg(R) + links between
+//     S and R, so this minimizes the fast links lost, which prefers GPUs
+//     whose group is already partly used;
+//  6. (5) lowest positions: compare the ascending position lists.
 //
-// Criteria 3-4 are the fragmentation cost model: they compare what is
-// left, never what is taken, and only among sets equal on 1-2, so they
-// never trade the requesting job's bandwidth for a hypothetical one.
+// The numbers in parentheses are the names the code uses. Why the future
+// comes before the aggregate: the aggregate differs between almost any
+// two sets of one link class on mixed topologies, so when it came first
+// (as it did before) the fragmentation criteria were hardly ever
+// consulted, and an allocator that ignores the future (best set now,
+// lowest positions) could beat gpulink on churn. The link class of the
+// request is never traded (criterion 1 first); within it, keeping the
+// classes later requests can get is worth more than a denser set now.
+// Counting capacity (cap_j), not only whether one j-set survives, is what
+// keeps two switch pairs for two pair requests rather than one triple
+// when pairs are asked for more often. Weights are integers (parts of
+// 2^20), so the decision is exact and deterministic for a given input,
+// state and mix; `gpulink simulate` replays it from the scenario's
+// sizeMix.
+//
+// ChooseNode ranks nodes by the best (weak, agg) a node offers; the set
+// Allocate then takes on the winner has that weak link but may give up
+// some aggregate to criterion 2.
 //
 // # Exact search (up to 16 free GPUs)
 //
@@ -44,16 +66,31 @@
 // pairs of a set m with lowest GPUs a < b are the pairs of m\{a}, of
 // m\{b} and {a,b}, so weak(m) is a min of three values and agg(m) follows
 // by inclusion-exclusion. Subsets larger than both k and the largest
-// future size are never consulted and are skipped. Criteria 1-2 scan the
-// same pass. Criterion 4 needs agg(R) only, which is agg(free) - (link
-// sums of S's GPUs) + agg(S). Tied candidates are visited in the order of
-// criteria 4-5; criterion 3 scans the submasks of R for each, 2^(f-k),
-// and the visit stops at the first candidate that leaves the best all
-// free GPUs allow at every size, as nothing can beat it (on uniform
+// future size are never consulted and are skipped. The same pass collects
+// the candidates, the sets with the best weak link (criterion 1), and
+// their aggregates (criterion 3). Criterion 5
+// needs agg(R) only, which is agg(free) - (link sums of S's GPUs) +
+// agg(S). Criterion 2 scans the submasks of R for each candidate,
+// 2^(f-k), and a scan stops once every future size has reached the best
+// all free GPUs allow. Candidates are visited by aggregate, then agg(R),
+// then positions; the visit stops once the incumbent keeps the most
+// capacity any take of k GPUs can leave (for size j at most (f-k)/j
+// sets, and no more than all free GPUs hold) and either the next
+// candidate has a smaller aggregate or the incumbent keeps every future
+// size's best quality, as nothing after it can win then (on uniform
 // NVLink nodes, the first candidate). The result is exact: it equals
 // exhaustive enumeration of the objective (the tests check this on every
-// usage pattern of the 8-GPU topologies). The table is 256 KiB and is
-// kept between searches.
+// usage pattern of the 8-GPU topologies and under random mixes). The
+// table is 256 KiB and is kept between searches.
+//
+// Searches over 12 or more free GPUs (0.1-0.5 ms; idle 16-GPU nodes are
+// the slowest) are memoized by everything their answer depends on: the
+// links among the free GPUs in their own numbering, the candidates, the
+// size, the required link and the mix. Nodes of one kind in one state,
+// idle ones above all, share an entry whatever their names, so a cluster
+// of idle DGX-2s pays for one search; the memo holds 4,096 answers and is
+// emptied when full. An answer from it is the search's answer, so it
+// changes only the time a decision takes.
 //
 // # More than 16 free GPUs
 //
@@ -61,13 +98,15 @@
 // better, so the set lies in one connected component of the free GPUs
 // joined by links >= c. Going down the link classes present, the first
 // class c at which some component with enough usable GPUs holds a set
-// with weakest link >= c holds the optimum of criteria 1-2. Components of
+// with weakest link >= c holds the optimum of criterion 1. Components of
 // at most 16 free GPUs (an NVLink island, a PCIe switch, a NUMA node on
-// real machines) are searched exactly, with criteria 3-4 applied to the
-// component's free GPUs; among components with equally good sets the one
-// with the fewest free GPUs wins (best fit: intact islands stay intact),
-// then lowest positions. So on such nodes the answer is exact for criteria
-// 1-2 and the fragmentation tie-break is local to the island.
+// real machines) are searched exactly, with the later criteria applied to
+// the component's free GPUs; among components with sets of the same weak
+// link the one with the fewest free GPUs wins (best fit: intact islands
+// stay intact, the fragmentation criterion coming before the aggregate
+// here too), then the aggregate, then lowest positions. So on such nodes
+// the answer is exact for criterion 1 and the fragmentation tie-break is
+// local to the island.
 //
 // A component of more than 16 free GPUs (all-NVLink systems beyond 16
 // GPUs) is searched by a beam: sets grow one GPU at a time, the 64 best

@@ -55,7 +55,7 @@ func (l *local) toPositions(m uint32) uint64 {
 // every subset of the free GPUs evaluated; see doc.go for the objective.
 // Without tieBreak it only establishes the best quality (ChooseNode's node
 // score) and returns the lowest-position set of that quality.
-func exactPick(sc *scratch, t *topology.Topology, free, cand uint64, k int, required topology.Link, tieBreak bool) pick {
+func exactPick(sc *scratch, t *topology.Topology, free, cand uint64, k int, required topology.Link, tieBreak bool, mix *SizeMix) pick {
 	if !tieBreak {
 		return scorePick(t, cand, k, required)
 	}
@@ -67,7 +67,18 @@ func exactPick(sc *scratch, t *topology.Topology, free, cand uint64, k int, requ
 	}
 	q := sc.q
 	lcand := l.toLocal(cand)
-	levels := futureLevels(f, k)
+	var mk memoKey
+	if f >= memoMinFree {
+		mk = makeMemoKey(l, lcand, k, required, mix)
+		if v, ok := memo.get(&mk); ok {
+			p := pick{found: v.found, key: v.key, bestAny: v.bestAny, anyExists: v.bestAny != 0}
+			if v.found {
+				p.set = l.toPositions(v.set)
+			}
+			return p
+		}
+	}
+	levels := mix.levels(f, k)
 	// Subsets larger than both the request and the largest future level
 	// are never looked at, so the pass skips them; on 16 free GPUs and
 	// requests up to 8 that is 40% of the table.
@@ -99,12 +110,14 @@ func exactPick(sc *scratch, t *topology.Topology, free, cand uint64, k int, requ
 		q[m&0xFFFF] = kk
 		if pc == k && m&^lcand == 0 {
 			bestAny = max(bestAny, kk)
+			// Sets tie on criterion 1 (the weakest link) alone: the
+			// aggregate (criterion 2) is weighed after the future.
 			if kk.qualifies(k, required) {
 				switch {
-				case kk > best:
+				case kk.weak() > best.weak() || best == 0:
 					best = kk
 					ties = append(ties[:0], m)
-				case kk == best:
+				case kk.weak() == best.weak():
 					ties = append(ties, m)
 				}
 			}
@@ -116,10 +129,13 @@ func exactPick(sc *scratch, t *topology.Topology, free, cand uint64, k int, requ
 	sc.ties = ties
 	p := pick{bestAny: bestAny, anyExists: bestAny != 0}
 	if len(ties) == 0 {
+		if f >= memoMinFree {
+			memo.put(&mk, memoVal{bestAny: bestAny})
+		}
 		return p
 	}
-	p.found, p.key = true, best
-	tb := tieBreaker{q: q, levels: levels, full: full, top: &top}
+	p.found = true
+	tb := tieBreaker{q: q, levels: levels, mix: mix, full: full, top: &top, loc: l}
 	for i := range f {
 		for j := range f {
 			tb.row[i] += uint32(l.link[(i<<4|j)&0xFF])
@@ -127,6 +143,10 @@ func exactPick(sc *scratch, t *topology.Topology, free, cand uint64, k int, requ
 		tb.all += tb.row[i]
 	}
 	tb.all /= 2
-	p.set = l.toPositions(tb.choose(sc, ties))
+	s := tb.choose(sc, ties)
+	p.set, p.key = l.toPositions(s), q[s&0xFFFF]
+	if f >= memoMinFree {
+		memo.put(&mk, memoVal{set: s, key: p.key, bestAny: bestAny, found: true})
+	}
 	return p
 }

@@ -19,19 +19,19 @@ import (
 // sets, the one with the fewest free GPUs wins (best fit, which keeps
 // intact islands for large jobs), then lowest positions. Fragmentation
 // criteria 3-4 of doc.go are applied within the winning component.
-func pickLarge(sc *scratch, t *topology.Topology, free, cand uint64, k int, required topology.Link, tieBreak bool) pick {
-	p := searchComponents(sc, t, free, cand, k, required, tieBreak)
+func pickLarge(sc *scratch, t *topology.Topology, free, cand uint64, k int, required topology.Link, tieBreak bool, mix *SizeMix) pick {
+	p := searchComponents(sc, t, free, cand, k, required, tieBreak, mix)
 	if p.found {
 		p.bestAny, p.anyExists = p.key, true
 		return p
 	}
 	// Search again without the requirement only to explain the failure.
-	loose := searchComponents(sc, t, free, cand, k, topology.LinkNone, false)
+	loose := searchComponents(sc, t, free, cand, k, topology.LinkNone, false, mix)
 	p.bestAny, p.anyExists = loose.key, loose.found
 	return p
 }
 
-func searchComponents(sc *scratch, t *topology.Topology, free, cand uint64, k int, required topology.Link, tieBreak bool) pick {
+func searchComponents(sc *scratch, t *topology.Topology, free, cand uint64, k int, required topology.Link, tieBreak bool, mix *SizeMix) pick {
 	classes := linkClasses(t, free)
 	for c := topology.NVLink(topology.MaxNVLinkLanes); c >= topology.LinkSYS && c >= required; c-- {
 		if classes>>c&1 == 0 {
@@ -50,7 +50,7 @@ func searchComponents(sc *scratch, t *topology.Topology, free, cand uint64, k in
 			case bits.OnesCount64(comp) > exactMaxFree:
 				p = beamSearch(sc, t, comp, comp&cand, k, c)
 			case tieBreak:
-				p = exactPick(sc, t, comp, comp&cand, k, c, true)
+				p = exactPick(sc, t, comp, comp&cand, k, c, true, mix)
 			default:
 				p = boundSearch(t, comp&cand, k, c)
 			}
@@ -58,7 +58,7 @@ func searchComponents(sc *scratch, t *topology.Topology, free, cand uint64, k in
 				continue
 			}
 			n := bits.OnesCount64(comp)
-			if !best.found || p.key > best.key || (p.key == best.key && (n < bestFree || (n == bestFree && lowerPositions(p.set, best.set)))) {
+			if !best.found || componentBeats(p, n, best, bestFree) {
 				best, bestFree = p, n
 			}
 		}
@@ -98,4 +98,21 @@ func component(t *topology.Topology, within uint64, start int, c topology.Link) 
 		}
 	}
 	return comp
+}
+
+// componentBeats orders the sets found in different components: weakest
+// link, then the component with fewer free GPUs (best fit: like criterion
+// 3, keeping intact islands intact comes before the aggregate), then the
+// aggregate, then lowest positions.
+func componentBeats(p pick, n int, best pick, bestFree int) bool {
+	if p.key.weak() != best.key.weak() {
+		return p.key.weak() > best.key.weak()
+	}
+	if n != bestFree {
+		return n < bestFree
+	}
+	if p.key != best.key {
+		return p.key > best.key
+	}
+	return lowerPositions(p.set, best.set)
 }

@@ -12,25 +12,30 @@ import (
 
 // bruteForce evaluates the objective in doc.go by plain enumeration, with
 // no tables and no pruning, as the reference for the exact search.
-func bruteForce(n *NodeState, req Request) (uint64, bool) {
+func bruteForce(n *NodeState, req Request, mix *SizeMix) (uint64, bool) {
 	t := n.Topology
 	free := freeMask(n)
 	cand := free & eligibleMask(n, req)
 	k := req.GPUs
-	var best uint64
-	var bestKey key
-	var bestFuture []key
-	var bestRest uint32
+	sizes := bruteSizes(mix, bits.OnesCount64(free)-k)
+	top := bruteFuture(t, free, sizes)
+	var best bruteCand
 	found := false
 	for s := cand; ; s = (s - 1) & cand {
 		if bits.OnesCount64(s) == k {
 			kk := setKey(t, s)
 			if kk.qualifies(k, req.RequiredLink) {
 				rest := free &^ s
-				fut := bruteFuture(t, rest)
-				restAgg := setKey(t, rest).agg()
-				if !found || better(kk, fut, restAgg, s, bestKey, bestFuture, bestRest, best) {
-					best, bestKey, bestFuture, bestRest, found = s, kk, fut, restAgg, true
+				c := bruteCand{set: s, key: kk, fut: bruteFuture(t, rest, sizes), rest: setKey(t, rest).agg()}
+				for i, j := range sizes {
+					w := uint64(mix.orDefault().w[j])
+					c.kept += w * bruteCapacity(t, rest, j, top[i].link(), c.fut[i].weak() == top[i].weak())
+					if c.fut[i] == top[i] {
+						c.exact += w
+					}
+				}
+				if !found || c.better(best) {
+					best, found = c, true
 				}
 			}
 		}
@@ -38,16 +43,72 @@ func bruteForce(n *NodeState, req Request) (uint64, bool) {
 			break
 		}
 	}
-	return best, found
+	return best.set, found
 }
 
-// bruteFuture lists, for sizes 2, 4, 8, ... up to |rest|, largest first,
-// the best quality of any subset of rest of that size.
-func bruteFuture(t *topology.Topology, rest uint64) []key {
-	var sizes []int
-	for j := 2; j <= bits.OnesCount64(rest); j *= 2 {
-		sizes = append([]int{j}, sizes...)
+// bruteCapacity is doc.go's capacity: the number of size-j sets the
+// components of rest at link class c hold, at least 1 when has.
+func bruteCapacity(t *topology.Topology, rest uint64, j int, c topology.Link, has bool) uint64 {
+	if !has {
+		return 0
 	}
+	var n uint64
+	for left := rest; left != 0; {
+		comp := component(t, left, bits.TrailingZeros64(left), c)
+		left &^= comp
+		n += uint64(bits.OnesCount64(comp) / j)
+	}
+	return max(n, 1)
+}
+
+type bruteCand struct {
+	set         uint64
+	key         key
+	kept, exact uint64
+	fut         []key
+	rest        uint32
+}
+
+// better is doc.go's order: 1 weakest link, 3a classes kept for the
+// future, 2 aggregate, 3b qualities kept, 3c remaining qualities largest
+// size first, 4 aggregate of the rest, 5 lowest positions.
+func (c bruteCand) better(b bruteCand) bool {
+	switch {
+	case c.key.weak() != b.key.weak():
+		return c.key.weak() > b.key.weak()
+	case c.kept != b.kept:
+		return c.kept > b.kept
+	case c.key.agg() != b.key.agg():
+		return c.key.agg() > b.key.agg()
+	case c.exact != b.exact:
+		return c.exact > b.exact
+	}
+	for i := range c.fut {
+		if c.fut[i] != b.fut[i] {
+			return c.fut[i] > b.fut[i]
+		}
+	}
+	if c.rest != b.rest {
+		return c.rest > b.rest
+	}
+	return lowerPositions(c.set, b.set)
+}
+
+// bruteSizes lists the future sizes with a weight, 2..maxRest, largest
+// first.
+func bruteSizes(mix *SizeMix, maxRest int) []int {
+	var sizes []int
+	for j := min(maxRest, exactMaxFree); j >= 2; j-- {
+		if mix.orDefault().w[j] > 0 {
+			sizes = append(sizes, j)
+		}
+	}
+	return sizes
+}
+
+// bruteFuture lists, for each size, the best quality of any subset of
+// rest of that size.
+func bruteFuture(t *topology.Topology, rest uint64, sizes []int) []key {
 	out := make([]key, len(sizes))
 	for i, j := range sizes {
 		for s := rest; s != 0; s = (s - 1) & rest {
@@ -57,21 +118,6 @@ func bruteFuture(t *topology.Topology, rest uint64) []key {
 		}
 	}
 	return out
-}
-
-func better(k key, fut []key, rest uint32, s uint64, bk key, bfut []key, brest uint32, bs uint64) bool {
-	if k != bk {
-		return k > bk
-	}
-	for i := range fut {
-		if fut[i] != bfut[i] {
-			return fut[i] > bfut[i]
-		}
-	}
-	if rest != brest {
-		return rest > brest
-	}
-	return lowerPositions(s, bs)
 }
 
 type liveAlloc struct {
@@ -123,7 +169,7 @@ func TestRandomChurn(t *testing.T) {
 					t.Fatalf("step %d: %+v: unexpected error %v", step, req, err)
 				}
 				if req.Share == nil && n <= 8 {
-					want, ok := bruteForce(node, req)
+					want, ok := bruteForce(node, req, nil)
 					if ok != (err == nil) || (ok && !reflect.DeepEqual(res.GPUs, positions(want))) {
 						t.Fatalf("step %d: %+v: Allocate = %v, %v; brute force = %v, %t", step, req, res.GPUs, err, positions(want), ok)
 					}
@@ -246,7 +292,7 @@ func TestExactMatchesBruteForceExhaustively(t *testing.T) {
 				for k := 1; k <= min(4, n-bits.OnesCount64(used)); k++ {
 					for _, req := range []Request{{GPUs: k}, {GPUs: k, RequiredLink: topology.LinkNVLink}} {
 						res, err := Allocate(node, req, Policy{})
-						want, ok := bruteForce(node, req)
+						want, ok := bruteForce(node, req, nil)
 						if ok != (err == nil) || (ok && !reflect.DeepEqual(res.GPUs, positions(want))) {
 							t.Fatalf("used %v, %+v: Allocate = %v, %v; brute force = %v, %t",
 								positions(used), req, res.GPUs, err, positions(want), ok)
@@ -284,8 +330,11 @@ func TestBoundSearchMatchesTable(t *testing.T) {
 				k := 1 + rng.IntN(bits.OnesCount64(cand))
 				req := required[rng.IntN(len(required))]
 				got := boundSearch(nt.topo, cand, k, req)
-				want := exactPick(sc, nt.topo, free, cand, k, req, true)
-				if got.found != want.found || got.key != want.key {
+				want := exactPick(sc, nt.topo, free, cand, k, req, true, nil)
+				// The table's set is the tie-break's choice, which may give
+				// up aggregate for the future (criterion 3a before 2): same
+				// weakest link, no more aggregate than the best set.
+				if got.found != want.found || got.key.weak() != want.key.weak() || got.key < want.key {
 					t.Fatalf("free %v cand %v k %d required %s: bound search %v %s/%d, table %v %s/%d",
 						positions(free), positions(cand), k, req, got.found, got.key.link(), got.key.agg(), want.found, want.key.link(), want.key.agg())
 				}

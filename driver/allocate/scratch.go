@@ -14,6 +14,7 @@ type scratch struct {
 	q    *table
 	ties []uint32 // local masks of the equally best sets
 	tied []tied
+	fut  [2]futureScore
 	loc  local
 	// Beam search buffers.
 	cur, next, kept []beamState

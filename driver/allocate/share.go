@@ -89,7 +89,7 @@ type sharePlacement struct {
 
 // placeShare chooses the GPU for a share; see doc.go. When nothing fits it
 // returns the reason instead.
-func placeShare(sc *scratch, n *NodeState, req Request, spread bool) (sharePlacement, string) {
+func placeShare(sc *scratch, n *NodeState, req Request, spread bool, mix *SizeMix) (sharePlacement, string) {
 	s := req.Share
 	elig := eligibleMask(n, req)
 	free := freeMask(n)
@@ -135,7 +135,7 @@ func placeShare(sc *scratch, n *NodeState, req Request, spread bool) (sharePlace
 	if !useShared && fresh != 0 {
 		// Of the fresh GPUs, give up the one least useful for future
 		// whole-GPU sets: the same choice as a one-GPU request.
-		pk := pickWhole(sc, n.Topology, free, fresh, 1, topology.LinkNone, true)
+		pk := pickWhole(sc, n.Topology, free, fresh, 1, topology.LinkNone, true, mix)
 		best = bits.TrailingZeros64(pk.set)
 	}
 	if best < 0 {
@@ -156,7 +156,7 @@ func placeShare(sc *scratch, n *NodeState, req Request, spread bool) (sharePlace
 
 func allocateShare(n *NodeState, req Request, pol Policy) (Result, error) {
 	sc := getScratch()
-	pl, why := placeShare(sc, n, req, pol.GPU.spread())
+	pl, why := placeShare(sc, n, req, pol.GPU.spread(), pol.Mix)
 	putScratch(sc)
 	if why != "" {
 		return Result{}, &UnsatisfiableError{Node: n.Name, Reason: why}

@@ -131,6 +131,20 @@ func nvlinkTiered(tb testing.TB) *topology.Topology {
 	})
 }
 
+// Fixtures written from the layouts of common machines (see the Source
+// line at the end of each file).
+func dgx1V100(tb testing.TB) *topology.Topology    { return fixture(tb, "dgx1-v100.txt", 32) }
+func dgx1P100(tb testing.TB) *topology.Topology    { return fixture(tb, "dgx1-p100.txt", 16) }
+func pcieSwitch8(tb testing.TB) *topology.Topology { return fixture(tb, "pcie-switch-8.txt", 48) }
+func pciePEX8(tb testing.TB) *topology.Topology    { return fixture(tb, "pcie-pex-8.txt", 48) }
+func workstation4(tb testing.TB) *topology.Topology {
+	return fixture(tb, "workstation-4-nvbridge.txt", 24)
+}
+func plx10(tb testing.TB) *topology.Topology { return fixture(tb, "pcie-plx-10.txt", 24) }
+func plx10Single(tb testing.TB) *topology.Topology {
+	return fixture(tb, "pcie-plx-10-single-root.txt", 24)
+}
+
 type namedTopology struct {
 	name string
 	topo *topology.Topology
@@ -148,6 +162,13 @@ func allTopologies(tb testing.TB) []namedTopology {
 		{"pcie-4", pcie4(tb)},
 		{"synthetic-32", synthetic32(tb)},
 		{"nvlink-tiered-32", nvlinkTiered(tb)},
+		{"dgx1-v100", dgx1V100(tb)},
+		{"dgx1-p100", dgx1P100(tb)},
+		{"pcie-switch-8", pcieSwitch8(tb)},
+		{"pcie-pex-8", pciePEX8(tb)},
+		{"workstation-4-nvbridge", workstation4(tb)},
+		{"pcie-plx-10", plx10(tb)},
+		{"pcie-plx-10-single-root", plx10Single(tb)},
 	}
 }
 

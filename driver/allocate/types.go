@@ -19,6 +19,10 @@ const (
 type Policy struct {
 	Node Strategy `json:"node,omitempty"`
 	GPU  Strategy `json:"gpu,omitempty"`
+	// Mix is how often each request size is asked for; the fragmentation
+	// tie-break keeps free what is asked for most (doc.go, criterion 2).
+	// nil means DefaultSizeMix. A pointer keeps Policy comparable.
+	Mix *SizeMix `json:"-"`
 }
 
 // GPUUsage is what is already consumed on one GPU.
@@ -77,7 +81,7 @@ type Result struct {
 	// WeakestLink is the slowest link within the set; LinkNone for one GPU.
 	WeakestLink topology.Link
 	// AggregateLink is the sum of the link classes of every pair in the
-	// set (0 for one GPU): the second criterion after WeakestLink.
+	// set (0 for one GPU): ranked after WeakestLink and the future (doc.go).
 	AggregateLink int
 }
 

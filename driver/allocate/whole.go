@@ -21,25 +21,25 @@ type pick struct {
 // pickWhole searches one node for k whole GPUs from cand, a subset of the
 // node's free GPUs: exactly when the free GPUs fit the exact table, by
 // link-class components otherwise.
-func pickWhole(sc *scratch, t *topology.Topology, free, cand uint64, k int, required topology.Link, tieBreak bool) pick {
+func pickWhole(sc *scratch, t *topology.Topology, free, cand uint64, k int, required topology.Link, tieBreak bool, mix *SizeMix) pick {
 	if k == 1 {
 		// One GPU has no pairs, so it meets every link requirement.
 		required = topology.LinkNone
 	}
 	if bits.OnesCount64(free) <= exactMaxFree {
-		return exactPick(sc, t, free, cand, k, required, tieBreak)
+		return exactPick(sc, t, free, cand, k, required, tieBreak, mix)
 	}
-	return pickLarge(sc, t, free, cand, k, required, tieBreak)
+	return pickLarge(sc, t, free, cand, k, required, tieBreak, mix)
 }
 
-func allocateWhole(n *NodeState, req Request) (Result, error) {
+func allocateWhole(n *NodeState, req Request, mix *SizeMix) (Result, error) {
 	free := freeMask(n)
 	cand := free & eligibleMask(n, req)
 	if bits.OnesCount64(cand) < req.GPUs {
 		return Result{}, &UnsatisfiableError{Node: n.Name, Reason: tooFewReason(n, req, free, cand)}
 	}
 	sc := getScratch()
-	p := pickWhole(sc, n.Topology, free, cand, req.GPUs, req.RequiredLink, true)
+	p := pickWhole(sc, n.Topology, free, cand, req.GPUs, req.RequiredLink, true, mix)
 	putScratch(sc)
 	if !p.found {
 		return Result{}, &UnsatisfiableError{Node: n.Name, Reason: fmt.Sprintf(

@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -23,7 +24,20 @@ const defaultGPUMemory = "80Gi"
 type Scenario struct {
 	Nodes  []ScenarioNode  `json:"nodes"`
 	Policy allocate.Policy `json:"policy,omitempty"`
-	Steps  []Step          `json:"steps"`
+	// SizeMix is how often each request size is asked for, as the
+	// controller's recent mix; the allocator keeps free what is asked for
+	// most. Unset means the allocator's default (sizes 1-8 equally).
+	SizeMix []MixEntry `json:"sizeMix,omitempty"`
+	Steps   []Step     `json:"steps"`
+}
+
+// MixEntry is the share of one request size in the size mix.
+type MixEntry struct {
+	// GPUs is the request size in whole GPUs.
+	GPUs *int `json:"gpus"`
+	// Weight is how often it is asked for, relative to the other entries
+	// (a count or a fraction).
+	Weight *float64 `json:"weight"`
 }
 
 // ScenarioNode is one simulated node.
@@ -108,6 +122,9 @@ func (sc *Scenario) compile(baseDir string) (*loadedScenario, error) {
 		errs = append(errs, err)
 	}
 	ls := &loadedScenario{policy: sc.Policy}
+	mix, merrs := compileMix(sc.SizeMix)
+	errs = append(errs, merrs...)
+	ls.policy.Mix = mix
 	nodeIndex := map[string]int{}
 	if len(sc.Nodes) == 0 {
 		errs = append(errs, errors.New("nodes: at least one node is required"))
@@ -159,6 +176,57 @@ func (sc *Scenario) compile(baseDir string) (*loadedScenario, error) {
 		return nil, err
 	}
 	return ls, nil
+}
+
+// compileMix validates the size mix and builds the allocator's; nil when
+// the scenario has none.
+func compileMix(entries []MixEntry) (*allocate.SizeMix, []error) {
+	if entries == nil {
+		return nil, nil
+	}
+	var errs []error
+	if len(entries) == 0 {
+		return nil, []error{errors.New("sizeMix: must list at least one size when set")}
+	}
+	freq := map[int]float64{}
+	seen := map[int]int{}
+	var total float64
+	for i, e := range entries {
+		at := "sizeMix[" + strconv.Itoa(i) + "]"
+		switch {
+		case e.GPUs == nil:
+			errs = append(errs, fmt.Errorf("%s.gpus: required", at))
+		case *e.GPUs < 1 || *e.GPUs > topology.MaxGPUs:
+			errs = append(errs, fmt.Errorf("%s.gpus: must be 1..%d, got %d", at, topology.MaxGPUs, *e.GPUs))
+		default:
+			if j, dup := seen[*e.GPUs]; dup {
+				errs = append(errs, fmt.Errorf("%s.gpus: duplicate size %d (also sizeMix[%d])", at, *e.GPUs, j))
+			}
+			seen[*e.GPUs] = i
+		}
+		switch {
+		case e.Weight == nil:
+			errs = append(errs, fmt.Errorf("%s.weight: required", at))
+		case *e.Weight < 0 || math.IsInf(*e.Weight, 0):
+			errs = append(errs, fmt.Errorf("%s.weight: must be a finite number >= 0, got %v", at, *e.Weight))
+		default:
+			total += *e.Weight
+			if e.GPUs != nil {
+				freq[*e.GPUs] = *e.Weight
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errs
+	}
+	if total <= 0 || math.IsInf(total, 0) {
+		return nil, []error{fmt.Errorf("sizeMix: weights must add up to a positive finite number, got %v", total)}
+	}
+	mix, err := allocate.NewSizeMix(freq)
+	if err != nil {
+		return nil, []error{fmt.Errorf("sizeMix: %w", err)}
+	}
+	return mix, nil
 }
 
 // compile validates one node and builds its allocator state.

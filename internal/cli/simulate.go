@@ -27,6 +27,10 @@ Scenario format (YAML or JSON; unknown fields are errors):
     allocated: [1, 6]     # GPU indices already in use
     maxSharesPerGPU: 16   # optional, default the allocator's
   policy: {node: binpack, gpu: binpack}   # or spread
+  sizeMix:              # optional: how often each size is asked for;
+  - {gpus: 1, weight: 6}  # the allocator keeps free what is asked for
+  - {gpus: 2, weight: 3}  # most (default: sizes 1-8 equally often)
+  - {gpus: 4, weight: 1}
   steps:
   - {alloc: job-1, gpus: 2}                    # whole GPUs
   - {alloc: job-2, gpus: 4, require: NVLink}   # NVLink, NV1..NV18, PIX, PXB, PHB, NODE, SYS

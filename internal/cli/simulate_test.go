@@ -231,6 +231,28 @@ func TestSimulateSmallScenarios(t *testing.T) {
 	}
 }
 
+// TestSimulateReplaysSizeMix checks that the scenario's size mix reaches
+// the allocator: on the P40 box (switches {0,1,2} and {3,4,5,6}) with 5
+// and 6 in use, one GPU is taken from the intact triple when pairs are
+// what is asked for (leaving two switch pairs), and from the other switch
+// when triples are (leaving the triple).
+func TestSimulateReplaysSizeMix(t *testing.T) {
+	for _, tt := range []struct {
+		mix  string
+		want int
+	}{
+		{"sizeMix:\n- {gpus: 1, weight: 5}\n- {gpus: 2, weight: 5}\n", 0},
+		{"sizeMix:\n- {gpus: 1, weight: 5}\n- {gpus: 3, weight: 5}\n", 3},
+	} {
+		dir := scenarioDir(t)
+		path := writeFile(t, dir, "s.yaml", "nodes:\n- {name: b, topology: p40.txt, allocated: [5, 6]}\n"+tt.mix+"steps:\n- {alloc: j, gpus: 1}\n")
+		steps, _ := runSimulateJSON(t, path)
+		if got := steps[0].GPUs; len(got) != 1 || got[0] != tt.want {
+			t.Errorf("mix %q: got GPUs %v, want [%d]", tt.mix, got, tt.want)
+		}
+	}
+}
+
 func TestSimulateTable(t *testing.T) {
 	stdout, stderr, code := runCLI(t, "simulate", "-f", filepath.Join(demoDir, "example.yaml"))
 	if code != 0 {
