@@ -18,6 +18,7 @@ OUTPUT    := $(CURDIR)/_output
 BIN       := $(OUTPUT)/bin
 GOFLAGS_BUILD := -trimpath
 BINARIES  := gpulink gpulink-kubeletplugin gpulink-controller
+IMAGE_TAG ?= dev
 # Packages whose tests need a running control plane carry a build tag and
 # live under test/; everything else is a unit test.
 INTEGRATION_PKGS := ./test/...
@@ -33,6 +34,10 @@ build: ## build the gpulink binaries into _output/bin
 	@mkdir -p $(BIN)
 	$(GO) build $(GOFLAGS_BUILD) -o $(BIN)/ $(addprefix ./cmd/,$(BINARIES))
 	@ln -sf gpulink $(BIN)/kubectl-gpulink
+
+.PHONY: image
+image: ## container image without Docker: _output/image/gpulink-$(IMAGE_TAG).tar, tagged gpulink.local/gpulink:$(IMAGE_TAG) (IMAGE_TAG=dev)
+	IMAGE_TAG=$(IMAGE_TAG) hack/image.sh
 
 .PHONY: test
 test: verify lint test-unit cluster-build helm-lint test-integration ## run every check CI runs (cluster-build first: helm-lint also checks the chart's policies on a live API server)
