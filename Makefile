@@ -48,14 +48,18 @@ verify: ## gofmt, go vet, go.mod tidiness
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed on:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags integration,e2e ./test/...
+	@unformatted=$$(gofmt -l hack/tools/image); \
+	  if [ -n "$$unformatted" ]; then echo "gofmt needed on:"; echo "$$unformatted"; exit 1; fi
+	cd hack/tools/image && $(GO) vet ./...
 
 .PHONY: lint
 lint: ## golangci-lint (built from hack/tools/lint), test code included
 	hack/lint.sh
 
 .PHONY: test-unit
-test-unit: ## unit tests with the race detector
+test-unit: ## unit tests with the race detector (and of the image builder, hack/tools/image, its own module)
 	$(GO) test -race -count=1 ./...
+	cd hack/tools/image && $(GO) test -race -count=1 ./...
 
 .PHONY: cluster-build
 cluster-build: ## build etcd, Kubernetes 1.37 components and containerd into _output/bin
