@@ -40,13 +40,17 @@ fetch_debs() {
 	command -v apt-get >/dev/null || die "apt-get not found: the image takes glibc and CA certificates from Debian packages"
 	log "downloading ${missing[*]} (apt-get update, apt-get download)"
 	apt-get update -qq >&2 || die "apt-get update failed"
+	# As root, apt drops to the _apt user, which cannot write the cache
+	# under _output; download as root instead of warning about it.
+	local sandbox=()
+	((EUID != 0)) || sandbox=(-o APT::Sandbox::User=root)
 	for pkg in "${missing[@]}"; do
 		want=${pkg}
 		if [[ "${pkg}" == libc6 ]]; then
 			want="libc6=$(dpkg-query -W -f '${Version}' libc6 2>/dev/null || true)"
 			[[ "${want}" != "libc6=" ]] || want=libc6
 		fi
-		(cd "${CACHE}/debs" && { apt-get download -q "${want}" >&2 || { [[ "${want}" != "${pkg}" ]] && log "${want} no longer served, taking the current ${pkg}" && apt-get download -q "${pkg}" >&2; }; }) ||
+		(cd "${CACHE}/debs" && { apt-get download -q "${sandbox[@]}" "${want}" >&2 || { [[ "${want}" != "${pkg}" ]] && log "${want} no longer served, taking the current ${pkg}" && apt-get download -q "${sandbox[@]}" "${pkg}" >&2; }; }) ||
 			die "apt-get download ${pkg} failed"
 	done
 }
