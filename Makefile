@@ -18,6 +18,7 @@ OUTPUT    := $(CURDIR)/_output
 BIN       := $(OUTPUT)/bin
 GOFLAGS_BUILD := -trimpath
 BINARIES  := gpulink gpulink-kubeletplugin gpulink-controller
+IMAGE_TAG ?= dev
 # Packages whose tests need a running control plane carry a build tag and
 # live under test/; everything else is a unit test.
 INTEGRATION_PKGS := ./test/...
@@ -34,6 +35,10 @@ build: ## build the gpulink binaries into _output/bin
 	$(GO) build $(GOFLAGS_BUILD) -o $(BIN)/ $(addprefix ./cmd/,$(BINARIES))
 	@ln -sf gpulink $(BIN)/kubectl-gpulink
 
+.PHONY: image
+image: ## container image without Docker: _output/image/gpulink-$(IMAGE_TAG).tar, tagged gpulink.local/gpulink:$(IMAGE_TAG) (IMAGE_TAG=dev)
+	IMAGE_TAG=$(IMAGE_TAG) hack/image.sh
+
 .PHONY: test
 test: verify lint test-unit gpu-check-bundle cluster-build helm-lint test-integration ## run every check CI runs (cluster-build first: helm-lint also checks the chart's policies on a live API server; the GPU suite's bundle is built and size-checked, its dry run runs with the bundle's runc)
 
@@ -43,14 +48,18 @@ verify: ## gofmt, go vet, go.mod tidiness
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed on:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags integration,e2e ./test/...
+	@unformatted=$$(gofmt -l hack/tools/image); \
+	  if [ -n "$$unformatted" ]; then echo "gofmt needed on:"; echo "$$unformatted"; exit 1; fi
+	cd hack/tools/image && $(GO) vet ./...
 
 .PHONY: lint
 lint: ## golangci-lint (built from hack/tools/lint), test code included
 	hack/lint.sh
 
 .PHONY: test-unit
-test-unit: ## unit tests with the race detector
+test-unit: ## unit tests with the race detector (and of the image builder, hack/tools/image, its own module)
 	$(GO) test -race -count=1 ./...
+	cd hack/tools/image && $(GO) test -race -count=1 ./...
 
 .PHONY: cluster-build
 cluster-build: ## build etcd, Kubernetes 1.37 components and containerd into _output/bin

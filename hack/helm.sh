@@ -115,7 +115,7 @@ WORK=$(mktemp -d)
 trap 'rm -rf "${WORK}"' EXIT
 
 # The values demo/kind/run.sh installs with.
-KIND_DEMO=(--set image.repository=gpulink/gpulink --set image.tag=kind-demo --set image.pullPolicy=Never
+KIND_DEMO=(--set image.repository=gpulink.local/gpulink --set image.tag=kind-demo --set image.pullPolicy=Never
 	--set kubeletPlugin.discovery=topology-file --set kubeletPlugin.topologyConfigMap=gpulink-demo-topology
 	--set kubeletPlugin.topologyConfigMapKey=topology.txt
 	--set-string kubeletPlugin.gpuProduct="Tesla V100-SXM2-32GB" --set-string kubeletPlugin.gpuMemory=32Gi)

@@ -15,7 +15,11 @@
 #   KIND_NODE_IMAGE  node image; built with `kind build node-image` from
 #                    the K8S_VERSION release if it cannot be pulled
 #                                                       (kindest/node:$K8S_VERSION)
-#   IMAGE            gpulink image to build and load    (gpulink/gpulink:kind-demo)
+#   IMAGE            gpulink image to build and load    (gpulink.local/gpulink:kind-demo)
+#   IMAGE_BUILD      make-image: hack/image.sh (make image; Linux with
+#                    apt-get, no Docker needed), docker: the same contents
+#                    from deployments/container/Dockerfile
+#                                                       (make-image on Debian/Ubuntu, else docker)
 #   DISCOVERY        topology-file or mock              (topology-file)
 #   HELM, KUBECTL    client binaries                    (_output/bin/helm, kubectl)
 #   TIMEOUT          wait per step                      (180s)
@@ -27,7 +31,11 @@ ROOT=$(cd "${DEMO}/../.." && pwd)
 CLUSTER_NAME=${CLUSTER_NAME:-gpulink}
 K8S_VERSION=${K8S_VERSION:-v1.37.1}
 KIND_NODE_IMAGE=${KIND_NODE_IMAGE:-kindest/node:${K8S_VERSION}}
-IMAGE=${IMAGE:-gpulink/gpulink:kind-demo}
+IMAGE=${IMAGE:-gpulink.local/gpulink:kind-demo}
+if [[ -z "${IMAGE_BUILD:-}" ]]; then
+	IMAGE_BUILD=docker
+	[[ "$(uname -s)" == Linux ]] && command -v apt-get >/dev/null && IMAGE_BUILD=make-image
+fi
 DISCOVERY=${DISCOVERY:-topology-file}
 HELM=${HELM:-${ROOT}/_output/bin/helm}
 KUBECTL=${KUBECTL:-kubectl}
@@ -56,36 +64,31 @@ need() {
 	done
 }
 
-node_image() {
-	if docker image inspect "${KIND_NODE_IMAGE}" >/dev/null 2>&1; then
-		return
-	fi
-	log "pulling ${KIND_NODE_IMAGE}"
-	if docker pull "${KIND_NODE_IMAGE}"; then
-		return
-	fi
-	# No published image for this release (yet): build one from the
-	# official release binaries.
-	log "building ${KIND_NODE_IMAGE} from the ${K8S_VERSION} release"
-	kind build node-image --type release "${K8S_VERSION}" --image "${KIND_NODE_IMAGE}"
-}
-
-cluster() {
-	if kind get clusters 2>/dev/null | grep -qx "${CLUSTER_NAME}"; then
-		log "reusing kind cluster ${CLUSTER_NAME}"
-		return
-	fi
-	log "creating kind cluster ${CLUSTER_NAME} (${KIND_NODE_IMAGE})"
-	kind create cluster --name "${CLUSTER_NAME}" --image "${KIND_NODE_IMAGE}" \
-		--config "${DEMO}/kind-config.yaml" --wait 120s
-}
-
+node_# image builds the gpulink image as an archive and loads it into the nodes
+# with `kind load image-archive`: by default the archive `make image` builds
+# (hack/image.sh), the image the local e2e test runs; with IMAGE_BUILD=docker
+# the Dockerfile's build of the same contents (a static test keeps the two
+# in step), saved with `docker save`.
 image() {
-	log "building ${IMAGE}"
-	docker build -f "${ROOT}/deployments/container/Dockerfile" \
-		--build-arg VERSION="kind-demo" -t "${IMAGE}" "${ROOT}"
-	log "loading ${IMAGE} into the cluster's nodes"
-	kind load docker-image "${IMAGE}" --name "${CLUSTER_NAME}"
+	local repo=${IMAGE%:*} tag=${IMAGE##*:} archive
+	case "${IMAGE_BUILD}" in
+	make-image)
+		log "building ${IMAGE} with hack/image.sh (make image)"
+		archive=$(IMAGE_REPO="${repo}" IMAGE_TAG="${tag}" "${ROOT}/hack/image.sh" | awk '{print $2}')
+		;;
+	docker)
+		log "building ${IMAGE} from deployments/container/Dockerfile"
+		docker build -f "${ROOT}/deployments/container/Dockerfile" \
+			--build-arg VERSION="${tag}" -t "${IMAGE}" "${ROOT}"
+		archive="${ROOT}/_output/image/gpulink-${tag}-docker.tar"
+		mkdir -p "$(dirname "${archive}")"
+		docker save -o "${archive}" "${IMAGE}"
+		;;
+	*) die "IMAGE_BUILD must be make-image or docker, not ${IMAGE_BUILD}" ;;
+	esac
+	[[ -f "${archive}" ]] || die "no image archive built for ${IMAGE}"
+	log "loading ${archive} into the cluster's nodes"
+	kind load image-archive "${archive}" --name "${CLUSTER_NAME}"
 }
 
 install() {
@@ -180,6 +183,7 @@ EOF
 up() {
 	[[ "${TIMEOUT}" =~ ^[0-9]+s$ ]] || die "TIMEOUT must be seconds with an s suffix, e.g. 300s"
 	need docker kind "${KUBECTL}"
+	[[ "${IMAGE_BUILD}" != make-image ]] || need go apt-get dpkg-deb
 	node_image
 	cluster
 	image
