@@ -33,6 +33,9 @@ build: ## build the gpulink binaries into _output/bin
 	@mkdir -p $(BIN)
 	$(GO) build $(GOFLAGS_BUILD) -o $(BIN)/ $(addprefix ./cmd/,$(BINARIES))
 	@ln -sf gpulink $(BIN)/kubectl-gpulink
+	# The CDI hooks of the base spec run nvidia-cdi-hook; the plugin installs
+	# it on the node (see kubeletplugin/cdihook.go). cgo: it links libc.
+	CGO_ENABLED=1 $(GO) build $(GOFLAGS_BUILD) -o $(BIN)/nvidia-cdi-hook github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook
 
 .PHONY: test
 test: verify lint test-unit cluster-build helm-lint test-integration ## run every check CI runs (cluster-build first: helm-lint also checks the chart's policies on a live API server)
