@@ -62,6 +62,12 @@ func (r DriverRoot) devRoots() (mount, host string) {
 	return "/", "/"
 }
 
+// knownHooks are the nvidia-cdi-hook hooks nvcdi may put into the base spec.
+var knownHooks = []nvcdi.HookName{
+	nvcdi.CreateSymlinksHook, nvcdi.UpdateLDCacheHook, nvcdi.EnableCudaCompatHook,
+	nvcdi.DisableDeviceNodeModificationHook, "update-application-profile",
+}
+
 // BaseSpecOptions configure the base spec.
 type BaseSpecOptions struct {
 	Root DriverRoot
@@ -112,6 +118,11 @@ func BuildBaseSpec(logger klog.Logger, o BaseSpecOptions) (*cdispec.Spec, error)
 	}
 	if o.HookPath == "" || !filepath.IsAbs(o.HookPath) {
 		return nil, fmt.Errorf("--cdi-hook-path: %q is not an absolute path", o.HookPath)
+	}
+	for _, h := range o.DisabledHooks {
+		if !slices.Contains(knownHooks, nvcdi.HookName(h)) {
+			return nil, fmt.Errorf("--cdi-disable-hooks: unknown hook %q (want some of %v)", h, knownHooks)
+		}
 	}
 	if fi, err := os.Stat(mount); err != nil || !fi.IsDir() {
 		return nil, fmt.Errorf("driver root %s (host path %s): not a directory: %w", mount, o.Root.Host, errOr(err, "not a directory"))

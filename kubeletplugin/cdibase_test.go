@@ -136,13 +136,17 @@ func TestBaseSpecMissingDriver(t *testing.T) {
 		"no such root":  {Root: DriverRoot{Host: filepath.Join(empty, "nope")}, HookPath: testHook},
 		"relative hook": {Root: DriverRoot{Host: fakeDriverRoot(t)}, HookPath: "nvidia-cdi-hook"},
 		"relative root": {Root: DriverRoot{Host: "driver"}, HookPath: testHook},
+		"unknown hook":  {Root: DriverRoot{Host: fakeDriverRoot(t)}, HookPath: testHook, DisabledHooks: []string{"update-ldcach"}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := BuildBaseSpec(testLogger(t), o)
 			if err == nil {
 				t.Fatal("no error")
 			}
-			if name != "relative hook" && !strings.Contains(err.Error(), o.Root.Host) {
+			if name == "unknown hook" && !strings.Contains(err.Error(), `"update-ldcach"`) {
+				t.Errorf("error does not name the hook: %v", err)
+			}
+			if name != "relative hook" && name != "unknown hook" && !strings.Contains(err.Error(), o.Root.Host) {
 				t.Errorf("error does not name the root %s: %v", o.Root.Host, err)
 			}
 			t.Log(err)
