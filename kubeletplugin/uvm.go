@@ -76,11 +76,11 @@ func charMajor(procDevices, name string) (uint32, error) {
 	s := bufio.NewScanner(f)
 	for s.Scan() {
 		line := strings.TrimSpace(s.Text())
-		switch {
-		case line == "Character devices:":
+		switch line {
+		case "Character devices:":
 			inChar = true
 			continue
-		case line == "Block devices:":
+		case "Block devices:":
 			inChar = false
 			continue
 		}
