@@ -258,3 +258,43 @@ func TestInstallCDIHook(t *testing.T) {
 		t.Errorf("missing source: %v", err)
 	}
 }
+
+// The plugin sees the driver root at another path than the host has it
+// (the chart mounts it at /driver-root): lookups go to the mount, CDI host
+// paths to the host's root.
+func TestDriverRootMountedElsewhere(t *testing.T) {
+	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
+	withDriverFiles(t, e)
+	e.opts.DriverRootMount = e.driverRoot
+	e.opts.DriverRoot = "/run/nvidia/driver"
+	d := e.start()
+	c := newClaim("c", []resourceapi.DeviceRequestAllocationResult{wholeGPU("g", 3)})
+	mustPrepare(t, d, c)
+	raw, err := cdiapi.ReadSpec(e.specPath(c.UID), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nodes []string
+	for _, n := range raw.Devices[0].ContainerEdits.DeviceNodes {
+		if n.HostPath != filepath.Join("/run/nvidia/driver", n.Path) {
+			t.Errorf("device node %s has host path %s", n.Path, n.HostPath)
+		}
+		nodes = append(nodes, n.Path)
+	}
+	slices.Sort(nodes)
+	if want := []string{"/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia3", "/dev/nvidiactl"}; !slices.Equal(nodes, want) {
+		t.Errorf("device nodes %v, want %v", nodes, want)
+	}
+	base, err := cdiapi.ReadSpec(filepath.Join(e.cdiDir, baseSpecFileName), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range base.Devices[0].ContainerEdits.Mounts {
+		if m.HostPath != filepath.Join("/run/nvidia/driver", m.ContainerPath) {
+			t.Errorf("mount %s has host path %s", m.ContainerPath, m.HostPath)
+		}
+	}
+	if base.Annotations["gpu.gpulink.dev/driver-root"] != "/run/nvidia/driver" {
+		t.Errorf("annotations %v", base.Annotations)
+	}
+}
