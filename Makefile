@@ -34,6 +34,9 @@ build: ## build the gpulink binaries into _output/bin
 	@mkdir -p $(BIN)
 	$(GO) build $(GOFLAGS_BUILD) -o $(BIN)/ $(addprefix ./cmd/,$(BINARIES))
 	@ln -sf gpulink $(BIN)/kubectl-gpulink
+	# The CDI hooks of the base spec run nvidia-cdi-hook; the plugin installs
+	# it on the node (see kubeletplugin/cdihook.go). cgo: it links libc.
+	CGO_ENABLED=1 $(GO) build $(GOFLAGS_BUILD) -o $(BIN)/nvidia-cdi-hook github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook
 
 .PHONY: image
 image: ## container image without Docker: _output/image/gpulink-$(IMAGE_TAG).tar, tagged gpulink.local/gpulink:$(IMAGE_TAG) (IMAGE_TAG=dev)

@@ -47,6 +47,10 @@ type CDIWriter interface {
 	RemoveClaimSpec(claimUID types.UID) error
 	// ListClaimSpecs returns the UIDs of all claims that have a spec.
 	ListClaimSpecs() ([]types.UID, error)
+	// WriteBaseSpec writes (or replaces) the node's base spec.
+	WriteBaseSpec(spec *cdispec.Spec) error
+	// RemoveBaseSpec removes the base spec; a missing one is fine.
+	RemoveBaseSpec() error
 }
 
 // CDIDir writes specs with the CDI library into one directory.
@@ -76,6 +80,28 @@ func specFileName(claimUID types.UID) string {
 func (c *CDIDir) WriteClaimSpec(claimUID types.UID, spec *cdispec.Spec) error {
 	if err := c.cache.WriteSpec(spec, specFileName(claimUID)); err != nil {
 		return fmt.Errorf("writing CDI spec for claim %s: %w", claimUID, err)
+	}
+	return nil
+}
+
+// baseSpecFileName is not a transient claim spec name, so ListClaimSpecs
+// never mistakes it for a claim's.
+var baseSpecFileName = cdiapi.GenerateTransientSpecName(CDIVendor, CDIBaseClass, CDIBaseDevice) + ".json"
+
+// WriteBaseSpec implements CDIWriter: validated and written atomically
+// (temporary file and rename) by the CDI library, so the runtime never
+// reads half a spec.
+func (c *CDIDir) WriteBaseSpec(spec *cdispec.Spec) error {
+	if err := c.cache.WriteSpec(spec, baseSpecFileName); err != nil {
+		return fmt.Errorf("writing base CDI spec: %w", err)
+	}
+	return nil
+}
+
+// RemoveBaseSpec implements CDIWriter.
+func (c *CDIDir) RemoveBaseSpec() error {
+	if err := c.cache.RemoveSpec(baseSpecFileName); err != nil {
+		return fmt.Errorf("removing base CDI spec: %w", err)
 	}
 	return nil
 }
@@ -117,13 +143,18 @@ func (c *CDIDir) Dir() string { return c.dir }
 
 // cdiOptions say how container edits are built.
 type cdiOptions struct {
-	// DriverRoot prefixes the host side of device nodes.
-	DriverRoot string
+	// Root locates device nodes: under the driver root when it has a dev
+	// directory, else under / (DriverRoot.devRoots).
+	Root DriverRoot
 	// RequireDeviceNodes makes a missing device node an error; otherwise
 	// it is left out of the spec and logged (nodes without GPUs).
 	RequireDeviceNodes bool
 	// Stat stats a host path, following symlinks (os.Stat).
 	Stat func(path string) (os.FileInfo, error)
+	// UVM creates a missing /dev/nvidia-uvm or /dev/nvidia-uvm-tools when
+	// device nodes are required; nil: a missing one is handled like any
+	// other missing node.
+	UVM *UVMNodeCreator
 	// MPSDirs locates a GPU's MPS daemon directories.
 	MPSDirs func(MPSGPU) MPSDirs
 }
@@ -185,9 +216,17 @@ func claimGPUs(c *PreparedClaim) []claimGPU {
 func buildClaimSpec(logger klog.Logger, c *PreparedClaim, o cdiOptions) (*cdispec.Spec, error) {
 	gpus := claimGPUs(c)
 	edits := cdispec.ContainerEdits{}
+	devMount, devHost := o.Root.devRoots()
 	addNode := func(path string) error {
-		host := filepath.Join(o.DriverRoot, path)
-		n, err := charDevice(o.Stat, path, host)
+		host := filepath.Join(devHost, path)
+		seen := filepath.Join(devMount, path)
+		n, err := charDevice(o.Stat, path, seen, host)
+		if _, uvm := uvmMinors[path]; err != nil && uvm && o.RequireDeviceNodes && o.UVM != nil && errors.Is(err, os.ErrNotExist) {
+			if cerr := o.UVM.Ensure(path, seen); cerr != nil {
+				return fmt.Errorf("device node %s is missing and cannot be created: %w", host, cerr)
+			}
+			n, err = charDevice(o.Stat, path, seen, host)
+		}
 		if err != nil {
 			if o.RequireDeviceNodes {
 				return fmt.Errorf("device node %s: %w", host, err)
@@ -271,14 +310,15 @@ func buildClaimSpec(logger klog.Logger, c *PreparedClaim, o cdiOptions) (*cdispe
 // charDevice describes the character device at host for the CDI spec,
 // with its type and numbers filled in so that the container runtime does
 // not need to look at the host path again.
-func charDevice(stat func(string) (os.FileInfo, error), path, host string) (*cdispec.DeviceNode, error) {
-	fi, err := stat(host)
+// seen is where this process sees the node.
+func charDevice(stat func(string) (os.FileInfo, error), path, seen, host string) (*cdispec.DeviceNode, error) {
+	fi, err := stat(seen)
 	if err != nil {
 		return nil, err
 	}
 	st, ok := fi.Sys().(*syscall.Stat_t)
 	if !ok || fi.Mode()&os.ModeCharDevice == 0 || fi.Mode()&os.ModeDevice == 0 {
-		return nil, fmt.Errorf("%s is not a character device", host)
+		return nil, fmt.Errorf("%s is not a character device", seen)
 	}
 	n := &cdispec.DeviceNode{
 		Path:  path,

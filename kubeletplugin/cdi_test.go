@@ -162,7 +162,7 @@ func TestCDIListAndRemove(t *testing.T) {
 	}
 	pc := &PreparedClaim{UID: "1f0e4a2c-1111-4222-8333-444455556666", Namespace: "ns", Name: "n",
 		Devices: []PreparedDevice{{Index: 0, Minor: 0}}}
-	spec, err := buildClaimSpec(testLogger(t), pc, cdiOptions{Stat: os.Stat, DriverRoot: "/", RequireDeviceNodes: false, MPSDirs: func(MPSGPU) MPSDirs { return MPSDirs{} }})
+	spec, err := buildClaimSpec(testLogger(t), pc, cdiOptions{Stat: os.Stat, Root: DriverRoot{Host: "/"}, RequireDeviceNodes: false, MPSDirs: func(MPSGPU) MPSDirs { return MPSDirs{} }})
 	if err != nil {
 		t.Fatal(err)
 	}

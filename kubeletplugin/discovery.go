@@ -74,6 +74,16 @@ func nvmlLibrary(driverRoot string) ([]nvml.LibraryOption, error) {
 	return nil, fmt.Errorf("--driver-root=%s: libnvidia-ml.so.1 not found (looked in %v); is the NVIDIA driver installed at that root?", driverRoot, tried)
 }
 
+// NVMLLibrary returns the NVML library of a driver root as this process
+// sees it.
+func NVMLLibrary(driverRoot string) (nvml.Interface, error) {
+	libOpts, err := nvmlLibrary(driverRoot)
+	if err != nil {
+		return nil, err
+	}
+	return nvml.New(libOpts...), nil
+}
+
 // RealGPUs reports whether the backend talks to real GPUs, which decides
 // whether device nodes must exist and whether MPS daemons are started.
 func (o DiscoveryOptions) RealGPUs() bool { return o.Backend == DiscoveryNVML }
@@ -82,11 +92,11 @@ func (o DiscoveryOptions) RealGPUs() bool { return o.Backend == DiscoveryNVML }
 func NewDiscoverer(o DiscoveryOptions) (discovery.Discoverer, error) {
 	switch o.Backend {
 	case DiscoveryNVML:
-		libOpts, err := nvmlLibrary(o.DriverRoot)
+		lib, err := NVMLLibrary(o.DriverRoot)
 		if err != nil {
 			return nil, err
 		}
-		return discovery.NewNVML(nvml.New(libOpts...)), nil
+		return discovery.NewNVML(lib), nil
 	case DiscoveryMock:
 		if o.MockServer == "" {
 			return nil, fmt.Errorf("--discovery=%s needs --mock-server", DiscoveryMock)

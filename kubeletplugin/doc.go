@@ -91,8 +91,9 @@
 // gpu.gpulink.dev-claim_<uid>.json in --cdi-root) with one CDI device named
 // after the claim UID, and returns that device for every result of the
 // claim. The device holds /dev/nvidia<minor> of each of the claim's GPUs,
-// /dev/nvidiactl, /dev/nvidia-uvm and /dev/nvidia-uvm-tools (host side
-// under --driver-root), NVIDIA_VISIBLE_DEVICES with exactly the claim's
+// /dev/nvidiactl, /dev/nvidia-uvm and /dev/nvidia-uvm-tools (under
+// --driver-root when it has a dev directory, as a driver container's root
+// does, else under /), NVIDIA_VISIBLE_DEVICES with exactly the claim's
 // GPUs (UUIDs, indexes when unknown), CUDA_DEVICE_ORDER=PCI_BUS_ID and, per
 // shared GPU at the ordinal the container sees it at, GPULINK_SHARE_MEMORY_<i>
 // (bytes) and GPULINK_SHARE_CORES_<i> plus the strategy's limits:
@@ -102,6 +103,59 @@
 //	          CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=<cores>
 //	HAMiCore  CUDA_DEVICE_MEMORY_LIMIT_<i>=<MiB>m, CUDA_DEVICE_SM_LIMIT_<i>=<cores>
 //	None      nothing beyond GPULINK_SHARE_* (the share is only recorded)
+//
+// # The driver's files: the base spec
+//
+// A CUDA container also needs the user-space driver, which images such as
+// nvidia/cuda do not contain. At start the plugin generates it with the
+// NVIDIA Container Toolkit's nvcdi library from the driver root, as seen at
+// --driver-root-mount, into one base spec per node (kind
+// gpu.gpulink.dev/base, file gpu.gpulink.dev-base_driver.json, device
+// gpu.gpulink.dev/base=driver), replacing the previous one atomically, and
+// returns that device before the claim's device for every prepared claim.
+// It holds what is the same for every claim: the driver's libraries
+// (lib*.so.<version> in the root's lib directories; the version comes from
+// NVML with nvml discovery, otherwise from the libcuda.so.<version> file
+// name), binaries (nvidia-smi, nvidia-cuda-mps-control, ...), GSP
+// firmware, the nvidia-persistenced and nvidia-fabricmanager sockets, and
+// the nvidia-cdi-hook hooks (create-symlinks, update-ldcache,
+// enable-cuda-compat, disable-device-node-modification). Host paths are
+// rewritten from --driver-root-mount to --driver-root: the container
+// runtime resolves them on the host. Left out of it and kept per claim:
+// device nodes (no container may get a GPU it did not claim; the control
+// nodes go with the claim so that a missing /dev/nvidia-uvm is handled at
+// prepare) and NVIDIA_VISIBLE_DEVICES (nvcdi's "void" would race the
+// claim's list in the runtime's merge).
+//
+// The hooks run the binary at --cdi-hook-path, a host path. By default the
+// plugin copies the image's /usr/bin/nvidia-cdi-hook (--cdi-hook-source) to
+// <kubelet-plugin-dir>/bin/nvidia-cdi-hook at start (temporary file and
+// rename) and uses that: the plugin directory is a hostPath with the same
+// path inside and outside the container, while the image's own copy has no
+// stable host path (it lives in a snapshot that changes with every image),
+// and a node needs no NVIDIA Container Toolkit install. update-ldcache
+// runs the host's /sbin/ldconfig against the container's root, so images
+// without ldconfig (static images) work; on hosts without it, leave the
+// hook out with --cdi-disable-hooks=update-ldcache.
+//
+// With nvml discovery a driver root without a usable driver (no
+// libcuda.so.<version> or libnvidia-ml.so.<version>), a missing hook or a
+// bad flag stops the plugin at start with an error naming the path, rather
+// than failing pods later. With mock or topology-file discovery (GPU-less
+// nodes, the demo, tests) the driver root is optional: the plugin writes
+// the base spec if it finds a driver there (point --driver-root at a fake
+// tree to test the path), and otherwise logs why, removes a stale base
+// spec and returns the claim device alone. --cdi-driver-files=false turns
+// the base spec off.
+//
+// /dev/nvidia-uvm and /dev/nvidia-uvm-tools are created by nvidia-modprobe
+// or the first CUDA process run as root, not by loading the module, so a
+// freshly booted node can lack them. With nvml discovery prepare creates a
+// missing one (char device, major of nvidia-uvm in /proc/devices, minor 0
+// or 1, mode 0666, as nvidia-modprobe does) under the dev root as this
+// process sees it; if the module is not loaded the claim fails with an
+// error saying so. In the chart that dev root is the host's /dev seen
+// through the driver-root mount.
 //
 // With real GPUs (nvml discovery) a missing device node fails the claim.
 // With mock or topology-file discovery, nodes without GPUs, missing device

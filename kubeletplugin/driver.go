@@ -30,8 +30,20 @@ type Options struct {
 	PluginDataDir string
 	// RegistrarDir is the kubelet's plugin registration directory.
 	RegistrarDir string
-	// DriverRoot prefixes the host paths of device nodes.
+	// DriverRoot is the host path of the NVIDIA driver root; CDI host
+	// paths are under it (device nodes only when it has a dev directory).
 	DriverRoot string
+	// DriverRootMount is where this process sees DriverRoot; empty: the
+	// same path.
+	DriverRootMount string
+	// BaseSpec, when set, makes New generate the node's base CDI spec
+	// (driver files and hooks) from the driver root with nvcdi; Root is
+	// taken from DriverRoot and DriverRootMount.
+	BaseSpec *BaseSpecOptions
+	// RequireDriver makes a driver root without a usable driver an error
+	// of New (real GPUs). Otherwise the plugin logs it and runs without a
+	// base spec (simulated GPUs on GPU-less nodes).
+	RequireDriver bool
 	// RequireDeviceNodes makes a missing /dev/nvidia* node a prepare
 	// error (real GPUs); otherwise missing nodes are left out and logged.
 	RequireDeviceNodes bool
@@ -61,6 +73,9 @@ type Dependencies struct {
 	Metrics *Metrics
 	// Stat stats host paths (device nodes); defaults to os.Stat.
 	Stat func(path string) (os.FileInfo, error)
+	// UVM creates missing /dev/nvidia-uvm* nodes when device nodes are
+	// required; nil: a missing one fails the claim.
+	UVM *UVMNodeCreator
 }
 
 // Publisher publishes ResourceSlices; *kubeletplugin.Helper is one.
@@ -78,7 +93,10 @@ type Driver struct {
 	clock      clock.WithTicker
 	metrics    *Metrics
 	stat       func(string) (os.FileInfo, error)
+	uvm        *UVMNodeCreator
 	ckpt       *CheckpointStore
+	// baseID is the base CDI device every claim gets; empty: none.
+	baseID string
 
 	// fatal ends Run; set by Run.
 	fatalMu sync.Mutex
@@ -119,6 +137,7 @@ func New(ctx context.Context, opts Options, deps Dependencies) (*Driver, error) 
 		clock:      deps.Clock,
 		metrics:    deps.Metrics,
 		stat:       deps.Stat,
+		uvm:        deps.UVM,
 		ckpt:       NewCheckpointStore(opts.PluginDataDir),
 	}
 	if d.clock == nil {
@@ -132,6 +151,9 @@ func New(ctx context.Context, opts Options, deps Dependencies) (*Driver, error) 
 	}
 	if err := os.MkdirAll(opts.PluginDataDir, 0o750); err != nil {
 		return nil, fmt.Errorf("creating plugin data directory: %w", err)
+	}
+	if err := d.setupBaseSpec(logger); err != nil {
+		return nil, err
 	}
 	t, res, err := d.discover(ctx)
 	if err != nil {
@@ -323,11 +345,43 @@ func (d *Driver) flushIfDirty(logger klog.Logger) {
 	}
 }
 
+// setupBaseSpec writes the node's base CDI spec, replacing the previous
+// one, or removes a stale one when there is none to write. It runs before
+// any claim is served, so a driver problem shows at plugin start rather
+// than when a pod starts.
+func (d *Driver) setupBaseSpec(logger klog.Logger) error {
+	if d.opts.BaseSpec == nil {
+		return d.cdi.RemoveBaseSpec()
+	}
+	o := *d.opts.BaseSpec
+	o.Root = d.driverRoot()
+	spec, err := BuildBaseSpec(logger, o)
+	if err != nil {
+		if d.opts.RequireDriver {
+			return err
+		}
+		logger.Info("No NVIDIA driver under the driver root: CDI specs carry device nodes and environment only", "reason", err.Error())
+		return d.cdi.RemoveBaseSpec()
+	}
+	if err := d.cdi.WriteBaseSpec(spec); err != nil {
+		return err
+	}
+	d.baseID = CDIBaseDeviceID()
+	logger.Info("Wrote base CDI spec", "device", d.baseID, "driverRoot", o.Root.Host, "hook", o.HookPath,
+		"mounts", len(spec.Devices[0].ContainerEdits.Mounts), "hooks", len(spec.Devices[0].ContainerEdits.Hooks))
+	return nil
+}
+
+func (d *Driver) driverRoot() DriverRoot {
+	return DriverRoot{Host: d.opts.DriverRoot, Mount: d.opts.DriverRootMount}
+}
+
 func (d *Driver) cdiOptions() cdiOptions {
 	return cdiOptions{
-		DriverRoot:         d.opts.DriverRoot,
+		Root:               d.driverRoot(),
 		RequireDeviceNodes: d.opts.RequireDeviceNodes,
 		Stat:               d.stat,
+		UVM:                d.uvm,
 		MPSDirs:            d.mps.Dirs,
 	}
 }

@@ -46,7 +46,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		if pc := d.cp.Claims[claim.UID]; pc != nil {
 			if pc.State == PrepareCompleted {
 				logger.V(3).Info("Claim already prepared", "claim", klog.KObj(claim))
-				results[claim.UID] = kubeletplugin.PrepareResult{Devices: pc.kubeletDevices()}
+				results[claim.UID] = kubeletplugin.PrepareResult{Devices: pc.kubeletDevices(d.baseID)}
 				continue
 			}
 			// PrepareStarted: planned earlier in this call (the claim is
@@ -108,7 +108,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		return results, nil
 	}
 	for _, pc := range done {
-		results[pc.UID] = kubeletplugin.PrepareResult{Devices: pc.kubeletDevices()}
+		results[pc.UID] = kubeletplugin.PrepareResult{Devices: pc.kubeletDevices(d.baseID)}
 		logger.V(2).Info("Prepared claim", "claim", klog.KRef(pc.Namespace, pc.Name), "uid", pc.UID, "devices", len(pc.Devices), "cdiDevice", pc.CDIDeviceID)
 	}
 	d.observe(opPrepare, start, len(claims))
@@ -184,14 +184,20 @@ func (d *Driver) observe(op string, start time.Time, n int) {
 }
 
 // kubeletDevices is what the kubelet gets for a prepared claim.
-func (pc *PreparedClaim) kubeletDevices() []kubeletplugin.Device {
+// baseID, when not empty, is the node's base CDI device (driver files and
+// hooks), listed before the claim's own device.
+func (pc *PreparedClaim) kubeletDevices(baseID string) []kubeletplugin.Device {
 	out := make([]kubeletplugin.Device, 0, len(pc.Devices))
+	ids := []string{pc.CDIDeviceID}
+	if baseID != "" {
+		ids = []string{baseID, pc.CDIDeviceID}
+	}
 	for _, dev := range pc.Devices {
 		out = append(out, kubeletplugin.Device{
 			Requests:     []string{dev.Request},
 			PoolName:     dev.Pool,
 			DeviceName:   dev.Device,
-			CDIDeviceIDs: []string{pc.CDIDeviceID},
+			CDIDeviceIDs: ids,
 			ShareID:      dev.ShareID,
 		})
 	}

@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -39,6 +41,10 @@ type flags struct {
 	mpsRoot             string
 	driverRoot          string
 	driverRootMount     string
+	cdiHookPath         string
+	cdiHookSource       string
+	cdiDisableHooks     string
+	cdiDriverFiles      bool
 	defaultShareMemory  string
 	defaultShareCores   int64
 	metricsAddress      string
@@ -64,8 +70,12 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.pluginDir, "kubelet-plugin-dir", "/var/lib/kubelet/plugins/"+driver.Name, "Plugin data directory: DRA socket and checkpoint.")
 	fs.BoolVar(&f.managedByController, "managed-by-controller", true, "Taint every device "+driver.ManagedTaintKey+"=true:NoSchedule so only the gpulink controller allocates them.")
 	fs.StringVar(&f.mpsRoot, "mps-root", "/run/gpulink/mps", "Directory of the MPS control daemons' pipe and log directories.")
-	fs.StringVar(&f.driverRoot, "driver-root", "/", "Root of the NVIDIA driver installation on the host; prefixes device node host paths.")
+	fs.StringVar(&f.driverRoot, "driver-root", "/", "Root of the NVIDIA driver installation on the host (host paths in CDI specs are under it; device nodes only when it has a dev directory).")
 	fs.StringVar(&f.driverRootMount, "driver-root-mount", "", "Where --driver-root is visible to this process (e.g. /driver-root in a container); libnvidia-ml is loaded from there. Default: --driver-root.")
+	fs.StringVar(&f.cdiHookPath, "cdi-hook-path", "", "Host path of nvidia-cdi-hook written into the CDI hooks. Empty: --cdi-hook-source is copied to <kubelet-plugin-dir>/bin/nvidia-cdi-hook at start and that path is used.")
+	fs.StringVar(&f.cdiHookSource, "cdi-hook-source", "/usr/bin/nvidia-cdi-hook", "nvidia-cdi-hook binary to install when --cdi-hook-path is empty (the copy shipped in the image).")
+	fs.StringVar(&f.cdiDisableHooks, "cdi-disable-hooks", "", "Comma-separated nvidia-cdi-hook hooks to leave out of the base CDI spec, e.g. update-ldcache for images without ldconfig.")
+	fs.BoolVar(&f.cdiDriverFiles, "cdi-driver-files", true, "Put the driver's libraries, binaries, firmware and hooks found under --driver-root into a base CDI spec (nvcdi). Required to succeed with --discovery=nvml; with mock or topology-file discovery a root without a driver only logs.")
 	fs.StringVar(&f.defaultShareMemory, "default-share-memory", "4Gi", "Memory a share gets when its request does not ask (request policy default).")
 	fs.Int64Var(&f.defaultShareCores, "default-share-cores", 25, "Percent of SMs a share gets when its request does not ask (request policy default).")
 	fs.StringVar(&f.metricsAddress, "metrics-address", ":8080", "Address of the Prometheus /metrics endpoint; empty disables it.")
@@ -156,6 +166,34 @@ func run(ctx context.Context, f *flags) error {
 	if err != nil {
 		return err
 	}
+	var baseSpec *kubeletplugin.BaseSpecOptions
+	hook := f.cdiHookPath
+	if f.cdiDriverFiles && hook == "" {
+		hook, err = kubeletplugin.InstallCDIHook(f.cdiHookSource, filepath.Join(f.pluginDir, "bin"))
+		if err != nil && f.discovery.RealGPUs() {
+			return err
+		}
+		if err != nil {
+			// Simulated GPUs: driver files are optional, and so is the hook.
+			logger.Info("No nvidia-cdi-hook to install, CDI specs carry no driver files", "reason", err.Error())
+		}
+	}
+	if f.cdiDriverFiles && hook != "" {
+		baseSpec = &kubeletplugin.BaseSpecOptions{HookPath: hook}
+		if f.cdiDisableHooks != "" {
+			baseSpec.DisabledHooks = strings.Split(f.cdiDisableHooks, ",")
+		}
+		if f.discovery.RealGPUs() {
+			// The driver version comes from the same NVML as discovery.
+			if baseSpec.NVML, err = kubeletplugin.NVMLLibrary(f.discovery.DriverRoot); err != nil {
+				return err
+			}
+		}
+	}
+	var uvm *kubeletplugin.UVMNodeCreator
+	if f.discovery.RealGPUs() {
+		uvm = kubeletplugin.NewUVMNodeCreator()
+	}
 	var daemon kubeletplugin.MPSDaemon = kubeletplugin.DirOnlyMPSDaemon{}
 	if f.discovery.RealGPUs() {
 		daemon = kubeletplugin.NewExecMPSDaemon()
@@ -170,6 +208,9 @@ func run(ctx context.Context, f *flags) error {
 		PluginDataDir:       f.pluginDir,
 		RegistrarDir:        f.registrarDir,
 		DriverRoot:          f.driverRoot,
+		DriverRootMount:     f.driverRootMount,
+		BaseSpec:            baseSpec,
+		RequireDriver:       f.discovery.RealGPUs(),
 		RequireDeviceNodes:  f.discovery.RealGPUs(),
 		ManagedByController: f.managedByController,
 		DefaultShareMemory:  shareMem,
@@ -181,6 +222,7 @@ func run(ctx context.Context, f *flags) error {
 		CDI:        cdi,
 		MPS:        kubeletplugin.NewMPSManager(f.mpsRoot, daemon),
 		BootID:     kubeletplugin.FileBootID(f.bootIDFile),
+		UVM:        uvm,
 		Metrics:    metrics,
 	})
 	if err != nil {

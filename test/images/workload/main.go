@@ -3,7 +3,10 @@
 //
 //	ENV <name>=<value>      one line per environment variable, sorted
 //	DEV /dev/<entry>        one line per /dev entry whose name starts with "nvidia"
-//	READY                   after both lists
+//	FILE <path>             for each path in $GPULINK_WORKLOAD_FILES (comma-
+//	                        separated) that exists in the container
+//	NOFILE <path>: <error>  for each one that does not
+//	READY                   after the lists
 //
 // and then sleeps until SIGTERM or SIGINT, when it exits 0.
 package main
@@ -48,6 +51,16 @@ func main() {
 			for _, e := range entries {
 				fmt.Fprintf(w, "DEV %s\n", strings.TrimSuffix(d, "/")+"/"+e.Name())
 			}
+		}
+	}
+	// Files the driver's CDI edits should have put into the container.
+	if files := os.Getenv("GPULINK_WORKLOAD_FILES"); files != "" {
+		for _, f := range strings.Split(files, ",") {
+			if _, err := os.Lstat(f); err != nil {
+				fmt.Fprintf(w, "NOFILE %s: %v\n", f, err)
+				continue
+			}
+			fmt.Fprintf(w, "FILE %s\n", f)
 		}
 	}
 	fmt.Fprintln(w, "READY")

@@ -41,6 +41,9 @@ import (
 // pluginSetup is where one in-process plugin keeps its files.
 type pluginSetup struct {
 	nodeName, pluginDir, registrarDir, cdiDir, driverRoot, mpsRoot string
+	// baseSpec, when set, makes the plugin generate the base CDI spec
+	// from driverRoot and fail to start without a driver there.
+	baseSpec *kubeletplugin.BaseSpecOptions
 }
 
 // startPlugin runs the plugin with topology-file discovery (the 8 x V100
@@ -73,6 +76,8 @@ func startPlugin(ctx context.Context, t *testing.T, client kubernetes.Interface,
 		PluginDataDir:       s.pluginDir,
 		RegistrarDir:        s.registrarDir,
 		DriverRoot:          s.driverRoot,
+		BaseSpec:            s.baseSpec,
+		RequireDriver:       s.baseSpec != nil,
 		ManagedByController: true,
 		DefaultShareMemory:  resource.MustParse("4Gi"),
 		DefaultShareCores:   25,

@@ -21,6 +21,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/kubeletplugin"
 	"github.com/gpulink/gpulink/test/localcluster"
 )
 
@@ -58,8 +59,21 @@ func TestKubeletPluginRealNode(t *testing.T) {
 	driverRoot := filepath.Join(dir, "driver")
 	devNodes := localcluster.MkDeviceNodes(t, driverRoot, 8)
 
+	// A fake driver install in the same root: the base CDI spec mounts its
+	// files and runs the real nvidia-cdi-hook hooks against them.
+	driverFiles := writeFakeDriver(t, driverRoot)
+	binDir, err := localcluster.DefaultBinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hook := filepath.Join(binDir, "nvidia-cdi-hook")
+	if _, err := os.Stat(hook); err != nil {
+		t.Fatalf("nvidia-cdi-hook not built (make build): %v", err)
+	}
+
 	root := cluster.KubeletRootDir()
 	startPlugin(ctx, t, client, pluginSetup{
+		baseSpec:     &kubeletplugin.BaseSpecOptions{HookPath: hook},
 		nodeName:     nodeName,
 		pluginDir:    filepath.Join(root, "plugins", driver.Name),
 		registrarDir: filepath.Join(root, "plugins_registry"),
@@ -83,13 +97,19 @@ func TestKubeletPluginRealNode(t *testing.T) {
 		},
 	}})
 
-	wholeLog := runWorkload(ctx, t, cluster, "whole-pod", whole.Name)
+	// libcuda.so is the link the create-symlinks hook makes in the
+	// container: present only if the hooks ran.
+	hookLink := "/usr/lib/x86_64-linux-gnu/libcuda.so"
+	wholeLog := runWorkload(ctx, t, cluster, "whole-pod", whole.Name, append(driverFiles, hookLink)...)
 	uuid1, uuid2 := attrString(devices, "gpu-1", driver.AttrUUID), attrString(devices, "gpu-2", driver.AttrUUID)
 	wantLines := []string{"ENV NVIDIA_VISIBLE_DEVICES=" + uuid1 + "," + uuid2, "ENV CUDA_DEVICE_ORDER=PCI_BUS_ID"}
+	for _, f := range append(driverFiles, hookLink) {
+		wantLines = append(wantLines, "FILE "+f)
+	}
 	if devNodes {
 		wantLines = append(wantLines, "DEV /dev/nvidia1", "DEV /dev/nvidia2", "DEV /dev/nvidiactl", "DEV /dev/nvidia-uvm")
 	}
-	checkLines(t, "whole-pod", wholeLog, wantLines, []string{"DEV /dev/nvidia0", "DEV /dev/nvidia6", "ENV CUDA_MPS"})
+	checkLines(t, "whole-pod", wholeLog, wantLines, []string{"DEV /dev/nvidia0", "DEV /dev/nvidia6", "ENV CUDA_MPS", "NOFILE"})
 
 	shareLog := runWorkload(ctx, t, cluster, "share-pod", share.Name)
 	wantLines = []string{
@@ -128,7 +148,8 @@ func TestKubeletPluginRealNode(t *testing.T) {
 
 // runWorkload runs the workload image with a claim and returns its log
 // once it printed READY.
-func runWorkload(ctx context.Context, t *testing.T, cluster *localcluster.Cluster, name, claim string) string {
+// files are paths the workload reports as present or missing.
+func runWorkload(ctx context.Context, t *testing.T, cluster *localcluster.Cluster, name, claim string, files ...string) string {
 	t.Helper()
 	client := cluster.Client()
 	pods := client.CoreV1().Pods(metav1.NamespaceDefault)
@@ -143,6 +164,7 @@ func runWorkload(ctx context.Context, t *testing.T, cluster *localcluster.Cluste
 				Image:           localcluster.WorkloadImage,
 				ImagePullPolicy: corev1.PullNever,
 				Resources:       corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}}},
+				Env:             []corev1.EnvVar{{Name: "GPULINK_WORKLOAD_FILES", Value: strings.Join(files, ",")}},
 			}},
 		},
 	}, metav1.CreateOptions{})
@@ -187,6 +209,33 @@ func runWorkload(ctx context.Context, t *testing.T, cluster *localcluster.Cluste
 	}
 	t.Logf("%s log:\n%s", name, log)
 	return log
+}
+
+// fakeDriverVersion is the version of the fake driver install.
+const fakeDriverVersion = "580.95.05"
+
+// writeFakeDriver lays out a driver install's files under root (as a host
+// install or the GPU Operator's driver container has them) and returns
+// the paths a container should see them at.
+func writeFakeDriver(t *testing.T, root string) []string {
+	t.Helper()
+	lib := "/usr/lib/x86_64-linux-gnu/"
+	files := []string{
+		lib + "libcuda.so." + fakeDriverVersion,
+		lib + "libnvidia-ml.so." + fakeDriverVersion,
+		"/usr/bin/nvidia-smi",
+		"/lib/firmware/nvidia/" + fakeDriverVersion + "/gsp_ga10x.bin",
+	}
+	for _, f := range files {
+		p := filepath.Join(root, f)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte("fake driver file\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return files
 }
 
 func checkLines(t *testing.T, pod, log string, want, unwanted []string) {
