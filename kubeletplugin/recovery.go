@@ -73,7 +73,7 @@ func (d *Driver) recoverState(ctx context.Context) error {
 			if dev.Share == nil || !dev.Share.MPSRef {
 				continue
 			}
-			if err := d.mps.EnsureDaemon(ctx, MPSGPU{Index: dev.Index, UUID: dev.UUID}); err != nil {
+			if err := d.mps.EnsureDaemon(ctx, pc.mpsShare(dev.Index)); err != nil {
 				logger.Error(err, "Restoring MPS daemon reference failed; the claim's containers cannot use MPS", "claim", klog.KRef(pc.Namespace, pc.Name), "device", dev.Device)
 				dev.Share.MPSRef = false
 			}
