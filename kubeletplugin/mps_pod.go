@@ -69,8 +69,8 @@ type PodMPSDaemon struct {
 	// control is the daemon binary and libDirs the driver's library
 	// directories, both as absolute paths under DriverRootMount.
 	controlBin string
-	binDir  string
-	libDirs []string
+	binDir     string
+	libDirs    []string
 }
 
 // NewPodMPSDaemon finds nvidia-cuda-mps-control and the driver's library

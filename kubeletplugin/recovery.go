@@ -53,8 +53,8 @@ func (d *Driver) recoverState(ctx context.Context) error {
 	// An interrupted apply may have started an MPS daemon after
 	// PrepareStarted was recorded (MPSRef is only written with
 	// PrepareCompleted). Count such shares as holding a reference: taking
-	// it adopts a running daemon, and the rollback's release stops it
-	// unless another claim holds it.
+	// it adopts a running daemon (or starts one), and the rollback's
+	// release stops it.
 	for _, pc := range cp.Claims {
 		if pc.State == PrepareCompleted {
 			continue
@@ -65,8 +65,8 @@ func (d *Driver) recoverState(ctx context.Context) error {
 			}
 		}
 	}
-	// Rebuild MPS references first, so that rolling back a half-prepared
-	// claim below stops a daemon only if nothing else uses it.
+	// Rebuild MPS references first (adopting each claim's daemon pod), so
+	// that rolling back a half-prepared claim below stops its daemon.
 	for _, pc := range cp.Claims {
 		for i := range pc.Devices {
 			dev := &pc.Devices[i]
