@@ -145,7 +145,7 @@
 // plugin's pod, which an upgrade replaces). The image is the plugin's own
 // (--mps-daemon-image), which provides only glibc: the program is
 // nvidia-cuda-mps-control -f from the driver root (host --driver-root
-// mounted at --driver-root-mount), run with LD_LIBRARY_PATH of the
+// mounted read-only at /driver-root in the pod), run with LD_LIBRARY_PATH of the
 // driver's library directories, PATH with its bin directory,
 // CUDA_VISIBLE_DEVICES=<GPU UUID>, CUDA_MPS_PIPE_DIRECTORY and
 // CUDA_MPS_LOG_DIRECTORY under <mps-root>/<claim UID>/ on a hostPath (same

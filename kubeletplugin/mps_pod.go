@@ -50,7 +50,8 @@ type PodMPSDaemonConfig struct {
 	Namespace, Image string
 	NodeName         string
 	// DriverRoot is the driver root on the host; DriverRootMount is where
-	// it is mounted in the plugin container, and in the daemon pods.
+	// it is visible to the plugin (the daemon pods mount it at
+	// mpsPodDriverRoot).
 	DriverRoot, DriverRootMount string
 	// Run runs nvidia-cuda-mps-control in the plugin container to talk to
 	// a daemon through its pipe directory (ExecCommand when nil).
@@ -66,12 +67,16 @@ type PodMPSDaemonConfig struct {
 // upgrades; see doc.go for why a pod.
 type PodMPSDaemon struct {
 	cfg PodMPSDaemonConfig
-	// control is the daemon binary and libDirs the driver's library
-	// directories, both as absolute paths under DriverRootMount.
-	controlBin string
-	binDir     string
-	libDirs    []string
+	// binDir holds nvidia-cuda-mps-control and libDirs are the driver's
+	// library directories, relative to the driver root.
+	binDir  string
+	libDirs []string
 }
+
+// mpsPodDriverRoot is where a daemon pod mounts the driver root. Fixed
+// rather than --driver-root-mount: a plugin running on the host has the
+// driver root at "/", which a container cannot mount it over.
+const mpsPodDriverRoot = "/driver-root"
 
 // NewPodMPSDaemon finds nvidia-cuda-mps-control and the driver's library
 // directories under the driver root mount, so that a node without them
@@ -93,17 +98,16 @@ func NewPodMPSDaemon(cfg PodMPSDaemonConfig) (*PodMPSDaemon, error) {
 	for _, dir := range mpsBinDirs {
 		p := filepath.Join(cfg.DriverRootMount, dir, mpsControlName)
 		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
-			d.controlBin, d.binDir = p, filepath.Join(cfg.DriverRootMount, dir)
+			d.binDir = dir
 			break
 		}
 	}
-	if d.controlBin == "" {
+	if d.binDir == "" {
 		return nil, fmt.Errorf("--driver-root-mount %s: no %s in %s; MPS sharing needs the driver's compute utilities", cfg.DriverRootMount, mpsControlName, strings.Join(mpsBinDirs, ", "))
 	}
 	for _, dir := range mpsLibDirs {
-		p := filepath.Join(cfg.DriverRootMount, dir)
-		if _, err := os.Stat(filepath.Join(p, "libcuda.so.1")); err == nil {
-			d.libDirs = append(d.libDirs, p)
+		if _, err := os.Stat(filepath.Join(cfg.DriverRootMount, dir, "libcuda.so.1")); err == nil {
+			d.libDirs = append(d.libDirs, dir)
 		}
 	}
 	if len(d.libDirs) == 0 {
@@ -125,13 +129,24 @@ func NewPodMPSDaemon(cfg PodMPSDaemonConfig) (*PodMPSDaemon, error) {
 // characters, well within the 63 a name may have).
 func mpsPodName(share MPSShare) string { return "gpulink-mps-" + share.ID() }
 
-// env is the environment of the daemon and of the control client: both
-// find the daemon by its pipe directory, and the binary needs the
-// driver's libraries.
-func (d *PodMPSDaemon) env(share MPSShare, dirs MPSDirs) []string {
+// controlBin is nvidia-cuda-mps-control under the driver root mounted at
+// root.
+func (d *PodMPSDaemon) controlBin(root string) string {
+	return filepath.Join(root, d.binDir, mpsControlName)
+}
+
+// env is the environment of the daemon and of the control client, with
+// the driver root mounted at root: both find the daemon by its pipe
+// directory, and the binary needs the driver's libraries (and the daemon
+// finds nvidia-cuda-mps-server next to it through PATH).
+func (d *PodMPSDaemon) env(root string, share MPSShare, dirs MPSDirs) []string {
+	libs := make([]string, len(d.libDirs))
+	for i, l := range d.libDirs {
+		libs[i] = filepath.Join(root, l)
+	}
 	return []string{
-		"LD_LIBRARY_PATH=" + strings.Join(d.libDirs, ":"),
-		"PATH=" + d.binDir + ":/usr/bin:/bin",
+		"LD_LIBRARY_PATH=" + strings.Join(libs, ":"),
+		"PATH=" + filepath.Join(root, d.binDir) + ":/usr/bin:/bin",
 		"CUDA_VISIBLE_DEVICES=" + share.GPU.visibleDevice(),
 		"CUDA_MPS_PIPE_DIRECTORY=" + dirs.Pipe,
 		"CUDA_MPS_LOG_DIRECTORY=" + dirs.Log,
@@ -143,7 +158,7 @@ func (d *PodMPSDaemon) env(share MPSShare, dirs MPSDirs) []string {
 // containers use), the share's shm directory as /dev/shm.
 func (d *PodMPSDaemon) pod(share MPSShare, dirs MPSDirs, owner *metav1.OwnerReference) *corev1.Pod {
 	var env []corev1.EnvVar
-	for _, kv := range d.env(share, dirs) {
+	for _, kv := range d.env(mpsPodDriverRoot, share, dirs) {
 		k, v, _ := strings.Cut(kv, "=")
 		env = append(env, corev1.EnvVar{Name: k, Value: v})
 	}
@@ -168,16 +183,20 @@ func (d *PodMPSDaemon) pod(share MPSShare, dirs MPSDirs, owner *metav1.OwnerRefe
 			EnableServiceLinks:           ptr.To(false),
 			Tolerations:                  []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
 			Containers: []corev1.Container{{
-				Name:    "mps-control-daemon",
-				Image:   d.cfg.Image,
-				Command: []string{d.controlBin, "-f"},
-				Env:     env,
+				Name:  "mps-control-daemon",
+				Image: d.cfg.Image,
+				// The plugin runs from this image, so the node has it;
+				// a pull (":latest" would be Always) only adds a
+				// registry dependency to every prepare.
+				ImagePullPolicy: corev1.PullIfNotPresent,
+				Command:         []string{d.controlBin(mpsPodDriverRoot), "-f"},
+				Env:             env,
 				// The daemon and the server it spawns open the GPU's
 				// device nodes and /dev/nvidiactl; only a privileged
 				// container gets them without a claim of its own.
 				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
 				VolumeMounts: []corev1.VolumeMount{
-					{Name: "driver-root", MountPath: d.cfg.DriverRootMount, ReadOnly: true},
+					{Name: "driver-root", MountPath: mpsPodDriverRoot, ReadOnly: true},
 					{Name: "mps", MountPath: dirs.Base},
 					{Name: "shm", MountPath: "/dev/shm"},
 				},
@@ -309,14 +328,15 @@ func (d *PodMPSDaemon) setLimits(ctx context.Context, share MPSShare, dirs MPSDi
 
 // control sends one command to the share's daemon.
 func (d *PodMPSDaemon) control(ctx context.Context, share MPSShare, dirs MPSDirs, cmd string) (string, error) {
-	out, err := d.cfg.Run(ctx, d.controlBin, nil, d.env(share, dirs), cmd+"\n")
+	bin := d.controlBin(d.cfg.DriverRootMount)
+	out, err := d.cfg.Run(ctx, bin, nil, d.env(d.cfg.DriverRootMount, share, dirs), cmd+"\n")
 	text := strings.TrimSpace(string(out))
 	if err != nil {
-		return text, fmt.Errorf("echo %s | %s: %w (output: %q)", cmd, d.controlBin, err, text)
+		return text, fmt.Errorf("echo %s | %s: %w (output: %q)", cmd, bin, err, text)
 	}
 	// The control client exits 0 on some refusals and says so.
 	if l := strings.ToLower(text); strings.Contains(l, "error") || strings.Contains(l, "invalid") || strings.Contains(l, "cannot find") {
-		return text, fmt.Errorf("echo %s | %s: %q", cmd, d.controlBin, text)
+		return text, fmt.Errorf("echo %s | %s: %q", cmd, bin, text)
 	}
 	return text, nil
 }

@@ -152,12 +152,14 @@ type fakeControl struct {
 	up       bool
 	commands []string
 	envs     [][]string
+	bins     []string
 	failCmd  string
 }
 
-func (f *fakeControl) run(_ context.Context, _ string, _, env []string, stdin string) ([]byte, error) {
+func (f *fakeControl) run(_ context.Context, name string, _, env []string, stdin string) ([]byte, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.bins = append(f.bins, name)
 	if !f.up {
 		return []byte("Cannot find MPS control daemon process"), errors.New("exit status 1")
 	}
@@ -229,7 +231,7 @@ func TestPodMPSDaemonStartStopAdopt(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := pod.Spec.Containers[0]
-	if pod.Spec.NodeName != "n1" || c.Image != "gpulink:dev" || !slices.Equal(c.Command, []string{filepath.Join(mount, "usr/bin/nvidia-cuda-mps-control"), "-f"}) {
+	if pod.Spec.NodeName != "n1" || c.Image != "gpulink:dev" || !slices.Equal(c.Command, []string{"/driver-root/usr/bin/nvidia-cuda-mps-control", "-f"}) {
 		t.Errorf("pod node %q image %q command %v", pod.Spec.NodeName, c.Image, c.Command)
 	}
 	if len(pod.OwnerReferences) != 1 || pod.OwnerReferences[0].Kind != "Node" || pod.OwnerReferences[0].UID != "node-uid" {
@@ -243,7 +245,8 @@ func TestPodMPSDaemonStartStopAdopt(t *testing.T) {
 		"CUDA_VISIBLE_DEVICES":    "GPU-1",
 		"CUDA_MPS_PIPE_DIRECTORY": dirs.Pipe,
 		"CUDA_MPS_LOG_DIRECTORY":  dirs.Log,
-		"LD_LIBRARY_PATH":         filepath.Join(mount, "usr/lib/x86_64-linux-gnu"),
+		"LD_LIBRARY_PATH":         "/driver-root/usr/lib/x86_64-linux-gnu",
+		"PATH":                    "/driver-root/usr/bin:/usr/bin:/bin",
 	} {
 		if env[k] != want {
 			t.Errorf("daemon env %s=%q, want %q", k, env[k], want)
@@ -257,7 +260,7 @@ func TestPodMPSDaemonStartStopAdopt(t *testing.T) {
 			}
 		}
 	}
-	for cpath, host := range map[string]string{mount: "/run/nvidia/driver", dirs.Base: dirs.Base, "/dev/shm": dirs.Shm} {
+	for cpath, host := range map[string]string{"/driver-root": "/run/nvidia/driver", dirs.Base: dirs.Base, "/dev/shm": dirs.Shm} {
 		if mounts[cpath] != host {
 			t.Errorf("daemon pod mounts %s at %s, want %s (all: %v)", mounts[cpath], cpath, host, mounts)
 		}
@@ -267,6 +270,13 @@ func TestPodMPSDaemonStartStopAdopt(t *testing.T) {
 	want := []string{"get_server_list", "set_default_active_thread_percentage 30", "set_default_device_pinned_mem_limit 0 5120M"}
 	if !slices.Equal(ctl.commands, want) {
 		t.Errorf("control commands %q, want %q", ctl.commands, want)
+	}
+	// The plugin runs the client from its own mount of the driver root.
+	if bin := ctl.bins[len(ctl.bins)-1]; bin != filepath.Join(mount, "usr/bin/nvidia-cuda-mps-control") {
+		t.Errorf("control client %s, want it under %s", bin, mount)
+	}
+	if e := ctl.envs[len(ctl.envs)-1]; !slices.Contains(e, "LD_LIBRARY_PATH="+filepath.Join(mount, "usr/lib/x86_64-linux-gnu")) || !slices.Contains(e, "CUDA_MPS_PIPE_DIRECTORY="+dirs.Pipe) {
+		t.Errorf("control client env %v", e)
 	}
 	if fi, err := os.Stat(dirs.Shm); err != nil || fi.Mode()&os.ModeSticky == 0 || fi.Mode().Perm() != 0o777 {
 		t.Errorf("shm dir %v, %v; want sticky and world-writable", fi, err)
