@@ -3,6 +3,7 @@ package kubeletplugin
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -115,6 +116,12 @@ type MPSDaemon interface {
 	Stop(ctx context.Context, share MPSShare, dirs MPSDirs) error
 }
 
+// ErrMPSDaemonKept marks a Start that failed on a daemon that was already
+// running (adopted after a plugin restart): it may serve running
+// containers, so it is not stopped, and MPSManager keeps the reference so
+// that the claim's unprepare stops it.
+var ErrMPSDaemonKept = errors.New("the daemon was already running and is kept for the claim's running containers")
+
 type mpsManager struct {
 	root   string
 	daemon MPSDaemon
@@ -149,6 +156,9 @@ func (m *mpsManager) EnsureDaemon(ctx context.Context, share MPSShare) error {
 	id := share.ID()
 	if m.refs[id] == 0 {
 		if err := m.daemon.Start(ctx, share, m.Dirs(share)); err != nil {
+			if errors.Is(err, ErrMPSDaemonKept) {
+				m.refs[id]++
+			}
 			return fmt.Errorf("starting MPS control daemon of claim %s on GPU %s: %w", id, share.GPU.ID(), err)
 		}
 		klog.FromContext(ctx).Info("MPS control daemon up", "claimUID", id, "gpu", share.GPU.ID(), "memoryBytes", share.MemoryBytes, "cores", share.Cores)

@@ -238,37 +238,46 @@ func (d *PodMPSDaemon) Start(ctx context.Context, share MPSShare, dirs MPSDirs) 
 	if err := dirs.create(); err != nil {
 		return errors.Join(err, dirs.remove())
 	}
-	if err := d.start(ctx, share, dirs); err != nil {
-		err = fmt.Errorf("%w%s", err, logTail(filepath.Join(dirs.Log, "control.log")))
-		return errors.Join(err, d.Stop(ctx, share, dirs))
+	adopted, err := d.start(ctx, share, dirs)
+	if err == nil {
+		return nil
 	}
-	return nil
+	tail := logTail(filepath.Join(dirs.Log, "control.log"))
+	if adopted {
+		// The pod predates this call and may serve running containers
+		// (a plugin restart while the API or the daemon hiccups): keep it.
+		return fmt.Errorf("%w%s (%w)", err, tail, ErrMPSDaemonKept)
+	}
+	return errors.Join(fmt.Errorf("%w%s", err, tail), d.Stop(ctx, share, dirs))
 }
 
-func (d *PodMPSDaemon) start(ctx context.Context, share MPSShare, dirs MPSDirs) error {
+// start reports whether it adopted an existing pod.
+func (d *PodMPSDaemon) start(ctx context.Context, share MPSShare, dirs MPSDirs) (adopted bool, err error) {
 	logger := klog.FromContext(ctx)
 	pods := d.cfg.Pods.Pods(d.cfg.Namespace)
 	name := mpsPodName(share)
 	owner, err := d.nodeOwner(ctx)
 	if err != nil {
-		return err
+		return false, err
 	}
 	_, err = pods.Create(ctx, d.pod(share, dirs, owner), metav1.CreateOptions{})
 	switch {
 	case apierrors.IsAlreadyExists(err):
 		old, err := pods.Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
-			return fmt.Errorf("getting existing MPS daemon pod %s/%s: %w", d.cfg.Namespace, name, err)
+			return true, fmt.Errorf("getting existing MPS daemon pod %s/%s: %w", d.cfg.Namespace, name, err)
 		}
 		if old.DeletionTimestamp != nil {
-			return fmt.Errorf("MPS daemon pod %s/%s of an earlier prepare is still terminating; retry later", d.cfg.Namespace, name)
+			// Already going away: nothing to keep.
+			return false, fmt.Errorf("MPS daemon pod %s/%s of an earlier prepare is still terminating; retry later", d.cfg.Namespace, name)
 		}
 		if old.Spec.NodeName != d.cfg.NodeName {
-			return fmt.Errorf("MPS daemon pod %s/%s exists for node %q, not %q", d.cfg.Namespace, name, old.Spec.NodeName, d.cfg.NodeName)
+			return true, fmt.Errorf("MPS daemon pod %s/%s exists for node %q, not %q", d.cfg.Namespace, name, old.Spec.NodeName, d.cfg.NodeName)
 		}
+		adopted = true
 		logger.Info("Adopting running MPS control daemon pod", "pod", klog.KObj(old))
 	case err != nil:
-		return fmt.Errorf("creating MPS daemon pod %s/%s: %w", d.cfg.Namespace, name, err)
+		return false, fmt.Errorf("creating MPS daemon pod %s/%s: %w", d.cfg.Namespace, name, err)
 	}
 
 	// The daemon is up when it answers on its pipe. A pod that ends first
@@ -294,11 +303,11 @@ func (d *PodMPSDaemon) start(ctx context.Context, share MPSShare, dirs MPSDirs) 
 	})
 	if err != nil {
 		if wait.Interrupted(err) {
-			return fmt.Errorf("MPS daemon pod %s/%s did not answer on %s within %s (last: %s)", d.cfg.Namespace, name, dirs.Pipe, d.cfg.StartTimeout, lastOut)
+			return adopted, fmt.Errorf("MPS daemon pod %s/%s did not answer on %s within %s (last: %s)", d.cfg.Namespace, name, dirs.Pipe, d.cfg.StartTimeout, lastOut)
 		}
-		return err
+		return adopted, err
 	}
-	return d.setLimits(ctx, share, dirs)
+	return adopted, d.setLimits(ctx, share, dirs)
 }
 
 // setLimits makes the share's limits the defaults of every server the

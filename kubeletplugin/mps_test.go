@@ -424,3 +424,31 @@ func TestUnavailableMPSDaemon(t *testing.T) {
 		t.Fatalf("error %v", err)
 	}
 }
+
+// A daemon pod that exists before Start (plugin restart) and then does not
+// answer is kept, with its reference: it may serve running containers,
+// and the claim's unprepare stops it.
+func TestPodMPSDaemonAdoptionFailureKeepsDaemon(t *testing.T) {
+	running := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "gpulink-mps-c1", Namespace: "gpulink"},
+		Spec:       corev1.PodSpec{NodeName: "n1"},
+		Status:     corev1.PodStatus{Phase: corev1.PodRunning},
+	}
+	cs := fake.NewClientset(running, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+	d, _ := newTestPodDaemon(t, cs, &fakeControl{}) // never answers
+	m := NewMPSManager(t.TempDir(), d)
+	share := MPSShare{Claim: "c1", GPU: MPSGPU{UUID: "GPU-0"}, MemoryBytes: gib, Cores: 10}
+	err := m.EnsureDaemon(t.Context(), share)
+	if err == nil || !errors.Is(err, ErrMPSDaemonKept) || !strings.Contains(err.Error(), "did not answer") {
+		t.Fatalf("error %v, want a kept daemon that did not answer", err)
+	}
+	if _, err := cs.CoreV1().Pods("gpulink").Get(t.Context(), running.Name, metav1.GetOptions{}); err != nil {
+		t.Fatalf("adopted pod deleted: %v", err)
+	}
+	if err := m.ReleaseDaemon(t.Context(), share); err != nil {
+		t.Fatalf("no reference kept for the adopted pod: %v", err)
+	}
+	if _, err := cs.CoreV1().Pods("gpulink").Get(t.Context(), running.Name, metav1.GetOptions{}); err == nil {
+		t.Error("pod not deleted at release")
+	}
+}

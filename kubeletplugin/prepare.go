@@ -443,6 +443,9 @@ func (d *Driver) apply(ctx context.Context, pc *PreparedClaim) error {
 			continue
 		}
 		if err := d.mps.EnsureDaemon(ctx, pc.mpsShare(dev.Index)); err != nil {
+			// A kept daemon (ErrMPSDaemonKept) holds a reference; this
+			// prepare fails, so releasing it stops that daemon.
+			dev.Share.MPSRef = errors.Is(err, ErrMPSDaemonKept)
 			return errors.Join(fmt.Errorf("%s: %w", dev.Device, err), d.releaseMPS(ctx, pc))
 		}
 		dev.Share.MPSRef = true

@@ -2,6 +2,7 @@ package kubeletplugin
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -602,5 +603,25 @@ func TestPrepareCheckpointWriteFailure(t *testing.T) {
 	mustPrepare(t, d, c)
 	if readCheckpoint(t, e).Claims[c.UID] == nil {
 		t.Error("claim not checkpointed after recovery of the file system")
+	}
+}
+
+// A daemon that survives a plugin restart but cannot be adopted (it does
+// not answer) is kept for the claim's running containers and stopped by
+// the claim's unprepare, not leaked.
+func TestRestartKeptMPSDaemonStoppedAtUnprepare(t *testing.T) {
+	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
+	d := e.start()
+	c := newClaim("mps", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10)})
+	mustPrepare(t, d, c)
+	e.daemon.startErr = fmt.Errorf("did not answer (%w)", ErrMPSDaemonKept)
+	d2 := e.start()
+	e.daemon.startErr = nil
+	if !e.daemon.isRunning(string(c.UID)) {
+		t.Fatal("kept daemon stopped at restart")
+	}
+	mustUnprepare(t, d2, c)
+	if e.daemon.isRunning(string(c.UID)) || e.daemon.stops[string(c.UID)] != 1 {
+		t.Errorf("kept daemon running %v, stopped %d times after unprepare; want stopped once", e.daemon.isRunning(string(c.UID)), e.daemon.stops[string(c.UID)])
 	}
 }

@@ -74,8 +74,10 @@ func (d *Driver) recoverState(ctx context.Context) error {
 				continue
 			}
 			if err := d.mps.EnsureDaemon(ctx, pc.mpsShare(dev.Index)); err != nil {
-				logger.Error(err, "Restoring MPS daemon reference failed; the claim's containers cannot use MPS", "claim", klog.KRef(pc.Namespace, pc.Name), "device", dev.Device)
-				dev.Share.MPSRef = false
+				logger.Error(err, "Restoring MPS daemon reference failed; the claim's containers may not be able to use MPS", "claim", klog.KRef(pc.Namespace, pc.Name), "device", dev.Device)
+				// A kept daemon still holds its reference, so that the
+				// claim's unprepare stops it.
+				dev.Share.MPSRef = errors.Is(err, ErrMPSDaemonKept)
 			}
 		}
 	}
