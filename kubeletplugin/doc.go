@@ -181,6 +181,10 @@
 // reports the error as a FailedPrepareDynamicResources warning event on
 // the pod. A pod of the same claim that is still terminating is not
 // adopted: prepare fails and the kubelet's retry succeeds once it is gone.
+// A pod that existed before the call (adoption after a plugin restart) and
+// then fails the checks is kept, not deleted, because it may serve running
+// containers (ErrMPSDaemonKept); its reference is kept too, so the claim's
+// unprepare (or the rollback of a failed prepare) deletes it.
 // Stop deletes the pod (the daemon and the server die with it) and the
 // directories.
 //
