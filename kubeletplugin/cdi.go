@@ -156,7 +156,7 @@ type cdiOptions struct {
 	// other missing node.
 	UVM *UVMNodeCreator
 	// MPSDirs locates a GPU's MPS daemon directories.
-	MPSDirs func(MPSGPU) MPSDirs
+	MPSDirs func(MPSShare) MPSDirs
 }
 
 // claimGPU is one GPU of a claim with everything its container edits need.
@@ -269,18 +269,31 @@ func buildClaimSpec(logger klog.Logger, c *PreparedClaim, o cdiOptions) (*cdispe
 		)
 		switch g.share.Strategy {
 		case apiv1alpha1.SharingMPS:
-			dirs := o.MPSDirs(MPSGPU{Index: g.index, UUID: g.uuid})
+			// The claim's own daemon (see doc.go, "MPS daemons"): its
+			// pipe directory, where the container finds it, and the shm
+			// directory its server shares with the container as
+			// /dev/shm. The limits are set on the daemon; the env below
+			// only repeats them (a client may lower them, not raise them).
+			dirs := o.MPSDirs(c.mpsShare(g.index))
 			edits.Env = append(edits.Env,
 				"CUDA_MPS_PIPE_DIRECTORY="+dirs.Pipe,
 				fmt.Sprintf("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=%d=%dM", ordinal, mib),
 				"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="+strconv.FormatInt(g.share.Cores, 10),
 			)
-			edits.Mounts = append(edits.Mounts, &cdispec.Mount{
-				HostPath:      dirs.Pipe,
-				ContainerPath: dirs.Pipe,
-				Type:          "bind",
-				Options:       []string{"rbind", "rw", "nosuid", "nodev"},
-			})
+			edits.Mounts = append(edits.Mounts,
+				&cdispec.Mount{
+					HostPath:      dirs.Pipe,
+					ContainerPath: dirs.Pipe,
+					Type:          "bind",
+					Options:       []string{"rbind", "rw", "nosuid", "nodev", "noexec"},
+				},
+				&cdispec.Mount{
+					HostPath:      dirs.Shm,
+					ContainerPath: "/dev/shm",
+					Type:          "bind",
+					Options:       []string{"rbind", "rw", "nosuid", "nodev", "noexec"},
+				},
+			)
 		case apiv1alpha1.SharingHAMiCore:
 			edits.Env = append(edits.Env,
 				"CUDA_DEVICE_MEMORY_LIMIT_"+ord+"="+strconv.FormatInt(mib, 10)+"m",

@@ -100,7 +100,8 @@ func TestCDISpecMPSShare(t *testing.T) {
 	c := newClaim("infer", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 1, "5Gi", 30)})
 	spec := injected(t, e, d, c)
 	env := envMap(spec)
-	pipe := filepath.Join(e.mpsRoot, "GPU-00000001-0000-0000-0000-000000000000", "pipe")
+	pipe := filepath.Join(e.mpsRoot, string(c.UID), "pipe")
+	shm := filepath.Join(e.mpsRoot, string(c.UID), "shm")
 	for k, want := range map[string]string{
 		"CUDA_MPS_PIPE_DIRECTORY":           pipe,
 		"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT":  "0=5120M",
@@ -113,14 +114,17 @@ func TestCDISpecMPSShare(t *testing.T) {
 			t.Errorf("%s=%q, want %q", k, env[k], want)
 		}
 	}
-	var found bool
+	var foundPipe, foundShm bool
 	for _, m := range spec.Mounts {
 		if m.Destination == pipe && m.Source == pipe {
-			found = true
+			foundPipe = true
+		}
+		if m.Destination == "/dev/shm" && m.Source == shm {
+			foundShm = true
 		}
 	}
-	if !found {
-		t.Errorf("pipe directory %s not mounted: %+v", pipe, spec.Mounts)
+	if !foundPipe || !foundShm {
+		t.Errorf("pipe directory %s (%v) or shm directory %s as /dev/shm (%v) not mounted: %+v", pipe, foundPipe, shm, foundShm, spec.Mounts)
 	}
 	if got, want := deviceNodes(spec), []string{"/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia1", "/dev/nvidiactl"}; !slices.Equal(got, want) {
 		t.Errorf("device nodes %v, want %v", got, want)
@@ -162,7 +166,7 @@ func TestCDIListAndRemove(t *testing.T) {
 	}
 	pc := &PreparedClaim{UID: "1f0e4a2c-1111-4222-8333-444455556666", Namespace: "ns", Name: "n",
 		Devices: []PreparedDevice{{Index: 0, Minor: 0}}}
-	spec, err := buildClaimSpec(testLogger(t), pc, cdiOptions{Stat: os.Stat, Root: DriverRoot{Host: "/"}, RequireDeviceNodes: false, MPSDirs: func(MPSGPU) MPSDirs { return MPSDirs{} }})
+	spec, err := buildClaimSpec(testLogger(t), pc, cdiOptions{Stat: os.Stat, Root: DriverRoot{Host: "/"}, RequireDeviceNodes: false, MPSDirs: func(MPSShare) MPSDirs { return MPSDirs{} }})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -98,9 +98,11 @@
 // shared GPU at the ordinal the container sees it at, GPULINK_SHARE_MEMORY_<i>
 // (bytes) and GPULINK_SHARE_CORES_<i> plus the strategy's limits:
 //
-//	MPS       CUDA_MPS_PIPE_DIRECTORY, a bind mount of that GPU's pipe
-//	          directory, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=<i>=<MiB>M,
-//	          CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=<cores>
+//	MPS       CUDA_MPS_PIPE_DIRECTORY, bind mounts of the claim's MPS pipe
+//	          directory and of its shm directory as /dev/shm,
+//	          CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=<i>=<MiB>M,
+//	          CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=<cores> (the limits are set
+//	          on the claim's daemon; the env only repeats them)
 //	HAMiCore  CUDA_DEVICE_MEMORY_LIMIT_<i>=<MiB>m, CUDA_DEVICE_SM_LIMIT_<i>=<cores>
 //	None      nothing beyond GPULINK_SHARE_* (the share is only recorded)
 //
@@ -160,7 +162,8 @@
 // With real GPUs (nvml discovery) a missing device node fails the claim.
 // With mock or topology-file discovery, nodes without GPUs, missing device
 // nodes are left out of the spec and logged, so that the spec stays usable
-// by containerd, and MPS shares get their directories but no daemon.
+// by containerd, and MPS shares get their directories but no daemon
+// (DirOnlyMPSDaemon).
 //
 // A CUDA process talks to one MPS control daemon, which sees one GPU, so a
 // claim with an MPS share must not contain other GPUs; a GPU cannot be in
@@ -172,13 +175,87 @@
 //
 // # MPS daemons
 //
-// MPSManager counts references per GPU: the first share on a GPU starts
-// `nvidia-cuda-mps-control -d` with CUDA_VISIBLE_DEVICES=<uuid>,
-// CUDA_MPS_PIPE_DIRECTORY=<mps-root>/<uuid>/pipe and
-// CUDA_MPS_LOG_DIRECTORY=<mps-root>/<uuid>/log; releasing the last sends
-// "quit". Daemons outlive plugin restarts; the references are rebuilt from
-// the checkpoint and a running daemon is adopted.
+// Every claim with an MPS share gets an MPS control daemon of its own
+// (MPSManager counts references per claim, one per MPS result; MPSDaemon
+// is the seam tests fake). Why per claim and not per GPU: MPS limits are
+// per server. The control daemon spawns one server per client UID and
+// gives each new server its defaults (set_default_device_pinned_mem_limit,
+// set_default_active_thread_percentage); a client's CUDA_MPS_* env can only
+// lower what its server allows. Per-client-PID limits do not exist and the
+// per-server commands (set_device_pinned_mem_limit <server pid>) address
+// servers, not claims. With one daemon per GPU, two claims of the same UID
+// would land in one server with one limit, and claims of different UIDs
+// would wait for each other's server to exit. With one daemon per claim,
+// started with the claim's limits as its defaults before any container of
+// the claim exists, every server it ever spawns carries exactly the
+// claim's limits, whatever the container puts into its env. What that does
+// not cover: a process that drops CUDA_MPS_PIPE_DIRECTORY bypasses MPS
+// and uses the GPU directly (it has the device node); only the
+// EXCLUSIVE_PROCESS compute mode prevents that, and it admits one MPS
+// server per GPU, which per-claim daemons (and other UIDs) need more of.
 //
+// Where it runs: in a pod per claim that the plugin creates through the API
+// (PodMPSDaemon): gpulink-mps-<claim UID> in the plugin's namespace
+// (--mps-daemon-namespace, the chart passes the downward API's namespace),
+// bound to the node with spec.nodeName, tolerating every taint, restart
+// policy Never, privileged (the daemon and its server open the GPU's
+// device nodes), owned by the Node (garbage collected with it; not by the
+// plugin's pod, which an upgrade replaces). The image is the plugin's own
+// (--mps-daemon-image), which provides only glibc: the program is
+// nvidia-cuda-mps-control -f from the driver root (host --driver-root
+// mounted read-only at /driver-root in the pod), run with LD_LIBRARY_PATH of the
+// driver's library directories, PATH with its bin directory,
+// CUDA_VISIBLE_DEVICES=<GPU UUID>, CUDA_MPS_PIPE_DIRECTORY and
+// CUDA_MPS_LOG_DIRECTORY under <mps-root>/<claim UID>/ on a hostPath (same
+// path in the plugin, the daemon pod and the claim's containers, so the
+// pipe names the client computes match), and <mps-root>/<claim UID>/shm
+// as its /dev/shm. The binary and libcuda.so.1 are looked up at plugin
+// start; when missing (or no image is configured) the plugin still starts
+// and serves whole GPUs, and every MPS claim fails naming the cause.
+//
+// Why a pod and not a child process: a child of the plugin lives in the
+// plugin container's cgroup, and runc kills every process in it when the
+// container stops, hostPID or not, so every plugin restart or helm upgrade
+// would kill the servers of running clients. Escaping that cgroup from the
+// plugin (nsenter into PID 1's namespaces, systemd-run on the host) needs
+// host privileges beyond the device access the plugin has and would leave
+// processes that nothing in the cluster shows or cleans up. A pod is
+// visible (kubectl get pods -l app.kubernetes.io/component=mps-control-daemon),
+// its logs and state are the kubelet's, it outlives the plugin, and the
+// Node owner reference removes it if the node goes away. The price: a
+// prepare waits for a pod start (the image is already on the node, since
+// the plugin runs from it), and the plugin needs create/get/delete on pods
+// in its own namespace.
+//
+// Start creates the pod, or adopts the one that exists (plugin restart:
+// recovery takes every checkpointed claim's reference again, which lands
+// here), waits until `get_server_list` succeeds through the pipe
+// directory (or the pod ends, or 60 s pass), and then sends the claim's
+// limits as the daemon's defaults for device 0, the only one it sees (on
+// adoption too: idempotent). If anything fails, the error carries the
+// pod's container state and the tail of the daemon's control.log, the pod
+// and the directories are deleted, and prepare fails the claim: its
+// checkpoint entry and CDI spec are removed (prepare.go), and the kubelet
+// reports the error as a FailedPrepareDynamicResources warning event on
+// the pod. A pod of the same claim that is still terminating is not
+// adopted: prepare fails and the kubelet's retry succeeds once it is gone.
+// A pod that existed before the call (adoption after a plugin restart) and
+// then fails the checks is kept, not deleted, because it may serve running
+// containers (ErrMPSDaemonKept); its reference is kept too, so the claim's
+// unprepare (or the rollback of a failed prepare) deletes it.
+// Stop deletes the pod (the daemon and the server die with it) and the
+// directories.
+//
+// Isolation: the pipe and shm directories of a claim are mounted into the
+// containers of that claim only, so no tenant can reach another claim's
+// daemon (quit, set_* commands) or server. The pipe mount is read-write:
+// MPS clients create and open FIFOs in it; what a container can do there is
+// limited to its own claim's daemon. A container can stop its own daemon
+// (echo quit): it only hurts itself. Different UIDs inside one claim (a
+// claim shared by pods, or containers with different runAsUser) still make
+// MPS serialise their servers: the second UID's clients wait until the
+// first UID's clients exit. Containers sharing one MPS claim must run as
+// the same UID; the README says so.
 // # Checkpoint
 //
 // Every prepared claim is recorded in <kubelet-plugin-dir>/checkpoint.json:
@@ -191,9 +268,8 @@
 // are idempotent. At startup:
 //
 //   - a checkpoint from another boot (boot ID changed) is discarded;
-//   - claims in PrepareStarted are rolled back, stopping an MPS daemon
-//     their interrupted prepare may have started unless another claim
-//     holds it;
+//   - claims in PrepareStarted are rolled back, stopping the MPS daemon
+//     their interrupted prepare may have started;
 //   - CDI specs of claims that are not prepared are removed, and missing
 //     specs of prepared claims are rewritten;
 //   - a corrupt checkpoint (bad JSON, checksum mismatch, unknown version)

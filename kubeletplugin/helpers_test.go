@@ -74,35 +74,38 @@ func (f *fakeDiscoverer) set(t *topology.Topology, err error) {
 	f.topo, f.err = t, err
 }
 
-// fakeDaemon records MPS daemon starts and stops.
+// fakeDaemon records MPS daemon starts and stops per claim, and the
+// share (GPU and limits) each was started with.
 type fakeDaemon struct {
 	mu       sync.Mutex
 	running  map[string]bool
 	starts   map[string]int
 	stops    map[string]int
+	shares   map[string]MPSShare
 	startErr error
 }
 
 func newFakeDaemon() *fakeDaemon {
-	return &fakeDaemon{running: map[string]bool{}, starts: map[string]int{}, stops: map[string]int{}}
+	return &fakeDaemon{running: map[string]bool{}, starts: map[string]int{}, stops: map[string]int{}, shares: map[string]MPSShare{}}
 }
 
-func (f *fakeDaemon) Start(_ context.Context, gpu MPSGPU, _ MPSDirs) error {
+func (f *fakeDaemon) Start(_ context.Context, share MPSShare, _ MPSDirs) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.startErr != nil {
 		return f.startErr
 	}
-	f.starts[gpu.ID()]++
-	f.running[gpu.ID()] = true
+	f.starts[share.ID()]++
+	f.running[share.ID()] = true
+	f.shares[share.ID()] = share
 	return nil
 }
 
-func (f *fakeDaemon) Stop(_ context.Context, gpu MPSGPU, _ MPSDirs) error {
+func (f *fakeDaemon) Stop(_ context.Context, share MPSShare, _ MPSDirs) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.stops[gpu.ID()]++
-	delete(f.running, gpu.ID())
+	f.stops[share.ID()]++
+	delete(f.running, share.ID())
 	return nil
 }
 

@@ -3,6 +3,7 @@ package kubeletplugin
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"sync"
 
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
 	"github.com/gpulink/gpulink/driver"
@@ -23,8 +25,7 @@ type MPSGPU struct {
 	UUID string
 }
 
-// ID is the name of the GPU's MPS directory and the value of the daemon's
-// CUDA_VISIBLE_DEVICES: the UUID, or the index when the UUID is unknown.
+// ID names the GPU: the UUID, or the device name when the UUID is unknown.
 func (g MPSGPU) ID() string {
 	if g.UUID != "" {
 		return g.UUID
@@ -40,38 +41,86 @@ func (g MPSGPU) visibleDevice() string {
 	return fmt.Sprint(g.Index)
 }
 
-// MPSDirs are the directories of one GPU's MPS control daemon.
-type MPSDirs struct {
-	Pipe string
-	Log  string
+// MPSShare is what one MPS control daemon serves: the MPS share of one
+// claim on one GPU, with the claim's limits (the sum of its MPS results on
+// that GPU). There is one daemon per claim, not per GPU, because MPS
+// applies limits per server and a daemon's defaults to every server it
+// spawns; only a daemon of its own gives a claim limits that its
+// containers cannot raise (see doc.go, "MPS daemons").
+type MPSShare struct {
+	Claim       types.UID
+	GPU         MPSGPU
+	MemoryBytes int64
+	// Cores is the active thread percentage, 1..100.
+	Cores int64
 }
 
-// create makes both directories.
+// ID is the name of the share's MPS directory and daemon.
+func (s MPSShare) ID() string { return string(s.Claim) }
+
+// MPSDirs are the host directories of one claim's MPS control daemon.
+type MPSDirs struct {
+	// Base holds the three below; removing it removes everything.
+	Base string
+	Pipe string
+	Log  string
+	// Shm is the /dev/shm shared by the daemon's server and the claim's
+	// containers (MPS passes memory between them through it).
+	Shm string
+}
+
+// create makes the directories. /dev/shm must be writable by the claim's
+// containers whatever their UID, hence sticky and world-writable like the
+// real one; it is reachable only by the containers it is mounted into.
 func (d MPSDirs) create() error {
-	for _, dir := range []string{d.Pipe, d.Log} {
+	for _, dir := range []string{d.Pipe, d.Log, d.Shm} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return fmt.Errorf("creating MPS directory: %w", err)
 		}
 	}
+	if err := os.Chmod(d.Shm, 0o777|os.ModeSticky); err != nil {
+		return fmt.Errorf("making MPS shm directory world-writable: %w", err)
+	}
 	return nil
 }
 
-// MPSManager hands out references to per-GPU MPS control daemons: the first
-// reference starts the GPU's daemon, releasing the last stops it.
-type MPSManager interface {
-	EnsureDaemon(ctx context.Context, gpu MPSGPU) error
-	ReleaseDaemon(ctx context.Context, gpu MPSGPU) error
-	// Dirs returns where the GPU's daemon keeps its pipes and logs.
-	Dirs(gpu MPSGPU) MPSDirs
+// remove deletes the directories; missing ones are fine.
+func (d MPSDirs) remove() error {
+	if d.Base == "" {
+		return nil
+	}
+	if err := os.RemoveAll(d.Base); err != nil {
+		return fmt.Errorf("removing MPS directory: %w", err)
+	}
+	return nil
 }
 
-// MPSDaemon starts and stops one GPU's control daemon; MPSManager does the
-// reference counting on top. Start must succeed when the daemon is already
-// running, which is the case for daemons started before a plugin restart.
-type MPSDaemon interface {
-	Start(ctx context.Context, gpu MPSGPU, dirs MPSDirs) error
-	Stop(ctx context.Context, gpu MPSGPU, dirs MPSDirs) error
+// MPSManager hands out references to per-claim MPS control daemons: the
+// first reference starts the claim's daemon, releasing the last stops it.
+// A claim with several MPS results on its GPU holds one reference per
+// result.
+type MPSManager interface {
+	EnsureDaemon(ctx context.Context, share MPSShare) error
+	ReleaseDaemon(ctx context.Context, share MPSShare) error
+	// Dirs returns where the share's daemon keeps its pipes, logs and shm.
+	Dirs(share MPSShare) MPSDirs
 }
+
+// MPSDaemon starts and stops one claim's control daemon; MPSManager does
+// the reference counting on top. Start must succeed when the daemon is
+// already running (started before a plugin restart: it is adopted), must
+// apply the share's limits on the daemon every time, and must leave
+// nothing behind when it fails. Stop removes the daemon and its dirs.
+type MPSDaemon interface {
+	Start(ctx context.Context, share MPSShare, dirs MPSDirs) error
+	Stop(ctx context.Context, share MPSShare, dirs MPSDirs) error
+}
+
+// ErrMPSDaemonKept marks a Start that failed on a daemon that was already
+// running (adopted after a plugin restart): it may serve running
+// containers, so it is not stopped, and MPSManager keeps the reference so
+// that the claim's unprepare stops it.
+var ErrMPSDaemonKept = errors.New("the daemon was already running and is kept for the claim's running containers")
 
 type mpsManager struct {
 	root   string
@@ -82,47 +131,58 @@ type mpsManager struct {
 }
 
 // NewMPSManager counts references to the daemons under root
-// (<root>/<gpu>/pipe and <root>/<gpu>/log) and starts and stops them with
+// (<root>/<claim UID>/{pipe,log,shm}) and starts and stops them with
 // daemon.
 func NewMPSManager(root string, daemon MPSDaemon) MPSManager {
 	return &mpsManager{root: root, daemon: daemon, refs: map[string]int{}}
 }
 
-func (m *mpsManager) Dirs(gpu MPSGPU) MPSDirs {
-	base := filepath.Join(m.root, gpu.ID())
-	return MPSDirs{Pipe: filepath.Join(base, "pipe"), Log: filepath.Join(base, "log")}
+func (m *mpsManager) Dirs(share MPSShare) MPSDirs {
+	base := filepath.Join(m.root, share.ID())
+	return MPSDirs{
+		Base: base,
+		Pipe: filepath.Join(base, "pipe"),
+		Log:  filepath.Join(base, "log"),
+		Shm:  filepath.Join(base, "shm"),
+	}
 }
 
-func (m *mpsManager) EnsureDaemon(ctx context.Context, gpu MPSGPU) error {
+func (m *mpsManager) EnsureDaemon(ctx context.Context, share MPSShare) error {
+	if share.Claim == "" {
+		return fmt.Errorf("MPS share on GPU %s: no claim UID", share.GPU.ID())
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	id := gpu.ID()
+	id := share.ID()
 	if m.refs[id] == 0 {
-		if err := m.daemon.Start(ctx, gpu, m.Dirs(gpu)); err != nil {
-			return fmt.Errorf("starting MPS control daemon for GPU %s: %w", id, err)
+		if err := m.daemon.Start(ctx, share, m.Dirs(share)); err != nil {
+			if errors.Is(err, ErrMPSDaemonKept) {
+				m.refs[id]++
+			}
+			return fmt.Errorf("starting MPS control daemon of claim %s on GPU %s: %w", id, share.GPU.ID(), err)
 		}
-		klog.FromContext(ctx).Info("First MPS share on GPU, control daemon up", "gpu", id)
+		klog.FromContext(ctx).Info("MPS control daemon up", "claimUID", id, "gpu", share.GPU.ID(), "memoryBytes", share.MemoryBytes, "cores", share.Cores)
 	}
 	m.refs[id]++
 	return nil
 }
 
-func (m *mpsManager) ReleaseDaemon(ctx context.Context, gpu MPSGPU) error {
+func (m *mpsManager) ReleaseDaemon(ctx context.Context, share MPSShare) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	id := gpu.ID()
+	id := share.ID()
 	n := m.refs[id]
 	if n == 0 {
-		return fmt.Errorf("releasing MPS control daemon for GPU %s: no reference held", id)
+		return fmt.Errorf("releasing MPS control daemon of claim %s: no reference held", id)
 	}
 	if n == 1 {
-		if err := m.daemon.Stop(ctx, gpu, m.Dirs(gpu)); err != nil {
-			// Keep the reference: the daemon still runs and a retried
+		if err := m.daemon.Stop(ctx, share, m.Dirs(share)); err != nil {
+			// Keep the reference: the daemon may still run and a retried
 			// unprepare must try to stop it again.
-			return fmt.Errorf("stopping MPS control daemon for GPU %s: %w", id, err)
+			return fmt.Errorf("stopping MPS control daemon of claim %s: %w", id, err)
 		}
 		delete(m.refs, id)
-		klog.FromContext(ctx).Info("Last MPS share on GPU released, control daemon stopped", "gpu", id)
+		klog.FromContext(ctx).Info("MPS control daemon stopped", "claimUID", id, "gpu", share.GPU.ID())
 		return nil
 	}
 	m.refs[id] = n - 1
@@ -147,74 +207,33 @@ func ExecCommand(ctx context.Context, name string, args, env []string, stdin str
 	return out.Bytes(), err
 }
 
-// ExecMPSDaemon controls real daemons with nvidia-cuda-mps-control.
-type ExecMPSDaemon struct {
-	// Control is the nvidia-cuda-mps-control binary (looked up in PATH
-	// when it has no slash).
-	Control string
-	Run     CommandRunner
-}
-
-// NewExecMPSDaemon uses nvidia-cuda-mps-control from PATH.
-func NewExecMPSDaemon() *ExecMPSDaemon {
-	return &ExecMPSDaemon{Control: "nvidia-cuda-mps-control", Run: ExecCommand}
-}
-
-func (d *ExecMPSDaemon) env(gpu MPSGPU, dirs MPSDirs) []string {
-	return []string{
-		"CUDA_VISIBLE_DEVICES=" + gpu.visibleDevice(),
-		"CUDA_MPS_PIPE_DIRECTORY=" + dirs.Pipe,
-		"CUDA_MPS_LOG_DIRECTORY=" + dirs.Log,
-	}
-}
-
-// running asks the daemon behind dirs.Pipe for its server list, which
-// succeeds only while a control daemon listens there.
-func (d *ExecMPSDaemon) running(ctx context.Context, gpu MPSGPU, dirs MPSDirs) bool {
-	_, err := d.Run(ctx, d.Control, nil, d.env(gpu, dirs), "get_server_list\n")
-	return err == nil
-}
-
-// Start launches `nvidia-cuda-mps-control -d` for the GPU unless a daemon
-// already serves its pipe directory.
-func (d *ExecMPSDaemon) Start(ctx context.Context, gpu MPSGPU, dirs MPSDirs) error {
-	if err := dirs.create(); err != nil {
-		return err
-	}
-	if d.running(ctx, gpu, dirs) {
-		klog.FromContext(ctx).Info("MPS control daemon already running, adopting it", "gpu", gpu.ID(), "pipeDir", dirs.Pipe)
-		return nil
-	}
-	if out, err := d.Run(ctx, d.Control, []string{"-d"}, d.env(gpu, dirs), ""); err != nil {
-		return fmt.Errorf("%s -d: %w (output: %q)", d.Control, err, strings.TrimSpace(string(out)))
-	}
-	return nil
-}
-
-// Stop sends "quit" to the GPU's daemon; a daemon that is already gone
-// counts as stopped.
-func (d *ExecMPSDaemon) Stop(ctx context.Context, gpu MPSGPU, dirs MPSDirs) error {
-	out, err := d.Run(ctx, d.Control, nil, d.env(gpu, dirs), "quit\n")
-	if err != nil {
-		if !d.running(ctx, gpu, dirs) {
-			return nil
-		}
-		return fmt.Errorf("echo quit | %s: %w (output: %q)", d.Control, err, strings.TrimSpace(string(out)))
-	}
-	return nil
-}
-
 // DirOnlyMPSDaemon is used on nodes without NVIDIA drivers (mock and
 // topology-file discovery): it creates the directories a daemon would use,
 // so CDI mounts stay valid, and logs that no daemon runs.
 type DirOnlyMPSDaemon struct{}
 
-func (DirOnlyMPSDaemon) Start(ctx context.Context, gpu MPSGPU, dirs MPSDirs) error {
+func (DirOnlyMPSDaemon) Start(ctx context.Context, share MPSShare, dirs MPSDirs) error {
 	if err := dirs.create(); err != nil {
 		return err
 	}
-	klog.FromContext(ctx).Info("No NVIDIA driver on this node: not starting an MPS control daemon, only its directories", "gpu", gpu.ID(), "pipeDir", dirs.Pipe)
+	klog.FromContext(ctx).Info("No NVIDIA driver on this node: not starting an MPS control daemon, only its directories", "claimUID", share.ID(), "gpu", share.GPU.ID(), "pipeDir", dirs.Pipe)
 	return nil
 }
 
-func (DirOnlyMPSDaemon) Stop(context.Context, MPSGPU, MPSDirs) error { return nil }
+func (DirOnlyMPSDaemon) Stop(_ context.Context, _ MPSShare, dirs MPSDirs) error {
+	return dirs.remove()
+}
+
+// UnavailableMPSDaemon stands in when the node cannot run MPS daemons
+// (no nvidia-cuda-mps-control in the driver root, no daemon image): the
+// plugin serves whole GPUs and other strategies, and every MPS claim fails
+// with Err.
+type UnavailableMPSDaemon struct{ Err error }
+
+func (u UnavailableMPSDaemon) Start(context.Context, MPSShare, MPSDirs) error {
+	return fmt.Errorf("MPS sharing is unavailable on this node: %w", u.Err)
+}
+
+func (UnavailableMPSDaemon) Stop(_ context.Context, _ MPSShare, dirs MPSDirs) error {
+	return dirs.remove()
+}

@@ -9,14 +9,20 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
 )
 
 func TestMPSManagerRefcount(t *testing.T) {
 	ctx := t.Context()
 	daemon := newFakeDaemon()
 	m := NewMPSManager("/run/mps", daemon)
-	a := MPSGPU{Index: 0, UUID: "GPU-a"}
-	b := MPSGPU{Index: 1} // UUID unknown: named by device name
+	a := MPSShare{Claim: "claim-a", GPU: MPSGPU{Index: 0, UUID: "GPU-a"}, MemoryBytes: gib, Cores: 10}
+	b := MPSShare{Claim: "claim-b", GPU: MPSGPU{Index: 0, UUID: "GPU-a"}, MemoryBytes: 2 * gib, Cores: 20}
 
 	for range 3 {
 		if err := m.EnsureDaemon(ctx, a); err != nil {
@@ -26,37 +32,41 @@ func TestMPSManagerRefcount(t *testing.T) {
 	if err := m.EnsureDaemon(ctx, b); err != nil {
 		t.Fatal(err)
 	}
-	if daemon.starts["GPU-a"] != 1 || daemon.starts["gpu-1"] != 1 {
-		t.Fatalf("starts %v, want one per GPU", daemon.starts)
+	// Two claims on one GPU: two daemons, each with its own limits.
+	if daemon.starts["claim-a"] != 1 || daemon.starts["claim-b"] != 1 || daemon.shares["claim-b"] != b {
+		t.Fatalf("starts %v shares %v, want one per claim", daemon.starts, daemon.shares)
 	}
-	if got := m.Dirs(a); got.Pipe != "/run/mps/GPU-a/pipe" || got.Log != "/run/mps/GPU-a/log" {
+	if got := m.Dirs(a); got != (MPSDirs{Base: "/run/mps/claim-a", Pipe: "/run/mps/claim-a/pipe", Log: "/run/mps/claim-a/log", Shm: "/run/mps/claim-a/shm"}) {
 		t.Errorf("dirs %+v", got)
 	}
 	for i := range 2 {
 		if err := m.ReleaseDaemon(ctx, a); err != nil {
 			t.Fatal(err)
 		}
-		if !daemon.isRunning("GPU-a") {
+		if !daemon.isRunning("claim-a") {
 			t.Fatalf("daemon stopped after release %d of 3", i+1)
 		}
 	}
 	if err := m.ReleaseDaemon(ctx, a); err != nil {
 		t.Fatal(err)
 	}
-	if daemon.isRunning("GPU-a") || daemon.stops["GPU-a"] != 1 {
-		t.Fatalf("daemon running %v, stops %d after last release", daemon.isRunning("GPU-a"), daemon.stops["GPU-a"])
+	if daemon.isRunning("claim-a") || daemon.stops["claim-a"] != 1 || !daemon.isRunning("claim-b") {
+		t.Fatalf("after last release of a: running %v, stops %v", daemon.running, daemon.stops)
 	}
 	if err := m.ReleaseDaemon(ctx, a); err == nil {
 		t.Error("releasing without a reference succeeded")
 	}
 	// A failed start holds no reference.
 	daemon.startErr = errors.New("boom")
-	if err := m.EnsureDaemon(ctx, a); err == nil || !strings.Contains(err.Error(), "GPU-a") {
+	if err := m.EnsureDaemon(ctx, a); err == nil || !strings.Contains(err.Error(), "claim-a") || !strings.Contains(err.Error(), "GPU-a") {
 		t.Fatalf("error %v", err)
 	}
 	daemon.startErr = nil
 	if err := m.ReleaseDaemon(ctx, a); err == nil {
 		t.Error("failed start left a reference")
+	}
+	if err := m.EnsureDaemon(ctx, MPSShare{GPU: MPSGPU{Index: 1}}); err == nil {
+		t.Error("a share without a claim UID started a daemon")
 	}
 }
 
@@ -64,11 +74,11 @@ func TestMPSManagerConcurrent(t *testing.T) {
 	ctx := t.Context()
 	daemon := newFakeDaemon()
 	m := NewMPSManager(t.TempDir(), daemon)
-	g := MPSGPU{Index: 0, UUID: "GPU-c"}
+	s := MPSShare{Claim: "c", GPU: MPSGPU{Index: 0, UUID: "GPU-c"}, MemoryBytes: gib, Cores: 10}
 	var wg sync.WaitGroup
 	for range 16 {
 		wg.Go(func() {
-			if err := m.EnsureDaemon(ctx, g); err != nil {
+			if err := m.EnsureDaemon(ctx, s); err != nil {
 				t.Error(err)
 			}
 		})
@@ -76,103 +86,369 @@ func TestMPSManagerConcurrent(t *testing.T) {
 	wg.Wait()
 	for range 16 {
 		wg.Go(func() {
-			if err := m.ReleaseDaemon(ctx, g); err != nil {
+			if err := m.ReleaseDaemon(ctx, s); err != nil {
 				t.Error(err)
 			}
 		})
 	}
 	wg.Wait()
-	if daemon.starts["GPU-c"] != 1 || daemon.stops["GPU-c"] != 1 {
-		t.Errorf("starts %d stops %d, want 1 and 1", daemon.starts["GPU-c"], daemon.stops["GPU-c"])
+	if daemon.starts["c"] != 1 || daemon.stops["c"] != 1 {
+		t.Errorf("starts %d stops %d, want 1 and 1", daemon.starts["c"], daemon.stops["c"])
 	}
 }
 
-type call struct {
-	name  string
-	args  []string
-	env   []string
-	stdin string
-}
-
-func TestExecMPSDaemon(t *testing.T) {
+// fakeMPSDriverRoot is a driver install with the MPS control binary and
+// libcuda where Debian puts them.
+func fakeMPSDriverRoot(t *testing.T) string {
+	t.Helper()
 	root := t.TempDir()
-	var calls []call
-	running := false
-	d := &ExecMPSDaemon{Control: "/usr/bin/nvidia-cuda-mps-control", Run: func(_ context.Context, name string, args, env []string, stdin string) ([]byte, error) {
-		calls = append(calls, call{name, args, env, stdin})
-		switch {
-		case slices.Equal(args, []string{"-d"}):
-			running = true
-			return nil, nil
-		case stdin == "get_server_list\n":
-			if running {
-				return []byte("\n"), nil
-			}
-			return []byte("Cannot find MPS control daemon process"), errors.New("exit status 1")
-		case stdin == "quit\n":
-			if !running {
-				return nil, errors.New("exit status 1")
-			}
-			running = false
-			return nil, nil
+	for _, f := range []string{"usr/bin/nvidia-cuda-mps-control", "usr/lib/x86_64-linux-gnu/libcuda.so.1"} {
+		p := filepath.Join(root, f)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
 		}
-		return nil, errors.New("unexpected call")
-	}}
-	m := NewMPSManager(root, d)
-	g := MPSGPU{Index: 3, UUID: "GPU-1234"}
-	if err := m.EnsureDaemon(t.Context(), g); err != nil {
-		t.Fatal(err)
-	}
-	pipe := filepath.Join(root, "GPU-1234", "pipe")
-	wantEnv := []string{"CUDA_VISIBLE_DEVICES=GPU-1234", "CUDA_MPS_PIPE_DIRECTORY=" + pipe, "CUDA_MPS_LOG_DIRECTORY=" + filepath.Join(root, "GPU-1234", "log")}
-	last := calls[len(calls)-1]
-	if last.name != d.Control || !slices.Equal(last.args, []string{"-d"}) || !slices.Equal(last.env, wantEnv) {
-		t.Errorf("start call %+v, want %s -d with %v", last, d.Control, wantEnv)
-	}
-	// A restarted plugin adopts the running daemon instead of starting a
-	// second one.
-	m2 := NewMPSManager(root, d)
-	n := len(calls)
-	if err := m2.EnsureDaemon(t.Context(), g); err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range calls[n:] {
-		if slices.Equal(c.args, []string{"-d"}) {
-			t.Error("started a second daemon instead of adopting the running one")
+		if err := os.WriteFile(p, nil, 0o755); err != nil {
+			t.Fatal(err)
 		}
 	}
-	if err := m2.ReleaseDaemon(t.Context(), g); err != nil {
+	return root
+}
+
+func TestNewPodMPSDaemonErrors(t *testing.T) {
+	good := PodMPSDaemonConfig{
+		Pods: fake.NewClientset().CoreV1(), Namespace: "gpulink", Image: "gpulink:dev", NodeName: "n1",
+		DriverRoot: "/run/nvidia/driver", DriverRootMount: fakeMPSDriverRoot(t),
+	}
+	if _, err := NewPodMPSDaemon(good); err != nil {
 		t.Fatal(err)
 	}
-	if running {
-		t.Error("daemon not stopped")
+	noLib := fakeMPSDriverRoot(t)
+	if err := os.Remove(filepath.Join(noLib, "usr/lib/x86_64-linux-gnu/libcuda.so.1")); err != nil {
+		t.Fatal(err)
 	}
-	last = calls[len(calls)-1]
-	if last.stdin != "quit\n" || !slices.Equal(last.env, wantEnv) {
-		t.Errorf("stop call %+v", last)
+	for name, tc := range map[string]struct {
+		mod  func(*PodMPSDaemonConfig)
+		want string
+	}{
+		"no image":     {func(c *PodMPSDaemonConfig) { c.Image = "" }, "--mps-daemon-image"},
+		"no namespace": {func(c *PodMPSDaemonConfig) { c.Namespace = "" }, "--mps-daemon-namespace"},
+		"no binary":    {func(c *PodMPSDaemonConfig) { c.DriverRootMount = t.TempDir() }, "no nvidia-cuda-mps-control"},
+		"no libcuda":   {func(c *PodMPSDaemonConfig) { c.DriverRootMount = noLib }, "no libcuda.so.1"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := good
+			tc.mod(&c)
+			if _, err := NewPodMPSDaemon(c); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want it to mention %q", err, tc.want)
+			}
+		})
 	}
-	// Stopping a daemon that is already gone is not an error.
-	if err := d.Stop(t.Context(), g, m.Dirs(g)); err != nil {
-		t.Errorf("stopping a dead daemon: %v", err)
+}
+
+// fakeControl simulates nvidia-cuda-mps-control clients: the daemon
+// answers once its pod runs, and records the commands it got.
+type fakeControl struct {
+	mu       sync.Mutex
+	up       bool
+	commands []string
+	envs     [][]string
+	bins     []string
+	failCmd  string
+}
+
+func (f *fakeControl) run(_ context.Context, name string, _, env []string, stdin string) ([]byte, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.bins = append(f.bins, name)
+	if !f.up {
+		return []byte("Cannot find MPS control daemon process"), errors.New("exit status 1")
+	}
+	cmd := strings.TrimSpace(stdin)
+	if f.failCmd != "" && strings.HasPrefix(cmd, f.failCmd) {
+		return []byte("Invalid value"), errors.New("exit status 1")
+	}
+	f.commands = append(f.commands, cmd)
+	f.envs = append(f.envs, env)
+	return nil, nil
+}
+
+// kubelet plays the node: pods of the daemon get the given phase (and
+// the control daemon comes up when Running).
+func setPodPhase(t *testing.T, cs *fake.Clientset, ns, name string, phase corev1.PodPhase, status corev1.ContainerStatus) {
+	t.Helper()
+	p, err := cs.CoreV1().Pods(ns).Get(t.Context(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Status.Phase = phase
+	p.Status.ContainerStatuses = []corev1.ContainerStatus{status}
+	if _, err := cs.CoreV1().Pods(ns).UpdateStatus(t.Context(), p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func newTestPodDaemon(t *testing.T, cs *fake.Clientset, ctl *fakeControl) (*PodMPSDaemon, string) {
+	t.Helper()
+	mount := fakeMPSDriverRoot(t)
+	d, err := NewPodMPSDaemon(PodMPSDaemonConfig{
+		Pods: cs.CoreV1(), Nodes: cs.CoreV1(), Namespace: "gpulink", Image: "gpulink:dev", NodeName: "n1",
+		DriverRoot: "/run/nvidia/driver", DriverRootMount: mount, Run: ctl.run,
+		PollInterval: time.Millisecond, StartTimeout: 200 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, mount
+}
+
+func TestPodMPSDaemonStartStopAdopt(t *testing.T) {
+	cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", UID: "node-uid"}})
+	ctl := &fakeControl{}
+	d, mount := newTestPodDaemon(t, cs, ctl)
+	m := NewMPSManager(t.TempDir(), d)
+	share := MPSShare{Claim: types.UID("11111111-2222-3333-4444-555555555555"), GPU: MPSGPU{Index: 1, UUID: "GPU-1"}, MemoryBytes: 5 * gib, Cores: 30}
+	dirs := m.Dirs(share)
+	name := "gpulink-mps-" + string(share.Claim)
+
+	// The "kubelet" runs the pod as soon as it exists.
+	go func() {
+		for {
+			if _, err := cs.CoreV1().Pods("gpulink").Get(context.Background(), name, metav1.GetOptions{}); err == nil {
+				setPodPhase(t, cs, "gpulink", name, corev1.PodRunning, corev1.ContainerStatus{})
+				ctl.mu.Lock()
+				ctl.up = true
+				ctl.mu.Unlock()
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	if err := m.EnsureDaemon(t.Context(), share); err != nil {
+		t.Fatal(err)
+	}
+	pod, err := cs.CoreV1().Pods("gpulink").Get(t.Context(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := pod.Spec.Containers[0]
+	if pod.Spec.NodeName != "n1" || c.Image != "gpulink:dev" || !slices.Equal(c.Command, []string{"/driver-root/usr/bin/nvidia-cuda-mps-control", "-f"}) {
+		t.Errorf("pod node %q image %q command %v", pod.Spec.NodeName, c.Image, c.Command)
+	}
+	if len(pod.OwnerReferences) != 1 || pod.OwnerReferences[0].Kind != "Node" || pod.OwnerReferences[0].UID != "node-uid" {
+		t.Errorf("owner %+v, want the Node", pod.OwnerReferences)
+	}
+	env := map[string]string{}
+	for _, e := range c.Env {
+		env[e.Name] = e.Value
+	}
+	for k, want := range map[string]string{
+		"CUDA_VISIBLE_DEVICES":    "GPU-1",
+		"CUDA_MPS_PIPE_DIRECTORY": dirs.Pipe,
+		"CUDA_MPS_LOG_DIRECTORY":  dirs.Log,
+		"LD_LIBRARY_PATH":         "/driver-root/usr/lib/x86_64-linux-gnu",
+		"PATH":                    "/driver-root/usr/bin:/usr/bin:/bin",
+	} {
+		if env[k] != want {
+			t.Errorf("daemon env %s=%q, want %q", k, env[k], want)
+		}
+	}
+	mounts := map[string]string{}
+	for _, vm := range c.VolumeMounts {
+		for _, v := range pod.Spec.Volumes {
+			if v.Name == vm.Name {
+				mounts[vm.MountPath] = v.HostPath.Path
+			}
+		}
+	}
+	for cpath, host := range map[string]string{"/driver-root": "/run/nvidia/driver", dirs.Base: dirs.Base, "/dev/shm": dirs.Shm} {
+		if mounts[cpath] != host {
+			t.Errorf("daemon pod mounts %s at %s, want %s (all: %v)", mounts[cpath], cpath, host, mounts)
+		}
+	}
+	// The claim's limits are the daemon's defaults, for device 0 (the
+	// only one it sees).
+	want := []string{"get_server_list", "set_default_active_thread_percentage 30", "set_default_device_pinned_mem_limit 0 5120M"}
+	if !slices.Equal(ctl.commands, want) {
+		t.Errorf("control commands %q, want %q", ctl.commands, want)
+	}
+	// The plugin runs the client from its own mount of the driver root.
+	if bin := ctl.bins[len(ctl.bins)-1]; bin != filepath.Join(mount, "usr/bin/nvidia-cuda-mps-control") {
+		t.Errorf("control client %s, want it under %s", bin, mount)
+	}
+	if e := ctl.envs[len(ctl.envs)-1]; !slices.Contains(e, "LD_LIBRARY_PATH="+filepath.Join(mount, "usr/lib/x86_64-linux-gnu")) || !slices.Contains(e, "CUDA_MPS_PIPE_DIRECTORY="+dirs.Pipe) {
+		t.Errorf("control client env %v", e)
+	}
+	if fi, err := os.Stat(dirs.Shm); err != nil || fi.Mode()&os.ModeSticky == 0 || fi.Mode().Perm() != 0o777 {
+		t.Errorf("shm dir %v, %v; want sticky and world-writable", fi, err)
+	}
+
+	// A restarted plugin adopts the pod and sets the limits again.
+	d2, _ := newTestPodDaemon(t, cs, ctl)
+	ctl.commands = nil
+	m2 := NewMPSManager(filepath.Dir(dirs.Base), d2)
+	if err := m2.EnsureDaemon(t.Context(), share); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(ctl.commands, want) {
+		t.Errorf("after adoption commands %q, want %q", ctl.commands, want)
+	}
+	if err := m2.ReleaseDaemon(t.Context(), share); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().Pods("gpulink").Get(t.Context(), name, metav1.GetOptions{}); err == nil {
+		t.Error("daemon pod not deleted")
+	}
+	if _, err := os.Stat(dirs.Base); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("MPS dirs left behind: %v", err)
+	}
+	// Stopping again (retried unprepare) is fine.
+	if err := d2.Stop(t.Context(), share, dirs); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestPodMPSDaemonStartFailures(t *testing.T) {
+	share := MPSShare{Claim: "c1", GPU: MPSGPU{Index: 0, UUID: "GPU-0"}, MemoryBytes: gib, Cores: 10}
+	name := "gpulink-mps-c1"
+	for tn, tc := range map[string]struct {
+		// node plays the kubelet once the pod exists.
+		node func(t *testing.T, cs *fake.Clientset, ctl *fakeControl, logDir string)
+		want []string
+	}{
+		"pod fails": {
+			node: func(t *testing.T, cs *fake.Clientset, _ *fakeControl, logDir string) {
+				if err := os.WriteFile(filepath.Join(logDir, "control.log"), []byte("[2026] Failed to start: no CUDA-capable device"), 0o644); err != nil {
+					t.Error(err)
+				}
+				setPodPhase(t, cs, "gpulink", name, corev1.PodFailed, corev1.ContainerStatus{State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Reason: "Error"}}})
+			},
+			want: []string{"ended (Failed)", "exit code 1", "no CUDA-capable device"},
+		},
+		"never answers": {
+			node: func(t *testing.T, cs *fake.Clientset, _ *fakeControl, _ string) {
+				setPodPhase(t, cs, "gpulink", name, corev1.PodPending, corev1.ContainerStatus{State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ImagePullBackOff"}}})
+			},
+			want: []string{"did not answer", "ImagePullBackOff"},
+		},
+		"limit refused": {
+			node: func(t *testing.T, cs *fake.Clientset, ctl *fakeControl, _ string) {
+				ctl.mu.Lock()
+				ctl.up, ctl.failCmd = true, "set_default_device_pinned_mem_limit"
+				ctl.mu.Unlock()
+				setPodPhase(t, cs, "gpulink", name, corev1.PodRunning, corev1.ContainerStatus{})
+			},
+			want: []string{"setting the claim's limit", "Invalid value"},
+		},
+	} {
+		t.Run(tn, func(t *testing.T) {
+			cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+			ctl := &fakeControl{}
+			d, _ := newTestPodDaemon(t, cs, ctl)
+			m := NewMPSManager(t.TempDir(), d)
+			dirs := m.Dirs(share)
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				for {
+					if _, err := cs.CoreV1().Pods("gpulink").Get(context.Background(), name, metav1.GetOptions{}); err == nil {
+						tc.node(t, cs, ctl, dirs.Log)
+						return
+					}
+					time.Sleep(time.Millisecond)
+				}
+			}()
+			err := m.EnsureDaemon(t.Context(), share)
+			<-done
+			if err == nil {
+				t.Fatal("start succeeded")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+			// Nothing left behind: no pod, no directories, no reference.
+			if _, err := cs.CoreV1().Pods("gpulink").Get(t.Context(), name, metav1.GetOptions{}); err == nil {
+				t.Error("daemon pod left behind")
+			}
+			if _, err := os.Stat(dirs.Base); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("MPS dirs left behind: %v", err)
+			}
+			if err := m.ReleaseDaemon(t.Context(), share); err == nil {
+				t.Error("failed start left a reference")
+			}
+		})
+	}
+}
+
+// A pod of an earlier prepare that is still being deleted is not adopted.
+func TestPodMPSDaemonTerminatingPod(t *testing.T) {
+	now := metav1.Now()
+	old := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "gpulink-mps-c1", Namespace: "gpulink", DeletionTimestamp: &now, Finalizers: []string{"x"}}, Spec: corev1.PodSpec{NodeName: "n1"}}
+	cs := fake.NewClientset(old, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+	d, _ := newTestPodDaemon(t, cs, &fakeControl{up: true})
+	m := NewMPSManager(t.TempDir(), d)
+	err := m.EnsureDaemon(t.Context(), MPSShare{Claim: "c1", GPU: MPSGPU{UUID: "GPU-0"}, MemoryBytes: gib, Cores: 10})
+	if err == nil || !strings.Contains(err.Error(), "still terminating") {
+		t.Fatalf("error %v", err)
 	}
 }
 
 func TestDirOnlyMPSDaemon(t *testing.T) {
 	root := t.TempDir()
 	m := NewMPSManager(root, DirOnlyMPSDaemon{})
-	g := MPSGPU{Index: 2}
-	if err := m.EnsureDaemon(t.Context(), g); err != nil {
+	s := MPSShare{Claim: "c2", GPU: MPSGPU{Index: 2}, MemoryBytes: gib, Cores: 5}
+	if err := m.EnsureDaemon(t.Context(), s); err != nil {
 		t.Fatal(err)
 	}
-	for _, dir := range []string{m.Dirs(g).Pipe, m.Dirs(g).Log} {
+	for _, dir := range []string{m.Dirs(s).Pipe, m.Dirs(s).Log, m.Dirs(s).Shm} {
 		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
 			t.Errorf("%s not created: %v", dir, err)
 		}
 	}
-	if m.Dirs(g).Pipe != filepath.Join(root, "gpu-2", "pipe") {
-		t.Errorf("pipe dir %s", m.Dirs(g).Pipe)
+	if m.Dirs(s).Pipe != filepath.Join(root, "c2", "pipe") {
+		t.Errorf("pipe dir %s", m.Dirs(s).Pipe)
 	}
-	if err := m.ReleaseDaemon(t.Context(), g); err != nil {
+	if err := m.ReleaseDaemon(t.Context(), s); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "c2")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("dirs not removed: %v", err)
+	}
+}
+
+func TestUnavailableMPSDaemon(t *testing.T) {
+	m := NewMPSManager(t.TempDir(), UnavailableMPSDaemon{Err: errors.New("no nvidia-cuda-mps-control")})
+	err := m.EnsureDaemon(t.Context(), MPSShare{Claim: "c", GPU: MPSGPU{UUID: "GPU-0"}, MemoryBytes: gib, Cores: 5})
+	if err == nil || !strings.Contains(err.Error(), "MPS sharing is unavailable") || !strings.Contains(err.Error(), "no nvidia-cuda-mps-control") {
+		t.Fatalf("error %v", err)
+	}
+}
+
+// A daemon pod that exists before Start (plugin restart) and then does not
+// answer is kept, with its reference: it may serve running containers,
+// and the claim's unprepare stops it.
+func TestPodMPSDaemonAdoptionFailureKeepsDaemon(t *testing.T) {
+	running := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "gpulink-mps-c1", Namespace: "gpulink"},
+		Spec:       corev1.PodSpec{NodeName: "n1"},
+		Status:     corev1.PodStatus{Phase: corev1.PodRunning},
+	}
+	cs := fake.NewClientset(running, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+	d, _ := newTestPodDaemon(t, cs, &fakeControl{}) // never answers
+	m := NewMPSManager(t.TempDir(), d)
+	share := MPSShare{Claim: "c1", GPU: MPSGPU{UUID: "GPU-0"}, MemoryBytes: gib, Cores: 10}
+	err := m.EnsureDaemon(t.Context(), share)
+	if err == nil || !errors.Is(err, ErrMPSDaemonKept) || !strings.Contains(err.Error(), "did not answer") {
+		t.Fatalf("error %v, want a kept daemon that did not answer", err)
+	}
+	if _, err := cs.CoreV1().Pods("gpulink").Get(t.Context(), running.Name, metav1.GetOptions{}); err != nil {
+		t.Fatalf("adopted pod deleted: %v", err)
+	}
+	if err := m.ReleaseDaemon(t.Context(), share); err != nil {
+		t.Fatalf("no reference kept for the adopted pod: %v", err)
+	}
+	if _, err := cs.CoreV1().Pods("gpulink").Get(t.Context(), running.Name, metav1.GetOptions{}); err == nil {
+		t.Error("pod not deleted at release")
 	}
 }

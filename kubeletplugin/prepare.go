@@ -448,7 +448,10 @@ func (d *Driver) apply(ctx context.Context, pc *PreparedClaim) error {
 		if dev.Share == nil || dev.Share.Strategy != apiv1alpha1.SharingMPS {
 			continue
 		}
-		if err := d.mps.EnsureDaemon(ctx, MPSGPU{Index: dev.Index, UUID: dev.UUID}); err != nil {
+		if err := d.mps.EnsureDaemon(ctx, pc.mpsShare(dev.Index)); err != nil {
+			// A kept daemon (ErrMPSDaemonKept) holds a reference; this
+			// prepare fails, so releasing it stops that daemon.
+			dev.Share.MPSRef = errors.Is(err, ErrMPSDaemonKept)
 			return errors.Join(fmt.Errorf("%s: %w", dev.Device, err), d.releaseMPS(ctx, pc))
 		}
 		dev.Share.MPSRef = true
@@ -476,11 +479,27 @@ func (d *Driver) releaseMPS(ctx context.Context, pc *PreparedClaim) error {
 		if dev.Share == nil || !dev.Share.MPSRef {
 			continue
 		}
-		if err := d.mps.ReleaseDaemon(ctx, MPSGPU{Index: dev.Index, UUID: dev.UUID}); err != nil {
+		if err := d.mps.ReleaseDaemon(ctx, pc.mpsShare(dev.Index)); err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		dev.Share.MPSRef = false
 	}
 	return errors.Join(errs...)
+}
+
+// mpsShare is the claim's MPS share of GPU index: its own daemon's
+// identity and limits, the sum of the claim's MPS results on that GPU
+// (like the container's GPULINK_SHARE_* values).
+func (pc *PreparedClaim) mpsShare(index int) MPSShare {
+	s := MPSShare{Claim: pc.UID}
+	for _, dev := range pc.Devices {
+		if dev.Index != index || dev.Share == nil || dev.Share.Strategy != apiv1alpha1.SharingMPS {
+			continue
+		}
+		s.GPU = MPSGPU{Index: dev.Index, UUID: dev.UUID}
+		s.MemoryBytes += dev.Share.MemoryBytes
+		s.Cores = min(s.Cores+dev.Share.Cores, coresTotal)
+	}
+	return s
 }

@@ -2,6 +2,7 @@ package kubeletplugin
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -128,24 +129,48 @@ func TestPrepareSharesAndMPSRefcount(t *testing.T) {
 	if devs[0].ShareID == nil {
 		t.Errorf("share ID not passed to the kubelet: %+v", devs[0])
 	}
-	if n := e.daemon.starts[gpu1]; n != 1 || !e.daemon.isRunning(gpu1) {
-		t.Fatalf("daemon started %d times, running %v; want once, running", n, e.daemon.isRunning(gpu1))
+	// One daemon per claim, each started once with its claim's limits on
+	// GPU 1.
+	for uid, want := range map[types.UID]MPSShare{
+		a.UID: {Claim: a.UID, GPU: MPSGPU{Index: 1, UUID: gpu1}, MemoryBytes: 4 * gib, Cores: 30},
+		b.UID: {Claim: b.UID, GPU: MPSGPU{Index: 1, UUID: gpu1}, MemoryBytes: 2 * gib, Cores: 20},
+	} {
+		if n := e.daemon.starts[string(uid)]; n != 1 || !e.daemon.isRunning(string(uid)) || e.daemon.shares[string(uid)] != want {
+			t.Fatalf("daemon of %s started %d times, running %v, share %+v; want once, running, %+v", uid, n, e.daemon.isRunning(string(uid)), e.daemon.shares[string(uid)], want)
+		}
 	}
 	share := readCheckpoint(t, e).Claims[a.UID].Devices[0].Share
 	if share == nil || share.MemoryBytes != 4*gib || share.Cores != 30 || share.Strategy != "MPS" || !share.MPSRef {
 		t.Errorf("checkpointed share %+v", share)
 	}
 	mustUnprepare(t, d, a)
-	if !e.daemon.isRunning(gpu1) {
-		t.Fatal("daemon stopped while claim b still uses it")
+	if e.daemon.isRunning(string(a.UID)) || !e.daemon.isRunning(string(b.UID)) {
+		t.Fatal("unprepare of a must stop a's daemon and only it")
 	}
-	mustUnprepare(t, d, a) // idempotent: must not release b's reference
-	if !e.daemon.isRunning(gpu1) {
-		t.Fatal("repeated unprepare released another claim's reference")
+	mustUnprepare(t, d, a) // idempotent: must not touch b's daemon
+	if !e.daemon.isRunning(string(b.UID)) || e.daemon.stops[string(a.UID)] != 1 {
+		t.Fatal("repeated unprepare stopped a daemon again")
 	}
 	mustUnprepare(t, d, b)
-	if e.daemon.isRunning(gpu1) || e.daemon.stops[gpu1] != 1 {
-		t.Fatalf("daemon running %v, stopped %d times; want stopped once", e.daemon.isRunning(gpu1), e.daemon.stops[gpu1])
+	if e.daemon.isRunning(string(b.UID)) || e.daemon.stops[string(b.UID)] != 1 {
+		t.Fatalf("daemon running %v, stopped %d times; want stopped once", e.daemon.isRunning(string(b.UID)), e.daemon.stops[string(b.UID)])
+	}
+}
+
+// Two MPS results of one claim on one GPU share one daemon whose limits
+// are their sum.
+func TestPrepareMPSLimitsAddUp(t *testing.T) {
+	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
+	d := e.start()
+	c := newClaim("two", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 2, "1Gi", 10), shareOf("t", 2, "3Gi", 15)})
+	mustPrepare(t, d, c)
+	id := string(c.UID)
+	if got := e.daemon.shares[id]; e.daemon.starts[id] != 1 || got.MemoryBytes != 4*gib || got.Cores != 25 {
+		t.Fatalf("daemon started %d times with %+v, want once with 4Gi and 25%%", e.daemon.starts[id], got)
+	}
+	mustUnprepare(t, d, c)
+	if e.daemon.isRunning(id) || e.daemon.stops[id] != 1 {
+		t.Fatalf("daemon running %v, stopped %d times after unprepare", e.daemon.isRunning(id), e.daemon.stops[id])
 	}
 }
 
@@ -359,18 +384,18 @@ func TestPrepareBatchIsolatesBadClaims(t *testing.T) {
 // once: one MPS reference, so its unprepare stops the daemon.
 func TestPrepareClaimListedTwice(t *testing.T) {
 	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
-	gpu0 := "GPU-00000000-0000-0000-0000-000000000000"
+
 	d := e.start()
 	c := newClaim("mps", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10)})
 	res, err := d.PrepareResourceClaims(t.Context(), []*resourceapi.ResourceClaim{c, c})
 	if err != nil || len(res) != 1 || res[c.UID].Err != nil || len(res[c.UID].Devices) != 1 {
 		t.Fatalf("PrepareResourceClaims = %+v, %v", res, err)
 	}
-	if got := e.daemon.starts[gpu0]; got != 1 {
+	if got := e.daemon.starts[string(c.UID)]; got != 1 {
 		t.Errorf("MPS daemon started %d times, want 1", got)
 	}
 	mustUnprepare(t, d, c)
-	if e.daemon.isRunning(gpu0) {
+	if e.daemon.isRunning(string(c.UID)) {
 		t.Error("MPS daemon still running after its only claim was unprepared")
 	}
 }
@@ -394,7 +419,7 @@ func TestPrepareMPSStartFailureRollsBack(t *testing.T) {
 func TestRestartRecovery(t *testing.T) {
 	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
 	d := e.start()
-	gpu0 := "GPU-00000000-0000-0000-0000-000000000000"
+
 	kept := newClaim("kept", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10)})
 	kept2 := newClaim("kept2", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10)})
 	whole := newClaim("whole", []resourceapi.DeviceRequestAllocationResult{wholeGPU("g", 2)})
@@ -440,13 +465,13 @@ func TestRestartRecovery(t *testing.T) {
 	if len(again) != 1 || again[0].CDIDeviceIDs[0] != devs[0].CDIDeviceIDs[0] {
 		t.Errorf("after restart %+v, want %+v", again, devs)
 	}
-	// MPS references were rebuilt: two claims hold GPU0's daemon.
+	// MPS references were rebuilt: each claim holds its own daemon.
 	mustUnprepare(t, d2, kept)
-	if !e.daemon.isRunning(gpu0) {
-		t.Fatal("daemon stopped although kept2 still holds it")
+	if !e.daemon.isRunning(string(kept2.UID)) {
+		t.Fatal("kept2's daemon stopped by another claim's unprepare")
 	}
 	mustUnprepare(t, d2, kept2)
-	if e.daemon.isRunning(gpu0) {
+	if e.daemon.isRunning(string(kept.UID)) || e.daemon.isRunning(string(kept2.UID)) {
 		t.Fatal("daemon still running after its last claim")
 	}
 	// GPU 3 is free again.
@@ -458,11 +483,11 @@ func TestRestartRecovery(t *testing.T) {
 // rollback at restart must still stop the daemon it started.
 func TestRestartRollsBackInterruptedMPSStart(t *testing.T) {
 	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
-	gpu0 := "GPU-00000000-0000-0000-0000-000000000000"
+
 	d := e.start()
 	c := newClaim("mps", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10)})
 	mustPrepare(t, d, c)
-	if !e.daemon.isRunning(gpu0) {
+	if !e.daemon.isRunning(string(c.UID)) {
 		t.Fatal("MPS daemon not started")
 	}
 	cp := readCheckpoint(t, e)
@@ -474,7 +499,7 @@ func TestRestartRollsBackInterruptedMPSStart(t *testing.T) {
 	}
 
 	d2 := e.start()
-	if e.daemon.isRunning(gpu0) {
+	if e.daemon.isRunning(string(c.UID)) {
 		t.Error("MPS daemon of the rolled-back claim still running")
 	}
 	if e.specExists(c.UID) || len(readCheckpoint(t, e).Claims) != 0 {
@@ -482,7 +507,7 @@ func TestRestartRollsBackInterruptedMPSStart(t *testing.T) {
 	}
 	mustPrepare(t, d2, c)
 	mustUnprepare(t, d2, c)
-	if e.daemon.isRunning(gpu0) {
+	if e.daemon.isRunning(string(c.UID)) {
 		t.Error("MPS daemon still running after its last claim")
 	}
 }
@@ -492,7 +517,7 @@ func TestRestartAfterReboot(t *testing.T) {
 	d := e.start()
 	c := newClaim("c", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10)})
 	mustPrepare(t, d, c)
-	starts := e.daemon.starts["GPU-00000000-0000-0000-0000-000000000000"]
+	starts := e.daemon.starts[string(c.UID)]
 	e.bootID = "boot-2"
 	e.start()
 	cp := readCheckpoint(t, e)
@@ -502,7 +527,7 @@ func TestRestartAfterReboot(t *testing.T) {
 	if e.specExists(c.UID) {
 		t.Error("spec of a claim from the previous boot survived")
 	}
-	if got := e.daemon.starts["GPU-00000000-0000-0000-0000-000000000000"]; got != starts {
+	if got := e.daemon.starts[string(c.UID)]; got != starts {
 		t.Errorf("daemon restarted for a claim of the previous boot")
 	}
 }
@@ -625,4 +650,24 @@ func TestPrepareRefusesClaimConfigBeyondTheClass(t *testing.T) {
 		opaqueEntry(resourceapi.AllocationConfigSourceClaim, driver.Name, nil,
 			`{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS","maxSharesPerGPU":2}}`))
 	mustPrepare(t, d, ok)
+}
+
+// A daemon that survives a plugin restart but cannot be adopted (it does
+// not answer) is kept for the claim's running containers and stopped by
+// the claim's unprepare, not leaked.
+func TestRestartKeptMPSDaemonStoppedAtUnprepare(t *testing.T) {
+	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
+	d := e.start()
+	c := newClaim("mps", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10)})
+	mustPrepare(t, d, c)
+	e.daemon.startErr = fmt.Errorf("did not answer (%w)", ErrMPSDaemonKept)
+	d2 := e.start()
+	e.daemon.startErr = nil
+	if !e.daemon.isRunning(string(c.UID)) {
+		t.Fatal("kept daemon stopped at restart")
+	}
+	mustUnprepare(t, d2, c)
+	if e.daemon.isRunning(string(c.UID)) || e.daemon.stops[string(c.UID)] != 1 {
+		t.Errorf("kept daemon running %v, stopped %d times after unprepare; want stopped once", e.daemon.isRunning(string(c.UID)), e.daemon.stops[string(c.UID)])
+	}
 }

@@ -53,8 +53,8 @@ func (d *Driver) recoverState(ctx context.Context) error {
 	// An interrupted apply may have started an MPS daemon after
 	// PrepareStarted was recorded (MPSRef is only written with
 	// PrepareCompleted). Count such shares as holding a reference: taking
-	// it adopts a running daemon, and the rollback's release stops it
-	// unless another claim holds it.
+	// it adopts a running daemon (or starts one), and the rollback's
+	// release stops it.
 	for _, pc := range cp.Claims {
 		if pc.State == PrepareCompleted {
 			continue
@@ -65,17 +65,19 @@ func (d *Driver) recoverState(ctx context.Context) error {
 			}
 		}
 	}
-	// Rebuild MPS references first, so that rolling back a half-prepared
-	// claim below stops a daemon only if nothing else uses it.
+	// Rebuild MPS references first (adopting each claim's daemon pod), so
+	// that rolling back a half-prepared claim below stops its daemon.
 	for _, pc := range cp.Claims {
 		for i := range pc.Devices {
 			dev := &pc.Devices[i]
 			if dev.Share == nil || !dev.Share.MPSRef {
 				continue
 			}
-			if err := d.mps.EnsureDaemon(ctx, MPSGPU{Index: dev.Index, UUID: dev.UUID}); err != nil {
-				logger.Error(err, "Restoring MPS daemon reference failed; the claim's containers cannot use MPS", "claim", klog.KRef(pc.Namespace, pc.Name), "device", dev.Device)
-				dev.Share.MPSRef = false
+			if err := d.mps.EnsureDaemon(ctx, pc.mpsShare(dev.Index)); err != nil {
+				logger.Error(err, "Restoring MPS daemon reference failed; the claim's containers may not be able to use MPS", "claim", klog.KRef(pc.Namespace, pc.Name), "device", dev.Device)
+				// A kept daemon still holds its reference, so that the
+				// claim's unprepare stops it.
+				dev.Share.MPSRef = errors.Is(err, ErrMPSDaemonKept)
 			}
 		}
 	}

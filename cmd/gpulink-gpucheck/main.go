@@ -146,7 +146,11 @@ func wire(f *flags) (gpucheck.Deps, error) {
 		if err != nil {
 			return gpucheck.Deps{}, err
 		}
-		popts.Discoverer, popts.MPSDaemon, popts.RealGPUs = d, kubeletplugin.NewExecMPSDaemon(), true
+		mps, err := kubeletplugin.NewHostMPSDaemon("/", nil)
+		if err != nil {
+			return gpucheck.Deps{}, fmt.Errorf("MPS: %w", err)
+		}
+		popts.Discoverer, popts.MPSDaemon, popts.RealGPUs = d, mps, true
 	}
 	return gpucheck.Deps{
 		Run:        gpucheck.Exec,

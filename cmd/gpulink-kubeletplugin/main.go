@@ -39,6 +39,8 @@ type flags struct {
 	pluginDir           string
 	managedByController bool
 	mpsRoot             string
+	mpsDaemonImage      string
+	mpsDaemonNamespace  string
 	driverRoot          string
 	driverRootMount     string
 	cdiHookPath         string
@@ -70,6 +72,8 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.pluginDir, "kubelet-plugin-dir", "/var/lib/kubelet/plugins/"+driver.Name, "Plugin data directory: DRA socket and checkpoint.")
 	fs.BoolVar(&f.managedByController, "managed-by-controller", true, "Taint every device "+driver.ManagedTaintKey+"=true:NoSchedule so only the gpulink controller allocates them.")
 	fs.StringVar(&f.mpsRoot, "mps-root", "/run/gpulink/mps", "Directory of the MPS control daemons' pipe and log directories.")
+	fs.StringVar(&f.mpsDaemonImage, "mps-daemon-image", "", "Image of the per-claim MPS control daemon pods (the plugin's own image; the daemon binary comes from the driver root). Required for MPS sharing on real GPUs.")
+	fs.StringVar(&f.mpsDaemonNamespace, "mps-daemon-namespace", os.Getenv("POD_NAMESPACE"), "Namespace of the MPS control daemon pods (default: $POD_NAMESPACE, the plugin's own).")
 	fs.StringVar(&f.driverRoot, "driver-root", "/", "Root of the NVIDIA driver installation on the host (host paths in CDI specs are under it; device nodes only when it has a dev directory).")
 	fs.StringVar(&f.driverRootMount, "driver-root-mount", "", "Where --driver-root is visible to this process (e.g. /driver-root in a container); libnvidia-ml is loaded from there. Default: --driver-root.")
 	fs.StringVar(&f.cdiHookPath, "cdi-hook-path", "", "Host path of nvidia-cdi-hook written into the CDI hooks. Empty: --cdi-hook-source is copied to <kubelet-plugin-dir>/bin/nvidia-cdi-hook at start and that path is used.")
@@ -196,7 +200,23 @@ func run(ctx context.Context, f *flags) error {
 	}
 	var daemon kubeletplugin.MPSDaemon = kubeletplugin.DirOnlyMPSDaemon{}
 	if f.discovery.RealGPUs() {
-		daemon = kubeletplugin.NewExecMPSDaemon()
+		pd, err := kubeletplugin.NewPodMPSDaemon(kubeletplugin.PodMPSDaemonConfig{
+			Pods:            client.CoreV1(),
+			Nodes:           client.CoreV1(),
+			Namespace:       f.mpsDaemonNamespace,
+			Image:           f.mpsDaemonImage,
+			NodeName:        f.nodeName,
+			DriverRoot:      f.driverRoot,
+			DriverRootMount: f.discovery.DriverRoot,
+		})
+		if err != nil {
+			// Whole GPUs and other sharing strategies still work; MPS
+			// claims fail with this error.
+			logger.Error(err, "MPS sharing is unavailable on this node")
+			daemon = kubeletplugin.UnavailableMPSDaemon{Err: err}
+		} else {
+			daemon = pd
+		}
 	}
 
 	reg := prometheus.NewRegistry()

@@ -43,7 +43,7 @@ type PluginPreparerOptions struct {
 	// RealGPUs makes a missing device node a prepare error, as the plugin
 	// does with --discovery=nvml.
 	RealGPUs bool
-	// MPSDaemon starts the MPS control daemons (kubeletplugin.NewExecMPSDaemon
+	// MPSDaemon starts the MPS control daemons (kubeletplugin.NewHostMPSDaemon
 	// on a GPU host).
 	MPSDaemon kubeletplugin.MPSDaemon
 	// Stat stats device nodes; nil is os.Stat.

@@ -116,7 +116,8 @@ func TestKubeletPluginRealNode(t *testing.T) {
 		"ENV NVIDIA_VISIBLE_DEVICES=" + attrString(devices, "gpu-6", driver.AttrUUID),
 		"ENV CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=3072M",
 		"ENV CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30",
-		"ENV CUDA_MPS_PIPE_DIRECTORY=" + filepath.Join(dir, "mps", attrString(devices, "gpu-6", driver.AttrUUID), "pipe"),
+		// One MPS daemon (here: its directories) per claim.
+		"ENV CUDA_MPS_PIPE_DIRECTORY=" + filepath.Join(dir, "mps", string(share.UID), "pipe"),
 	}
 	if devNodes {
 		wantLines = append(wantLines, "DEV /dev/nvidia6")
@@ -143,6 +144,9 @@ func TestKubeletPluginRealNode(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatalf("CDI specs not removed after the pods were deleted: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "mps", string(share.UID))); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("MPS directories of the unprepared share claim left behind: %v", err)
 	}
 }
 

@@ -1,0 +1,407 @@
+package kubeletplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpulink/gpulink/driver"
+)
+
+// mpsControlName is the MPS control program in the driver root.
+const mpsControlName = "nvidia-cuda-mps-control"
+
+// Where driver installs keep the MPS binaries and libcuda, relative to the
+// driver root (host installs of Debian/Ubuntu and RHEL, the GPU
+// operator's driver container).
+var (
+	mpsBinDirs = []string{"usr/bin", "bin", "usr/local/bin"}
+	mpsLibDirs = []string{"usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib64", "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu", "lib64", "usr/lib"}
+)
+
+// Labels of the daemon pods, so they can be listed and told apart.
+const (
+	mpsComponentLabel = "app.kubernetes.io/component"
+	mpsComponentValue = "mps-control-daemon"
+	mpsClaimLabel     = driver.Name + "/claim-uid"
+	mpsNodeLabel      = driver.Name + "/node"
+)
+
+// PodMPSDaemonConfig configures PodMPSDaemon.
+type PodMPSDaemonConfig struct {
+	Pods  corev1client.PodsGetter
+	Nodes corev1client.NodesGetter // optional: the Node becomes the pods' owner
+	// Namespace and Image of the daemon pods: the plugin's own namespace
+	// and image (the image only provides glibc; the daemon binary comes
+	// from the driver root).
+	Namespace, Image string
+	NodeName         string
+	// DriverRoot is the driver root on the host; DriverRootMount is where
+	// it is visible to the plugin (the daemon pods mount it at
+	// mpsPodDriverRoot).
+	DriverRoot, DriverRootMount string
+	// Run runs nvidia-cuda-mps-control in the plugin container to talk to
+	// a daemon through its pipe directory (ExecCommand when nil).
+	Run CommandRunner
+	// PollInterval and StartTimeout bound the wait for a new daemon to
+	// answer (1s and 60s when zero: an image pull may be needed).
+	PollInterval, StartTimeout time.Duration
+}
+
+// PodMPSDaemon runs each claim's MPS control daemon
+// (nvidia-cuda-mps-control -f from the driver root) in a pod of its own,
+// bound to this node, so that the daemon outlives plugin restarts and
+// upgrades; see doc.go for why a pod.
+type PodMPSDaemon struct {
+	cfg PodMPSDaemonConfig
+	// binDir holds nvidia-cuda-mps-control and libDirs are the driver's
+	// library directories, relative to the driver root.
+	binDir  string
+	libDirs []string
+}
+
+// mpsPodDriverRoot is where a daemon pod mounts the driver root. Fixed
+// rather than --driver-root-mount: a plugin running on the host has the
+// driver root at "/", which a container cannot mount it over.
+const mpsPodDriverRoot = "/driver-root"
+
+// NewPodMPSDaemon finds nvidia-cuda-mps-control and the driver's library
+// directories under the driver root mount, so that a node without them
+// fails at plugin start and not at the first MPS claim.
+func NewPodMPSDaemon(cfg PodMPSDaemonConfig) (*PodMPSDaemon, error) {
+	switch {
+	case cfg.Pods == nil:
+		return nil, errors.New("MPS daemon pods: no API client")
+	case cfg.Namespace == "":
+		return nil, errors.New("--mps-daemon-namespace: empty; the MPS control daemon pods need a namespace (the plugin's own)")
+	case cfg.Image == "":
+		return nil, errors.New("--mps-daemon-image: empty; the MPS control daemon pods need an image (the plugin's own)")
+	case cfg.NodeName == "":
+		return nil, errors.New("MPS daemon pods: node name is empty")
+	case cfg.DriverRoot == "" || cfg.DriverRootMount == "":
+		return nil, fmt.Errorf("MPS daemon pods: --driver-root %q and --driver-root-mount %q must both be set", cfg.DriverRoot, cfg.DriverRootMount)
+	}
+	d := &PodMPSDaemon{cfg: cfg}
+	var err error
+	if d.binDir, d.libDirs, err = findMPSDriver(cfg.DriverRootMount); err != nil {
+		return nil, err
+	}
+	if d.cfg.Run == nil {
+		d.cfg.Run = ExecCommand
+	}
+	if d.cfg.PollInterval == 0 {
+		d.cfg.PollInterval = time.Second
+	}
+	if d.cfg.StartTimeout == 0 {
+		d.cfg.StartTimeout = time.Minute
+	}
+	return d, nil
+}
+
+// findMPSDriver finds nvidia-cuda-mps-control and the driver's library
+// directories under the driver root visible at mount; both paths come back
+// relative to the driver root.
+func findMPSDriver(mount string) (binDir string, libDirs []string, err error) {
+	for _, dir := range mpsBinDirs {
+		p := filepath.Join(mount, dir, mpsControlName)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
+			binDir = dir
+			break
+		}
+	}
+	if binDir == "" {
+		return "", nil, fmt.Errorf("--driver-root-mount %s: no %s in %s; MPS sharing needs the driver's compute utilities", mount, mpsControlName, strings.Join(mpsBinDirs, ", "))
+	}
+	for _, dir := range mpsLibDirs {
+		if _, err := os.Stat(filepath.Join(mount, dir, "libcuda.so.1")); err == nil {
+			libDirs = append(libDirs, dir)
+		}
+	}
+	if len(libDirs) == 0 {
+		return "", nil, fmt.Errorf("--driver-root-mount %s: no libcuda.so.1 in %s; the MPS daemon cannot run without the driver's libraries", mount, strings.Join(mpsLibDirs, ", "))
+	}
+	return binDir, libDirs, nil
+}
+
+// mpsPodName is the name of a claim's daemon pod (claim UIDs are 36
+// characters, well within the 63 a name may have).
+func mpsPodName(share MPSShare) string { return "gpulink-mps-" + share.ID() }
+
+// controlBin is nvidia-cuda-mps-control under the driver root mounted at
+// root.
+func (d *PodMPSDaemon) controlBin(root string) string {
+	return filepath.Join(root, d.binDir, mpsControlName)
+}
+
+// env is the environment of the daemon and of the control client, with
+// the driver root mounted at root: both find the daemon by its pipe
+// directory, and the binary needs the driver's libraries (and the daemon
+// finds nvidia-cuda-mps-server next to it through PATH).
+func (d *PodMPSDaemon) env(root string, share MPSShare, dirs MPSDirs) []string {
+	libs := make([]string, len(d.libDirs))
+	for i, l := range d.libDirs {
+		libs[i] = filepath.Join(root, l)
+	}
+	return []string{
+		"LD_LIBRARY_PATH=" + strings.Join(libs, ":"),
+		"PATH=" + filepath.Join(root, d.binDir) + ":/usr/bin:/bin",
+		"CUDA_VISIBLE_DEVICES=" + share.GPU.visibleDevice(),
+		"CUDA_MPS_PIPE_DIRECTORY=" + dirs.Pipe,
+		"CUDA_MPS_LOG_DIRECTORY=" + dirs.Log,
+	}
+}
+
+// pod is the daemon pod of a share. The pipe and log directories are
+// mounted at their host paths (the same paths the plugin and the claim's
+// containers use), the share's shm directory as /dev/shm.
+func (d *PodMPSDaemon) pod(share MPSShare, dirs MPSDirs, owner *metav1.OwnerReference) *corev1.Pod {
+	var env []corev1.EnvVar
+	for _, kv := range d.env(mpsPodDriverRoot, share, dirs) {
+		k, v, _ := strings.Cut(kv, "=")
+		env = append(env, corev1.EnvVar{Name: k, Value: v})
+	}
+	dir := corev1.HostPathDirectory
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      mpsPodName(share),
+			Namespace: d.cfg.Namespace,
+			Labels: map[string]string{
+				"app.kubernetes.io/name": "gpulink",
+				mpsComponentLabel:        mpsComponentValue,
+				mpsClaimLabel:            share.ID(),
+				mpsNodeLabel:             d.cfg.NodeName,
+			},
+		},
+		Spec: corev1.PodSpec{
+			// Bound to this node directly: the scheduler has no say, and
+			// the pod must run even while the node is cordoned.
+			NodeName:                     d.cfg.NodeName,
+			RestartPolicy:                corev1.RestartPolicyNever,
+			AutomountServiceAccountToken: ptr.To(false),
+			EnableServiceLinks:           ptr.To(false),
+			Tolerations:                  []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+			Containers: []corev1.Container{{
+				Name:  "mps-control-daemon",
+				Image: d.cfg.Image,
+				// The plugin runs from this image, so the node has it;
+				// a pull (":latest" would be Always) only adds a
+				// registry dependency to every prepare.
+				ImagePullPolicy: corev1.PullIfNotPresent,
+				Command:         []string{d.controlBin(mpsPodDriverRoot), "-f"},
+				Env:             env,
+				// The daemon and the server it spawns open the GPU's
+				// device nodes and /dev/nvidiactl; only a privileged
+				// container gets them without a claim of its own.
+				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
+				VolumeMounts: []corev1.VolumeMount{
+					{Name: "driver-root", MountPath: mpsPodDriverRoot, ReadOnly: true},
+					{Name: "mps", MountPath: dirs.Base},
+					{Name: "shm", MountPath: "/dev/shm"},
+				},
+			}},
+			// Directory, not DirectoryOrCreate: a pod that outlives its
+			// claim must not recreate the directories Stop removed.
+			Volumes: []corev1.Volume{
+				{Name: "driver-root", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: d.cfg.DriverRoot, Type: &dir}}},
+				{Name: "mps", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dirs.Base, Type: &dir}}},
+				{Name: "shm", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dirs.Shm, Type: &dir}}},
+			},
+		},
+	}
+	if owner != nil {
+		pod.OwnerReferences = []metav1.OwnerReference{*owner}
+	}
+	return pod
+}
+
+// nodeOwner makes the Node the owner of the daemon pods, so that the
+// garbage collector removes them with the Node. Not the plugin's pod: an
+// upgrade replaces it, and the daemons must survive that.
+func (d *PodMPSDaemon) nodeOwner(ctx context.Context) (*metav1.OwnerReference, error) {
+	if d.cfg.Nodes == nil {
+		return nil, nil
+	}
+	node, err := d.cfg.Nodes.Nodes().Get(ctx, d.cfg.NodeName, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("getting node %s for the daemon pod's owner: %w", d.cfg.NodeName, err)
+	}
+	return &metav1.OwnerReference{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}, nil
+}
+
+// Start creates the share's daemon pod (or adopts the one a previous
+// plugin process created), waits until the daemon answers on its pipe and
+// sets the share's limits as the daemon's defaults. On failure it deletes
+// the pod and the directories and returns the daemon's log tail.
+func (d *PodMPSDaemon) Start(ctx context.Context, share MPSShare, dirs MPSDirs) error {
+	if err := dirs.create(); err != nil {
+		return errors.Join(err, dirs.remove())
+	}
+	adopted, err := d.start(ctx, share, dirs)
+	if err == nil {
+		return nil
+	}
+	tail := logTail(filepath.Join(dirs.Log, "control.log"))
+	if adopted {
+		// The pod predates this call and may serve running containers
+		// (a plugin restart while the API or the daemon hiccups): keep it.
+		return fmt.Errorf("%w%s (%w)", err, tail, ErrMPSDaemonKept)
+	}
+	return errors.Join(fmt.Errorf("%w%s", err, tail), d.Stop(ctx, share, dirs))
+}
+
+// start reports whether it adopted an existing pod.
+func (d *PodMPSDaemon) start(ctx context.Context, share MPSShare, dirs MPSDirs) (adopted bool, err error) {
+	logger := klog.FromContext(ctx)
+	pods := d.cfg.Pods.Pods(d.cfg.Namespace)
+	name := mpsPodName(share)
+	owner, err := d.nodeOwner(ctx)
+	if err != nil {
+		return false, err
+	}
+	_, err = pods.Create(ctx, d.pod(share, dirs, owner), metav1.CreateOptions{})
+	switch {
+	case apierrors.IsAlreadyExists(err):
+		old, err := pods.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return true, fmt.Errorf("getting existing MPS daemon pod %s/%s: %w", d.cfg.Namespace, name, err)
+		}
+		if old.DeletionTimestamp != nil {
+			// Already going away: nothing to keep.
+			return false, fmt.Errorf("MPS daemon pod %s/%s of an earlier prepare is still terminating; retry later", d.cfg.Namespace, name)
+		}
+		if old.Spec.NodeName != d.cfg.NodeName {
+			return true, fmt.Errorf("MPS daemon pod %s/%s exists for node %q, not %q", d.cfg.Namespace, name, old.Spec.NodeName, d.cfg.NodeName)
+		}
+		adopted = true
+		logger.Info("Adopting running MPS control daemon pod", "pod", klog.KObj(old))
+	case err != nil:
+		return false, fmt.Errorf("creating MPS daemon pod %s/%s: %w", d.cfg.Namespace, name, err)
+	}
+
+	// The daemon is up when it answers on its pipe. A pod that ends first
+	// (bad image, missing device) fails right away with its state.
+	var lastOut string
+	err = wait.PollUntilContextTimeout(ctx, d.cfg.PollInterval, d.cfg.StartTimeout, true, func(ctx context.Context) (bool, error) {
+		p, err := pods.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, fmt.Errorf("getting MPS daemon pod %s/%s: %w", d.cfg.Namespace, name, err)
+		}
+		if p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded {
+			return false, fmt.Errorf("MPS daemon pod %s/%s ended (%s)%s", d.cfg.Namespace, name, p.Status.Phase, podState(p))
+		}
+		if p.Status.Phase != corev1.PodRunning {
+			lastOut = "pod " + string(p.Status.Phase) + podState(p)
+			return false, nil
+		}
+		if _, err := d.control(ctx, share, dirs, "get_server_list"); err != nil {
+			lastOut = err.Error()
+			return false, nil
+		}
+		return true, nil
+	})
+	if err != nil {
+		if wait.Interrupted(err) {
+			return adopted, fmt.Errorf("MPS daemon pod %s/%s did not answer on %s within %s (last: %s)", d.cfg.Namespace, name, dirs.Pipe, d.cfg.StartTimeout, lastOut)
+		}
+		return adopted, err
+	}
+	return adopted, d.setLimits(ctx, share, dirs)
+}
+
+// setLimits makes the share's limits the defaults of every server the
+// daemon spawns. The daemon serves only this claim, so these are the
+// claim's limits; a client's CUDA_MPS_* environment can lower them, not
+// raise them. The daemon sees one GPU (CUDA_VISIBLE_DEVICES), device 0.
+// Sent on adoption too: it is idempotent, and a daemon restarted by hand
+// would otherwise run without limits.
+func (d *PodMPSDaemon) setLimits(ctx context.Context, share MPSShare, dirs MPSDirs) error {
+	if share.Cores < 1 || share.Cores > coresTotal {
+		return fmt.Errorf("MPS share of claim %s: active thread percentage %d is not within 1..%d", share.ID(), share.Cores, coresTotal)
+	}
+	mib := share.MemoryBytes / memoryStep
+	if mib < 1 {
+		return fmt.Errorf("MPS share of claim %s: pinned memory limit %d bytes is less than 1Mi", share.ID(), share.MemoryBytes)
+	}
+	for _, cmd := range []string{
+		"set_default_active_thread_percentage " + strconv.FormatInt(share.Cores, 10),
+		fmt.Sprintf("set_default_device_pinned_mem_limit 0 %dM", mib),
+	} {
+		if _, err := d.control(ctx, share, dirs, cmd); err != nil {
+			return fmt.Errorf("setting the claim's limit on its MPS daemon: %w", err)
+		}
+	}
+	return nil
+}
+
+// control sends one command to the share's daemon.
+func (d *PodMPSDaemon) control(ctx context.Context, share MPSShare, dirs MPSDirs, cmd string) (string, error) {
+	bin := d.controlBin(d.cfg.DriverRootMount)
+	out, err := d.cfg.Run(ctx, bin, nil, d.env(d.cfg.DriverRootMount, share, dirs), cmd+"\n")
+	text := strings.TrimSpace(string(out))
+	if err != nil {
+		return text, fmt.Errorf("echo %s | %s: %w (output: %q)", cmd, bin, err, text)
+	}
+	// The control client exits 0 on some refusals and says so.
+	if l := strings.ToLower(text); strings.Contains(l, "error") || strings.Contains(l, "invalid") || strings.Contains(l, "cannot find") {
+		return text, fmt.Errorf("echo %s | %s: %q", cmd, bin, text)
+	}
+	return text, nil
+}
+
+// Stop deletes the daemon pod (killing the daemon and its server) and the
+// share's directories. A pod that is already gone is fine.
+func (d *PodMPSDaemon) Stop(ctx context.Context, share MPSShare, dirs MPSDirs) error {
+	name := mpsPodName(share)
+	err := d.cfg.Pods.Pods(d.cfg.Namespace).Delete(ctx, name, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting MPS daemon pod %s/%s: %w", d.cfg.Namespace, name, err)
+	}
+	return dirs.remove()
+}
+
+// podState describes why a daemon pod is not running, for error messages.
+func podState(p *corev1.Pod) string {
+	var parts []string
+	for _, cs := range p.Status.ContainerStatuses {
+		switch {
+		case cs.State.Waiting != nil:
+			parts = append(parts, fmt.Sprintf("waiting: %s %s", cs.State.Waiting.Reason, cs.State.Waiting.Message))
+		case cs.State.Terminated != nil:
+			t := cs.State.Terminated
+			parts = append(parts, fmt.Sprintf("exit code %d: %s %s", t.ExitCode, t.Reason, t.Message))
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return ": " + strings.TrimSpace(strings.Join(parts, "; "))
+}
+
+// logTailBytes is how much of the daemon's log an error carries.
+const logTailBytes = 2048
+
+// logTail returns the end of the daemon's log for an error message, or
+// nothing when there is none.
+func logTail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	if len(b) > logTailBytes {
+		b = b[len(b)-logTailBytes:]
+	}
+	return fmt.Sprintf("; daemon log %s ends with: %q", path, strings.TrimSpace(string(b)))
+}
