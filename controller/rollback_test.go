@@ -1,0 +1,79 @@
+package controller
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	clienttesting "k8s.io/client-go/testing"
+
+	"github.com/gpulink/gpulink/controller/controllertest"
+)
+
+// TestPartialAllocationRolledBack: pod p has claims a and b; the status
+// write of b fails (HTTP 429) after a's succeeded. What the decision wrote
+// to a must be rolled back (as kube-scheduler's Unreserve does) rather
+// than kept while p waits, and p must converge once the API recovers.
+func TestPartialAllocationRolledBack(t *testing.T) {
+	h := newHarness(t, objs(classes(), gpuNode(t, "a", "pcie-4.txt"))...)
+	var failures atomic.Int32
+	var mu sync.Mutex
+	// aHistory records, for each status write of claim a, whether it
+	// carries an allocation.
+	var aHistory []bool
+	var aWritesAtFirstFailure = -1
+	h.client.PrependReactor("update", "resourceclaims", func(act clienttesting.Action) (bool, runtime.Object, error) {
+		if act.GetSubresource() != "status" {
+			return false, nil, nil
+		}
+		c, ok := act.(clienttesting.UpdateAction).GetObject().(*resourceapi.ResourceClaim)
+		if !ok {
+			return false, nil, nil
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		switch c.Name {
+		case "a":
+			aHistory = append(aHistory, c.Status.Allocation != nil)
+		case "b":
+			if c.Status.Allocation != nil && failures.Load() < 2 {
+				if failures.Add(1) == 1 {
+					aWritesAtFirstFailure = len(aHistory)
+				}
+				return true, nil, apierrors.NewTooManyRequests("injected", 1)
+			}
+		}
+		return false, nil, nil
+	})
+	h.start()
+	h.claim("a", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}})
+	h.claim("b", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}})
+	h.pod("p", true, "a", "b")
+	h.waitUngated("p")
+	a, b := h.waitAllocated("a"), h.waitAllocated("b")
+	mu.Lock()
+	hist, at := append([]bool(nil), aHistory...), aWritesAtFirstFailure
+	mu.Unlock()
+	if failures.Load() < 2 || at < 1 {
+		t.Fatalf("fault not injected: %d failures, a written %d times before", failures.Load(), at)
+	}
+	rolledBack := false
+	for _, allocated := range hist[at:] {
+		if !allocated {
+			rolledBack = true
+			break
+		}
+	}
+	if !rolledBack {
+		t.Errorf("claim a kept its allocation after b's write failed (status writes of a, allocated or not: %v)", hist)
+	}
+	if len(a.Status.ReservedFor) != 1 || len(b.Status.ReservedFor) != 1 {
+		t.Errorf("reservations a=%v b=%v, want p once each", a.Status.ReservedFor, b.Status.ReservedFor)
+	}
+	if err := controllertest.CheckInvariants(h.allClaims(), h.allSlices()); err != nil {
+		t.Error(err)
+	}
+}
