@@ -97,7 +97,10 @@
 //	          directory, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=<i>=<MiB>M,
 //	          CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=<cores>
 //	HAMiCore  CUDA_DEVICE_MEMORY_LIMIT_<i>=<MiB>m, CUDA_DEVICE_SM_LIMIT_<i>=<cores>
-//	None      nothing beyond GPULINK_SHARE_* (the share is only recorded)
+//
+// A share under strategy None (whole GPUs only) is refused, as the
+// controller refuses to allocate it: claims kube-scheduler or anyone else
+// allocated are held to the controller's rules.
 //
 // With real GPUs (nvml discovery) a missing device node fails the claim.
 // With mock or topology-file discovery, nodes without GPUs, missing device
@@ -109,7 +112,7 @@
 // one claim both whole and as a share. Such claims, malformed or unknown
 // configs, devices of other pools or not on this node, shares larger than
 // the GPU, and devices already prepared for another claim (whole, or shares
-// that would overcommit memory) fail with an error naming the claim
+// that would overcommit memory or cores) fail with an error naming the claim
 // (namespace/name and UID) and the field, and leave nothing behind.
 //
 // # MPS daemons

@@ -154,8 +154,9 @@ func TestPrepareSharingStrategies(t *testing.T) {
 	d := e.start()
 	hami := newClaim("hami", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 2, "3Gi", 40)},
 		opaqueEntry(resourceapi.AllocationConfigSourceClaim, driver.Name, nil, sharingConfig("HAMiCore")))
-	none := newClaim("none", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 3, "1Gi", 10)},
-		opaqueEntry(resourceapi.AllocationConfigSourceClass, driver.Name, []string{"s"}, sharingConfig("None")))
+	// Strategy None gives whole GPUs only.
+	none := newClaim("none", []resourceapi.DeviceRequestAllocationResult{wholeGPU("g", 3)},
+		opaqueEntry(resourceapi.AllocationConfigSourceClass, driver.Name, []string{"g"}, sharingConfig("None")))
 	mustPrepare(t, d, hami)
 	mustPrepare(t, d, none)
 	if len(e.daemon.starts) != 0 {
@@ -174,7 +175,7 @@ func TestPrepareSharingStrategies(t *testing.T) {
 		}
 	}
 	spec := envOf(none.UID)
-	if !strings.Contains(spec, "GPULINK_SHARE_MEMORY_0=1073741824") || strings.Contains(spec, "CUDA_MPS") || strings.Contains(spec, "CUDA_DEVICE_MEMORY_LIMIT") {
+	if strings.Contains(spec, "GPULINK_SHARE_MEMORY") || strings.Contains(spec, "CUDA_MPS") || strings.Contains(spec, "CUDA_DEVICE_MEMORY_LIMIT") {
 		t.Errorf("None spec: %s", spec)
 	}
 }
@@ -182,11 +183,15 @@ func TestPrepareSharingStrategies(t *testing.T) {
 func TestPrepareConfigLayering(t *testing.T) {
 	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
 	d := e.start()
-	// Class says HAMiCore for all requests, the claim says None for
-	// request "b" only; another driver's garbage config is ignored.
+	// Class says HAMiCore for all requests, the claim sets a default
+	// share size for request "b" only; another driver's garbage config
+	// is ignored.
+	b := shareOf("b/small", 1, "1Gi", 10)
+	b.ConsumedCapacity = nil
 	c := newClaim("layers",
-		[]resourceapi.DeviceRequestAllocationResult{shareOf("a", 0, "1Gi", 10), shareOf("b/small", 1, "1Gi", 10)},
-		opaqueEntry(resourceapi.AllocationConfigSourceClaim, driver.Name, []string{"b"}, sharingConfig("None")),
+		[]resourceapi.DeviceRequestAllocationResult{shareOf("a", 0, "1Gi", 10), b},
+		opaqueEntry(resourceapi.AllocationConfigSourceClaim, driver.Name, []string{"b"},
+			`{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","sharing":{"defaultMemory":"2Gi"}}`),
 		opaqueEntry(resourceapi.AllocationConfigSourceClass, driver.Name, nil, sharingConfig("HAMiCore")),
 		opaqueEntry(resourceapi.AllocationConfigSourceClaim, "other.example.com", nil, `{"not": "ours"}`),
 	)
@@ -195,8 +200,8 @@ func TestPrepareConfigLayering(t *testing.T) {
 	if s := got.Devices[0].Share.Strategy; s != "HAMiCore" {
 		t.Errorf("request a: strategy %s, want HAMiCore from the class", s)
 	}
-	if s := got.Devices[1].Share.Strategy; s != "None" {
-		t.Errorf("request b/small: strategy %s, want None from the claim", s)
+	if s := got.Devices[1].Share; s.Strategy != "HAMiCore" || s.MemoryBytes != 2*gib || got.Devices[0].Share.MemoryBytes != gib {
+		t.Errorf("request b/small: share %+v (a: %+v), want HAMiCore from the class and 2Gi from the claim", s, got.Devices[0].Share)
 	}
 }
 
@@ -272,6 +277,11 @@ func TestPrepareBadInput(t *testing.T) {
 			results: []resourceapi.DeviceRequestAllocationResult{wholeGPU("a", 0), wholeGPU("b", 0)},
 			want:    []string{"status.allocation.devices.results[1].device", "whole twice"},
 		},
+		"share under strategy None": {
+			results: []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10)},
+			configs: []resourceapi.DeviceAllocationConfiguration{cfg(sharingConfig("None"))},
+			want:    []string{"status.allocation.devices.results[0]", "sharing.strategy=None", "whole GPUs only"},
+		},
 		"MPS share with another GPU": {
 			results: []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10), wholeGPU("g", 1)},
 			want:    []string{"status.allocation.devices.results[1].device", "MPS"},
@@ -317,6 +327,8 @@ func TestPrepareConflicts(t *testing.T) {
 		"GPU already whole":  {[]resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10)}, "already prepared whole"},
 		"GPU already shared": {[]resourceapi.DeviceRequestAllocationResult{wholeGPU("g", 1)}, "share(s) of it are prepared"},
 		"memory overcommit":  {[]resourceapi.DeviceRequestAllocationResult{shareOf("s", 1, "7Gi", 10)}, "more than the GPU's"},
+		// 50 % are prepared; 60 % more would over-commit the SMs.
+		"cores overcommit": {[]resourceapi.DeviceRequestAllocationResult{shareOf("s", 1, "1Gi", 60)}, "consumedCapacity.cores: shares of \"gpu-1\" would use 110% of the cores"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := newClaim("second", tc.results, opaqueEntry(resourceapi.AllocationConfigSourceClaim, driver.Name, nil, sharingConfig("HAMiCore")))
