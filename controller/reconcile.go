@@ -97,8 +97,17 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 	}
 
 	var pending []*interpretedClaim
+	gated := gateIndex(pod) >= 0
 	for _, ic := range pc.ours {
 		if ic.Claim.Status.Allocation == nil {
+			if ic.Tolerating && !gated {
+				// kube-scheduler already sees this pod and may allocate
+				// the claim (its requests tolerate the managed taint):
+				// two allocators deciding one claim would race. Its
+				// result is counted once written, and the kubelet
+				// plugin checks it by the controller's rules.
+				continue
+			}
 			if c.ledger.inFlight(ic.Claim.UID) {
 				// Our own write is in flight or not yet in the informer:
 				// the claim update will bring the pod back.
