@@ -77,3 +77,53 @@ func TestPartialAllocationRolledBack(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestFailedRollbackIsFinishedBeforeRetry: when rolling back a failed
+// decision fails too, the rollback is finished before the pod is decided
+// again, so the pod never waits holding part of its devices.
+func TestFailedRollbackIsFinishedBeforeRetry(t *testing.T) {
+	h := newHarness(t, objs(classes(), gpuNode(t, "a", "pcie-4.txt"))...)
+	var mu sync.Mutex
+	var bFailed, rollbackFailed bool
+	var aReleased bool // a's allocation was removed after the failures
+	h.client.PrependReactor("update", "resourceclaims", func(act clienttesting.Action) (bool, runtime.Object, error) {
+		if act.GetSubresource() != "status" {
+			return false, nil, nil
+		}
+		c, ok := act.(clienttesting.UpdateAction).GetObject().(*resourceapi.ResourceClaim)
+		if !ok {
+			return false, nil, nil
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case c.Name == "b" && c.Status.Allocation != nil && !bFailed:
+			bFailed = true
+			return true, nil, apierrors.NewTooManyRequests("injected", 1)
+		case c.Name == "a" && bFailed && len(c.Status.ReservedFor) == 0 && !rollbackFailed:
+			rollbackFailed = true
+			return true, nil, apierrors.NewTooManyRequests("injected", 1)
+		case c.Name == "a" && rollbackFailed && c.Status.Allocation == nil:
+			aReleased = true
+		}
+		return false, nil, nil
+	})
+	h.start()
+	h.claim("a", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}})
+	h.claim("b", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}})
+	h.pod("p", true, "a", "b")
+	h.waitUngated("p")
+	h.waitAllocated("a")
+	h.waitAllocated("b")
+	mu.Lock()
+	defer mu.Unlock()
+	if !bFailed || !rollbackFailed {
+		t.Fatalf("faults not injected: b failed %v, rollback failed %v", bFailed, rollbackFailed)
+	}
+	if !aReleased {
+		t.Error("claim a was not released after its first rollback failed")
+	}
+	if err := controllertest.CheckInvariants(h.allClaims(), h.allSlices()); err != nil {
+		t.Error(err)
+	}
+}
