@@ -8,7 +8,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -34,8 +33,17 @@ func (c *Controller) writeDecision(ctx context.Context, pod *corev1.Pod, writes 
 	for i, w := range writes {
 		updated, err := c.writeAllocation(ctx, w.ic.Claim, w.alloc, consumer)
 		if err != nil {
-			for _, rest := range writes[i:] {
-				rest.settle("", false)
+			rest := writes[i+1:]
+			if fresh := c.writtenAnyway(ctx, w, err); fresh != nil {
+				// The write happened although the call failed: count
+				// it, and roll it back with the others.
+				w.settle(fresh.ResourceVersion, true)
+				written = append(written, fresh)
+			} else {
+				w.settle("", false)
+			}
+			for _, r := range rest {
+				r.settle("", false)
 			}
 			reason := errReasonAPI
 			if apierrors.IsConflict(err) {
@@ -49,8 +57,8 @@ func (c *Controller) writeDecision(ctx context.Context, pod *corev1.Pod, writes 
 				err = errors.Join(err, rbErr)
 			}
 			// Pods sharing these claims waited for this decision.
-			for _, rest := range writes[i:] {
-				c.enqueueClaimPods(rest.ic.Claim)
+			for _, r := range writes[i:] {
+				c.enqueueClaimPods(r.ic.Claim)
 			}
 			return err
 		}
@@ -58,6 +66,27 @@ func (c *Controller) writeDecision(ctx context.Context, pod *corev1.Pod, writes 
 		written = append(written, updated)
 	}
 	return nil
+}
+
+// writtenAnyway tells whether a failed allocation write took effect: a
+// timeout or a broken connection says nothing about whether the API
+// server applied it. Dropping the assumption of a write that was applied
+// would make its devices look free until the informer shows it, and
+// leave it out of the rollback. A live read settles it; an API status
+// error (429, conflict, invalid...) is a definite refusal.
+func (c *Controller) writtenAnyway(ctx context.Context, w pendingWrite, err error) *resourceapi.ResourceClaim {
+	var status apierrors.APIStatus
+	if errors.As(err, &status) || ctx.Err() != nil {
+		return nil
+	}
+	fresh, gerr := c.client.ResourceV1().ResourceClaims(w.ic.Claim.Namespace).Get(ctx, w.ic.Claim.Name, metav1.GetOptions{})
+	if gerr != nil || fresh.UID != w.ic.Claim.UID || fresh.Status.Allocation == nil {
+		return nil
+	}
+	if !sameResults(fresh.Status.Allocation, w.alloc) {
+		return nil
+	}
+	return fresh
 }
 
 // unreserve rolls back the allocations a failed decision wrote. A claim is
@@ -86,7 +115,7 @@ func (c *Controller) unreserveClaim(ctx context.Context, pod *corev1.Pod, cl *re
 	cur := cl
 	for attempt := 0; ; attempt++ {
 		keep := slices.DeleteFunc(slices.Clone(cur.Status.ReservedFor), func(r resourceapi.ResourceClaimConsumerReference) bool { return r.UID == pod.UID })
-		if cur.Status.Allocation == nil || !equality.Semantic.DeepEqual(cur.Status.Allocation, cl.Status.Allocation) {
+		if !sameResults(cur.Status.Allocation, cl.Status.Allocation) {
 			// Deallocated or reallocated by someone else: nothing of ours.
 			return nil
 		}
@@ -138,4 +167,20 @@ func (c *Controller) rollbackStale(ctx context.Context, pod *corev1.Pod) (bool, 
 		return false, nil
 	}
 	return true, c.unreserve(ctx, pod, todo)
+}
+
+// sameResults tells whether two allocations give out the same devices
+// (shares by their unique shareID); timestamps may differ in precision
+// after a round trip through the API server.
+func sameResults(a, b *resourceapi.AllocationResult) bool {
+	if a == nil || b == nil || len(a.Devices.Results) != len(b.Devices.Results) {
+		return false
+	}
+	for i := range a.Devices.Results {
+		x, y := &a.Devices.Results[i], &b.Devices.Results[i]
+		if x.Request != y.Request || x.Driver != y.Driver || x.Pool != y.Pool || x.Device != y.Device || (x.ShareID == nil) != (y.ShareID == nil) || (x.ShareID != nil && *x.ShareID != *y.ShareID) {
+			return false
+		}
+	}
+	return true
 }

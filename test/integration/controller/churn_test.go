@@ -308,6 +308,8 @@ func TestChurnSharedClaimsFaultsAndDelegation(t *testing.T) {
 			p = e.newPod(name, false, []string{"tol-one", "tol-share"}[rand.IntN(2)])
 		}
 		kinds[kind]++
+		// The kind in the name makes violations readable.
+		p.Name = name + "-" + kind
 		return p
 	}
 	checkBound := func(p *corev1.Pod) {
@@ -369,8 +371,7 @@ func TestChurnSharedClaimsFaultsAndDelegation(t *testing.T) {
 			delete(live, name)
 		}
 		for created < total && len(live) < maxLive {
-			name := fmt.Sprintf("f%04d", created)
-			e.createPod(newPod(name))
+			name := e.createPod(newPod(fmt.Sprintf("f%04d", created))).Name
 			live[name] = &livePod{created: now,
 				boundLife: time.Duration(rand.IntN(2000)) * time.Millisecond,
 				maxWait:   time.Duration(3000+rand.IntN(8000)) * time.Millisecond}
