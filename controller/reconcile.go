@@ -56,7 +56,7 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 		c.forgetRollbacks(pod.UID)
 		return nil
 	}
-	if gateIndex(pod) >= 0 {
+	if pod.Spec.NodeName == "" {
 		if did, err := c.rollbackStale(ctx, pod); err != nil {
 			return err
 		} else if did {
