@@ -21,8 +21,8 @@ type lruEntry[V any] struct {
 	val V
 }
 
-func newLRU[V any](max int) *lru[V] {
-	return &lru[V]{max: max, order: list.New(), items: map[string]*list.Element{}}
+func newLRU[V any](capacity int) *lru[V] {
+	return &lru[V]{max: capacity, order: list.New(), items: map[string]*list.Element{}}
 }
 
 func (l *lru[V]) get(key string) (V, bool) {
