@@ -92,10 +92,13 @@
 // does: their reservation for the pod is removed, and their allocation
 // and finalizer too unless another pod reserved the claim meanwhile (a
 // claim changed by anyone else is left alone). A rollback that cannot be
-// written is retried before the pod is decided again, so a gated pod never
-// waits holding part of its devices. A failed write is retried with the
-// work queue's backoff; until then its devices count as held in the
-// ledger only as long as the informer shows them allocated.
+// written is retried before the pod is decided again, so an unbound pod
+// never waits holding part of its devices. A write that failed without an
+// answer from the API server (a timeout, a broken connection) may have been
+// applied: a live read tells, and an applied one is counted in the ledger
+// and rolled back with the others instead of being forgotten while it
+// holds devices. The pod is retried with the work queue's backoff; other
+// pods sharing its claims are queued again.
 //
 // Two allocators: kube-scheduler allocates a gpulink device only for a
 // tolerating claim of an ungated pod (see above). Such a decision is
