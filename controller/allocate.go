@@ -521,13 +521,10 @@ type shareCons struct {
 func (n *nodeInventory) shareCons(alt *alternative, pos int) *shareCons {
 	memoKey := "share:" + alt.shareSig
 	n.memoMu.Lock()
-	row := n.shareMemo[memoKey]
-	if row == nil {
+	row, ok := n.shareMemo.get(memoKey)
+	if !ok {
 		row = make([]*shareCons, len(n.Devices))
-		if n.shareMemo == nil {
-			n.shareMemo = map[string][]*shareCons{}
-		}
-		n.shareMemo[memoKey] = row
+		n.shareMemo.put(memoKey, row)
 	}
 	sc := row[pos]
 	n.memoMu.Unlock()

@@ -45,7 +45,7 @@ func (e *selectorEvaluator) compile(expr string) (dracel.CompilationResult, erro
 // device; they are kept so that a request matching nothing can say why.
 func (e *selectorEvaluator) matchesOnNode(ctx context.Context, n *nodeInventory, expr string) ([]selectorOutcome, error) {
 	n.memoMu.Lock()
-	row, ok := n.memo[expr]
+	row, ok := n.memo.get(expr)
 	n.memoMu.Unlock()
 	if ok {
 		return row, nil
@@ -63,7 +63,7 @@ func (e *selectorEvaluator) matchesOnNode(ctx context.Context, n *nodeInventory,
 		row[p] = selectorOutcome{match: m && err == nil, err: err}
 	}
 	n.memoMu.Lock()
-	n.memo[expr] = row
+	n.memo.put(expr, row)
 	n.memoMu.Unlock()
 	return row, nil
 }

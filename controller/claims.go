@@ -28,12 +28,10 @@ const (
 	// allocates it.
 	claimForeign claimKind = iota
 	// claimOurs: every request selects gpulink devices; the controller
-	// allocates it.
+	// allocates it, whether or not the requests tolerate gpulink's
+	// managed taint: one allocator for every gpulink device, so that no
+	// two decisions can pick the same GPU unseen by each other.
 	claimOurs
-	// claimDelegated: the requests tolerate gpulink's managed taint, which
-	// opts them into kube-scheduler's own allocator. The controller counts
-	// what kube-scheduler allocates but does not allocate it.
-	claimDelegated
 )
 
 // interpretedClaim is a gpulink claim in the controller's terms.
@@ -41,6 +39,10 @@ type interpretedClaim struct {
 	Claim       *resourceapi.ResourceClaim
 	Requests    []*requestSpec
 	Constraints []matchConstraint
+	// Tolerating is set when every request tolerates the managed taint,
+	// so kube-scheduler's allocator may take the claim too: the
+	// controller allocates it for gated pods only (see syncPod).
+	Tolerating bool
 }
 
 // requestSpec is one request with its alternatives: one for `exactly`,
@@ -226,7 +228,7 @@ func (ip *interpreter) interpret(ctx context.Context, claim *resourceapi.Resourc
 	spec := claim.Spec.Devices
 	reqPath := field.NewPath("spec", "devices", "requests")
 	out := &interpretedClaim{Claim: claim}
-	var ours, foreign, delegated []string
+	var ours, foreign []string
 	for i := range spec.Requests {
 		r := &spec.Requests[i]
 		path := reqPath.Index(i)
@@ -248,7 +250,7 @@ func (ip *interpreter) interpret(ctx context.Context, claim *resourceapi.Resourc
 		default:
 			return fail(field.Invalid(path, r.Name, "exactly one of exactly or firstAvailable must be set"))
 		}
-		var reqOurs, reqForeign, reqDelegated int
+		var reqOurs, reqForeign int
 		for rank, s := range subs {
 			class, err := ip.classes.Get(s.class)
 			if err != nil {
@@ -260,10 +262,6 @@ func (ip *interpreter) interpret(ctx context.Context, claim *resourceapi.Resourc
 			}
 			if !isOurs {
 				reqForeign++
-				continue
-			}
-			if tolerates(s.tolerations, managedTaint) {
-				reqDelegated++
 				continue
 			}
 			reqOurs++
@@ -279,23 +277,24 @@ func (ip *interpreter) interpret(ctx context.Context, claim *resourceapi.Resourc
 			out.Requests = append(out.Requests, rs)
 		case reqForeign == len(subs):
 			foreign = append(foreign, r.Name)
-		case reqDelegated == len(subs):
-			delegated = append(delegated, r.Name)
 		default:
-			return fail(field.Invalid(path, r.Name, "its firstAvailable alternatives mix gpulink device classes with other drivers' classes (or with tolerations of "+driver.ManagedTaintKey+"); gpulink cannot weigh alternatives it does not allocate"))
+			return fail(field.Invalid(path, r.Name, "its firstAvailable alternatives mix gpulink device classes with other drivers' classes; gpulink cannot weigh alternatives it does not allocate"))
 		}
 	}
 	switch {
-	case len(ours) == 0 && len(delegated) == 0:
+	case len(ours) == 0:
 		return nil, claimForeign, nil
-	case len(ours) == 0 && len(foreign) == 0:
-		return nil, claimDelegated, nil
-	case len(foreign) > 0 && (len(ours) > 0 || len(delegated) > 0):
+	case len(foreign) > 0:
 		return fail(fmt.Errorf("requests %s select gpulink devices but requests %s select other drivers' devices; one claim is allocated as a whole, so put them in separate claims",
-			strings.Join(append(ours, delegated...), ","), strings.Join(foreign, ",")))
-	case len(delegated) > 0:
-		return fail(fmt.Errorf("requests %s tolerate the %s taint (left to kube-scheduler) but requests %s do not; put them in separate claims",
-			strings.Join(delegated, ","), driver.ManagedTaintKey, strings.Join(ours, ",")))
+			strings.Join(ours, ","), strings.Join(foreign, ",")))
+	}
+	out.Tolerating = true
+	for _, rs := range out.Requests {
+		for _, alt := range rs.Alternatives {
+			if !tolerates(alt.Tolerations, managedTaint) {
+				out.Tolerating = false
+			}
+		}
 	}
 	consPath := field.NewPath("spec", "devices", "constraints")
 	for i, c := range spec.Constraints {

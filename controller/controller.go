@@ -99,6 +99,9 @@ type Controller struct {
 	mu       sync.Mutex
 	waiting  sets.Set[string]               // pods (ns/name) waiting for devices
 	excluded map[types.UID]sets.Set[string] // nodes a pod was unschedulable on
+	// rollbacks are claims a failed decision of a pod wrote and could not
+	// roll back yet; see rollbackStale.
+	rollbacks map[types.UID][]*resourceapi.ResourceClaim
 }
 
 // New creates a controller and registers its informers. Call Run to start.
@@ -326,6 +329,7 @@ func (c *Controller) onPodDelete(obj any) {
 	c.explain.forget(pod.UID)
 	c.mu.Lock()
 	delete(c.excluded, pod.UID)
+	delete(c.rollbacks, pod.UID)
 	c.waiting.Delete(key)
 	c.metrics.PendingPods.Set(float64(c.waiting.Len()))
 	c.mu.Unlock()

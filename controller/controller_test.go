@@ -238,18 +238,63 @@ func TestForeignClaimsAreUngatedNotTouched(t *testing.T) {
 	h := newHarness(t, objs(classes(), []runtime.Object{other}, gpuNode(t, "v100", "v100-sxm2-8-aliyun-sccgn6.txt"))...).start()
 	h.claim("nic", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "n", Exactly: &resourceapi.ExactDeviceRequest{
 		DeviceClassName: "nic.example.com", AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}}}})
-	tol := controllertest.WholeRequest("g", 1)
-	tol.Exactly.Tolerations = []resourceapi.DeviceToleration{{Key: driver.ManagedTaintKey, Operator: resourceapi.DeviceTolerationOpExists}}
-	h.claim("delegated", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{tol}})
 	h.pod("p", true, "nic")
-	h.pod("q", true, "delegated")
 	h.waitUngated("p")
-	h.waitUngated("q")
-	for _, c := range []string{"nic", "delegated"} {
-		got := h.getClaim(c)
-		if got.Status.Allocation != nil || len(got.Finalizers) > 0 {
-			t.Errorf("claim %s was touched: %+v", c, got.Status)
+	got := h.getClaim("nic")
+	if got.Status.Allocation != nil || len(got.Finalizers) > 0 {
+		t.Errorf("claim nic was touched: %+v", got.Status)
+	}
+}
+
+// TestToleratingRequestsAllocatedByController: a request that tolerates
+// the managed taint is allocated by the controller like any other, so
+// that one allocator sees every gpulink decision, and it is held to the
+// same rules (here: a claim may not pick strategy None, which would give a
+// share without limits).
+func TestToleratingRequestsAllocatedByController(t *testing.T) {
+	h := newHarness(t, objs(classes(), gpuNode(t, "a", "pcie-4.txt"))...).start()
+	tolerate := func(r resourceapi.DeviceRequest) resourceapi.DeviceRequest {
+		r.Exactly.Tolerations = []resourceapi.DeviceToleration{{Key: driver.ManagedTaintKey, Operator: resourceapi.DeviceTolerationOpExists}}
+		return r
+	}
+	h.claim("tol", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{tolerate(controllertest.WholeRequest("g", 3))}})
+	h.claim("plain", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}})
+	h.claim("none", resourceapi.DeviceClaim{
+		Requests: []resourceapi.DeviceRequest{tolerate(controllertest.ShareRequest("s", "1Gi", "10"))},
+		Config:   []resourceapi.DeviceClaimConfiguration{controllertest.OpaqueConfig(`{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"None"}}`)},
+	})
+	// A pod not held behind the gate is already kube-scheduler's: its
+	// tolerating claim is left to kube-scheduler's allocator.
+	h.claim("sched", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{tolerate(controllertest.WholeRequest("g", 1))}})
+	h.pod("u", false, "sched")
+	h.pod("p", true, "tol")
+	h.pod("q", true, "plain")
+	h.pod("r", true, "none")
+	tol, plain := h.waitAllocated("tol"), h.waitAllocated("plain")
+	if !hasFinalizer(tol) || len(tol.Status.ReservedFor) != 1 {
+		t.Errorf("tolerating claim not allocated by the controller: finalizers %v, reservedFor %v", tol.Finalizers, tol.Status.ReservedFor)
+	}
+	if got := devicesOf(tol); len(got) != 3 {
+		t.Errorf("tolerating claim got %v, want 3 GPUs", got)
+	}
+	for _, d := range devicesOf(plain) {
+		if slices.Contains(devicesOf(tol), d) {
+			t.Errorf("%s given to both claims", d)
 		}
+	}
+	h.waitUngated("p")
+	e := h.waitEvent(ns+"/r", ReasonUninterpretable)
+	if !contains(e.Note, "sharing.strategy") || !contains(e.Note, "None") {
+		t.Errorf("event %+v, want the strategy None refusal", e)
+	}
+	if got := h.getClaim("sched"); got.Status.Allocation != nil || len(got.Finalizers) > 0 {
+		t.Errorf("tolerating claim of an ungated pod was touched: %+v", got.Status)
+	}
+	if h.getClaim("none").Status.Allocation != nil || gateIndex(h.getPod("r")) < 0 {
+		t.Error("a share under strategy None was allocated or handed to kube-scheduler")
+	}
+	if err := controllertest.CheckInvariants(h.allClaims(), h.allSlices()); err != nil {
+		t.Error(err)
 	}
 }
 

@@ -13,8 +13,15 @@
 // non-CEL selectors, capacity names other than memory and cores,
 // allocationMode All for a share, invalid opaque config), gets a Warning
 // event and stays unallocated. Requests that tolerate the managed device
-// taint (driver.ManagedTaintKey) opt into kube-scheduler's own allocator;
-// their claims are left to it and counted like any other allocation.
+// taint (driver.ManagedTaintKey) are allocated by the controller too, with
+// the same validation (e.g. no share under sharing strategy None): one
+// allocator decides every gpulink device, so no two decisions pick the
+// same GPU unseen by each other. Only a claim whose requests all tolerate
+// the taint, used by a pod that is not gated (no admission policy, or the
+// gate removed by someone else), is left to kube-scheduler, which already
+// sees that pod; its result is counted once written, and the kubelet
+// plugin refuses to prepare it if it breaks the controller's rules or
+// over-commits a GPU's memory or cores.
 //
 // A request is a share of one GPU when its class carries the label
 // gpu.gpulink.dev/sharing=true (the shipped gpu-share.gpulink.dev class
@@ -65,6 +72,51 @@
 // scheduling gate driver.SchedulingGate is removed with a JSON patch that
 // tests the gate's name first, and kube-scheduler binds the pod to the
 // node the allocation names.
+//
+// # Guarantees
+//
+// Several workers: decisions are serialized by one lock, and every claim
+// of a decision is assumed in the ledger before the lock is released. A
+// claim read from the cache before the lock is checked again under it; a
+// claim another pod decided meanwhile (assumed, or allocated as the
+// informer shows it) is not decided again: the ledger refuses a second
+// assumption for a claim, so one decision can never hide another's
+// devices. Pods sharing a claim: the claim is decided once, by the first
+// pod; the others wait for its update and are handed to kube-scheduler
+// with that allocation (which reserves them).
+//
+// Pods with several claims: the claims are decided together on one node
+// and written in order. When a write fails (HTTP 429, conflict, timeout,
+// anything), the assumptions not written are dropped and the claims this
+// decision already wrote are rolled back, as kube-scheduler's Unreserve
+// does: their reservation for the pod is removed, and their allocation
+// and finalizer too unless another pod reserved the claim meanwhile (a
+// claim changed by anyone else is left alone). A rollback that cannot be
+// written is retried before the pod is decided again, so an unbound pod
+// never waits holding part of its devices. A write that failed without an
+// answer from the API server (a timeout, a broken connection) may have been
+// applied: a live read tells, and an applied one is counted in the ledger
+// and rolled back with the others instead of being forgotten while it
+// holds devices. The pod is retried with the work queue's backoff; other
+// pods sharing its claims are queued again.
+//
+// Two allocators: kube-scheduler allocates a gpulink device only for a
+// tolerating claim of an ungated pod (see above). Such a decision is
+// invisible to the controller until written, so a whole GPU and a share
+// can still meet on one device in that case; the kubelet plugin's
+// conflict check (whole GPUs exclusive, shares within memory and cores)
+// then fails the second prepare instead of over-committing the GPU.
+// With the chart's admission policy every pod is gated and this cannot
+// happen.
+//
+// Invariants, checked by the churn tests (controllertest.CheckInvariants):
+// no GPU held whole by two claims or whole and in shares, shares of one
+// GPU within its memory and cores, and no allocation, reservation or
+// finalizer left once the pods are gone.
+//
+// Memory: the per-node memos of selector results and share sizes are
+// LRU-bounded (memoEntriesPerNode entries each); compiled CEL programs,
+// class probes and resolved configs are bounded caches too.
 //
 // # Recovery
 //

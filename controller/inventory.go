@@ -43,10 +43,11 @@ type nodeInventory struct {
 
 	memoMu sync.Mutex
 	// memo caches selector results per expression and position: selectors
-	// are evaluated once per device, not once per claim.
-	memo map[string][]selectorOutcome
+	// are evaluated once per device, not once per claim. Bounded (LRU).
+	memo *lru[[]selectorOutcome]
 	// shareMemo caches share consumption per share signature and position.
-	shareMemo map[string][]*shareCons
+	// Bounded (LRU).
+	shareMemo *lru[[]*shareCons]
 }
 
 type selectorOutcome struct {
@@ -275,12 +276,13 @@ func buildNode(pool string, slices []*resourceapi.ResourceSlice) (*nodeInventory
 		return nil, fmt.Errorf("pool %q: decoding link rows: %w", pool, err)
 	}
 	n := &nodeInventory{
-		Node:    nodeName,
-		Pool:    pool,
-		Topo:    topo,
-		Devices: make([]*deviceInfo, topo.Len()),
-		byName:  make(map[string]*deviceInfo, len(infos)),
-		memo:    map[string][]selectorOutcome{},
+		Node:      nodeName,
+		Pool:      pool,
+		Topo:      topo,
+		Devices:   make([]*deviceInfo, topo.Len()),
+		byName:    make(map[string]*deviceInfo, len(infos)),
+		memo:      newLRU[[]selectorOutcome](memoEntriesPerNode),
+		shareMemo: newLRU[[]*shareCons](memoEntriesPerNode),
 	}
 	for _, d := range infos {
 		p, ok := topo.Position(d.Index)

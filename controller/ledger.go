@@ -166,17 +166,28 @@ func (l *ledger) forget(uid types.UID) {
 // assume records an allocation about to be written. It returns a function
 // that settles the assumption: with the resourceVersion the write returned,
 // or with "" after a failed write, which restores the previous usage.
-func (l *ledger) assume(uid types.UID, uses []deviceUse) func(rv string, ok bool) {
+//
+// A claim is decided once: assume refuses (false, and changes nothing)
+// when the claim already holds devices, assumed by another decision whose
+// write is in flight or not yet observed, or allocated as the informer
+// shows it. Replacing such an entry would make the first decision's
+// devices look free while they are being written.
+func (l *ledger) assume(uid types.UID, uses []deviceUse) (func(rv string, ok bool), bool) {
 	l.mu.Lock()
-	prev := l.claims[uid]
-	l.setLocked(uid, &claimUse{uses: uses, assumed: true})
+	if _, held := l.claims[uid]; held {
+		l.mu.Unlock()
+		return nil, false
+	}
+	mine := &claimUse{uses: uses, assumed: true}
+	l.setLocked(uid, mine)
 	l.mu.Unlock()
 	return func(rv string, ok bool) {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		cur := l.claims[uid]
-		if cur == nil || !cur.assumed || cur.assumedRV != "" {
-			// The claim was deleted or observed meanwhile.
+		if cur != mine || cur.assumedRV != "" {
+			// The claim was deleted or observed meanwhile, or this
+			// assumption was settled already.
 			return
 		}
 		switch {
@@ -188,9 +199,18 @@ func (l *ledger) assume(uid types.UID, uses []deviceUse) func(rv string, ok bool
 		case cur.observed != nil:
 			l.setLocked(uid, cur.observed)
 		default:
-			l.setLocked(uid, prev)
+			l.setLocked(uid, nil)
 		}
-	}
+	}, true
+}
+
+// held tells whether the claim holds devices in the ledger: assumed by a
+// decision of ours or allocated as the informer shows it.
+func (l *ledger) held(uid types.UID) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, ok := l.claims[uid]
+	return ok
 }
 
 // usageOf returns a copy of the usage of one device.

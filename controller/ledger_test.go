@@ -81,7 +81,7 @@ func TestLedgerAssumptionSurvivesInformerLag(t *testing.T) {
 	l := newLedger()
 	// The informer knows the claim unallocated (rv 10).
 	l.observe(claimWith("a", "10"))
-	settle := l.assume("a", []deviceUse{{Key: key0, Exclusive: true}})
+	settle, _ := l.assume("a", []deviceUse{{Key: key0, Exclusive: true}})
 	// While the write is in flight, the informer delivers the finalizer
 	// update (rv 11, still unallocated): the assumption holds.
 	l.observe(claimWith("a", "11"))
@@ -103,7 +103,7 @@ func TestLedgerAssumptionSurvivesInformerLag(t *testing.T) {
 
 func TestLedgerAssumptionSettledAfterFastInformer(t *testing.T) {
 	l := newLedger()
-	settle := l.assume("a", []deviceUse{{Key: key0, Exclusive: true}})
+	settle, _ := l.assume("a", []deviceUse{{Key: key0, Exclusive: true}})
 	// The informer shows the write before the write call returns.
 	l.observe(claimWith("a", "7", whole("gpu-0")))
 	settle("7", true)
@@ -117,7 +117,7 @@ func TestLedgerAssumptionSettledAfterFastInformer(t *testing.T) {
 
 func TestLedgerFailedWriteRestores(t *testing.T) {
 	l := newLedger()
-	settle := l.assume("a", []deviceUse{{Key: key0, Exclusive: true}})
+	settle, _ := l.assume("a", []deviceUse{{Key: key0, Exclusive: true}})
 	settle("", false)
 	if l.inFlight("a") || l.usageOf(key0).Exclusive {
 		t.Error("failed write left the device taken")

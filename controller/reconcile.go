@@ -53,7 +53,17 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 	}
 	if pod.DeletionTimestamp != nil || podDone(pod) {
 		c.setWaiting(key, false)
+		c.forgetRollbacks(pod.UID)
 		return nil
+	}
+	if pod.Spec.NodeName == "" {
+		if did, err := c.rollbackStale(ctx, pod); err != nil {
+			return err
+		} else if did {
+			// The cache shows the rolled-back claims as they were; the
+			// claim updates bring the pod back.
+			return nil
+		}
 	}
 	logger = logger.WithValues("pod", klog.KObj(pod))
 	ctx = klog.NewContext(ctx, logger)
@@ -87,8 +97,17 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 	}
 
 	var pending []*interpretedClaim
+	gated := gateIndex(pod) >= 0
 	for _, ic := range pc.ours {
 		if ic.Claim.Status.Allocation == nil {
+			if ic.Tolerating && !gated {
+				// kube-scheduler already sees this pod and may allocate
+				// the claim (its requests tolerate the managed taint):
+				// two allocators deciding one claim would race. Its
+				// result is counted once written, and the kubelet
+				// plugin checks it by the controller's rules.
+				continue
+			}
 			if c.ledger.inFlight(ic.Claim.UID) {
 				// Our own write is in flight or not yet in the informer:
 				// the claim update will bring the pod back.
@@ -174,6 +193,17 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	}
 
 	c.decideMu.Lock()
+	// The claims were read from the cache before the lock: another pod
+	// sharing one of them may have decided it since. A claim is decided
+	// once; this pod comes back when the claim's update arrives and then
+	// uses that decision.
+	for _, ic := range pending {
+		if c.ledger.held(ic.Claim.UID) {
+			c.decideMu.Unlock()
+			logger.V(4).Info("Claim decided meanwhile by another pod; waiting for its allocation", "claim", klog.KObj(ic.Claim))
+			return nil
+		}
+	}
 	excluded := c.excludedNodes(pod.UID)
 	all := c.inv.all()
 	cands, skipped := c.filter.candidates(logger, pod, all, allocated, excluded)
@@ -205,36 +235,25 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 		return nil
 	}
 	now := metav1.Now()
-	type write struct {
-		ic     *interpretedClaim
-		alloc  *resourceapi.AllocationResult
-		settle func(string, bool)
-	}
-	writes := make([]write, len(pending))
+	writes := make([]pendingWrite, 0, len(pending))
 	for i, ic := range pending {
 		alloc, uses := buildAllocation(ic, chosen.Node, chosen.Claims[i], now)
-		writes[i] = write{ic: ic, alloc: alloc, settle: c.ledger.assume(ic.Claim.UID, uses)}
+		settle, ok := c.ledger.assume(ic.Claim.UID, uses)
+		if !ok {
+			// Cannot happen while held() was false under the lock; never
+			// overwrite another decision if it does.
+			for _, w := range writes {
+				w.settle("", false)
+			}
+			c.decideMu.Unlock()
+			return fmt.Errorf("claim %s/%s was decided by another pod during this decision", ic.Claim.Namespace, ic.Claim.Name)
+		}
+		writes = append(writes, pendingWrite{ic: ic, alloc: alloc, settle: settle})
 	}
 	c.decideMu.Unlock()
 
-	consumer := resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: pod.Name, UID: pod.UID}
-	for i, w := range writes {
-		updated, err := c.writeAllocation(ctx, w.ic.Claim, w.alloc, consumer)
-		if err != nil {
-			for _, rest := range writes[i:] {
-				rest.settle("", false)
-			}
-			reason := errReasonAPI
-			if apierrors.IsConflict(err) {
-				reason = errReasonConflict
-			}
-			c.metrics.Errors.WithLabelValues(reason).Inc()
-			if !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
-				c.explain.event(pod, w.ic.Claim, corev1.EventTypeWarning, ReasonAllocateFailed, actionAllocate, err.Error())
-			}
-			return err
-		}
-		w.settle(updated.ResourceVersion, true)
+	if err := c.writeDecision(ctx, pod, writes); err != nil {
+		return err
 	}
 	c.setWaiting(key, false)
 	c.metrics.DecisionLatency.Observe(time.Since(start).Seconds())

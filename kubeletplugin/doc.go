@@ -104,7 +104,10 @@
 //	          CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=<cores> (the limits are set
 //	          on the claim's daemon; the env only repeats them)
 //	HAMiCore  CUDA_DEVICE_MEMORY_LIMIT_<i>=<MiB>m, CUDA_DEVICE_SM_LIMIT_<i>=<cores>
-//	None      nothing beyond GPULINK_SHARE_* (the share is only recorded)
+//
+// A share under strategy None (whole GPUs only) is refused, as the
+// controller refuses to allocate it: claims kube-scheduler or anyone else
+// allocated are held to the controller's rules.
 //
 // # The driver's files: the base spec
 //
@@ -170,7 +173,7 @@
 // one claim both whole and as a share. Such claims, malformed or unknown
 // configs, devices of other pools or not on this node, shares larger than
 // the GPU, and devices already prepared for another claim (whole, or shares
-// that would overcommit memory) fail with an error naming the claim
+// that would overcommit memory or cores) fail with an error naming the claim
 // (namespace/name and UID) and the field, and leave nothing behind.
 //
 // # MPS daemons

@@ -277,6 +277,11 @@ func resultField(i int) string {
 // planShare works out the size and strategy of a share.
 func (d *Driver) planShare(field string, r resourceapi.DeviceRequestAllocationResult, gpu topology.GPU, rc *requestConfig) (*PreparedShare, error) {
 	strategy := rc.resolved.Sharing.Strategy
+	if strategy == apiv1alpha1.SharingNone {
+		// The controller refuses such requests; a claim allocated by
+		// anyone else must not get a share it would refuse either.
+		return nil, fmt.Errorf("%s: a share (shareID set) under sharing.strategy=%s, which gives out whole GPUs only", field, apiv1alpha1.SharingNone)
+	}
 	var explicitMem *resource.Quantity
 	var explicitCores *int64
 	if s := rc.explicit.Sharing; s != nil {
@@ -373,7 +378,8 @@ func checkClaimShape(pc *PreparedClaim, resultIdx []int) error {
 
 // checkConflicts is the last line of defense against double allocation:
 // a GPU given whole must not be in any other prepared claim, and shares of
-// one GPU must fit into it together. Admin-access results are exempt.
+// one GPU must fit into it together, in memory and in cores (as the
+// controller counts them). Admin-access results are exempt.
 func (d *Driver) checkConflicts(pc *PreparedClaim, resultIdx []int) error {
 	type usage struct {
 		wholeBy     types.UID
@@ -428,6 +434,9 @@ func (d *Driver) checkConflicts(pc *PreparedClaim, resultIdx []int) error {
 		p, _ := d.topo.Position(dev.Index)
 		if total := d.topo.GPUs[p].MemoryBytes; total > 0 && u.mem > total {
 			return fmt.Errorf("%s.consumedCapacity.%s: shares of %q would use %d bytes, more than the GPU's %d", field, driver.CapacityMemory, dev.Device, u.mem, total)
+		}
+		if u.cores > coresTotal {
+			return fmt.Errorf("%s.consumedCapacity.%s: shares of %q would use %d%% of the cores, more than the GPU's %d%%", field, driver.CapacityCores, dev.Device, u.cores, coresTotal)
 		}
 	}
 	return nil

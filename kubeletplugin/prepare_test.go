@@ -179,8 +179,9 @@ func TestPrepareSharingStrategies(t *testing.T) {
 	d := e.start()
 	hami := newClaim("hami", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 2, "3Gi", 40)},
 		opaqueEntry(resourceapi.AllocationConfigSourceClass, driver.Name, nil, sharingConfig("HAMiCore")))
-	none := newClaim("none", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 3, "1Gi", 10)},
-		opaqueEntry(resourceapi.AllocationConfigSourceClass, driver.Name, []string{"s"}, sharingConfig("None")))
+	// Strategy None gives whole GPUs only.
+	none := newClaim("none", []resourceapi.DeviceRequestAllocationResult{wholeGPU("g", 3)},
+		opaqueEntry(resourceapi.AllocationConfigSourceClass, driver.Name, []string{"g"}, sharingConfig("None")))
 	mustPrepare(t, d, hami)
 	mustPrepare(t, d, none)
 	if len(e.daemon.starts) != 0 {
@@ -199,7 +200,7 @@ func TestPrepareSharingStrategies(t *testing.T) {
 		}
 	}
 	spec := envOf(none.UID)
-	if !strings.Contains(spec, "GPULINK_SHARE_MEMORY_0=1073741824") || strings.Contains(spec, "CUDA_MPS") || strings.Contains(spec, "CUDA_DEVICE_MEMORY_LIMIT") {
+	if strings.Contains(spec, "GPULINK_SHARE_MEMORY") || strings.Contains(spec, "CUDA_MPS") || strings.Contains(spec, "CUDA_DEVICE_MEMORY_LIMIT") {
 		t.Errorf("None spec: %s", spec)
 	}
 }
@@ -302,6 +303,11 @@ func TestPrepareBadInput(t *testing.T) {
 			results: []resourceapi.DeviceRequestAllocationResult{wholeGPU("a", 0), wholeGPU("b", 0)},
 			want:    []string{"status.allocation.devices.results[1].device", "whole twice"},
 		},
+		"share under strategy None": {
+			results: []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10)},
+			configs: []resourceapi.DeviceAllocationConfiguration{opaqueEntry(resourceapi.AllocationConfigSourceClass, driver.Name, nil, sharingConfig("None"))},
+			want:    []string{"status.allocation.devices.results[0]", "sharing.strategy=None", "whole GPUs only"},
+		},
 		"MPS share with another GPU": {
 			results: []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10), wholeGPU("g", 1)},
 			want:    []string{"status.allocation.devices.results[1].device", "MPS"},
@@ -347,6 +353,8 @@ func TestPrepareConflicts(t *testing.T) {
 		"GPU already whole":  {[]resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10)}, "already prepared whole"},
 		"GPU already shared": {[]resourceapi.DeviceRequestAllocationResult{wholeGPU("g", 1)}, "share(s) of it are prepared"},
 		"memory overcommit":  {[]resourceapi.DeviceRequestAllocationResult{shareOf("s", 1, "7Gi", 10)}, "more than the GPU's"},
+		// 50 % are prepared; 60 % more would over-commit the SMs.
+		"cores overcommit": {[]resourceapi.DeviceRequestAllocationResult{shareOf("s", 1, "1Gi", 60)}, "consumedCapacity.cores: shares of \"gpu-1\" would use 110% of the cores"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := newClaim("second", tc.results, opaqueEntry(resourceapi.AllocationConfigSourceClass, driver.Name, nil, sharingConfig("HAMiCore")))

@@ -92,7 +92,7 @@ func CheckInvariants(claims []resourceapi.ResourceClaim, slices []resourceapi.Re
 	for key, used := range consumed {
 		for name, v := range used {
 			if limit, ok := devices[key].capacity[name]; ok && v > limit {
-				errs = append(errs, fmt.Sprintf("device %s: shares consume %d of capacity %s, the device has %d", key, v, name, limit))
+				errs = append(errs, fmt.Sprintf("device %s: shares consume %d of capacity %s, the device has %d (shares: %s)", key, v, name, limit, strings.Join(shares[key], ", ")))
 			}
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -165,10 +166,26 @@ type running struct {
 // startController runs a controller in-process with its own client.
 func (e *env) startController(workers int) *running {
 	e.t.Helper()
+	return e.startControllerWith(workers, nil)
+}
+
+// startControllerWith runs a controller whose client's transport is
+// wrapped by wrap (nil: none), e.g. to inject API failures.
+func (e *env) startControllerWith(workers int, wrap func(http.RoundTripper) http.RoundTripper) *running {
+	e.t.Helper()
 	ctx, cancel := context.WithCancel(e.ctx)
 	logger := klog.Background().WithName("controller")
 	ctx = klog.NewContext(ctx, logger)
-	client := fastClient(e.t)
+	cfg := cluster.RESTConfig()
+	cfg.QPS, cfg.Burst = 2000, 4000
+	if wrap != nil {
+		cfg.Wrap(wrap)
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		cancel()
+		e.t.Fatal(err)
+	}
 	rec, stopRec := controller.NewRecorder(ctx, client)
 	ctrl, err := controller.New(controller.Config{
 		Client: client, Recorder: rec, Workers: workers,
