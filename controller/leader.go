@@ -30,9 +30,15 @@ type LeaderElection struct {
 // from a fresh cache).
 func RunLeading(ctx context.Context, client kubernetes.Interface, le LeaderElection, lead func(context.Context)) error {
 	logger := klog.FromContext(ctx)
-	host, err := os.Hostname()
-	if err != nil {
-		return fmt.Errorf("leader election identity: %w", err)
+	// The pod name tells replicas apart also when they share a host
+	// network (and so a hostname); the UUID keeps a restarted process from
+	// taking over its predecessor's lease record.
+	host := os.Getenv("POD_NAME")
+	if host == "" {
+		var err error
+		if host, err = os.Hostname(); err != nil {
+			return fmt.Errorf("leader election identity: %w", err)
+		}
 	}
 	id := host + "_" + uuid.NewString()
 	lock, err := resourcelock.New(resourcelock.LeasesResourceLock, le.Namespace, le.Name,

@@ -87,6 +87,8 @@ type suite struct {
 	devNodes   bool
 	controller *proc
 	plugins    []*proc
+	// workloadEnv is added to every workload container.
+	workloadEnv []corev1.EnvVar
 }
 
 func TestE2E(t *testing.T) {
@@ -280,6 +282,9 @@ func setup(ctx context.Context, t *testing.T) *suite {
 // alive fails when a gpulink process has exited.
 func (s *suite) alive() error {
 	for _, p := range append([]*proc{s.controller}, s.plugins...) {
+		if p == nil {
+			continue // the chart runs it as a pod
+		}
 		if err := p.alive(); err != nil {
 			return err
 		}
@@ -337,6 +342,7 @@ func (s *suite) createPod(ctx context.Context, t *testing.T, namespace, name, te
 				Image:           localcluster.WorkloadImage,
 				ImagePullPolicy: corev1.PullNever,
 				Resources:       corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpus"}}},
+				Env:             s.workloadEnv,
 			}},
 		},
 	}

@@ -72,3 +72,32 @@ func ReadPodLogFile(podLogDir string, pod *corev1.Pod, container string) (string
 	}
 	return out.String(), nil
 }
+
+// FakeDriverVersion is the version of the driver install WriteFakeDriver
+// lays out.
+const FakeDriverVersion = "580.95.05"
+
+// WriteFakeDriver lays out a driver install's files under root (as a host
+// install or the GPU Operator's driver container has them: enough for
+// nvcdi to find the driver) and returns the paths a container should see
+// them at.
+func WriteFakeDriver(t testing.TB, root string) []string {
+	t.Helper()
+	lib := "/usr/lib/x86_64-linux-gnu/"
+	files := []string{
+		lib + "libcuda.so." + FakeDriverVersion,
+		lib + "libnvidia-ml.so." + FakeDriverVersion,
+		"/usr/bin/nvidia-smi",
+		"/lib/firmware/nvidia/" + FakeDriverVersion + "/gsp_ga10x.bin",
+	}
+	for _, f := range files {
+		p := filepath.Join(root, f)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte("fake driver file\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return files
+}

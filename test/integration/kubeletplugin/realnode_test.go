@@ -61,7 +61,7 @@ func TestKubeletPluginRealNode(t *testing.T) {
 
 	// A fake driver install in the same root: the base CDI spec mounts its
 	// files and runs the real nvidia-cdi-hook hooks against them.
-	driverFiles := writeFakeDriver(t, driverRoot)
+	driverFiles := localcluster.WriteFakeDriver(t, driverRoot)
 	binDir, err := localcluster.DefaultBinDir()
 	if err != nil {
 		t.Fatal(err)
@@ -213,33 +213,6 @@ func runWorkload(ctx context.Context, t *testing.T, cluster *localcluster.Cluste
 	}
 	t.Logf("%s log:\n%s", name, log)
 	return log
-}
-
-// fakeDriverVersion is the version of the fake driver install.
-const fakeDriverVersion = "580.95.05"
-
-// writeFakeDriver lays out a driver install's files under root (as a host
-// install or the GPU Operator's driver container has them) and returns
-// the paths a container should see them at.
-func writeFakeDriver(t *testing.T, root string) []string {
-	t.Helper()
-	lib := "/usr/lib/x86_64-linux-gnu/"
-	files := []string{
-		lib + "libcuda.so." + fakeDriverVersion,
-		lib + "libnvidia-ml.so." + fakeDriverVersion,
-		"/usr/bin/nvidia-smi",
-		"/lib/firmware/nvidia/" + fakeDriverVersion + "/gsp_ga10x.bin",
-	}
-	for _, f := range files {
-		p := filepath.Join(root, f)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte("fake driver file\n"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return files
 }
 
 func checkLines(t *testing.T, pod, log string, want, unwanted []string) {
