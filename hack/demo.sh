@@ -2,11 +2,11 @@
 # gpulink on a local Kubernetes 1.37 cluster, no Docker, registry or GPU
 # needed (`make demo` runs `hack/demo.sh up`).
 #
-#   hack/demo.sh [up]     build what is missing, start the local cluster (one real
-#                         node, two API-only nodes), install gpulink (the chart's
-#                         DeviceClasses and scheduling-gate policy, one kubelet
-#                         plugin per GPU node, the controller), run the
-#                         example workloads of demo/workloads and print what they got
+#   hack/demo.sh [up]     build what is missing (binaries, the gpulink image),
+#                         start the local cluster (one real node, two API-only
+#                         nodes), install gpulink with `helm install` of the
+#                         chart from the locally built image, run the example
+#                         workloads of demo/workloads and print what they got
 #   hack/demo.sh report   print the table again
 #   hack/demo.sh status   show the demo's processes and the cluster
 #   hack/demo.sh down     stop the gpulink processes and the cluster
@@ -18,10 +18,17 @@
 #   api-node-1   8 x V100 SXM2, NVLink hybrid cube mesh (v100-sxm2-8-aliyun-sccgn6.txt)
 #   api-node-2   7 x P40 on two PCIe switches (p40-pcie-7.txt)
 # API-only nodes have no kubelet: pods are allocated and bound there, never run.
-# The DeviceClasses and the MutatingAdmissionPolicy that adds the scheduling
-# gate to pods with resource claims come from the Helm chart, rendered with
-# `helm template` (<bin dir>/helm, built by hack/helm.sh --build); the
-# workloads carry no gate of their own.
+# gpulink is installed as a user installs it: `make image` (hack/image.sh)
+# builds the image, it is imported into the real node's containerd, and
+# `helm install` of deployments/helm/gpulink runs the kubelet plugin as the
+# chart's DaemonSet pod on the real node and the controller as the chart's
+# Deployment (two replicas, leader election), with the chart's RBAC,
+# DeviceClasses and admission policies. The real node's plugin sees a
+# stand-in driver install (_output/demo/driver: library and firmware files,
+# /dev/nvidia* stand-ins) and writes its base CDI spec with nvcdi from it.
+# API-only nodes have no kubelet to run a DaemonSet pod, so their plugins
+# run as processes (the DaemonSet's nodeSelector leaves them out).
+# The workloads carry no gate of their own: the chart's policy adds it.
 #
 # `up` on a running demo (or a cluster left by `hack/cluster.sh up`) stops it
 # and starts afresh. Needs root (containerd and the kubelet of the real node).
@@ -36,6 +43,9 @@ CLUSTER_DIR="${OUTPUT_DIR}/cluster"
 DEMO_DIR="${OUTPUT_DIR}/demo"
 RUN_DIR="${DEMO_DIR}/run"
 KUBECONFIG_PATH="${CLUSTER_DIR}/kubeconfig"
+RELEASE=gpulink
+CHART_NAMESPACE=gpulink-system
+IMAGE_TAG=demo
 CLUSTER_SH="${REPO_ROOT}/hack/cluster.sh"
 CHART="${REPO_ROOT}/deployments/helm/gpulink"
 GATE=gpu.gpulink.dev/allocation
@@ -138,42 +148,62 @@ demo_running() {
 cmd_down() {
 	stop_procs
 	"${CLUSTER_SH}" down
+	umount_driver_root
 	log "demo stopped (logs stay in ${RUN_DIR#"${REPO_ROOT}"/} and ${CLUSTER_DIR#"${REPO_ROOT}"/}/logs)"
 }
 
-# mk_device_nodes creates stand-ins for /dev/nvidia* (character devices with
-# /dev/null's numbers) so that containers of the real node get device nodes
-# through CDI as they would on a GPU machine.
-mk_device_nodes() {
-	local dev="${DEMO_DIR}/driver/dev" n
-	mkdir -p "${dev}"
+# mk_driver_root lays out a stand-in driver install under _output/demo/driver:
+# the files nvcdi looks for (libcuda, libnvidia-ml, nvidia-smi, firmware)
+# and /dev/nvidia* stand-ins (character devices with /dev/null's numbers),
+# so that containers of the real node get driver files and device nodes
+# through CDI as they would on a GPU machine. The chart mounts the driver
+# root with HostToContainer propagation, which needs a shared mount (as on
+# systemd hosts and under the GPU Operator's /run/nvidia/driver).
+mk_driver_root() {
+	local root="${DEMO_DIR}/driver" n f v=580.95.05
+	mkdir -p "${root}/dev"
+	for f in "usr/lib/x86_64-linux-gnu/libcuda.so.${v}" "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.${v}" \
+		usr/bin/nvidia-smi "lib/firmware/nvidia/${v}/gsp_ga10x.bin"; do
+		mkdir -p "$(dirname "${root}/${f}")"
+		echo "stand-in driver file" >"${root}/${f}"
+		chmod 755 "${root}/${f}"
+	done
 	for n in nvidiactl nvidia-uvm nvidia-uvm-tools nvidia{0..7}; do
-		[[ -e "${dev}/${n}" ]] && continue
-		if ! mknod -m 666 "${dev}/${n}" c 1 3 2>/dev/null; then
+		[[ -e "${root}/dev/${n}" ]] && continue
+		if ! mknod -m 666 "${root}/dev/${n}" c 1 3 2>/dev/null; then
 			log "mknod not permitted: containers get the GPU environment but no /dev/nvidia* stand-ins"
-			return
+			break
 		fi
 	done
+	if ! mountpoint -q "${root}"; then
+		mount --bind "${root}" "${root}"
+		mount --make-rshared "${root}"
+	fi
+}
+
+umount_driver_root() {
+	local root="${DEMO_DIR}/driver"
+	if mountpoint -q "${root}" 2>/dev/null; then
+		umount -l "${root}" || true
+	fi
 }
 
 start_plugins() {
 	local entry node file product memory cc label registrar plugin cdi mps
 	for entry in "${GPU_NODES[@]}"; do
 		IFS=: read -r node file product memory cc label <<<"${entry}"
+		kc label node "${node}" --overwrite "demo.gpulink.dev/server=${label}" >/dev/null
 		if [[ "${node}" == "${REAL_NODE}" ]]; then
-			registrar="${CLUSTER_DIR}/kubelet/plugins_registry"
-			plugin="${CLUSTER_DIR}/kubelet/plugins/gpu.gpulink.dev"
-			cdi="${CLUSTER_DIR}/cdi"
-		else
-			# No kubelet: the plugin registers with nobody but publishes
-			# its ResourceSlices all the same.
-			registrar="${DEMO_DIR}/nodes/${node}/registry"
-			plugin="${DEMO_DIR}/nodes/${node}/plugin"
-			cdi="${DEMO_DIR}/nodes/${node}/cdi"
+			continue # the chart's DaemonSet pod (install_chart)
 		fi
+		# No kubelet, so no DaemonSet pod: a plugin process registers with
+		# nobody but publishes the node's ResourceSlices all the same.
+		log "${node} is an API-only node (no kubelet): its kubelet plugin runs as a process, not as the DaemonSet's pod"
+		registrar="${DEMO_DIR}/nodes/${node}/registry"
+		plugin="${DEMO_DIR}/nodes/${node}/plugin"
+		cdi="${DEMO_DIR}/nodes/${node}/cdi"
 		mps="${DEMO_DIR}/nodes/${node}/mps"
 		mkdir -p "${registrar}" "${plugin}" "${cdi}" "${mps}"
-		kc label node "${node}" --overwrite "demo.gpulink.dev/server=${label}" >/dev/null
 		start_proc "kubeletplugin-${node}" "${BIN_DIR}/gpulink-kubeletplugin" \
 			--node-name="${node}" \
 			--kubeconfig="${KUBECONFIG_PATH}" \
@@ -187,7 +217,6 @@ start_plugins() {
 			--kubelet-plugin-dir="${plugin}" \
 			--cdi-root="${cdi}" \
 			--mps-root="${mps}" \
-			--driver-root="${DEMO_DIR}/driver" \
 			--metrics-address= \
 			--v=2
 	done
@@ -197,17 +226,65 @@ start_plugins() {
 	done
 }
 
-# install_chart_objects applies the chart's cluster-scoped objects the demo
-# needs (the DeviceClasses and the scheduling-gate MutatingAdmissionPolicy
-# with its binding; the kubelet plugins and the controller run as
-# processes) and waits until the API server applies the policy: it picks up
-# new policies asynchronously, so a server-side dry run of a pod with a
-# claim is repeated until it comes back gated.
-install_chart_objects() {
-	"${BIN_DIR}/helm" template gpulink "${CHART}" --namespace gpulink-system --kube-version v1.37.0 \
-		--show-only templates/deviceclasses.yaml --show-only templates/scheduling-gate.yaml \
-		>"${DEMO_DIR}/chart.yaml"
-	kc apply -f "${DEMO_DIR}/chart.yaml" >&2
+# install_chart installs gpulink with `helm install` from the image
+# hack/image.sh built and imported: the kubelet plugin as the DaemonSet's
+# pod on the real node (topology-file discovery from a ConfigMap, the
+# stand-in driver root), the controller as the Deployment. The local
+# cluster has no pod network or kube-proxy, so the pods use the host
+# network and reach the API server at its loopback address; its kubelet
+# root and CDI directory are under _output/cluster. Then it waits until the
+# API server applies the scheduling-gate policy: it picks up new policies
+# asynchronously, so a server-side dry run of a pod with a claim is
+# repeated until it comes back gated.
+install_chart() {
+	local api host port entry node="" file product memory cc
+	api="$(kc config view --minify -o jsonpath='{.clusters[0].cluster.server}')"
+	host="${api#https://}"
+	port="${host##*:}"
+	host="${host%:*}"
+	for entry in "${GPU_NODES[@]}"; do
+		IFS=: read -r node file product memory cc _ <<<"${entry}"
+		[[ "${node}" == "${REAL_NODE}" ]] && break
+	done
+	kc create namespace "${CHART_NAMESPACE}" >&2
+	kc -n "${CHART_NAMESPACE}" create configmap gpulink-topology --from-file=topology.txt="${TOPOLOGIES}/${file}" >&2
+	cat >"${DEMO_DIR}/values.yaml" <<VALUES
+image:
+  repository: gpulink.local/gpulink
+  tag: ${IMAGE_TAG}
+  pullPolicy: Never
+kubeletPlugin:
+  discovery: topology-file
+  topologyConfigMap: gpulink-topology
+  gpuProduct: ${product}
+  gpuMemory: ${memory}
+  driverRoot: ${DEMO_DIR}/driver
+  kubeletRootDir: ${CLUSTER_DIR}/kubelet
+  cdiRoot: ${CLUSTER_DIR}/cdi
+  mpsRoot: ${DEMO_DIR}/nodes/${REAL_NODE}/mps
+  hostNetwork: true
+  metricsPort: 0
+  nodeSelector: {kubernetes.io/hostname: ${REAL_NODE}}
+  extraArgs: ["--gpu-compute-capability=${cc}", "--gpu-driver-version=550.90.07", "--v=2"]
+  extraEnv:
+    - {name: KUBERNETES_SERVICE_HOST, value: "${host}"}
+    - {name: KUBERNETES_SERVICE_PORT, value: "${port}"}
+controller:
+  replicas: 2
+  hostNetwork: true
+  metricsPort: 0
+  healthPort: 0
+  nodeSelector: {kubernetes.io/hostname: ${REAL_NODE}}
+  extraArgs: ["--v=2"]
+  extraEnv:
+    - {name: KUBERNETES_SERVICE_HOST, value: "${host}"}
+    - {name: KUBERNETES_SERVICE_PORT, value: "${port}"}
+VALUES
+	"${BIN_DIR}/helm" install "${RELEASE}" "${CHART}" --namespace "${CHART_NAMESPACE}" \
+		--kubeconfig "${KUBECONFIG_PATH}" --values "${DEMO_DIR}/values.yaml" >&2
+	log "waiting for the chart's kubelet plugin and controller pods"
+	kc -n "${CHART_NAMESPACE}" rollout status "daemonset/${RELEASE}-kubelet-plugin" --timeout="${WAIT_TIMEOUT}" >&2
+	kc -n "${CHART_NAMESPACE}" rollout status "deployment/${RELEASE}-controller" --timeout="${WAIT_TIMEOUT}" >&2
 	local probe='{"apiVersion":"v1","kind":"Pod","metadata":{"name":"gate-probe","namespace":"default"},
 		"spec":{"resourceClaims":[{"name":"gpus","resourceClaimTemplateName":"gate-probe"}],
 		"containers":[{"name":"probe","image":"gpulink.local/test/workload:v1","resources":{"claims":[{"name":"gpus"}]}}]}}'
@@ -231,28 +308,26 @@ cmd_up() {
 	log "gpulink binaries (make build)"
 	make --no-print-directory build >&2
 	go build -o "${BIN_DIR}/demoreport" ./test/e2e/cmd/demoreport
-	log "helm, to render the chart (hack/helm.sh --build)"
+	log "helm (hack/helm.sh --build)"
 	"${REPO_ROOT}/hack/helm.sh" --build
+	log "the gpulink image (hack/image.sh: go-containerregistry, no Docker)"
+	IMAGE_TAG="${IMAGE_TAG}" "${REPO_ROOT}/hack/image.sh" >"${OUTPUT_DIR}/demo-image.txt"
 
 	log "step 2/5: local cluster"
 	if demo_running || "${CLUSTER_SH}" status >/dev/null 2>&1; then
 		log "a demo or cluster is already running: stopping it to start afresh"
 		cmd_down
 	fi
+	umount_driver_root
 	rm -rf "${DEMO_DIR}"
 	"${CLUSTER_SH}" up --real-node --api-nodes 2
 
-	log "step 3/5: install gpulink (the chart's DeviceClasses and scheduling-gate policy, kubelet plugins, controller)"
+	log "step 3/5: install gpulink (helm install of the chart from the local image; plugin processes for the API-only nodes)"
 	mkdir -p "${DEMO_DIR}"
-	install_chart_objects
-	mk_device_nodes
+	"${CLUSTER_SH}" import-image "$(awk '{print $2}' "${OUTPUT_DIR}/demo-image.txt")"
+	mk_driver_root
+	install_chart
 	start_plugins
-	start_proc controller "${BIN_DIR}/gpulink-controller" \
-		--kubeconfig="${KUBECONFIG_PATH}" \
-		--leader-elect=false \
-		--metrics-address= \
-		--health-address= \
-		--v=2
 
 	log "step 4/5: example workloads (demo/workloads)"
 	kc apply -f "${WORKLOADS}/00-namespace.yaml" >&2
@@ -275,7 +350,9 @@ Inspect:
   hack/cluster.sh kubectl get resourceclaims -A -o wide
   hack/cluster.sh kubectl -n ${NAMESPACE} logs share-a    what the container sees (ENV, DEV lines)
   hack/cluster.sh kubectl -n ${NAMESPACE} get events      the controller's decisions
-  gpulink logs: ${RUN_DIR}/*.log    cluster logs: ${CLUSTER_DIR}/logs/*.log
+  hack/cluster.sh kubectl -n ${CHART_NAMESPACE} get pods     the chart's plugin DaemonSet pod and controller replicas
+  gpulink logs: ${CLUSTER_DIR}/pod-logs (chart pods), ${RUN_DIR}/*.log (API-only nodes' plugins)
+  cluster logs: ${CLUSTER_DIR}/logs/*.log
 
 Tear down:
   hack/demo.sh down        stops the gpulink processes and the cluster (hack/cluster.sh down)
