@@ -67,13 +67,17 @@ func parseFlags(args []string) (*flags, error) {
 }
 
 // defaultRunc prefers the runc shipped next to this binary in the bundle.
-func defaultRunc() string {
+func defaultRunc() string { return bundledBinary("runc") }
+
+// bundledBinary is name next to this binary when it is there (the
+// bundle's bin directory), else name (looked up in PATH).
+func bundledBinary(name string) string {
 	if exe, err := os.Executable(); err == nil {
-		if p := filepath.Join(filepath.Dir(exe), "runc"); fileExists(p) {
+		if p := filepath.Join(filepath.Dir(exe), name); fileExists(p) {
 			return p
 		}
 	}
-	return "runc"
+	return name
 }
 
 func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
@@ -151,6 +155,20 @@ func wire(f *flags) (gpucheck.Deps, error) {
 			return gpucheck.Deps{}, fmt.Errorf("MPS: %w", err)
 		}
 		popts.Discoverer, popts.MPSDaemon, popts.RealGPUs = d, mps, true
+		// The driver's files reach the containers through the base CDI
+		// spec, with the hooks run by the nvidia-cdi-hook of the bundle.
+		hook, err := filepath.Abs(bundledBinary("nvidia-cdi-hook"))
+		if err != nil {
+			return gpucheck.Deps{}, err
+		}
+		if !fileExists(hook) {
+			return gpucheck.Deps{}, fmt.Errorf("%s: not found; the bundle ships nvidia-cdi-hook next to gpulink-gpucheck (make gpu-check-bundle)", hook)
+		}
+		lib, err := kubeletplugin.NVMLLibrary("/")
+		if err != nil {
+			return gpucheck.Deps{}, err
+		}
+		popts.BaseSpec = &kubeletplugin.BaseSpecOptions{HookPath: hook, NVML: lib}
 	}
 	return gpucheck.Deps{
 		Run:        gpucheck.Exec,

@@ -1,6 +1,7 @@
 package gpucheck
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -48,6 +49,14 @@ type PluginPreparerOptions struct {
 	MPSDaemon kubeletplugin.MPSDaemon
 	// Stat stats device nodes; nil is os.Stat.
 	Stat func(string) (os.FileInfo, error)
+	// BaseSpec makes the plugin write the node's base CDI spec (driver
+	// libraries, binaries, firmware, nvidia-cdi-hook hooks) from the
+	// host's driver with nvcdi, as the kubelet plugin does on a GPU node;
+	// nil: claims get only their own device (dry run).
+	BaseSpec *kubeletplugin.BaseSpecOptions
+	// DriverRoot is the driver install the base spec is built from; empty
+	// is "/" (the host's).
+	DriverRoot string
 }
 
 // PluginPreparer drives the kubelet plugin's own prepare code
@@ -71,7 +80,9 @@ func NewPluginPreparer(ctx context.Context, o PluginPreparerOptions) (*PluginPre
 	drv, err := kubeletplugin.New(ctx, kubeletplugin.Options{
 		NodeName:           o.NodeName,
 		PluginDataDir:      filepath.Join(o.WorkDir, "plugin"),
-		DriverRoot:         "/",
+		DriverRoot:         cmp.Or(o.DriverRoot, "/"),
+		BaseSpec:           o.BaseSpec,
+		RequireDriver:      o.RealGPUs,
 		RequireDeviceNodes: o.RealGPUs,
 		DefaultShareMemory: resource.MustParse("4Gi"),
 		DefaultShareCores:  25,

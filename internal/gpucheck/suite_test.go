@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -53,9 +54,10 @@ func TestRunOnGPUHostWithClientSideMPSLimits(t *testing.T) {
 	wantResult(t, got, CheckProbeBuild, Pass, "gpucheck-probe")
 	wantResult(t, got, CheckPrepareWhole, Pass, "gpu.gpulink.dev/claim=gpucheck-whole-gpu")
 	wantResult(t, got, CheckContainerWhole, Pass, "CUDA devices ["+uuid+"], kernel ok", "/dev/nvidia0,")
-	// Today's specs carry no driver libraries (issue 11 §1): a container
-	// without the host's /usr finds no libcuda. When the plugin's specs
-	// mount the driver, this row passes and this expectation must flip.
+	// Without a base spec (no driver files in the plugin's CDI specs) a
+	// container without the host's /usr finds no libcuda: the check
+	// catches it. TestBaseSpecGivesCDIOnlyContainerTheDriver is the case
+	// with the base spec, as on a GPU host.
 	wantResult(t, got, CheckContainerCDI, Fail, "CUDA: fail:CUDA driver version is insufficient")
 	wantResult(t, got, CheckUnprepareWhole, Pass, "no longer resolve")
 	wantResult(t, got, CheckPrepareShare, Pass, "4096 MiB, 50% SMs")
@@ -167,4 +169,35 @@ func TestCheckHost(t *testing.T) {
 	if err := CheckHost(okStat, okPath, "nvidia-smi"); err != nil {
 		t.Errorf("CheckHost on a GPU host: %v", err)
 	}
+}
+
+// With the base spec the plugin writes from the driver (nvcdi), a
+// container whose root holds no driver files gets libcuda through CDI.
+func TestBaseSpecGivesCDIOnlyContainerTheDriver(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	h := loadHost(t, "h100-1")
+	topo := h.discovered(t, nil)
+	host := &fakeHost{fixture: h, gpus: topo.GPUs}
+	cfg := gpuConfig(t)
+	driverRoot := t.TempDir()
+	for _, f := range []string{"usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05", "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.95.05", "usr/bin/nvidia-smi"} {
+		p := filepath.Join(driverRoot, f)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte("fake"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := fakeDiscoverer{topo}
+	deps := Deps{Run: host.run, Discoverer: d, NewPreparer: func(ctx context.Context) (Preparer, error) {
+		return NewPluginPreparer(ctx, PluginPreparerOptions{
+			WorkDir: cfg.WorkDir, NodeName: "gpucheck", Discoverer: d,
+			MPSDaemon: kubeletplugin.DirOnlyMPSDaemon{}, Stat: DryRunStat,
+			DriverRoot: driverRoot, BaseSpec: &kubeletplugin.BaseSpecOptions{HookPath: "/usr/local/bin/nvidia-cdi-hook"},
+		})
+	}}
+	got := results(t, Run(ctx, cfg, deps).Results)
+	wantResult(t, got, CheckContainerCDI, Pass)
+	wantResult(t, got, CheckPrepareWhole, Pass, "gpu.gpulink.dev/base=driver")
 }
