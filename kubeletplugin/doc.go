@@ -258,7 +258,11 @@
 // claim shared by pods, or containers with different runAsUser) still make
 // MPS serialise their servers: the second UID's clients wait until the
 // first UID's clients exit. Containers sharing one MPS claim must run as
-// the same UID; the README says so.
+// the same UID: prepare reads the pods in the claim's reservedFor and
+// refuses the claim when the containers that use it set different
+// runAsUser values (mpsusers.go); a UID that only the image sets cannot be
+// seen there, which the README says.
+//
 // # Checkpoint
 //
 // Every prepared claim is recorded in <kubelet-plugin-dir>/checkpoint.json:

@@ -76,6 +76,9 @@ type Dependencies struct {
 	// UVM creates missing /dev/nvidia-uvm* nodes when device nodes are
 	// required; nil: a missing one fails the claim.
 	UVM *UVMNodeCreator
+	// Pods reads the pods an MPS claim is reserved for, to refuse
+	// containers of different users (checkMPSUsers); nil skips the check.
+	Pods PodGetter
 }
 
 // Publisher publishes ResourceSlices; *kubeletplugin.Helper is one.
@@ -94,6 +97,7 @@ type Driver struct {
 	metrics    *Metrics
 	stat       func(string) (os.FileInfo, error)
 	uvm        *UVMNodeCreator
+	pods       PodGetter
 	ckpt       *CheckpointStore
 	// baseID is the base CDI device every claim gets; empty: none.
 	baseID string
@@ -138,6 +142,7 @@ func New(ctx context.Context, opts Options, deps Dependencies) (*Driver, error) 
 		metrics:    deps.Metrics,
 		stat:       deps.Stat,
 		uvm:        deps.UVM,
+		pods:       deps.Pods,
 		ckpt:       NewCheckpointStore(opts.PluginDataDir),
 	}
 	if d.clock == nil {

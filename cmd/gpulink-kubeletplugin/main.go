@@ -198,6 +198,11 @@ func run(ctx context.Context, f *flags) error {
 	if f.discovery.RealGPUs() {
 		uvm = kubeletplugin.NewUVMNodeCreator()
 	}
+	var pods kubeletplugin.PodGetter
+	if f.discovery.RealGPUs() {
+		// MPS claims whose containers run as different users are refused.
+		pods = kubeletplugin.PodGetterFor(client.CoreV1())
+	}
 	var daemon kubeletplugin.MPSDaemon = kubeletplugin.DirOnlyMPSDaemon{}
 	if f.discovery.RealGPUs() {
 		pd, err := kubeletplugin.NewPodMPSDaemon(kubeletplugin.PodMPSDaemonConfig{
@@ -243,6 +248,7 @@ func run(ctx context.Context, f *flags) error {
 		MPS:        kubeletplugin.NewMPSManager(f.mpsRoot, daemon),
 		BootID:     kubeletplugin.FileBootID(f.bootIDFile),
 		UVM:        uvm,
+		Pods:       pods,
 		Metrics:    metrics,
 	})
 	if err != nil {
