@@ -560,11 +560,11 @@ func (s *suite) sharePod(ctx context.Context, t *testing.T, first holding) holdi
 	s.waitRunning(ctx, t, &h)
 	node := s.nodes(ctx, t)[s.realNode]
 	s.checkDevices(t, node, h)
-	g, _ := node.GPU(h.Devices[0])
+	// Each MPS claim has its own daemon, pipe directory and /dev/shm.
 	for k, want := range map[string]string{
 		"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT":  "0=6144M",
 		"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30",
-		"CUDA_MPS_PIPE_DIRECTORY":           filepath.Join(s.mpsRoot, g.UUID, "pipe"),
+		"CUDA_MPS_PIPE_DIRECTORY":           filepath.Join(s.mpsRoot, string(h.claim.UID), "pipe"),
 	} {
 		if got, ok := env(h.log, k); !ok || got != want {
 			t.Errorf("pod %s: %s=%q (set: %t), want %q", name, k, got, ok, want)
