@@ -129,6 +129,13 @@ render ha --set controller.replicas=2 --set controller.metricsService.enabled=tr
 	--set kubeletPlugin.metricsPort=8080
 render mock-standalone --set kubeletPlugin.discovery=mock --set kubeletPlugin.managedByController=false \
 	--set controller.enabled=false --set gate.enabled=false --set nodeAdmission.enabled=false
+# The local cluster's installs (make demo, the e2e test): host network, the
+# API server on loopback, no nodes without a kubelet for the plugin.
+render local-cluster --set kubeletPlugin.hostNetwork=true --set controller.hostNetwork=true \
+	--set apiServer.host=127.0.0.1 --set apiServer.port=6443 --set controller.replicas=2 \
+	--set controller.metricsPort=0 --set controller.healthPort=0
+[[ $(grep -A1 'name: KUBERNETES_SERVICE_HOST' "${WORK}/local-cluster.yaml" | grep -c 'value: "127.0.0.1"') == 2 ]] ||
+	die "apiServer.host is not in the environment of both the plugin and the controller"
 render gated-namespaces --set-string 'gate.namespaceSelector.matchLabels.gpulink\.dev/gated=true' \
 	--set kubeletPlugin.driverRoot=/run/nvidia/driver
 
@@ -145,6 +152,9 @@ expect_failure "tainted devices without the controller" "managedByController=tru
 	--set controller.enabled=false --set gate.enabled=false
 expect_failure "the gate without the device taint" "needs kubeletPlugin.managedByController=true" \
 	--set kubeletPlugin.managedByController=false
+expect_failure "an API server host without a port" "apiServer.host .* and apiServer.port .* go together" \
+	--set apiServer.host=127.0.0.1
+expect_failure "an API server port out of range" "/apiServer/port" --set apiServer.host=127.0.0.1 --set apiServer.port=70000
 if [[ "${HELM_SKIP_APISERVER:-}" == 1 ]]; then
 	log "skipping the API server checks (HELM_SKIP_APISERVER=1)"
 elif [[ -x "${BIN_DIR}/etcd" && -x "${BIN_DIR}/kube-apiserver" && -x "${BIN_DIR}/kubectl" ]]; then

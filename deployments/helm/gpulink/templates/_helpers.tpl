@@ -108,6 +108,23 @@ combination that installs cleanly but leaves GPU pods Pending forever.
 {{- if and .Values.gate.enabled (not $kp.managedByController) -}}
 {{- fail "gate.enabled=true needs kubeletPlugin.managedByController=true: without the device taint kube-scheduler and the controller would both allocate the same GPUs" -}}
 {{- end -}}
+{{- if ne (empty .Values.apiServer.host) (empty .Values.apiServer.port) -}}
+{{- fail (printf "apiServer.host (%q) and apiServer.port (%v) go together: set both to reach the API server at host:port, or neither for the kubernetes Service" .Values.apiServer.host .Values.apiServer.port) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+KUBERNETES_SERVICE_HOST/PORT for in-cluster clients on clusters without
+kube-proxy (apiServer); the container's own env wins over the kubelet's
+service variables. Nothing when apiServer is unset.
+*/}}
+{{- define "gpulink.apiServerEnv" -}}
+{{- with .Values.apiServer.host -}}
+- name: KUBERNETES_SERVICE_HOST
+  value: {{ . | quote }}
+- name: KUBERNETES_SERVICE_PORT
+  value: {{ $.Values.apiServer.port | toString | quote }}
+{{- end -}}
 {{- end -}}
 
 {{/* Full user name of the controller's service account, as the API server sees it. */}}
