@@ -67,6 +67,10 @@ type Options struct {
 	FeatureGates map[string]bool
 	// Logf receives progress lines. Default: discard.
 	Logf func(format string, args ...any)
+	// AuditPolicy, when set, is an audit.k8s.io/v1 Policy (YAML) that the
+	// API server audits requests by, as JSON lines to AuditLogPath(): how
+	// a test learns which identity wrote an object.
+	AuditPolicy string
 }
 
 // Cluster is a running local cluster.
@@ -329,6 +333,20 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 		"--profiling=false",
 		"--v=1",
 	}
+	if c.opts.AuditPolicy != "" {
+		policy := filepath.Join(c.dir, "audit-policy.yaml")
+		if err := os.WriteFile(policy, []byte(c.opts.AuditPolicy), 0o600); err != nil {
+			return fmt.Errorf("localcluster: writing the audit policy: %w", err)
+		}
+		args = append(args,
+			"--audit-policy-file="+policy,
+			"--audit-log-path="+c.AuditLogPath(),
+			"--audit-log-format=json",
+			// Written before the response: a test that saw the object
+			// finds its event.
+			"--audit-log-mode=blocking",
+		)
+	}
 	p, err := c.startProcess("kube-apiserver", c.bin("kube-apiserver"), append(args, c.featureGates()...)...)
 	if err != nil {
 		return fmt.Errorf("localcluster: %w", err)
@@ -498,6 +516,10 @@ func (c *Cluster) PodLogDir() string { return filepath.Join(c.dir, "pod-logs") }
 // ContainerdSocket returns the path of containerd's gRPC socket; empty
 // without a real node.
 func (c *Cluster) ContainerdSocket() string { return c.containerdSocket }
+
+// AuditLogPath returns the API server's audit log (<Dir>/logs/audit.log),
+// written only with Options.AuditPolicy.
+func (c *Cluster) AuditLogPath() string { return filepath.Join(c.dir, "logs", "audit.log") }
 
 // LogPath returns the log file of a component ("etcd", "kube-apiserver",
 // "kube-controller-manager", "kube-scheduler", "containerd", "kubelet").

@@ -374,11 +374,16 @@ func (c *Cluster) removeNotReadyTaint(ctx context.Context, name string) error {
 	return nil
 }
 
+// APINodeLabel is set ("true") on the nodes AddAPINode creates: a node
+// affinity on it keeps DaemonSets off nodes that have no kubelet to run
+// their pods.
+const APINodeLabel = "gpulink.io/local-api-node"
+
 // AddAPINode creates a Node without a kubelet: capacity pods 110, cpu 32,
 // memory 256Gi, a Ready condition and no not-ready taint, so kube-scheduler
 // binds pods (and allocates their claims against ResourceSlices of that
 // node) to it. Such pods never run. The node lifecycle controller is off, so
-// the node stays Ready.
+// the node stays Ready. The node has the label APINodeLabel.
 func (c *Cluster) AddAPINode(ctx context.Context, name string) error {
 	capacity := corev1.ResourceList{
 		corev1.ResourcePods:   resource.MustParse("110"),
@@ -390,10 +395,10 @@ func (c *Cluster) AddAPINode(ctx context.Context, name string) error {
 		ObjectMeta: metav1.ObjectMeta{
 			Name: name,
 			Labels: map[string]string{
-				corev1.LabelHostname:        name,
-				corev1.LabelOSStable:        "linux",
-				corev1.LabelArchStable:      "amd64",
-				"gpulink.io/local-api-node": "true",
+				corev1.LabelHostname:   name,
+				corev1.LabelOSStable:   "linux",
+				corev1.LabelArchStable: "amd64",
+				APINodeLabel:           "true",
 			},
 		},
 	}
