@@ -290,4 +290,25 @@
 //     of those claims are not stopped by their unprepare. Refusing to
 //     start instead would block every GPU pod on the node until someone
 //     deletes the file by hand.
+//
+// # Shutdown
+//
+// On SIGTERM the plugin stops serving and unregisters (the helper's Stop
+// removes its registration socket) but deletes neither its ResourceSlices
+// nor its checkpoint and CDI specs. The kubelet deletes the slices of a
+// driver that has unregistered and not registered again within 30 s
+// (defaultWipingDelay of its DRA manager; at its own start it deletes
+// those of every driver), so `helm uninstall` leaves no slices of the
+// node behind, while a restart or a rolling upgrade of the DaemonSet pod,
+// whose replacement registers within those 30 s, keeps the node's GPUs
+// published throughout. Deleting the slices at shutdown would withdraw
+// every GPU of the node from allocation at each upgrade, and a pre-delete
+// hook could not write them anyway: the slice admission policy lets only
+// the node's own plugin identity change its node's slices. In the 30 s
+// after an uninstall nothing allocates the stale slices: their devices
+// carry the managed-by-controller taint (--managed-by-controller, on by
+// default), which kube-scheduler does not tolerate, and the controller is
+// gone with the release. The e2e test (TestHelmInstallOnRealNode) checks both:
+// prepared claims survive `helm upgrade`, and no slice of the node is left
+// after `helm uninstall`.
 package kubeletplugin

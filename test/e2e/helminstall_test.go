@@ -5,6 +5,7 @@ package e2e_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/url"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -38,8 +40,13 @@ const helmRelease = "gpulink"
 // `make image` builds, imported into the real node's containerd, and
 // `helm install` of deployments/helm/gpulink. The kubelet plugin runs as the
 // chart's DaemonSet pod on the real node (topology-file discovery: no GPU
-// here), the controller as the chart's Deployment with two replicas, with
-// the chart's RBAC and admission policies.
+// here; a stand-in driver root with driver files and /dev/nvidia* nodes),
+// the controller as the chart's Deployment with two replicas, with the
+// chart's RBAC and admission policies. The API-only node v100-node has no
+// kubelet to run a DaemonSet pod: the chart's node affinity leaves it out
+// and its plugin runs as a process, as in TestE2E. The API server audits
+// ResourceSlice writes, so the test sees which identity wrote the real
+// node's slices.
 func TestHelmInstallOnRealNode(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("the e2e tests run a real node (containerd, kubelet) and need root")
@@ -59,6 +66,10 @@ func TestHelmInstallOnRealNode(t *testing.T) {
 	if _, err := os.Stat(helm); err != nil {
 		t.Fatalf("%v: build helm first (make helm)", err)
 	}
+	pluginBin := filepath.Join(binDir, "gpulink-kubeletplugin")
+	if _, err := os.Stat(pluginBin); err != nil {
+		t.Fatalf("%v: run `make build` first (the API-only node's plugin runs as a process)", err)
+	}
 	imageRef, imageTar, err := localcluster.BuildProductImage(ctx, "e2e")
 	if err != nil {
 		t.Fatal(err)
@@ -71,12 +82,18 @@ func TestHelmInstallOnRealNode(t *testing.T) {
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("keeping %s for inspection", dir)
+			t.Logf("keeping %s for inspection (cluster and audit logs in c/logs, chart pods' logs in c/pod-logs)", dir)
 			return
 		}
 		_ = os.RemoveAll(dir)
 	})
-	cluster, err := localcluster.Start(ctx, localcluster.Options{Dir: filepath.Join(dir, "c"), RealNode: true, Logf: t.Logf})
+	logDir := filepath.Join(dir, "logs")
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cluster, err := localcluster.Start(ctx, localcluster.Options{
+		Dir: filepath.Join(dir, "c"), RealNode: true, Logf: t.Logf, AuditPolicy: sliceAuditPolicy,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,15 +105,19 @@ func TestHelmInstallOnRealNode(t *testing.T) {
 	if err := cluster.ImportImage(ctx, imageTar); err != nil {
 		t.Fatal(err)
 	}
+	if err := cluster.AddAPINode(ctx, v100Node); err != nil {
+		t.Fatal(err)
+	}
 	client := cluster.Client()
 	node := cluster.NodeName()
-	s := &suite{cluster: cluster, client: client, realNode: node}
+	s := &suite{cluster: cluster, client: client, realNode: node, mpsRoot: filepath.Join(dir, "mps")}
 
 	apiURL, err := url.Parse(cluster.RESTConfig().Host)
 	if err != nil {
 		t.Fatal(err)
 	}
-	topology, err := os.ReadFile(filepath.Join(root, "driver", "topology", "testdata", "pcie-nvbridge-8.txt"))
+	testdata := filepath.Join(root, "driver", "topology", "testdata")
+	topology, err := os.ReadFile(filepath.Join(testdata, "pcie-nvbridge-8.txt"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,20 +147,27 @@ func TestHelmInstallOnRealNode(t *testing.T) {
 	t.Cleanup(func() { _ = exec.Command("umount", "-l", driverRoot).Run() })
 	// libcuda.so is the link the create-symlinks hook makes in the container.
 	driverFiles := append(localcluster.WriteFakeDriver(t, driverRoot), "/usr/lib/x86_64-linux-gnu/libcuda.so")
+	// /dev/nvidia* stand-ins: the chart's plugin puts the claimed GPUs'
+	// nodes into the claims' CDI specs, as the plugin process does in TestE2E.
+	s.devNodes = localcluster.MkDeviceNodes(t, driverRoot, 8)
 	s.workloadEnv = []corev1.EnvVar{{Name: "GPULINK_WORKLOAD_FILES", Value: strings.Join(driverFiles, ",")}}
 	kubeletRoot := cluster.KubeletRootDir()
 	pluginDir := filepath.Join(kubeletRoot, "plugins", driver.Name)
 	values := filepath.Join(dir, "values.yaml")
 	// The local cluster has no pod network and no kube-proxy: the pods use
-	// the host network and reach the API server on 127.0.0.1. The kubelet
-	// root and the CDI directory live under the test directory.
-	apiEnv := fmt.Sprintf(`
-    - {name: KUBERNETES_SERVICE_HOST, value: %q}
-    - {name: KUBERNETES_SERVICE_PORT, value: %q}`, apiURL.Hostname(), apiURL.Port())
+	// the host network and reach the API server on 127.0.0.1 (apiServer
+	// sets KUBERNETES_SERVICE_HOST/PORT in their containers). The kubelet
+	// root and the CDI directory live under the test directory. The plugin
+	// DaemonSet keeps off nodes without a kubelet by a node affinity (a
+	// DaemonSet pod bound there would stay Pending); the controller runs
+	// on the real node, the only one that runs pods.
 	if err := os.WriteFile(values, []byte(fmt.Sprintf(`image:
   repository: %s
   tag: e2e
   pullPolicy: Never
+apiServer:
+  host: %q
+  port: %s
 kubeletPlugin:
   discovery: topology-file
   topologyConfigMap: gpulink-topology
@@ -151,16 +179,20 @@ kubeletPlugin:
   mpsRoot: %s
   hostNetwork: true
   metricsPort: %d
-  nodeSelector: {kubernetes.io/hostname: %s}
-  extraEnv:%s
+  affinity:
+    nodeAffinity:
+      requiredDuringSchedulingIgnoredDuringExecution:
+        nodeSelectorTerms:
+          - matchExpressions: [{key: %s, operator: DoesNotExist}]
+  extraArgs: ["--gpu-compute-capability=8.6", "--v=2"]
 controller:
   replicas: 2
   hostNetwork: true
   metricsPort: 0
   healthPort: 0
   nodeSelector: {kubernetes.io/hostname: %s}
-  extraEnv:%s
-`, localcluster.ProductImageRepo, driverRoot, kubeletRoot, cluster.CDIDir(), filepath.Join(dir, "mps"), localcluster.FreePort(t), node, apiEnv, node, apiEnv)), 0o644); err != nil {
+`, localcluster.ProductImageRepo, apiURL.Hostname(), apiURL.Port(), driverRoot, kubeletRoot, cluster.CDIDir(), s.mpsRoot,
+		localcluster.FreePort(t), localcluster.APINodeLabel, node)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	runHelm := func(t *testing.T, args ...string) {
@@ -176,41 +208,70 @@ controller:
 	chart := filepath.Join(root, "deployments", "helm", "gpulink")
 	runHelm(t, "install", helmRelease, chart, "--values", values)
 	t.Logf("helm install done %.1fs after the start", time.Since(begin).Seconds())
+	t.Logf("%s is an API-only node (no kubelet): its kubelet plugin runs as a process, the DaemonSet's node affinity (%s DoesNotExist) leaves it out", v100Node, localcluster.APINodeLabel)
+	apiPlugin := filepath.Join(dir, "n", v100Node)
+	for _, d := range []string{"registry", "plugin"} {
+		// The kubelet creates these on a real node; nothing does on an API-only one.
+		if err := os.MkdirAll(filepath.Join(apiPlugin, d), 0o750); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := startProc(t, logDir, "kubeletplugin-"+v100Node, pluginBin,
+		"--node-name="+v100Node,
+		"--kubeconfig="+cluster.Kubeconfig(),
+		"--discovery=topology-file",
+		"--topology-file="+filepath.Join(testdata, "v100-sxm2-8-aliyun-sccgn6.txt"),
+		"--gpu-product=Tesla V100-SXM2-16GB",
+		"--gpu-memory=16Gi",
+		"--gpu-compute-capability=7.0",
+		"--kubelet-registrar-dir="+filepath.Join(apiPlugin, "registry"),
+		"--kubelet-plugin-dir="+filepath.Join(apiPlugin, "plugin"),
+		"--cdi-root="+filepath.Join(apiPlugin, "cdi"),
+		"--mps-root="+filepath.Join(apiPlugin, "mps"),
+		"--metrics-address=",
+		"--v=2",
+	)
+	s.plugins = append(s.plugins, p)
 
-	var plugin *corev1.Pod
-	ok := t.Run("the DaemonSet's plugin registers and publishes the node's slices with its own identity", func(t *testing.T) {
+	var plugin, leader, standby *corev1.Pod
+	ok := t.Run("the DaemonSet runs the plugin on the real node only, API-only nodes keep plugin processes", func(t *testing.T) {
 		plugin = waitComponentPod(ctx, t, client, "kubelet-plugin", "")
+		if plugin.Spec.NodeName != node {
+			t.Errorf("plugin pod %s runs on %s, want %s", plugin.Name, plugin.Spec.NodeName, node)
+		}
+		checkDaemonSetNodes(ctx, t, client, 1)
 		waitSlices(ctx, t, client, node, 8)
+		if err := waitForDevices(ctx, client, v100Node, 8, p); err != nil {
+			t.Fatal(err)
+		}
+		if err := waitGatePolicy(ctx, client, ns); err != nil {
+			t.Fatal(err)
+		}
+	}) && t.Run("the plugin writes its node's slices with its own pod-bound identity", func(t *testing.T) {
+		// First, before the dry runs below add audit events of their own.
+		checkSliceWriters(t, cluster, node, plugin)
 		checkSliceIdentity(ctx, t, client, cluster, plugin)
 	}) && t.Run("one controller replica leads, the other waits on the lease", func(t *testing.T) {
-		checkLeaderElection(ctx, t, client, cluster)
+		leader, standby = checkLeaderElection(ctx, t, client, cluster)
 	})
 	if !ok {
 		return
 	}
-	var h holding
-	ok = t.Run("a pod with a claim runs on the real node through the chart's plugin and controller", func(t *testing.T) {
-		s.template(ctx, t, "helm-two", resourceapi.ExactDeviceRequest{DeviceClassName: driver.DeviceClassWhole, Count: 2}, nil)
-		s.pod(ctx, t, "helm-two", "helm-two", node)
-		h = s.waitBound(ctx, t, "helm-two")
-		s.waitRunning(ctx, t, &h)
-		if !strings.Contains(h.log, "NVIDIA_VISIBLE_DEVICES=") {
-			t.Errorf("container has no NVIDIA_VISIBLE_DEVICES:\n%s", h.log)
-		}
-		// The driver files come from the base spec the DaemonSet's plugin
-		// generated with nvcdi, the libcuda.so link from its create-symlinks
-		// hook, which the container runtime ran with the nvidia-cdi-hook the
-		// plugin copied from its image to the host.
-		for _, f := range driverFiles {
-			if !strings.Contains(h.log, "\nFILE "+f+"\n") {
-				t.Errorf("container does not see driver file %s:\n%s", f, h.log)
-			}
-		}
+	var first, share holding
+	ok = t.Run("pods with claims run on the real node through the chart's plugin and controller", func(t *testing.T) {
+		first = s.twoGPUPod(ctx, t, "two-gpus")
+		checkDriverFiles(t, first, driverFiles)
+		share = s.sharePod(ctx, t, first)
+		checkDriverFiles(t, share, driverFiles)
+	}) && t.Run("the chart's controller allocates an API-only node's GPUs", func(t *testing.T) {
+		s.nvlinkQuad(ctx, t)
+	}) && t.Run("only the leader decides", func(t *testing.T) {
+		checkDecisions(ctx, t, client, cluster, leader, standby, "two-gpus", "share", "four-nvlink")
 	})
 	if !ok {
 		return
 	}
-	t.Run("helm upgrade rolls the plugin and keeps the prepared claim", func(t *testing.T) {
+	ok = t.Run("helm upgrade rolls the plugin and keeps the prepared claims", func(t *testing.T) {
 		runHelm(t, "upgrade", helmRelease, chart, "--values", values, "--set-string", "kubeletPlugin.podAnnotations.rollout=2")
 		rolled := waitComponentPod(ctx, t, client, "kubelet-plugin", plugin.UID)
 		t.Logf("plugin pod %s replaced by %s", plugin.Name, rolled.Name)
@@ -219,43 +280,209 @@ controller:
 		if err != nil {
 			t.Fatalf("checkpoint after the upgrade: %v", err)
 		}
-		if pc := cp.Claims[h.claim.UID]; pc == nil || pc.State != kubeletplugin.PrepareCompleted {
-			t.Fatalf("checkpoint after the upgrade lacks prepared claim %s: %+v", h.claim.UID, cp.Claims)
+		for _, h := range []holding{first, share} {
+			if pc := cp.Claims[h.claim.UID]; pc == nil || pc.State != kubeletplugin.PrepareCompleted {
+				t.Errorf("checkpoint after the upgrade lacks prepared claim %s: %+v", h.claim.Name, cp.Claims)
+			}
+			if _, err := os.Stat(claimSpec(cluster, h)); err != nil {
+				t.Errorf("CDI spec of running pod %s's claim gone after the upgrade: %v", h.pod.Name, err)
+			}
 		}
-		spec := filepath.Join(cluster.CDIDir(), driver.Name+"-claim_"+string(h.claim.UID)+".json")
-		if _, err := os.Stat(spec); err != nil {
-			t.Fatalf("CDI spec of the running pod's claim gone after the upgrade: %v", err)
-		}
-		// The new plugin unprepares what the old one prepared.
-		if err := client.CoreV1().Pods(ns).Delete(ctx, h.pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+	}) && t.Run("another replica takes over when the leader's pod goes", func(t *testing.T) {
+		// The leader releases the Lease as it stops; the standby and the
+		// Deployment's replacement pod race for it.
+		if err := client.CoreV1().Pods(chartNamespace).Delete(ctx, leader.Name, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		if err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
-			_, err := os.Stat(spec)
-			return os.IsNotExist(err), nil
-		}); err != nil {
-			t.Fatalf("CDI spec %s still there after the pod was deleted: %v", spec, err)
+		leader, standby = waitNewLeader(ctx, t, client, cluster, leader)
+	}) && t.Run("the new plugin unprepares the old one's claims and prepares new ones", func(t *testing.T) {
+		// Deleting every pod: the new plugin pod removes the CDI specs of
+		// what the old one prepared; then a pod with all 8 GPUs, allocated
+		// by the new leader and prepared by the new plugin pod.
+		s.cleanupFreesDevices(ctx, t)
+		cp, err := kubeletplugin.NewCheckpointStore(pluginDir).Load()
+		if err != nil {
+			t.Fatal(err)
 		}
+		if len(cp.Claims) != 0 {
+			t.Errorf("checkpoint keeps claims after their pods were deleted: %+v", cp.Claims)
+		}
+		checkDecisions(ctx, t, client, cluster, leader, standby, "all-eight")
 	})
-	t.Run("helm uninstall leaves no slices of the driver", func(t *testing.T) {
+	if !ok {
+		return
+	}
+	t.Run("helm uninstall leaves no slices of the real node", func(t *testing.T) {
 		runHelm(t, "uninstall", helmRelease, "--wait", "--timeout", "2m")
+		// The kubelet deletes the slices of a driver whose plugin
+		// unregistered and did not come back within 30 s (kubeletplugin
+		// doc.go, "Shutdown").
+		start := time.Now()
 		err := wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
-			slices, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
-			if err != nil {
-				return false, err
-			}
-			for _, sl := range slices.Items {
-				if sl.Spec.Driver == driver.Name {
-					return false, nil
-				}
-			}
-			return true, nil
+			return nodeDevices(ctx, client, node) == 0, nil
 		})
 		if err != nil {
-			t.Fatalf("ResourceSlices of %s left after helm uninstall: %v", driver.Name, err)
+			t.Fatalf("ResourceSlices of %s on %s left after helm uninstall: %v", driver.Name, node, err)
+		}
+		t.Logf("the real node's slices were gone %.1fs after helm uninstall returned", time.Since(start).Seconds())
+		// The API-only node's plugin is a process, not the chart's.
+		if n := nodeDevices(ctx, client, v100Node); n != 8 {
+			t.Errorf("API-only node %s publishes %d devices after the uninstall, want its process's 8", v100Node, n)
 		}
 	})
 	t.Logf("helm install e2e took %.1fs", time.Since(begin).Seconds())
+}
+
+// sliceAuditPolicy audits every ResourceSlice write with its request body:
+// the slice's node and the identity that wrote it.
+const sliceAuditPolicy = `apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Request
+    verbs: [create, update, patch]
+    resources: [{group: resource.k8s.io, resources: [resourceslices]}]
+  - level: None
+`
+
+// auditEvent is the part of an audit.k8s.io/v1 Event the test reads.
+type auditEvent struct {
+	Stage      string `json:"stage"`
+	Verb       string `json:"verb"`
+	RequestURI string `json:"requestURI"`
+	User       struct {
+		Username string              `json:"username"`
+		Extra    map[string][]string `json:"extra"`
+	} `json:"user"`
+	ObjectRef *struct {
+		Resource string `json:"resource"`
+	} `json:"objectRef"`
+	ResponseStatus *struct {
+		Code int `json:"code"`
+	} `json:"responseStatus"`
+	RequestObject json.RawMessage `json:"requestObject"`
+}
+
+// checkSliceWriters reads the API server's audit log: every successful
+// write of a gpulink slice for node came from the chart's plugin service
+// account with a token bound to the plugin pod on that node (the identity
+// the slice admission policy checks), and at least one did.
+func checkSliceWriters(t *testing.T, cluster *localcluster.Cluster, node string, plugin *corev1.Pod) {
+	t.Helper()
+	data, err := os.ReadFile(cluster.AuditLogPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantUser := "system:serviceaccount:" + chartNamespace + ":" + plugin.Spec.ServiceAccountName
+	writes := 0
+	for _, line := range bytes.Split(data, []byte("\n")) {
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue
+		}
+		var ev auditEvent
+		if err := json.Unmarshal(line, &ev); err != nil {
+			t.Fatalf("audit log line %q: %v", line, err)
+		}
+		if ev.Stage != "ResponseComplete" || ev.ObjectRef == nil || ev.ObjectRef.Resource != "resourceslices" ||
+			ev.ResponseStatus == nil || ev.ResponseStatus.Code >= 300 || strings.Contains(ev.RequestURI, "dryRun") {
+			continue
+		}
+		var sl resourceapi.ResourceSlice
+		if err := json.Unmarshal(ev.RequestObject, &sl); err != nil || sl.Spec.Driver != driver.Name || ptr.Deref(sl.Spec.NodeName, "") != node {
+			continue
+		}
+		writes++
+		pod, onNode := ev.User.Extra["authentication.kubernetes.io/pod-name"], ev.User.Extra["authentication.kubernetes.io/node-name"]
+		if ev.User.Username != wantUser || len(pod) != 1 || pod[0] != plugin.Name || len(onNode) != 1 || onNode[0] != node {
+			t.Errorf("%s of a slice of node %s by user %q (pod %v, node %v), want %s with a token bound to pod %s on %s",
+				ev.Verb, node, ev.User.Username, pod, onNode, wantUser, plugin.Name, node)
+		}
+	}
+	if writes == 0 {
+		t.Fatalf("no successful write of a %s slice of node %s in the audit log %s", driver.Name, node, cluster.AuditLogPath())
+	}
+	t.Logf("%d writes of node %s's slices, all by %s bound to pod %s", writes, node, wantUser, plugin.Name)
+}
+
+// checkDaemonSetNodes checks that the plugin DaemonSet wants pods on
+// exactly nodes nodes: the real node, not the API-only ones.
+func checkDaemonSetNodes(ctx context.Context, t *testing.T, client kubernetes.Interface, nodes int32) {
+	t.Helper()
+	var ds *appsv1.DaemonSet
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		var err error
+		ds, err = client.AppsV1().DaemonSets(chartNamespace).Get(ctx, helmRelease+"-kubelet-plugin", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		return ds.Status.ObservedGeneration == ds.Generation && ds.Status.DesiredNumberScheduled > 0, nil
+	})
+	if err != nil {
+		t.Fatalf("the DaemonSet controller did not schedule the plugin DaemonSet: %v", err)
+	}
+	if ds.Status.DesiredNumberScheduled != nodes {
+		pods, _ := client.CoreV1().Pods(chartNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=kubelet-plugin"})
+		var on []string
+		for _, p := range pods.Items {
+			on = append(on, p.Name+" for node "+daemonPodNode(&p))
+		}
+		t.Errorf("the plugin DaemonSet wants %d pods, want %d (nodes with a kubelet only): %v", ds.Status.DesiredNumberScheduled, nodes, on)
+	}
+}
+
+// daemonPodNode is the node a DaemonSet pod is for: its spec.nodeName once
+// bound, before that the node the DaemonSet controller pinned it to (a
+// node affinity on metadata.name).
+func daemonPodNode(p *corev1.Pod) string {
+	if p.Spec.NodeName != "" {
+		return p.Spec.NodeName
+	}
+	if a := p.Spec.Affinity; a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
+		for _, term := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+			for _, f := range term.MatchFields {
+				if f.Key == "metadata.name" && len(f.Values) == 1 {
+					return f.Values[0]
+				}
+			}
+		}
+	}
+	return "?"
+}
+
+// checkDriverFiles checks that the pod's container sees the driver files
+// of the base CDI spec the DaemonSet's plugin generated with nvcdi (the
+// libcuda.so link from its create-symlinks hook, which the container
+// runtime ran with the nvidia-cdi-hook the plugin copied from its image to
+// the host).
+func checkDriverFiles(t *testing.T, h holding, files []string) {
+	t.Helper()
+	for _, f := range files {
+		if !strings.Contains(h.log, "\nFILE "+f+"\n") {
+			t.Errorf("pod %s does not see driver file %s:\n%s", h.pod.Name, f, h.log)
+		}
+	}
+}
+
+// claimSpec is the path of the CDI spec of h's claim.
+func claimSpec(cluster *localcluster.Cluster, h holding) string {
+	return filepath.Join(cluster.CDIDir(), driver.Name+"-claim_"+string(h.claim.UID)+".json")
+}
+
+// nodeDevices counts the devices node's gpulink slices publish.
+func nodeDevices(ctx context.Context, client kubernetes.Interface, node string) int {
+	slices, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
+		FieldSelector: resourceapi.ResourceSliceSelectorNodeName + "=" + node,
+	})
+	if err != nil {
+		return -1
+	}
+	n := 0
+	for _, sl := range slices.Items {
+		if sl.Spec.Driver == driver.Name {
+			n += len(sl.Spec.Devices)
+		}
+	}
+	return n
 }
 
 // waitComponentPod waits until one pod of the chart's component runs and
@@ -367,8 +594,9 @@ func checkSliceIdentity(ctx context.Context, t *testing.T, client kubernetes.Int
 }
 
 // checkLeaderElection checks that the Lease names one of the two running
-// replicas and that only the leader starts deciding.
-func checkLeaderElection(ctx context.Context, t *testing.T, client kubernetes.Interface, cluster *localcluster.Cluster) {
+// replicas, which logs that it leads, and that the other logs that it
+// waits; it returns the leader and the standby.
+func checkLeaderElection(ctx context.Context, t *testing.T, client kubernetes.Interface, cluster *localcluster.Cluster) (leader, standby *corev1.Pod) {
 	t.Helper()
 	var pods []corev1.Pod
 	var holder string
@@ -383,20 +611,12 @@ func checkLeaderElection(ctx context.Context, t *testing.T, client kubernetes.In
 				pods = append(pods, p)
 			}
 		}
-		lease, err := client.CoordinationV1().Leases(chartNamespace).Get(ctx, helmRelease+"-controller", metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return false, nil
-		}
-		if err != nil {
-			return false, err
-		}
-		holder = ptr.Deref(lease.Spec.HolderIdentity, "")
-		return len(pods) == 2 && holder != "", nil
+		holder, err = leaseHolder(ctx, client)
+		return len(pods) == 2 && holder != "", err
 	})
 	if err != nil {
 		t.Fatalf("want 2 running controller replicas and a lease holder; have %d, holder %q: %v", len(pods), holder, err)
 	}
-	leaders := 0
 	for i := range pods {
 		p := &pods[i]
 		leads := strings.HasPrefix(holder, p.Name+"_")
@@ -411,13 +631,108 @@ func checkLeaderElection(ctx context.Context, t *testing.T, client kubernetes.In
 		if err != nil {
 			t.Errorf("controller pod %s (leader: %v) log does not show its role: %v\n%s", p.Name, leads, err, log)
 		}
-		if leads {
-			leaders++
-		} else if strings.Contains(log, "Became leader") {
+		switch {
+		case leads && leader != nil:
+			t.Errorf("lease holder %q matches controller pods %s and %s", holder, leader.Name, p.Name)
+		case leads:
+			leader = p
+		case strings.Contains(log, "Became leader"):
 			t.Errorf("controller pod %s is not the lease holder (%s) but logged that it leads", p.Name, holder)
+		default:
+			standby = p
 		}
 	}
-	if leaders != 1 {
-		t.Errorf("lease holder %q matches %d of the controller pods, want 1", holder, leaders)
+	if leader == nil || standby == nil {
+		t.Fatalf("lease holder %q: want one leading and one standby replica among %d pods", holder, len(pods))
+	}
+	t.Logf("controller pod %s leads, %s waits on the lease", leader.Name, standby.Name)
+	return leader, standby
+}
+
+// leaseHolder returns the holder identity of the controller's Lease
+// ("<pod>_<uuid>"), empty while there is none.
+func leaseHolder(ctx context.Context, client kubernetes.Interface) (string, error) {
+	lease, err := client.CoordinationV1().Leases(chartNamespace).Get(ctx, helmRelease+"-controller", metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	return ptr.Deref(lease.Spec.HolderIdentity, ""), nil
+}
+
+// waitNewLeader waits until a running controller pod other than old holds
+// the controller's Lease and logs that it leads, while another one (the
+// former standby or the Deployment's replacement of old, whichever did not
+// win the lease) waits; it returns both.
+func waitNewLeader(ctx context.Context, t *testing.T, client kubernetes.Interface, cluster *localcluster.Cluster, old *corev1.Pod) (leader, standby *corev1.Pod) {
+	t.Helper()
+	var holder, log string
+	start := time.Now()
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		var err error
+		if holder, err = leaseHolder(ctx, client); err != nil {
+			return false, err
+		}
+		list, err := client.CoreV1().Pods(chartNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=controller"})
+		if err != nil {
+			return false, err
+		}
+		leader, standby = nil, nil
+		for i := range list.Items {
+			p := &list.Items[i]
+			if p.UID == old.UID || p.Status.Phase != corev1.PodRunning || p.DeletionTimestamp != nil {
+				continue
+			}
+			if strings.HasPrefix(holder, p.Name+"_") {
+				leader = p
+			} else {
+				standby = p
+			}
+		}
+		if leader == nil || standby == nil {
+			return false, nil
+		}
+		log, _ = localcluster.ReadPodLogFile(cluster.PodLogDir(), leader, "controller")
+		return strings.Contains(log, "Became leader"), nil
+	})
+	if err != nil {
+		t.Fatalf("no running controller pod other than %s took the lease with another one waiting (holder %q): %v\n%s", old.Name, holder, err, log)
+	}
+	t.Logf("controller pod %s took over the lease %.1fs after leader %s was deleted; %s waits", leader.Name, time.Since(start).Seconds(), old.Name, standby.Name)
+	return leader, standby
+}
+
+// checkDecisions checks that the leader's log has an allocation decision
+// for each of pods (in namespace ns) and that the standby's, when given,
+// has none at all.
+func checkDecisions(ctx context.Context, t *testing.T, client kubernetes.Interface, cluster *localcluster.Cluster, leader, standby *corev1.Pod, pods ...string) {
+	t.Helper()
+	if holder, err := leaseHolder(ctx, client); err != nil || !strings.HasPrefix(holder, leader.Name+"_") {
+		t.Fatalf("lease holder %q (err %v), want controller pod %s", holder, err, leader.Name)
+	}
+	log, err := localcluster.ReadPodLogFile(cluster.PodLogDir(), leader, "controller")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range pods {
+		found := false
+		for _, l := range strings.Split(log, "\n") {
+			found = found || strings.Contains(l, `"Allocated"`) && strings.Contains(l, `pod="`+ns+"/"+name+`"`)
+		}
+		if !found {
+			t.Errorf("leader %s logged no allocation of pod %s/%s:\n%s", leader.Name, ns, name, log)
+		}
+	}
+	if standby == nil {
+		return
+	}
+	log, err = localcluster.ReadPodLogFile(cluster.PodLogDir(), standby, "controller")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(log, `"Allocated"`); n > 0 {
+		t.Errorf("standby controller pod %s logged %d allocations:\n%s", standby.Name, n, log)
 	}
 }
