@@ -27,7 +27,8 @@
 # stand-in driver install (_output/demo/driver: library and firmware files,
 # /dev/nvidia* stand-ins) and writes its base CDI spec with nvcdi from it.
 # API-only nodes have no kubelet to run a DaemonSet pod, so their plugins
-# run as processes (the DaemonSet's nodeSelector leaves them out).
+# run as processes (the DaemonSet's node affinity leaves out nodes labelled
+# gpulink.io/local-api-node).
 # The workloads carry no gate of their own: the chart's policy adds it.
 #
 # `up` on a running demo (or a cluster left by `hack/cluster.sh up`) stops it
@@ -231,8 +232,9 @@ start_plugins() {
 # pod on the real node (topology-file discovery from a ConfigMap, the
 # stand-in driver root), the controller as the Deployment. The local
 # cluster has no pod network or kube-proxy, so the pods use the host
-# network and reach the API server at its loopback address; its kubelet
-# root and CDI directory are under _output/cluster. Then it waits until the
+# network and reach the API server at its loopback address (the chart's
+# apiServer value); its kubelet root and CDI directory are under
+# _output/cluster. Then it waits until the
 # API server applies the scheduling-gate policy: it picks up new policies
 # asynchronously, so a server-side dry run of a pod with a claim is
 # repeated until it comes back gated.
@@ -253,6 +255,10 @@ image:
   repository: gpulink.local/gpulink
   tag: ${IMAGE_TAG}
   pullPolicy: Never
+# No kube-proxy: the pods reach the API server on its host address.
+apiServer:
+  host: "${host}"
+  port: ${port}
 kubeletPlugin:
   discovery: topology-file
   topologyConfigMap: gpulink-topology
@@ -264,11 +270,13 @@ kubeletPlugin:
   mpsRoot: ${DEMO_DIR}/nodes/${REAL_NODE}/mps
   hostNetwork: true
   metricsPort: 0
-  nodeSelector: {kubernetes.io/hostname: ${REAL_NODE}}
+  # Every node with a kubelet: API-only nodes cannot run the pod.
+  affinity:
+    nodeAffinity:
+      requiredDuringSchedulingIgnoredDuringExecution:
+        nodeSelectorTerms:
+          - matchExpressions: [{key: gpulink.io/local-api-node, operator: DoesNotExist}]
   extraArgs: ["--gpu-compute-capability=${cc}", "--gpu-driver-version=550.90.07", "--v=2"]
-  extraEnv:
-    - {name: KUBERNETES_SERVICE_HOST, value: "${host}"}
-    - {name: KUBERNETES_SERVICE_PORT, value: "${port}"}
 controller:
   replicas: 2
   hostNetwork: true
@@ -276,9 +284,6 @@ controller:
   healthPort: 0
   nodeSelector: {kubernetes.io/hostname: ${REAL_NODE}}
   extraArgs: ["--v=2"]
-  extraEnv:
-    - {name: KUBERNETES_SERVICE_HOST, value: "${host}"}
-    - {name: KUBERNETES_SERVICE_PORT, value: "${port}"}
 VALUES
 	"${BIN_DIR}/helm" install "${RELEASE}" "${CHART}" --namespace "${CHART_NAMESPACE}" \
 		--kubeconfig "${KUBECONFIG_PATH}" --values "${DEMO_DIR}/values.yaml" >&2

@@ -387,16 +387,16 @@ func report(ctx context.Context, client kubernetes.Interface, o options) error {
 	}
 
 	fmt.Println()
-	fmt.Println("GPU nodes (topologies from demo/topologies, published by one gpulink-kubeletplugin each):")
+	fmt.Println("GPU nodes (topologies from demo/topologies, published by one gpulink-kubeletplugin each; the controller: the chart's Deployment):")
 	names := make([]string, 0, len(nodes))
 	for n := range nodes {
 		names = append(names, n)
 	}
 	slices.Sort(names)
 	for _, n := range names {
-		kind := "API-only node, pods are bound but never run"
+		kind := "API-only node, pods are bound but never run; plugin: a process (no kubelet to run the DaemonSet's pod)"
 		if n == o.realNode {
-			kind = "real node: kubelet + containerd, pods run"
+			kind = "real node: kubelet + containerd, pods run; plugin: the chart's DaemonSet pod"
 		}
 		fmt.Printf("  %-12s %d x %-22s %s\n", n, len(nodes[n].GPUs), nodes[n].Product, kind)
 	}
