@@ -167,21 +167,7 @@ func setup(ctx context.Context, t *testing.T) *suite {
 		t.Fatalf("the chart's DeviceClasses differ from deployments/deviceclasses/deviceclasses.yaml: %v", err)
 	}
 	// Unix socket paths must stay below 108 bytes: keep the tree short.
-	dir, err := os.MkdirTemp("", "gle2e")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("keeping %s for inspection (component logs in c/logs, gpulink logs in logs)", dir)
-			return
-		}
-		_ = os.RemoveAll(dir)
-	})
-	logDir := filepath.Join(dir, "logs")
-	if err := os.MkdirAll(logDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	dir, logDir := testDir(t, "gle2e", "component logs in c/logs, gpulink logs in logs")
 	cluster, err := localcluster.Start(ctx, localcluster.Options{Dir: filepath.Join(dir, "c"), RealNode: true, Logf: t.Logf})
 	if err != nil {
 		t.Fatal(err)

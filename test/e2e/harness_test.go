@@ -253,3 +253,27 @@ func env(log, name string) (string, bool) {
 	}
 	return "", false
 }
+
+// testDir makes a short temporary directory for a test's cluster (Unix
+// socket paths must stay below 108 bytes) with a logs directory in it. It
+// is removed after a passing test and kept, with hint saying where to
+// look, after a failing one.
+func testDir(t *testing.T, prefix, hint string) (dir, logDir string) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("keeping %s for inspection (%s)", dir, hint)
+			return
+		}
+		_ = os.RemoveAll(dir)
+	})
+	logDir = filepath.Join(dir, "logs")
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir, logDir
+}

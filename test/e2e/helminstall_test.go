@@ -76,21 +76,7 @@ func TestHelmInstallOnRealNode(t *testing.T) {
 	}
 	t.Logf("built %s (%s) in %.1fs", imageRef, imageTar, time.Since(begin).Seconds())
 
-	dir, err := os.MkdirTemp("", "glhelm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("keeping %s for inspection (cluster and audit logs in c/logs, chart pods' logs in c/pod-logs)", dir)
-			return
-		}
-		_ = os.RemoveAll(dir)
-	})
-	logDir := filepath.Join(dir, "logs")
-	if err := os.MkdirAll(logDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	dir, logDir := testDir(t, "glhelm", "cluster and audit logs in c/logs, chart pods' logs in c/pod-logs")
 	cluster, err := localcluster.Start(ctx, localcluster.Options{
 		Dir: filepath.Join(dir, "c"), RealNode: true, Logf: t.Logf, AuditPolicy: sliceAuditPolicy,
 	})
