@@ -161,6 +161,7 @@ func New(cfg Config) (*Controller, error) {
 	c.classes = classInf.Lister()
 	c.nodes = nodeInf.Lister()
 	c.interp = &interpreter{classes: c.classes, cel: c.sel, inv: c.inv}
+	cfg.Metrics.inventory.setSource(c.inv, c.ledger)
 	c.filter = &nodeFilter{nodes: c.nodes}
 
 	type handlerTarget interface {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -76,5 +77,6 @@ func (c *Controller) patchGate(ctx context.Context, pod *corev1.Pod) error {
 	if err != nil {
 		return fmt.Errorf("removing scheduling gate %s from pod %s/%s: %w", driver.SchedulingGate, pod.Namespace, pod.Name, err)
 	}
+	c.metrics.GateWait.Observe(time.Since(pod.CreationTimestamp.Time).Seconds())
 	return nil
 }

@@ -48,6 +48,12 @@ type nodeInventory struct {
 	// shareMemo caches share consumption per share signature and position.
 	// Bounded (LRU).
 	shareMemo *lru[[]*shareCons]
+
+	bestMu sync.Mutex
+	// best caches bestLink by set size.
+	best map[int]topology.Link
+	// idle caches idleBest by set size.
+	idle map[int][]topology.Link
 }
 
 type selectorOutcome struct {

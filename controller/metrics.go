@@ -20,6 +20,20 @@ type Metrics struct {
 	// Released counts allocations the controller released (unschedulable
 	// pods, orphaned claims).
 	Released *prometheus.CounterVec
+	// Decisions counts the outcome of every attempt to decide a pod's
+	// claims (see the outcome constants).
+	Decisions *prometheus.CounterVec
+	// GateWait: from the pod's creation to the removal of its scheduling
+	// gate by the controller.
+	GateWait prometheus.Histogram
+	// BelowBestLink counts requests for two or more whole GPUs whose set's
+	// weakest link is below the best a k-GPU set of that node has when the
+	// node is idle.
+	BelowBestLink *prometheus.CounterVec
+
+	// inventory reports GPUs, shares and fragmentation per node at scrape
+	// time from the controller that SetSource names.
+	inventory *inventoryCollector
 }
 
 // NewMetrics creates the collectors and registers them with reg (if not nil).
@@ -51,12 +65,46 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: "gpulink", Subsystem: "controller", Name: "released_allocations_total",
 			Help: "Allocations released by the controller, by reason.",
 		}, []string{"reason"}),
+		Decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gpulink", Subsystem: "controller", Name: "decisions_total",
+			Help: "Attempts to decide a pod's gpulink claims, by outcome: allocated (written), waiting (no node fits now; counted per retry), " +
+				"invalid (a claim gpulink cannot allocate exactly), not_ready (a claim or DeviceClass is missing), error (a write failed and was rolled back).",
+		}, []string{"outcome"}),
+		GateWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "gpulink", Subsystem: "controller", Name: "gate_wait_seconds",
+			Help:    "Time from pod creation until the controller removed the pod's gpulink scheduling gate.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 18),
+		}),
+		BelowBestLink: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gpulink", Subsystem: "controller", Name: "below_best_link_total",
+			Help: "Allocated requests of k >= 2 whole GPUs whose weakest link is below the node's best link class for k " +
+				"(the weakest link of the set the allocator picks for k GPUs on the idle node), by k and the link class given.",
+		}, []string{"size", "weakest_link"}),
+		inventory: newInventoryCollector(),
+	}
+	// Export the fixed series from the start, zero until something happens,
+	// so rates and dashboards work before the first event.
+	for _, o := range []string{OutcomeAllocated, OutcomeWaiting, OutcomeInvalid, OutcomeNotReady, OutcomeError} {
+		m.Decisions.WithLabelValues(o)
+	}
+	for _, r := range []string{errReasonConflict, errReasonAPI, errReasonUninterpretable, errReasonUnsatisfiable, errReasonInventory} {
+		m.Errors.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(m.AllocationLatency, m.DecisionLatency, m.Allocations, m.PendingPods, m.Errors, m.Released)
+		reg.MustRegister(m.AllocationLatency, m.DecisionLatency, m.Allocations, m.PendingPods, m.Errors, m.Released,
+			m.Decisions, m.GateWait, m.BelowBestLink, m.inventory)
 	}
 	return m
 }
+
+// Decision outcomes (label outcome of gpulink_controller_decisions_total).
+const (
+	OutcomeAllocated = "allocated"
+	OutcomeWaiting   = "waiting"
+	OutcomeInvalid   = "invalid"
+	OutcomeNotReady  = "not_ready"
+	OutcomeError     = "error"
+)
 
 // Error reasons.
 const (

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -73,11 +74,13 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 	case pc.broken != nil:
 		c.setWaiting(key, true)
 		c.metrics.Errors.WithLabelValues(errReasonUninterpretable).Inc()
+		c.metrics.Decisions.WithLabelValues(OutcomeInvalid).Inc()
 		logger.Info("Claim cannot be allocated by gpulink", "err", pc.broken)
 		c.explain.event(pod, nil, corev1.EventTypeWarning, ReasonUninterpretable, actionAllocate, pc.broken.Error())
 		return nil
 	case pc.notReady != "":
 		c.setWaiting(key, true)
+		c.metrics.Decisions.WithLabelValues(OutcomeNotReady).Inc()
 		logger.V(4).Info("Pod not ready for allocation", "reason", pc.notReady)
 		if pc.missingClass {
 			c.explain.event(pod, nil, corev1.EventTypeWarning, ReasonWaiting, actionWait, "waiting: "+pc.notReady)
@@ -229,6 +232,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 		c.decideMu.Unlock()
 		c.setWaiting(key, true)
 		c.metrics.Errors.WithLabelValues(errReasonUnsatisfiable).Inc()
+		c.metrics.Decisions.WithLabelValues(OutcomeWaiting).Inc()
 		msg := c.waitingMessage(pending, len(all), cands, why, skipped)
 		logger.V(2).Info("Waiting for devices", "reason", msg)
 		c.explain.event(pod, pending[0].Claim, corev1.EventTypeWarning, ReasonWaiting, actionWait, msg)
@@ -253,8 +257,10 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	c.decideMu.Unlock()
 
 	if err := c.writeDecision(ctx, pod, writes); err != nil {
+		c.metrics.Decisions.WithLabelValues(OutcomeError).Inc()
 		return err
 	}
+	c.metrics.Decisions.WithLabelValues(OutcomeAllocated).Inc()
 	c.setWaiting(key, false)
 	c.metrics.DecisionLatency.Observe(time.Since(start).Seconds())
 	c.metrics.AllocationLatency.Observe(time.Since(pod.CreationTimestamp.Time).Seconds())
@@ -265,6 +271,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 				label = r.Weakest.String()
 			}
 			c.metrics.Allocations.WithLabelValues(label).Inc()
+			c.countBelowBest(chosen.Node, r)
 		}
 	}
 	summary := chosen.summarize()
@@ -274,6 +281,19 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 		return err
 	}
 	return nil
+}
+
+// countBelowBest counts a set of whole GPUs whose weakest link is below
+// the node's best for its size: the node could have done better idle, so
+// fragmentation or a selector cost the request link speed.
+func (c *Controller) countBelowBest(n *nodeInventory, r placedResult) {
+	k := len(r.Positions)
+	if r.Share != nil || k < 2 {
+		return
+	}
+	if best, ok := n.bestLink(k); ok && r.Weakest < best {
+		c.metrics.BelowBestLink.WithLabelValues(strconv.Itoa(k), r.Weakest.String()).Inc()
+	}
 }
 
 // waitingMessage explains why nothing fits, naming what was asked.
