@@ -26,6 +26,12 @@ type inspectOptions struct {
 	timeout    time.Duration
 	node       string
 	output     outputFormat
+	// watch re-renders on every change of the slices and claims, at most
+	// once per watchInterval.
+	watch         bool
+	watchInterval time.Duration
+	// onRender, if set, is called after each render in watch mode (tests).
+	onRender func(renders int)
 }
 
 // clientFactory connects to the cluster the options name and returns the
@@ -42,7 +48,12 @@ func newInspectCommand(prog string) *cobra.Command {
 }
 
 func newInspectCommandWith(prog string, newClient clientFactory) *cobra.Command {
-	o := &inspectOptions{output: outputTable}
+	return newInspectCommandOpts(prog, newClient, &inspectOptions{output: outputTable})
+}
+
+// newInspectCommandOpts builds the command around o, which tests prepare
+// with what no flag sets (onRender).
+func newInspectCommandOpts(prog string, newClient clientFactory, o *inspectOptions) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "inspect",
 		Short: "Show each node's GPUs, who holds them and what is free, from a live cluster",
@@ -56,7 +67,8 @@ Needs permission to list resourceslices and resourceclaims (all namespaces)
 in the resource.k8s.io/v1 API.`,
 		Example: "  " + prog + " inspect\n" +
 			"  " + prog + " inspect --node gpu-node-1\n" +
-			"  " + prog + " inspect --kubeconfig ~/.kube/lab --context lab -o json | jq '.nodes[].gpus[] | select(.free)'",
+			"  " + prog + " inspect --kubeconfig ~/.kube/lab --context lab -o json | jq '.nodes[].gpus[] | select(.free)'\n" +
+			"  " + prog + " inspect --watch --node gpu-node-1",
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runInspect(cmd, o, newClient)
@@ -68,15 +80,23 @@ in the resource.k8s.io/v1 API.`,
 	f.DurationVar(&o.timeout, "request-timeout", 30*time.Second, "time limit for each API request (0: none)")
 	f.StringVar(&o.node, "node", "", "show only this node")
 	f.VarP(&o.output, "output", "o", "output format: table or json")
+	f.BoolVarP(&o.watch, "watch", "w", false, "after the first view, watch slices and claims and show the view again on every change (table: redrawn in a terminal; json: one line per view) until interrupted")
+	f.DurationVar(&o.watchInterval, "watch-interval", time.Second, "with --watch, the least time between two views; changes in between are shown together")
 	return cmd
 }
 
 func runInspect(cmd *cobra.Command, o *inspectOptions, newClient clientFactory) error {
+	if o.watchInterval < 0 {
+		return usageError{fmt.Errorf("--watch-interval must not be negative, got %s", o.watchInterval)}
+	}
 	client, server, err := newClient(o)
 	if err != nil {
 		return err
 	}
 	ctx := cmd.Context()
+	if o.watch {
+		return watchInspect(ctx, cmd, o, client, server)
+	}
 	published, err := listResourceSlices(ctx, client)
 	if err != nil {
 		return apiError("list ResourceSlices of driver "+driver.Name, server, err)
@@ -85,6 +105,11 @@ func runInspect(cmd *cobra.Command, o *inspectOptions, newClient clientFactory) 
 	if err != nil {
 		return apiError("list ResourceClaims in all namespaces", server, err)
 	}
+	return renderInspect(cmd, o, server, published, claims)
+}
+
+// renderInspect shows the report of the slices and claims given.
+func renderInspect(cmd *cobra.Command, o *inspectOptions, server string, published []*resourceapi.ResourceSlice, claims []*resourceapi.ResourceClaim) error {
 	reports := controller.BuildReport(published, claims)
 	if o.node != "" {
 		var mine []controller.NodeReport
@@ -110,6 +135,9 @@ func runInspect(cmd *cobra.Command, o *inspectOptions, newClient clientFactory) 
 		return err
 	}
 	if o.output == outputJSON {
+		if o.watch {
+			return writeJSONLine(cmd.OutOrStdout(), inspectDocument{Nodes: views})
+		}
 		return writeJSONDocument(cmd.OutOrStdout(), inspectDocument{Nodes: views})
 	}
 	return writeInspectTable(cmd.OutOrStdout(), views)
