@@ -258,3 +258,20 @@ gpulink_controller_below_best_link_total{size="2",weakest_link="PXB"} 1
 		t.Errorf("gate wait observations = %d, want 1 (one pod ungated)", count)
 	}
 }
+
+// TestAllocatedEventNamesAlternatives checks that the allocation event
+// names the nodes that also fit, for `gpulink explain`.
+func TestAllocatedEventNamesAlternatives(t *testing.T) {
+	h := newHarness(t, objs(classes(), gpuNode(t, "nb", "pcie-nvbridge-8.txt"), gpuNode(t, "p40", "p40-pcie-7.txt"))...).start()
+	h.claim("pair", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("gpus", 2)}})
+	h.pod("p", true, "pair")
+	c := h.waitAllocated("pair")
+	chosen, other := allocatedNode(c), "p40"
+	if chosen == "p40" {
+		other = "nb"
+	}
+	e := h.waitEvent(ns+"/p", ReasonAllocated)
+	if !contains(e.Note, "on "+chosen+"; also fit: "+other+" (2 GPUs weakest link ") {
+		t.Errorf("event note %q does not name %s as an alternative", e.Note, other)
+	}
+}

@@ -276,11 +276,54 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	}
 	summary := chosen.summarize()
 	logger.Info("Allocated", "node", chosen.Node.Node, "devices", summary, "duration", time.Since(start))
-	c.explain.event(pod, pending[0].Claim, corev1.EventTypeNormal, ReasonAllocated, actionAllocate, "allocated "+summary)
+	c.explain.event(pod, pending[0].Claim, corev1.EventTypeNormal, ReasonAllocated, actionAllocate, "allocated "+summary+alternativesNote(chosen, plans, why, skipped))
 	if err := c.removeGate(ctx, pod); err != nil {
 		return err
 	}
 	return nil
+}
+
+// maxEventNote keeps event notes below the API's 1 KiB limit on
+// events.k8s.io/v1 notes, with room for the summary.
+const maxEventNote = 1000
+
+// alternativesNote tells, after an allocation, which other nodes fit and
+// why others did not, so `gpulink explain` can show what was passed over.
+// Bounded: three of each, and the whole note within maxEventNote.
+func alternativesNote(chosen *nodePlan, plans []*nodePlan, why, skipped []string) string {
+	var fit []string
+	for _, pl := range plans {
+		if pl == chosen || len(pl.Claims) == 0 || len(pl.Claims[0]) == 0 {
+			continue
+		}
+		r := pl.Claims[0][0]
+		how := "a share"
+		if r.Share == nil {
+			how = fmt.Sprintf("%d GPUs", len(r.Positions))
+			if len(r.Positions) > 1 {
+				how += " weakest link " + r.Weakest.String()
+			}
+		}
+		fit = append(fit, fmt.Sprintf("%s (%s)", pl.Node.Node, how))
+	}
+	var note string
+	if len(fit) > 0 {
+		if len(fit) > 3 {
+			fit = append(fit[:3], fmt.Sprintf("%d more", len(fit)-3))
+		}
+		note += "; also fit: " + strings.Join(fit, ", ")
+	}
+	rejected := append(dedupe(why), skipped...)
+	if len(rejected) > 3 {
+		rejected = append(rejected[:3], fmt.Sprintf("and %d more", len(rejected)-3))
+	}
+	if len(rejected) > 0 {
+		note += "; passed over: " + strings.Join(rejected, "; ")
+	}
+	if len(note) > maxEventNote/2 {
+		note = note[:maxEventNote/2-3] + "..."
+	}
+	return note
 }
 
 // countBelowBest counts a set of whole GPUs whose weakest link is below
