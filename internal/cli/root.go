@@ -21,6 +21,7 @@ var subcommands = []func(prog string) *cobra.Command{
 	newTopologyCommand,
 	newSimulateCommand,
 	newInspectCommand,
+	newExplainCommand,
 }
 
 // kubectlPluginPrefix is how kubectl finds plugins on the PATH.
@@ -50,8 +51,8 @@ func NewRootCommand(displayName string) *cobra.Command {
 		Short: "Topology-aware GPU allocation tools for Kubernetes DRA",
 		Long: `gpulink is a Kubernetes DRA driver for NVIDIA GPUs that places multi-GPU
 requests on the best-connected GPUs. This command inspects topologies and
-simulates allocations offline (topology, simulate), and shows what a
-cluster's GPUs hold (inspect).`,
+simulates allocations offline (topology, simulate), shows what a
+cluster's GPUs hold (inspect) and why a pod got its GPUs or waits (explain).`,
 		Annotations: map[string]string{cobra.CommandDisplayNameAnnotation: displayName},
 		// Usage after a failed run buries the error; flag and argument
 		// errors still point at --help (see Execute).
