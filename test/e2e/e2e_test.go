@@ -22,7 +22,10 @@
 // lifts the gate, pods are bound to the allocated node, a pod the policy
 // leaves ungated gets the best pair too, NVLink-required claims land on an NVLink quad or wait,
 // link-minimal sets on the API-only nodes, and deleting pods removes the CDI
-// specs and frees every device.
+// specs and frees every device. The controller's and the real node's
+// plugin's /metrics are scraped once for their metric names (and a few
+// values), and `gpulink explain` (the built binary) must name the GPUs of a
+// running pod.
 //
 // Needs root and the binaries of `hack/cluster.sh build`, `make build` and
 // `hack/helm.sh --build` (the test runs the binaries as they are; rebuild
@@ -87,6 +90,9 @@ type suite struct {
 	devNodes   bool
 	controller *proc
 	plugins    []*proc
+	// controllerMetrics and pluginMetrics are the /metrics URLs of the
+	// controller and of the real node's kubelet plugin.
+	controllerMetrics, pluginMetrics string
 	// workloadEnv is added to every workload container.
 	workloadEnv []corev1.EnvVar
 }
@@ -104,6 +110,9 @@ func TestE2E(t *testing.T) {
 	var first, share holding
 	ok := t.Run("two GPUs through a claim template run on the real node with the best pair", func(t *testing.T) {
 		first = s.twoGPUPod(ctx, t, "two-gpus")
+	}) && t.Run("the controller and the plugin expose their metrics; gpulink explain names the pod's GPUs", func(t *testing.T) {
+		s.checkMetrics(ctx, t, first)
+		s.checkExplain(ctx, t, first)
 	}) && t.Run("a share shows its MPS limits", func(t *testing.T) {
 		share = s.sharePod(ctx, t, first)
 	}) && t.Run("a second whole-GPU pod never sees the first pod's GPUs", func(t *testing.T) {
@@ -223,6 +232,11 @@ func setup(ctx context.Context, t *testing.T) *suite {
 			cdiRoot = cluster.CDIDir()
 			mpsRoot = s.mpsRoot
 		}
+		metricsAddress := ""
+		if n.name == s.realNode {
+			metricsAddress = fmt.Sprintf("127.0.0.1:%d", localcluster.FreePort(t))
+			s.pluginMetrics = "http://" + metricsAddress + "/metrics"
+		}
 		// The kubelet creates these on a real node; nothing does on an API-only one.
 		for _, d := range []string{registrar, pluginDir} {
 			if err := os.MkdirAll(d, 0o750); err != nil {
@@ -243,7 +257,7 @@ func setup(ctx context.Context, t *testing.T) *suite {
 			"--cdi-root="+cdiRoot,
 			"--mps-root="+mpsRoot,
 			"--driver-root="+driverRoot,
-			"--metrics-address=",
+			"--metrics-address="+metricsAddress,
 			"--v=2",
 		)
 		s.plugins = append(s.plugins, p)
@@ -252,10 +266,12 @@ func setup(ctx context.Context, t *testing.T) *suite {
 		}
 	}
 	healthPort := localcluster.FreePort(t)
+	metricsPort := localcluster.FreePort(t)
+	s.controllerMetrics = fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort)
 	s.controller = startProc(t, logDir, "controller", controllerBin,
 		"--kubeconfig="+cluster.Kubeconfig(),
 		"--leader-elect=false",
-		"--metrics-address=",
+		fmt.Sprintf("--metrics-address=127.0.0.1:%d", metricsPort),
 		fmt.Sprintf("--health-address=127.0.0.1:%d", healthPort),
 		"--v=2",
 	)
