@@ -135,5 +135,51 @@
 // Each decision is an event on the pod ("allocated gpus=gpu-0,gpu-1:
 // every pair NV2 on node-a", "waiting: no node has 4 free GPUs with every
 // pair NVLink (policy Required) (...)"), repeated waiting messages are
-// recorded once. Metrics: see Metrics.
+// recorded once. The allocation event also names the nodes that fit too
+// (with the first request's weakest link) and why others were passed over,
+// three of each at most; `gpulink explain POD` shows it with the claims.
+//
+// # Metrics
+//
+// NewMetrics registers, under gpulink_controller_:
+//
+//   - decisions_total{outcome}: attempts to decide a pod's claims, by
+//     outcome: allocated, waiting (no node fits; one per retry, so a
+//     waiting pod counts again on every cluster change), invalid (a claim
+//     gpulink cannot allocate exactly), not_ready (a claim or DeviceClass
+//     missing), error (a write failed and the decision was rolled back).
+//   - decision_duration_seconds: planning and writing one pod's claims;
+//     allocation_latency_seconds: pod creation to the allocation write;
+//     gate_wait_seconds: pod creation to the removal of the scheduling
+//     gate by the controller (all histograms).
+//   - allocations_total{weakest_link}, errors_total{reason},
+//     released_allocations_total{reason}, pending_pods.
+//   - below_best_link_total{size,weakest_link}: requests of k >= 2 whole
+//     GPUs whose set's weakest link is below the node's best for k, the
+//     weakest link of the set driver/allocate picks for k GPUs on the idle
+//     node (computed once per node inventory).
+//
+// Per node, computed when Prometheus scrapes (a custom collector over the
+// inventory and the ledger, nothing on the decision path):
+//
+//   - gpus{node,product,state}: state allocated (held whole), shared
+//     (holds shares), free (neither, and no NoSchedule/NoExecute device
+//     taint but gpulink's managed one), tainted (neither, but such a taint).
+//   - shares{node,product}, share_memory_bytes{node,product},
+//     gpu_memory_bytes{node,product}.
+//   - fragmented_gpus{node,size}: for each size k of topology.GroupSizes
+//     (2, 4, 8, ... below the node's GPU count), the free GPUs that belong
+//     to no set of k free GPUs whose every pair is linked at c(g, k), where
+//     c(g, k) is the best class a k-set containing GPU g has on the idle
+//     node. An idle node has 0; every stranded GPU lost the best k-set it
+//     could be part of to allocations (or a taint). Free means as in gpus.
+//     The search (fragmentation.go) finds cliques of the "linked at >= c"
+//     graph exhaustively, so the figure is exact; it is bounded by
+//     fragmentSearchBudget set extensions per node and size (a few hundred
+//     suffice for 16 GPUs) and the series is left out when that runs out.
+//     The figure is cached per node until its inventory or free GPUs
+//     change, so a scrape costs one pass over the devices otherwise.
+//
+// deployments/grafana/gpulink.json is a dashboard of these and the kubelet
+// plugin's metrics; its test checks every query against NewMetrics.
 package controller
