@@ -139,6 +139,23 @@ render local-cluster --set kubeletPlugin.hostNetwork=true --set controller.hostN
 render gated-namespaces --set-string 'gate.namespaceSelector.matchLabels.gpulink\.dev/gated=true' \
 	--set kubeletPlugin.driverRoot=/run/nvidia/driver
 
+# The ServiceMonitor needs the Prometheus Operator's CRDs, which the
+# throw-away API server of test-policies.sh lacks: rendered into a
+# subdirectory it does not read, and checked here.
+mkdir "${WORK}/crd"
+render crd/service-monitor --set serviceMonitor.enabled=true --set-string serviceMonitor.labels.release=prom
+grep -q '^kind: ServiceMonitor' "${WORK}/crd/service-monitor.yaml" || die "serviceMonitor.enabled=true rendered no ServiceMonitor"
+[[ $(grep -c '^  name: gpulink-.*-metrics$' "${WORK}/crd/service-monitor.yaml") == 2 ]] ||
+	die "serviceMonitor.enabled=true did not render the controller and plugin metrics Services"
+if grep -q 'monitoring.coreos.com' "${WORK}/defaults.yaml"; then
+	die "the default values render a ServiceMonitor"
+fi
+render plugin-metrics-service --set kubeletPlugin.metricsService.enabled=true
+grep -q 'clusterIP: None' "${WORK}/plugin-metrics-service.yaml" || die "kubeletPlugin.metricsService.enabled=true rendered no headless Service"
+expect_failure "a ServiceMonitor with nothing serving metrics" "nothing serves metrics" \
+	--set serviceMonitor.enabled=true --set controller.metricsPort=0 --set kubeletPlugin.metricsPort=0
+expect_failure "a malformed scrape interval" "/serviceMonitor/interval" --set serviceMonitor.interval=often
+
 expect_failure "an unknown discovery mode" "/kubeletPlugin/discovery" --set kubeletPlugin.discovery=bogus
 expect_failure "an unknown top-level key" "additional properties 'bogus'" --set bogus=1
 expect_failure "a misspelt nested key" "additional properties 'replica'" --set controller.replica=2
