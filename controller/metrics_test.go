@@ -6,7 +6,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	dto "github.com/prometheus/client_model/go"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
@@ -218,7 +217,8 @@ func TestDecisionMetrics(t *testing.T) {
 	for i := range held.Status.Allocation.Devices.Results {
 		held.Status.Allocation.Devices.Results[i].Pool = "nb"
 	}
-	m := NewMetrics(prometheus.NewRegistry())
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
 	h := newHarnessWith(t, Config{Workers: 1, DeviceTaintRules: true, Metrics: m},
 		objs(classes(), gpuNode(t, "nb", "pcie-nvbridge-8.txt"), []runtime.Object{held})...).start()
 	h.claim("pair", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("gpus", 2)}})
@@ -248,14 +248,18 @@ gpulink_controller_below_best_link_total{size="2",weakest_link="PXB"} 1
 `)); err != nil {
 		t.Error(err)
 	}
-	ch := make(chan prometheus.Metric, 1)
-	m.GateWait.Collect(ch)
-	var pb dto.Metric
-	if err := (<-ch).Write(&pb); err != nil {
+	families, err := reg.Gather()
+	if err != nil {
 		t.Fatal(err)
 	}
-	if count := pb.GetHistogram().GetSampleCount(); count != 1 {
-		t.Errorf("gate wait observations = %d, want 1 (one pod ungated)", count)
+	var observed uint64
+	for _, f := range families {
+		if f.GetName() == "gpulink_controller_gate_wait_seconds" {
+			observed = f.GetMetric()[0].GetHistogram().GetSampleCount()
+		}
+	}
+	if observed != 1 {
+		t.Errorf("gate wait observations = %d, want 1 (one pod ungated)", observed)
 	}
 }
 
