@@ -20,6 +20,8 @@ type watchRun struct {
 	views  chan string
 	done   chan error
 	cancel context.CancelFunc
+	// finished is set once the test read the result from done.
+	finished bool
 }
 
 func startWatch(t *testing.T, cs *fake.Clientset, args ...string) *watchRun {
@@ -49,7 +51,12 @@ func startWatch(t *testing.T, cs *fake.Clientset, args ...string) *watchRun {
 	go func() { w.done <- root.ExecuteContext(ctx) }()
 	t.Cleanup(func() {
 		cancel()
-		<-w.done
+		if w.finished {
+			return
+		}
+		if err := <-w.done; err != nil {
+			t.Errorf("watch ended with %v after cancellation, want nil", err)
+		}
 	})
 	return w
 }
@@ -62,6 +69,7 @@ func (w *watchRun) next() string {
 	case v := <-w.views:
 		return v
 	case err := <-w.done:
+		w.finished = true
 		w.t.Fatalf("watch ended early: %v", err)
 	case <-time.After(time.Minute):
 		w.t.Fatal("no view within a minute")
@@ -98,10 +106,10 @@ func TestInspectWatchShowsChanges(t *testing.T) {
 		t.Errorf("view after the claim was deleted still shows it:\n%s", third)
 	}
 	w.cancel()
+	w.finished = true
 	if err := <-w.done; err != nil {
 		t.Errorf("watch ended with %v after cancellation, want nil", err)
 	}
-	w.done <- nil // for the cleanup
 }
 
 func TestInspectWatchJSONLines(t *testing.T) {
