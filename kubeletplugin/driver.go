@@ -323,12 +323,14 @@ func (d *Driver) Rediscover(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	d.topo = t
 	if equality.Semantic.DeepEqual(d.resources, &res) {
+		d.mu.Unlock()
 		return false, nil
 	}
 	d.resources = &res
+	d.mu.Unlock()
+	d.refreshHealthGauges(t)
 	return true, nil
 }
 

@@ -23,6 +23,7 @@ import (
 
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/health"
+	"github.com/gpulink/gpulink/driver/topology"
 )
 
 // Event reasons on the Node.
@@ -145,10 +146,23 @@ func (d *Driver) setupHealth(logger klog.Logger, opts *HealthOptions, recorder e
 		}
 	}
 	d.health = m
-	for _, g := range d.topo.GPUs {
-		d.setHealthGauge(driver.DeviceName(g.Index), g.UUID, m.tracker.State(driver.DeviceName(g.Index)).Healthy())
-	}
+	d.refreshHealthGauges(d.topo)
 	return nil
+}
+
+// refreshHealthGauges exports the health of every GPU of t (at start and
+// when discovery finds other GPUs).
+func (d *Driver) refreshHealthGauges(t *topology.Topology) {
+	m := d.health
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, g := range t.GPUs {
+		name := driver.DeviceName(g.Index)
+		d.setHealthGauge(name, g.UUID, m.tracker.State(name).Healthy())
+	}
 }
 
 func (d *Driver) setHealthGauge(device, uuid string, healthy bool) {
@@ -291,7 +305,7 @@ func (d *Driver) HandleHealthEvent(ctx context.Context, e health.Event) {
 	reason, _ := state.Reason()
 	taint := fmt.Sprintf("%s=%s:%s", driver.UnhealthyTaintKey, reason, m.opts.TaintEffect)
 	switch {
-	case transition == health.BecameUnhealthy || transition == health.StillUnhealthy && verdict == health.Fatal:
+	case transition == health.BecameUnhealthy || (transition == health.StillUnhealthy && verdict == health.Fatal):
 		logger.Error(nil, "GPU unhealthy, tainting it", append(kv, "taint", taint)...)
 		d.recordEvent(corev1.EventTypeWarning, ReasonGPUUnhealthy, "GPU %s (%s) is unhealthy: %s%s; device tainted %s", e.Device, e.UUID, e.FatalCondition(), detail(e.Message), taint)
 	case transition == health.StillUnhealthy:

@@ -179,11 +179,7 @@ func findGPU(gpus []*nvmlGPU, h nvml.Device) *nvmlGPU {
 func (s *NVMLHealthSource) poll(g *nvmlGPU, report func(*nvmlGPU, health.Event)) {
 	first := !g.polled
 	g.polled = true
-	rows := func() (bool, nvml.Return) {
-		_, _, _, failed, ret := g.handle.GetRemappedRows()
-		return failed, ret
-	}
-	failed, retRows := rows()
+	_, _, _, failed, retRows := g.handle.GetRemappedRows()
 	reasons, retClocks := g.handle.GetCurrentClocksEventReasons()
 	lost := retRows == nvml.ERROR_GPU_IS_LOST || retClocks == nvml.ERROR_GPU_IS_LOST
 	switch {
