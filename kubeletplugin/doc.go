@@ -75,7 +75,8 @@
 // from allocating a device to any request that does not tolerate it, while
 // claims that are already allocated (by the controller) are not affected,
 // so pods using them schedule normally. Tainted devices lower the API's
-// limit to 64 devices per slice, which BuildDriverResources respects.
+// limit to 64 devices per slice, which BuildDriverResources respects; so
+// does --health, whose unhealthy taint may come at any time.
 //
 // # Prepare and CDI
 //
