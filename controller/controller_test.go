@@ -584,3 +584,59 @@ func TestFinishedPodReleasesClaim(t *testing.T) {
 		return c.Status.Allocation == nil && len(c.Status.ReservedFor) == 0 && len(c.Finalizers) == 0
 	})
 }
+
+// A GPU that becomes unhealthy while a pod holds it (the kubelet plugin
+// taints it NoSchedule in the slice): the running allocation is left alone,
+// new claims avoid the tainted GPUs, held or free.
+func TestHealthTaintWhileHeld(t *testing.T) {
+	h := newHarness(t, objs(classes(), gpuNode(t, "v100", "v100-sxm2-8-aliyun-sccgn6.txt"))...).start()
+	h.claim("first", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 2)}})
+	h.pod("p1", true, "first")
+	held := devicesOf(h.waitAllocated("first"))
+	h.waitUngated("p1")
+
+	// The plugin taints one held GPU and one free one.
+	var free string
+	for i := range 8 {
+		if d := driver.DeviceName(i); !slices.Contains(held, d) {
+			free = d
+			break
+		}
+	}
+	tainted := []string{held[0], free}
+	slice := h.allSlices()[0]
+	for i, d := range slice.Spec.Devices {
+		if slices.Contains(tainted, d.Name) {
+			slice.Spec.Devices[i].Taints = append(slice.Spec.Devices[i].Taints, resourceapi.DeviceTaint{
+				Key: driver.UnhealthyTaintKey, Value: "xid-79", Effect: resourceapi.DeviceTaintEffectNoSchedule,
+			})
+		}
+	}
+	if _, err := h.client.ResourceV1().ResourceSlices().Update(h.ctx, &slice, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Six GPUs are free but only five are healthy: six waits, naming the taint.
+	h.claim("six", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 6)}})
+	h.pod("p6", true, "six")
+	if e := h.waitEvent(ns+"/p6", ReasonWaiting); !contains(e.Note, driver.UnhealthyTaintKey) {
+		t.Errorf("waiting event %q does not name the unhealthy taint", e.Note)
+	}
+	// Five get exactly the healthy free GPUs.
+	h.claim("five", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 5)}})
+	h.pod("p5", true, "five")
+	got := devicesOf(h.waitAllocated("five"))
+	for _, d := range got {
+		if slices.Contains(tainted, d) || slices.Contains(held, d) {
+			t.Errorf("claim five got %v, which includes a tainted or held GPU (tainted %v, held %v)", got, tainted, held)
+		}
+	}
+	// The pod on the tainted GPU is not disturbed: same allocation, reserved, ungated.
+	c := h.getClaim("first")
+	if c.Status.Allocation == nil || !slices.Equal(devicesOf(c), held) || len(c.Status.ReservedFor) != 1 {
+		t.Errorf("claim first after the taint: allocation %v, reservedFor %v; want %v kept for p1", c.Status.Allocation, c.Status.ReservedFor, held)
+	}
+	if p := h.getPod("p1"); p.DeletionTimestamp != nil || gateIndex(p) >= 0 {
+		t.Errorf("pod p1 disturbed by a NoSchedule taint: deleting %v, gated %v", p.DeletionTimestamp != nil, gateIndex(p) >= 0)
+	}
+}

@@ -23,6 +23,10 @@ const (
 	// plugin puts on every device when the controller allocates them, so
 	// kube-scheduler never allocates a gpulink device itself.
 	ManagedTaintKey = "gpu.gpulink.dev/managed-by-controller"
+	// UnhealthyTaintKey is the device taint the kubelet plugin puts on a
+	// GPU with a fatal health condition (value: the condition, e.g.
+	// "xid-79"); NoSchedule or NoExecute as configured.
+	UnhealthyTaintKey = "gpu.gpulink.dev/unhealthy"
 	// SchedulingGate holds pods back from kube-scheduler until the
 	// controller has allocated their gpulink claims.
 	SchedulingGate = "gpu.gpulink.dev/allocation"

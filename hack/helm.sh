@@ -138,6 +138,19 @@ render local-cluster --set kubeletPlugin.hostNetwork=true --set controller.hostN
 	die "apiServer.host is not in the environment of both the plugin and the controller"
 render gated-namespaces --set-string 'gate.namespaceSelector.matchLabels.gpulink\.dev/gated=true' \
 	--set kubeletPlugin.driverRoot=/run/nvidia/driver
+# GPU health: NoExecute and custom XID lists reach the plugin's flags, the
+# liveness probe goes with the health checks.
+render health-noexecute --set kubeletPlugin.health.taintEffect=NoExecute \
+	--set-json 'kubeletPlugin.health.fatalXIDs=[48,79]' --set-json 'kubeletPlugin.health.ignoredXIDs=[]'
+grep -q -- '--health-taint-effect=NoExecute' "${WORK}/health-noexecute.yaml" &&
+	grep -q -- '--health-fatal-xids=48,79' "${WORK}/health-noexecute.yaml" &&
+	grep -q 'path: /healthz' "${WORK}/health-noexecute.yaml" ||
+	die "kubeletPlugin.health values do not reach the plugin's flags and liveness probe"
+render health-off --set kubeletPlugin.health.enabled=false
+# The controller's probe stays; the plugin's goes.
+[[ $(grep -c 'path: /healthz' "${WORK}/health-off.yaml") -lt $(grep -c 'path: /healthz' "${WORK}/defaults.yaml") ]] &&
+	grep -q -- '--health=false' "${WORK}/health-off.yaml" ||
+	die "kubeletPlugin.health.enabled=false does not turn off the plugin's health checks and liveness probe"
 
 # The ServiceMonitor needs the Prometheus Operator's CRDs, which the
 # throw-away API server of test-policies.sh lacks: rendered into a
@@ -171,6 +184,8 @@ expect_failure "the gate without the device taint" "needs kubeletPlugin.managedB
 	--set kubeletPlugin.managedByController=false
 expect_failure "an API server host without a port" "apiServer.host .* and apiServer.port .* go together" \
 	--set apiServer.host=127.0.0.1
+expect_failure "an unknown health taint effect" "/kubeletPlugin/health/taintEffect" --set kubeletPlugin.health.taintEffect=PreferNoSchedule
+expect_failure "a fatal XID that is not a number" "/kubeletPlugin/health/fatalXIDs" --set-json 'kubeletPlugin.health.fatalXIDs=["x"]'
 expect_failure "an API server port out of range" "/apiServer/port" --set apiServer.host=127.0.0.1 --set apiServer.port=70000
 if [[ "${HELM_SKIP_APISERVER:-}" == 1 ]]; then
 	log "skipping the API server checks (HELM_SKIP_APISERVER=1)"

@@ -75,7 +75,8 @@
 // from allocating a device to any request that does not tolerate it, while
 // claims that are already allocated (by the controller) are not affected,
 // so pods using them schedule normally. Tainted devices lower the API's
-// limit to 64 devices per slice, which BuildDriverResources respects.
+// limit to 64 devices per slice, which BuildDriverResources respects; so
+// does --health, whose unhealthy taint may come at any time.
 //
 // # Prepare and CDI
 //
@@ -311,4 +312,67 @@
 // gone with the release. The e2e test (TestHelmInstallOnRealNode) checks both:
 // prepared claims survive `helm upgrade`, and no slice of the node is left
 // after `helm uninstall`.
+//
+// # Device health
+//
+// With --health (the default) the plugin watches its GPUs and acts on what
+// package driver/health decides an event means:
+//
+//	fatal    XIDs in --health-fatal-xids (default 48, 62, 63, 64, 74, 79,
+//	         92, 94, 95, 119, 120: the XIDs after which NVIDIA's catalog
+//	         says the GPU needs a reset; driver/health lists why each),
+//	         double-bit ECC errors, a GPU lost (fallen off the bus), a
+//	         failed row remap
+//	warning  thermal slowdown, and any XID in neither list
+//	ignored  XIDs in --health-ignored-xids (default 13, 31, 43, 45, 68,
+//	         109: caused by the application, the GPU is fine)
+//
+// A fatal event sets a condition on the GPU ("xid-79", "gpu-lost", ...).
+// While a GPU has one, its device carries the taint
+// gpu.gpulink.dev/unhealthy=<condition>:<effect> (--health-taint-effect:
+// NoSchedule keeps new claims off it, the controller and kube-scheduler
+// both honour device taints; NoExecute also makes kube-controller-manager
+// evict the pods using it), the slices are republished at once, the
+// kubelet's WatchHealthStatus stream (KEP-4680) reports the device
+// Unhealthy, so pods show it in
+// status.containerStatuses[].allocatedResourcesStatus (the kubelet's
+// ResourceHealthStatus feature gate is beta and on by default in 1.37), a
+// Warning event GPUUnhealthy is recorded on the Node and the
+// gpulink_kubeletplugin_device_healthy gauge drops to 0. Warnings get a
+// GPUWarning event and a count in gpulink_kubeletplugin_health_events_total.
+// Reports go to the kubelet at every change and every 20s (valid 60s).
+// The kubelet keys allocatedResourcesStatus by a device's first CDI
+// device ID, and every device of a claim shares the claim's CDI IDs (the
+// base device first when there is one), so a pod shows the health of one
+// device per claim request: exact for one-GPU claims, the first GPU's
+// for larger ones (the taint and the Node event name every GPU).
+//
+// Sources (HealthSource):
+//
+//	nvml  real GPUs: an NVML event set for XID critical errors and
+//	      double-bit ECC errors; every --health-poll-interval,
+//	      NVML_ERROR_GPU_IS_LOST (GPU lost), GetRemappedRows (remap
+//	      failure) and the clock event reasons (thermal slowdown)
+//	file  --health-events-file (default <kubelet-plugin-dir>/
+//	      health-events.jsonl), on every backend: JSON lines appended to
+//	      it, such as {"device":"gpu-1","kind":"xid","xid":79} or
+//	      {"uuid":"GPU-...","kind":"gpu-lost"}. Tests make simulated GPUs
+//	      unhealthy this way; lines present when the plugin starts were
+//	      applied before and are skipped.
+//
+// Recovery: the nvml source clears gpu-lost when the GPU answers again
+// and row-remap-failure when GetRemappedRows no longer reports one (after
+// a reset). XID and ECC conditions need an operator, after resetting or
+// replacing the GPU: appending {"device":"gpu-1","kind":"recovered"}
+// (every condition) or {"device":"gpu-1","kind":"recovered",
+// "condition":"xid-79"} to the events file on the node. Then the taint
+// goes, a Normal GPURecovered event is recorded and the kubelet hears the
+// device is healthy. Conditions are kept in <kubelet-plugin-dir>/
+// health.json across plugin restarts and dropped when the node reboots
+// (its boot ID changes), which resets the GPUs.
+//
+// If a source cannot read the GPUs at all (NVML does not initialise, its
+// event set fails), the kubelet is told every device's health is Unknown,
+// not Healthy, and /healthz on the metrics port fails, so the chart's
+// liveness probe restarts the plugin.
 package kubeletplugin

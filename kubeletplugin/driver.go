@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
@@ -59,6 +60,9 @@ type Options struct {
 	// PCIeRootFromSysfs looks up the PCIe root of GPUs whose discovery
 	// did not report one in this host's sysfs (real GPUs only).
 	PCIeRootFromSysfs bool
+	// Health turns on device health handling (taints, kubelet health
+	// reports); nil: off.
+	Health *HealthOptions
 }
 
 // Dependencies are the seams tests replace.
@@ -79,6 +83,10 @@ type Dependencies struct {
 	// Pods reads the pods an MPS claim is reserved for, to refuse
 	// containers of different users (checkMPSUsers); nil skips the check.
 	Pods PodGetter
+	// HealthSources report GPU events when Options.Health is set.
+	HealthSources []HealthSource
+	// Events records health changes on the Node; nil: not recorded.
+	Events events.EventRecorder
 }
 
 // Publisher publishes ResourceSlices; *kubeletplugin.Helper is one.
@@ -101,6 +109,12 @@ type Driver struct {
 	ckpt       *CheckpointStore
 	// baseID is the base CDI device every claim gets; empty: none.
 	baseID string
+
+	// health is nil when health handling is off.
+	health        *healthMonitor
+	healthSources []HealthSource
+	// republish asks RunPublisher for a publication (health changed).
+	republish chan struct{}
 
 	// fatal ends Run; set by Run.
 	fatalMu sync.Mutex
@@ -144,6 +158,9 @@ func New(ctx context.Context, opts Options, deps Dependencies) (*Driver, error) 
 		uvm:        deps.UVM,
 		pods:       deps.Pods,
 		ckpt:       NewCheckpointStore(opts.PluginDataDir),
+		republish:  make(chan struct{}, 1),
+
+		healthSources: deps.HealthSources,
 	}
 	if d.clock == nil {
 		d.clock = clock.RealClock{}
@@ -169,6 +186,9 @@ func New(ctx context.Context, opts Options, deps Dependencies) (*Driver, error) 
 	if err := d.recoverState(ctx); err != nil {
 		return nil, err
 	}
+	if err := d.setupHealth(logger, opts.Health, deps.Events); err != nil {
+		return nil, err
+	}
 	return d, nil
 }
 
@@ -183,6 +203,7 @@ func (d *Driver) discover(ctx context.Context) (*topology.Topology, resourceslic
 		DefaultShareMemory:  d.opts.DefaultShareMemory,
 		DefaultShareCores:   d.opts.DefaultShareCores,
 		PCIeRootFromSysfs:   d.opts.PCIeRootFromSysfs,
+		MayTaint:            d.opts.Health != nil,
 	})
 	if err != nil {
 		return nil, resourceslice.DriverResources{}, err
@@ -190,11 +211,14 @@ func (d *Driver) discover(ctx context.Context) (*topology.Topology, resourceslic
 	return t, res, nil
 }
 
-// Resources returns a copy of the slices the plugin publishes.
+// Resources returns a copy of the slices the plugin publishes, unhealthy
+// GPUs tainted.
 func (d *Driver) Resources() resourceslice.DriverResources {
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	return *d.resources.DeepCopy()
+	res := *d.resources.DeepCopy()
+	d.mu.Unlock()
+	d.applyHealthTaints(&res)
+	return res
 }
 
 // Run registers the plugin with the kubelet, publishes the node's
@@ -229,6 +253,7 @@ func (d *Driver) Run(ctx context.Context, kubeClient kubernetes.Interface, extra
 		return fmt.Errorf("starting kubelet plugin helper: %w", err)
 	}
 	defer helper.Stop()
+	d.runHealthSources(ctx, d.healthSources)
 	if err := d.RunPublisher(ctx, helper); err != nil {
 		return err
 	}
@@ -239,9 +264,9 @@ func (d *Driver) Run(ctx context.Context, kubeClient kubernetes.Interface, extra
 }
 
 // RunPublisher publishes the current slices, then reruns discovery every
-// RediscoverInterval and republishes when the result changed, until ctx
-// ends. A failed rediscovery keeps the last good publication and is logged
-// as an error.
+// RediscoverInterval and republishes when the result changed, and
+// republishes when a GPU's health changed, until ctx ends. A failed
+// rediscovery keeps the last good publication and is logged as an error.
 func (d *Driver) RunPublisher(ctx context.Context, p Publisher) error {
 	logger := klog.FromContext(ctx)
 	if err := p.PublishResources(ctx, d.Resources()); err != nil {
@@ -249,17 +274,26 @@ func (d *Driver) RunPublisher(ctx context.Context, p Publisher) error {
 	}
 	d.metrics.Publications.Inc()
 	logger.Info("Published ResourceSlices", "pool", d.opts.NodeName)
-	if d.opts.RediscoverInterval <= 0 {
-		<-ctx.Done()
-		return nil
+	var tick <-chan time.Time
+	if d.opts.RediscoverInterval > 0 {
+		ticker := d.clock.NewTicker(d.opts.RediscoverInterval)
+		defer ticker.Stop()
+		tick = ticker.C()
 	}
-	ticker := d.clock.NewTicker(d.opts.RediscoverInterval)
-	defer ticker.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-ticker.C():
+		case <-d.republish:
+			if err := p.PublishResources(ctx, d.Resources()); err != nil {
+				d.metrics.BackgroundErrors.Inc()
+				logger.Error(err, "Republishing ResourceSlices after a health change failed, retrying at the next change or rediscovery")
+				continue
+			}
+			d.metrics.Publications.Inc()
+			logger.Info("GPU health changed, republished ResourceSlices", "pool", d.opts.NodeName)
+			continue
+		case <-tick:
 		}
 		changed, err := d.Rediscover(ctx)
 		if err != nil {
@@ -289,12 +323,14 @@ func (d *Driver) Rediscover(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	d.topo = t
 	if equality.Semantic.DeepEqual(d.resources, &res) {
+		d.mu.Unlock()
 		return false, nil
 	}
 	d.resources = &res
+	d.mu.Unlock()
+	d.refreshHealthGauges(t)
 	return true, nil
 }
 
@@ -324,12 +360,6 @@ func (d *Driver) stop(err error) {
 	}
 }
 
-// WatchHealthStatus implements kubeletplugin.DRAPlugin: gpulink does not
-// report device health (yet), which the helper turns into Unimplemented.
-func (d *Driver) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceHealthReport) error {
-	return kubeletplugin.ErrHealthNotSupported
-}
-
 // store writes the checkpoint and clears dirty.
 func (d *Driver) store() error {
 	if err := d.ckpt.Store(d.cp); err != nil {
@@ -337,6 +367,9 @@ func (d *Driver) store() error {
 	}
 	d.dirty = false
 	d.metrics.PreparedClaims.Set(float64(len(d.cp.Claims)))
+	if c, ok := d.mps.(interface{ Daemons() int }); ok {
+		d.metrics.MPSDaemons.Set(float64(c.Daemons()))
+	}
 	return nil
 }
 

@@ -25,6 +25,14 @@ type Metrics struct {
 	Publications prometheus.Counter
 	// BackgroundErrors counts errors reported through HandleError.
 	BackgroundErrors prometheus.Counter
+	// DeviceHealthy is 1 for a healthy GPU, 0 for one with a fatal
+	// condition (tainted), by device name and UUID.
+	DeviceHealthy *prometheus.GaugeVec
+	// HealthEvents counts health events by device and verdict (fatal,
+	// warning, ignored, recovered).
+	HealthEvents *prometheus.CounterVec
+	// MPSDaemons is the number of MPS control daemons running on the node.
+	MPSDaemons prometheus.Gauge
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: not
@@ -56,6 +64,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: "gpulink", Subsystem: "kubeletplugin", Name: "background_errors_total",
 			Help: "Errors of background work (ResourceSlice publishing, gRPC servers).",
 		}),
+		DeviceHealthy: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "gpulink", Subsystem: "kubeletplugin", Name: "device_healthy",
+			Help: "1 when the GPU is healthy, 0 when it has a fatal condition and is tainted gpu.gpulink.dev/unhealthy.",
+		}, []string{"device", "uuid"}),
+		HealthEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gpulink", Subsystem: "kubeletplugin", Name: "health_events_total",
+			Help: "GPU health events by verdict: fatal (tainted), warning, ignored (application XIDs), recovered.",
+		}, []string{"device", "verdict"}),
+		MPSDaemons: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "gpulink", Subsystem: "kubeletplugin", Name: "mps_daemons",
+			Help: "MPS control daemons running on this node (one per MPS claim).",
+		}),
 	}
 	// Export every series from the start, zero until something happens.
 	for _, op := range []string{opPrepare, opUnprepare} {
@@ -63,7 +83,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.ClaimDuration.WithLabelValues(op)
 	}
 	if reg != nil {
-		reg.MustRegister(m.ClaimDuration, m.ClaimErrors, m.PreparedClaims, m.CheckpointCorruptions, m.Publications, m.BackgroundErrors)
+		reg.MustRegister(m.ClaimDuration, m.ClaimErrors, m.PreparedClaims, m.CheckpointCorruptions, m.Publications, m.BackgroundErrors,
+			m.DeviceHealthy, m.HealthEvents, m.MPSDaemons)
 	}
 	return m
 }

@@ -167,6 +167,13 @@ func (m *mpsManager) EnsureDaemon(ctx context.Context, share MPSShare) error {
 	return nil
 }
 
+// Daemons is the number of control daemons running (referenced).
+func (m *mpsManager) Daemons() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.refs)
+}
+
 func (m *mpsManager) ReleaseDaemon(ctx context.Context, share MPSShare) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -143,9 +143,15 @@ func TestPrepareSharesAndMPSRefcount(t *testing.T) {
 	if share == nil || share.MemoryBytes != 4*gib || share.Cores != 30 || share.Strategy != "MPS" || !share.MPSRef {
 		t.Errorf("checkpointed share %+v", share)
 	}
+	if n := testutil.ToFloat64(d.metrics.MPSDaemons); n != 2 {
+		t.Errorf("mps_daemons = %v with two MPS claims, want 2", n)
+	}
 	mustUnprepare(t, d, a)
 	if e.daemon.isRunning(string(a.UID)) || !e.daemon.isRunning(string(b.UID)) {
 		t.Fatal("unprepare of a must stop a's daemon and only it")
+	}
+	if n := testutil.ToFloat64(d.metrics.MPSDaemons); n != 1 {
+		t.Errorf("mps_daemons = %v after unpreparing one, want 1", n)
 	}
 	mustUnprepare(t, d, a) // idempotent: must not touch b's daemon
 	if !e.daemon.isRunning(string(b.UID)) || e.daemon.stops[string(a.UID)] != 1 {

@@ -52,6 +52,9 @@ type SliceOptions struct {
 	// PCIeRootModifiers configure that lookup (tests point it at a fake
 	// sysfs).
 	PCIeRootModifiers []deviceattribute.MachineModifier
+	// MayTaint: devices may get taints later (health), so slices hold at
+	// most the API's limit of tainted devices.
+	MayTaint bool
 }
 
 // BuildDriverResources turns a node's topology into the ResourceSlices the
@@ -72,7 +75,7 @@ func BuildDriverResources(logger klog.Logger, nodeName string, t *topology.Topol
 		devices = append(devices, dev)
 	}
 	perSlice := maxDevicesPerSlice
-	if opts.ManagedByController {
+	if opts.ManagedByController || opts.MayTaint {
 		perSlice = maxTaintedDevicesPerSlice
 	}
 	// Publish at least one (possibly empty) slice: an empty pool shows the

@@ -19,13 +19,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 
 	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/driver/health"
 	"github.com/gpulink/gpulink/kubeletplugin"
 )
 
@@ -52,6 +56,12 @@ type flags struct {
 	metricsAddress      string
 	bootIDFile          string
 	rediscoverInterval  time.Duration
+	health              bool
+	healthFatalXIDs     string
+	healthIgnoredXIDs   string
+	healthTaintEffect   string
+	healthEventsFile    string
+	healthPollInterval  time.Duration
 }
 
 func parseFlags(args []string) (*flags, error) {
@@ -85,6 +95,12 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.metricsAddress, "metrics-address", ":8080", "Address of the Prometheus /metrics endpoint; empty disables it.")
 	fs.StringVar(&f.bootIDFile, "boot-id-file", "/proc/sys/kernel/random/boot_id", "File holding the node's boot ID; a change invalidates the checkpoint.")
 	fs.DurationVar(&f.rediscoverInterval, "rediscover-interval", time.Minute, "How often GPU discovery runs again; 0 disables.")
+	fs.BoolVar(&f.health, "health", true, "Watch GPU health: taint GPUs with a fatal condition ("+driver.UnhealthyTaintKey+"), report device health to the kubelet, record Node events.")
+	fs.StringVar(&f.healthFatalXIDs, "health-fatal-xids", health.FormatXIDs(health.DefaultFatalXIDs), "Comma-separated XIDs that taint a GPU (see package driver/health for why each is fatal).")
+	fs.StringVar(&f.healthIgnoredXIDs, "health-ignored-xids", health.FormatXIDs(health.DefaultIgnoredXIDs), "Comma-separated XIDs caused by applications, ignored; any other XID is a warning.")
+	fs.StringVar(&f.healthTaintEffect, "health-taint-effect", string(resourceapi.DeviceTaintEffectNoSchedule), "Effect of the unhealthy taint: NoSchedule (no new claims) or NoExecute (also evicts the pods using the GPU).")
+	fs.StringVar(&f.healthEventsFile, "health-events-file", "", "File of injected health events, one JSON object a line, read as it grows (tests, and operator clears: {\"device\":\"gpu-1\",\"kind\":\"recovered\"}). Default: <kubelet-plugin-dir>/health-events.jsonl.")
+	fs.DurationVar(&f.healthPollInterval, "health-poll-interval", 10*time.Second, "How often NVML is polled for lost GPUs, row remap failures and thermal slowdown.")
 	klog.InitFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -93,7 +109,38 @@ func parseFlags(args []string) (*flags, error) {
 		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	f.discovery.NodeName = f.nodeName
+	if f.healthEventsFile == "" {
+		f.healthEventsFile = filepath.Join(f.pluginDir, "health-events.jsonl")
+	}
 	return f, nil
+}
+
+// healthOptions turns the --health* flags into the plugin's options; nil
+// when health handling is off.
+func (f *flags) healthOptions() (*kubeletplugin.HealthOptions, error) {
+	if !f.health {
+		return nil, nil
+	}
+	fatal, err := health.ParseXIDs("--health-fatal-xids", f.healthFatalXIDs)
+	if err != nil {
+		return nil, err
+	}
+	ignored, err := health.ParseXIDs("--health-ignored-xids", f.healthIgnoredXIDs)
+	if err != nil {
+		return nil, err
+	}
+	p := health.Policy{FatalXIDs: fatal, IgnoredXIDs: ignored}
+	if err := p.Validate(); err != nil {
+		return nil, fmt.Errorf("--health-fatal-xids and --health-ignored-xids: %w", err)
+	}
+	effect := resourceapi.DeviceTaintEffect(f.healthTaintEffect)
+	if effect != resourceapi.DeviceTaintEffectNoSchedule && effect != resourceapi.DeviceTaintEffectNoExecute {
+		return nil, fmt.Errorf("--health-taint-effect: %q, want NoSchedule or NoExecute", f.healthTaintEffect)
+	}
+	if f.healthPollInterval <= 0 {
+		return nil, fmt.Errorf("--health-poll-interval: %s must be positive", f.healthPollInterval)
+	}
+	return &kubeletplugin.HealthOptions{Policy: p, TaintEffect: effect}, nil
 }
 
 func main() {
@@ -224,6 +271,27 @@ func run(ctx context.Context, f *flags) error {
 		}
 	}
 
+	healthOpts, err := f.healthOptions()
+	if err != nil {
+		return err
+	}
+	var healthSources []kubeletplugin.HealthSource
+	var recorder events.EventRecorder
+	if healthOpts != nil {
+		healthSources = append(healthSources, &kubeletplugin.FileHealthSource{Path: f.healthEventsFile})
+		if f.discovery.RealGPUs() {
+			lib, err := kubeletplugin.NVMLLibrary(f.discovery.DriverRoot)
+			if err != nil {
+				return err
+			}
+			healthSources = append(healthSources, &kubeletplugin.NVMLHealthSource{Lib: lib, PollInterval: f.healthPollInterval})
+		}
+		b := events.NewBroadcaster(&events.EventSinkImpl{Interface: client.EventsV1()})
+		b.StartRecordingToSink(ctx.Done())
+		defer b.Shutdown()
+		recorder = b.NewRecorder(scheme.Scheme, "gpulink-kubeletplugin")
+	}
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := kubeletplugin.NewMetrics(reg)
@@ -242,6 +310,7 @@ func run(ctx context.Context, f *flags) error {
 		DefaultShareCores:   f.defaultShareCores,
 		RediscoverInterval:  f.rediscoverInterval,
 		PCIeRootFromSysfs:   f.discovery.RealGPUs(),
+		Health:              healthOpts,
 	}, kubeletplugin.Dependencies{
 		Discoverer: discoverer,
 		CDI:        cdi,
@@ -250,6 +319,9 @@ func run(ctx context.Context, f *flags) error {
 		UVM:        uvm,
 		Pods:       pods,
 		Metrics:    metrics,
+
+		HealthSources: healthSources,
+		Events:        recorder,
 	})
 	if err != nil {
 		return err
@@ -258,6 +330,15 @@ func run(ctx context.Context, f *flags) error {
 	if f.metricsAddress != "" {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		// Liveness: fails while a health source cannot read the GPUs (NVML
+		// broken), so the plugin restarts instead of showing them healthy.
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+			if err := d.HealthError(); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			_, _ = w.Write([]byte("ok\n"))
+		})
 		srv := &http.Server{Addr: f.metricsAddress, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go func() {
 			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -51,5 +52,46 @@ func TestParseFlagsTopologyFile(t *testing.T) {
 	}
 	if _, err := parseFlags([]string{"stray"}); err == nil {
 		t.Error("positional argument accepted")
+	}
+}
+
+func TestHealthFlags(t *testing.T) {
+	f, err := parseFlags([]string{"--kubelet-plugin-dir=/p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.healthEventsFile != "/p/health-events.jsonl" {
+		t.Errorf("--health-events-file default %q", f.healthEventsFile)
+	}
+	o, err := f.healthOptions()
+	if err != nil || o == nil {
+		t.Fatalf("default health options: %v, %v", o, err)
+	}
+	if o.TaintEffect != "NoSchedule" || len(o.Policy.FatalXIDs) == 0 || len(o.Policy.IgnoredXIDs) == 0 {
+		t.Errorf("default health options %+v", o)
+	}
+	f, _ = parseFlags([]string{"--health=false"})
+	if o, err := f.healthOptions(); o != nil || err != nil {
+		t.Errorf("--health=false: %v, %v", o, err)
+	}
+	for args, want := range map[string]string{
+		"--health-fatal-xids=48,x":               "--health-fatal-xids",
+		"--health-ignored-xids=-3":               "--health-ignored-xids",
+		"--health-taint-effect=PreferNoSchedule": "--health-taint-effect",
+		"--health-poll-interval=0s":              "--health-poll-interval",
+		"--health-fatal-xids=13":                 "XID 13 is listed both",
+	} {
+		f, err := parseFlags([]string{args})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.healthOptions(); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want an error containing %q", args, err, want)
+		}
+	}
+	f, _ = parseFlags([]string{"--health-taint-effect=NoExecute", "--health-fatal-xids=79", "--health-ignored-xids="})
+	o, err = f.healthOptions()
+	if err != nil || o.TaintEffect != "NoExecute" || len(o.Policy.FatalXIDs) != 1 || len(o.Policy.IgnoredXIDs) != 0 {
+		t.Errorf("custom health options %+v, %v", o, err)
 	}
 }

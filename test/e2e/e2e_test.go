@@ -95,6 +95,11 @@ type suite struct {
 	controllerMetrics, pluginMetrics string
 	// workloadEnv is added to every workload container.
 	workloadEnv []corev1.EnvVar
+	// realPluginDir is the real node's plugin directory (its injected
+	// health events file is there); realPluginHTTP is the base URL of
+	// that plugin's metrics and liveness endpoints.
+	realPluginDir  string
+	realPluginHTTP string
 }
 
 func TestE2E(t *testing.T) {
@@ -226,11 +231,14 @@ func setup(ctx context.Context, t *testing.T) *suite {
 		pluginDir := filepath.Join(dir, "n", n.name, "plugin")
 		cdiRoot := filepath.Join(dir, "n", n.name, "cdi")
 		mpsRoot := filepath.Join(dir, "n", n.name, "mps")
+		metricsAddress := ""
 		if n.name == s.realNode {
 			registrar = filepath.Join(cluster.KubeletRootDir(), "plugins_registry")
 			pluginDir = filepath.Join(cluster.KubeletRootDir(), "plugins", driver.Name)
 			cdiRoot = cluster.CDIDir()
 			mpsRoot = s.mpsRoot
+			metricsAddress = fmt.Sprintf("127.0.0.1:%d", localcluster.FreePort(t))
+			s.realPluginDir, s.realPluginHTTP = pluginDir, "http://"+metricsAddress
 		}
 		metricsAddress := ""
 		if n.name == s.realNode {

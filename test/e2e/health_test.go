@@ -1,0 +1,253 @@
+//go:build e2e
+
+package e2e_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/test/e2e/gpuview"
+)
+
+// TestE2EHealth makes GPUs of the real node unhealthy through the plugin's
+// injected-events file and checks what a user sees: the device taint in
+// the ResourceSlice, the Warning event on the Node, the pod's
+// allocatedResourcesStatus (KEP-4680, beta and on by default in 1.37), the
+// next pod avoiding the tainted GPUs while the running pod keeps its GPU
+// (NoSchedule), the plugin's health metrics, and recovery clearing it all.
+func TestE2EHealth(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the e2e tests run a real node (containerd, kubelet) and need root")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	s := setup(ctx, t)
+	eventsFile := filepath.Join(s.realPluginDir, "health-events.jsonl")
+	inject := func(lines ...string) {
+		t.Helper()
+		f, err := os.OpenFile(eventsFile, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range lines {
+			if _, err := f.WriteString(l + "\n"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Pod A holds one GPU.
+	s.template(ctx, t, "one-gpu", resourceapi.ExactDeviceRequest{DeviceClassName: driver.DeviceClassWhole, Count: 1}, nil)
+	s.pod(ctx, t, "health-a", "one-gpu", s.realNode)
+	a := s.waitBound(ctx, t, "health-a")
+	s.waitRunning(ctx, t, &a)
+	held := a.Devices[0]
+
+	// Its GPU gets a fatal XID; every other GPU but one falls off the bus,
+	// and the last one gets an application XID, which changes nothing.
+	node := s.nodes(ctx, t)[s.realNode]
+	var others []string
+	for _, g := range node.GPUs {
+		if g.Device != held {
+			others = append(others, g.Device)
+		}
+	}
+	spare, lost := others[len(others)-1], others[:len(others)-1]
+	lines := []string{fmt.Sprintf(`{"device":%q,"kind":"xid","xid":79,"message":"injected by e2e"}`, held)}
+	for _, d := range lost {
+		lines = append(lines, fmt.Sprintf(`{"device":%q,"kind":"gpu-lost"}`, d))
+	}
+	lines = append(lines, fmt.Sprintf(`{"device":%q,"kind":"xid","xid":13}`, spare))
+	injected := time.Now()
+	inject(lines...)
+
+	wantTainted := append([]string{held}, lost...)
+	s.waitTaints(ctx, t, wantTainted)
+	t.Logf("%d GPUs tainted %s %.1fs after the injection", len(wantTainted), driver.UnhealthyTaintKey, time.Since(injected).Seconds())
+	s.waitNodeEvent(ctx, t, "GPUUnhealthy", held)
+	s.waitAllocatedHealth(ctx, t, "health-a", held, corev1.ResourceHealthStatusUnhealthy)
+	t.Logf("pod health-a shows its GPU %s Unhealthy %.1fs after the injection", held, time.Since(injected).Seconds())
+
+	// The next pod gets the one healthy free GPU; pod A keeps running.
+	s.pod(ctx, t, "health-b", "one-gpu", s.realNode)
+	b := s.waitBound(ctx, t, "health-b")
+	if len(b.Devices) != 1 || b.Devices[0] != spare {
+		t.Errorf("pod health-b got %v, want the only untainted GPU %s", b.Devices, spare)
+	}
+	pod, err := s.client.CoreV1().Pods(ns).Get(ctx, "health-a", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pod.Status.Phase != corev1.PodRunning || pod.DeletionTimestamp != nil {
+		t.Errorf("pod health-a on the tainted GPU: phase %s, deleting %v; NoSchedule must not disturb it", pod.Status.Phase, pod.DeletionTimestamp != nil)
+	}
+
+	// The plugin's metrics: names the dashboard uses, and the values now.
+	metrics := s.scrape(ctx, t, "/metrics")
+	for _, name := range []string{
+		"gpulink_kubeletplugin_device_healthy",
+		"gpulink_kubeletplugin_health_events_total",
+		"gpulink_kubeletplugin_mps_daemons",
+	} {
+		if !strings.Contains(metrics, "\n"+name) {
+			t.Errorf("plugin /metrics lacks %s", name)
+		}
+	}
+	heldGPU, _ := node.GPU(held)
+	for _, want := range []string{
+		fmt.Sprintf(`gpulink_kubeletplugin_device_healthy{device=%q,uuid=%q} 0`, held, heldGPU.UUID),
+		fmt.Sprintf(`gpulink_kubeletplugin_health_events_total{device=%q,verdict="fatal"} 1`, held),
+		fmt.Sprintf(`gpulink_kubeletplugin_health_events_total{device=%q,verdict="ignored"} 1`, spare),
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("plugin /metrics lacks %s", want)
+		}
+	}
+	if body := s.scrape(ctx, t, "/healthz"); strings.TrimSpace(body) != "ok" {
+		t.Errorf("/healthz = %q, want ok", body)
+	}
+
+	// The operator clears every GPU: taints gone, event, pod status healthy.
+	var clears []string
+	for _, d := range wantTainted {
+		clears = append(clears, fmt.Sprintf(`{"device":%q,"kind":"recovered","message":"cleared by e2e"}`, d))
+	}
+	cleared := time.Now()
+	inject(clears...)
+	s.waitTaints(ctx, t, nil)
+	s.waitNodeEvent(ctx, t, "GPURecovered", held)
+	s.waitAllocatedHealth(ctx, t, "health-a", held, corev1.ResourceHealthStatusHealthy)
+	t.Logf("taints cleared and pod health-a healthy again %.1fs after the clear", time.Since(cleared).Seconds())
+	s.deletePodsAndWait(ctx, t)
+}
+
+// waitTaints waits until exactly the devices in want carry the unhealthy
+// taint (NoSchedule) on the real node.
+func (s *suite) waitTaints(ctx context.Context, t *testing.T, want []string) {
+	t.Helper()
+	want = slices.Clone(want)
+	gpuview.SortDevices(want)
+	var got []string
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		if err := s.alive(); err != nil {
+			return false, err
+		}
+		list, err := s.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + s.realNode})
+		if err != nil {
+			return false, err
+		}
+		got = nil
+		for _, sl := range list.Items {
+			for _, d := range sl.Spec.Devices {
+				for _, taint := range d.Taints {
+					if taint.Key == driver.UnhealthyTaintKey && taint.Effect == resourceapi.DeviceTaintEffectNoSchedule && taint.Value != "" {
+						got = append(got, d.Name)
+					}
+				}
+			}
+		}
+		gpuview.SortDevices(got)
+		return slices.Equal(got, want), nil
+	})
+	if err != nil {
+		t.Fatalf("unhealthy taints on %v, want on %v: %v", got, want, err)
+	}
+}
+
+// waitNodeEvent waits for an event with reason on the real node naming
+// device.
+func (s *suite) waitNodeEvent(ctx context.Context, t *testing.T, reason, device string) {
+	t.Helper()
+	var seen []string
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		list, err := s.client.EventsV1().Events(metav1.NamespaceAll).List(ctx, metav1.ListOptions{FieldSelector: "reason=" + reason})
+		if err != nil {
+			return false, err
+		}
+		seen = nil
+		for _, e := range list.Items {
+			seen = append(seen, e.Regarding.Kind+"/"+e.Regarding.Name+": "+e.Note)
+			if e.Regarding.Kind == "Node" && e.Regarding.Name == s.realNode && strings.Contains(e.Note, "GPU "+device+" ") {
+				t.Logf("event %s %s on node %s: %s", e.Type, e.Reason, e.Regarding.Name, e.Note)
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("no %s event on node %s for %s (seen: %v): %v", reason, s.realNode, device, seen, err)
+	}
+}
+
+// waitAllocatedHealth waits until the pod's container status reports the
+// health of its claim's device (one GPU).
+func (s *suite) waitAllocatedHealth(ctx context.Context, t *testing.T, podName, device string, health corev1.ResourceHealthStatus) {
+	t.Helper()
+	var status []corev1.ResourceStatus
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		pod, err := s.client.CoreV1().Pods(ns).Get(ctx, podName, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		if len(pod.Status.ContainerStatuses) == 0 {
+			return false, nil
+		}
+		status = pod.Status.ContainerStatuses[0].AllocatedResourcesStatus
+		for _, rs := range status {
+			if !strings.HasPrefix(string(rs.Name), "claim:") {
+				continue
+			}
+			// The kubelet names a device by the claim's first CDI device
+			// ID, not by its device name: the claim holds one GPU, so
+			// its one entry is that GPU's.
+			for _, r := range rs.Resources {
+				if r.Health == health {
+					return true, nil
+				}
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("pod %s: allocatedResourcesStatus %+v, want %s %s: %v", podName, status, device, health, err)
+	}
+}
+
+// scrape GETs path from the real node's plugin.
+func (s *suite) scrape(ctx context.Context, t *testing.T, path string) string {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.realPluginHTTP+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s: %s", path, resp.Status, body)
+	}
+	return string(body)
+}
