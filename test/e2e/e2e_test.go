@@ -239,11 +239,7 @@ func setup(ctx context.Context, t *testing.T) *suite {
 			mpsRoot = s.mpsRoot
 			metricsAddress = fmt.Sprintf("127.0.0.1:%d", localcluster.FreePort(t))
 			s.realPluginDir, s.realPluginHTTP = pluginDir, "http://"+metricsAddress
-		}
-		metricsAddress := ""
-		if n.name == s.realNode {
-			metricsAddress = fmt.Sprintf("127.0.0.1:%d", localcluster.FreePort(t))
-			s.pluginMetrics = "http://" + metricsAddress + "/metrics"
+			s.pluginMetrics = s.realPluginHTTP + "/metrics"
 		}
 		// The kubelet creates these on a real node; nothing does on an API-only one.
 		for _, d := range []string{registrar, pluginDir} {
