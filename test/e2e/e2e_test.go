@@ -134,6 +134,11 @@ func TestE2E(t *testing.T) {
 // scheduling-gate policy and waits until the policy is in effect, then
 // starts the kubelet plugins and the controller.
 func setup(ctx context.Context, t *testing.T) *suite {
+	return setupWith(ctx, t)
+}
+
+// setupWith is setup with extra controller flags.
+func setupWith(ctx context.Context, t *testing.T, controllerArgs ...string) *suite {
 	root, err := localcluster.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
@@ -252,13 +257,13 @@ func setup(ctx context.Context, t *testing.T) *suite {
 		}
 	}
 	healthPort := localcluster.FreePort(t)
-	s.controller = startProc(t, logDir, "controller", controllerBin,
-		"--kubeconfig="+cluster.Kubeconfig(),
+	s.controller = startProc(t, logDir, "controller", controllerBin, append([]string{
+		"--kubeconfig=" + cluster.Kubeconfig(),
 		"--leader-elect=false",
 		"--metrics-address=",
 		fmt.Sprintf("--health-address=127.0.0.1:%d", healthPort),
 		"--v=2",
-	)
+	}, controllerArgs...)...)
 	if err := waitHTTP(ctx, s.controller, fmt.Sprintf("http://127.0.0.1:%d/readyz", healthPort), 2*time.Minute); err != nil {
 		t.Fatal(err)
 	}
