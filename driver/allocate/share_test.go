@@ -33,9 +33,9 @@ func TestAllocateShare(t *testing.T) {
 		// overcommit is NodeState.MemoryOvercommitPercent.
 		overcommit int
 		req        Request
-		gpu       Strategy
-		want      int
-		wantErr   string
+		gpu        Strategy
+		want       int
+		wantErr    string
 	}{
 		{
 			name: "binpack takes the fullest GPU that fits", topo: v100,
