@@ -198,8 +198,15 @@ func TestCompatE2E(t *testing.T) {
 	})
 	s.deletePodsAndWait(ctx, t)
 	t.Run("the translated templates are collected once their pods are gone", func(t *testing.T) {
+		// A template of the user's own is never collected.
+		s.template(ctx, t, "compat-user-kept", resourceapi.ExactDeviceRequest{DeviceClassName: driver.DeviceClassWhole, Count: 1}, nil)
+		list, err := s.client.ResourceV1().ResourceClaimTemplates(ns).List(ctx, metav1.ListOptions{LabelSelector: compat.LabelManaged + "=true"})
+		if err != nil || len(list.Items) == 0 {
+			t.Fatalf("no translated templates left to collect (%v)", err)
+		}
+		t.Logf("%d translated templates wait for collection", len(list.Items))
 		start := time.Now()
-		err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		err = wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 			list, err := s.client.ResourceV1().ResourceClaimTemplates(ns).List(ctx, metav1.ListOptions{LabelSelector: compat.LabelManaged + "=true"})
 			return err == nil && len(list.Items) == 0, err
 		})
@@ -207,7 +214,7 @@ func TestCompatE2E(t *testing.T) {
 			t.Fatalf("templates left: %v", err)
 		}
 		t.Logf("templates collected %.1fs after the pods were gone (grace 10s)", time.Since(start).Seconds())
-		if _, err := s.client.ResourceV1().ResourceClaimTemplates(ns).Get(ctx, "compat-user", metav1.GetOptions{}); err != nil {
+		if _, err := s.client.ResourceV1().ResourceClaimTemplates(ns).Get(ctx, "compat-user-kept", metav1.GetOptions{}); err != nil {
 			t.Errorf("the user's own template: %v", err)
 		}
 	})

@@ -55,6 +55,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
+	"github.com/gpulink/gpulink/compat"
 	"github.com/gpulink/gpulink/controller"
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/topology"
@@ -831,7 +832,8 @@ func (s *suite) deletePodsAndWait(ctx context.Context, t *testing.T) {
 		t.Fatalf("after deleting the pods: %s: %v", state, err)
 	}
 	// The templates are the test's own; the next phase creates new ones.
-	if err := s.client.ResourceV1().ResourceClaimTemplates(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil && !apierrors.IsNotFound(err) {
+	// Those the translation webhook created are left to its collector.
+	if err := s.client.ResourceV1().ResourceClaimTemplates(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: "!" + compat.LabelManaged}); err != nil && !apierrors.IsNotFound(err) {
 		t.Fatalf("deleting claim templates: %v", err)
 	}
 }
