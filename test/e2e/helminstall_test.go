@@ -177,6 +177,10 @@ controller:
   metricsPort: 0
   healthPort: 0
   nodeSelector: {kubernetes.io/hostname: %s}
+# Two hostNetwork replicas on one node cannot both serve the webhook port,
+# and this API server reaches no Service; TestCompatE2E covers the webhook.
+compat:
+  enabled: false
 `, localcluster.ProductImageRepo, apiURL.Hostname(), apiURL.Port(), driverRoot, kubeletRoot, cluster.CDIDir(), s.mpsRoot,
 		localcluster.FreePort(t), localcluster.APINodeLabel, node)), 0o644); err != nil {
 		t.Fatal(err)
