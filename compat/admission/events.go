@@ -71,10 +71,10 @@ func (a *Announcer) pod(o any) {
 
 func note(summary string) string {
 	// events/v1 notes are limited to 1 kB.
-	const max = 1000
+	const limit = 1000
 	s := fmt.Sprintf("translated: %s", summary)
-	if len(s) > max {
-		s = s[:max-3] + "..."
+	if len(s) > limit {
+		s = s[:limit-3] + "..."
 	}
 	return strings.TrimSpace(s)
 }
