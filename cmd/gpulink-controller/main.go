@@ -49,6 +49,7 @@ type options struct {
 	deviceTaintRules   bool
 	webhookAddress     string
 	webhookCertDir     string
+	webhookReusePort   bool
 	compatConfig       string
 	compatGrace        time.Duration
 }
@@ -75,6 +76,7 @@ func main() {
 	fs.BoolVar(&o.deviceTaintRules, "device-taint-rules", true, "Apply DeviceTaintRules to devices as kube-scheduler does (turn off where the DRADeviceTaintRules API is disabled).")
 	fs.StringVar(&o.webhookAddress, "webhook-address", "", "Address of the mutating admission webhook that translates device-plugin GPU resources (nvidia.com/gpu, HAMi, aliyun.com/gpu, tencent.com/vcuda-*) into claims; served by every replica; empty disables it.")
 	fs.StringVar(&o.webhookCertDir, "webhook-cert-dir", "/etc/gpulink/webhook", "Directory with the webhook's tls.crt and tls.key (reloaded when they change).")
+	fs.BoolVar(&o.webhookReusePort, "webhook-reuse-port", false, "Set SO_REUSEPORT on the webhook's socket, so that replicas sharing a node's network (hostNetwork) all serve it.")
 	fs.StringVar(&o.compatConfig, "compat-config", "", "YAML file naming the translated resource families (see compat.Config); empty: the nvidia.com/* family with HAMi's annotations.")
 	fs.DurationVar(&o.compatGrace, "compat-template-grace", 5*time.Minute, "How long a translated ResourceClaimTemplate outlives the last pod admitted with it once no pod references it.")
 	klogFlags := goflag.NewFlagSet("klog", goflag.ExitOnError)
@@ -154,7 +156,7 @@ func run(ctx context.Context, o options) error {
 			return fmt.Errorf("--compat-template-grace %s must be positive", o.compatGrace)
 		}
 		compatOpts = &admission.Options{
-			Address: o.webhookAddress, CertDir: o.webhookCertDir, Config: cc,
+			Address: o.webhookAddress, ReusePort: o.webhookReusePort, CertDir: o.webhookCertDir, Config: cc,
 			Packing: compat.Packing{Node: o.nodePacking, GPU: o.gpuPacking},
 			Grace:   o.compatGrace, Metrics: reg, Recorder: recorder,
 		}

@@ -17,13 +17,15 @@ import (
 
 // Options configure the translation webhook and its leader-side work.
 type Options struct {
-	Address  string
-	CertDir  string
-	Config   compat.Config
-	Packing  compat.Packing
-	Grace    time.Duration
-	Metrics  prometheus.Registerer
-	Recorder events.EventRecorder
+	Address string
+	// ReusePort: see ServeTLS.
+	ReusePort bool
+	CertDir   string
+	Config    compat.Config
+	Packing   compat.Packing
+	Grace     time.Duration
+	Metrics   prometheus.Registerer
+	Recorder  events.EventRecorder
 }
 
 // Serve runs the webhook until ctx ends. Every replica serves it (the
@@ -46,7 +48,7 @@ func Serve(ctx context.Context, client kubernetes.Interface, o Options) error {
 		Templates:  &Templates{Client: client, Grace: o.Grace},
 		Metrics:    NewMetrics(o.Metrics),
 	}
-	return ServeTLS(ctx, o.Address, o.CertDir, wh)
+	return ServeTLS(ctx, o.Address, o.CertDir, o.ReusePort, wh)
 }
 
 // Lead runs the leader's part until ctx ends: the Normal event on every

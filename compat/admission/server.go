@@ -10,8 +10,10 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 )
 
@@ -49,12 +51,27 @@ func (c *certReloader) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 // ServeTLS serves the webhook on addr with the certificate in certDir
 // (tls.crt, tls.key) until ctx ends. The certificate is checked before
 // listening so a missing Secret fails the start with a clear error.
-func ServeTLS(ctx context.Context, addr, certDir string, h http.Handler) error {
+// reusePort sets SO_REUSEPORT, so that replicas sharing a node's network
+// (hostNetwork) all serve the port and the kernel spreads connections
+// over them; it needs the same user for all of them.
+func ServeTLS(ctx context.Context, addr, certDir string, reusePort bool, h http.Handler) error {
 	cr := &certReloader{dir: certDir}
 	if _, err := cr.get(nil); err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", addr)
+	var lc net.ListenConfig
+	if reusePort {
+		lc.Control = func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			if err := c.Control(func(fd uintptr) {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+			}); err != nil {
+				return err
+			}
+			return serr
+		}
+	}
+	ln, err := lc.Listen(ctx, "tcp", addr)
 	if err != nil {
 		return fmt.Errorf("webhook: listening on %s: %w", addr, err)
 	}

@@ -20,6 +20,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
@@ -197,6 +198,14 @@ func TestCompatE2E(t *testing.T) {
 		{name: "hami-mem-only", containers: []compatContainer{{name: "workload", limits: map[string]string{"nvidia.com/gpumem": "2000"}, shareMiB: 2000, shareCores: 25}}},
 	})
 	s.deletePodsAndWait(ctx, t)
+	// HAMi's nvidia.com/gpu: 2 + gpumem: 8000 is refused under the MPS
+	// share class (above); with the class switched to HAMi-core it runs,
+	// 8000Mi on each of two GPUs.
+	s.hamiShareClass(ctx, t)
+	s.runCompatWave(ctx, t, "two GPUs with 8000Mi each under a HAMi-core share class", []compatCase{
+		{name: "hami-two", containers: []compatContainer{{name: "workload", limits: map[string]string{"nvidia.com/gpu": "2", "nvidia.com/gpumem": "8000"}, shareMiB: 8000, shareCores: 25, shares: 2, hami: true}}},
+	})
+	s.deletePodsAndWait(ctx, t)
 	t.Run("the translated templates are collected once their pods are gone", func(t *testing.T) {
 		// A template of the user's own is never collected.
 		s.template(ctx, t, "compat-user-kept", resourceapi.ExactDeviceRequest{DeviceClassName: driver.DeviceClassWhole, Count: 1}, nil)
@@ -219,6 +228,29 @@ func TestCompatE2E(t *testing.T) {
 		}
 	})
 	t.Logf("compat e2e took %.1fs", time.Since(begin).Seconds())
+}
+
+// hamiShareClass switches the share class to HAMi-core and waits until
+// the webhook sees it (a dry run of a two-GPU share is admitted).
+func (s *suite) hamiShareClass(ctx context.Context, t *testing.T) {
+	t.Helper()
+	dc, err := s.client.ResourceV1().DeviceClasses().Get(ctx, driver.DeviceClassShare, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc.Spec.Config = []resourceapi.DeviceClassConfiguration{{DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+		Driver: driver.Name, Parameters: runtime.RawExtension{Raw: []byte(`{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"HAMiCore"}}`)}}}}}
+	if _, err := s.client.ResourceV1().DeviceClasses().Update(ctx, dc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var last error
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, last = s.client.CoreV1().Pods(ns).Create(ctx, s.compatPod("probe", []compatContainer{{name: "workload", limits: map[string]string{"nvidia.com/gpu": "2", "nvidia.com/gpumem": "8000"}}}), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return last == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("the webhook never saw the HAMi-core share class: %v (last: %v)", err, last)
+	}
 }
 
 // waitWebhook waits until the API server calls the webhook: a dry-run pod
@@ -249,6 +281,10 @@ type compatContainer struct {
 	whole      int
 	shareMiB   int64
 	shareCores int64
+	// shares is the number of shares (default 1), each on its own GPU;
+	// hami: limited by HAMi-core's env instead of MPS.
+	shares int
+	hami   bool
 }
 
 type compatCase struct {
@@ -410,17 +446,29 @@ func (s *suite) checkCompatPod(ctx context.Context, t *testing.T, c compatCase) 
 		}
 		s.checkDevices(t, node, h)
 		if want.shareMiB > 0 {
-			if len(h.Shares) != 1 {
-				t.Fatalf("pod %s container %s holds %d shares, want 1", c.name, want.name, len(h.Shares))
+			shares := max(want.shares, 1)
+			if len(h.Shares) != shares {
+				t.Fatalf("pod %s container %s holds %d shares, want %d", c.name, want.name, len(h.Shares), shares)
 			}
-			mem, cores := h.Shares[0].ConsumedCapacity[driver.CapacityMemory], h.Shares[0].ConsumedCapacity[driver.CapacityCores]
-			if mem.Value() != want.shareMiB<<20 || cores.Value() != want.shareCores {
-				t.Errorf("pod %s: share consumed memory %s cores %s, want %dMi and %d", c.name, mem.String(), cores.String(), want.shareMiB, want.shareCores)
+			for _, sh := range h.Shares {
+				mem, cores := sh.ConsumedCapacity[driver.CapacityMemory], sh.ConsumedCapacity[driver.CapacityCores]
+				if mem.Value() != want.shareMiB<<20 || cores.Value() != want.shareCores {
+					t.Errorf("pod %s: share consumed memory %s cores %s, want %dMi and %d", c.name, mem.String(), cores.String(), want.shareMiB, want.shareCores)
+				}
 			}
-			for k, v := range map[string]string{
+			wantEnv := map[string]string{
 				"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT":  fmt.Sprintf("0=%dM", want.shareMiB),
 				"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": fmt.Sprint(want.shareCores),
-			} {
+			}
+			if want.hami {
+				// HAMi-core limits every GPU of the process on its own.
+				wantEnv = map[string]string{}
+				for i := range shares {
+					wantEnv[fmt.Sprintf("CUDA_DEVICE_MEMORY_LIMIT_%d", i)] = fmt.Sprintf("%dm", want.shareMiB)
+					wantEnv[fmt.Sprintf("CUDA_DEVICE_SM_LIMIT_%d", i)] = fmt.Sprint(want.shareCores)
+				}
+			}
+			for k, v := range wantEnv {
 				if got, ok := env(h.log, k); !ok || got != v {
 					t.Errorf("pod %s: %s=%q (set %t), want %q", c.name, k, got, ok, v)
 				}
