@@ -125,7 +125,7 @@ func (p *placer) placeFrom(ic *interpretedClaim, i int, bound []string) ([]place
 			}
 			p.attempts++
 			saved := slices.Clone(p.state.Usage)
-			savedMax := p.state.MaxSharesPerGPU
+			savedMax, savedOvercommit := p.state.MaxSharesPerGPU, p.state.MemoryOvercommitPercent
 			res, err := p.placeAlt(alt, v)
 			if err == nil {
 				if rest, ok := p.placeFrom(ic, i+1, v.bound); ok {
@@ -135,7 +135,7 @@ func (p *placer) placeFrom(ic *interpretedClaim, i int, bound []string) ([]place
 				p.note("%s", err.Error())
 			}
 			p.state.Usage = saved
-			p.state.MaxSharesPerGPU = savedMax
+			p.state.MaxSharesPerGPU, p.state.MemoryOvercommitPercent = savedMax, savedOvercommit
 		}
 	}
 	return nil, false
@@ -270,7 +270,7 @@ func (p *placer) variants(ic *interpretedClaim, alt *alternative, base []bool, b
 	var out []variant
 	for _, k := range order {
 		v := *groups[k]
-		p.state.MaxSharesPerGPU = maxSharesPerGPU(alt)
+		p.state.MaxSharesPerGPU, p.state.MemoryOvercommitPercent = maxSharesPerGPU(alt), memoryOvercommit(alt)
 		r, err := allocate.Allocate(p.state, p.firstRequest(alt, v), p.pol)
 		if err != nil {
 			p.note("request %s: %s", alt.ResultName, reasonOf(err))
@@ -318,10 +318,20 @@ func maxSharesPerGPU(alt *alternative) int {
 	return 0
 }
 
+// memoryOvercommit is the node state's memory over-commit while placing
+// the alternative: its config's memoryOvercommitPercent for a share (the
+// DeviceClass's opt-in, which a claim may only lower), else none.
+func memoryOvercommit(alt *alternative) int {
+	if alt.Share && alt.Config != nil && alt.Config.Sharing != nil && alt.Config.Sharing.MemoryOvercommitPercent != nil {
+		return *alt.Config.Sharing.MemoryOvercommitPercent
+	}
+	return 0
+}
+
 // placeAlt allocates and commits one alternative within a variant.
 func (p *placer) placeAlt(alt *alternative, v variant) ([]placedResult, error) {
 	req := p.firstRequest(alt, v)
-	p.state.MaxSharesPerGPU = maxSharesPerGPU(alt)
+	p.state.MaxSharesPerGPU, p.state.MemoryOvercommitPercent = maxSharesPerGPU(alt), memoryOvercommit(alt)
 	if !alt.Share {
 		r := v.trial
 		if err := p.state.Commit(req, r); err != nil {
@@ -445,7 +455,7 @@ func choosePlan(plans []*nodePlan, pol allocate.Policy) *nodePlan {
 				usage[pos] = allocate.GPUUsage{Exclusive: true}
 			}
 		}
-		st := &allocate.NodeState{Name: pl.Node.Node, Topology: pl.Node.Topo, Usage: usage, MaxSharesPerGPU: maxSharesPerGPU(pr.Alt)}
+		st := &allocate.NodeState{Name: pl.Node.Node, Topology: pl.Node.Topo, Usage: usage, MaxSharesPerGPU: maxSharesPerGPU(pr.Alt), MemoryOvercommitPercent: memoryOvercommit(pr.Alt)}
 		states = append(states, st)
 		same = append(same, pl)
 	}

@@ -182,4 +182,40 @@
 //
 // deployments/grafana/gpulink.json is a dashboard of these and the kubelet
 // plugin's metrics; its test checks every query against NewMetrics.
+//
+// # Pods written for device plugins
+//
+// Pods asking for nvidia.com/gpu, HAMi's nvidia.com/gpumem / gpucores /
+// gpumem-percentage, aliyun.com/gpu or tencent.com/vcuda-core /
+// vcuda-memory in their container limits are translated at admission by
+// a mutating webhook that this binary serves on every replica
+// (compat/admission, --webhook-address): each asking container gets a
+// claim from a ResourceClaimTemplate per request shape, the extended
+// resources are removed, and the pod is gated. From then on the pod is
+// like any other: the same allocator, events, inspect view, CDI
+// preparation and MPS limits. Two routes were weighed:
+//
+//   - DRA extended resources (KEP-5004, DeviceClass.spec.extendedResourceName,
+//     GA and locked on in 1.37): kube-scheduler serves the name from the
+//     class by building a "special" claim in its own allocator
+//     (pkg/scheduler/framework/plugins/dynamicresources/extendeddynamicresources.go:
+//     one ExactCount request of the class per container and resource, no
+//     tolerations, no capacity) and creates it in PreBind. gpulink's devices
+//     carry the managed-by-controller NoSchedule taint, which that request
+//     does not tolerate, so kube-scheduler would never find a device; the
+//     controller would have to impersonate kube-scheduler's special claim
+//     and pod.status.extendedResourceClaimStatus for every such pod, a
+//     contract that is kube-scheduler's own. And 1.37 maps only device
+//     counts: memory and core names (gpumem, gpucores, vcuda-memory) have
+//     no mapping until KEP-6406 (alpha in 1.38).
+//   - Admission translation (chosen): plain claims, so memory and cores,
+//     link-minimal sets, HAMi's GPU-type annotations (as CEL selectors) and
+//     every existing guarantee apply unchanged; the cost is a webhook on
+//     the pod-creation path, confined by matchConditions to pods that ask
+//     for the configured names, and templates to garbage-collect (the
+//     leader deletes unreferenced ones after a grace period; the claims
+//     themselves are owned by the pods).
+//
+// The admission policy that gates pods with claims runs before webhooks
+// and is not reinvoked, so the translation adds the gate itself.
 package controller

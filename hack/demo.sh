@@ -284,6 +284,12 @@ controller:
   healthPort: 0
   nodeSelector: {kubernetes.io/hostname: ${REAL_NODE}}
   extraArgs: ["--v=2"]
+# Pods written for device plugins (nvidia.com/gpu: 2) run too. No
+# kube-proxy: the API server calls the webhook on the node's address, where
+# both replicas serve it.
+compat:
+  url: https://127.0.0.1:9443/translate-pods
+  tls: {ipSANs: [127.0.0.1]}
 VALUES
 	"${BIN_DIR}/helm" install "${RELEASE}" "${CHART}" --namespace "${CHART_NAMESPACE}" \
 		--kubeconfig "${KUBECONFIG_PATH}" --values "${DEMO_DIR}/values.yaml" >&2

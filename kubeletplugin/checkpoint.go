@@ -77,6 +77,10 @@ type PreparedShare struct {
 	MemoryBytes int64                       `json:"memoryBytes"`
 	Cores       int64                       `json:"cores"`
 	Strategy    apiv1alpha1.SharingStrategy `json:"strategy"`
+	// MemoryOvercommitPercent is the share's class's memory over-commit
+	// opt-in (0 or 100: none): the shares of the GPU may add up to this
+	// percentage of its memory when this share joins them.
+	MemoryOvercommitPercent int `json:"memoryOvercommitPercent,omitempty"`
 	// MPSRef is true while the claim holds a reference to the GPU's MPS
 	// control daemon (strategy MPS); refcounts are rebuilt from it.
 	MPSRef bool `json:"mpsRef,omitempty"`

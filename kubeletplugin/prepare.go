@@ -318,7 +318,11 @@ func (d *Driver) planShare(field string, r resourceapi.DeviceRequestAllocationRe
 	if cores < 1 || cores > coresTotal {
 		return nil, fmt.Errorf("%s.consumedCapacity.%s: %d: must be between 1 and %d", field, driver.CapacityCores, cores, coresTotal)
 	}
-	return &PreparedShare{MemoryBytes: memBytes, Cores: cores, Strategy: strategy}, nil
+	ps := &PreparedShare{MemoryBytes: memBytes, Cores: cores, Strategy: strategy}
+	if v := rc.resolved.Sharing.MemoryOvercommitPercent; v != nil {
+		ps.MemoryOvercommitPercent = *v
+	}
+	return ps, nil
 }
 
 // consumed looks a capacity up in a result's consumedCapacity, qualified
@@ -435,8 +439,20 @@ func (d *Driver) checkConflicts(pc *PreparedClaim, resultIdx []int) error {
 		u.cores += dev.Share.Cores
 		u.shareClaims++
 		p, _ := d.topo.Position(dev.Index)
-		if total := d.topo.GPUs[p].MemoryBytes; total > 0 && u.mem > total {
-			return fmt.Errorf("%s.consumedCapacity.%s: shares of %q would use %d bytes, more than the GPU's %d", field, driver.CapacityMemory, dev.Device, u.mem, total)
+		// The claim's class may opt in to memory over-commit, as the
+		// controller honours it: the shares then may add up to that
+		// percentage of the GPU's memory.
+		if total := d.topo.GPUs[p].MemoryBytes; total > 0 {
+			limit, pct := total, dev.Share.MemoryOvercommitPercent
+			if pct > 100 {
+				limit = total / 100 * int64(pct)
+			}
+			if u.mem > limit {
+				if pct > 100 {
+					return fmt.Errorf("%s.consumedCapacity.%s: shares of %q would use %d bytes, more than %d%% of the GPU's %d (sharing.memoryOvercommitPercent)", field, driver.CapacityMemory, dev.Device, u.mem, pct, total)
+				}
+				return fmt.Errorf("%s.consumedCapacity.%s: shares of %q would use %d bytes, more than the GPU's %d", field, driver.CapacityMemory, dev.Device, u.mem, total)
+			}
 		}
 		if u.cores > coresTotal {
 			return fmt.Errorf("%s.consumedCapacity.%s: shares of %q would use %d%% of the cores, more than the GPU's %d%%", field, driver.CapacityCores, dev.Device, u.cores, coresTotal)

@@ -380,6 +380,37 @@ func TestPrepareConflicts(t *testing.T) {
 	mustPrepare(t, d, newClaim("admin", []resourceapi.DeviceRequestAllocationResult{admin}))
 }
 
+// A class that opts in to memory over-commit lets its shares of a GPU add
+// up past the GPU's memory, up to its percentage, as the controller
+// counts them; cores are never over-committed.
+func TestPrepareMemoryOvercommitOptIn(t *testing.T) {
+	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
+	d := e.start()
+	over := `{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"HAMiCore","memoryOvercommitPercent":150}}`
+	claim := func(name, mem string, cores int64) *resourceapi.ResourceClaim {
+		return newClaim(name, []resourceapi.DeviceRequestAllocationResult{shareOf("s", 1, mem, cores)},
+			opaqueEntry(resourceapi.AllocationConfigSourceClass, driver.Name, nil, over))
+	}
+	mustPrepare(t, d, claim("first", "10Gi", 40))
+	// 10Gi + 7Gi is more than the GPU's 16Gi but within 150 % of it.
+	mustPrepare(t, d, claim("second", "7Gi", 40))
+	for name, tc := range map[string]struct {
+		c    *resourceapi.ResourceClaim
+		want string
+	}{
+		"past the percentage": {claim("third", "8Gi", 10), "more than 150% of the GPU's"},
+		"cores":               {claim("fourth", "1Gi", 30), "would use 110% of the cores"},
+		// A class without the opt-in never joins an over-committed GPU.
+		"no opt-in": {newClaim("fifth", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 1, "1Gi", 10)},
+			opaqueEntry(resourceapi.AllocationConfigSourceClass, driver.Name, nil, sharingConfig("HAMiCore"))), "more than the GPU's"},
+	} {
+		r := prepare(t, d, tc.c)[tc.c.UID]
+		if r.Err == nil || !strings.Contains(r.Err.Error(), tc.want) {
+			t.Errorf("%s: error %v, want %q", name, r.Err, tc.want)
+		}
+	}
+}
+
 func TestPrepareBatchIsolatesBadClaims(t *testing.T) {
 	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
 	d := e.start()

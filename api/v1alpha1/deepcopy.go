@@ -57,5 +57,9 @@ func (s *SharingConfig) DeepCopy() *SharingConfig {
 		v := *s.MaxSharesPerGPU
 		out.MaxSharesPerGPU = &v
 	}
+	if s.MemoryOvercommitPercent != nil {
+		v := *s.MemoryOvercommitPercent
+		out.MemoryOvercommitPercent = &v
+	}
 	return &out
 }

@@ -43,6 +43,9 @@ func Merge(configs ...*GpuConfig) *GpuConfig {
 			if s.MaxSharesPerGPU != nil {
 				out.Sharing.MaxSharesPerGPU = s.MaxSharesPerGPU
 			}
+			if s.MemoryOvercommitPercent != nil {
+				out.Sharing.MemoryOvercommitPercent = s.MemoryOvercommitPercent
+			}
 		}
 	}
 	return out

@@ -18,12 +18,14 @@ import (
 //     on a share at all, so neither is a narrowing of MPS.
 //   - sharing.maxSharesPerGPU caps how many tenants share one GPU. A claim
 //     may lower it for its own shares, never raise it above the class's.
+//   - sharing.memoryOvercommitPercent lets shares of a GPU add up past its
+//     memory. A claim may lower it, never raise it above the class's
+//     (default 100: none).
 //
 // Everything else a claim may set freely: the topology policy and minLink
 // only decide where the claim's own GPUs go, and the share sizes
 // (defaultMemory, defaultCores) are what the claim's own shares are
-// accounted for, so a larger one takes capacity from no one. GpuConfig has
-// no over-commit setting; one added later belongs in this list.
+// accounted for, so a larger one takes capacity from no one.
 //
 // The error is an aggregate of field errors naming the field, the claim's
 // value and the class's.
@@ -58,6 +60,15 @@ func CheckClaimNarrows(class, claim []*GpuConfig) error {
 		errs = append(errs, field.Forbidden(path.Child("maxSharesPerGPU"), fmt.Sprintf(
 			"the claim sets %d but at most %d shares per GPU are allowed (%s); a claim may only lower it",
 			*n, *limit, origin(set.Sharing != nil && set.Sharing.MaxSharesPerGPU != nil))))
+	}
+	classOvercommit := 100
+	if v := allowed.Sharing.MemoryOvercommitPercent; v != nil {
+		classOvercommit = *v
+	}
+	if n := want.MemoryOvercommitPercent; n != nil && *n > classOvercommit {
+		errs = append(errs, field.Forbidden(path.Child("memoryOvercommitPercent"), fmt.Sprintf(
+			"the claim sets %d but the DeviceClass allows %d%% (%s); memory over-commit is the operator's opt-in, a claim may only lower it",
+			*n, classOvercommit, origin(set.Sharing != nil && set.Sharing.MemoryOvercommitPercent != nil))))
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("claim GpuConfig: %w", errs.ToAggregate())

@@ -59,6 +59,12 @@ func TestClaimMayOnlyNarrowTheClass(t *testing.T) {
 			wantErr: []string{"sharing.strategy", "sharing.maxSharesPerGPU", "claim sets 50"}},
 		{name: "a claim cannot repair a broken class cap", class: []string{sharing("{maxSharesPerGPU: 500}")}, claim: []string{sharing("{maxSharesPerGPU: 100}")},
 			wantErr: []string{"invalid DeviceClass GpuConfig", "sharing.maxSharesPerGPU", "500"}},
+		{name: "class opts in to memory over-commit, claim lowers it", class: []string{sharing("{memoryOvercommitPercent: 200}")},
+			claim: []string{sharing("{memoryOvercommitPercent: 150}")}, wantStrategy: SharingMPS, wantMax: DefaultMaxSharesPerGPU},
+		{name: "claim over-commits memory without the class's opt-in", claim: []string{sharing("{memoryOvercommitPercent: 150}")},
+			wantErr: []string{"sharing.memoryOvercommitPercent", "claim sets 150", "allows 100%", "(the default)"}},
+		{name: "claim over-commits more than the class", class: []string{sharing("{memoryOvercommitPercent: 120}")}, claim: []string{sharing("{memoryOvercommitPercent: 150}")},
+			wantErr: []string{"sharing.memoryOvercommitPercent", "claim sets 150", "allows 120%", "(the DeviceClass's)"}},
 		{name: "lowering below 1 is still invalid", class: []string{mps8}, claim: []string{sharing("{maxSharesPerGPU: 0}")},
 			wantErr: []string{"sharing.maxSharesPerGPU", "must be between 1 and 100"}},
 	}

@@ -74,4 +74,11 @@ type SharingConfig struct {
 	// MaxSharesPerGPU caps how many shares one GPU carries at a time. A
 	// claim may lower its class's cap for its own shares, never raise it.
 	MaxSharesPerGPU *int `json:"maxSharesPerGPU,omitempty"`
+	// MemoryOvercommitPercent lets the memory of the shares of one GPU add
+	// up to this percentage of its memory (HAMi's deviceMemoryScaling × 100):
+	// 100, the default, allows no over-commit; at most 400. An explicit
+	// opt-in of the DeviceClass (the operator): a claim may only lower it.
+	// A share of a class without it never lands on a GPU whose shares
+	// would then exceed its memory. Cores are never over-committed.
+	MemoryOvercommitPercent *int `json:"memoryOvercommitPercent,omitempty"`
 }

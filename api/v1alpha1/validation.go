@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"fmt"
+
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/gpulink/gpulink/driver/topology"
@@ -9,6 +11,9 @@ import (
 // maxSharesPerGPULimit follows from cores being whole percentages: beyond
 // 100 shares some share would get less than 1% of the SMs.
 const maxSharesPerGPULimit = 100
+
+// MaxMemoryOvercommitPercent bounds SharingConfig.MemoryOvercommitPercent.
+const MaxMemoryOvercommitPercent = 400
 
 var (
 	supportedPolicies   = []TopologyPolicy{TopologyBestEffort, TopologyRequired}
@@ -71,6 +76,9 @@ func validateSharing(s *SharingConfig, path *field.Path) field.ErrorList {
 	}
 	if v := s.MaxSharesPerGPU; v != nil && (*v < 1 || *v > maxSharesPerGPULimit) {
 		errs = append(errs, field.Invalid(path.Child("maxSharesPerGPU"), *v, "must be between 1 and 100"))
+	}
+	if v := s.MemoryOvercommitPercent; v != nil && (*v < 100 || *v > MaxMemoryOvercommitPercent) {
+		errs = append(errs, field.Invalid(path.Child("memoryOvercommitPercent"), *v, fmt.Sprintf("must be between 100 (no over-commit) and %d", MaxMemoryOvercommitPercent)))
 	}
 	return errs
 }

@@ -73,6 +73,16 @@ func TestValidate(t *testing.T) {
 			want: []string{"sharing.maxSharesPerGPU: Invalid value: 101: must be between 1 and 100"},
 		},
 		{
+			name: "memory over-commit below 100",
+			cfg:  &GpuConfig{Sharing: &SharingConfig{MemoryOvercommitPercent: ptr(50)}},
+			want: []string{"sharing.memoryOvercommitPercent: Invalid value: 50: must be between 100 (no over-commit) and 400"},
+		},
+		{
+			name: "memory over-commit above 400",
+			cfg:  &GpuConfig{Sharing: &SharingConfig{MemoryOvercommitPercent: ptr(401)}},
+			want: []string{"sharing.memoryOvercommitPercent: Invalid value: 401"},
+		},
+		{
 			name: "every problem is reported at once",
 			cfg: &GpuConfig{
 				Topology: &TopologyConfig{Policy: "Sometimes", MinLink: "FAST"},

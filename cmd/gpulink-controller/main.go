@@ -23,6 +23,8 @@ import (
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/klog/v2"
 
+	"github.com/gpulink/gpulink/compat"
+	"github.com/gpulink/gpulink/compat/admission"
 	"github.com/gpulink/gpulink/controller"
 	"github.com/gpulink/gpulink/driver/allocate"
 )
@@ -45,6 +47,11 @@ type options struct {
 	nodePacking        string
 	gpuPacking         string
 	deviceTaintRules   bool
+	webhookAddress     string
+	webhookCertDir     string
+	webhookReusePort   bool
+	compatConfig       string
+	compatGrace        time.Duration
 }
 
 func main() {
@@ -67,6 +74,11 @@ func main() {
 	fs.StringVar(&o.nodePacking, "node-packing", string(allocate.Binpack), "Node-level strategy: binpack or spread.")
 	fs.StringVar(&o.gpuPacking, "gpu-packing", string(allocate.Binpack), "Strategy for placing shares on GPUs: binpack or spread.")
 	fs.BoolVar(&o.deviceTaintRules, "device-taint-rules", true, "Apply DeviceTaintRules to devices as kube-scheduler does (turn off where the DRADeviceTaintRules API is disabled).")
+	fs.StringVar(&o.webhookAddress, "webhook-address", "", "Address of the mutating admission webhook that translates device-plugin GPU resources (nvidia.com/gpu, HAMi, aliyun.com/gpu, tencent.com/vcuda-*) into claims; served by every replica; empty disables it.")
+	fs.StringVar(&o.webhookCertDir, "webhook-cert-dir", "/etc/gpulink/webhook", "Directory with the webhook's tls.crt and tls.key (reloaded when they change).")
+	fs.BoolVar(&o.webhookReusePort, "webhook-reuse-port", false, "Set SO_REUSEPORT on the webhook's socket, so that replicas sharing a node's network (hostNetwork) all serve it.")
+	fs.StringVar(&o.compatConfig, "compat-config", "", "YAML file naming the translated resource families (see compat.Config); empty: the nvidia.com/* family with HAMi's annotations.")
+	fs.DurationVar(&o.compatGrace, "compat-template-grace", 5*time.Minute, "How long a translated ResourceClaimTemplate outlives the last pod admitted with it once no pod references it.")
 	klogFlags := goflag.NewFlagSet("klog", goflag.ExitOnError)
 	klog.InitFlags(klogFlags)
 	fs.AddGoFlagSet(klogFlags)
@@ -134,10 +146,26 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 
+	var compatOpts *admission.Options
+	if o.webhookAddress != "" {
+		cc, err := compat.Load(o.compatConfig)
+		if err != nil {
+			return err
+		}
+		if o.compatGrace <= 0 {
+			return fmt.Errorf("--compat-template-grace %s must be positive", o.compatGrace)
+		}
+		compatOpts = &admission.Options{
+			Address: o.webhookAddress, ReusePort: o.webhookReusePort, CertDir: o.webhookCertDir, Config: cc,
+			Packing: compat.Packing{Node: o.nodePacking, GPU: o.gpuPacking},
+			Grace:   o.compatGrace, Metrics: reg, Recorder: recorder,
+		}
+	}
+
 	var leading atomic.Bool
 	watchdog := leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
 	var wg sync.WaitGroup
-	errs := make(chan error, 3)
+	errs := make(chan error, 5)
 	serve := func(addr string, h http.Handler) {
 		if addr == "" {
 			return
@@ -149,11 +177,27 @@ func run(ctx context.Context, o options) error {
 			}
 		})
 	}
+	if compatOpts != nil {
+		wg.Go(func() {
+			if err := admission.Serve(ctx, client, *compatOpts); err != nil {
+				errs <- err
+				cancel()
+			}
+		})
+	}
 	serve(o.metricsAddress, controller.MetricsHandler(reg))
 	serve(o.healthAddress, controller.HealthHandler(watchdog.Check, func() bool { return !leading.Load() || ctrl.Ready() }))
 
 	lead := func(ctx context.Context) {
 		leading.Store(true)
+		if compatOpts != nil {
+			wg.Go(func() {
+				if err := admission.Lead(ctx, client, *compatOpts); err != nil {
+					errs <- err
+					cancel()
+				}
+			})
+		}
 		if err := ctrl.Run(ctx); err != nil {
 			errs <- err
 		}

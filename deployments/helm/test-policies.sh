@@ -352,6 +352,15 @@ expect deny "controller reads another Lease" as_controller -n "${NS}" get lease 
 expect deny "controller creates a Lease in another namespace" \
 	create_as "${CONTROLLER_TOKEN}" "$(lease gpulink-controller gate-test)"
 expect deny "controller may not delete pods" as_controller -n gate-test delete pod no-claims
+# The translation webhook's templates: created in the pod's namespace,
+# refreshed, listed and deleted by the collector.
+compat_template='{"apiVersion":"resource.k8s.io/v1","kind":"ResourceClaimTemplate","metadata":{"name":"gpulink-compat-test","namespace":"gate-test","labels":{"gpu.gpulink.dev/compat":"true"}},"spec":{'"${CLAIM_SPEC}"'}}'
+expect allow "controller creates a translated ResourceClaimTemplate" create_as "${CONTROLLER_TOKEN}" "${compat_template}"
+expect allow "controller refreshes a translated template (update)" \
+	as_controller -n gate-test auth can-i update resourceclaimtemplates/gpulink-compat-test
+expect allow "controller lists translated templates everywhere" as_controller get resourceclaimtemplates -A -l gpu.gpulink.dev/compat=true
+expect allow "controller deletes an unused translated template" as_controller -n gate-test delete resourceclaimtemplate gpulink-compat-test
+expect deny "plugin creates a ResourceClaimTemplate" create_as "${PLUGIN_TOKEN}" "${compat_template}"
 
 # --- ValidatingAdmissionPolicy: the controller only lifts its gate --------
 POD_POLICY=gpulink-controller-pods

@@ -31,6 +31,15 @@ var misfitWords = [numMisfits]string{
 	shortOfCores:  "short of cores",
 }
 
+// memoryLimit is what the shares of GPU p may add up to.
+func (n *NodeState) memoryLimit(p int) int64 {
+	total := n.Topology.GPUs[p].MemoryBytes
+	if n.MemoryOvercommitPercent > 100 {
+		return total / 100 * int64(n.MemoryOvercommitPercent)
+	}
+	return total
+}
+
 // maxShares is the node's cap on shares per GPU.
 func (n *NodeState) maxShares() int {
 	if n.MaxSharesPerGPU > 0 {
@@ -58,7 +67,7 @@ func (n *NodeState) shareFit(p int, s *ShareRequest) misfit {
 		return memoryUnknown
 	case u.Shares >= n.maxShares():
 		return shareLimit
-	case u.MemoryBytes > total-s.MemoryBytes:
+	case u.MemoryBytes > n.memoryLimit(p)-s.MemoryBytes:
 		return shortOfMemory
 	case u.Cores+s.Cores > maxShareCores:
 		return shortOfCores

@@ -12,6 +12,13 @@ func share(memGiB, cores int64) Request {
 	return Request{Share: &ShareRequest{MemoryBytes: memGiB * gib, Cores: cores}}
 }
 
+// onlyFirst makes only the first of 8 GPUs eligible for r.
+func onlyFirst(r Request) Request {
+	r.Eligible = make([]bool, 8)
+	r.Eligible[0] = true
+	return r
+}
+
 func shared(shares int, memGiB, cores int64) GPUUsage {
 	return GPUUsage{Shares: shares, MemoryBytes: memGiB * gib, Cores: cores}
 }
@@ -23,10 +30,12 @@ func TestAllocateShare(t *testing.T) {
 		topo      func(testing.TB) *topology.Topology
 		usage     map[int]GPUUsage
 		maxShares int
-		req       Request
-		gpu       Strategy
-		want      int
-		wantErr   string
+		// overcommit is NodeState.MemoryOvercommitPercent.
+		overcommit int
+		req        Request
+		gpu        Strategy
+		want       int
+		wantErr    string
 	}{
 		{
 			name: "binpack takes the fullest GPU that fits", topo: v100,
@@ -93,6 +102,26 @@ func TestAllocateShare(t *testing.T) {
 			wantErr: "fits a share of 1.5Gi memory and 10% cores (4 GPUs: 1 not eligible, 1 given out whole, 2 at the share limit)",
 		},
 		{
+			name: "without over-commit shares stay within the GPU's memory", topo: v100,
+			usage: map[int]GPUUsage{0: shared(1, 12, 10)},
+			req:   onlyFirst(share(8, 10)), wantErr: "(8 GPUs: 7 not eligible, 1 short of memory)",
+		},
+		{
+			name: "memory over-commit 150% lets shares add up past the GPU's memory", topo: v100, overcommit: 150,
+			usage: map[int]GPUUsage{0: shared(1, 12, 10)},
+			req:   onlyFirst(share(8, 10)), want: 0,
+		},
+		{
+			name: "memory over-commit stops at its percentage", topo: v100, overcommit: 150,
+			usage: map[int]GPUUsage{0: shared(2, 20, 10)},
+			req:   onlyFirst(share(5, 10)), wantErr: "(8 GPUs: 7 not eligible, 1 short of memory)",
+		},
+		{
+			name: "memory over-commit never over-commits cores", topo: v100, overcommit: 400,
+			usage: map[int]GPUUsage{0: shared(1, 1, 95)},
+			req:   onlyFirst(share(1, 10)), wantErr: "(8 GPUs: 7 not eligible, 1 short of cores)",
+		},
+		{
 			name: "unknown memory size", topo: func(tb testing.TB) *topology.Topology { return matrix(tb, 0, "X PIX", "PIX X") },
 			req: share(1, 10), wantErr: "(2 GPUs: 2 memory size unknown)",
 		},
@@ -100,6 +129,7 @@ func TestAllocateShare(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			node := nodeWith("node-a", tc.topo(t))
 			node.MaxSharesPerGPU = tc.maxShares
+			node.MemoryOvercommitPercent = tc.overcommit
 			for p, u := range tc.usage {
 				node.Usage[p] = u
 			}

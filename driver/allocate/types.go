@@ -45,7 +45,16 @@ type NodeState struct {
 	Usage []GPUUsage
 	// MaxSharesPerGPU caps shares on one GPU; 0 means the package default.
 	MaxSharesPerGPU int
+	// MemoryOvercommitPercent lets the shares of one GPU add up to this
+	// percentage of its memory (100..MaxMemoryOvercommitPercent); 0 means
+	// 100, no over-commit. Like MaxSharesPerGPU it is the setting of the
+	// request being placed, so a share whose class does not opt in never
+	// joins a GPU whose shares would then exceed its memory.
+	MemoryOvercommitPercent int
 }
+
+// MaxMemoryOvercommitPercent bounds NodeState.MemoryOvercommitPercent.
+const MaxMemoryOvercommitPercent = 400
 
 // ShareRequest asks for part of one GPU.
 type ShareRequest struct {

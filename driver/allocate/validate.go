@@ -71,6 +71,9 @@ func (n *NodeState) Validate() error {
 	if n.Topology == nil {
 		return fmt.Errorf("node %s: topology is nil", nodeLabel(n.Name))
 	}
+	if v := n.MemoryOvercommitPercent; v != 0 && (v < 100 || v > MaxMemoryOvercommitPercent) {
+		return fmt.Errorf("node %s: memoryOvercommitPercent must be 0 or 100..%d, got %d", nodeLabel(n.Name), MaxMemoryOvercommitPercent, v)
+	}
 	if n.MaxSharesPerGPU < 0 {
 		return fmt.Errorf("node %s: maxSharesPerGPU must be >= 0, got %d", nodeLabel(n.Name), n.MaxSharesPerGPU)
 	}
@@ -82,8 +85,10 @@ func (n *NodeState) Validate() error {
 		if err := u.validate(); err != nil {
 			return fmt.Errorf("node %s: usage[%d]: %w", nodeLabel(n.Name), p, err)
 		}
-		if total := n.Topology.GPUs[p].MemoryBytes; total > 0 && u.MemoryBytes > total {
-			return fmt.Errorf("node %s: usage[%d]: memoryBytes %d exceeds the GPU's %d", nodeLabel(n.Name), p, u.MemoryBytes, total)
+		// Shares of an over-committing class may hold more than the GPU's
+		// memory; never more than the largest over-commit allows.
+		if total := n.Topology.GPUs[p].MemoryBytes; total > 0 && u.MemoryBytes > total/100*MaxMemoryOvercommitPercent {
+			return fmt.Errorf("node %s: usage[%d]: memoryBytes %d exceeds %d%% of the GPU's %d", nodeLabel(n.Name), p, u.MemoryBytes, MaxMemoryOvercommitPercent, total)
 		}
 	}
 	return nil

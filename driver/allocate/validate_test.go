@@ -62,8 +62,10 @@ func TestInvalidInput(t *testing.T) {
 			wantErr: "node node-a: usage[1]: cores must be 0..100, got 101"},
 		{name: "consumption without shares", node: withUsage(3, GPUUsage{MemoryBytes: 7}), req: Request{GPUs: 1},
 			wantErr: "node node-a: usage[3]: no shares but 7 bytes and 0 cores consumed"},
-		{name: "memory over the GPU", node: withUsage(0, GPUUsage{Shares: 1, MemoryBytes: 17 * gib}), req: Request{GPUs: 1},
-			wantErr: "node node-a: usage[0]: memoryBytes 18253611008 exceeds the GPU's 17179869184"},
+		{name: "memory over the largest over-commit", node: withUsage(0, GPUUsage{Shares: 1, MemoryBytes: 65 * gib}), req: Request{GPUs: 1},
+			wantErr: "node node-a: usage[0]: memoryBytes 69793218560 exceeds 400% of the GPU's 17179869184"},
+		{name: "over-commit out of range", node: &NodeState{Name: "node-a", Topology: topo, MemoryOvercommitPercent: 50}, req: Request{GPUs: 1},
+			wantErr: "node node-a: memoryOvercommitPercent must be 0 or 100..400, got 50"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Allocate(tc.node, tc.req, tc.pol)

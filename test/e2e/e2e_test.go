@@ -58,6 +58,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
+	"github.com/gpulink/gpulink/compat"
 	"github.com/gpulink/gpulink/controller"
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/topology"
@@ -148,6 +149,11 @@ func TestE2E(t *testing.T) {
 // scheduling-gate policy and waits until the policy is in effect, then
 // starts the kubelet plugins and the controller.
 func setup(ctx context.Context, t *testing.T) *suite {
+	return setupWith(ctx, t)
+}
+
+// setupWith is setup with extra controller flags.
+func setupWith(ctx context.Context, t *testing.T, controllerArgs ...string) *suite {
 	root, err := localcluster.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
@@ -272,13 +278,13 @@ func setup(ctx context.Context, t *testing.T) *suite {
 	healthPort := localcluster.FreePort(t)
 	metricsPort := localcluster.FreePort(t)
 	s.controllerMetrics = fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort)
-	s.controller = startProc(t, logDir, "controller", controllerBin,
-		"--kubeconfig="+cluster.Kubeconfig(),
+	s.controller = startProc(t, logDir, "controller", controllerBin, append([]string{
+		"--kubeconfig=" + cluster.Kubeconfig(),
 		"--leader-elect=false",
 		fmt.Sprintf("--metrics-address=127.0.0.1:%d", metricsPort),
 		fmt.Sprintf("--health-address=127.0.0.1:%d", healthPort),
 		"--v=2",
-	)
+	}, controllerArgs...)...)
 	if err := waitHTTP(ctx, s.controller, fmt.Sprintf("http://127.0.0.1:%d/readyz", healthPort), 2*time.Minute); err != nil {
 		t.Fatal(err)
 	}
@@ -846,7 +852,8 @@ func (s *suite) deletePodsAndWait(ctx context.Context, t *testing.T) {
 		t.Fatalf("after deleting the pods: %s: %v", state, err)
 	}
 	// The templates are the test's own; the next phase creates new ones.
-	if err := s.client.ResourceV1().ResourceClaimTemplates(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil && !apierrors.IsNotFound(err) {
+	// Those the translation webhook created are left to its collector.
+	if err := s.client.ResourceV1().ResourceClaimTemplates(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: "!" + compat.LabelManaged}); err != nil && !apierrors.IsNotFound(err) {
 		t.Fatalf("deleting claim templates: %v", err)
 	}
 }

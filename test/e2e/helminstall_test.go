@@ -20,6 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -147,6 +148,7 @@ func TestHelmInstallOnRealNode(t *testing.T) {
 	// DaemonSet keeps off nodes without a kubelet by a node affinity (a
 	// DaemonSet pod bound there would stay Pending); the controller runs
 	// on the real node, the only one that runs pods.
+	webhookPort := localcluster.FreePort(t)
 	if err := os.WriteFile(values, []byte(fmt.Sprintf(`image:
   repository: %s
   tag: e2e
@@ -177,8 +179,14 @@ controller:
   metricsPort: 0
   healthPort: 0
   nodeSelector: {kubernetes.io/hostname: %s}
+# This API server reaches no Service: the webhook by URL, on the node's
+# network where both replicas serve the port (SO_REUSEPORT).
+compat:
+  port: %d
+  url: https://127.0.0.1:%d/translate-pods
+  tls: {ipSANs: [127.0.0.1]}
 `, localcluster.ProductImageRepo, apiURL.Hostname(), apiURL.Port(), driverRoot, kubeletRoot, cluster.CDIDir(), s.mpsRoot,
-		localcluster.FreePort(t), localcluster.APINodeLabel, node)), 0o644); err != nil {
+		localcluster.FreePort(t), localcluster.APINodeLabel, node, webhookPort, webhookPort)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	runHelm := func(t *testing.T, args ...string) {
@@ -220,6 +228,7 @@ controller:
 	s.plugins = append(s.plugins, p)
 
 	var plugin, leader, standby *corev1.Pod
+	var webhookCert []byte
 	ok := t.Run("the DaemonSet runs the plugin on the real node only, API-only nodes keep plugin processes", func(t *testing.T) {
 		plugin = waitComponentPod(ctx, t, client, "kubelet-plugin", "")
 		if plugin.Spec.NodeName != node {
@@ -239,6 +248,8 @@ controller:
 		checkSliceIdentity(ctx, t, client, cluster, plugin)
 	}) && t.Run("one controller replica leads, the other waits on the lease", func(t *testing.T) {
 		leader, standby = checkLeaderElection(ctx, t, client, cluster)
+	}) && t.Run("the chart's webhook translates device-plugin pods", func(t *testing.T) {
+		webhookCert = checkChartWebhook(ctx, t, client, nil)
 	})
 	if !ok {
 		return
@@ -259,6 +270,7 @@ controller:
 	}
 	ok = t.Run("helm upgrade rolls the plugin and keeps the prepared claims", func(t *testing.T) {
 		runHelm(t, "upgrade", helmRelease, chart, "--values", values, "--set-string", "kubeletPlugin.podAnnotations.rollout=2")
+		checkChartWebhook(ctx, t, client, webhookCert)
 		rolled := waitComponentPod(ctx, t, client, "kubelet-plugin", plugin.UID)
 		t.Logf("plugin pod %s replaced by %s", plugin.Name, rolled.Name)
 		waitSlices(ctx, t, client, node, 8)
@@ -721,4 +733,37 @@ func checkDecisions(ctx context.Context, t *testing.T, client kubernetes.Interfa
 	if n := strings.Count(log, `"Allocated"`); n > 0 {
 		t.Errorf("standby controller pod %s logged %d allocations:\n%s", standby.Name, n, log)
 	}
+}
+
+// checkChartWebhook waits until a dry-run pod asking for nvidia.com/gpu is
+// translated by the chart's webhook, and returns the webhook's serving
+// certificate; with want set, the certificate must still be want (helm
+// upgrade keeps the generated CA and certificate).
+func checkChartWebhook(ctx context.Context, t *testing.T, client kubernetes.Interface, want []byte) []byte {
+	t.Helper()
+	secret, err := client.CoreV1().Secrets(chartNamespace).Get(ctx, helmRelease+"-controller-webhook-tls", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert := secret.Data["tls.crt"]
+	if want != nil && !bytes.Equal(cert, want) {
+		t.Error("helm upgrade replaced the webhook's certificate")
+	}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "translated"}, Spec: corev1.PodSpec{Containers: []corev1.Container{{
+		Name: "c", Image: localcluster.WorkloadImage,
+		Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")}},
+	}}}}
+	var last error
+	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		got, err := client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if err != nil {
+			last = err
+			return false, nil
+		}
+		return len(got.Spec.ResourceClaims) == 1 && gated(got) == 1, nil
+	})
+	if err != nil {
+		t.Fatalf("the chart's webhook never translated a pod: %v (last error: %v)", err, last)
+	}
+	return cert
 }

@@ -8,7 +8,8 @@
 //	NOFILE <path>: <error>  for each one that does not
 //	READY                   after the lists
 //
-// and then sleeps until SIGTERM or SIGINT, when it exits 0.
+// and then sleeps until SIGTERM or SIGINT, when it exits 0; with
+// GPULINK_WORKLOAD_EXIT set it exits 0 right away (init containers).
 package main
 
 import (
@@ -67,6 +68,9 @@ func main() {
 	if err := w.Flush(); err != nil {
 		fmt.Fprintf(os.Stderr, "writing stdout: %v\n", err)
 		os.Exit(1)
+	}
+	if os.Getenv("GPULINK_WORKLOAD_EXIT") != "" {
+		return
 	}
 	<-sigs
 }

@@ -131,3 +131,22 @@ service variables. Nothing when apiServer is unset.
 {{- define "gpulink.controller.username" -}}
 {{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "gpulink.controller.fullname" .) -}}
 {{- end -}}
+
+{{/*
+The extended resource names the translation webhook handles, as a JSON list
+(for the webhook's matchConditions): the enabled families' names.
+*/}}
+{{- define "gpulink.compat.resourceNames" -}}
+{{- $f := .Values.compat.families -}}
+{{- $names := list -}}
+{{- if $f.nvidia.enabled -}}
+{{- $names = concat $names (list $f.nvidia.gpu $f.nvidia.memory $f.nvidia.memoryPercentage $f.nvidia.cores) -}}
+{{- end -}}
+{{- if $f.aliyun.enabled -}}
+{{- $names = append $names $f.aliyun.gpu -}}
+{{- end -}}
+{{- if $f.tencent.enabled -}}
+{{- $names = concat $names (list $f.tencent.cores $f.tencent.memory) -}}
+{{- end -}}
+{{- toJson $names -}}
+{{- end -}}

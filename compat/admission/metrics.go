@@ -1,0 +1,26 @@
+package admission
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics counts admission outcomes.
+type Metrics struct {
+	pods *prometheus.CounterVec
+}
+
+// NewMetrics registers gpulink_compat_pods_total{result} on reg:
+// translated, refused (a bad value, answered with its message) or error
+// (the templates could not be written).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{pods: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "gpulink_compat_pods_total",
+		Help: "Pods with device-plugin GPU resources seen by the translation webhook, by result (translated, refused, error).",
+	}, []string{"result"})}
+	reg.MustRegister(m.pods)
+	return m
+}
+
+func (m *Metrics) count(result string) {
+	if m != nil {
+		m.pods.WithLabelValues(result).Inc()
+	}
+}

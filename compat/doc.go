@@ -1,0 +1,31 @@
+// Package compat translates pods written for GPU device plugins into
+// gpulink resource claims: the extended resources of the NVIDIA device
+// plugin and HAMi (nvidia.com/gpu, gpumem, gpumem-percentage, gpucores),
+// of the gputopology scheduler extender (aliyun.com/gpu) and of TKEStack
+// gpu-manager (tencent.com/vcuda-core, vcuda-memory), and HAMi's pod
+// annotations that pick GPUs. It is pure (no API calls): the admission
+// webhook in compat/admission feeds it pods and the GPU inventory and
+// writes what it returns.
+//
+// Each container (and init container) asking for GPUs gets its own entry
+// in pod.spec.resourceClaims, created from a ResourceClaimTemplate per
+// distinct request shape (named TemplatePrefix + a hash of its spec, so
+// pods asking the same in one namespace share it and a template never
+// changes), and the extended resources are removed from its limits and
+// requests. Whole GPUs come from the whole-GPU class with count N (the
+// controller picks a link-minimal set); shares from the share class with
+// capacity requests memory and cores per GPU (HAMi's gpumem is per GPU,
+// so nvidia.com/gpu: 2 + gpumem: 8000 is two shares of 8000Mi, one on
+// each of two GPUs). gpumem-percentage becomes one firstAvailable
+// alternative per GPU memory size in the cluster, since DRA capacity
+// requests are absolute. A share dimension left out takes the share
+// class's default size (HAMi gives the whole GPU's memory / unlimited
+// cores instead): shares are accounted, never unbounded.
+//
+// Bad values (a count of 0 with memory, negative or fractional values,
+// cores outside 1..100, memory larger than any known GPU, requests
+// differing from limits, two families in one container, unknown or
+// malformed HAMi annotations) are errors naming the container, the
+// resource and the value; nothing is translated then. Resource names and
+// families are configuration (Config, strictly decoded).
+package compat

@@ -1,0 +1,584 @@
+package compat
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpulink/gpulink/driver"
+)
+
+// Names gpulink puts on what it translates.
+const (
+	// LabelManaged marks the ResourceClaimTemplates the translation
+	// creates (and garbage-collects) and the pods it translated.
+	LabelManaged = "gpu.gpulink.dev/compat"
+	// AnnotationTranslated on a pod says what its extended resources
+	// became, for the Normal event and for users.
+	AnnotationTranslated = "gpu.gpulink.dev/translated"
+	// TemplatePrefix starts the name of every template the translation
+	// creates; the rest is a hash of the template's spec.
+	TemplatePrefix = "gpulink-compat-"
+	// RequestName is the request of every translated template.
+	RequestName = "gpu"
+)
+
+// Inventory says which GPU memory sizes the cluster has. It is nil or
+// empty while no gpulink ResourceSlice is known; then only the checks that
+// need it are put off (the controller reports them as Warning events).
+type Inventory interface {
+	// MemorySizes returns the distinct memory capacities in bytes of
+	// the published gpulink GPUs, ascending.
+	MemorySizes() []int64
+}
+
+// Classes tells whether a DeviceClass's sharing strategy confines shares
+// of several GPUs given to one container: HAMi-core limits each GPU of a
+// process (CUDA_DEVICE_MEMORY_LIMIT_<i>), while an MPS client talks to one
+// control daemon and gpulink runs one per claim and GPU, so the kubelet
+// plugin refuses an MPS claim holding shares of several GPUs.
+type Classes interface {
+	MultiGPUShares(class string) bool
+}
+
+// Translator turns device-plugin resources of a pod into gpulink claims.
+type Translator struct {
+	Config    Config
+	Inventory Inventory
+	Packing   Packing
+	// Classes nil: shares of several GPUs in one container are refused.
+	Classes Classes
+}
+
+// Shape is what one container asks for.
+type Shape struct {
+	Count int64
+	// Share: a share of each GPU, sized by Memory (bytes per GPU) or
+	// MemoryPercent, and Cores (percent); zero means the share class's
+	// default size.
+	Share         bool
+	Memory        int64
+	MemoryPercent int64
+	Cores         int64
+	// From says which resources and values the shape was read from.
+	From string
+}
+
+func (s Shape) String() string {
+	if !s.Share {
+		return fmt.Sprintf("%d whole GPU(s)", s.Count)
+	}
+	var parts []string
+	switch {
+	case s.Memory > 0:
+		parts = append(parts, "memory "+resource.NewQuantity(s.Memory, resource.BinarySI).String())
+	case s.MemoryPercent > 0:
+		parts = append(parts, fmt.Sprintf("memory %d%%", s.MemoryPercent))
+	default:
+		parts = append(parts, "default memory")
+	}
+	if s.Cores > 0 {
+		parts = append(parts, fmt.Sprintf("cores %d%%", s.Cores))
+	} else {
+		parts = append(parts, "default cores")
+	}
+	return fmt.Sprintf("%d share(s) of one GPU each (%s)", s.Count, strings.Join(parts, ", "))
+}
+
+// ContainerClaim is one translated container.
+type ContainerClaim struct {
+	Init      bool
+	Index     int
+	Container string
+	// ClaimName is the entry in pod.spec.resourceClaims, Template the
+	// ResourceClaimTemplate it is created from.
+	ClaimName string
+	Template  string
+	Shape     Shape
+}
+
+// Result is a translated pod and the templates it needs.
+type Result struct {
+	Pod       *corev1.Pod
+	Templates map[string]resourceapi.ResourceClaimTemplateSpec
+	Claims    []ContainerClaim
+}
+
+// Summary says what the pod was translated into, one clause per container.
+func (r *Result) Summary() string {
+	parts := make([]string, len(r.Claims))
+	for i, c := range r.Claims {
+		kind := "container"
+		if c.Init {
+			kind = "init container"
+		}
+		parts[i] = fmt.Sprintf("%s %s: %s -> claim %s from template %s (%s)", kind, c.Container, c.Shape.From, c.ClaimName, c.Template, c.Shape)
+	}
+	return strings.Join(parts, "; ")
+}
+
+// Translate returns the pod with the configured extended resources of its
+// containers and init containers replaced by resource claims, or nil when
+// the pod uses none. Every bad value is an error naming the container, the
+// resource and the value; nothing is translated then.
+func (t *Translator) Translate(pod *corev1.Pod) (*Result, error) {
+	type found struct {
+		init  bool
+		index int
+		name  string
+		shape Shape
+	}
+	var asks []found
+	var errs []error
+	visit := func(init bool, cs []corev1.Container) {
+		for i := range cs {
+			shape, ok, err := t.shape(&cs[i])
+			if err != nil {
+				kind := "container"
+				if init {
+					kind = "init container"
+				}
+				errs = append(errs, fmt.Errorf("%s %q: %w", kind, cs[i].Name, err))
+				continue
+			}
+			if ok {
+				asks = append(asks, found{init: init, index: i, name: cs[i].Name, shape: shape})
+			}
+		}
+	}
+	visit(true, pod.Spec.InitContainers)
+	visit(false, pod.Spec.Containers)
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	// A pod without any translated resource is none of our business, even
+	// if it carries HAMi annotations.
+	if len(asks) == 0 && !t.usesAny(pod) {
+		return nil, nil
+	}
+	var selectors []string
+	if t.Config.NVIDIA.Enabled && t.Config.NVIDIA.Annotations {
+		var err error
+		if selectors, err = annotationSelectors(pod.Annotations, t.Packing); err != nil {
+			return nil, err
+		}
+	}
+
+	out := pod.DeepCopy()
+	res := &Result{Pod: out, Templates: map[string]resourceapi.ResourceClaimTemplateSpec{}}
+	taken := map[string]bool{}
+	for _, rc := range pod.Spec.ResourceClaims {
+		taken[rc.Name] = true
+	}
+	for _, a := range asks {
+		spec, err := t.template(a.shape, selectors)
+		if err != nil {
+			return nil, fmt.Errorf("container %q: %w", a.name, err)
+		}
+		name, err := templateName(spec)
+		if err != nil {
+			return nil, err
+		}
+		res.Templates[name] = spec
+		claim := claimName(a.init, a.index, a.name, taken)
+		taken[claim] = true
+		c := &out.Spec.Containers
+		if a.init {
+			c = &out.Spec.InitContainers
+		}
+		ctr := &(*c)[a.index]
+		t.strip(&ctr.Resources)
+		ctr.Resources.Claims = append(ctr.Resources.Claims, corev1.ResourceClaim{Name: claim})
+		out.Spec.ResourceClaims = append(out.Spec.ResourceClaims, corev1.PodResourceClaim{Name: claim, ResourceClaimTemplateName: ptr.To(name)})
+		res.Claims = append(res.Claims, ContainerClaim{Init: a.init, Index: a.index, Container: a.name, ClaimName: claim, Template: name, Shape: a.shape})
+	}
+	// Zero counts (nvidia.com/gpu: 0) are dropped from every container.
+	for i := range out.Spec.InitContainers {
+		t.strip(&out.Spec.InitContainers[i].Resources)
+	}
+	for i := range out.Spec.Containers {
+		t.strip(&out.Spec.Containers[i].Resources)
+	}
+	if len(res.Claims) > 0 {
+		if out.Labels == nil {
+			out.Labels = map[string]string{}
+		}
+		out.Labels[LabelManaged] = "true"
+		if out.Annotations == nil {
+			out.Annotations = map[string]string{}
+		}
+		out.Annotations[AnnotationTranslated] = res.Summary()
+		addGate(out)
+	}
+	return res, nil
+}
+
+// addGate holds the pod for the controller. The chart's admission policy
+// gates pods with resource claims, but it may run before this translation
+// (and is not reinvoked), so the translation gates its pods itself. A pod
+// bound at creation (spec.nodeName) cannot carry gates.
+func addGate(pod *corev1.Pod) {
+	if pod.Spec.NodeName != "" {
+		return
+	}
+	for _, g := range pod.Spec.SchedulingGates {
+		if g.Name == driver.SchedulingGate {
+			return
+		}
+	}
+	pod.Spec.SchedulingGates = append(pod.Spec.SchedulingGates, corev1.PodSchedulingGate{Name: driver.SchedulingGate})
+}
+
+func claimName(init bool, index int, container string, taken map[string]bool) string {
+	name := "gpulink-" + container
+	if len(name) <= 63 && !taken[name] {
+		return name
+	}
+	prefix := "gpulink-c"
+	if init {
+		prefix = "gpulink-init"
+	}
+	for n := 0; ; n++ {
+		name = prefix + strconv.Itoa(index)
+		if n > 0 {
+			name += "-" + strconv.Itoa(n)
+		}
+		if !taken[name] {
+			return name
+		}
+	}
+}
+
+// names returns the enabled resource names.
+func (t *Translator) names() []corev1.ResourceName {
+	c := t.Config
+	var n []string
+	if c.NVIDIA.Enabled {
+		n = append(n, c.NVIDIA.GPU, c.NVIDIA.Memory, c.NVIDIA.MemoryPercentage, c.NVIDIA.Cores)
+	}
+	if c.Aliyun.Enabled {
+		n = append(n, c.Aliyun.GPU)
+	}
+	if c.Tencent.Enabled {
+		n = append(n, c.Tencent.Cores, c.Tencent.Memory)
+	}
+	out := make([]corev1.ResourceName, len(n))
+	for i, s := range n {
+		out[i] = corev1.ResourceName(s)
+	}
+	return out
+}
+
+func (t *Translator) usesAny(pod *corev1.Pod) bool {
+	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for i := range cs {
+			for _, n := range t.names() {
+				if _, ok := cs[i].Resources.Limits[n]; ok {
+					return true
+				}
+				if _, ok := cs[i].Resources.Requests[n]; ok {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+func (t *Translator) strip(r *corev1.ResourceRequirements) {
+	for _, n := range t.names() {
+		delete(r.Limits, n)
+		delete(r.Requests, n)
+	}
+	if len(r.Limits) == 0 {
+		r.Limits = nil
+	}
+	if len(r.Requests) == 0 {
+		r.Requests = nil
+	}
+}
+
+// value reads one extended resource of a container: limits, else
+// requests (extended resources cannot be over-committed, so both must
+// agree), as a non-negative integer.
+func value(r *corev1.ResourceRequirements, name string) (int64, bool, error) {
+	n := corev1.ResourceName(name)
+	lim, hasLim := r.Limits[n]
+	req, hasReq := r.Requests[n]
+	if !hasLim && !hasReq {
+		return 0, false, nil
+	}
+	q := lim
+	if !hasLim {
+		q = req
+	} else if hasReq && req.Cmp(lim) != 0 {
+		return 0, true, fmt.Errorf("%s: requests %s differ from limits %s (an extended resource cannot be over-committed)", name, req.String(), lim.String())
+	}
+	if q.Sign() < 0 {
+		return 0, true, fmt.Errorf("%s: %s is negative", name, q.String())
+	}
+	v, ok := q.AsInt64()
+	if !ok {
+		return 0, true, fmt.Errorf("%s: %s is not a whole number", name, q.String())
+	}
+	return v, true, nil
+}
+
+// shape reads what a container asks for; ok is false when it asks for
+// nothing this configuration translates.
+func (t *Translator) shape(c *corev1.Container) (Shape, bool, error) {
+	type val struct {
+		name string
+		v    int64
+		set  bool
+	}
+	var errs []error
+	read := func(name string) val {
+		v, set, err := value(&c.Resources, name)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		return val{name, v, set}
+	}
+	var families []Shape
+	var used []string
+	cfg := t.Config
+	if cfg.NVIDIA.Enabled {
+		gpu, mem, pct, cores := read(cfg.NVIDIA.GPU), read(cfg.NVIDIA.Memory), read(cfg.NVIDIA.MemoryPercentage), read(cfg.NVIDIA.Cores)
+		if len(errs) == 0 {
+			s, ok, err := t.nvidia(gpu.v, gpu.set, mem.v, mem.set, pct.v, pct.set, cores.v, cores.set)
+			if err != nil {
+				errs = append(errs, err)
+			} else if ok {
+				families = append(families, s)
+				used = append(used, "nvidia")
+			}
+		}
+	}
+	if cfg.Aliyun.Enabled {
+		gpu := read(cfg.Aliyun.GPU)
+		if len(errs) == 0 && gpu.set && gpu.v > 0 {
+			families = append(families, Shape{Count: gpu.v, From: fmt.Sprintf("%s: %d", gpu.name, gpu.v)})
+			used = append(used, "aliyun")
+		}
+	}
+	if cfg.Tencent.Enabled {
+		cores, mem := read(cfg.Tencent.Cores), read(cfg.Tencent.Memory)
+		if len(errs) == 0 {
+			s, ok, err := t.tencent(cores.v, cores.set, mem.v, mem.set)
+			if err != nil {
+				errs = append(errs, err)
+			} else if ok {
+				families = append(families, s)
+				used = append(used, "tencent")
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return Shape{}, false, err
+	}
+	switch len(families) {
+	case 0:
+		return Shape{}, false, nil
+	case 1:
+		s := families[0]
+		if s.Share && s.Count > 1 && (t.Classes == nil || !t.Classes.MultiGPUShares(t.Config.ShareClass)) {
+			return Shape{}, false, fmt.Errorf("%s: shares of %d GPUs in one container need the HAMiCore sharing strategy on DeviceClass %s (under MPS a process reaches one GPU's daemon); ask for one GPU per container, or have the operator set the class's strategy to HAMiCore (chart value deviceClasses.shareStrategy)", s.From, s.Count, t.Config.ShareClass)
+		}
+		return s, true, t.checkInventory(s)
+	default:
+		return Shape{}, false, fmt.Errorf("asks for GPUs through more than one device-plugin family (%s: %s); use one", strings.Join(used, ", "), families[0].From+"; "+families[1].From)
+	}
+}
+
+func (t *Translator) nvidia(gpu int64, gpuSet bool, mem int64, memSet bool, pct int64, pctSet bool, cores int64, coresSet bool) (Shape, bool, error) {
+	n := t.Config.NVIDIA
+	share := memSet || pctSet || coresSet
+	var from []string
+	if gpuSet {
+		from = append(from, fmt.Sprintf("%s: %d", n.GPU, gpu))
+	}
+	if memSet {
+		from = append(from, fmt.Sprintf("%s: %d", n.Memory, mem))
+	}
+	if pctSet {
+		from = append(from, fmt.Sprintf("%s: %d", n.MemoryPercentage, pct))
+	}
+	if coresSet {
+		from = append(from, fmt.Sprintf("%s: %d", n.Cores, cores))
+	}
+	if !gpuSet && !share {
+		return Shape{}, false, nil
+	}
+	s := Shape{Count: gpu, Share: share, From: strings.Join(from, ", ")}
+	if !gpuSet {
+		// HAMi's default when only memory or cores are given: one GPU.
+		s.Count = 1
+	}
+	if gpuSet && gpu == 0 {
+		if share {
+			return Shape{}, false, fmt.Errorf("%s: 0 with %s: a share needs at least one GPU", n.GPU, s.From)
+		}
+		return Shape{}, false, nil
+	}
+	if !share {
+		return s, true, nil
+	}
+	var errs []error
+	if memSet && pctSet {
+		errs = append(errs, fmt.Errorf("%s: %d and %s: %d both size the memory; use one", n.Memory, mem, n.MemoryPercentage, pct))
+	}
+	if memSet {
+		if mem <= 0 {
+			errs = append(errs, fmt.Errorf("%s: %d must be positive", n.Memory, mem))
+		}
+		unit := n.MemoryUnit.Value()
+		if mem > (1<<62)/unit {
+			errs = append(errs, fmt.Errorf("%s: %d is too large", n.Memory, mem))
+		}
+		s.Memory = mem * unit
+	}
+	if pctSet {
+		if pct < 1 || pct > 100 {
+			errs = append(errs, fmt.Errorf("%s: %d must be between 1 and 100", n.MemoryPercentage, pct))
+		}
+		s.MemoryPercent = pct
+	}
+	if coresSet {
+		if cores < 1 || cores > 100 {
+			errs = append(errs, fmt.Errorf("%s: %d must be between 1 and 100 (percent of one GPU)", n.Cores, cores))
+		}
+		s.Cores = cores
+	}
+	return s, true, errors.Join(errs...)
+}
+
+func (t *Translator) tencent(cores int64, coresSet bool, mem int64, memSet bool) (Shape, bool, error) {
+	n := t.Config.Tencent
+	from := fmt.Sprintf("%s: %d", n.Cores, cores)
+	if memSet {
+		from += fmt.Sprintf(", %s: %d", n.Memory, mem)
+	}
+	switch {
+	case !coresSet && !memSet:
+		return Shape{}, false, nil
+	case !coresSet:
+		return Shape{}, false, fmt.Errorf("%s: %d without %s: gpu-manager needs both", n.Memory, mem, n.Cores)
+	case cores == 0 && memSet:
+		return Shape{}, false, fmt.Errorf("%s: 0 with %s: %d: a share needs cores", n.Cores, n.Memory, mem)
+	case cores == 0:
+		return Shape{}, false, nil
+	case cores%100 == 0:
+		// gpu-manager gives whole GPUs for multiples of 100 and their
+		// memory with them; vcuda-memory does not limit them.
+		return Shape{Count: cores / 100, From: from}, true, nil
+	case cores > 100:
+		return Shape{}, false, fmt.Errorf("%s: %d: above 100 it must be a multiple of 100 (whole GPUs)", n.Cores, cores)
+	}
+	s := Shape{Count: 1, Share: true, Cores: cores, From: from}
+	if memSet {
+		if mem <= 0 {
+			return Shape{}, false, fmt.Errorf("%s: %d must be positive", n.Memory, mem)
+		}
+		unit := n.MemoryUnit.Value()
+		if mem > (1<<62)/unit {
+			return Shape{}, false, fmt.Errorf("%s: %d is too large", n.Memory, mem)
+		}
+		s.Memory = mem * unit
+	}
+	return s, true, nil
+}
+
+// checkInventory refuses a share larger than every known GPU, and a
+// memory percentage while no GPU size is known (it is turned into one
+// alternative per size).
+func (t *Translator) checkInventory(s Shape) error {
+	var sizes []int64
+	if t.Inventory != nil {
+		sizes = t.Inventory.MemorySizes()
+	}
+	if s.MemoryPercent > 0 && len(sizes) == 0 {
+		return fmt.Errorf("%s needs the GPUs' memory sizes and no gpulink GPU is published yet; retry once the kubelet plugin runs", s.From)
+	}
+	if s.Memory > 0 && len(sizes) > 0 && s.Memory > sizes[len(sizes)-1] {
+		return fmt.Errorf("%s: %s per GPU is more than any GPU has (largest %s)", s.From,
+			resource.NewQuantity(s.Memory, resource.BinarySI).String(), resource.NewQuantity(sizes[len(sizes)-1], resource.BinarySI).String())
+	}
+	return nil
+}
+
+// template is the claim template for a shape: whole GPUs from the whole
+// class, shares from the share class with capacity requests. A memory
+// percentage becomes one firstAvailable alternative per GPU memory size
+// (DRA capacity requests are absolute), smallest GPUs first so the large
+// ones stay free.
+func (t *Translator) template(s Shape, selectors []string) (resourceapi.ResourceClaimTemplateSpec, error) {
+	sels := make([]resourceapi.DeviceSelector, 0, len(selectors))
+	for _, e := range selectors {
+		sels = append(sels, resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{Expression: e}})
+	}
+	req := resourceapi.DeviceRequest{Name: RequestName}
+	switch {
+	case !s.Share:
+		req.Exactly = &resourceapi.ExactDeviceRequest{DeviceClassName: t.Config.WholeClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: s.Count, Selectors: sels}
+	case s.MemoryPercent > 0:
+		for i, size := range t.Inventory.MemorySizes() {
+			mem := size * s.MemoryPercent / 100
+			sub := resourceapi.DeviceSubRequest{
+				Name:            "m" + strconv.Itoa(i),
+				DeviceClassName: t.Config.ShareClass,
+				AllocationMode:  resourceapi.DeviceAllocationModeExactCount,
+				Count:           s.Count,
+				Selectors: append(slices.Clone(sels), resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{
+					Expression: fmt.Sprintf(`device.capacity[%q].%s.compareTo(quantity(%q)) == 0`, driver.Name, driver.CapacityMemory, strconv.FormatInt(size, 10)),
+				}}),
+				Capacity: capacity(mem, s.Cores),
+			}
+			req.FirstAvailable = append(req.FirstAvailable, sub)
+		}
+	default:
+		req.Exactly = &resourceapi.ExactDeviceRequest{DeviceClassName: t.Config.ShareClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: s.Count, Selectors: sels, Capacity: capacity(s.Memory, s.Cores)}
+	}
+	spec := resourceapi.ResourceClaimTemplateSpec{
+		ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{LabelManaged: "true"}},
+		Spec:       resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req}}},
+	}
+	return spec, nil
+}
+
+func capacity(mem, cores int64) *resourceapi.CapacityRequirements {
+	if mem == 0 && cores == 0 {
+		return nil
+	}
+	r := map[resourceapi.QualifiedName]resource.Quantity{}
+	if mem > 0 {
+		r[driver.CapacityMemory] = *resource.NewQuantity(mem, resource.BinarySI)
+	}
+	if cores > 0 {
+		r[driver.CapacityCores] = *resource.NewQuantity(cores, resource.DecimalSI)
+	}
+	return &resourceapi.CapacityRequirements{Requests: r}
+}
+
+// templateName names a template by its spec, so that pods asking for the
+// same thing in one namespace share one template, and a template is never
+// changed in place.
+func templateName(spec resourceapi.ResourceClaimTemplateSpec) (string, error) {
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return "", fmt.Errorf("encoding template spec: %w", err)
+	}
+	h := sha256.Sum256(b)
+	return TemplatePrefix + hex.EncodeToString(h[:])[:16], nil
+}
