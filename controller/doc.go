@@ -90,16 +90,31 @@
 //
 // # Writes
 //
-// Per claim: the finalizer driver.ClaimFinalizer (a metadata update),
-// then status.allocation (results with request, driver, pool, device; for
-// shares a new shareID and consumedCapacity; the classes' and claim's
-// opaque configs; node selector matchFields metadata.name as
+// Per claim: status.allocation (results with request, driver, pool,
+// device; for shares a new shareID and consumedCapacity; the classes' and
+// claim's opaque configs; node selector matchFields metadata.name as
 // kube-scheduler writes it; allocationTimestamp) together with the pod in
-// reservedFor in one status update. Both carry the resourceVersion read,
-// so a concurrent change conflicts instead of being overwritten. Then the
-// scheduling gate driver.SchedulingGate is removed with a JSON patch that
-// tests the gate's name first, and kube-scheduler binds the pod to the
-// node the allocation names.
+// reservedFor in one status update; per pod, the scheduling gate
+// driver.SchedulingGate is removed with a JSON patch that tests the gate's
+// name first, and kube-scheduler binds the pod to the node the allocation
+// names. The claim must carry the finalizer driver.ClaimFinalizer before
+// it is allocated: the chart's MutatingAdmissionPolicy (claimFinalizer)
+// puts it on claims naming a gpulink DeviceClass at creation, so an
+// allocation is two writes (status, gate); where the claim lacks it (no
+// policy, a class the policy does not know, or the garbage collection
+// below took it from a claim no pod used yet), the controller adds it
+// first with a metadata update, three writes. Every write carries the
+// resourceVersion read, so a concurrent change conflicts instead of being
+// overwritten. A claim with the finalizer that the controller will never
+// allocate (no gpulink request after all, or no live pod uses or owns it)
+// loses the finalizer.
+//
+// Pipelining: decisions are serialized under one lock, but the writes are
+// issued after it is released, by the worker that decided (Config.Workers
+// workers, 32 in the binary): while one worker writes its pod's claims and
+// gate, the others decide and write theirs. The ledger's assumptions keep
+// the devices of a decision taken until the informer shows its write, and
+// the fit tracker counts the pod on its node from the decision on.
 //
 // # Guarantees
 //
