@@ -84,9 +84,9 @@
 // volumes, topology spread constraints, and pods that kube-scheduler
 // assumed or nominated but that are not bound or decided by gpulink.
 // When nothing fits, the waiting event counts which filter rejected how
-// many nodes, as kube-scheduler's message does ("waiting: no node has 4
-// free GPUs: 0/12 nodes: 5 Insufficient cpu, 4 no 4 free GPUs, 3 node(s)
-// had untolerated taint(s) (node a: ...)").
+// many nodes, as kube-scheduler's message does ("waiting: 0/12 nodes: 5
+// Insufficient cpu, 4 no 4 free GPUs with every pair NVLink, 3 node(s) had
+// untolerated taint(s) (node a: ...)").
 //
 // # Writes
 //
@@ -180,7 +180,7 @@
 // # Explaining
 //
 // Each decision is an event on the pod ("allocated gpus=gpu-0,gpu-1:
-// every pair NV2 on node-a", "waiting: no node has 4 free GPUs with every
-// pair NVLink (policy Required) (...)"), repeated waiting messages are
-// recorded once. Metrics: see Metrics.
+// every pair NV2 on node-a", "waiting: 0/3 nodes: 2 no 4 free GPUs with
+// every pair NVLink (policy Required), 1 Insufficient cpu (...)"),
+// repeated waiting messages are recorded once. Metrics: see Metrics.
 package controller

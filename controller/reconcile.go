@@ -246,7 +246,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 		c.decideMu.Unlock()
 		c.setWaiting(key, true)
 		c.metrics.Errors.WithLabelValues(errReasonUnsatisfiable).Inc()
-		msg := c.waitingMessage(pending, len(all), cands, rej, why)
+		msg := c.waitingMessage(pending, len(all), rej, why)
 		logger.V(2).Info("Waiting for devices", "reason", msg)
 		c.explain.event(pod, pending[0].Claim, corev1.EventTypeWarning, ReasonWaiting, actionWait, msg)
 		return nil
@@ -314,7 +314,7 @@ func wantedDevices(pending []*interpretedClaim) string {
 // waitingMessage explains why nothing fits: which filter rejected how
 // many of the nodes with gpulink devices, as kube-scheduler's
 // FailedScheduling message does, then a few per-node details.
-func (c *Controller) waitingMessage(pending []*interpretedClaim, nodesWithGPUs int, cands []*nodeInventory, rej *rejections, why []string) string {
+func (c *Controller) waitingMessage(pending []*interpretedClaim, nodesWithGPUs int, rej *rejections, why []string) string {
 	msg := "waiting: "
 	switch {
 	case nodesWithGPUs == 0:
@@ -326,10 +326,8 @@ func (c *Controller) waitingMessage(pending []*interpretedClaim, nodesWithGPUs i
 			msg += fmt.Sprintf("; pool %s unusable: %s", pool, p[pool])
 		}
 		return msg
-	case len(cands) == 0:
-		msg += "no node with gpulink devices is eligible for the pod: "
-	default:
-		msg += fmt.Sprintf("no node has %s: ", wantedDevices(pending))
+	case rej == nil:
+		msg += fmt.Sprintf("no node has %s", wantedDevices(pending))
 	}
 	var skipped []string
 	if rej != nil {
