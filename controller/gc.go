@@ -61,7 +61,7 @@ func (c *Controller) syncClaim(ctx context.Context, key string) error {
 			if c.claimWanted(claim) {
 				return nil
 			}
-		case c.claimWanted(claim) && c.mayAllocate(ctx, claim):
+		case (c.claimWanted(claim) || c.ownerLive(ctx, claim)) && c.mayAllocate(ctx, claim):
 			// Not allocated yet: the finalizer came with the claim (the
 			// chart's MutatingAdmissionPolicy adds it at creation, so that
 			// allocating takes one claim write), and the controller will
@@ -128,6 +128,25 @@ func (c *Controller) claimWanted(claim *resourceapi.ResourceClaim) bool {
 		}
 	}
 	return false
+}
+
+// ownerLive tells whether the pod owning a claim (one created from the
+// pod's template) exists and is unfinished, with a live read when the cache
+// does not have the pod yet: the claim's informer may be ahead of the pod's.
+func (c *Controller) ownerLive(ctx context.Context, claim *resourceapi.ResourceClaim) bool {
+	o := metav1.GetControllerOf(claim)
+	if o == nil || o.Kind != "Pod" || o.APIVersion != "v1" {
+		return false
+	}
+	pod, err := c.pods.Pods(claim.Namespace).Get(o.Name)
+	if err != nil {
+		if pod, err = c.client.CoreV1().Pods(claim.Namespace).Get(ctx, o.Name, metav1.GetOptions{}); err != nil {
+			// Unknown (not NotFound) keeps the finalizer: removing it
+			// would cost the allocation a write, keeping it costs nothing.
+			return !apierrors.IsNotFound(err)
+		}
+	}
+	return pod.UID == o.UID && pod.DeletionTimestamp == nil && !podDone(pod)
 }
 
 // mayAllocate tells whether the controller would allocate the claim: all

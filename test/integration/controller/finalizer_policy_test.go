@@ -44,6 +44,7 @@ func claimFinalizerPolicy(t *testing.T, ns string) (*admissionv1.MutatingAdmissi
 		"toJson": func(v any) string { b, _ := json.Marshal(v); return string(b) },
 		"quote":  strconv.Quote,
 		"list":   func(v ...any) []any { return v },
+		"dict":   func(...any) map[string]any { return nil },
 		"concat": func(a []any, b []any) []any { return append(append([]any{}, a...), b...) },
 		"nindent": func(n int, s string) string {
 			return "\n" + strings.Repeat(" ", n) + strings.ReplaceAll(s, "\n", "\n"+strings.Repeat(" ", n))
