@@ -119,7 +119,9 @@
 // # Guarantees
 //
 // Several workers: decisions are serialized by one lock, and every claim
-// of a decision is assumed in the ledger before the lock is released. A
+// of a decision is assumed in the ledger (and the pod in the node fit)
+// before the lock is released; the writes of different pods then run in
+// parallel in their workers. A
 // claim read from the cache before the lock is checked again under it; a
 // claim another pod decided meanwhile (assumed, or allocated as the
 // informer shows it) is not decided again: the ledger refuses a second
@@ -175,7 +177,9 @@
 // when every node was excluded and the pod starts over. Claims carrying the finalizer lose
 // reservations of pods that are gone or finished (confirmed with a live
 // read), are deallocated when no live pod references them, and lose the
-// finalizer once neither allocated nor reserved.
+// finalizer once neither allocated nor reserved, unless they are
+// gpulink's and a live pod uses or owns them (the finalizer the admission
+// policy put on a claim about to be allocated).
 //
 // # Explaining
 //
