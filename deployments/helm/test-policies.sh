@@ -445,6 +445,14 @@ expect allow "controller sets an annotation under gpu.gpulink.dev/ (the policy's
 	as_controller -n gate-test annotate pod other-gate gpu.gpulink.dev/note=x
 expect allow "controller removes its annotation again" \
 	as_controller -n gate-test annotate pod other-gate gpu.gpulink.dev/note-
+# The patch that records the nodes a pod was unschedulable on
+# (controller/exclude.go): a merge patch of that annotation, UID as precondition.
+expect allow "controller records excluded nodes on a pod" \
+	as_controller -n gate-test patch pod other-gate --type=merge \
+	-p "{\"metadata\":{\"uid\":\"${OTHER_UID}\",\"annotations\":{\"gpu.gpulink.dev/excluded-nodes\":\"node-a,node-b\"}}}"
+expect allow "controller clears excluded nodes" \
+	as_controller -n gate-test patch pod other-gate --type=merge \
+	-p "{\"metadata\":{\"uid\":\"${OTHER_UID}\",\"annotations\":{\"gpu.gpulink.dev/excluded-nodes\":null}}}"
 # The patch the controller sends (controller/gate.go): test the UID and the
 # gate's name at its index, then remove it.
 expect allow "controller lifts its gate and leaves the other gate" \

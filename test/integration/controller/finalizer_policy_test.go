@@ -4,6 +4,7 @@ package controller_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -28,7 +29,7 @@ import (
 // the few template functions it uses (no helm needed) and returns the
 // policy and its binding, the binding limited to namespace ns so that the
 // other tests on the shared cluster keep running without the policy.
-func claimFinalizerPolicy(t *testing.T, ns string) (*admissionv1.MutatingAdmissionPolicy, *admissionv1.MutatingAdmissionPolicyBinding) {
+func claimFinalizerPolicy(t testing.TB, ns string) (*admissionv1.MutatingAdmissionPolicy, *admissionv1.MutatingAdmissionPolicyBinding) {
 	t.Helper()
 	raw, err := os.ReadFile("../../../deployments/helm/gpulink/templates/claim-finalizer.yaml")
 	if err != nil {
@@ -78,6 +79,35 @@ func claimFinalizerPolicy(t *testing.T, ns string) (*admissionv1.MutatingAdmissi
 	return policy, binding
 }
 
+// installClaimFinalizerPolicy installs the chart's claim finalizer policy
+// for the env's namespace and waits until it takes effect. It returns the
+// claim it probed with (dry run).
+func (e *env) installClaimFinalizerPolicy() *resourceapi.ResourceClaim {
+	t := e.t
+	t.Helper()
+	policy, binding := claimFinalizerPolicy(t, e.ns)
+	adm := e.client.AdmissionregistrationV1()
+	if _, err := adm.MutatingAdmissionPolicies().Create(e.ctx, policy, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = adm.MutatingAdmissionPolicies().Delete(context.Background(), policy.Name, metav1.DeleteOptions{})
+	})
+	if _, err := adm.MutatingAdmissionPolicyBindings().Create(e.ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = adm.MutatingAdmissionPolicyBindings().Delete(context.Background(), binding.Name, metav1.DeleteOptions{})
+	})
+	probe := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{GenerateName: "probe-", Namespace: e.ns},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}}}}
+	e.poll("claim finalizer policy in effect", time.Minute, func() bool {
+		c, err := e.client.ResourceV1().ResourceClaims(e.ns).Create(e.ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err == nil && len(c.Finalizers) == 1 && c.Finalizers[0] == driver.ClaimFinalizer
+	})
+	return probe
+}
+
 // TestClaimFinalizerPolicy installs the chart's claim finalizer policy for
 // one namespace: claims created from templates by kube-controller-manager
 // carry gpulink's finalizer from creation, the controller allocates them
@@ -85,22 +115,7 @@ func claimFinalizerPolicy(t *testing.T, ns string) (*admissionv1.MutatingAdmissi
 // and the invariants hold once the pods are gone.
 func TestClaimFinalizerPolicy(t *testing.T) {
 	e := setup(t, map[string]string{"mapol-v100": "v100-sxm2-8-aliyun-sccgn6.txt"})
-	policy, binding := claimFinalizerPolicy(t, e.ns)
-	adm := e.client.AdmissionregistrationV1()
-	if _, err := adm.MutatingAdmissionPolicies().Create(e.ctx, policy, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = adm.MutatingAdmissionPolicies().Delete(e.ctx, policy.Name, metav1.DeleteOptions{}) })
-	if _, err := adm.MutatingAdmissionPolicyBindings().Create(e.ctx, binding, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = adm.MutatingAdmissionPolicyBindings().Delete(e.ctx, binding.Name, metav1.DeleteOptions{}) })
-	probe := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{GenerateName: "probe-", Namespace: e.ns},
-		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}}}}
-	e.poll("policy in effect", time.Minute, func() bool {
-		c, err := e.client.ResourceV1().ResourceClaims(e.ns).Create(e.ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		return err == nil && len(c.Finalizers) == 1 && c.Finalizers[0] == driver.ClaimFinalizer
-	})
+	probe := e.installClaimFinalizerPolicy()
 
 	ctrl := e.startController(4)
 	defer ctrl.stop()
