@@ -84,6 +84,7 @@ type Controller struct {
 	inv      *inventory
 	ledger   *ledger
 	fit      *fitTracker
+	ungating *ungating
 	sel      *selectorEvaluator
 	interp   *interpreter
 	filter   *nodeFilter
@@ -143,6 +144,7 @@ func New(cfg Config) (*Controller, error) {
 		inv:      newInventory(),
 		ledger:   newLedger(),
 		fit:      newFitTracker(),
+		ungating: newUngating(),
 		sel:      newSelectorEvaluator(),
 		waiting:  sets.New[string](),
 		excluded: map[types.UID]sets.Set[string]{},
@@ -336,6 +338,7 @@ func (c *Controller) onPodDelete(obj any) {
 	}
 	key := pod.Namespace + "/" + pod.Name
 	c.fit.forget(pod.UID)
+	c.ungating.done(pod.UID)
 	c.explain.forget(pod.UID)
 	c.mu.Lock()
 	delete(c.excluded, pod.UID)

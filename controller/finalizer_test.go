@@ -17,8 +17,8 @@ import (
 // claimWrites counts the controller's writes to claims: metadata updates
 // (the finalizer) and status updates.
 type claimWrites struct {
-	mu             sync.Mutex
-	update, status int
+	mu                    sync.Mutex
+	update, status, gates int
 }
 
 func countClaimWrites(h *harness) *claimWrites {
@@ -31,6 +31,12 @@ func countClaimWrites(h *harness) *claimWrites {
 		} else {
 			w.update++
 		}
+		return false, nil, nil
+	})
+	h.client.PrependReactor("patch", "pods", func(clienttesting.Action) (bool, runtime.Object, error) {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.gates++
 		return false, nil, nil
 	})
 	return w
@@ -61,10 +67,10 @@ func TestAllocationWithFinalizerFromAdmission(t *testing.T) {
 	h.waitAllocated("pre")
 	h.waitUngated("p")
 	writes.mu.Lock()
-	if writes.update != 0 || writes.status != 1 {
-		t.Errorf("claim with the finalizer from admission: %d metadata and %d status writes, want 0 and 1", writes.update, writes.status)
+	if writes.update != 0 || writes.status != 1 || writes.gates != 1 {
+		t.Errorf("claim with the finalizer from admission: %d metadata, %d status and %d pod writes, want 0, 1 and 1", writes.update, writes.status, writes.gates)
 	}
-	writes.update, writes.status = 0, 0
+	writes.update, writes.status, writes.gates = 0, 0, 0
 	writes.mu.Unlock()
 	if !hasFinalizer(h.getClaim("pre")) {
 		t.Error("finalizer gone from an allocated claim")
@@ -76,8 +82,8 @@ func TestAllocationWithFinalizerFromAdmission(t *testing.T) {
 	h.waitUngated("q")
 	writes.mu.Lock()
 	defer writes.mu.Unlock()
-	if !hasFinalizer(c) || writes.update != 1 || writes.status != 1 {
-		t.Errorf("claim without the policy's finalizer: finalizer %v, %d metadata and %d status writes, want it added in 1 and 1", c.Finalizers, writes.update, writes.status)
+	if !hasFinalizer(c) || writes.update != 1 || writes.status != 1 || writes.gates != 1 {
+		t.Errorf("claim without the policy's finalizer: finalizer %v, %d metadata, %d status and %d pod writes, want it added in 1, 1 and 1", c.Finalizers, writes.update, writes.status, writes.gates)
 	}
 }
 

@@ -310,7 +310,10 @@ func restartController(h *harness, cfg Config) {
 // A node the pod was unschedulable on is recorded on the pod and stays
 // excluded after a controller restart.
 func TestExcludedNodeSurvivesRestart(t *testing.T) {
-	cfg := Config{Workers: 2, UnschedulableGrace: 50 * time.Millisecond}
+	// The grace is long enough for the test to stop the controller after
+	// the move to b before the pod, still marked unschedulable, is
+	// released from b too.
+	cfg := Config{Workers: 2, UnschedulableGrace: 3 * time.Second}
 	h := newHarnessWith(t, cfg, objs(classes(), gpuNode(t, "a", "v100-sxm2-8-aliyun-sccgn6.txt"), gpuNode(t, "b", "v100-sxm2-8-aliyun-sccgn6.txt"))...).start()
 	h.claim("c", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 2)}})
 	h.pod("p", true, "c")

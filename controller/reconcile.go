@@ -92,7 +92,7 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 	if len(pc.ours) == 0 {
 		c.setWaiting(key, false)
 		if gateIndex(pod) >= 0 {
-			if err := c.removeGate(ctx, pod); err != nil {
+			if err := c.ungate(ctx, pod); err != nil {
 				return err
 			}
 			logger.V(2).Info("Removed scheduling gate from pod without gpulink claims")
@@ -136,7 +136,7 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 		if gateIndex(pod) >= 0 {
 			// Allocated (possibly by a previous run that stopped before
 			// ungating): hand the pod over.
-			if err := c.removeGate(ctx, pod); err != nil {
+			if err := c.ungate(ctx, pod); err != nil {
 				return err
 			}
 			logger.V(2).Info("Removed scheduling gate; all gpulink claims are allocated")
@@ -291,7 +291,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	summary := chosen.summarize()
 	logger.Info("Allocated", "node", chosen.Node.Node, "devices", summary, "duration", time.Since(start))
 	c.explain.event(pod, pending[0].Claim, corev1.EventTypeNormal, ReasonAllocated, actionAllocate, "allocated "+summary)
-	if err := c.removeGate(ctx, pod); err != nil {
+	if err := c.ungate(ctx, pod); err != nil {
 		return err
 	}
 	return nil
