@@ -74,9 +74,10 @@ type fitPod struct {
 	ns     string
 	labels map[string]string
 	demand demand
-	// anti are the pod's required anti-affinity terms, kept to check the
-	// pods that come after it (kube-scheduler checks them both ways).
-	anti []corev1.PodAffinityTerm
+	// anti are the pod's required anti-affinity terms, compiled once, kept
+	// to check the pods that come after it (kube-scheduler checks them
+	// both ways).
+	anti []termMatcher
 	// bound is set when node comes from spec.nodeName; otherwise the node
 	// is the one the controller allocated the pod's claims on, where
 	// kube-scheduler will bind it.
@@ -161,7 +162,13 @@ func (f *fitTracker) setLocked(uid types.UID, p *fitPod) {
 }
 
 func newFitPod(pod *corev1.Pod, node string, bound bool) *fitPod {
-	return &fitPod{node: node, ns: pod.Namespace, labels: pod.Labels, demand: podDemand(pod), anti: requiredAntiAffinity(pod), bound: bound}
+	p := &fitPod{node: node, ns: pod.Namespace, labels: pod.Labels, demand: podDemand(pod), bound: bound}
+	for _, term := range requiredAntiAffinity(pod) {
+		if m, ok := compileTerm(term, pod.Namespace); ok {
+			p.anti = append(p.anti, m)
+		}
+	}
+	return p
 }
 
 // observe records the informer's view of a pod.
@@ -347,9 +354,8 @@ func (f *fitTracker) check(pod *corev1.Pod, nodeLabelsOf nodeLabels) *fitCheck {
 		if uid == pod.UID {
 			continue
 		}
-		for _, term := range p.anti {
-			m, ok := compileTerm(term, p.ns)
-			if !ok || !m.matches(pod.Namespace, pod.Labels) {
+		for _, m := range p.anti {
+			if !m.matches(pod.Namespace, pod.Labels) {
 				continue
 			}
 			if v, ok := nodeLabelsOf(p.node)[m.key]; ok {
