@@ -421,9 +421,10 @@ func reasonOf(err error) string {
 }
 
 // choosePlan picks among feasible plans: fewest firstAvailable fallbacks
-// first, then allocate.ChooseNode on the first request decides (link
-// quality, then the node packing strategy), with ineligible devices
-// masked as taken.
+// first. A pod with a single placement (one claim, one request, one
+// device set) is then ranked by allocate.ChooseNode (link quality, then
+// the node packing strategy), with ineligible devices masked as taken; a
+// pod with several is ranked by all of them together (see podScore).
 func choosePlan(plans []*nodePlan, pol allocate.Policy) *nodePlan {
 	if len(plans) == 0 {
 		return nil
@@ -440,6 +441,9 @@ func choosePlan(plans []*nodePlan, pol allocate.Policy) *nodePlan {
 	}
 	if len(tied) == 1 {
 		return tied[0]
+	}
+	if tied[0].placements() > 1 {
+		return choosePod(tied, pol)
 	}
 	first := tied[0].Claims[0][0]
 	states := make([]*allocate.NodeState, 0, len(tied))
@@ -481,6 +485,91 @@ func choosePlan(plans []*nodePlan, pol allocate.Policy) *nodePlan {
 		return tied[i].Node.Node < tied[j].Node.Node
 	})
 	return tied[0]
+}
+
+// placements counts the device sets of a plan (one per whole-GPU result
+// group, one per share).
+func (pl *nodePlan) placements() int {
+	n := 0
+	for _, c := range pl.Claims {
+		n += len(c)
+	}
+	return n
+}
+
+// podScore ranks a whole pod's plan on one node, by the criteria
+// allocate.ChooseNode applies to one request, summed over every placement:
+// the weakest link of the worst multi-GPU set, then the weakest links of
+// all sets weighted by their size, then their aggregate links; then, for
+// shares, how many fresh GPUs they open (binpack: fewer); then the whole
+// GPUs the node has free afterwards (binpack: fewer, spread: more).
+type podScore struct {
+	worst     topology.Link
+	weakSum   int
+	aggSum    int
+	opened    int
+	freeAfter int
+}
+
+func scorePlan(pl *nodePlan) podScore {
+	s := podScore{worst: topology.Link(255)}
+	taken := map[int]bool{}
+	for _, c := range pl.Claims {
+		for _, r := range c {
+			for _, pos := range r.Positions {
+				if r.Share != nil && !taken[pos] && pl.base[pos] == (allocate.GPUUsage{}) {
+					s.opened++
+				}
+				taken[pos] = true
+			}
+			if r.Share != nil || len(r.Positions) < 2 {
+				continue
+			}
+			s.worst = min(s.worst, r.Weakest)
+			s.weakSum += int(r.Weakest) * len(r.Positions)
+			s.aggSum += r.Agg
+		}
+	}
+	for pos, u := range pl.base {
+		if u == (allocate.GPUUsage{}) && !taken[pos] {
+			s.freeAfter++
+		}
+	}
+	return s
+}
+
+// choosePod ranks plans of pods with several placements by podScore, then
+// node name.
+func choosePod(plans []*nodePlan, pol allocate.Policy) *nodePlan {
+	spreadNodes := pol.Node == allocate.Spread
+	spreadGPUs := pol.GPU == allocate.Spread
+	scores := make(map[*nodePlan]podScore, len(plans))
+	for _, pl := range plans {
+		scores[pl] = scorePlan(pl)
+	}
+	best := plans[0]
+	for _, pl := range plans[1:] {
+		a, b := scores[pl], scores[best]
+		better := false
+		switch {
+		case a.worst != b.worst:
+			better = a.worst > b.worst
+		case a.weakSum != b.weakSum:
+			better = a.weakSum > b.weakSum
+		case a.aggSum != b.aggSum:
+			better = a.aggSum > b.aggSum
+		case a.opened != b.opened:
+			better = (a.opened < b.opened) != spreadGPUs
+		case a.freeAfter != b.freeAfter:
+			better = (a.freeAfter < b.freeAfter) != spreadNodes
+		default:
+			better = pl.Node.Node < best.Node.Node
+		}
+		if better {
+			best = pl
+		}
+	}
+	return best
 }
 
 // summarize renders a plan for events: "gpu-0,gpu-3 on node-a: every pair NV2".

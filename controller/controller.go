@@ -83,6 +83,8 @@ type Controller struct {
 	retry    time.Duration
 	inv      *inventory
 	ledger   *ledger
+	fit      *fitTracker
+	ungating *ungating
 	sel      *selectorEvaluator
 	interp   *interpreter
 	filter   *nodeFilter
@@ -96,9 +98,11 @@ type Controller struct {
 	// assume() updates it before the lock is released.
 	decideMu sync.Mutex
 
-	mu       sync.Mutex
-	waiting  sets.Set[string]               // pods (ns/name) waiting for devices
-	excluded map[types.UID]sets.Set[string] // nodes a pod was unschedulable on
+	mu      sync.Mutex
+	waiting sets.Set[string] // pods (ns/name) waiting for devices
+	// excluded are the nodes a pod was unschedulable on, loaded from and
+	// saved to the pod's annotation ExcludedNodesAnnotation; see exclude.go.
+	excluded map[types.UID]sets.Set[string]
 	// rollbacks are claims a failed decision of a pod wrote and could not
 	// roll back yet; see rollbackStale.
 	rollbacks map[types.UID][]*resourceapi.ResourceClaim
@@ -139,6 +143,8 @@ func New(cfg Config) (*Controller, error) {
 		retry:    cfg.WaitingRetry,
 		inv:      newInventory(),
 		ledger:   newLedger(),
+		fit:      newFitTracker(),
+		ungating: newUngating(),
 		sel:      newSelectorEvaluator(),
 		waiting:  sets.New[string](),
 		excluded: map[types.UID]sets.Set[string]{},
@@ -162,7 +168,7 @@ func New(cfg Config) (*Controller, error) {
 	c.nodes = nodeInf.Lister()
 	c.interp = &interpreter{classes: c.classes, cel: c.sel, inv: c.inv}
 	cfg.Metrics.inventory.setSource(c.inv, c.ledger)
-	c.filter = &nodeFilter{nodes: c.nodes}
+	c.filter = &nodeFilter{nodes: c.nodes, classes: c.classes, fit: c.fit}
 
 	type handlerTarget interface {
 		AddEventHandler(cache.ResourceEventHandler) (cache.ResourceEventHandlerRegistration, error)
@@ -302,7 +308,12 @@ func indexPodClaims(obj any) ([]string, error) {
 
 func (c *Controller) onPod(obj any) {
 	pod, ok := obj.(*corev1.Pod)
-	if !ok || (len(pod.Spec.ResourceClaims) == 0 && gateIndex(pod) < 0) {
+	if !ok {
+		return
+	}
+	// Every pod counts for the node fit, GPU pods or not.
+	c.fit.observe(pod)
+	if len(pod.Spec.ResourceClaims) == 0 && gateIndex(pod) < 0 {
 		return
 	}
 	if podDone(pod) {
@@ -327,6 +338,8 @@ func (c *Controller) onPodDelete(obj any) {
 		return
 	}
 	key := pod.Namespace + "/" + pod.Name
+	c.fit.forget(pod.UID)
+	c.ungating.done(pod.UID)
 	c.explain.forget(pod.UID)
 	c.mu.Lock()
 	delete(c.excluded, pod.UID)
@@ -471,27 +484,6 @@ func (c *Controller) setWaiting(key string, waiting bool) {
 	c.metrics.PendingPods.Set(float64(c.waiting.Len()))
 }
 
-func (c *Controller) excludedNodes(uid types.UID) sets.Set[string] {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.excluded[uid].Clone()
-}
-
-func (c *Controller) exclude(uid types.UID, node string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.excluded[uid] == nil {
-		c.excluded[uid] = sets.New[string]()
-	}
-	c.excluded[uid].Insert(node)
-}
-
-func (c *Controller) resetExcluded(uid types.UID) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	delete(c.excluded, uid)
-}
-
 // onDeallocated reacts to an allocation being removed. When kube-scheduler
 // finds a pod unschedulable on the node its claims are allocated on, its
 // DRA plugin deallocates claims reserved only for that pod so that they
@@ -514,7 +506,8 @@ func (c *Controller) onDeallocated(old *resourceapi.ResourceClaim) {
 		if err != nil || pod.UID != r.UID || pod.Spec.NodeName != "" || pod.DeletionTimestamp != nil || gateIndex(pod) >= 0 {
 			continue
 		}
-		c.exclude(pod.UID, node)
+		c.exclude(pod, node)
+		c.fit.unassume(pod.UID)
 		why := "kube-scheduler could not place the pod there and deallocated the claim"
 		if podUnschedulable(pod) {
 			why += ": " + unschedulableMessage(pod)

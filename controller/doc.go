@@ -45,9 +45,9 @@
 //
 // Pods are the unit of work. For a pod with pending gpulink claims, under
 // one decision lock: filter nodes (exists, schedulable, pod nodeSelector
-// and required affinity, NoSchedule/NoExecute taints, node selectors of
-// the pod's already allocated claims, nodes the pod was unschedulable on),
-// then place all pending claims of the pod on each candidate node in turn,
+// and required node affinity, NoSchedule/NoExecute taints, node selectors
+// of the pod's already allocated claims, nodes the pod was unschedulable
+// on, node fit, pod affinity), then place all pending claims of the pod on each candidate node in turn,
 // on a copy of its usage: requests in order, firstAvailable alternatives
 // in order, devices filtered by the class's and request's CEL selectors
 // and by device taints, matchAttribute constraints handled by splitting
@@ -57,26 +57,71 @@
 // else the policy default, else the whole capacity). driver/allocate
 // chooses the GPUs within a node. Among nodes that fit, fewer
 // firstAvailable fallbacks win, then allocate.ChooseNode ranks them by
-// link quality and the packing strategy. The chosen devices are assumed
-// in the ledger before the lock is released.
+// link quality and the packing strategy; a pod with several placements
+// (several claims or requests) is ranked by all of them: the worst link
+// of its multi-GPU sets, then the links of all sets by size, their
+// aggregate links, the fresh GPUs its shares open, the whole GPUs left
+// free, then the node name. The chosen devices are assumed in the ledger
+// before the lock is released.
+//
+// Node fit, as kube-scheduler's NodeResourcesFit: the node's allocatable
+// pods, cpu, memory, ephemeral-storage, hugepages and extended resources
+// minus what the pods counted on it request (k8s.io/component-helpers
+// PodRequests: init containers, sidecars, overhead, pod-level resources).
+// The sums are kept per node from the pod informer as pods come and go
+// (fitTracker), not recomputed per decision. A pod counts on a node once
+// bound there, and from its decision on, on the node its claims are
+// allocated on (where kube-scheduler must bind it), until it is bound or
+// the allocation is released; finished pods do not count. An extended
+// resource the node does not advertise but a DeviceClass serves
+// (extendedResourceName) is left to kube-scheduler's DRA plugin. Pod
+// affinity: required pod affinity and anti-affinity terms of the pod, and
+// required anti-affinity terms of the pods already counted, over any
+// topology key (a term is matched against the counted pods' labels and
+// namespaces, and its domains are the nodes' values of the key). Not
+// evaluated, left to kube-scheduler and the unschedulable release below:
+// terms with a non-empty namespaceSelector, preferred terms, host ports,
+// volumes, topology spread constraints, and pods that kube-scheduler
+// assumed or nominated but that are not bound or decided by gpulink.
+// When nothing fits, the waiting event counts which filter rejected how
+// many nodes, as kube-scheduler's message does ("waiting: 0/12 nodes: 5
+// Insufficient cpu, 4 no 4 free GPUs with every pair NVLink, 3 node(s) had
+// untolerated taint(s) (node a: ...)").
 //
 // # Writes
 //
-// Per claim: the finalizer driver.ClaimFinalizer (a metadata update),
-// then status.allocation (results with request, driver, pool, device; for
-// shares a new shareID and consumedCapacity; the classes' and claim's
-// opaque configs; node selector matchFields metadata.name as
+// Per claim: status.allocation (results with request, driver, pool,
+// device; for shares a new shareID and consumedCapacity; the classes' and
+// claim's opaque configs; node selector matchFields metadata.name as
 // kube-scheduler writes it; allocationTimestamp) together with the pod in
-// reservedFor in one status update. Both carry the resourceVersion read,
-// so a concurrent change conflicts instead of being overwritten. Then the
-// scheduling gate driver.SchedulingGate is removed with a JSON patch that
-// tests the gate's name first, and kube-scheduler binds the pod to the
-// node the allocation names.
+// reservedFor in one status update; per pod, the scheduling gate
+// driver.SchedulingGate is removed with a JSON patch that tests the gate's
+// name first, and kube-scheduler binds the pod to the node the allocation
+// names. The claim must carry the finalizer driver.ClaimFinalizer before
+// it is allocated: the chart's MutatingAdmissionPolicy (claimFinalizer)
+// puts it on claims naming a gpulink DeviceClass at creation, so an
+// allocation is two writes (status, gate); where the claim lacks it (no
+// policy, a class the policy does not know, or the garbage collection
+// below took it from a claim no pod used yet), the controller adds it
+// first with a metadata update, three writes. Every write carries the
+// resourceVersion read, so a concurrent change conflicts instead of being
+// overwritten. A claim with the finalizer that the controller will never
+// allocate (no gpulink request after all, or no live pod uses or owns it)
+// loses the finalizer.
+//
+// Pipelining: decisions are serialized under one lock, but the writes are
+// issued after it is released, by the worker that decided (Config.Workers
+// workers, 32 in the binary): while one worker writes its pod's claims and
+// gate, the others decide and write theirs. The ledger's assumptions keep
+// the devices of a decision taken until the informer shows its write, and
+// the fit tracker counts the pod on its node from the decision on.
 //
 // # Guarantees
 //
 // Several workers: decisions are serialized by one lock, and every claim
-// of a decision is assumed in the ledger before the lock is released. A
+// of a decision is assumed in the ledger (and the pod in the node fit)
+// before the lock is released; the writes of different pods then run in
+// parallel in their workers. A
 // claim read from the cache before the lock is checked again under it; a
 // claim another pod decided meanwhile (assumed, or allocated as the
 // informer shows it) is not decided again: the ledger refuses a second
@@ -125,17 +170,23 @@
 // too. A pod that stays unbound with PodScheduled=False/Unschedulable for
 // longer than the grace period after its allocation has its claims
 // released (reservedFor first, then the allocation) and the node excluded
-// for it; a Warning event says so. Claims carrying the finalizer lose
+// for it; a Warning event says so. Excluded nodes (also those of an
+// allocation kube-scheduler deallocated) are recorded on the pod in the
+// annotation ExcludedNodesAnnotation (before the release, when the
+// controller releases), read back by a restarted controller, and cleared
+// when every node was excluded and the pod starts over. Claims carrying the finalizer lose
 // reservations of pods that are gone or finished (confirmed with a live
 // read), are deallocated when no live pod references them, and lose the
-// finalizer once neither allocated nor reserved.
+// finalizer once neither allocated nor reserved, unless they are
+// gpulink's and a live pod uses or owns them (the finalizer the admission
+// policy put on a claim about to be allocated).
 //
 // # Explaining
 //
 // Each decision is an event on the pod ("allocated gpus=gpu-0,gpu-1:
-// every pair NV2 on node-a", "waiting: no node has 4 free GPUs with every
-// pair NVLink (policy Required) (...)"), repeated waiting messages are
-// recorded once. The allocation event also names the nodes that fit too
+// every pair NV2 on node-a", "waiting: 0/3 nodes: 2 no 4 free GPUs with
+// every pair NVLink (policy Required), 1 Insufficient cpu (...)"),
+// repeated waiting messages are recorded once. The allocation event also names the nodes that fit too
 // (with the first request's weakest link) and why others were passed over,
 // three of each at most; `gpulink explain POD` shows it with the claims.
 //

@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
 
 	"github.com/gpulink/gpulink/driver"
 )
@@ -28,6 +30,50 @@ type jsonPatchOp struct {
 	Op    string `json:"op"`
 	Path  string `json:"path"`
 	Value any    `json:"value,omitempty"`
+}
+
+// ungating remembers the pods whose gate this controller has removed or is
+// removing, until the pod is deleted (a gate cannot come back: gates can
+// only be removed after creation). The claim updates of a decision bring
+// its pod back to a worker, often from a cache that still shows the gate;
+// without this, that worker would send a second patch, which can only fail
+// its test, and a read: two more requests per allocation.
+type ungating struct {
+	mu   sync.Mutex
+	pods sets.Set[types.UID]
+}
+
+func newUngating() *ungating { return &ungating{pods: sets.New[types.UID]()} }
+
+// start claims the pod's gate removal; false when it is under way or done.
+func (u *ungating) start(uid types.UID) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.pods.Has(uid) {
+		return false
+	}
+	u.pods.Insert(uid)
+	return true
+}
+
+func (u *ungating) done(uid types.UID) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.pods.Delete(uid)
+}
+
+// ungate removes the pod's gate unless a removal is under way or done and
+// not yet seen by the informer; a failed removal is forgotten, so that the
+// pod's retry sends it again.
+func (c *Controller) ungate(ctx context.Context, pod *corev1.Pod) error {
+	if !c.ungating.start(pod.UID) {
+		return nil
+	}
+	err := c.removeGate(ctx, pod)
+	if err != nil {
+		c.ungating.done(pod.UID)
+	}
+	return err
 }
 
 // removeGate removes gpulink's scheduling gate from the pod, handing it to

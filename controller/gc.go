@@ -52,11 +52,20 @@ func (c *Controller) syncClaim(ctx context.Context, key string) error {
 		_, err := c.releaseClaim(ctx, claim, keep)
 		return err
 	}
-	if claim.Status.Allocation != nil && claim.DeletionTimestamp == nil && len(claim.Status.ReservedFor) == 0 {
-		// Allocated but not reserved: a pod may be about to use it (one
-		// created with the claim's name after an earlier pod finished).
-		// A pod that references it and still exists keeps it.
-		if c.claimWanted(claim) {
+	if claim.DeletionTimestamp == nil && len(claim.Status.ReservedFor) == 0 {
+		switch {
+		case claim.Status.Allocation != nil:
+			// Allocated but not reserved: a pod may be about to use it (one
+			// created with the claim's name after an earlier pod finished).
+			// A pod that references it and still exists keeps it.
+			if c.claimWanted(claim) {
+				return nil
+			}
+		case (c.claimWanted(claim) || c.ownerLive(ctx, claim)) && c.mayAllocate(ctx, claim):
+			// Not allocated yet: the finalizer came with the claim (the
+			// chart's MutatingAdmissionPolicy adds it at creation, so that
+			// allocating takes one claim write), and the controller will
+			// allocate it for the pod that uses it.
 			return nil
 		}
 	}
@@ -99,16 +108,52 @@ func podDone(pod *corev1.Pod) bool {
 	return pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
 }
 
-// claimWanted tells whether a live, unfinished pod references the claim.
+// claimWanted tells whether a live, unfinished pod references the claim,
+// or owns it (a claim from a template exists before its pod's status
+// names it).
 func (c *Controller) claimWanted(claim *resourceapi.ResourceClaim) bool {
+	live := func(pod *corev1.Pod) bool { return pod.DeletionTimestamp == nil && !podDone(pod) }
 	objs, err := c.podIdx.ByIndex(podClaimIndex, claim.Namespace+"/"+claim.Name)
 	if err != nil {
 		return true
 	}
 	for _, o := range objs {
-		if pod, ok := o.(*corev1.Pod); ok && pod.DeletionTimestamp == nil && !podDone(pod) {
+		if pod, ok := o.(*corev1.Pod); ok && live(pod) {
+			return true
+		}
+	}
+	if o := metav1.GetControllerOf(claim); o != nil && o.Kind == "Pod" && o.APIVersion == "v1" {
+		if pod, err := c.pods.Pods(claim.Namespace).Get(o.Name); err == nil && pod.UID == o.UID && live(pod) {
 			return true
 		}
 	}
 	return false
+}
+
+// ownerLive tells whether the pod owning a claim (one created from the
+// pod's template) exists and is unfinished, with a live read when the cache
+// does not have the pod yet: the claim's informer may be ahead of the pod's.
+func (c *Controller) ownerLive(ctx context.Context, claim *resourceapi.ResourceClaim) bool {
+	o := metav1.GetControllerOf(claim)
+	if o == nil || o.Kind != "Pod" || o.APIVersion != "v1" {
+		return false
+	}
+	pod, err := c.pods.Pods(claim.Namespace).Get(o.Name)
+	if err != nil {
+		if pod, err = c.client.CoreV1().Pods(claim.Namespace).Get(ctx, o.Name, metav1.GetOptions{}); err != nil {
+			// Unknown (not NotFound) keeps the finalizer: removing it
+			// would cost the allocation a write, keeping it costs nothing.
+			return !apierrors.IsNotFound(err)
+		}
+	}
+	return pod.UID == o.UID && pod.DeletionTimestamp == nil && !podDone(pod)
+}
+
+// mayAllocate tells whether the controller would allocate the claim: all
+// its requests are gpulink's (or it cannot tell yet, e.g. a DeviceClass is
+// missing). A claim with no gpulink request loses the finalizer the
+// admission policy gave it by class name.
+func (c *Controller) mayAllocate(ctx context.Context, claim *resourceapi.ResourceClaim) bool {
+	_, kind, err := c.interp.interpret(ctx, claim)
+	return err != nil || kind == claimOurs
 }

@@ -168,12 +168,12 @@ func TestWaitingMessageStableWithUnusablePools(t *testing.T) {
 			t.Fatalf("incomplete pool %s accepted", node)
 		}
 	}
-	first := c.waitingMessage(nil, 0, nil, nil, nil)
+	first := c.waitingMessage(nil, 0, nil, nil)
 	if !strings.Contains(first, "pool a unusable") {
 		t.Errorf("message %q does not name pool a, the first by name", first)
 	}
 	for range 50 {
-		if msg := c.waitingMessage(nil, 0, nil, nil, nil); msg != first {
+		if msg := c.waitingMessage(nil, 0, nil, nil); msg != first {
 			t.Fatalf("waiting message changed between calls:\n%s\n%s", first, msg)
 		}
 	}

@@ -68,6 +68,11 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 	}
 	logger = logger.WithValues("pod", klog.KObj(pod))
 	ctx = klog.NewContext(ctx, logger)
+	if pod.Spec.NodeName == "" {
+		if err := c.persistExcluded(ctx, pod); err != nil {
+			return err
+		}
+	}
 
 	pc := c.collectClaims(ctx, pod)
 	switch {
@@ -90,7 +95,7 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 	if len(pc.ours) == 0 {
 		c.setWaiting(key, false)
 		if gateIndex(pod) >= 0 {
-			if err := c.removeGate(ctx, pod); err != nil {
+			if err := c.ungate(ctx, pod); err != nil {
 				return err
 			}
 			logger.V(2).Info("Removed scheduling gate from pod without gpulink claims")
@@ -121,10 +126,20 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 	}
 	if len(pending) == 0 {
 		c.setWaiting(key, false)
+		if pod.Spec.NodeName == "" {
+			// Allocated, not bound yet (possibly decided before a
+			// restart): the pod counts on that node for the node fit.
+			for _, ic := range pc.ours {
+				if n := allocatedNode(ic.Claim); n != "" {
+					c.fit.assume(pod, n)
+					break
+				}
+			}
+		}
 		if gateIndex(pod) >= 0 {
 			// Allocated (possibly by a previous run that stopped before
 			// ungating): hand the pod over.
-			if err := c.removeGate(ctx, pod); err != nil {
+			if err := c.ungate(ctx, pod); err != nil {
 				return err
 			}
 			logger.V(2).Info("Removed scheduling gate; all gpulink claims are allocated")
@@ -207,23 +222,25 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 			return nil
 		}
 	}
-	excluded := c.excludedNodes(pod.UID)
+	excluded := c.excludedNodes(pod)
 	all := c.inv.all()
-	cands, skipped := c.filter.candidates(logger, pod, all, allocated, excluded)
-	if len(cands) == 0 && excluded.Len() > 0 {
-		// Every node was ruled out by earlier failures: start over rather
-		// than wait forever for a condition that may have cleared.
-		c.resetExcluded(pod.UID)
+	cands, rej := c.filter.candidates(logger, pod, all, allocated, excluded)
+	if len(cands) == 0 && excluded.Len() > 0 && rej.count(rejectExcluded) > 0 {
+		// Every node was ruled out, some by earlier failures: start over
+		// rather than wait forever for a condition that may have cleared.
+		c.resetExcluded(ctx, pod)
 		excluded = nil
-		cands, skipped = c.filter.candidates(logger, pod, all, allocated, excluded)
+		cands, rej = c.filter.candidates(logger, pod, all, allocated, excluded)
 	}
 	var plans []*nodePlan
 	var why []string
+	noFit := "no " + wantedDevices(pending)
 	for _, n := range cands {
 		plan, reasons := planNode(ctx, c.sel, c.policy, n, c.ledger.nodeUsage(n), pending)
 		if plan != nil {
 			plans = append(plans, plan)
 		} else {
+			rej.add(noFit)
 			why = append(why, reasons...)
 		}
 	}
@@ -233,7 +250,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 		c.setWaiting(key, true)
 		c.metrics.Errors.WithLabelValues(errReasonUnsatisfiable).Inc()
 		c.metrics.Decisions.WithLabelValues(OutcomeWaiting).Inc()
-		msg := c.waitingMessage(pending, len(all), cands, why, skipped)
+		msg := c.waitingMessage(pending, len(all), rej, why)
 		logger.V(2).Info("Waiting for devices", "reason", msg)
 		c.explain.event(pod, pending[0].Claim, corev1.EventTypeWarning, ReasonWaiting, actionWait, msg)
 		return nil
@@ -254,9 +271,13 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 		}
 		writes = append(writes, pendingWrite{ic: ic, alloc: alloc, settle: settle})
 	}
+	// The pod counts on the node from now on, so that the next decision
+	// does not hand the same free CPUs to another pod.
+	c.fit.assume(pod, chosen.Node.Node)
 	c.decideMu.Unlock()
 
 	if err := c.writeDecision(ctx, pod, writes); err != nil {
+		c.fit.unassume(pod.UID)
 		c.metrics.Decisions.WithLabelValues(OutcomeError).Inc()
 		return err
 	}
@@ -276,8 +297,8 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	}
 	summary := chosen.summarize()
 	logger.Info("Allocated", "node", chosen.Node.Node, "devices", summary, "duration", time.Since(start))
-	c.explain.event(pod, pending[0].Claim, corev1.EventTypeNormal, ReasonAllocated, actionAllocate, "allocated "+summary+alternativesNote(chosen, plans, why, skipped))
-	if err := c.removeGate(ctx, pod); err != nil {
+	c.explain.event(pod, pending[0].Claim, corev1.EventTypeNormal, ReasonAllocated, actionAllocate, "allocated "+summary+alternativesNote(chosen, plans, why, rej.details))
+	if err := c.ungate(ctx, pod); err != nil {
 		return err
 	}
 	return nil
@@ -339,8 +360,9 @@ func (c *Controller) countBelowBest(n *nodeInventory, r placedResult) {
 	}
 }
 
-// waitingMessage explains why nothing fits, naming what was asked.
-func (c *Controller) waitingMessage(pending []*interpretedClaim, nodesWithGPUs int, cands []*nodeInventory, why, skipped []string) string {
+// wantedDevices names what the pending claims ask for ("4 free GPUs with
+// every pair NVLink plus a share of 4Gi memory").
+func wantedDevices(pending []*interpretedClaim) string {
 	var wants []string
 	for _, ic := range pending {
 		for _, r := range ic.Requests {
@@ -349,6 +371,13 @@ func (c *Controller) waitingMessage(pending []*interpretedClaim, nodesWithGPUs i
 			}
 		}
 	}
+	return strings.Join(wants, " plus ")
+}
+
+// waitingMessage explains why nothing fits: which filter rejected how
+// many of the nodes with gpulink devices, as kube-scheduler's
+// FailedScheduling message does, then a few per-node details.
+func (c *Controller) waitingMessage(pending []*interpretedClaim, nodesWithGPUs int, rej *rejections, why []string) string {
 	msg := "waiting: "
 	switch {
 	case nodesWithGPUs == 0:
@@ -360,10 +389,13 @@ func (c *Controller) waitingMessage(pending []*interpretedClaim, nodesWithGPUs i
 			msg += fmt.Sprintf("; pool %s unusable: %s", pool, p[pool])
 		}
 		return msg
-	case len(cands) == 0:
-		msg += "no node with gpulink devices is eligible for the pod"
-	default:
-		msg += fmt.Sprintf("no node has %s", strings.Join(wants, " plus "))
+	case rej == nil:
+		msg += fmt.Sprintf("no node has %s", wantedDevices(pending))
+	}
+	var skipped []string
+	if rej != nil {
+		msg += rej.summary(nodesWithGPUs)
+		skipped = rej.details
 	}
 	details := append(dedupe(why), skipped...)
 	if len(details) > 4 {
@@ -431,15 +463,21 @@ func (c *Controller) checkUnschedulable(ctx context.Context, pod *corev1.Pod, pc
 		return nil
 	}
 	msg := unschedulableMessage(fresh)
+	if node != "" {
+		// Recorded on the pod before anything is released, so that a
+		// restarted controller does not allocate on the node again.
+		c.exclude(pod, node)
+		if err := c.persistExcluded(ctx, fresh); err != nil {
+			return err
+		}
+	}
 	for _, cl := range release {
 		if _, err := c.releaseClaim(ctx, cl, nil); err != nil {
 			return err
 		}
 		c.metrics.Released.WithLabelValues("unschedulable").Inc()
 	}
-	if node != "" {
-		c.exclude(pod.UID, node)
-	}
+	c.fit.unassume(pod.UID)
 	note := fmt.Sprintf("released allocation on node %s: kube-scheduler could not place the pod there (%s); trying other nodes", node, msg)
 	klog.FromContext(ctx).Info("Released allocation of unschedulable pod", "node", node, "reason", msg)
 	c.explain.event(pod, release[0], corev1.EventTypeWarning, ReasonReleased, actionRelease, note)

@@ -89,11 +89,12 @@ func hasFinalizer(obj metav1.Object) bool {
 	return slices.Contains(obj.GetFinalizers(), driver.ClaimFinalizer)
 }
 
-// writeAllocation adds the finalizer (a metadata update), then writes the
-// allocation and the pod's reservation in one status update. Both writes
-// carry the resourceVersion read before, so a claim changed by anyone in
-// between is never overwritten: the update conflicts and the pod is
-// retried with fresh data.
+// writeAllocation adds the finalizer (a metadata update) unless the claim
+// carries it already (the chart's admission policy adds it at creation),
+// then writes the allocation and the pod's reservation in one status
+// update. Both writes carry the resourceVersion read before, so a claim
+// changed by anyone in between is never overwritten: the update conflicts
+// and the pod is retried with fresh data.
 func (c *Controller) writeAllocation(ctx context.Context, claim *resourceapi.ResourceClaim, alloc *resourceapi.AllocationResult, consumer resourceapi.ResourceClaimConsumerReference) (*resourceapi.ResourceClaim, error) {
 	cur := claim
 	if !hasFinalizer(cur) {

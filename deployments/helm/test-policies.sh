@@ -213,6 +213,47 @@ expect_gates no-claims ""
 pod bound claims "" some-node | kc create -f - >/dev/null
 expect_gates bound ""
 
+# --- MutatingAdmissionPolicy: the claim finalizer --------------------------
+CLAIM_FINALIZER=gpu.gpulink.dev/allocation
+# claim NAME REQUESTS [FINALIZERS]: a ResourceClaim manifest in gate-test.
+claim() {
+	printf '{"apiVersion":"resource.k8s.io/v1","kind":"ResourceClaim","metadata":{"name":"%s","namespace":"gate-test"%s},"spec":{"devices":{"requests":%s}}}' \
+		"$1" "${3:+,\"finalizers\":$3}" "$2"
+}
+finalizers_of() { kc -n gate-test get resourceclaim "$1" -o jsonpath='{range .metadata.finalizers[*]}{@}{" "}{end}'; }
+expect_finalizers() {
+	local name=$1 want=$2 got
+	got=$(finalizers_of "${name}")
+	if [[ "${got}" == "${want}" ]]; then
+		log "ok: claim ${name}: finalizers [${got% }]"
+	else
+		fail "claim ${name}: finalizers [${got% }], want [${want% }]"
+	fi
+}
+log "waiting for the claim finalizer policy to take effect"
+for _ in $(seq 60); do
+	probe=$(claim probe '[{"name":"g","exactly":{"deviceClassName":"gpu.gpulink.dev"}}]' |
+		kc create --dry-run=server -o jsonpath='{.metadata.finalizers[*]}' -f - 2>/dev/null || true)
+	[[ "${probe}" == "${CLAIM_FINALIZER}" ]] && break
+	sleep 0.5
+done
+[[ "${probe:-}" == "${CLAIM_FINALIZER}" ]] || fail "claim finalizer policy never took effect"
+claim whole '[{"name":"g","exactly":{"deviceClassName":"gpu.gpulink.dev","count":2}}]' | kc create -f - >/dev/null
+expect_finalizers whole "${CLAIM_FINALIZER} "
+claim share '[{"name":"s","exactly":{"deviceClassName":"gpu-share.gpulink.dev"}}]' | kc create -f - >/dev/null
+expect_finalizers share "${CLAIM_FINALIZER} "
+claim fallback '[{"name":"g","firstAvailable":[{"name":"other","deviceClassName":"example.com-fpga"},{"name":"gl","deviceClassName":"gpu.gpulink.dev"}]}]' | kc create -f - >/dev/null
+expect_finalizers fallback "${CLAIM_FINALIZER} "
+claim second-request '[{"name":"a","exactly":{"deviceClassName":"example.com-fpga"}},{"name":"b","exactly":{"deviceClassName":"gpu-share.gpulink.dev"}}]' | kc create -f - >/dev/null
+expect_finalizers second-request "${CLAIM_FINALIZER} "
+claim kept '[{"name":"g","exactly":{"deviceClassName":"gpu.gpulink.dev"}}]' '["example.com/hold"]' | kc create -f - >/dev/null
+expect_finalizers kept "example.com/hold ${CLAIM_FINALIZER} "
+claim once '[{"name":"g","exactly":{"deviceClassName":"gpu.gpulink.dev"}}]' "[\"${CLAIM_FINALIZER}\"]" | kc create -f - >/dev/null
+expect_finalizers once "${CLAIM_FINALIZER} "
+claim foreign '[{"name":"f","exactly":{"deviceClassName":"example.com-fpga"}}]' | kc create -f - >/dev/null
+expect_finalizers foreign ""
+kc -n gate-test delete resourceclaim whole share fallback second-request kept once foreign --wait=false >/dev/null
+
 # --- ValidatingAdmissionPolicy + RBAC: the kubelet plugin's slices --------
 log "minting a token of ${PLUGIN_SA} bound to a pod on node-a"
 for node in node-a node-b; do
@@ -413,6 +454,14 @@ expect allow "controller sets an annotation under gpu.gpulink.dev/ (the policy's
 	as_controller -n gate-test annotate pod other-gate gpu.gpulink.dev/note=x
 expect allow "controller removes its annotation again" \
 	as_controller -n gate-test annotate pod other-gate gpu.gpulink.dev/note-
+# The patch that records the nodes a pod was unschedulable on
+# (controller/exclude.go): a merge patch of that annotation, UID as precondition.
+expect allow "controller records excluded nodes on a pod" \
+	as_controller -n gate-test patch pod other-gate --type=merge \
+	-p "{\"metadata\":{\"uid\":\"${OTHER_UID}\",\"annotations\":{\"gpu.gpulink.dev/excluded-nodes\":\"node-a,node-b\"}}}"
+expect allow "controller clears excluded nodes" \
+	as_controller -n gate-test patch pod other-gate --type=merge \
+	-p "{\"metadata\":{\"uid\":\"${OTHER_UID}\",\"annotations\":{\"gpu.gpulink.dev/excluded-nodes\":null}}}"
 # The patch the controller sends (controller/gate.go): test the UID and the
 # gate's name at its index, then remove it.
 expect allow "controller lifts its gate and leaves the other gate" \

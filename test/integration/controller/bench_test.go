@@ -5,8 +5,10 @@ package controller_test
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"sort"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,71 +25,156 @@ import (
 // BenchmarkClaimsPerSecond measures allocation throughput against the real
 // API server: 512 gated pods, each with its own one-GPU claim, exist
 // before the controller starts (64 nodes of 8 V100s); the clock runs from
-// the controller's caches being synced until every claim is allocated.
-// Every allocation is a finalizer update, a status update and a pod patch.
+// the controller's caches being synced until every claim is allocated and
+// every pod ungated. The claims carry gpulink's finalizer from creation,
+// as the chart's MutatingAdmissionPolicy leaves them (GPULINK_BENCH_NO_POLICY=1:
+// they do not, and the controller adds it), so every allocation is a
+// status update and a pod patch.
 //
 //	go test -tags integration -run '^$' -bench ClaimsPerSecond -benchtime 1x ./test/integration/controller/
 func BenchmarkClaimsPerSecond(b *testing.B) {
-	const nodes, perNode = 64, 8
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
-		m := map[string]string{}
-		for n := range nodes {
-			m[fmt.Sprintf("bench-%d-%02d", i, n)] = "v100-sxm2-8-aliyun-sccgn6.txt"
-		}
-		e := setup(b, m)
-		total := nodes * perNode
-		for k := range total {
-			name := fmt.Sprintf("c%04d", k)
-			c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns},
-				Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}}}}
-			if _, err := e.client.ResourceV1().ResourceClaims(e.ns).Create(e.ctx, c, metav1.CreateOptions{}); err != nil {
-				b.Fatal(err)
-			}
-			p := e.newPod(fmt.Sprintf("p%04d", k), true)
-			p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To(name)}}
-			e.createPod(p)
-		}
-		b.StartTimer()
-		ctrl := e.startController(benchWorkers())
-		start := time.Now()
-		var allocatedAt time.Duration
-		e.poll("all claims allocated", 5*time.Minute, func() bool {
-			l, err := e.client.ResourceV1().ResourceClaims(e.ns).List(e.ctx, metav1.ListOptions{ResourceVersion: "0"})
-			if err != nil {
-				return false
-			}
-			n := 0
-			for _, c := range l.Items {
-				if c.Status.Allocation != nil {
-					n++
-				}
-			}
-			return n == total
-		})
-		allocatedAt = time.Since(start)
-		e.poll("all pods bound", 5*time.Minute, func() bool {
-			l, err := e.client.CoreV1().Pods(e.ns).List(e.ctx, metav1.ListOptions{ResourceVersion: "0"})
-			if err != nil {
-				return false
-			}
-			for _, p := range l.Items {
-				if p.Spec.NodeName == "" {
-					return false
-				}
-			}
-			return true
-		})
-		boundAt := time.Since(start)
-		b.StopTimer()
-		ctrl.stop()
-		if err := e.checkInvariants(); err != nil {
-			b.Error(err)
-		}
-		b.ReportMetric(float64(total)/allocatedAt.Seconds(), "claims/s")
-		b.ReportMetric(boundAt.Seconds(), "s-all-bound")
-		b.Logf("%d claims allocated in %s (%.0f/s); all pods bound after %s", total, allocatedAt.Round(time.Millisecond), float64(total)/allocatedAt.Seconds(), boundAt.Round(time.Millisecond))
+		rate, bound := controllerThroughput(b, fmt.Sprintf("bench-%d", i), os.Getenv("GPULINK_BENCH_NO_POLICY") == "")
+		b.ReportMetric(rate, "claims/s")
+		b.ReportMetric(bound.Seconds(), "s-all-bound")
 	}
+}
+
+// benchClaims is the number of claims (and pods) of a throughput run: 64
+// nodes of 8 GPUs, one GPU each.
+const benchNodes, benchPerNode = 64, 8
+
+// controllerThroughput runs the controller over benchClaims pending pods
+// created before it starts, and returns claims per second (allocated and
+// ungated) and the time until every pod is bound. finalizer creates the
+// claims with gpulink's finalizer, as the chart's admission policy does.
+func controllerThroughput(b *testing.B, prefix string, finalizer bool) (float64, time.Duration) {
+	b.Helper()
+	m := map[string]string{}
+	for n := range benchNodes {
+		m[fmt.Sprintf("%s-%02d", prefix, n)] = "v100-sxm2-8-aliyun-sccgn6.txt"
+	}
+	e := setup(b, m)
+	total := benchNodes * benchPerNode
+	for k := range total {
+		name := fmt.Sprintf("c%04d", k)
+		c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns},
+			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}}}}
+		if finalizer {
+			c.Finalizers = []string{driver.ClaimFinalizer}
+		}
+		if _, err := e.client.ResourceV1().ResourceClaims(e.ns).Create(e.ctx, c, metav1.CreateOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		p := e.newPod(fmt.Sprintf("p%04d", k), true)
+		p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To(name)}}
+		e.createPod(p)
+	}
+	b.StartTimer()
+	ctrl := e.startController(benchWorkers())
+	start := time.Now()
+	e.poll("all claims allocated and pods ungated", 5*time.Minute, func() bool {
+		l, err := e.client.ResourceV1().ResourceClaims(e.ns).List(e.ctx, metav1.ListOptions{ResourceVersion: "0"})
+		if err != nil {
+			return false
+		}
+		for _, c := range l.Items {
+			if c.Status.Allocation == nil {
+				return false
+			}
+		}
+		pods, err := e.client.CoreV1().Pods(e.ns).List(e.ctx, metav1.ListOptions{ResourceVersion: "0"})
+		if err != nil {
+			return false
+		}
+		for _, p := range pods.Items {
+			if len(p.Spec.SchedulingGates) > 0 {
+				return false
+			}
+		}
+		return len(l.Items) == total
+	})
+	allocatedAt := time.Since(start)
+	b.StopTimer()
+	e.poll("all pods bound", 5*time.Minute, func() bool {
+		l, err := e.client.CoreV1().Pods(e.ns).List(e.ctx, metav1.ListOptions{ResourceVersion: "0"})
+		if err != nil {
+			return false
+		}
+		for _, p := range l.Items {
+			if p.Spec.NodeName == "" {
+				return false
+			}
+		}
+		return true
+	})
+	boundAt := time.Since(start)
+	ctrl.stop()
+	if err := e.checkInvariants(); err != nil {
+		b.Error(err)
+	}
+	// Gone before the next phase, whose controller would otherwise see
+	// (and clean up) these objects while it is measured.
+	e.teardown()
+	rate := float64(total) / allocatedAt.Seconds()
+	b.Logf("controller (finalizer at creation: %v): %d claims allocated and pods ungated in %s (%.0f/s); all pods bound after %s",
+		finalizer, total, allocatedAt.Round(time.Millisecond), rate, boundAt.Round(time.Millisecond))
+	return rate, boundAt
+}
+
+// BenchmarkThroughput prints, in one run, the controller's claims per
+// second, the API write ceiling for the same writes and their ratio: with
+// the claims carrying gpulink's finalizer from creation (the chart's
+// admission policy; two writes per claim) and without (three). The load
+// average of the machine before and after is logged with them: on a
+// shared machine the figures are only comparable within one run.
+//
+//	go test -tags integration -run '^$' -bench Throughput -benchtime 1x ./test/integration/controller/
+func BenchmarkThroughput(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		load0 := loadAvg()
+		type row struct {
+			name                 string
+			ctrl, ceiling, ratio float64
+		}
+		var rows []row
+		for _, policy := range []bool{true, false} {
+			tag := "policy"
+			if !policy {
+				tag = "nopolicy"
+			}
+			ceil := writeCeiling(b, fmt.Sprintf("ceil-%d-%s", i, tag), !policy)
+			rate, _ := controllerThroughput(b, fmt.Sprintf("tp-%d-%s", i, tag), policy)
+			r := row{name: tag, ctrl: rate, ceiling: ceil, ratio: rate / ceil}
+			rows = append(rows, r)
+			b.ReportMetric(r.ctrl, "claims/s-"+tag)
+			b.ReportMetric(r.ceiling, "ceiling/s-"+tag)
+			b.ReportMetric(r.ratio, "ratio-"+tag)
+		}
+		b.Logf("load average before: %s; after: %s (nproc %d)", load0, loadAvg(), runtime.NumCPU())
+		for _, r := range rows {
+			writes := 2
+			if r.name == "nopolicy" {
+				writes = 3
+			}
+			b.Logf("%-9s %d writes/claim: controller %.0f claims/s, write ceiling %.0f claims/s, ratio %.2f", r.name, writes, r.ctrl, r.ceiling, r.ratio)
+		}
+	}
+}
+
+// loadAvg returns the 1, 5 and 15 minute load averages.
+func loadAvg() string {
+	raw, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(raw))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
 }
 
 // BenchmarkCreateToBound compares pod-create-to-bound latency of the
@@ -147,77 +234,96 @@ func benchWorkers() int {
 }
 
 // BenchmarkAPIWriteCeiling is the baseline for BenchmarkClaimsPerSecond:
-// the same three writes per claim (finalizer update, status update with
-// an allocation, pod gate patch) issued by as many goroutines as the
-// controller has workers, with no decision logic at all. The controller
-// cannot allocate faster than this on the same machine.
+// the same writes per claim (status update with an allocation, pod gate
+// patch; and a finalizer update first with GPULINK_BENCH_NO_POLICY=1)
+// issued by as many goroutines as the controller has workers, with no
+// decision logic at all. The controller cannot allocate faster than this
+// on the same machine.
 func BenchmarkAPIWriteCeiling(b *testing.B) {
-	const total = 512
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
-		e := setup(b, map[string]string{fmt.Sprintf("ceil-%d", i): "v100-sxm2-8-aliyun-sccgn6.txt"})
-		claims := make([]*resourceapi.ResourceClaim, total)
-		pods := make([]*corev1.Pod, total)
-		for k := range total {
-			c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("c%04d", k), Namespace: e.ns},
-				Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}}}}
-			var err error
-			if claims[k], err = e.client.ResourceV1().ResourceClaims(e.ns).Create(e.ctx, c, metav1.CreateOptions{}); err != nil {
-				b.Fatal(err)
-			}
-			p := e.newPod(fmt.Sprintf("p%04d", k), true)
-			p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To(c.Name)}}
-			pods[k] = e.createPod(p)
+		b.ReportMetric(writeCeiling(b, fmt.Sprintf("ceil-%d", i), os.Getenv("GPULINK_BENCH_NO_POLICY") != ""), "claims/s")
+	}
+}
+
+// writeCeiling issues the controller's writes for benchClaims claims with
+// benchWorkers goroutines and returns claims per second; withFinalizer
+// adds the finalizer update the controller makes when admission did not.
+func writeCeiling(b *testing.B, node string, withFinalizer bool) float64 {
+	b.Helper()
+	total := benchNodes * benchPerNode
+	e := setup(b, map[string]string{node: "v100-sxm2-8-aliyun-sccgn6.txt"})
+	claims := make([]*resourceapi.ResourceClaim, total)
+	pods := make([]*corev1.Pod, total)
+	for k := range total {
+		c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("c%04d", k), Namespace: e.ns},
+			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}}}}
+		if !withFinalizer {
+			c.Finalizers = []string{driver.ClaimFinalizer}
 		}
-		node := fmt.Sprintf("ceil-%d", i)
-		work := make(chan int, total)
-		for k := range total {
-			work <- k
+		var err error
+		if claims[k], err = e.client.ResourceV1().ResourceClaims(e.ns).Create(e.ctx, c, metav1.CreateOptions{}); err != nil {
+			b.Fatal(err)
 		}
-		close(work)
-		b.StartTimer()
-		start := time.Now()
-		done := make(chan error, benchWorkers())
-		for range benchWorkers() {
-			go func() {
-				for k := range work {
-					c := claims[k].DeepCopy()
+		p := e.newPod(fmt.Sprintf("p%04d", k), true)
+		p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To(c.Name)}}
+		pods[k] = e.createPod(p)
+	}
+	work := make(chan int, total)
+	for k := range total {
+		work <- k
+	}
+	close(work)
+	b.StartTimer()
+	start := time.Now()
+	done := make(chan error, benchWorkers())
+	for range benchWorkers() {
+		go func() {
+			for k := range work {
+				c := claims[k].DeepCopy()
+				if withFinalizer {
 					c.Finalizers = append(c.Finalizers, driver.ClaimFinalizer)
-					c, err := e.client.ResourceV1().ResourceClaims(e.ns).Update(e.ctx, c, metav1.UpdateOptions{})
-					if err != nil {
-						done <- err
-						return
-					}
-					c.Status.Allocation = &resourceapi.AllocationResult{
-						AllocationTimestamp: ptr.To(metav1.Now()),
-						Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{
-							Request: "g", Driver: driver.Name, Pool: node, Device: fmt.Sprintf("gpu-%d", k%8)}}},
-					}
-					c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: pods[k].Name, UID: pods[k].UID}}
-					if _, err := e.client.ResourceV1().ResourceClaims(e.ns).UpdateStatus(e.ctx, c, metav1.UpdateOptions{}); err != nil {
-						done <- err
-						return
-					}
-					patch := []byte(`[{"op":"remove","path":"/spec/schedulingGates/0"}]`)
-					if _, err := e.client.CoreV1().Pods(e.ns).Patch(e.ctx, pods[k].Name, apitypes.JSONPatchType, patch, metav1.PatchOptions{}); err != nil {
+					var err error
+					if c, err = e.client.ResourceV1().ResourceClaims(e.ns).Update(e.ctx, c, metav1.UpdateOptions{}); err != nil {
 						done <- err
 						return
 					}
 				}
-				done <- nil
-			}()
-		}
-		for range benchWorkers() {
-			if err := <-done; err != nil {
-				b.Fatal(err)
+				c.Status.Allocation = &resourceapi.AllocationResult{
+					AllocationTimestamp: ptr.To(metav1.Now()),
+					Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{
+						Request: "g", Driver: driver.Name, Pool: node, Device: fmt.Sprintf("gpu-%d", k%8)}}},
+				}
+				c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: pods[k].Name, UID: pods[k].UID}}
+				if _, err := e.client.ResourceV1().ResourceClaims(e.ns).UpdateStatus(e.ctx, c, metav1.UpdateOptions{}); err != nil {
+					done <- err
+					return
+				}
+				patch := []byte(`[{"op":"remove","path":"/spec/schedulingGates/0"}]`)
+				if _, err := e.client.CoreV1().Pods(e.ns).Patch(e.ctx, pods[k].Name, apitypes.JSONPatchType, patch, metav1.PatchOptions{}); err != nil {
+					done <- err
+					return
+				}
 			}
-		}
-		elapsed := time.Since(start)
-		b.StopTimer()
-		// The claims deliberately double-book devices: delete the pods
-		// before kube-scheduler binds many of them.
-		_ = e.client.CoreV1().Pods(e.ns).DeleteCollection(e.ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, metav1.ListOptions{})
-		b.ReportMetric(float64(total)/elapsed.Seconds(), "claims/s")
-		b.Logf("%d claims written (3 writes each) in %s: %.0f/s", total, elapsed.Round(time.Millisecond), float64(total)/elapsed.Seconds())
+			done <- nil
+		}()
 	}
+	for range benchWorkers() {
+		if err := <-done; err != nil {
+			b.Fatal(err)
+		}
+	}
+	elapsed := time.Since(start)
+	b.StopTimer()
+	// The claims deliberately double-book devices: delete the pods before
+	// kube-scheduler binds many of them.
+	_ = e.client.CoreV1().Pods(e.ns).DeleteCollection(e.ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, metav1.ListOptions{})
+	e.teardown()
+	writes := 2
+	if withFinalizer {
+		writes = 3
+	}
+	rate := float64(total) / elapsed.Seconds()
+	b.Logf("write ceiling: %d claims written (%d writes each) in %s: %.0f/s", total, writes, elapsed.Round(time.Millisecond), rate)
+	return rate
 }

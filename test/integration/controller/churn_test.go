@@ -262,6 +262,11 @@ func TestChurnSharedClaimsFaultsAndDelegation(t *testing.T) {
 		}
 	}
 
+	// Claims get gpulink's finalizer from the chart's admission policy
+	// here (two writes per allocation); TestChurnWithRestarts runs
+	// without it (the controller adds the finalizer).
+	e.installClaimFinalizerPolicy()
+
 	faults := &faultyTransport{tooMany: 4, conflict: 3, timeout: 3}
 	ctrl := e.startControllerWith(4, faults.wrap)
 

@@ -9,23 +9,24 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/gpulink/gpulink/controller"
 	"github.com/gpulink/gpulink/controller/controllertest"
 )
 
-// TestUnschedulableNodeIsReleased: the controller prefers the DGX A100
-// (NVSwitch) for a pair, but that node has too little CPU for the pod, so
-// kube-scheduler finds it unschedulable there and deallocates the claim
-// (or, failing that, the controller releases it after the grace period).
-// The controller excludes the node, allocates on the V100 node and
-// kube-scheduler binds the pod there.
-func TestUnschedulableNodeIsReleased(t *testing.T) {
-	e := setup(t, map[string]string{"uns-v100": "v100-sxm2-8-aliyun-sccgn6.txt"})
-	small := controllertest.Node("uns-a100")
+// TestNodeFitPlacesOnNextNode: the controller prefers the DGX A100
+// (NVSwitch) for a pair, but that node has too little CPU for the pod.
+// The node fit filter rules it out before any allocation: the claim is
+// allocated on the V100 node at once and kube-scheduler binds the pod
+// there, with no release and retry.
+func TestNodeFitPlacesOnNextNode(t *testing.T) {
+	e := setup(t, map[string]string{"fit-v100": "v100-sxm2-8-aliyun-sccgn6.txt"})
+	small := controllertest.Node("fit-a100")
 	for _, l := range []corev1.ResourceList{small.Status.Capacity, small.Status.Allocatable} {
 		l[corev1.ResourceCPU] = resource.MustParse("1")
 	}
-	e.addNodeWith("uns-a100", fixture(t, "dgx-a100.txt"), small)
+	e.addNodeWith("fit-a100", fixture(t, "dgx-a100.txt"), small)
 	ctrl := e.startController(2)
 	defer ctrl.stop()
 
@@ -34,7 +35,51 @@ func TestUnschedulableNodeIsReleased(t *testing.T) {
 	p.Spec.Containers[0].Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2")}
 	created := e.createPod(p)
 	start := time.Now()
-	bound := e.waitBound("cpu-hungry", 2*time.Minute)
+	bound := e.waitBound("cpu-hungry", time.Minute)
+	took := time.Since(start)
+	if bound.Spec.NodeName != "fit-v100" {
+		t.Fatalf("bound to %s, want fit-v100", bound.Spec.NodeName)
+	}
+	if c := e.claimsOf(bound)[0]; nodeOf(c) != "fit-v100" {
+		t.Errorf("claim allocated on %s, want fit-v100", nodeOf(c))
+	}
+	evs := e.events("cpu-hungry", created.UID)
+	if hasEvent(evs, "released") {
+		t.Errorf("the allocation was released and retried; events: %q", evs)
+	}
+	// A pod no node has the memory for waits, and the event counts why.
+	p = e.newPod("memory-hungry", true, "pair")
+	p.Spec.Containers[0].Resources.Requests = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("2Ti")}
+	created = e.createPod(p)
+	e.poll("waiting event", 30*time.Second, func() bool {
+		return hasEvent(e.events("memory-hungry", created.UID), "0/2 nodes: 2 Insufficient memory")
+	})
+	t.Logf("bound to %s after %s; events: %q", bound.Spec.NodeName, took.Round(time.Millisecond), evs)
+}
+
+// TestUnschedulableNodeIsReleased: the controller prefers the DGX A100
+// (NVSwitch) for a pair, but kube-scheduler cannot put the pod there for a
+// reason the controller's filters do not check (a host port taken by a
+// pod on that node), so kube-scheduler deallocates the claim (or, failing
+// that, the controller releases it after the grace period). The node is
+// excluded for the pod, recorded in its annotation, and the pod is placed
+// on the V100 node.
+func TestUnschedulableNodeIsReleased(t *testing.T) {
+	e := setup(t, map[string]string{"uns-v100": "v100-sxm2-8-aliyun-sccgn6.txt", "uns-a100": "dgx-a100.txt"})
+	ctrl := e.startController(2)
+	defer ctrl.stop()
+	port := []corev1.ContainerPort{{ContainerPort: 8080, HostPort: 8080, Protocol: corev1.ProtocolTCP}}
+	holder := e.newPod("port-holder", false)
+	holder.Spec.NodeName = "uns-a100"
+	holder.Spec.Containers[0].Ports = port
+	e.createPod(holder)
+
+	e.template("pair", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 2)}})
+	p := e.newPod("port-user", true, "pair")
+	p.Spec.Containers[0].Ports = port
+	created := e.createPod(p)
+	start := time.Now()
+	bound := e.waitBound("port-user", 2*time.Minute)
 	if bound.Spec.NodeName != "uns-v100" {
 		t.Fatalf("bound to %s, want uns-v100", bound.Spec.NodeName)
 	}
@@ -42,11 +87,15 @@ func TestUnschedulableNodeIsReleased(t *testing.T) {
 	if nodeOf(c) != "uns-v100" {
 		t.Errorf("claim allocated on %s, want uns-v100", nodeOf(c))
 	}
-	evs := e.events("cpu-hungry", created.UID)
+	evs := e.events("port-user", created.UID)
 	// Either kube-scheduler deallocates the claim (its DRA PostFilter) or
 	// the controller releases it after the grace period; both exclude the node.
 	if !hasEvent(evs, "allocation on node uns-a100 was released") && !hasEvent(evs, "released allocation on node uns-a100") {
 		t.Errorf("no release event; events: %q", evs)
 	}
+	e.poll("exclusion recorded on the pod", 30*time.Second, func() bool {
+		pod, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, "port-user", metav1.GetOptions{})
+		return err == nil && pod.Annotations[controller.ExcludedNodesAnnotation] == "uns-a100"
+	})
 	t.Logf("bound to %s after %s; events: %q", bound.Spec.NodeName, time.Since(start).Round(time.Millisecond), evs)
 }
