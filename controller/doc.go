@@ -60,6 +60,12 @@
 // link quality and the packing strategy. The chosen devices are assumed
 // in the ledger before the lock is released.
 //
+// Each decision passes the recent request-size mix (sizemix.go,
+// allocate.SizeHistory; --size-mix-window, --size-mix-refresh) as
+// allocate.Policy.Mix, so that what is kept free is what is asked for:
+// each claim's preferred whole-GPU size counts once, under the decision
+// lock, so the mix is a function of the decisions' order.
+//
 // # Writes
 //
 // Per claim: the finalizer driver.ClaimFinalizer (a metadata update),

@@ -214,17 +214,18 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 		excluded = nil
 		cands, skipped = c.filter.candidates(logger, pod, all, allocated, excluded)
 	}
+	pol := c.mix.policy(ctx, c.policy, pending)
 	var plans []*nodePlan
 	var why []string
 	for _, n := range cands {
-		plan, reasons := planNode(ctx, c.sel, c.policy, n, c.ledger.nodeUsage(n), pending)
+		plan, reasons := planNode(ctx, c.sel, pol, n, c.ledger.nodeUsage(n), pending)
 		if plan != nil {
 			plans = append(plans, plan)
 		} else {
 			why = append(why, reasons...)
 		}
 	}
-	chosen := choosePlan(plans, c.policy)
+	chosen := choosePlan(plans, pol)
 	if chosen == nil {
 		c.decideMu.Unlock()
 		c.setWaiting(key, true)

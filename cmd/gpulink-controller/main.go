@@ -45,6 +45,8 @@ type options struct {
 	nodePacking        string
 	gpuPacking         string
 	deviceTaintRules   bool
+	mixWindow          int
+	mixRefresh         int
 }
 
 func main() {
@@ -67,6 +69,8 @@ func main() {
 	fs.StringVar(&o.nodePacking, "node-packing", string(allocate.Binpack), "Node-level strategy: binpack or spread.")
 	fs.StringVar(&o.gpuPacking, "gpu-packing", string(allocate.Binpack), "Strategy for placing shares on GPUs: binpack or spread.")
 	fs.BoolVar(&o.deviceTaintRules, "device-taint-rules", true, "Apply DeviceTaintRules to devices as kube-scheduler does (turn off where the DRADeviceTaintRules API is disabled).")
+	fs.IntVar(&o.mixWindow, "size-mix-window", allocate.DefaultHistoryWindow, "Recent whole-GPU requests whose sizes weight what the allocator keeps free (the recent size mix); negative: sizes 1-8 equally.")
+	fs.IntVar(&o.mixRefresh, "size-mix-refresh", 0, "Requests between two snapshots of the recent size mix, at most --size-mix-window (0: 64, or the window if smaller).")
 	klogFlags := goflag.NewFlagSet("klog", goflag.ExitOnError)
 	klog.InitFlags(klogFlags)
 	fs.AddGoFlagSet(klogFlags)
@@ -107,6 +111,9 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return fmt.Errorf("loading kubeconfig %q: %w", o.kubeconfig, err)
 	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	registerRESTMetrics(reg)
 	cfg.QPS, cfg.Burst = o.qps, o.burst
 	cfg.UserAgent = "gpulink-controller"
 	client, err := kubernetes.NewForConfig(cfg)
@@ -114,8 +121,6 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("creating client: %w", err)
 	}
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := controller.NewMetrics(reg)
 	recorder, stopRecorder := controller.NewRecorder(ctx, client)
 	defer stopRecorder()
@@ -129,6 +134,7 @@ func run(ctx context.Context, o options) error {
 		ResyncPeriod:       o.resyncPeriod,
 		UnschedulableGrace: o.unschedulableGrace,
 		DeviceTaintRules:   o.deviceTaintRules,
+		Mix:                controller.MixConfig{Window: o.mixWindow, Refresh: o.mixRefresh},
 	})
 	if err != nil {
 		return err

@@ -55,6 +55,25 @@
 // state and mix; `gpulink simulate` replays it from the scenario's
 // sizeMix.
 //
+// # The recent size mix
+//
+// A controller passes the mix of the requests it was asked for lately,
+// kept by a SizeHistory: the sizes of the last Window whole-GPU requests
+// (default 512; each claim counts once, when it is first decided, with
+// its preferred alternative; shares and allocationMode All take no fixed
+// number of whole GPUs and do not count), plus a pseudo-count of one for
+// each size 1..8 so that a size not asked for lately keeps a small weight.
+// Old requests leave the window as new ones come, so the mix follows a
+// changing workload. The mix the allocator sees is a snapshot taken every
+// Refresh requests (default 64): between snapshots decisions share memo
+// entries (below), and a mix that moved with every request would make
+// each search on a large node cold. The snapshot is a pure function of
+// the sequence of requests, and decisions are serialized, so a decision
+// stays a function of its input, the cluster state and the requests
+// before it. `gpulink simulate` replays it either from the counts the
+// controller logs with each new snapshot ("Request size mix", as a
+// scenario's sizeMix) or from the scenario's own steps (recentMix).
+//
 // ChooseNode ranks nodes by the best (weak, agg) a node offers; the set
 // Allocate then takes on the winner has that weak link but may give up
 // some aggregate to criterion 2.
