@@ -135,7 +135,8 @@ func New(cfg Config) (*Controller, error) {
 	if err != nil {
 		return nil, fmt.Errorf("controller config: %w", err)
 	}
-	factory := informers.NewSharedInformerFactory(cfg.Client, cfg.ResyncPeriod)
+	factory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod,
+		informers.WithTransform(stripManagedFields))
 	c := &Controller{
 		client:   cfg.Client,
 		factory:  factory,

@@ -193,6 +193,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	}
 
 	c.decideMu.Lock()
+	planStart := time.Now()
 	// The claims were read from the cache before the lock: another pod
 	// sharing one of them may have decided it since. A claim is decided
 	// once; this pod comes back when the claim's update arrives and then
@@ -251,6 +252,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 		}
 		writes = append(writes, pendingWrite{ic: ic, alloc: alloc, settle: settle})
 	}
+	c.metrics.PlanLatency.Observe(time.Since(planStart).Seconds())
 	c.decideMu.Unlock()
 
 	if err := c.writeDecision(ctx, pod, writes); err != nil {
