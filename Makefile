@@ -84,6 +84,19 @@ helm-lint: ## helm lint and helm template of the chart
 bench: ## allocator (latency p50/p99, churn quality per topology vs baselines) and kubelet plugin benchmarks
 	$(GO) test -run '^$$' -bench . -benchmem ./driver/... ./kubeletplugin/...
 
+# The full scale test; `make test` runs TestScale at its quick default size
+# (200 nodes, 400 pods) with the other integration tests.
+SCALE_NODES ?= 5000
+SCALE_PODS  ?= 10000
+SCALE_WAVES ?= 10
+
+.PHONY: scale
+scale: cluster-build ## scale test: SCALE_NODES API-only 8-GPU nodes (5000), SCALE_PODS pods (10000) in SCALE_WAVES waves (10) through the controller process; report in _output/scale-report.json
+	@mkdir -p $(OUTPUT)
+	GPULINK_SCALE_NODES=$(SCALE_NODES) GPULINK_SCALE_PODS=$(SCALE_PODS) GPULINK_SCALE_WAVES=$(SCALE_WAVES) \
+	  GPULINK_SCALE_REPORT=$(OUTPUT)/scale-report.json \
+	  $(GO) test -count=1 -v -timeout 120m -tags integration -run '^TestScale$$' ./test/scale/
+
 .PHONY: demo
 demo: ## local cluster + gpulink + example workloads, then a report (hack/demo.sh)
 	hack/demo.sh up

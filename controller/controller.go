@@ -63,6 +63,9 @@ type Config struct {
 	// rule taints NoSchedule/NoExecute is only allocated to requests that
 	// tolerate it. Turn off where the API is disabled.
 	DeviceTaintRules bool
+	// Mix configures the recent request-size mix each decision passes to
+	// the allocator (it replaces Policy.Mix unless turned off).
+	Mix MixConfig
 }
 
 // Controller is the gpulink allocation controller.
@@ -78,6 +81,7 @@ type Controller struct {
 	metrics  *Metrics
 	explain  *explainer
 	policy   allocate.Policy
+	mix      *mixRecorder
 	workers  int
 	grace    time.Duration
 	retry    time.Duration
@@ -131,13 +135,19 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.WaitingRetry <= 0 {
 		cfg.WaitingRetry = time.Minute
 	}
-	factory := informers.NewSharedInformerFactory(cfg.Client, cfg.ResyncPeriod)
+	mix, err := newMixRecorder(cfg.Mix)
+	if err != nil {
+		return nil, fmt.Errorf("controller config: %w", err)
+	}
+	factory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod,
+		informers.WithTransform(stripManagedFields))
 	c := &Controller{
 		client:   cfg.Client,
 		factory:  factory,
 		metrics:  cfg.Metrics,
 		explain:  newExplainer(cfg.Recorder),
 		policy:   cfg.Policy,
+		mix:      mix,
 		workers:  cfg.Workers,
 		grace:    cfg.UnschedulableGrace,
 		retry:    cfg.WaitingRetry,

@@ -88,6 +88,12 @@
 // Insufficient cpu, 4 no 4 free GPUs with every pair NVLink, 3 node(s) had
 // untolerated taint(s) (node a: ...)").
 //
+// Each decision passes the recent request-size mix (sizemix.go,
+// allocate.SizeHistory; --size-mix-window, --size-mix-refresh) as
+// allocate.Policy.Mix, so that what is kept free is what is asked for:
+// each claim's preferred whole-GPU size counts once, under the decision
+// lock, so the mix is a function of the decisions' order.
+//
 // # Writes
 //
 // Per claim: status.allocation (results with request, driver, pool,

@@ -10,6 +10,7 @@ import (
 	dracel "k8s.io/dynamic-resource-allocation/cel"
 
 	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/driver/allocate"
 	"github.com/gpulink/gpulink/driver/topology"
 )
 
@@ -281,6 +282,9 @@ func buildNode(pool string, slices []*resourceapi.ResourceSlice) (*nodeInventory
 	if err != nil {
 		return nil, fmt.Errorf("pool %q: decoding link rows: %w", pool, err)
 	}
+	// Outside any decision: the first decision on a node of a new kind
+	// (12-16 GPUs) then costs what later ones do.
+	allocate.Prepare(topo)
 	n := &nodeInventory{
 		Node:      nodeName,
 		Pool:      pool,

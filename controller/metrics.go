@@ -10,6 +10,9 @@ type Metrics struct {
 	AllocationLatency prometheus.Histogram
 	// DecisionLatency: planning and writing one pod's claims.
 	DecisionLatency prometheus.Histogram
+	// PlanLatency: choosing one pod's devices under the decision lock,
+	// without waiting for the lock and without API writes.
+	PlanLatency prometheus.Histogram
 	// Allocations counts allocated requests by the weakest link of their
 	// GPU set ("none" for one GPU, "share" for shares).
 	Allocations *prometheus.CounterVec
@@ -48,6 +51,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: "gpulink", Subsystem: "controller", Name: "decision_duration_seconds",
 			Help:    "Time to plan and write the allocation of one pod's gpulink claims.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+		PlanLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "gpulink", Subsystem: "controller", Name: "plan_duration_seconds",
+			Help:    "Time to choose the devices of one pod's gpulink claims under the decision lock (no API writes).",
+			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 16),
 		}),
 		Allocations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "gpulink", Subsystem: "controller", Name: "allocations_total",
@@ -91,7 +99,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.Errors.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(m.AllocationLatency, m.DecisionLatency, m.Allocations, m.PendingPods, m.Errors, m.Released,
+		reg.MustRegister(m.AllocationLatency, m.DecisionLatency, m.PlanLatency, m.Allocations, m.PendingPods, m.Errors, m.Released,
 			m.Decisions, m.GateWait, m.BelowBestLink, m.inventory)
 	}
 	return m

@@ -211,6 +211,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	}
 
 	c.decideMu.Lock()
+	planStart := time.Now()
 	// The claims were read from the cache before the lock: another pod
 	// sharing one of them may have decided it since. A claim is decided
 	// once; this pod comes back when the claim's update arrives and then
@@ -232,11 +233,12 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 		excluded = nil
 		cands, rej = c.filter.candidates(logger, pod, all, allocated, excluded)
 	}
+	pol := c.mix.policy(ctx, c.policy, pending)
 	var plans []*nodePlan
 	var why []string
 	noFit := "no " + wantedDevices(pending)
 	for _, n := range cands {
-		plan, reasons := planNode(ctx, c.sel, c.policy, n, c.ledger.nodeUsage(n), pending)
+		plan, reasons := planNode(ctx, c.sel, pol, n, c.ledger.nodeUsage(n), pending)
 		if plan != nil {
 			plans = append(plans, plan)
 		} else {
@@ -244,7 +246,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 			why = append(why, reasons...)
 		}
 	}
-	chosen := choosePlan(plans, c.policy)
+	chosen := choosePlan(plans, pol)
 	if chosen == nil {
 		c.decideMu.Unlock()
 		c.setWaiting(key, true)
@@ -274,6 +276,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	// The pod counts on the node from now on, so that the next decision
 	// does not hand the same free CPUs to another pod.
 	c.fit.assume(pod, chosen.Node.Node)
+	c.metrics.PlanLatency.Observe(time.Since(planStart).Seconds())
 	c.decideMu.Unlock()
 
 	if err := c.writeDecision(ctx, pod, writes); err != nil {

@@ -52,6 +52,8 @@ type options struct {
 	webhookReusePort   bool
 	compatConfig       string
 	compatGrace        time.Duration
+	mixWindow          int
+	mixRefresh         int
 }
 
 func main() {
@@ -79,6 +81,8 @@ func main() {
 	fs.BoolVar(&o.webhookReusePort, "webhook-reuse-port", false, "Set SO_REUSEPORT on the webhook's socket, so that replicas sharing a node's network (hostNetwork) all serve it.")
 	fs.StringVar(&o.compatConfig, "compat-config", "", "YAML file naming the translated resource families (see compat.Config); empty: the nvidia.com/* family with HAMi's annotations.")
 	fs.DurationVar(&o.compatGrace, "compat-template-grace", 5*time.Minute, "How long a translated ResourceClaimTemplate outlives the last pod admitted with it once no pod references it.")
+	fs.IntVar(&o.mixWindow, "size-mix-window", allocate.DefaultHistoryWindow, "Recent whole-GPU requests whose sizes weight what the allocator keeps free (the recent size mix); negative: sizes 1-8 equally.")
+	fs.IntVar(&o.mixRefresh, "size-mix-refresh", 0, "Requests between two snapshots of the recent size mix, at most --size-mix-window (0: 64, or the window if smaller).")
 	klogFlags := goflag.NewFlagSet("klog", goflag.ExitOnError)
 	klog.InitFlags(klogFlags)
 	fs.AddGoFlagSet(klogFlags)
@@ -119,6 +123,9 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return fmt.Errorf("loading kubeconfig %q: %w", o.kubeconfig, err)
 	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	registerRESTMetrics(reg)
 	cfg.QPS, cfg.Burst = o.qps, o.burst
 	cfg.UserAgent = "gpulink-controller"
 	client, err := kubernetes.NewForConfig(cfg)
@@ -126,8 +133,6 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("creating client: %w", err)
 	}
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := controller.NewMetrics(reg)
 	recorder, stopRecorder := controller.NewRecorder(ctx, client)
 	defer stopRecorder()
@@ -141,6 +146,7 @@ func run(ctx context.Context, o options) error {
 		ResyncPeriod:       o.resyncPeriod,
 		UnschedulableGrace: o.unschedulableGrace,
 		DeviceTaintRules:   o.deviceTaintRules,
+		Mix:                controller.MixConfig{Window: o.mixWindow, Refresh: o.mixRefresh},
 	})
 	if err != nil {
 		return err

@@ -53,9 +53,14 @@ func BenchmarkAllocate(b *testing.B) {
 		{"synthetic-32", synthetic32(b)},
 		{"nvlink-tiered-32", nvlinkTiered(b)},
 	} {
-		for _, state := range []string{"idle", "quarter-used"} {
+		for _, state := range []string{"idle", "one-used", "quarter-used"} {
 			node := nodeWith("bench", tc.topo)
-			if state != "idle" {
+			switch state {
+			case "one-used":
+				// The most free GPUs a node in use has: the largest
+				// search that is not an idle node's.
+				node = nodeWith("bench", tc.topo, 1)
+			case "quarter-used":
 				node = benchUsed(tc.topo)
 			}
 			free := len(positions(freeMask(node)))
@@ -75,22 +80,23 @@ func BenchmarkAllocate(b *testing.B) {
 					continue
 				}
 				// The same decision with the memo off: what the first
-				// decision for a node kind and state costs.
-				b.Run(fmt.Sprintf("%s/%s/gpus=%d/cold", tc.name, state, k), func(b *testing.B) {
-					memo.mu.Lock()
-					memo.off = true
-					memo.mu.Unlock()
-					defer func() {
-						memo.mu.Lock()
-						memo.off = false
-						memo.mu.Unlock()
-					}()
-					reportP50(b, func() {
-						if _, err := Allocate(node, req, Policy{}); err != nil {
-							b.Fatal(err)
-						}
+				// decision for a node kind and state costs, the kind
+				// prepared (Prepare, as the controller does when it learns
+				// a node's topology) and not.
+				Prepare(tc.topo)
+				for _, v := range []struct {
+					name    string
+					kindsOn bool
+				}{{"cold", true}, {"cold-unprepared", false}} {
+					b.Run(fmt.Sprintf("%s/%s/gpus=%d/%s", tc.name, state, k, v.name), func(b *testing.B) {
+						defer setSearchCaches(false, v.kindsOn)()
+						reportP50(b, func() {
+							if _, err := Allocate(node, req, Policy{}); err != nil {
+								b.Fatal(err)
+							}
+						})
 					})
-				})
+				}
 			}
 		}
 	}

@@ -55,6 +55,25 @@
 // state and mix; `gpulink simulate` replays it from the scenario's
 // sizeMix.
 //
+// # The recent size mix
+//
+// A controller passes the mix of the requests it was asked for lately,
+// kept by a SizeHistory: the sizes of the last Window whole-GPU requests
+// (default 512; each claim counts once, when it is first decided, with
+// its preferred alternative; shares and allocationMode All take no fixed
+// number of whole GPUs and do not count), plus a pseudo-count of one for
+// each size 1..8 so that a size not asked for lately keeps a small weight.
+// Old requests leave the window as new ones come, so the mix follows a
+// changing workload. The mix the allocator sees is a snapshot taken every
+// Refresh requests (default 64): between snapshots decisions share memo
+// entries (below), and a mix that moved with every request would make
+// each search on a large node cold. The snapshot is a pure function of
+// the sequence of requests, and decisions are serialized, so a decision
+// stays a function of its input, the cluster state and the requests
+// before it. `gpulink simulate` replays it either from the counts the
+// controller logs with each new snapshot ("Request size mix", as a
+// scenario's sizeMix) or from the scenario's own steps (recentMix).
+//
 // ChooseNode ranks nodes by the best (weak, agg) a node offers; the set
 // Allocate then takes on the winner has that weak link but may give up
 // some aggregate to criterion 2.
@@ -91,6 +110,34 @@
 // of idle DGX-2s pays for one search; the memo holds 4,096 answers and is
 // emptied when full. An answer from it is the search's answer, so it
 // changes only the time a decision takes.
+//
+// # Node kinds
+//
+// Nodes of 12 to 16 GPUs are the slowest to search cold (the pass over
+// every subset and criterion 3's scans of each candidate's rest), so
+// Prepare precomputes, once per node kind (its link matrix; a controller
+// calls it when it learns a node's topology), in position numbering: the
+// table of every subset's (weak, agg), the best quality of each size
+// within every subset (criterion 3's scan becomes a lookup), and, for
+// each size, the sets with the best weakest link in visiting order. A
+// search on 12 or more free GPUs of a prepared kind then skips the pass:
+// on an idle node with every GPU eligible the candidates are the
+// precomputed ones; otherwise a depth-first walk over the eligible GPUs,
+// cut where a partial set already misses the best weakest link (read
+// from the within table), collects them. The walk exploits the node's
+// symmetry: two free GPUs are twins when both are eligible or both not
+// and they have the same link to every other free GPU; swapping them maps
+// the node onto itself, so a set and its image tie on every criterion but
+// positions and the one with the lower positions wins. The walk therefore
+// only builds sets that take the lowest GPUs of each twin class they use
+// (canonical forms): one set per size on an NVSwitch node instead of
+// thousands. Position numbering orders sets
+// as the local numbering does and every value is the same, so the answer
+// is the search's (TestKindTablesMatchSearch compares them over every
+// fixture, random topologies, states, sizes, requirements and mixes). A
+// 16-GPU kind takes about 5.5 MiB and tens of milliseconds to prepare;
+// 16 kinds are kept, the store is emptied when full, and an unprepared
+// kind is searched as before.
 //
 // # More than 16 free GPUs
 //

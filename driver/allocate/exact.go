@@ -78,6 +78,25 @@ func exactPick(sc *scratch, t *topology.Topology, free, cand uint64, k int, requ
 			return p
 		}
 	}
+	if n := t.Len(); f >= memoMinFree && n <= exactMaxFree {
+		// The node's kind's tables, when Prepare made them, hold what
+		// the pass below would compute (in position numbering, which
+		// orders sets as the local one does).
+		kl := l
+		if f != n {
+			kl = &sc.kindLoc
+			kl.load(t, fullMask(n))
+		}
+		if kt := kinds.get(kl, false); kt != nil {
+			p := kindPick(sc, kt, uint32(free), uint32(cand), k, required, mix)
+			v := memoVal{key: p.key, bestAny: p.bestAny, found: p.found}
+			if p.found {
+				v.set = l.toLocal(p.set)
+			}
+			memo.put(&mk, v)
+			return p
+		}
+	}
 	levels := mix.levels(f, k)
 	// Subsets larger than both the request and the largest future level
 	// are never looked at, so the pass skips them; on 16 free GPUs and
@@ -149,4 +168,114 @@ func exactPick(sc *scratch, t *topology.Topology, free, cand uint64, k int, requ
 		memo.put(&mk, memoVal{set: s, key: p.key, bestAny: bestAny, found: true})
 	}
 	return p
+}
+
+// kindPick is exactPick from the node kind's tables, in position
+// numbering: the same candidates, visited in the same order, with the
+// same future per candidate, looked up instead of computed. On an idle
+// node with every GPU eligible the candidates are precomputed too;
+// otherwise a depth-first walk over the eligible GPUs collects them,
+// cutting every branch whose GPUs already miss the best weakest link.
+func kindPick(sc *scratch, kt *kindTable, free, cand uint32, k int, required topology.Link, mix *SizeMix) pick {
+	f := bits.OnesCount32(free)
+	levels := mix.levels(f, k)
+	var top [exactMaxFree + 1]key
+	for lv := levels; lv != 0; lv &= lv - 1 {
+		j := bits.TrailingZeros32(lv)
+		top[j] = kt.within[free][j]
+	}
+	bestAny := kt.within[cand][k]
+	if k == 1 && cand != 0 {
+		bestAny = singleKey
+	}
+	p := pick{bestAny: bestAny, anyExists: bestAny != 0}
+	if bestAny == 0 || !bestAny.qualifies(k, required) {
+		return p
+	}
+	tb := tieBreaker{q: &kt.q, levels: levels, mix: mix, full: free, top: &top, loc: &kt.loc, within: kt.within}
+	for a := free; a != 0; a &= a - 1 {
+		i := bits.TrailingZeros32(a)
+		for b := free; b != 0; b &= b - 1 {
+			tb.row[i&(exactMaxFree-1)] += uint32(kt.loc.link[(i<<4|bits.TrailingZeros32(b))&0xFF])
+		}
+		tb.all += tb.row[i&(exactMaxFree-1)]
+	}
+	tb.all /= 2
+	var s uint32
+	if full := uint32(1)<<kt.n - 1; free == full && cand == full {
+		s = tb.chooseFrom(sc, kt.ties[k], true)
+	} else {
+		c := tieCollector{q: &kt.q, tb: &tb, k: k, weak: bestAny.weak(), out: sc.tied[:0]}
+		c.findTwins(&kt.loc, free, cand)
+		c.walk(cand, 0, 0)
+		sc.tied = c.out
+		s = tb.chooseFrom(sc, c.out, false)
+	}
+	p.found = true
+	p.set, p.key = uint64(s), kt.q[s&0xFFFF]
+	return p
+}
+
+// tieCollector gathers the k-subsets of a mask whose weakest link is weak
+// (the best there is), with their criterion-2 and -4 values.
+type tieCollector struct {
+	q    *table
+	tb   *tieBreaker
+	k    int
+	weak uint8
+	out  []tied
+	// lower[g] are g's twins at lower positions (see findTwins).
+	lower [exactMaxFree]uint32
+}
+
+// findTwins records, per free GPU, its twins at lower positions: free
+// GPUs that are both eligible or both not, with the same link to every
+// other free GPU. Swapping two twins maps the free GPUs onto themselves
+// with every link and eligibility kept, so a set and its image tie on
+// every criterion but positions, and the one with the lower positions
+// wins. Twins form classes, and so the winner takes the lowest GPUs of
+// each class it uses: the walk only builds such sets. On symmetric nodes
+// (all GPUs on one NVSwitch) that is one set per size instead of
+// thousands.
+func (c *tieCollector) findTwins(l *local, free, cand uint32) {
+	for a := free; a != 0; a &= a - 1 {
+		i := bits.TrailingZeros32(a) & (exactMaxFree - 1)
+	next:
+		for b := free & (1<<i - 1); b != 0; b &= b - 1 {
+			j := bits.TrailingZeros32(b) & (exactMaxFree - 1)
+			if cand>>i&1 != cand>>j&1 {
+				continue
+			}
+			for x := free &^ (1<<i | 1<<j); x != 0; x &= x - 1 {
+				g := bits.TrailingZeros32(x)
+				if l.link[(i<<4|g)&0xFF] != l.link[(j<<4|g)&0xFF] {
+					continue next
+				}
+			}
+			c.lower[i] |= 1 << j
+		}
+	}
+}
+
+// walk extends set (size GPUs) with GPUs of left, lowest first, taking a
+// GPU only after its lower twins. Adding a GPU never raises the weakest
+// link, so a partial set below weak is cut.
+func (c *tieCollector) walk(left, set uint32, size int) {
+	if size == c.k {
+		c.out = append(c.out, tied{set: set, agg: c.q[set&0xFFFF].agg(), rest: c.tb.restAgg(set)})
+		return
+	}
+	need := c.k - size
+	for m := left; bits.OnesCount32(m) >= need; {
+		g := bits.TrailingZeros32(m)
+		m &^= 1 << g
+		if c.lower[g&(exactMaxFree-1)]&^set != 0 {
+			continue
+		}
+		next := set | 1<<g
+		if size >= 1 && c.q[next&0xFFFF].weak() < c.weak {
+			continue
+		}
+		c.walk(m, next, size+1)
+	}
 }

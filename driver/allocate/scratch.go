@@ -16,6 +16,8 @@ type scratch struct {
 	tied []tied
 	fut  [2]futureScore
 	loc  local
+	// kindLoc is the node's whole topology, to find its kind.
+	kindLoc local
 	// Beam search buffers.
 	cur, next, kept []beamState
 	heap            beamHeap

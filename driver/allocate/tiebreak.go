@@ -15,6 +15,9 @@ type tieBreaker struct {
 	row    [exactMaxFree]uint32   // sum of each GPU's links to the other free GPUs
 	all    uint32                 // aggregate of all free GPUs
 	loc    *local
+	// within, when set, holds the best quality per size within every
+	// subset (kindTable.within): future() becomes a lookup.
+	within [][exactMaxFree + 1]key
 }
 
 // capacity is how many size-j requests the rest could still serve at link
@@ -91,7 +94,17 @@ type futureScore struct {
 }
 
 func (tb *tieBreaker) score(rest uint32, s *futureScore) {
-	future(tb.q, rest, tb.levels, tb.top, &s.v)
+	if tb.within != nil {
+		// The scan's result: per level the best quality of any subset.
+		s.v = [exactMaxFree + 1]key{}
+		w := &tb.within[rest]
+		for lv := tb.levels; lv != 0; lv &= lv - 1 {
+			j := bits.TrailingZeros32(lv)
+			s.v[j] = w[j]
+		}
+	} else {
+		future(tb.q, rest, tb.levels, tb.top, &s.v)
+	}
 	m := tb.mix.orDefault()
 	s.kept, s.exact = 0, 0
 	for lv := tb.levels; lv != 0; lv &= lv - 1 {
@@ -116,21 +129,39 @@ func (tb *tieBreaker) choose(sc *scratch, ties []uint32) uint32 {
 		cands = append(cands, tied{set: s, agg: tb.q[s&0xFFFF].agg(), rest: tb.restAgg(s)})
 	}
 	sc.tied = cands
+	return tb.chooseFrom(sc, cands, false)
+}
+
+// chooseFrom is choose over candidates with their criterion-2 and -4
+// values; sorted says they are already in visiting order (a kind's
+// precomputed ties, which must not be reordered: they are shared).
+func (tb *tieBreaker) chooseFrom(sc *scratch, cands []tied, sorted bool) uint32 {
+	if len(cands) == 1 {
+		return cands[0].set
+	}
 	if tb.levels == 0 {
+		if sorted {
+			return cands[0].set
+		}
 		return slices.MinFunc(cands, cmpTied).set
 	}
 	// The first candidate in visiting order wins outright when it keeps
 	// the most capacity possible and every future size's best quality;
 	// on symmetric nodes (all NVLink) it does, and sorting thousands of
 	// equal candidates would cost more than the rest of the search.
-	best := slices.MinFunc(cands, cmpTied)
+	best := cands[0]
+	if !sorted {
+		best = slices.MinFunc(cands, cmpTied)
+	}
 	bound := maxKept(tb, bits.OnesCount32(best.set))
 	bs, cs := &sc.fut[0], &sc.fut[1]
 	tb.score(tb.full^best.set, bs)
 	if bs.kept >= bound && bs.v == *tb.top {
 		return best.set
 	}
-	slices.SortFunc(cands, cmpTied)
+	if !sorted {
+		slices.SortFunc(cands, cmpTied)
+	}
 	for _, c := range cands[1:] {
 		// Candidates come in criterion-2 order: once the incumbent keeps
 		// every class, only an equal aggregate could still beat it, and

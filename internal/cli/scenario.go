@@ -28,7 +28,20 @@ type Scenario struct {
 	// controller's recent mix; the allocator keeps free what is asked for
 	// most. Unset means the allocator's default (sizes 1-8 equally).
 	SizeMix []MixEntry `json:"sizeMix,omitempty"`
-	Steps   []Step     `json:"steps"`
+	// RecentMix replays the controller's recent size mix instead: the
+	// sizes of the scenario's own whole-GPU alloc steps, counted as the
+	// controller counts its requests (--size-mix-window/-refresh).
+	RecentMix *RecentMix `json:"recentMix,omitempty"`
+	Steps     []Step     `json:"steps"`
+}
+
+// RecentMix is the controller's recent size mix (allocate.SizeHistory).
+type RecentMix struct {
+	// Window is how many recent requests count (default 512).
+	Window *int `json:"window,omitempty"`
+	// Refresh is how many requests pass between two snapshots (default
+	// 64, at most the window).
+	Refresh *int `json:"refresh,omitempty"`
 }
 
 // MixEntry is the share of one request size in the size mix.
@@ -79,7 +92,9 @@ type loadedScenario struct {
 	nodes  []*allocate.NodeState
 	files  []string // topology file per node, as the scenario names it
 	policy allocate.Policy
-	steps  []plannedStep
+	// history, when set, supplies policy.Mix step by step (recentMix).
+	history *allocate.SizeHistory
+	steps   []plannedStep
 }
 
 // plannedStep is a validated step.
@@ -125,6 +140,25 @@ func (sc *Scenario) compile(baseDir string) (*loadedScenario, error) {
 	mix, merrs := compileMix(sc.SizeMix)
 	errs = append(errs, merrs...)
 	ls.policy.Mix = mix
+	if sc.RecentMix != nil {
+		if sc.SizeMix != nil {
+			errs = append(errs, errors.New("recentMix: set at most one of sizeMix and recentMix"))
+		}
+		window, refresh := allocate.DefaultHistoryWindow, 0
+		if sc.RecentMix.Window != nil {
+			window = *sc.RecentMix.Window
+		}
+		if sc.RecentMix.Refresh != nil {
+			refresh = *sc.RecentMix.Refresh
+		} else {
+			refresh = min(allocate.DefaultHistoryRefresh, max(window, 1))
+		}
+		h, err := allocate.NewSizeHistory(window, refresh)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("recentMix: %w", err))
+		}
+		ls.history = h
+	}
 	nodeIndex := map[string]int{}
 	if len(sc.Nodes) == 0 {
 		errs = append(errs, errors.New("nodes: at least one node is required"))

@@ -70,10 +70,18 @@ func simulate(ls *loadedScenario) ([]StepOutcome, error) {
 func runAlloc(ls *loadedScenario, st plannedStep, o *StepOutcome, live map[string]liveAlloc, failed map[string]int) error {
 	var res allocate.Result
 	var err error
+	pol := ls.policy
+	if ls.history != nil {
+		// As the controller: the request counts before it is decided.
+		if st.req.Share == nil {
+			ls.history.Record(st.req.GPUs)
+		}
+		pol.Mix = ls.history.Mix()
+	}
 	if st.node >= 0 {
-		res, err = allocate.Allocate(ls.nodes[st.node], st.req, ls.policy)
+		res, err = allocate.Allocate(ls.nodes[st.node], st.req, pol)
 	} else {
-		res, err = allocate.ChooseNode(ls.nodes, st.req, ls.policy)
+		res, err = allocate.ChooseNode(ls.nodes, st.req, pol)
 	}
 	if unsat := (*allocate.UnsatisfiableError)(nil); errors.As(err, &unsat) {
 		o.Error = unsat.Reason

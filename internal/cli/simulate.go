@@ -31,6 +31,8 @@ Scenario format (YAML or JSON; unknown fields are errors):
   - {gpus: 1, weight: 6}  # the allocator keeps free what is asked for
   - {gpus: 2, weight: 3}  # most (default: sizes 1-8 equally often)
   - {gpus: 4, weight: 1}
+  recentMix: {window: 512, refresh: 64}  # or, instead of sizeMix, the
+                        # controller's recent mix over these steps' sizes
   steps:
   - {alloc: job-1, gpus: 2}                    # whole GPUs
   - {alloc: job-2, gpus: 4, require: NVLink}   # NVLink, NV1..NV18, PIX, PXB, PHB, NODE, SYS

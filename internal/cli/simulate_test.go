@@ -3,6 +3,7 @@ package cli
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -250,6 +251,34 @@ func TestSimulateReplaysSizeMix(t *testing.T) {
 		if got := steps[0].GPUs; len(got) != 1 || got[0] != tt.want {
 			t.Errorf("mix %q: got GPUs %v, want [%d]", tt.mix, got, tt.want)
 		}
+	}
+}
+
+// TestSimulateReplaysRecentMix: recentMix counts the scenario's own
+// requests as the controller does (a request counts before it is
+// decided), so the last step sees the pairs or triples before it. Those
+// need NVLink, which the P40 box lacks, and fail without changing the
+// GPUs in use.
+func TestSimulateReplaysRecentMix(t *testing.T) {
+	for _, tt := range []struct {
+		size, want int
+	}{{2, 0}, {3, 3}} {
+		dir := scenarioDir(t)
+		steps := ""
+		for i := range 6 {
+			steps += fmt.Sprintf("- {alloc: nv%d, gpus: %d, require: NVLink}\n", i, tt.size)
+		}
+		path := writeFile(t, dir, "s.yaml", "nodes:\n- {name: b, topology: p40.txt, allocated: [5, 6]}\nrecentMix: {window: 16, refresh: 1}\nsteps:\n"+steps+"- {alloc: j, gpus: 1}\n")
+		out, _ := runSimulateJSON(t, path)
+		if got := out[len(out)-1].GPUs; len(got) != 1 || got[0] != tt.want {
+			t.Errorf("after %d-GPU requests: got GPUs %v, want [%d]", tt.size, got, tt.want)
+		}
+	}
+	dir := scenarioDir(t)
+	path := writeFile(t, dir, "s.yaml", "nodes:\n- {name: b, topology: p40.txt}\nsizeMix:\n- {gpus: 1, weight: 1}\nrecentMix: {window: 4, refresh: 5}\nsteps:\n- {alloc: j, gpus: 1}\n")
+	if _, stderr, code := runCLI(t, "simulate", "--scenario", path); code == 0 ||
+		!strings.Contains(stderr, "set at most one of sizeMix and recentMix") || !strings.Contains(stderr, "refresh must be 1..window (4), got 5") {
+		t.Errorf("invalid recentMix: exit %d, stderr %q", code, stderr)
 	}
 }
 

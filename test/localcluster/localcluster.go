@@ -71,6 +71,11 @@ type Options struct {
 	// API server audits requests by, as JSON lines to AuditLogPath(): how
 	// a test learns which identity wrote an object.
 	AuditPolicy string
+	// ComponentQPS, when set, is the API client rate (queries per second;
+	// burst twice that) of kube-controller-manager and kube-scheduler,
+	// whose defaults (20 and 50) would throttle tests that create
+	// thousands of pods and claims (test/scale).
+	ComponentQPS int
 }
 
 // Cluster is a running local cluster.
@@ -377,6 +382,9 @@ func (c *Cluster) startControllerManagerAndScheduler(ctx context.Context) error 
 		"--v=1",
 	}
 	common = append(common, c.featureGates()...)
+	if q := c.opts.ComponentQPS; q > 0 {
+		common = append(common, fmt.Sprintf("--kube-api-qps=%d", q), fmt.Sprintf("--kube-api-burst=%d", 2*q))
+	}
 	cm, err := c.startProcess("kube-controller-manager", c.bin("kube-controller-manager"), append([]string{
 		fmt.Sprintf("--secure-port=%d", c.controllerMgrPort),
 		"--cert-dir=" + filepath.Join(c.dir, "pki", "kube-controller-manager"),
