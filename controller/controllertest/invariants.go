@@ -1,11 +1,14 @@
 package controllertest
 
 import (
+	"context"
 	"fmt"
 	"sort"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/gpulink/gpulink/driver"
 )
@@ -101,4 +104,19 @@ func CheckInvariants(claims []resourceapi.ResourceClaim, slices []resourceapi.Re
 	}
 	sort.Strings(errs)
 	return fmt.Errorf("%d invariant violations:\n%s", len(errs), strings.Join(errs, "\n"))
+}
+
+// CheckClusterInvariants lists every ResourceClaim and ResourceSlice from
+// the API server and runs CheckInvariants on them (integration and scale
+// tests).
+func CheckClusterInvariants(ctx context.Context, client kubernetes.Interface) error {
+	claims, err := client.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("listing ResourceClaims: %w", err)
+	}
+	slices, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("listing ResourceSlices: %w", err)
+	}
+	return CheckInvariants(claims.Items, slices.Items)
 }

@@ -91,13 +91,5 @@ func (e *env) newPod(name, template string) *corev1.Pod {
 }
 
 func (e *env) checkInvariants() error {
-	claims, err := e.client.ResourceV1().ResourceClaims("").List(e.ctx, metav1.ListOptions{})
-	if err != nil {
-		return err
-	}
-	slices, err := e.client.ResourceV1().ResourceSlices().List(e.ctx, metav1.ListOptions{})
-	if err != nil {
-		return err
-	}
-	return controllertest.CheckInvariants(claims.Items, slices.Items)
+	return controllertest.CheckClusterInvariants(e.ctx, e.client)
 }

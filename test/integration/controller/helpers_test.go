@@ -325,15 +325,7 @@ func (e *env) weakest(c *resourceapi.ResourceClaim) topology.Link {
 }
 
 func (e *env) checkInvariants() error {
-	claims, err := e.client.ResourceV1().ResourceClaims("").List(e.ctx, metav1.ListOptions{})
-	if err != nil {
-		return err
-	}
-	slices, err := e.client.ResourceV1().ResourceSlices().List(e.ctx, metav1.ListOptions{})
-	if err != nil {
-		return err
-	}
-	return controllertest.CheckInvariants(claims.Items, slices.Items)
+	return controllertest.CheckClusterInvariants(e.ctx, e.client)
 }
 
 // events returns the notes of events about a pod.
