@@ -198,6 +198,23 @@
 // EXCLUSIVE_PROCESS compute mode prevents that, and it admits one MPS
 // server per GPU, which per-claim daemons (and other UIDs) need more of.
 //
+// A claim with MPS shares on several GPUs (HAMi's nvidia.com/gpu: 2 with
+// gpumem, translated into one request of count 2) still has one daemon,
+// serving all its MPS GPUs (MPSShare.GPUs). It is started with
+// CUDA_VISIBLE_DEVICES listing them in the order the claim's containers
+// number them (claimGPUs: PCI bus order, as CUDA_DEVICE_ORDER=PCI_BUS_ID
+// makes CUDA number NVIDIA_VISIBLE_DEVICES). NVIDIA's MPS guide
+// ("Appendix: Environment Variables", CUDA_VISIBLE_DEVICES) says the
+// devices visible to the control daemon are remapped by the MPS server, so
+// its clients see them as devices 0..n-1 in list order; that is the
+// ordinal set_default_device_pinned_mem_limit <dev> <limit> takes, one
+// command per GPU, and the ordinal in the container's
+// CUDA_MPS_PINNED_DEVICE_MEM_LIMIT ("0=8000M,1=8000M"). The active thread
+// percentage is one per server (set_default_active_thread_percentage has
+// no device), so the plugin refuses a claim whose MPS shares ask different
+// core percentages on different GPUs (checkClaimShape) rather than giving
+// a GPU less than it was allocated. Not verified on a GPU here.
+//
 // Where it runs: in a pod per claim that the plugin creates through the API
 // (PodMPSDaemon): gpulink-mps-<claim UID> in the plugin's namespace
 // (--mps-daemon-namespace, the chart passes the downward API's namespace),
@@ -209,7 +226,7 @@
 // nvidia-cuda-mps-control -f from the driver root (host --driver-root
 // mounted read-only at /driver-root in the pod), run with LD_LIBRARY_PATH of the
 // driver's library directories, PATH with its bin directory,
-// CUDA_VISIBLE_DEVICES=<GPU UUID>, CUDA_MPS_PIPE_DIRECTORY and
+// CUDA_VISIBLE_DEVICES=<the claim's GPU UUIDs>, CUDA_MPS_PIPE_DIRECTORY and
 // CUDA_MPS_LOG_DIRECTORY under <mps-root>/<claim UID>/ on a hostPath (same
 // path in the plugin, the daemon pod and the claim's containers, so the
 // pipe names the client computes match), and <mps-root>/<claim UID>/shm
