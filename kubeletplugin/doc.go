@@ -169,9 +169,11 @@
 // by containerd, and MPS shares get their directories but no daemon
 // (DirOnlyMPSDaemon).
 //
-// A CUDA process talks to one MPS control daemon, which sees one GPU, so a
-// claim with an MPS share must not contain other GPUs; a GPU cannot be in
-// one claim both whole and as a share. Such claims, malformed or unknown
+// A CUDA process talks to one MPS control daemon, which sees only the
+// claim's MPS GPUs, so a claim with MPS shares must not contain whole GPUs
+// or shares under another strategy, and its MPS shares must ask the same
+// core percentage on each GPU (one per MPS server); a GPU cannot be in one
+// claim both whole and as a share. Such claims, malformed or unknown
 // configs, devices of other pools or not on this node, shares larger than
 // the GPU, and devices already prepared for another claim (whole, or shares
 // that would overcommit memory or cores) fail with an error naming the claim
@@ -252,8 +254,9 @@
 // recovery takes every checkpointed claim's reference again, which lands
 // here), waits until `get_server_list` succeeds through the pipe
 // directory (or the pod ends, or 60 s pass), and then sends the claim's
-// limits as the daemon's defaults for device 0, the only one it sees (on
-// adoption too: idempotent). If anything fails, the error carries the
+// limits as the daemon's defaults: the thread percentage once, a pinned
+// memory limit for each device ordinal it sees (on adoption too:
+// idempotent). If anything fails, the error carries the
 // pod's container state and the tail of the daemon's control.log, the pod
 // and the directories are deleted, and prepare fails the claim: its
 // checkpoint entry and CDI spec are removed (prepare.go), and the kubelet
