@@ -206,6 +206,9 @@ func TestPodMPSDaemonStartStopAdopt(t *testing.T) {
 	cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", UID: "node-uid"}})
 	ctl := &fakeControl{}
 	d, mount := newTestPodDaemon(t, cs, ctl)
+	// The daemon answers once the goroutine below saw the pod; under load
+	// that can take longer than the 200ms the timeout tests use.
+	d.cfg.StartTimeout = time.Minute
 	m := NewMPSManager(t.TempDir(), d)
 	share := MPSShare{Claim: types.UID("11111111-2222-3333-4444-555555555555"), GPUs: []MPSDevice{{MPSGPU: MPSGPU{Index: 1, UUID: "GPU-1"}, MemoryBytes: 5 * gib}}, Cores: 30}
 	dirs := m.Dirs(share)
