@@ -15,8 +15,12 @@
 // requests. Whole GPUs come from the whole-GPU class with count N (the
 // controller picks a link-minimal set); shares from the share class with
 // capacity requests memory and cores per GPU (HAMi's gpumem is per GPU,
-// so nvidia.com/gpu: 2 + gpumem: 8000 is two shares of 8000Mi, one on
-// each of two GPUs). gpumem-percentage becomes one firstAvailable
+// so nvidia.com/gpu: 2 + gpumem: 8000 is one request of count 2 with
+// 8000Mi of capacity: two shares of 8000Mi, which the controller places on
+// two different GPUs). Such a claim works under either share strategy:
+// under MPS the kubelet plugin runs one control daemon for the claim that
+// serves both GPUs with a pinned memory limit on each, under HAMi-core
+// the container gets a limit per GPU. gpumem-percentage becomes one firstAvailable
 // alternative per GPU memory size in the cluster, since DRA capacity
 // requests are absolute. A share dimension left out takes the share
 // class's default size (HAMi gives the whole GPU's memory / unlimited

@@ -43,22 +43,11 @@ type Inventory interface {
 	MemorySizes() []int64
 }
 
-// Classes tells whether a DeviceClass's sharing strategy confines shares
-// of several GPUs given to one container: HAMi-core limits each GPU of a
-// process (CUDA_DEVICE_MEMORY_LIMIT_<i>), while an MPS client talks to one
-// control daemon and gpulink runs one per claim and GPU, so the kubelet
-// plugin refuses an MPS claim holding shares of several GPUs.
-type Classes interface {
-	MultiGPUShares(class string) bool
-}
-
 // Translator turns device-plugin resources of a pod into gpulink claims.
 type Translator struct {
 	Config    Config
 	Inventory Inventory
 	Packing   Packing
-	// Classes nil: shares of several GPUs in one container are refused.
-	Classes Classes
 }
 
 // Shape is what one container asks for.
@@ -393,9 +382,6 @@ func (t *Translator) shape(c *corev1.Container) (Shape, bool, error) {
 		return Shape{}, false, nil
 	case 1:
 		s := families[0]
-		if s.Share && s.Count > 1 && (t.Classes == nil || !t.Classes.MultiGPUShares(t.Config.ShareClass)) {
-			return Shape{}, false, fmt.Errorf("%s: shares of %d GPUs in one container need the HAMiCore sharing strategy on DeviceClass %s (under MPS a process reaches one GPU's daemon); ask for one GPU per container, or have the operator set the class's strategy to HAMiCore (chart value deviceClasses.shareStrategy)", s.From, s.Count, t.Config.ShareClass)
-		}
 		return s, true, t.checkInventory(s)
 	default:
 		return Shape{}, false, fmt.Errorf("asks for GPUs through more than one device-plugin family (%s: %s); use one", strings.Join(used, ", "), families[0].From+"; "+families[1].From)

@@ -15,10 +15,6 @@ import (
 	"github.com/gpulink/gpulink/driver"
 )
 
-type hamiClasses struct{}
-
-func (hamiClasses) MultiGPUShares(string) bool { return true }
-
 type sizes []int64
 
 func (s sizes) MemorySizes() []int64 { return s }
@@ -105,7 +101,7 @@ func TestTranslateTable(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			tr := Translator{Config: allFamilies(), Inventory: sizes{40 * gi, 80 * gi}, Classes: hamiClasses{}}
+			tr := Translator{Config: allFamilies(), Inventory: sizes{40 * gi, 80 * gi}}
 			in := podWith(ctr("main", tc.limits))
 			in.Spec.Containers[0].Resources.Limits["cpu"] = resource.MustParse("1")
 			r, err := tr.Translate(in)
@@ -271,7 +267,6 @@ func TestTranslateBadValues(t *testing.T) {
 		{name: "requests differ from limits", limits: map[string]string{"nvidia.com/gpu": "2"}, req: map[string]string{"nvidia.com/gpu": "1"}, want: []string{"nvidia.com/gpu", "requests 1", "limits 2"}},
 		{name: "vcuda-core not a multiple of 100", limits: map[string]string{"tencent.com/vcuda-core": "150"}, want: []string{"tencent.com/vcuda-core: 150"}},
 		{name: "vcuda-memory alone", limits: map[string]string{"tencent.com/vcuda-memory": "4"}, want: []string{"tencent.com/vcuda-memory: 4"}},
-		{name: "shares of two GPUs under MPS", limits: map[string]string{"nvidia.com/gpu": "2", "nvidia.com/gpumem": "8000"}, want: []string{"nvidia.com/gpu: 2", "nvidia.com/gpumem: 8000", "HAMiCore"}},
 		{name: "two families", limits: map[string]string{"nvidia.com/gpu": "1", "aliyun.com/gpu": "1"}, want: []string{"nvidia.com/gpu: 1", "aliyun.com/gpu: 1"}},
 	}
 	for _, tc := range cases {

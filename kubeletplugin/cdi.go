@@ -257,6 +257,7 @@ func buildClaimSpec(logger klog.Logger, c *PreparedClaim, o cdiOptions) (*cdispe
 		"NVIDIA_VISIBLE_DEVICES="+strings.Join(visible, ","),
 		"CUDA_DEVICE_ORDER=PCI_BUS_ID",
 	)
+	var mpsLimits []string
 	for ordinal, g := range gpus {
 		if g.share == nil {
 			continue
@@ -269,31 +270,9 @@ func buildClaimSpec(logger klog.Logger, c *PreparedClaim, o cdiOptions) (*cdispe
 		)
 		switch g.share.Strategy {
 		case apiv1alpha1.SharingMPS:
-			// The claim's own daemon (see doc.go, "MPS daemons"): its
-			// pipe directory, where the container finds it, and the shm
-			// directory its server shares with the container as
-			// /dev/shm. The limits are set on the daemon; the env below
-			// only repeats them (a client may lower them, not raise them).
-			dirs := o.MPSDirs(c.mpsShare(g.index))
-			edits.Env = append(edits.Env,
-				"CUDA_MPS_PIPE_DIRECTORY="+dirs.Pipe,
-				fmt.Sprintf("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=%d=%dM", ordinal, mib),
-				"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="+strconv.FormatInt(g.share.Cores, 10),
-			)
-			edits.Mounts = append(edits.Mounts,
-				&cdispec.Mount{
-					HostPath:      dirs.Pipe,
-					ContainerPath: dirs.Pipe,
-					Type:          "bind",
-					Options:       []string{"rbind", "rw", "nosuid", "nodev", "noexec"},
-				},
-				&cdispec.Mount{
-					HostPath:      dirs.Shm,
-					ContainerPath: "/dev/shm",
-					Type:          "bind",
-					Options:       []string{"rbind", "rw", "nosuid", "nodev", "noexec"},
-				},
-			)
+			// The limit of this GPU's ordinal: the claim's daemon numbers
+			// its GPUs in this same order (PreparedClaim.mpsShare).
+			mpsLimits = append(mpsLimits, fmt.Sprintf("%d=%dM", ordinal, mib))
 		case apiv1alpha1.SharingHAMiCore:
 			edits.Env = append(edits.Env,
 				"CUDA_DEVICE_MEMORY_LIMIT_"+ord+"="+strconv.FormatInt(mib, 10)+"m",
@@ -304,6 +283,35 @@ func buildClaimSpec(logger klog.Logger, c *PreparedClaim, o cdiOptions) (*cdispe
 		default:
 			return nil, fmt.Errorf("GPU %d: unknown sharing strategy %q", g.index, g.share.Strategy)
 		}
+	}
+	if len(mpsLimits) > 0 {
+		// The claim's own daemon (see doc.go, "MPS daemons"), serving all
+		// its MPS GPUs: its pipe directory, where the container finds it,
+		// and the shm directory its server shares with the container as
+		// /dev/shm. The limits are set on the daemon; the env below only
+		// repeats them (a client may lower them, not raise them). The
+		// cores are one percentage for all GPUs (checkClaimShape).
+		share := c.mpsShare()
+		dirs := o.MPSDirs(share)
+		edits.Env = append(edits.Env,
+			"CUDA_MPS_PIPE_DIRECTORY="+dirs.Pipe,
+			"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="+strings.Join(mpsLimits, ","),
+			"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="+strconv.FormatInt(share.Cores, 10),
+		)
+		edits.Mounts = append(edits.Mounts,
+			&cdispec.Mount{
+				HostPath:      dirs.Pipe,
+				ContainerPath: dirs.Pipe,
+				Type:          "bind",
+				Options:       []string{"rbind", "rw", "nosuid", "nodev", "noexec"},
+			},
+			&cdispec.Mount{
+				HostPath:      dirs.Shm,
+				ContainerPath: "/dev/shm",
+				Type:          "bind",
+				Options:       []string{"rbind", "rw", "nosuid", "nodev", "noexec"},
+			},
+		)
 	}
 	spec := &cdispec.Spec{
 		Kind: CDIKind,

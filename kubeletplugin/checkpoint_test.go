@@ -120,3 +120,58 @@ func TestFileBootID(t *testing.T) {
 		t.Error("missing boot ID file accepted")
 	}
 }
+
+// The checkpoint records MPS shares per result; the daemon's share (its
+// GPUs and limits) is derived from them, so a checkpoint written before
+// daemons served several GPUs loads unchanged and gives the one-GPU share
+// it was started with, and a two-GPU claim round-trips to a two-GPU share.
+func TestCheckpointMPSSharesOldAndNew(t *testing.T) {
+	dir := t.TempDir()
+	// A claim with one MPS share, as an earlier plugin wrote it.
+	data := `{"version":"gpulink.kubeletplugin/v1","bootID":"b","claims":{"old":{"uid":"old","namespace":"ns","name":"c","state":"PrepareCompleted","cdiDeviceID":"gpu.gpulink.dev/claim=old",` +
+		`"devices":[{"request":"s","pool":"node","device":"gpu-1","index":1,"minor":1,"uuid":"GPU-1","share":{"memoryBytes":1073741824,"cores":20,"strategy":"MPS","mpsRef":true}}]}}}`
+	raw := `{"checksum":"` + checksum([]byte(data)) + `","data":` + data + `}`
+	if err := os.WriteFile(filepath.Join(dir, CheckpointFile), []byte(raw), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := NewCheckpointStore(dir)
+	cp, err := s.Load()
+	if err != nil {
+		t.Fatalf("loading an old checkpoint: %v", err)
+	}
+	old := cp.Claims["old"]
+	if old == nil {
+		t.Fatalf("old claim missing: %+v", cp.Claims)
+	}
+	wantOld := MPSShare{Claim: "old", Cores: 20, GPUs: []MPSDevice{{MPSGPU: MPSGPU{Index: 1, UUID: "GPU-1"}, MemoryBytes: 1 << 30}}}
+	if got := old.mpsShare(); !reflect.DeepEqual(got, wantOld) {
+		t.Errorf("old claim's share %+v, want %+v", got, wantOld)
+	}
+
+	mps := func(index int, mem int64) PreparedDevice {
+		return PreparedDevice{Request: "s", Pool: "node", Device: "gpu-" + string(rune('0'+index)), Index: index, Minor: index, UUID: "GPU-" + string(rune('0'+index)),
+			Share: &PreparedShare{MemoryBytes: mem, Cores: 40, Strategy: apiv1alpha1.SharingMPS, MPSRef: true}}
+	}
+	cp.Claims["new"] = &PreparedClaim{UID: "new", Namespace: "ns", Name: "d", State: PrepareCompleted, CDIDeviceID: CDIDeviceID("new"),
+		Devices: []PreparedDevice{mps(2, 2<<30), mps(0, 3<<30)}}
+	if err := s.Store(cp); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, cp) {
+		t.Errorf("round trip:\n got %+v\nwant %+v", got, cp)
+	}
+	wantNew := MPSShare{Claim: "new", Cores: 40, GPUs: []MPSDevice{
+		{MPSGPU: MPSGPU{Index: 0, UUID: "GPU-0"}, MemoryBytes: 3 << 30},
+		{MPSGPU: MPSGPU{Index: 2, UUID: "GPU-2"}, MemoryBytes: 2 << 30},
+	}}
+	if share := got.Claims["new"].mpsShare(); !reflect.DeepEqual(share, wantNew) {
+		t.Errorf("two-GPU claim's share %+v, want %+v", share, wantNew)
+	}
+	if share := got.Claims["old"].mpsShare(); !reflect.DeepEqual(share, wantOld) {
+		t.Errorf("old claim's share after a rewrite %+v, want %+v", share, wantOld)
+	}
+}

@@ -169,9 +169,11 @@
 // by containerd, and MPS shares get their directories but no daemon
 // (DirOnlyMPSDaemon).
 //
-// A CUDA process talks to one MPS control daemon, which sees one GPU, so a
-// claim with an MPS share must not contain other GPUs; a GPU cannot be in
-// one claim both whole and as a share. Such claims, malformed or unknown
+// A CUDA process talks to one MPS control daemon, which sees only the
+// claim's MPS GPUs, so a claim with MPS shares must not contain whole GPUs
+// or shares under another strategy, and its MPS shares must ask the same
+// core percentage on each GPU (one per MPS server); a GPU cannot be in one
+// claim both whole and as a share. Such claims, malformed or unknown
 // configs, devices of other pools or not on this node, shares larger than
 // the GPU, and devices already prepared for another claim (whole, or shares
 // that would overcommit memory or cores) fail with an error naming the claim
@@ -198,6 +200,23 @@
 // EXCLUSIVE_PROCESS compute mode prevents that, and it admits one MPS
 // server per GPU, which per-claim daemons (and other UIDs) need more of.
 //
+// A claim with MPS shares on several GPUs (HAMi's nvidia.com/gpu: 2 with
+// gpumem, translated into one request of count 2) still has one daemon,
+// serving all its MPS GPUs (MPSShare.GPUs). It is started with
+// CUDA_VISIBLE_DEVICES listing them in the order the claim's containers
+// number them (claimGPUs: PCI bus order, as CUDA_DEVICE_ORDER=PCI_BUS_ID
+// makes CUDA number NVIDIA_VISIBLE_DEVICES). NVIDIA's MPS guide
+// ("Appendix: Environment Variables", CUDA_VISIBLE_DEVICES) says the
+// devices visible to the control daemon are remapped by the MPS server, so
+// its clients see them as devices 0..n-1 in list order; that is the
+// ordinal set_default_device_pinned_mem_limit <dev> <limit> takes, one
+// command per GPU, and the ordinal in the container's
+// CUDA_MPS_PINNED_DEVICE_MEM_LIMIT ("0=8000M,1=8000M"). The active thread
+// percentage is one per server (set_default_active_thread_percentage has
+// no device), so the plugin refuses a claim whose MPS shares ask different
+// core percentages on different GPUs (checkClaimShape) rather than giving
+// a GPU less than it was allocated. Not verified on a GPU here.
+//
 // Where it runs: in a pod per claim that the plugin creates through the API
 // (PodMPSDaemon): gpulink-mps-<claim UID> in the plugin's namespace
 // (--mps-daemon-namespace, the chart passes the downward API's namespace),
@@ -209,7 +228,7 @@
 // nvidia-cuda-mps-control -f from the driver root (host --driver-root
 // mounted read-only at /driver-root in the pod), run with LD_LIBRARY_PATH of the
 // driver's library directories, PATH with its bin directory,
-// CUDA_VISIBLE_DEVICES=<GPU UUID>, CUDA_MPS_PIPE_DIRECTORY and
+// CUDA_VISIBLE_DEVICES=<the claim's GPU UUIDs>, CUDA_MPS_PIPE_DIRECTORY and
 // CUDA_MPS_LOG_DIRECTORY under <mps-root>/<claim UID>/ on a hostPath (same
 // path in the plugin, the daemon pod and the claim's containers, so the
 // pipe names the client computes match), and <mps-root>/<claim UID>/shm
@@ -235,8 +254,9 @@
 // recovery takes every checkpointed claim's reference again, which lands
 // here), waits until `get_server_list` succeeds through the pipe
 // directory (or the pod ends, or 60 s pass), and then sends the claim's
-// limits as the daemon's defaults for device 0, the only one it sees (on
-// adoption too: idempotent). If anything fails, the error carries the
+// limits as the daemon's defaults: the thread percentage once, a pinned
+// memory limit for each device ordinal it sees (on adoption too:
+// idempotent). If anything fails, the error carries the
 // pod's container state and the tail of the daemon's control.log, the pod
 // and the directories are deleted, and prepare fails the claim: its
 // checkpoint entry and CDI spec are removed (prepare.go), and the kubelet

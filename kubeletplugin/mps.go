@@ -17,7 +17,7 @@ import (
 	"github.com/gpulink/gpulink/driver"
 )
 
-// MPSGPU identifies the GPU an MPS control daemon serves.
+// MPSGPU identifies a GPU an MPS control daemon serves.
 type MPSGPU struct {
 	Index int
 	// UUID is the GPU's UUID; empty when discovery does not know it
@@ -41,18 +41,58 @@ func (g MPSGPU) visibleDevice() string {
 	return fmt.Sprint(g.Index)
 }
 
-// MPSShare is what one MPS control daemon serves: the MPS share of one
-// claim on one GPU, with the claim's limits (the sum of its MPS results on
-// that GPU). There is one daemon per claim, not per GPU, because MPS
-// applies limits per server and a daemon's defaults to every server it
-// spawns; only a daemon of its own gives a claim limits that its
-// containers cannot raise (see doc.go, "MPS daemons").
-type MPSShare struct {
-	Claim       types.UID
-	GPU         MPSGPU
+// MPSDevice is one GPU of an MPS share with the claim's pinned memory
+// limit on it (the sum of the claim's MPS results on that GPU).
+type MPSDevice struct {
+	MPSGPU
 	MemoryBytes int64
-	// Cores is the active thread percentage, 1..100.
+}
+
+// MPSShare is what one MPS control daemon serves: the MPS shares of one
+// claim, on one GPU or several, with the claim's limits. There is one
+// daemon per claim, not per GPU, because MPS applies limits per server and
+// a daemon's defaults to every server it spawns; only a daemon of its own
+// gives a claim limits that its containers cannot raise (see doc.go, "MPS
+// daemons").
+type MPSShare struct {
+	Claim types.UID
+	// GPUs are in the order the claim's containers number them (claimGPUs:
+	// PCI bus order). The daemon gets them in that order in
+	// CUDA_VISIBLE_DEVICES, and MPS renumbers a daemon's visible devices
+	// from 0 in list order for its server and clients, so GPUs[i] is
+	// device ordinal i for the daemon's limits and for the containers.
+	GPUs []MPSDevice
+	// Cores is the active thread percentage, 1..100. MPS has one per
+	// server, for all its GPUs, so a claim's MPS shares must ask the same
+	// percentage on each GPU (checkClaimShape).
 	Cores int64
+}
+
+// gpuIDs names the share's GPUs for logs and errors.
+func (s MPSShare) gpuIDs() string {
+	ids := make([]string, len(s.GPUs))
+	for i, g := range s.GPUs {
+		ids[i] = g.ID()
+	}
+	return strings.Join(ids, ",")
+}
+
+// memoryBytes lists the per-GPU limits, in GPUs order, for logs.
+func (s MPSShare) memoryBytes() []int64 {
+	m := make([]int64, len(s.GPUs))
+	for i, g := range s.GPUs {
+		m[i] = g.MemoryBytes
+	}
+	return m
+}
+
+// visibleDevices is the daemon's CUDA_VISIBLE_DEVICES.
+func (s MPSShare) visibleDevices() string {
+	v := make([]string, len(s.GPUs))
+	for i, g := range s.GPUs {
+		v[i] = g.visibleDevice()
+	}
+	return strings.Join(v, ",")
 }
 
 // ID is the name of the share's MPS directory and daemon.
@@ -149,7 +189,10 @@ func (m *mpsManager) Dirs(share MPSShare) MPSDirs {
 
 func (m *mpsManager) EnsureDaemon(ctx context.Context, share MPSShare) error {
 	if share.Claim == "" {
-		return fmt.Errorf("MPS share on GPU %s: no claim UID", share.GPU.ID())
+		return fmt.Errorf("MPS share on GPU %s: no claim UID", share.gpuIDs())
+	}
+	if len(share.GPUs) == 0 {
+		return fmt.Errorf("MPS share of claim %s: no GPU", share.ID())
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -159,9 +202,9 @@ func (m *mpsManager) EnsureDaemon(ctx context.Context, share MPSShare) error {
 			if errors.Is(err, ErrMPSDaemonKept) {
 				m.refs[id]++
 			}
-			return fmt.Errorf("starting MPS control daemon of claim %s on GPU %s: %w", id, share.GPU.ID(), err)
+			return fmt.Errorf("starting MPS control daemon of claim %s on GPU %s: %w", id, share.gpuIDs(), err)
 		}
-		klog.FromContext(ctx).Info("MPS control daemon up", "claimUID", id, "gpu", share.GPU.ID(), "memoryBytes", share.MemoryBytes, "cores", share.Cores)
+		klog.FromContext(ctx).Info("MPS control daemon up", "claimUID", id, "gpus", share.gpuIDs(), "memoryBytes", share.memoryBytes(), "cores", share.Cores)
 	}
 	m.refs[id]++
 	return nil
@@ -189,7 +232,7 @@ func (m *mpsManager) ReleaseDaemon(ctx context.Context, share MPSShare) error {
 			return fmt.Errorf("stopping MPS control daemon of claim %s: %w", id, err)
 		}
 		delete(m.refs, id)
-		klog.FromContext(ctx).Info("MPS control daemon stopped", "claimUID", id, "gpu", share.GPU.ID())
+		klog.FromContext(ctx).Info("MPS control daemon stopped", "claimUID", id, "gpus", share.gpuIDs())
 		return nil
 	}
 	m.refs[id] = n - 1
@@ -223,7 +266,7 @@ func (DirOnlyMPSDaemon) Start(ctx context.Context, share MPSShare, dirs MPSDirs)
 	if err := dirs.create(); err != nil {
 		return err
 	}
-	klog.FromContext(ctx).Info("No NVIDIA driver on this node: not starting an MPS control daemon, only its directories", "claimUID", share.ID(), "gpu", share.GPU.ID(), "pipeDir", dirs.Pipe)
+	klog.FromContext(ctx).Info("No NVIDIA driver on this node: not starting an MPS control daemon, only its directories", "claimUID", share.ID(), "gpus", share.gpuIDs(), "pipeDir", dirs.Pipe)
 	return nil
 }
 

@@ -34,7 +34,7 @@ func TestHostMPSDaemonSetsClaimLimitsAndCleansUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := NewMPSManager(t.TempDir(), d)
-	share := MPSShare{Claim: types.UID("11111111-2222-3333-4444-555555555555"), GPU: MPSGPU{Index: 0, UUID: "GPU-0"}, MemoryBytes: 3 * gib, Cores: 40}
+	share := MPSShare{Claim: types.UID("11111111-2222-3333-4444-555555555555"), GPUs: []MPSDevice{{MPSGPU: MPSGPU{Index: 0, UUID: "GPU-0"}, MemoryBytes: 3 * gib}}, Cores: 40}
 	if err := m.EnsureDaemon(t.Context(), share); err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func TestHostMPSDaemonRefusedLimitStopsDaemon(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := NewMPSManager(t.TempDir(), d)
-	share := MPSShare{Claim: "c", GPU: MPSGPU{Index: 0}, MemoryBytes: gib, Cores: 10}
+	share := MPSShare{Claim: "c", GPUs: []MPSDevice{{MPSGPU: MPSGPU{Index: 0}, MemoryBytes: gib}}, Cores: 10}
 	err = m.EnsureDaemon(t.Context(), share)
 	if err == nil || !strings.Contains(err.Error(), "set_default_device_pinned_mem_limit") {
 		t.Fatalf("error %v, want the refused limit named", err)
@@ -87,5 +87,64 @@ func TestHostMPSDaemonRefusedLimitStopsDaemon(t *testing.T) {
 func TestNewHostMPSDaemonNeedsTheDriver(t *testing.T) {
 	if _, err := NewHostMPSDaemon(t.TempDir(), nil); err == nil || !strings.Contains(err.Error(), "nvidia-cuda-mps-control") {
 		t.Errorf("error %v, want the missing control binary named", err)
+	}
+}
+
+// A claim with MPS shares on two GPUs: one host daemon sees both (in the
+// share's order), and each GPU's limit goes to its ordinal as the daemon
+// numbers it; a daemon refusing the second GPU's limit is stopped.
+func TestHostMPSDaemonTwoGPUs(t *testing.T) {
+	root := fakeMPSDriverRoot(t)
+	ctl := &fakeControl{}
+	starts := 0
+	d, err := NewHostMPSDaemon(root, hostControl(ctl, &starts))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := NewMPSManager(t.TempDir(), d)
+	share := MPSShare{Claim: "pair", Cores: 25, GPUs: []MPSDevice{
+		{MPSGPU: MPSGPU{Index: 2, UUID: "GPU-2"}, MemoryBytes: 8000 << 20},
+		{MPSGPU: MPSGPU{Index: 5, UUID: "GPU-5"}, MemoryBytes: 4000 << 20},
+	}}
+	if err := m.EnsureDaemon(t.Context(), share); err != nil {
+		t.Fatal(err)
+	}
+	if starts != 1 {
+		t.Errorf("daemon started %d times, want 1", starts)
+	}
+	want := []string{"set_default_active_thread_percentage 25", "set_default_device_pinned_mem_limit 0 8000M", "set_default_device_pinned_mem_limit 1 4000M"}
+	if got := ctl.commands[len(ctl.commands)-3:]; !slices.Equal(got, want) {
+		t.Errorf("limit commands %q, want %q (all: %q)", got, want, ctl.commands)
+	}
+	if !slices.Contains(ctl.envs[0], "CUDA_VISIBLE_DEVICES=GPU-2,GPU-5") {
+		t.Errorf("control env %q, want both GPUs visible in the share's order", ctl.envs[0])
+	}
+	if err := m.ReleaseDaemon(t.Context(), share); err != nil {
+		t.Fatal(err)
+	}
+	if ctl.commands[len(ctl.commands)-1] != "quit" {
+		t.Errorf("last command %q, want quit", ctl.commands[len(ctl.commands)-1])
+	}
+
+	// Without UUIDs the daemon gets the indices.
+	ctl2 := &fakeControl{failCmd: "set_default_device_pinned_mem_limit 1"}
+	d2, err := NewHostMPSDaemon(root, hostControl(ctl2, &starts))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m2 := NewMPSManager(t.TempDir(), d2)
+	noUUID := MPSShare{Claim: "pair2", Cores: 25, GPUs: []MPSDevice{{MPSGPU: MPSGPU{Index: 0}, MemoryBytes: gib}, {MPSGPU: MPSGPU{Index: 1}, MemoryBytes: gib}}}
+	err = m2.EnsureDaemon(t.Context(), noUUID)
+	if err == nil || !strings.Contains(err.Error(), "set_default_device_pinned_mem_limit 1 1024M") {
+		t.Fatalf("error %v, want the refused second limit named", err)
+	}
+	if !slices.Contains(ctl2.envs[0], "CUDA_VISIBLE_DEVICES=0,1") {
+		t.Errorf("control env %q", ctl2.envs[0])
+	}
+	if !slices.Contains(ctl2.commands, "quit") {
+		t.Errorf("daemon not stopped after the refused limit: commands %q", ctl2.commands)
+	}
+	if _, err := os.Stat(m2.Dirs(noUUID).Pipe); !os.IsNotExist(err) {
+		t.Errorf("pipe directory left behind: %v", err)
 	}
 }

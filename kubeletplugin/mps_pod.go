@@ -158,7 +158,7 @@ func (d *PodMPSDaemon) env(root string, share MPSShare, dirs MPSDirs) []string {
 	return []string{
 		"LD_LIBRARY_PATH=" + strings.Join(libs, ":"),
 		"PATH=" + filepath.Join(root, d.binDir) + ":/usr/bin:/bin",
-		"CUDA_VISIBLE_DEVICES=" + share.GPU.visibleDevice(),
+		"CUDA_VISIBLE_DEVICES=" + share.visibleDevices(),
 		"CUDA_MPS_PIPE_DIRECTORY=" + dirs.Pipe,
 		"CUDA_MPS_LOG_DIRECTORY=" + dirs.Log,
 	}
@@ -324,21 +324,27 @@ func (d *PodMPSDaemon) start(ctx context.Context, share MPSShare, dirs MPSDirs) 
 // setLimits makes the share's limits the defaults of every server the
 // daemon spawns. The daemon serves only this claim, so these are the
 // claim's limits; a client's CUDA_MPS_* environment can lower them, not
-// raise them. The daemon sees one GPU (CUDA_VISIBLE_DEVICES), device 0.
+// raise them. The daemon sees the claim's GPUs (CUDA_VISIBLE_DEVICES) as
+// devices 0..n-1 in share.GPUs order, so each pinned memory limit goes to
+// that ordinal; the active thread percentage is one per server.
 // Sent on adoption too: it is idempotent, and a daemon restarted by hand
 // would otherwise run without limits.
 func (d *PodMPSDaemon) setLimits(ctx context.Context, share MPSShare, dirs MPSDirs) error {
+	if len(share.GPUs) == 0 {
+		return fmt.Errorf("MPS share of claim %s: no GPU", share.ID())
+	}
 	if share.Cores < 1 || share.Cores > coresTotal {
 		return fmt.Errorf("MPS share of claim %s: active thread percentage %d is not within 1..%d", share.ID(), share.Cores, coresTotal)
 	}
-	mib := share.MemoryBytes / memoryStep
-	if mib < 1 {
-		return fmt.Errorf("MPS share of claim %s: pinned memory limit %d bytes is less than 1Mi", share.ID(), share.MemoryBytes)
+	cmds := []string{"set_default_active_thread_percentage " + strconv.FormatInt(share.Cores, 10)}
+	for i, g := range share.GPUs {
+		mib := g.MemoryBytes / memoryStep
+		if mib < 1 {
+			return fmt.Errorf("MPS share of claim %s on GPU %s: pinned memory limit %d bytes is less than 1Mi", share.ID(), g.ID(), g.MemoryBytes)
+		}
+		cmds = append(cmds, fmt.Sprintf("set_default_device_pinned_mem_limit %d %dM", i, mib))
 	}
-	for _, cmd := range []string{
-		"set_default_active_thread_percentage " + strconv.FormatInt(share.Cores, 10),
-		fmt.Sprintf("set_default_device_pinned_mem_limit 0 %dM", mib),
-	} {
+	for _, cmd := range cmds {
 		if _, err := d.control(ctx, share, dirs, cmd); err != nil {
 			return fmt.Errorf("setting the claim's limit on its MPS daemon: %w", err)
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -21,8 +22,8 @@ func TestMPSManagerRefcount(t *testing.T) {
 	ctx := t.Context()
 	daemon := newFakeDaemon()
 	m := NewMPSManager("/run/mps", daemon)
-	a := MPSShare{Claim: "claim-a", GPU: MPSGPU{Index: 0, UUID: "GPU-a"}, MemoryBytes: gib, Cores: 10}
-	b := MPSShare{Claim: "claim-b", GPU: MPSGPU{Index: 0, UUID: "GPU-a"}, MemoryBytes: 2 * gib, Cores: 20}
+	a := MPSShare{Claim: "claim-a", GPUs: []MPSDevice{{MPSGPU: MPSGPU{Index: 0, UUID: "GPU-a"}, MemoryBytes: gib}}, Cores: 10}
+	b := MPSShare{Claim: "claim-b", GPUs: []MPSDevice{{MPSGPU: MPSGPU{Index: 0, UUID: "GPU-a"}, MemoryBytes: 2 * gib}}, Cores: 20}
 
 	for range 3 {
 		if err := m.EnsureDaemon(ctx, a); err != nil {
@@ -33,7 +34,7 @@ func TestMPSManagerRefcount(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Two claims on one GPU: two daemons, each with its own limits.
-	if daemon.starts["claim-a"] != 1 || daemon.starts["claim-b"] != 1 || daemon.shares["claim-b"] != b {
+	if daemon.starts["claim-a"] != 1 || daemon.starts["claim-b"] != 1 || !reflect.DeepEqual(daemon.shares["claim-b"], b) {
 		t.Fatalf("starts %v shares %v, want one per claim", daemon.starts, daemon.shares)
 	}
 	if got := m.Dirs(a); got != (MPSDirs{Base: "/run/mps/claim-a", Pipe: "/run/mps/claim-a/pipe", Log: "/run/mps/claim-a/log", Shm: "/run/mps/claim-a/shm"}) {
@@ -65,7 +66,7 @@ func TestMPSManagerRefcount(t *testing.T) {
 	if err := m.ReleaseDaemon(ctx, a); err == nil {
 		t.Error("failed start left a reference")
 	}
-	if err := m.EnsureDaemon(ctx, MPSShare{GPU: MPSGPU{Index: 1}}); err == nil {
+	if err := m.EnsureDaemon(ctx, MPSShare{GPUs: []MPSDevice{{MPSGPU: MPSGPU{Index: 1}}}}); err == nil {
 		t.Error("a share without a claim UID started a daemon")
 	}
 }
@@ -74,7 +75,7 @@ func TestMPSManagerConcurrent(t *testing.T) {
 	ctx := t.Context()
 	daemon := newFakeDaemon()
 	m := NewMPSManager(t.TempDir(), daemon)
-	s := MPSShare{Claim: "c", GPU: MPSGPU{Index: 0, UUID: "GPU-c"}, MemoryBytes: gib, Cores: 10}
+	s := MPSShare{Claim: "c", GPUs: []MPSDevice{{MPSGPU: MPSGPU{Index: 0, UUID: "GPU-c"}, MemoryBytes: gib}}, Cores: 10}
 	var wg sync.WaitGroup
 	for range 16 {
 		wg.Go(func() {
@@ -205,8 +206,11 @@ func TestPodMPSDaemonStartStopAdopt(t *testing.T) {
 	cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", UID: "node-uid"}})
 	ctl := &fakeControl{}
 	d, mount := newTestPodDaemon(t, cs, ctl)
+	// The daemon answers once the goroutine below saw the pod; under load
+	// that can take longer than the 200ms the timeout tests use.
+	d.cfg.StartTimeout = time.Minute
 	m := NewMPSManager(t.TempDir(), d)
-	share := MPSShare{Claim: types.UID("11111111-2222-3333-4444-555555555555"), GPU: MPSGPU{Index: 1, UUID: "GPU-1"}, MemoryBytes: 5 * gib, Cores: 30}
+	share := MPSShare{Claim: types.UID("11111111-2222-3333-4444-555555555555"), GPUs: []MPSDevice{{MPSGPU: MPSGPU{Index: 1, UUID: "GPU-1"}, MemoryBytes: 5 * gib}}, Cores: 30}
 	dirs := m.Dirs(share)
 	name := "gpulink-mps-" + string(share.Claim)
 
@@ -308,7 +312,7 @@ func TestPodMPSDaemonStartStopAdopt(t *testing.T) {
 }
 
 func TestPodMPSDaemonStartFailures(t *testing.T) {
-	share := MPSShare{Claim: "c1", GPU: MPSGPU{Index: 0, UUID: "GPU-0"}, MemoryBytes: gib, Cores: 10}
+	share := MPSShare{Claim: "c1", GPUs: []MPSDevice{{MPSGPU: MPSGPU{Index: 0, UUID: "GPU-0"}, MemoryBytes: gib}}, Cores: 10}
 	name := "gpulink-mps-c1"
 	for tn, tc := range map[string]struct {
 		// node plays the kubelet once the pod exists.
@@ -388,7 +392,7 @@ func TestPodMPSDaemonTerminatingPod(t *testing.T) {
 	cs := fake.NewClientset(old, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
 	d, _ := newTestPodDaemon(t, cs, &fakeControl{up: true})
 	m := NewMPSManager(t.TempDir(), d)
-	err := m.EnsureDaemon(t.Context(), MPSShare{Claim: "c1", GPU: MPSGPU{UUID: "GPU-0"}, MemoryBytes: gib, Cores: 10})
+	err := m.EnsureDaemon(t.Context(), MPSShare{Claim: "c1", GPUs: []MPSDevice{{MPSGPU: MPSGPU{UUID: "GPU-0"}, MemoryBytes: gib}}, Cores: 10})
 	if err == nil || !strings.Contains(err.Error(), "still terminating") {
 		t.Fatalf("error %v", err)
 	}
@@ -397,7 +401,7 @@ func TestPodMPSDaemonTerminatingPod(t *testing.T) {
 func TestDirOnlyMPSDaemon(t *testing.T) {
 	root := t.TempDir()
 	m := NewMPSManager(root, DirOnlyMPSDaemon{})
-	s := MPSShare{Claim: "c2", GPU: MPSGPU{Index: 2}, MemoryBytes: gib, Cores: 5}
+	s := MPSShare{Claim: "c2", GPUs: []MPSDevice{{MPSGPU: MPSGPU{Index: 2}, MemoryBytes: gib}}, Cores: 5}
 	if err := m.EnsureDaemon(t.Context(), s); err != nil {
 		t.Fatal(err)
 	}
@@ -419,7 +423,7 @@ func TestDirOnlyMPSDaemon(t *testing.T) {
 
 func TestUnavailableMPSDaemon(t *testing.T) {
 	m := NewMPSManager(t.TempDir(), UnavailableMPSDaemon{Err: errors.New("no nvidia-cuda-mps-control")})
-	err := m.EnsureDaemon(t.Context(), MPSShare{Claim: "c", GPU: MPSGPU{UUID: "GPU-0"}, MemoryBytes: gib, Cores: 5})
+	err := m.EnsureDaemon(t.Context(), MPSShare{Claim: "c", GPUs: []MPSDevice{{MPSGPU: MPSGPU{UUID: "GPU-0"}, MemoryBytes: gib}}, Cores: 5})
 	if err == nil || !strings.Contains(err.Error(), "MPS sharing is unavailable") || !strings.Contains(err.Error(), "no nvidia-cuda-mps-control") {
 		t.Fatalf("error %v", err)
 	}
@@ -437,7 +441,7 @@ func TestPodMPSDaemonAdoptionFailureKeepsDaemon(t *testing.T) {
 	cs := fake.NewClientset(running, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
 	d, _ := newTestPodDaemon(t, cs, &fakeControl{}) // never answers
 	m := NewMPSManager(t.TempDir(), d)
-	share := MPSShare{Claim: "c1", GPU: MPSGPU{UUID: "GPU-0"}, MemoryBytes: gib, Cores: 10}
+	share := MPSShare{Claim: "c1", GPUs: []MPSDevice{{MPSGPU: MPSGPU{UUID: "GPU-0"}, MemoryBytes: gib}}, Cores: 10}
 	err := m.EnsureDaemon(t.Context(), share)
 	if err == nil || !errors.Is(err, ErrMPSDaemonKept) || !strings.Contains(err.Error(), "did not answer") {
 		t.Fatalf("error %v, want a kept daemon that did not answer", err)
@@ -450,5 +454,55 @@ func TestPodMPSDaemonAdoptionFailureKeepsDaemon(t *testing.T) {
 	}
 	if _, err := cs.CoreV1().Pods("gpulink").Get(t.Context(), running.Name, metav1.GetOptions{}); err == nil {
 		t.Error("pod not deleted at release")
+	}
+}
+
+// The daemon pod of a claim with MPS shares on two GPUs sees both GPUs in
+// the share's order (the containers' order) and gets each GPU's limit at
+// that ordinal.
+func TestPodMPSDaemonTwoGPUs(t *testing.T) {
+	cs := fake.NewClientset()
+	ctl := &fakeControl{up: true}
+	d, _ := newTestPodDaemon(t, cs, ctl)
+	m := NewMPSManager(t.TempDir(), d)
+	share := MPSShare{Claim: "pair", Cores: 50, GPUs: []MPSDevice{
+		{MPSGPU: MPSGPU{Index: 3, UUID: "GPU-3"}, MemoryBytes: 8000 << 20},
+		{MPSGPU: MPSGPU{Index: 1, UUID: "GPU-1"}, MemoryBytes: 2 * gib},
+	}}
+	dirs := m.Dirs(share)
+	pod := d.pod(share, dirs, nil)
+	var visible []string
+	for _, e := range pod.Spec.Containers[0].Env {
+		if e.Name == "CUDA_VISIBLE_DEVICES" {
+			visible = append(visible, e.Value)
+		}
+	}
+	if !slices.Equal(visible, []string{"GPU-3,GPU-1"}) {
+		t.Errorf("daemon pod CUDA_VISIBLE_DEVICES %q, want GPU-3,GPU-1", visible)
+	}
+	if err := d.setLimits(t.Context(), share, dirs); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"set_default_active_thread_percentage 50", "set_default_device_pinned_mem_limit 0 8000M", "set_default_device_pinned_mem_limit 1 2048M"}
+	if !slices.Equal(ctl.commands, want) {
+		t.Errorf("control commands %q, want %q", ctl.commands, want)
+	}
+	for _, e := range ctl.envs {
+		if !slices.Contains(e, "CUDA_VISIBLE_DEVICES=GPU-3,GPU-1") {
+			t.Errorf("control client env %q lacks both GPUs", e)
+		}
+	}
+	// A GPU whose limit is under 1Mi is refused before any command.
+	ctl.commands = nil
+	bad := share
+	bad.GPUs = []MPSDevice{share.GPUs[0], {MPSGPU: MPSGPU{Index: 1, UUID: "GPU-1"}, MemoryBytes: 1000}}
+	if err := d.setLimits(t.Context(), bad, dirs); err == nil || !strings.Contains(err.Error(), "GPU-1") {
+		t.Errorf("error %v, want GPU-1's limit refused", err)
+	}
+	if len(ctl.commands) != 0 {
+		t.Errorf("commands sent before the refusal: %q", ctl.commands)
+	}
+	if err := m.EnsureDaemon(t.Context(), MPSShare{Claim: "none", Cores: 10}); err == nil || !strings.Contains(err.Error(), "no GPU") {
+		t.Errorf("share without GPUs: error %v", err)
 	}
 }

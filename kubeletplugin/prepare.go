@@ -337,8 +337,10 @@ func consumed(r resourceapi.DeviceRequestAllocationResult, name string) (resourc
 
 // checkClaimShape rejects combinations one container cannot be set up for:
 // a GPU given whole and in shares (or whole twice) in one claim, shares of
-// one GPU with different strategies, and MPS shares next to other GPUs (a
-// CUDA process talks to a single MPS control daemon, which sees one GPU).
+// one GPU with different strategies, MPS shares next to GPUs without one
+// (a CUDA process talks to a single MPS control daemon, which sees only
+// the claim's MPS GPUs), and MPS shares asking different core percentages
+// on different GPUs (one MPS server has one active thread percentage).
 func checkClaimShape(pc *PreparedClaim, resultIdx []int) error {
 	field := func(j int) string { return resultField(resultIdx[j]) }
 	whole := map[int]int{}
@@ -366,18 +368,29 @@ func checkClaimShape(pc *PreparedClaim, resultIdx []int) error {
 		if _, ok := shared[dev.Index]; !ok {
 			shared[dev.Index] = j
 		}
-		if dev.Share.Strategy == apiv1alpha1.SharingMPS {
-			if mpsGPU >= 0 && mpsGPU != dev.Index {
-				return fmt.Errorf("%s.device: %q: MPS shares of one claim must all be on one GPU (also GPU %d); a CUDA process connects to one MPS control daemon", field(j), dev.Device, mpsGPU)
-			}
+		if dev.Share.Strategy == apiv1alpha1.SharingMPS && mpsGPU < 0 {
 			mpsGPU = dev.Index
 		}
 	}
-	if mpsGPU >= 0 && len(whole)+len(shared) > 1 {
-		for j, dev := range pc.Devices {
-			if dev.Index != mpsGPU {
-				return fmt.Errorf("%s.device: %q cannot be combined with the MPS share of GPU %d in one claim; a CUDA process connects to one MPS control daemon, which sees only its GPU", field(j), dev.Device, mpsGPU)
-			}
+	if mpsGPU < 0 {
+		return nil
+	}
+	for j, dev := range pc.Devices {
+		if dev.Share == nil || dev.Share.Strategy != apiv1alpha1.SharingMPS {
+			return fmt.Errorf("%s.device: %q cannot be combined with the MPS share of GPU %d in one claim; a CUDA process connects to one MPS control daemon, which sees only the claim's MPS GPUs", field(j), dev.Device, mpsGPU)
+		}
+	}
+	// The summed percentages per GPU, as the daemon and the container's
+	// GPULINK_SHARE_CORES_<n> get them.
+	var first *claimGPU
+	for _, g := range claimGPUs(pc) {
+		if first == nil {
+			first = &g
+			continue
+		}
+		if g.share.Cores != first.share.Cores {
+			j := shared[g.index]
+			return fmt.Errorf("%s.consumedCapacity.%s: the claim's MPS shares ask %d%% of the cores of GPU %d and %d%% of GPU %d; one MPS server applies one active thread percentage to all the claim's GPUs, so ask the same on each", field(j), driver.CapacityCores, first.share.Cores, first.index, g.share.Cores, g.index)
 		}
 	}
 	return nil
@@ -476,7 +489,7 @@ func (d *Driver) apply(ctx context.Context, pc *PreparedClaim) error {
 		if dev.Share == nil || dev.Share.Strategy != apiv1alpha1.SharingMPS {
 			continue
 		}
-		if err := d.mps.EnsureDaemon(ctx, pc.mpsShare(dev.Index)); err != nil {
+		if err := d.mps.EnsureDaemon(ctx, pc.mpsShare()); err != nil {
 			// A kept daemon (ErrMPSDaemonKept) holds a reference; this
 			// prepare fails, so releasing it stops that daemon.
 			dev.Share.MPSRef = errors.Is(err, ErrMPSDaemonKept)
@@ -507,7 +520,7 @@ func (d *Driver) releaseMPS(ctx context.Context, pc *PreparedClaim) error {
 		if dev.Share == nil || !dev.Share.MPSRef {
 			continue
 		}
-		if err := d.mps.ReleaseDaemon(ctx, pc.mpsShare(dev.Index)); err != nil {
+		if err := d.mps.ReleaseDaemon(ctx, pc.mpsShare()); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -516,18 +529,21 @@ func (d *Driver) releaseMPS(ctx context.Context, pc *PreparedClaim) error {
 	return errors.Join(errs...)
 }
 
-// mpsShare is the claim's MPS share of GPU index: its own daemon's
-// identity and limits, the sum of the claim's MPS results on that GPU
-// (like the container's GPULINK_SHARE_* values).
-func (pc *PreparedClaim) mpsShare(index int) MPSShare {
+// mpsShare is the claim's MPS share: its own daemon's identity, its GPUs
+// in the order its containers number them, and its limits, the sum of the
+// claim's MPS results on each GPU (like the container's GPULINK_SHARE_*
+// values). The cores are the same on every GPU (checkClaimShape); the
+// smallest is taken should a checkpoint say otherwise.
+func (pc *PreparedClaim) mpsShare() MPSShare {
 	s := MPSShare{Claim: pc.UID}
-	for _, dev := range pc.Devices {
-		if dev.Index != index || dev.Share == nil || dev.Share.Strategy != apiv1alpha1.SharingMPS {
+	for _, g := range claimGPUs(pc) {
+		if g.share == nil || g.share.Strategy != apiv1alpha1.SharingMPS {
 			continue
 		}
-		s.GPU = MPSGPU{Index: dev.Index, UUID: dev.UUID}
-		s.MemoryBytes += dev.Share.MemoryBytes
-		s.Cores = min(s.Cores+dev.Share.Cores, coresTotal)
+		s.GPUs = append(s.GPUs, MPSDevice{MPSGPU: MPSGPU{Index: g.index, UUID: g.uuid}, MemoryBytes: g.share.MemoryBytes})
+		if s.Cores == 0 || g.share.Cores < s.Cores {
+			s.Cores = g.share.Cores
+		}
 	}
 	return s
 }

@@ -4,6 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -11,6 +14,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gpulink/gpulink/driver"
 )
@@ -132,10 +136,10 @@ func TestPrepareSharesAndMPSRefcount(t *testing.T) {
 	// One daemon per claim, each started once with its claim's limits on
 	// GPU 1.
 	for uid, want := range map[types.UID]MPSShare{
-		a.UID: {Claim: a.UID, GPU: MPSGPU{Index: 1, UUID: gpu1}, MemoryBytes: 4 * gib, Cores: 30},
-		b.UID: {Claim: b.UID, GPU: MPSGPU{Index: 1, UUID: gpu1}, MemoryBytes: 2 * gib, Cores: 20},
+		a.UID: {Claim: a.UID, GPUs: []MPSDevice{{MPSGPU: MPSGPU{Index: 1, UUID: gpu1}, MemoryBytes: 4 * gib}}, Cores: 30},
+		b.UID: {Claim: b.UID, GPUs: []MPSDevice{{MPSGPU: MPSGPU{Index: 1, UUID: gpu1}, MemoryBytes: 2 * gib}}, Cores: 20},
 	} {
-		if n := e.daemon.starts[string(uid)]; n != 1 || !e.daemon.isRunning(string(uid)) || e.daemon.shares[string(uid)] != want {
+		if n := e.daemon.starts[string(uid)]; n != 1 || !e.daemon.isRunning(string(uid)) || !reflect.DeepEqual(e.daemon.shares[string(uid)], want) {
 			t.Fatalf("daemon of %s started %d times, running %v, share %+v; want once, running, %+v", uid, n, e.daemon.isRunning(string(uid)), e.daemon.shares[string(uid)], want)
 		}
 	}
@@ -171,12 +175,93 @@ func TestPrepareMPSLimitsAddUp(t *testing.T) {
 	c := newClaim("two", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 2, "1Gi", 10), shareOf("t", 2, "3Gi", 15)})
 	mustPrepare(t, d, c)
 	id := string(c.UID)
-	if got := e.daemon.shares[id]; e.daemon.starts[id] != 1 || got.MemoryBytes != 4*gib || got.Cores != 25 {
+	if got := e.daemon.shares[id]; e.daemon.starts[id] != 1 || len(got.GPUs) != 1 || got.GPUs[0].MemoryBytes != 4*gib || got.Cores != 25 {
 		t.Fatalf("daemon started %d times with %+v, want once with 4Gi and 25%%", e.daemon.starts[id], got)
 	}
 	mustUnprepare(t, d, c)
 	if e.daemon.isRunning(id) || e.daemon.stops[id] != 1 {
 		t.Fatalf("daemon running %v, stopped %d times after unprepare", e.daemon.isRunning(id), e.daemon.stops[id])
+	}
+}
+
+// MPS shares of one claim on two GPUs (HAMi's nvidia.com/gpu: 2 with
+// gpumem) get one daemon serving both GPUs, with each GPU's limit at the
+// ordinal the container numbers it by, and one set of client settings.
+func TestPrepareMPSSharesOnTwoGPUs(t *testing.T) {
+	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
+	d := e.start()
+	gpu := func(i int) string { return fmt.Sprintf("GPU-%08d-0000-0000-0000-000000000000", i) }
+	// Listed out of order: the daemon and the container number the GPUs
+	// in bus order, GPU 1 then GPU 3.
+	c := newClaim("pair", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 3, "8000Mi", 30), shareOf("s", 1, "6000Mi", 30)})
+	mustPrepare(t, d, c)
+	id := string(c.UID)
+	want := MPSShare{Claim: c.UID, Cores: 30, GPUs: []MPSDevice{
+		{MPSGPU: MPSGPU{Index: 1, UUID: gpu(1)}, MemoryBytes: 6000 << 20},
+		{MPSGPU: MPSGPU{Index: 3, UUID: gpu(3)}, MemoryBytes: 8000 << 20},
+	}}
+	if got := e.daemon.shares[id]; e.daemon.starts[id] != 1 || !reflect.DeepEqual(got, want) {
+		t.Fatalf("daemon started %d times with %+v, want once with %+v", e.daemon.starts[id], got, want)
+	}
+	raw, err := os.ReadFile(e.specPath(c.UID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spec cdispec.Spec
+	if err := json.Unmarshal(raw, &spec); err != nil {
+		t.Fatal(err)
+	}
+	edits := spec.Devices[0].ContainerEdits
+	pipe := filepath.Join(e.mpsRoot, id, "pipe")
+	for _, kv := range []string{
+		"NVIDIA_VISIBLE_DEVICES=" + gpu(1) + "," + gpu(3),
+		"CUDA_MPS_PIPE_DIRECTORY=" + pipe,
+		"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=6000M,1=8000M",
+		"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30",
+		"GPULINK_SHARE_MEMORY_1=" + fmt.Sprint(int64(8000<<20)),
+	} {
+		if !slices.Contains(edits.Env, kv) {
+			t.Errorf("spec env lacks %s: %v", kv, edits.Env)
+		}
+	}
+	var pipes, shms int
+	for _, m := range edits.Mounts {
+		switch m.ContainerPath {
+		case pipe:
+			pipes++
+		case "/dev/shm":
+			shms++
+		}
+	}
+	if pipes != 1 || shms != 1 {
+		t.Errorf("%d pipe and %d shm mounts, want one each: %+v", pipes, shms, edits.Mounts)
+	}
+	// Two references (one per result), one daemon: the second is no
+	// start, and unprepare stops it once.
+	mustUnprepare(t, d, c)
+	if e.daemon.isRunning(id) || e.daemon.stops[id] != 1 {
+		t.Fatalf("daemon running %v, stopped %d times after unprepare", e.daemon.isRunning(id), e.daemon.stops[id])
+	}
+}
+
+// A daemon that fails to start for a two-GPU claim leaves nothing behind,
+// and a retry starts it once.
+func TestPrepareMPSTwoGPUsStartFailureRollsBack(t *testing.T) {
+	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
+	d := e.start()
+	e.daemon.startErr = os.ErrPermission
+	c := newClaim("pair", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10), shareOf("s", 2, "1Gi", 10)})
+	r := prepare(t, d, c)[c.UID]
+	if r.Err == nil || !strings.Contains(r.Err.Error(), "starting MPS control daemon") {
+		t.Fatalf("error %v", r.Err)
+	}
+	if e.specExists(c.UID) || len(readCheckpoint(t, e).Claims) != 0 || len(e.daemon.running) != 0 {
+		t.Error("state left behind after a failed MPS start")
+	}
+	e.daemon.startErr = nil
+	mustPrepare(t, d, c)
+	if id := string(c.UID); e.daemon.starts[id] != 1 || len(e.daemon.shares[id].GPUs) != 2 {
+		t.Errorf("retry started the daemon %d times with %+v", e.daemon.starts[id], e.daemon.shares[id])
 	}
 }
 
@@ -316,6 +401,15 @@ func TestPrepareBadInput(t *testing.T) {
 		},
 		"MPS share with another GPU": {
 			results: []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10), wholeGPU("g", 1)},
+			want:    []string{"status.allocation.devices.results[1].device", "MPS"},
+		},
+		"MPS shares on two GPUs with different cores": {
+			results: []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10), shareOf("s", 1, "1Gi", 30)},
+			want:    []string{"status.allocation.devices.results[1].consumedCapacity.cores", "10%", "30%", "active thread percentage"},
+		},
+		"MPS share next to a HAMi-core share": {
+			results: []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10), shareOf("h", 1, "1Gi", 10)},
+			configs: []resourceapi.DeviceAllocationConfiguration{opaqueEntry(resourceapi.AllocationConfigSourceClass, driver.Name, []string{"h"}, sharingConfig("HAMiCore"))},
 			want:    []string{"status.allocation.devices.results[1].device", "MPS"},
 		},
 	} {

@@ -73,7 +73,7 @@ func (d *Driver) recoverState(ctx context.Context) error {
 			if dev.Share == nil || !dev.Share.MPSRef {
 				continue
 			}
-			if err := d.mps.EnsureDaemon(ctx, pc.mpsShare(dev.Index)); err != nil {
+			if err := d.mps.EnsureDaemon(ctx, pc.mpsShare()); err != nil {
 				logger.Error(err, "Restoring MPS daemon reference failed; the claim's containers may not be able to use MPS", "claim", klog.KRef(pc.Namespace, pc.Name), "device", dev.Device)
 				// A kept daemon still holds its reference, so that the
 				// claim's unprepare stops it.

@@ -8,11 +8,9 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 
-	apiv1alpha1 "github.com/gpulink/gpulink/api/v1alpha1"
 	"github.com/gpulink/gpulink/compat"
 	"github.com/gpulink/gpulink/driver"
 )
@@ -55,26 +53,5 @@ func TestAnnouncerOncePerPod(t *testing.T) {
 	}
 	if e := <-rec.Events; e != "Normal GPUResourcesTranslated translated: container main: nvidia.com/gpu: 2 -> claim gpulink-main" {
 		t.Errorf("event %q", e)
-	}
-}
-
-func TestClassStrategy(t *testing.T) {
-	class := func(params string) *resourceapi.DeviceClass {
-		dc := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: driver.DeviceClassShare}}
-		if params != "" {
-			dc.Spec.Config = []resourceapi.DeviceClassConfiguration{{DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
-				Driver: driver.Name, Parameters: runtime.RawExtension{Raw: []byte(params)}}}}}
-		}
-		return dc
-	}
-	for params, want := range map[string]apiv1alpha1.SharingStrategy{
-		`{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"HAMiCore"}}`: apiv1alpha1.SharingHAMiCore,
-		`{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"MPS"}}`:      apiv1alpha1.SharingMPS,
-		``:                    apiv1alpha1.SharingMPS,
-		`{"kind":"Nonsense"}`: "",
-	} {
-		if got := classStrategy(class(params)); got != want {
-			t.Errorf("%s: strategy %q, want %q", params, got, want)
-		}
 	}
 }

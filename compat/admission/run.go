@@ -38,13 +38,12 @@ func Serve(ctx context.Context, client kubernetes.Interface, o Options) error {
 	if err != nil {
 		return fmt.Errorf("webhook inventory: %w", err)
 	}
-	classes := &Classes{Lister: factory.Resource().V1().DeviceClasses().Lister()}
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()
 	// Serve even before the slices are synced: an empty inventory only
 	// puts off the checks that need it (the controller reports those).
 	wh := &Webhook{
-		Translator: &compat.Translator{Config: o.Config, Inventory: inv, Packing: o.Packing, Classes: classes},
+		Translator: &compat.Translator{Config: o.Config, Inventory: inv, Packing: o.Packing},
 		Templates:  &Templates{Client: client, Grace: o.Grace},
 		Metrics:    NewMetrics(o.Metrics),
 	}

@@ -163,22 +163,34 @@ func WholeClaim(node string, index int) *resourceapi.ResourceClaim {
 // percent of the GPU's SMs; with no opaque config the plugin applies the
 // default sharing strategy (MPS).
 func ShareClaim(node string, index int, memoryBytes, cores int64) *resourceapi.ResourceClaim {
-	shareID := types.UID("0f0f0f0f-0000-4000-8000-00000000beef")
-	return allocatedClaim("share", resourceapi.DeviceRequestAllocationResult{
+	return allocatedClaim("share", shareResult(node, index, 0, memoryBytes, cores))
+}
+
+// ShareClaimTwoGPUs is a claim with an MPS share of the same size on each
+// of two GPUs (HAMi's nvidia.com/gpu: 2 + gpumem, as translated): one MPS
+// control daemon serves both.
+func ShareClaimTwoGPUs(node string, a, b int, memoryBytes, cores int64) *resourceapi.ResourceClaim {
+	return allocatedClaim("share-two", shareResult(node, a, 0, memoryBytes, cores), shareResult(node, b, 1, memoryBytes, cores))
+}
+
+// shareResult is the n-th share result of a claim, with its own share ID.
+func shareResult(node string, index, n int, memoryBytes, cores int64) resourceapi.DeviceRequestAllocationResult {
+	shareID := types.UID(fmt.Sprintf("0f0f0f0f-0000-4000-8000-%012x", 0xbeef+n))
+	return resourceapi.DeviceRequestAllocationResult{
 		Request: requestName, Driver: driver.Name, Pool: node, Device: driver.DeviceName(index),
 		ShareID: &shareID,
 		ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{
 			driver.CapacityMemory: *resource.NewQuantity(memoryBytes, resource.BinarySI),
 			driver.CapacityCores:  *resource.NewQuantity(cores, resource.DecimalSI),
 		},
-	})
+	}
 }
 
-func allocatedClaim(name string, r resourceapi.DeviceRequestAllocationResult) *resourceapi.ResourceClaim {
+func allocatedClaim(name string, rs ...resourceapi.DeviceRequestAllocationResult) *resourceapi.ResourceClaim {
 	return &resourceapi.ResourceClaim{
 		ObjectMeta: metav1.ObjectMeta{Namespace: claimNamespace, Name: name, UID: types.UID("gpucheck-" + name)},
 		Status: resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{
-			Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{r}},
+			Devices: resourceapi.DeviceAllocationResult{Results: rs},
 		}},
 	}
 }

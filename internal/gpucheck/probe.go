@@ -131,6 +131,61 @@ func CheckIsolation(r *ProbeReport, gpu ClaimedGPU) []string {
 	return errs
 }
 
+// CheckIsolationOf is CheckIsolation for a claim of several GPUs: the
+// container names exactly these GPUs (in any order: the plugin orders
+// them by bus ID) and has exactly their device nodes.
+func CheckIsolationOf(r *ProbeReport, gpus []ClaimedGPU) []string {
+	var errs []string
+	var wantUUIDs, wantNodes []string
+	for _, g := range gpus {
+		wantUUIDs = append(wantUUIDs, g.UUID)
+		wantNodes = append(wantNodes, fmt.Sprintf("/dev/nvidia%d", g.Minor))
+	}
+	slices.Sort(wantUUIDs)
+	slices.Sort(wantNodes)
+	got := strings.Split(r.Env["NVIDIA_VISIBLE_DEVICES"], ",")
+	slices.Sort(got)
+	if !slices.Equal(got, wantUUIDs) {
+		errs = append(errs, fmt.Sprintf("NVIDIA_VISIBLE_DEVICES=%q, want %v", r.Env["NVIDIA_VISIBLE_DEVICES"], wantUUIDs))
+	}
+	var perGPU []string
+	for _, n := range r.DevNodes {
+		if gpuNode.MatchString(n) {
+			perGPU = append(perGPU, n)
+		}
+	}
+	slices.Sort(perGPU)
+	if !slices.Equal(perGPU, wantNodes) {
+		errs = append(errs, fmt.Sprintf("GPU device nodes %v, want exactly %v", perGPU, wantNodes))
+	}
+	if !slices.Contains(r.DevNodes, "/dev/nvidiactl") {
+		errs = append(errs, "no /dev/nvidiactl")
+	}
+	return errs
+}
+
+// CheckCUDAOf is CheckCUDA for a claim of several GPUs: CUDA sees exactly
+// these GPUs (through the MPS daemon of the claim, when it has one).
+func CheckCUDAOf(r *ProbeReport, gpus []ClaimedGPU) []string {
+	var want []string
+	for _, g := range gpus {
+		want = append(want, g.UUID)
+	}
+	slices.Sort(want)
+	got := slices.Sorted(slices.Values(r.UUIDs))
+	switch {
+	case r.CUDA != "":
+		return []string{"CUDA: " + r.CUDA}
+	case r.Devices < 0:
+		return []string{"the probe did not report CUDA devices (did it start? is libcuda in the container?)"}
+	case r.Devices != len(gpus) || !slices.Equal(got, want):
+		return []string{fmt.Sprintf("CUDA sees %d devices %v, want exactly %v", r.Devices, r.UUIDs, want)}
+	case r.Kernel != "ok":
+		return []string{fmt.Sprintf("kernel: %q", r.Kernel)}
+	}
+	return nil
+}
+
 // CheckCUDA checks what CUDA sees in the container: exactly one device,
 // the claimed one by UUID, and a kernel that ran and computed right.
 func CheckCUDA(r *ProbeReport, gpu ClaimedGPU) []string {

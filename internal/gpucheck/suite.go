@@ -79,6 +79,9 @@ const (
 	CheckAllocRewritten  = "MPS: alloc past the limit fails, env rewritten"
 	CheckUnprepareWhole  = "unprepare: whole-GPU claim"
 	CheckUnprepareShare  = "unprepare: MPS share claim"
+	CheckPrepareShare2   = "prepare: MPS shares of two GPUs -> CDI"
+	CheckContainerShare2 = "container: MPS shares of two GPUs"
+	CheckUnprepareShare2 = "unprepare: MPS shares of two GPUs"
 	dryRunReason         = "dry run: needs a GPU"
 	defaultContainerWait = 2 * time.Minute
 )
@@ -131,6 +134,46 @@ func (s *suite) run(ctx context.Context) {
 	}
 	s.wholeGPU(ctx, prep, gpu)
 	s.share(ctx, prep, gpu, g.MemoryBytes)
+	if topo.Len() < 2 {
+		s.rep.Add(CheckPrepareShare2, Skip, "one GPU on this host; the claim needs two")
+		return
+	}
+	other := topo.GPUs[(p+1)%topo.Len()]
+	s.shareTwo(ctx, prep, gpu, ClaimedGPU{Index: other.Index, Minor: other.Minor, UUID: other.UUID})
+}
+
+// shareTwo prepares a claim with an MPS share on each of two GPUs (one
+// control daemon for both) and checks what its container gets: both GPUs
+// and only them, one pinned memory limit per device ordinal, the claim's
+// pipe directory, and, on a GPU, CUDA seeing both GPUs. It does not test
+// the limits by allocating (CheckAlloc* do that for one GPU).
+func (s *suite) shareTwo(ctx context.Context, prep Preparer, a, b ClaimedGPU) {
+	claim := ShareClaimTwoGPUs(s.cfg.NodeName, a.Index, b.Index, s.cfg.ShareMemoryBytes, s.cfg.ShareCores)
+	limitMiB := s.cfg.ShareMemoryBytes / mib
+	ids, err := prep.Prepare(ctx, claim)
+	if err != nil {
+		s.rep.Add(CheckPrepareShare2, Fail, "%v", err)
+		return
+	}
+	defer s.unprepare(ctx, prep, claim, ids, CheckUnprepareShare2)
+	s.rep.Add(CheckPrepareShare2, Pass, "GPUs %d and %d, %d MiB each, %d%% SMs: %s", a.Index, b.Index, limitMiB, s.cfg.ShareCores, strings.Join(ids, ","))
+	r, err := s.container(ctx, prep, ids, RootfsHost)
+	if err != nil {
+		s.rep.Add(CheckContainerShare2, Fail, "%v", err)
+		return
+	}
+	errs := CheckIsolationOf(r, []ClaimedGPU{a, b})
+	if r.Env["CUDA_MPS_PIPE_DIRECTORY"] == "" {
+		errs = append(errs, "no CUDA_MPS_PIPE_DIRECTORY")
+	}
+	if got, want := r.Env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], fmt.Sprintf("0=%dM,1=%dM", limitMiB, limitMiB); got != want {
+		errs = append(errs, fmt.Sprintf("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=%q, want %q", got, want))
+	}
+	if !s.cfg.DryRun {
+		errs = append(errs, CheckCUDAOf(r, []ClaimedGPU{a, b})...)
+	}
+	seen := "NVIDIA_VISIBLE_DEVICES=" + r.Env["NVIDIA_VISIBLE_DEVICES"] + "; CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=" + r.Env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] + "; nodes " + strings.Join(r.DevNodes, ",")
+	s.rep.Add(CheckContainerShare2, statusOf(errs), "%s", detailOf(errs, seen))
 }
 
 // compareWithNVIDIASMI runs the two nvidia-smi queries and compares.

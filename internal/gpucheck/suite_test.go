@@ -66,8 +66,10 @@ func TestRunOnGPUHostWithClientSideMPSLimits(t *testing.T) {
 	wantResult(t, got, CheckAllocAbove, Pass, "allocated 5120 MiB: fail:out of memory")
 	wantResult(t, got, CheckAllocRewritten, Fail, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=81559M", "allocating 5120 MiB succeeded", "client side only")
 	wantResult(t, got, CheckUnprepareShare, Pass)
-	if len(rep.Results) != 17 {
-		t.Errorf("%d results, want 17", len(rep.Results))
+	// The two-GPU MPS claim skips cleanly on a one-GPU host.
+	wantResult(t, got, CheckPrepareShare2, Skip, "one GPU on this host")
+	if len(rep.Results) != 18 {
+		t.Errorf("%d results, want 18", len(rep.Results))
 	}
 	if rep.ExitCode() != 1 {
 		t.Errorf("exit code %d, want 1", rep.ExitCode())
@@ -200,4 +202,20 @@ func TestBaseSpecGivesCDIOnlyContainerTheDriver(t *testing.T) {
 	got := results(t, Run(ctx, cfg, deps).Results)
 	wantResult(t, got, CheckContainerCDI, Pass)
 	wantResult(t, got, CheckPrepareWhole, Pass, "gpu.gpulink.dev/base=driver")
+}
+
+// On a host with several GPUs the suite prepares a claim with an MPS share
+// on each of two GPUs: its container gets both GPUs, a limit per device
+// ordinal and the claim's pipe directory, and CUDA sees both.
+func TestRunTwoGPUShareOnMultiGPUHost(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	h := loadHost(t, "dgx-a100")
+	topo := h.discovered(t, nil)
+	host := &fakeHost{fixture: h, gpus: topo.GPUs}
+	cfg := gpuConfig(t)
+	rep := Run(ctx, cfg, suiteDeps(t, fakeDiscoverer{topo}, host.run, cfg.WorkDir))
+	got := results(t, rep.Results)
+	wantResult(t, got, CheckPrepareShare2, Pass, "GPUs 0 and 1, 4096 MiB each")
+	wantResult(t, got, CheckContainerShare2, Pass, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M,1=4096M")
+	wantResult(t, got, CheckUnprepareShare2, Pass, "no longer resolve")
 }

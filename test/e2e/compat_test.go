@@ -151,7 +151,6 @@ func TestCompatE2E(t *testing.T) {
 			{limits: map[string]string{"nvidia.com/gpu": "-1"}, want: []string{"nvidia.com/gpu", "-1", "negative"}},
 			{limits: map[string]string{"nvidia.com/gpu": "1.5"}, want: []string{"nvidia.com/gpu", "1500m", "whole number"}},
 			{limits: map[string]string{"tencent.com/vcuda-core": "150"}, want: []string{"tencent.com/vcuda-core: 150"}},
-			{limits: map[string]string{"nvidia.com/gpu": "2", "nvidia.com/gpumem": "8000"}, want: []string{"nvidia.com/gpu: 2", "HAMiCore"}},
 			{limits: map[string]string{"nvidia.com/gpu": "1"}, annotations: map[string]string{compat.AnnotationUseGPUType: "A40;x"}, want: []string{compat.AnnotationUseGPUType, "A40;x"}},
 			{limits: map[string]string{"nvidia.com/gpu": "1"}, annotations: map[string]string{compat.AnnotationGPUPolicy: "spread"}, want: []string{compat.AnnotationGPUPolicy, "spread"}},
 			{limits: map[string]string{"nvidia.com/gpu": "1"}, annotations: map[string]string{"hami.io/vgpu-mode": "mig"}, want: []string{"hami.io/vgpu-mode", "mig"}},
@@ -196,11 +195,13 @@ func TestCompatE2E(t *testing.T) {
 			{name: "second", limits: map[string]string{"nvidia.com/gpu": "1"}, whole: 1},
 		}},
 		{name: "hami-mem-only", containers: []compatContainer{{name: "workload", limits: map[string]string{"nvidia.com/gpumem": "2000"}, shareMiB: 2000, shareCores: 25}}},
+		// HAMi's two GPUs with 8000Mi each under the default MPS share
+		// class: one claim, one MPS daemon serving both GPUs.
+		{name: "mps-two", containers: []compatContainer{{name: "workload", limits: map[string]string{"nvidia.com/gpu": "2", "nvidia.com/gpumem": "8000"}, shareMiB: 8000, shareCores: 25, shares: 2}}},
 	})
 	s.deletePodsAndWait(ctx, t)
-	// HAMi's nvidia.com/gpu: 2 + gpumem: 8000 is refused under the MPS
-	// share class (above); with the class switched to HAMi-core it runs,
-	// 8000Mi on each of two GPUs.
+	// The same two-GPU row with the share class switched to HAMi-core:
+	// HAMi-core limits each GPU of the process.
 	s.hamiShareClass(ctx, t)
 	s.runCompatWave(ctx, t, "two GPUs with 8000Mi each under a HAMi-core share class", []compatCase{
 		{name: "hami-two", containers: []compatContainer{{name: "workload", limits: map[string]string{"nvidia.com/gpu": "2", "nvidia.com/gpumem": "8000"}, shareMiB: 8000, shareCores: 25, shares: 2, hami: true}}},
@@ -230,8 +231,9 @@ func TestCompatE2E(t *testing.T) {
 	t.Logf("compat e2e took %.1fs", time.Since(begin).Seconds())
 }
 
-// hamiShareClass switches the share class to HAMi-core and waits until
-// the webhook sees it (a dry run of a two-GPU share is admitted).
+// hamiShareClass switches the share class to HAMi-core. The controller
+// copies the class's config into each allocation from its informer; the
+// pods created next go through admission and the scheduling gate first.
 func (s *suite) hamiShareClass(ctx context.Context, t *testing.T) {
 	t.Helper()
 	dc, err := s.client.ResourceV1().DeviceClasses().Get(ctx, driver.DeviceClassShare, metav1.GetOptions{})
@@ -242,14 +244,6 @@ func (s *suite) hamiShareClass(ctx context.Context, t *testing.T) {
 		Driver: driver.Name, Parameters: runtime.RawExtension{Raw: []byte(`{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","sharing":{"strategy":"HAMiCore"}}`)}}}}}
 	if _, err := s.client.ResourceV1().DeviceClasses().Update(ctx, dc, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
-	}
-	var last error
-	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		_, last = s.client.CoreV1().Pods(ns).Create(ctx, s.compatPod("probe", []compatContainer{{name: "workload", limits: map[string]string{"nvidia.com/gpu": "2", "nvidia.com/gpumem": "8000"}}}), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		return last == nil, nil
-	})
-	if err != nil {
-		t.Fatalf("the webhook never saw the HAMi-core share class: %v (last: %v)", err, last)
 	}
 }
 
@@ -420,6 +414,7 @@ func (s *suite) checkCompatPod(ctx context.Context, t *testing.T, c compatCase) 
 			}
 		}
 		h := holding{pod: pod, log: logs[want.name]}
+		var shareClaim string // UID of the claim holding the shares
 		for _, rc := range spec.Resources.Claims {
 			claim, err := s.client.ResourceV1().ResourceClaims(ns).Get(ctx, claimOf[rc.Name], metav1.GetOptions{})
 			if err != nil {
@@ -434,6 +429,9 @@ func (s *suite) checkCompatPod(ctx context.Context, t *testing.T, c compatCase) 
 			}
 			h.Devices = append(h.Devices, held.Devices...)
 			h.Shares = append(h.Shares, held.Shares...)
+			if len(held.Shares) > 0 {
+				shareClaim = string(claim.UID)
+			}
 		}
 		for _, d := range h.Devices {
 			if other, dup := seen[d]; dup && want.shareMiB == 0 {
@@ -456,9 +454,19 @@ func (s *suite) checkCompatPod(ctx context.Context, t *testing.T, c compatCase) 
 					t.Errorf("pod %s: share consumed memory %s cores %s, want %dMi and %d", c.name, mem.String(), cores.String(), want.shareMiB, want.shareCores)
 				}
 			}
+			if len(h.Devices) != shares || len(slices.Compact(slices.Sorted(slices.Values(h.Devices)))) != shares {
+				t.Errorf("pod %s container %s: shares on %v, want %d different GPUs", c.name, want.name, h.Devices, shares)
+			}
+			// One MPS daemon for the claim, serving all its GPUs: a limit
+			// for every device ordinal, one pipe directory.
+			limits := make([]string, shares)
+			for i := range limits {
+				limits[i] = fmt.Sprintf("%d=%dM", i, want.shareMiB)
+			}
 			wantEnv := map[string]string{
-				"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT":  fmt.Sprintf("0=%dM", want.shareMiB),
+				"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT":  strings.Join(limits, ","),
 				"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": fmt.Sprint(want.shareCores),
+				"CUDA_MPS_PIPE_DIRECTORY":           filepath.Join(s.mpsRoot, shareClaim, "pipe"),
 			}
 			if want.hami {
 				// HAMi-core limits every GPU of the process on its own.
