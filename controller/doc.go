@@ -64,6 +64,22 @@
 // free, then the node name. The chosen devices are assumed in the ledger
 // before the lock is released.
 //
+// Pods with a single placement (one claim with one request, no
+// firstAvailable or matchAttribute, whole GPUs by count or one share: the
+// common case) take a shortcut that gives exactly the same node and
+// devices (prune.go, quickChoice): the devices each node may use (CEL
+// selectors, taints, shareability, one share size) are memoised per node
+// and request signature, allocate.ChooseNode ranks every candidate's
+// usage with the other devices masked, as choosePlan would, skipping the
+// search on nodes whose best conceivable link cannot win, and only the
+// winner is planned. It falls back to planning every node when the
+// shortcut cannot vouch for the answer (a node whose devices take
+// different share sizes, nodes that disagree on the size) and when
+// nothing fits, so that the waiting event still says why for every node.
+// The allocation event then names at most three nodes that also fit among
+// a few planned after the choice, and how many were not planned.
+// TestQuickChoiceMatchesExhaustive compares both paths on random clusters.
+//
 // Node fit, as kube-scheduler's NodeResourcesFit: the node's allocatable
 // pods, cpu, memory, ephemeral-storage, hugepages and extended resources
 // minus what the pods counted on it request (k8s.io/component-helpers

@@ -49,6 +49,9 @@ type nodeInventory struct {
 	// shareMemo caches share consumption per share signature and position.
 	// Bounded (LRU).
 	shareMemo *lru[[]*shareCons]
+	// quickMemo caches quickChoice's view of the node per alternative
+	// signature (see quickEligible); created on first use. Bounded (LRU).
+	quickMemo *lru[*quickElig]
 
 	bestMu sync.Mutex
 	// best caches bestLink by set size.
