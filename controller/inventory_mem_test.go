@@ -1,0 +1,70 @@
+package controller
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+
+	"github.com/gpulink/gpulink/controller/controllertest"
+)
+
+// BenchmarkInventoryHeapPerNode reports the live heap the controller's
+// inventory holds per node, for 5,000 eight-GPU nodes of mixed kinds, and
+// what the decoded ResourceSlices themselves (as the informer caches
+// them) take; the inventory refers to the slices' attribute and capacity
+// maps rather than copying them. GPULINK_HEAP_PROFILE names a file for a heap profile taken
+// with the inventory live.
+func BenchmarkInventoryHeapPerNode(b *testing.B) {
+	eight := []string{"dgx1-v100.txt", "dgx1-p100.txt", "dgx-a100.txt", "dgx-h100.txt",
+		"v100-sxm2-8-aliyun-sccgn6.txt", "pcie-nvbridge-8.txt", "pcie-pex-8.txt", "pcie-switch-8.txt"}
+	const nodes = 5000
+	for b.Loop() {
+		start := liveHeap()
+		var slices []*resourceapi.ResourceSlice
+		for i := range nodes {
+			topo, err := parseFixture(eight[i%len(eight)])
+			if err != nil {
+				b.Fatal(err)
+			}
+			s, err := controllertest.Slice(fmt.Sprintf("node-%05d", i), topo, controllertest.SliceOptions{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			slices = append(slices, s)
+		}
+		before := liveHeap()
+		inv := newInventory()
+		for _, s := range slices {
+			if err := inv.upsert(s); err != nil {
+				b.Fatal(err)
+			}
+		}
+		after := liveHeap()
+		if f := os.Getenv("GPULINK_HEAP_PROFILE"); f != "" {
+			out, err := os.Create(f)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := pprof.WriteHeapProfile(out); err != nil {
+				b.Fatal(err)
+			}
+			out.Close()
+		}
+		runtime.KeepAlive(inv)
+		runtime.KeepAlive(slices)
+		b.ReportMetric(float64(after-before)/nodes/1024, "inventory-KiB/node")
+		b.ReportMetric(float64(before-start)/nodes/1024, "slices-KiB/node")
+	}
+}
+
+func liveHeap() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
