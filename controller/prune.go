@@ -47,6 +47,11 @@ func quickChoice(ctx context.Context, sel *selectorEvaluator, pol allocate.Polic
 	byName := make(map[string]*nodeInventory, len(cands))
 	sig := quickSignature(alt)
 	for _, n := range cands {
+		usage := sanitizeUsage(usageOf(n))
+		if !mayFit(usage, alt) {
+			// Planning it fails too, whatever its devices: skip the rest.
+			continue
+		}
 		q := quickEligible(ctx, sel, n, alt, sig)
 		if !q.uniform {
 			return nil, false
@@ -63,7 +68,6 @@ func quickChoice(ctx context.Context, sel *selectorEvaluator, pol allocate.Polic
 				return nil, false
 			}
 		}
-		usage := sanitizeUsage(usageOf(n))
 		for pos := range usage {
 			if !elig[pos] {
 				usage[pos] = allocate.GPUUsage{Exclusive: true}
@@ -93,6 +97,25 @@ func quickChoice(ctx context.Context, sel *selectorEvaluator, pol allocate.Polic
 		return nil, false
 	}
 	return plan, true
+}
+
+// mayFit is a cheap necessary condition for the alternative to fit on a
+// node with this (sanitized) usage: k GPUs free to be given out whole, or
+// one GPU not given out whole for a share. Eligibility only removes GPUs.
+func mayFit(usage []allocate.GPUUsage, alt *alternative) bool {
+	free, open := 0, 0
+	for _, u := range usage {
+		if !u.Exclusive {
+			open++
+			if u.Shares == 0 {
+				free++
+			}
+		}
+	}
+	if alt.Share {
+		return open > 0
+	}
+	return free >= alt.Count
 }
 
 // quickElig is what quickChoice needs of one node for one alternative:
