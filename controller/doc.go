@@ -32,7 +32,11 @@
 //
 // Every node's topology is rebuilt from its ResourceSlices (pool = node,
 // newest complete generation, the "links" attribute decoded with
-// topology.DecodeLinkRows). A ledger counts what every claim holds, from
+// topology.DecodeLinkRows). Memory per node is kept low at thousands of
+// nodes: the informers drop managedFields and intern the strings slices
+// repeat across nodes (transform.go), and the inventory reads devices'
+// attributes and capacities from the cached slice's own maps instead of
+// copying them. A ledger counts what every claim holds, from
 // the claim informer, whoever allocated it: dedicated results (no shareID)
 // take the whole device, shares add their consumedCapacity. Allocations
 // the controller has decided but the informer has not shown yet are kept
@@ -67,7 +71,8 @@
 // Pods with a single placement (one claim with one request, no
 // firstAvailable or matchAttribute, whole GPUs by count or one share: the
 // common case) take a shortcut that gives exactly the same node and
-// devices (prune.go, quickChoice): the devices each node may use (CEL
+// devices (prune.go, quickChoice): nodes without enough GPUs free (whole)
+// or open (share) are skipped on usage alone, the devices each node may use (CEL
 // selectors, taints, shareability, one share size) are memoised per node
 // and request signature, allocate.ChooseNode ranks every candidate's
 // usage with the other devices masked, as choosePlan would, skipping the
