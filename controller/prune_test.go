@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -169,5 +170,48 @@ func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 	// single-placement pods must take the shortcut or it is not tested.
 	if shortcutShapes == 0 || quick*10 < shortcutShapes*7 {
 		t.Fatalf("only %d of %d single-placement decisions took the shortcut", quick, shortcutShapes)
+	}
+}
+
+// TestSampleAlternatives checks the nodes a quick choice names in its
+// event: at most three others that fit, and the count of those not
+// planned adds up with the ones planned and the chosen one.
+func TestSampleAlternatives(t *testing.T) {
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(1, 2))
+	pc := newPruneCluster(t, rng, 30, []string{"dgx1-v100.txt", "pcie-4.txt"}, 0.5)
+	cands := pc.inv.all()
+	ic, _, err := pc.ip.interpret(ctx, &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "d"},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 2)}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pending := []*interpretedClaim{ic}
+	chosen, ok := quickChoice(ctx, pc.sel, allocate.Policy{}, cands, pc.usageOf, pending)
+	if !ok {
+		t.Fatal("shortcut did not apply")
+	}
+	plans, why, unexamined := sampleAlternatives(ctx, pc.sel, allocate.Policy{}, cands, pc.usageOf, pending, chosen)
+	if plans[0] != chosen || len(plans) > 4 {
+		t.Fatalf("want the chosen plan first and at most three others, got %d plans", len(plans))
+	}
+	for _, pl := range plans[1:] {
+		if pl.Node == chosen.Node {
+			t.Fatalf("the chosen node %s is named as an alternative", chosen.Node.Node)
+		}
+	}
+	planned := len(plans) - 1
+	if planned < 3 && len(why) == 0 {
+		t.Fatalf("fewer than three alternatives (%d) and no reason for the others", planned)
+	}
+	if unexamined <= 0 || unexamined > len(cands)-1-planned {
+		t.Fatalf("%d not planned out of %d candidates with %d alternatives planned", unexamined, len(cands), planned)
+	}
+	if tried := len(cands) - 1 - unexamined; tried > maxSampledAlternatives {
+		t.Fatalf("planned %d nodes after the choice, want at most %d", tried, maxSampledAlternatives)
+	}
+	note := alternativesNote(chosen, plans, why, nil, unexamined)
+	if !strings.Contains(note, fmt.Sprintf("%d other nodes not planned", unexamined)) {
+		t.Fatalf("note %q does not count the nodes not planned", note)
 	}
 }
