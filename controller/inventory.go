@@ -2,6 +2,7 @@ package controller
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -109,7 +110,9 @@ type inventory struct {
 	slices   map[string]*resourceapi.ResourceSlice // by slice name
 	nodes    map[string]*nodeInventory             // by node name
 	poolNode map[string]string                     // pool -> node it was built for
-	problems map[string]string                     // pool -> why it is unusable
+	// sorted caches all()'s answer until a node changes; read-only.
+	sorted   []*nodeInventory
+	problems map[string]string // pool -> why it is unusable
 }
 
 func newInventory() *inventory {
@@ -207,13 +210,23 @@ func (inv *inventory) node(name string) *nodeInventory {
 // all returns every usable node inventory, sorted by node name.
 func (inv *inventory) all() []*nodeInventory {
 	inv.mu.RLock()
-	out := make([]*nodeInventory, 0, len(inv.nodes))
-	for _, n := range inv.nodes {
-		out = append(out, n)
-	}
+	sorted := inv.sorted
 	inv.mu.RUnlock()
-	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
-	return out
+	if sorted == nil {
+		// Sorted once per change of the node set, not once per decision.
+		inv.mu.Lock()
+		if inv.sorted == nil {
+			out := make([]*nodeInventory, 0, len(inv.nodes))
+			for _, n := range inv.nodes {
+				out = append(out, n)
+			}
+			sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
+			inv.sorted = out
+		}
+		sorted = inv.sorted
+		inv.mu.Unlock()
+	}
+	return slices.Clone(sorted)
 }
 
 // problemsSnapshot returns why pools are unusable, by pool name.
@@ -228,6 +241,7 @@ func (inv *inventory) problemsSnapshot() map[string]string {
 }
 
 func (inv *inventory) rebuildLocked(pool string) error {
+	inv.sorted = nil
 	if old, ok := inv.poolNode[pool]; ok {
 		delete(inv.nodes, old)
 		delete(inv.poolNode, pool)
