@@ -224,7 +224,7 @@ func (p *placer) variants(ic *interpretedClaim, alt *alternative, base []bool, b
 			if !c.appliesTo(alt.ResultName) {
 				continue
 			}
-			a, has := d.Attrs[c.Attr]
+			a, has := d.attr(c.Attr)
 			val, scalar := attrKey(a)
 			if !has || !scalar {
 				ok = false
@@ -390,14 +390,14 @@ func shareConsumption(d *deviceInfo, alt *alternative) (*allocate.ShareRequest, 
 		}
 	}
 	for fq := range alt.Capacity {
-		if _, ok := d.Capacity[fq]; !ok {
+		if _, ok := d.capacity(fq); !ok {
 			return nil, nil, fmt.Errorf("the request asks for capacity %s, which the device does not publish", fq)
 		}
 	}
 	if !haveMem {
 		return nil, nil, errors.New("the device publishes no memory capacity, so it cannot be shared")
 	}
-	if _, ok := d.Capacity[capCores]; !ok {
+	if _, ok := d.capacity(capCores); !ok {
 		// Without a cores capacity the device is shared by memory only;
 		// the allocator still needs a compute share to account.
 		share.Cores = 1

@@ -140,7 +140,7 @@ func New(cfg Config) (*Controller, error) {
 		return nil, fmt.Errorf("controller config: %w", err)
 	}
 	factory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod,
-		informers.WithTransform(stripManagedFields))
+		informers.WithTransform(transformObject))
 	c := &Controller{
 		client:   cfg.Client,
 		factory:  factory,

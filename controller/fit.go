@@ -251,6 +251,9 @@ type fitCheck struct {
 	t      *fitTracker
 	uid    types.UID
 	demand demand
+	// names are demand's resources in the order they are checked, sorted
+	// once per decision rather than once per node.
+	names []string
 	// affinity: for each term, the topology values holding a matching pod;
 	// nil when the pod's affinity is satisfied anywhere (no terms, or no
 	// matching pod yet and the pod matches its own terms).
@@ -311,6 +314,10 @@ func (m termMatcher) matches(ns string, l map[string]string) bool {
 // check prepares the fit evaluation of a pod.
 func (f *fitTracker) check(pod *corev1.Pod, nodeLabelsOf nodeLabels) *fitCheck {
 	fc := &fitCheck{t: f, uid: pod.UID, demand: podDemand(pod)}
+	for name := range fc.demand {
+		fc.names = append(fc.names, string(name))
+	}
+	sortResourceNames(fc.names)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	domains := func(m termMatcher) termDomains {
@@ -423,12 +430,7 @@ func (fc *fitCheck) resourcesLocked(node *corev1.Node, pods int, requested deman
 	if q, ok := alloc[corev1.ResourcePods]; ok && int64(pods+1) > q.Value() {
 		return fitTooManyPods
 	}
-	names := make([]string, 0, len(fc.demand))
-	for name := range fc.demand {
-		names = append(names, string(name))
-	}
-	sortResourceNames(names)
-	for _, s := range names {
+	for _, s := range fc.names {
 		name := corev1.ResourceName(s)
 		want := fc.demand[name]
 		q, ok := alloc[name]

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -22,10 +23,10 @@ type deviceInfo struct {
 	Pos int
 	// CEL is the input for selector evaluation.
 	CEL dracel.Device
-	// Attrs holds the attributes under fully qualified names.
-	Attrs map[resourceapi.FullyQualifiedName]resourceapi.DeviceAttribute
-	// Capacity holds the capacities under fully qualified names.
-	Capacity      map[resourceapi.FullyQualifiedName]resourceapi.DeviceCapacity
+	// Attributes and capacities are looked up in CEL's maps, which are the
+	// slice's own (shared with the informer's copy), by fully qualified
+	// name with attr and capacity: a copy under qualified names took most
+	// of the inventory's memory per node.
 	Taints        []resourceapi.DeviceTaint
 	AllowMultiple bool
 }
@@ -49,6 +50,9 @@ type nodeInventory struct {
 	// shareMemo caches share consumption per share signature and position.
 	// Bounded (LRU).
 	shareMemo *lru[[]*shareCons]
+	// quickMemo caches quickChoice's view of the node per alternative
+	// signature (see quickEligible); created on first use. Bounded (LRU).
+	quickMemo *lru[*quickElig]
 
 	bestMu sync.Mutex
 	// best caches bestLink by set size.
@@ -71,6 +75,29 @@ func qualify(name string, domain string) resourceapi.FullyQualifiedName {
 	return resourceapi.FullyQualifiedName(domain + "/" + name)
 }
 
+// attr returns the device's attribute of a fully qualified name; in the
+// slice, the driver's own attributes may also go by their short names.
+func (d *deviceInfo) attr(fq resourceapi.FullyQualifiedName) (resourceapi.DeviceAttribute, bool) {
+	if short, ok := strings.CutPrefix(string(fq), d.CEL.Driver+"/"); ok {
+		if a, ok := d.CEL.Attributes[resourceapi.QualifiedName(short)]; ok {
+			return a, true
+		}
+	}
+	a, ok := d.CEL.Attributes[resourceapi.QualifiedName(fq)]
+	return a, ok
+}
+
+// capacity is attr for capacities.
+func (d *deviceInfo) capacity(fq resourceapi.FullyQualifiedName) (resourceapi.DeviceCapacity, bool) {
+	if short, ok := strings.CutPrefix(string(fq), d.CEL.Driver+"/"); ok {
+		if c, ok := d.CEL.Capacity[resourceapi.QualifiedName(short)]; ok {
+			return c, true
+		}
+	}
+	c, ok := d.CEL.Capacity[resourceapi.QualifiedName(fq)]
+	return c, ok
+}
+
 var (
 	capMemory = qualify(driver.CapacityMemory, driver.Name)
 	capCores  = qualify(driver.CapacityCores, driver.Name)
@@ -83,7 +110,9 @@ type inventory struct {
 	slices   map[string]*resourceapi.ResourceSlice // by slice name
 	nodes    map[string]*nodeInventory             // by node name
 	poolNode map[string]string                     // pool -> node it was built for
-	problems map[string]string                     // pool -> why it is unusable
+	// sorted caches all()'s answer until a node changes; read-only.
+	sorted   []*nodeInventory
+	problems map[string]string // pool -> why it is unusable
 }
 
 func newInventory() *inventory {
@@ -181,13 +210,23 @@ func (inv *inventory) node(name string) *nodeInventory {
 // all returns every usable node inventory, sorted by node name.
 func (inv *inventory) all() []*nodeInventory {
 	inv.mu.RLock()
-	out := make([]*nodeInventory, 0, len(inv.nodes))
-	for _, n := range inv.nodes {
-		out = append(out, n)
-	}
+	sorted := inv.sorted
 	inv.mu.RUnlock()
-	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
-	return out
+	if sorted == nil {
+		// Sorted once per change of the node set, not once per decision.
+		inv.mu.Lock()
+		if inv.sorted == nil {
+			out := make([]*nodeInventory, 0, len(inv.nodes))
+			for _, n := range inv.nodes {
+				out = append(out, n)
+			}
+			sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
+			inv.sorted = out
+		}
+		sorted = inv.sorted
+		inv.mu.Unlock()
+	}
+	return slices.Clone(sorted)
 }
 
 // problemsSnapshot returns why pools are unusable, by pool name.
@@ -202,6 +241,7 @@ func (inv *inventory) problemsSnapshot() map[string]string {
 }
 
 func (inv *inventory) rebuildLocked(pool string) error {
+	inv.sorted = nil
 	if old, ok := inv.poolNode[pool]; ok {
 		delete(inv.nodes, old)
 		delete(inv.poolNode, pool)
@@ -274,7 +314,7 @@ func buildNode(pool string, slices []*resourceapi.ResourceSlice) (*nodeInventory
 	rows := make(map[int]string, len(infos))
 	for i, d := range infos {
 		gpus[i] = gpuFromDevice(d)
-		if a, ok := d.Attrs[qualify(driver.AttrLinks, driver.Name)]; ok && a.StringValue != nil {
+		if a, ok := d.attr(qualify(driver.AttrLinks, driver.Name)); ok && a.StringValue != nil {
 			rows[d.Index] = *a.StringValue
 		}
 	}
@@ -319,8 +359,6 @@ func buildDevice(dev *resourceapi.Device) (*deviceInfo, error) {
 	d := &deviceInfo{
 		Name:          dev.Name,
 		Index:         idx,
-		Attrs:         make(map[resourceapi.FullyQualifiedName]resourceapi.DeviceAttribute, len(dev.Attributes)),
-		Capacity:      make(map[resourceapi.FullyQualifiedName]resourceapi.DeviceCapacity, len(dev.Capacity)),
 		Taints:        dev.Taints,
 		AllowMultiple: dev.AllowMultipleAllocations != nil && *dev.AllowMultipleAllocations,
 		CEL: dracel.Device{
@@ -330,13 +368,7 @@ func buildDevice(dev *resourceapi.Device) (*deviceInfo, error) {
 			Capacity:                 dev.Capacity,
 		},
 	}
-	for k, v := range dev.Attributes {
-		d.Attrs[qualify(string(k), driver.Name)] = v
-	}
-	for k, v := range dev.Capacity {
-		d.Capacity[qualify(string(k), driver.Name)] = v
-	}
-	if a, ok := d.Attrs[qualify(driver.AttrIndex, driver.Name)]; ok {
+	if a, ok := d.attr(qualify(driver.AttrIndex, driver.Name)); ok {
 		if a.IntValue == nil || *a.IntValue != int64(idx) {
 			return nil, fmt.Errorf("device %q: attribute %s=%v does not match the index in its name", dev.Name, driver.AttrIndex, attrString(a))
 		}
@@ -346,7 +378,7 @@ func buildDevice(dev *resourceapi.Device) (*deviceInfo, error) {
 
 func gpuFromDevice(d *deviceInfo) topology.GPU {
 	str := func(name string) string {
-		if a, ok := d.Attrs[qualify(name, driver.Name)]; ok {
+		if a, ok := d.attr(qualify(name, driver.Name)); ok {
 			switch {
 			case a.StringValue != nil:
 				return *a.StringValue
@@ -368,13 +400,13 @@ func gpuFromDevice(d *deviceInfo) topology.GPU {
 		PCIeRoot:              str(driver.AttrPCIeRoot),
 		NUMANode:              -1,
 	}
-	if a, ok := d.Attrs[qualify(driver.AttrMinor, driver.Name)]; ok && a.IntValue != nil {
+	if a, ok := d.attr(qualify(driver.AttrMinor, driver.Name)); ok && a.IntValue != nil {
 		g.Minor = int(*a.IntValue)
 	}
-	if a, ok := d.Attrs[qualify(driver.AttrNUMANode, driver.Name)]; ok && a.IntValue != nil {
+	if a, ok := d.attr(qualify(driver.AttrNUMANode, driver.Name)); ok && a.IntValue != nil {
 		g.NUMANode = int(*a.IntValue)
 	}
-	if c, ok := d.Capacity[capMemory]; ok {
+	if c, ok := d.capacity(capMemory); ok {
 		g.MemoryBytes = c.Value.Value()
 	}
 	return g

@@ -236,17 +236,21 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	pol := c.mix.policy(ctx, c.policy, pending)
 	var plans []*nodePlan
 	var why []string
-	noFit := "no " + wantedDevices(pending)
-	for _, n := range cands {
-		plan, reasons := planNode(ctx, c.sel, pol, n, c.ledger.nodeUsage(n), pending)
-		if plan != nil {
-			plans = append(plans, plan)
-		} else {
+	unexamined := 0
+	chosen, quick := quickChoice(ctx, c.sel, pol, cands, c.ledger.nodeUsage, pending)
+	if quick {
+		// The event names a few nodes that also fit (gpulink explain):
+		// plan a bounded number of others for it, outside the choice.
+		plans, why, unexamined = sampleAlternatives(ctx, c.sel, pol, cands, c.ledger.nodeUsage, pending, chosen)
+	} else {
+		var failed int
+		plans, failed, why = exhaustivePlans(ctx, c.sel, pol, cands, c.ledger.nodeUsage, pending)
+		noFit := "no " + wantedDevices(pending)
+		for range failed {
 			rej.add(noFit)
-			why = append(why, reasons...)
 		}
+		chosen = choosePlan(plans, pol)
 	}
-	chosen := choosePlan(plans, pol)
 	if chosen == nil {
 		c.decideMu.Unlock()
 		c.setWaiting(key, true)
@@ -300,7 +304,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	}
 	summary := chosen.summarize()
 	logger.Info("Allocated", "node", chosen.Node.Node, "devices", summary, "duration", time.Since(start))
-	c.explain.event(pod, pending[0].Claim, corev1.EventTypeNormal, ReasonAllocated, actionAllocate, "allocated "+summary+alternativesNote(chosen, plans, why, rej.details))
+	c.explain.event(pod, pending[0].Claim, corev1.EventTypeNormal, ReasonAllocated, actionAllocate, "allocated "+summary+alternativesNote(chosen, plans, why, rej.details, unexamined))
 	if err := c.ungate(ctx, pod); err != nil {
 		return err
 	}
@@ -314,7 +318,7 @@ const maxEventNote = 1000
 // alternativesNote tells, after an allocation, which other nodes fit and
 // why others did not, so `gpulink explain` can show what was passed over.
 // Bounded: three of each, and the whole note within maxEventNote.
-func alternativesNote(chosen *nodePlan, plans []*nodePlan, why, skipped []string) string {
+func alternativesNote(chosen *nodePlan, plans []*nodePlan, why, skipped []string, unexamined int) string {
 	var fit []string
 	for _, pl := range plans {
 		if pl == chosen || len(pl.Claims) == 0 || len(pl.Claims[0]) == 0 {
@@ -343,6 +347,9 @@ func alternativesNote(chosen *nodePlan, plans []*nodePlan, why, skipped []string
 	}
 	if len(rejected) > 0 {
 		note += "; passed over: " + strings.Join(rejected, "; ")
+	}
+	if unexamined > 0 {
+		note += fmt.Sprintf("; %d other nodes not planned (they cannot beat this one)", unexamined)
 	}
 	if len(note) > maxEventNote/2 {
 		note = note[:maxEventNote/2-3] + "..."

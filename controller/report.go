@@ -248,7 +248,7 @@ func gpuReport(n *nodeInventory, d *deviceInfo) GPUReport {
 		Product:     n.Topo.GPUs[d.Pos].ProductName,
 		MemoryBytes: n.Topo.GPUs[d.Pos].MemoryBytes,
 	}
-	if c, ok := d.Capacity[capCores]; ok {
+	if c, ok := d.capacity(capCores); ok {
 		g.Cores = c.Value.Value()
 	}
 	for _, t := range d.Taints {
