@@ -1,7 +1,8 @@
 package controller
 
 import (
-	"unique"
+	"strings"
+	"sync"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -70,7 +71,36 @@ func internSlice(s *resourceapi.ResourceSlice) {
 	}
 }
 
-func intern(s string) string { return unique.Make(s).Value() }
+// internMax bounds the intern table. Strings unique to one node (UUIDs,
+// PCI bus IDs) take entries too; the strings worth sharing (names, product
+// names, the link rows of each node kind) are met with the first nodes,
+// long before the bound. 64Ki entries of short strings are a few MiB.
+const internMax = 1 << 16
+
+// interned holds one copy of each string internSlice has met. It is the
+// controller's own table rather than package unique's: a unique.Handle
+// that is not kept lets its canonical copy be collected, after which the
+// next slice gets a copy of its own again.
+var interned = struct {
+	sync.Mutex
+	m map[string]string
+}{m: map[string]string{}}
+
+// intern returns the table's copy of s, adding a copy of its own (not
+// pinning the decoder's buffer) while the table has room.
+func intern(s string) string {
+	interned.Lock()
+	defer interned.Unlock()
+	if v, ok := interned.m[s]; ok {
+		return v
+	}
+	if len(interned.m) >= internMax {
+		return s
+	}
+	s = strings.Clone(s)
+	interned.m[s] = s
+	return s
+}
 
 // internPtr returns a new pointer to the interned string: the pointer is
 // per value, the bytes are shared.
