@@ -5,7 +5,6 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
-	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/gpulink/gpulink/driver/topology"
 )
@@ -172,13 +171,6 @@ func fragmentation(n *nodeInventory, free uint64) *fragEntry {
 // taint other than gpulink's managed one, which only steers requests to
 // the controller.
 func blockingTaint(d *deviceInfo) bool {
-	for _, t := range d.Taints {
-		if t.Key == managedTaint.Key && t.Effect == managedTaint.Effect {
-			continue
-		}
-		if t.Effect == resourceapi.DeviceTaintEffectNoSchedule || t.Effect == resourceapi.DeviceTaintEffectNoExecute {
-			return true
-		}
-	}
-	return false
+	_, ok := untoleratedTaint(d, nil)
+	return ok
 }

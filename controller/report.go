@@ -60,6 +60,10 @@ type GPUReport struct {
 	// Taints are the device's taints other than the managed-by-controller
 	// taint every device carries, as key=value:Effect.
 	Taints []string `json:"taints,omitempty"`
+	// Tainted: one of Taints has effect NoSchedule or NoExecute (e.g.
+	// gpu.gpulink.dev/unhealthy), so nothing new is given out on the GPU:
+	// it is not Free and has no free share capacity.
+	Tainted bool `json:"tainted,omitempty"`
 	// Problems are accounting inconsistencies: double whole allocations,
 	// whole plus shares, shares beyond the capacity.
 	Problems []string `json:"problems,omitempty"`
@@ -257,6 +261,7 @@ func gpuReport(n *nodeInventory, d *deviceInfo) GPUReport {
 		}
 		g.Taints = append(g.Taints, fmt.Sprintf("%s=%s:%s", t.Key, t.Value, t.Effect))
 	}
+	g.Tainted = blockingTaint(d)
 	return g
 }
 
@@ -285,8 +290,8 @@ func settle(g *GPUReport) {
 	if cores > g.Cores {
 		g.Problems = append(g.Problems, fmt.Sprintf("shares take %d cores, the GPU has %d", cores, g.Cores))
 	}
-	g.Free = len(g.Whole) == 0 && len(g.Shares) == 0
-	if len(g.Whole) == 0 {
+	g.Free = len(g.Whole) == 0 && len(g.Shares) == 0 && !g.Tainted
+	if len(g.Whole) == 0 && !g.Tainted {
 		g.FreeMemoryBytes = max(g.MemoryBytes-mem, 0)
 		g.FreeCores = max(g.Cores-cores, 0)
 	}

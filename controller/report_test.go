@@ -313,6 +313,14 @@ func TestBuildReportInconsistencies(t *testing.T) {
 				if want := []string{"gpu.gpulink.dev/unhealthy=xid-79:NoExecute"}; !reflect.DeepEqual(g.Taints, want) {
 					t.Errorf("gpu-2 taints %v, want %v", g.Taints, want)
 				}
+				// Nothing new is given out on a GPU tainted NoExecute.
+				if !g.Tainted || g.Free || g.FreeMemoryBytes != 0 || g.FreeCores != 0 {
+					t.Errorf("gpu-2: tainted %v, free %v, free share capacity %d bytes / %d cores; want tainted and nothing free",
+						g.Tainted, g.Free, g.FreeMemoryBytes, g.FreeCores)
+				}
+				if other := findGPU(t, reports[0], "gpu-1"); other.Tainted || !other.Free {
+					t.Errorf("gpu-1 (untainted, idle): tainted %v, free %v; want free", other.Tainted, other.Free)
+				}
 			},
 		},
 	}

@@ -85,18 +85,23 @@ func nodeSummary(r controller.NodeReport) string {
 	case len(r.GPUs) == 0:
 		b.WriteString(": no GPUs (the kubelet plugin publishes an empty pool)")
 	default:
-		var free, shared, whole int
+		var free, shared, whole, tainted int
 		for _, g := range r.GPUs {
 			switch {
 			case len(g.Whole) > 0:
 				whole++
 			case len(g.Shares) > 0:
 				shared++
+			case g.Tainted:
+				tainted++
 			default:
 				free++
 			}
 		}
 		fmt.Fprintf(&b, ": %d GPUs, %d free, %d shared, %d held whole", len(r.GPUs), free, shared, whole)
+		if tainted > 0 {
+			fmt.Fprintf(&b, ", %d tainted", tainted)
+		}
 	}
 	return b.String()
 }
@@ -160,6 +165,8 @@ func writeNotes(p *errWriter, r controller.NodeReport) {
 
 func freeString(g controller.GPUReport) string {
 	switch {
+	case g.Tainted:
+		return "none (tainted)"
 	case g.Free:
 		return "whole GPU"
 	case len(g.Whole) > 0 || (g.FreeMemoryBytes == 0 && g.FreeCores == 0):
