@@ -307,19 +307,19 @@ func (d *Driver) HandleHealthEvent(ctx context.Context, e health.Event) {
 	switch {
 	case transition == health.BecameUnhealthy || (transition == health.StillUnhealthy && verdict == health.Fatal):
 		logger.Error(nil, "GPU unhealthy, tainting it", append(kv, "taint", taint)...)
-		d.recordEvent(corev1.EventTypeWarning, ReasonGPUUnhealthy, "GPU %s (%s) is unhealthy: %s%s; device tainted %s", e.Device, e.UUID, e.FatalCondition(), detail(e.Message), taint)
+		d.recordEvent(e.Device, corev1.EventTypeWarning, ReasonGPUUnhealthy, "GPU %s (%s) is unhealthy: %s%s; device tainted %s", e.Device, e.UUID, e.FatalCondition(), detail(e.Message), taint)
 	case transition == health.StillUnhealthy:
 		logger.Info("GPU condition cleared, still unhealthy", append(kv, "taint", taint)...)
 	case transition == health.BecameHealthy:
 		logger.Info("GPU healthy again, taint removed", kv...)
-		d.recordEvent(corev1.EventTypeNormal, ReasonGPURecovered, "GPU %s (%s) is healthy again%s; taint %s removed", e.Device, e.UUID, detail(e.Message), driver.UnhealthyTaintKey)
+		d.recordEvent(e.Device, corev1.EventTypeNormal, ReasonGPURecovered, "GPU %s (%s) is healthy again%s; taint %s removed", e.Device, e.UUID, detail(e.Message), driver.UnhealthyTaintKey)
 	case verdict == health.Warning:
 		logger.Info("GPU warning", kv...)
 		what := string(e.Kind)
 		if e.Kind == health.KindXID {
 			what = e.FatalCondition()
 		}
-		d.recordEvent(corev1.EventTypeWarning, ReasonGPUWarning, "GPU %s (%s): %s%s (not tainted)", e.Device, e.UUID, what, detail(e.Message))
+		d.recordEvent(e.Device, corev1.EventTypeWarning, ReasonGPUWarning, "GPU %s (%s): %s%s (not tainted)", e.Device, e.UUID, what, detail(e.Message))
 	default:
 		logger.V(2).Info("GPU health event", kv...)
 	}
@@ -335,11 +335,16 @@ func detail(msg string) string {
 	return " (" + msg + ")"
 }
 
-func (d *Driver) recordEvent(eventType, reason, note string, args ...any) {
+// recordEvent records an event about device on the Node. The action names
+// the device because client-go's event broadcaster folds events with the
+// same regarding object, reason and action into one series that keeps the
+// first note: without it, seven GPUs failing at once would show as one
+// event naming only the first GPU.
+func (d *Driver) recordEvent(device, eventType, reason, note string, args ...any) {
 	if d.health.recorder == nil {
 		return
 	}
-	d.health.recorder.Eventf(d.health.node, nil, eventType, reason, actionHealth, note, args...)
+	d.health.recorder.Eventf(d.health.node, nil, eventType, reason, actionHealth+" "+device, note, args...)
 }
 
 // requestRepublish asks RunPublisher to publish the slices again.

@@ -9,6 +9,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
@@ -350,4 +354,63 @@ func (failingSource) Name() string { return "broken" }
 
 func (failingSource) Run(context.Context, HealthSink) error {
 	return errors.New("cannot initialise")
+}
+
+// TestHealthEventsOnePerGPU records through client-go's real event
+// broadcaster, which folds events with the same regarding object, reason
+// and action into one series: GPUs failing together must still each get
+// an event of their own on the Node.
+func TestHealthEventsOnePerGPU(t *testing.T) {
+	h := newHealthEnv(t, HealthOptions{Policy: health.DefaultPolicy()})
+	client := fake.NewClientset()
+	broadcaster := events.NewBroadcaster(&events.EventSinkImpl{Interface: client.EventsV1()})
+	ctx, cancel := context.WithCancel(h.ctx)
+	defer cancel()
+	if err := broadcaster.StartRecordingToSinkWithContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer broadcaster.Shutdown()
+	cdi, err := NewCDIDir(h.cdiDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(h.ctx, h.opts, Dependencies{
+		Discoverer: h.disc, CDI: cdi, MPS: NewMPSManager(h.mpsRoot, h.daemon),
+		BootID: func() (string, error) { return h.bootID, nil },
+		Events: broadcaster.NewRecorder(scheme.Scheme, "gpulink-kubeletplugin"), Metrics: h.metrics,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dev := range []string{"gpu-0", "gpu-1", "gpu-2"} {
+		d.HandleHealthEvent(h.ctx, health.Event{Device: dev, Kind: health.KindGPULost})
+	}
+	want := map[string]bool{"GPU gpu-0 ": true, "GPU gpu-1 ": true, "GPU gpu-2 ": true}
+	var notes []string
+	err = wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		list, err := client.EventsV1().Events("").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		notes = notes[:0]
+		for _, e := range list.Items {
+			if e.Reason == ReasonGPUUnhealthy && e.Regarding.Kind == "Node" && e.Regarding.Name == testNode {
+				notes = append(notes, e.Note)
+			}
+		}
+		return len(notes) >= len(want), nil
+	})
+	if err != nil {
+		t.Fatalf("GPUUnhealthy events on node %s: %q; want one per GPU (%v)", testNode, notes, err)
+	}
+	for _, n := range notes {
+		for prefix := range want {
+			if strings.HasPrefix(n, prefix) {
+				delete(want, prefix)
+			}
+		}
+	}
+	if len(want) != 0 {
+		t.Errorf("no event for %v among %q", want, notes)
+	}
 }
