@@ -90,6 +90,9 @@ type Controller struct {
 	fit      *fitTracker
 	ungating *ungating
 	sel      *selectorEvaluator
+	// scores keeps nodes' scores per request shape between decisions
+	// (quickChoice).
+	scores   *scoreCache
 	interp   *interpreter
 	filter   *nodeFilter
 	podQueue workqueue.TypedRateLimitingInterface[string]
@@ -156,6 +159,7 @@ func New(cfg Config) (*Controller, error) {
 		fit:      newFitTracker(),
 		ungating: newUngating(),
 		sel:      newSelectorEvaluator(),
+		scores:   newScoreCache(),
 		waiting:  sets.New[string](),
 		excluded: map[types.UID]sets.Set[string]{},
 		podQueue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),

@@ -71,18 +71,24 @@
 // Pods with a single placement (one claim with one request, no
 // firstAvailable or matchAttribute, whole GPUs by count or one share: the
 // common case) take a shortcut that gives exactly the same node and
-// devices (prune.go, quickChoice): nodes without enough GPUs free (whole)
-// or open (share) are skipped on usage alone, the devices each node may use (CEL
-// selectors, taints, shareability, one share size) are memoised per node
-// and request signature, allocate.ChooseNode ranks every candidate's
-// usage with the other devices masked, as choosePlan would, skipping the
-// search on nodes whose best conceivable link cannot win, and only the
-// winner is planned. It falls back to planning every node when the
-// shortcut cannot vouch for the answer (a node whose devices take
-// different share sizes, nodes that disagree on the size) and when
-// nothing fits, so that the waiting event still says why for every node.
-// The allocation event then names at most three nodes that also fit among
-// a few planned after the choice, and how many were not planned.
+// devices (prune.go, quickChoice). allocate.ChooseNode's ranking is a
+// total order of independent per-node scores (allocate.ScoreNode), so:
+// each node is scored from its usage with the devices the request may not
+// use masked (CEL selectors, taints, shareability, one share size,
+// memoised per node), nodes without enough GPUs free (whole) or open
+// (share) are skipped on usage alone, and the scores are kept per request
+// shape and policy (scoreCache, the 32 shapes asked for last) and
+// recomputed only for nodes whose usage generation (the ledger counts
+// changes per pool) or inventory changed since. The node filter (Node
+// object, taints, affinity, node fit) then runs on the nodes best first
+// until one passes, and only that one is planned. A decision on 5,000
+// nodes thus reads a generation and a kept score per node and filters and
+// plans a handful (BenchmarkDecision5000Nodes). It falls back to filtering
+// and planning every node when the shortcut cannot vouch for the answer (a
+// node whose devices take different share sizes, nodes that disagree on
+// the size) and when nothing fits, so that the waiting event still says
+// why for every node. The allocation event then names at most three nodes
+// that also fit, the next-best ones, and how many were not planned.
 // TestQuickChoiceMatchesExhaustive compares both paths on random clusters.
 //
 // Node fit, as kube-scheduler's NodeResourcesFit: the node's allocatable

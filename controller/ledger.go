@@ -48,6 +48,11 @@ type ledger struct {
 	mu     sync.Mutex
 	claims map[types.UID]*claimUse
 	usage  map[deviceKey]*devTotals
+	// poolGen counts the usage changes of each pool's devices, so that a
+	// decision can tell which nodes changed since it last scored them
+	// (scoreCache). Entries are never deleted: a pool that comes back must
+	// not reuse a generation it had.
+	poolGen map[string]uint64
 }
 
 // devTotals sums the holders of one device. Exclusive holders are counted,
@@ -66,7 +71,7 @@ func (t *devTotals) gpuUsage() allocate.GPUUsage {
 }
 
 func newLedger() *ledger {
-	return &ledger{claims: map[types.UID]*claimUse{}, usage: map[deviceKey]*devTotals{}}
+	return &ledger{claims: map[types.UID]*claimUse{}, usage: map[deviceKey]*devTotals{}, poolGen: map[string]uint64{}}
 }
 
 // usesOf extracts gpulink device usage from a claim's allocation.
@@ -105,6 +110,7 @@ func resultUse(r *resourceapi.DeviceRequestAllocationResult) (deviceUse, bool) {
 
 func (l *ledger) addLocked(uses []deviceUse, sign int) {
 	for _, u := range uses {
+		l.poolGen[u.Key.Pool]++
 		t := l.usage[u.Key]
 		if t == nil {
 			t = &devTotals{}
@@ -229,6 +235,15 @@ func (l *ledger) nodeUsage(n *nodeInventory) []allocate.GPUUsage {
 		out[p] = l.usage[deviceKey{Pool: n.Pool, Device: d.Name}].gpuUsage()
 	}
 	return out
+}
+
+// generations sets out[i] to the usage generation of nodes[i]'s pool.
+func (l *ledger) generations(nodes []*nodeInventory, out []uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, n := range nodes {
+		out[i] = l.poolGen[n.Pool]
+	}
 }
 
 // rvAtLeast compares resourceVersions. They are opaque by contract but

@@ -69,73 +69,91 @@ func (f *nodeFilter) mappedByDRA(name corev1.ResourceName) bool {
 // candidates returns the usable node inventories for the pod and, for
 // the waiting message, which filter rejected how many of the others.
 func (f *nodeFilter) candidates(logger klog.Logger, pod *corev1.Pod, all []*nodeInventory, allocated []*resourceapi.ResourceClaim, excluded sets.Set[string]) ([]*nodeInventory, *rejections) {
-	affinity := nodeaffinity.GetRequiredNodeAffinity(pod)
-	var selectors []*nodeaffinity.LazyErrorNodeSelector
+	pf := f.forPod(logger, pod, allocated, excluded)
+	var out []*nodeInventory
+	for _, n := range all {
+		if pf.admit(n) {
+			out = append(out, n)
+		}
+	}
+	return out, pf.rej
+}
+
+// podFilter is the node filter prepared for one pod: what depends only on
+// the pod is computed once, so that admit costs little per node and can
+// be asked of only the nodes a decision needs (quickChoice).
+type podFilter struct {
+	f         *nodeFilter
+	logger    klog.Logger
+	pod       *corev1.Pod
+	affinity  nodeaffinity.RequiredNodeAffinity
+	selectors []*nodeaffinity.LazyErrorNodeSelector
+	excluded  sets.Set[string]
+	fc        *fitCheck
+	// rej counts the nodes admit turned down, by reason.
+	rej *rejections
+}
+
+// forPod prepares the filter for a pod whose claims listed in allocated
+// are already allocated.
+func (f *nodeFilter) forPod(logger klog.Logger, pod *corev1.Pod, allocated []*resourceapi.ResourceClaim, excluded sets.Set[string]) *podFilter {
+	pf := &podFilter{f: f, logger: logger, pod: pod, affinity: nodeaffinity.GetRequiredNodeAffinity(pod), excluded: excluded, rej: &rejections{}}
 	for _, c := range allocated {
 		if c.Status.Allocation != nil && c.Status.Allocation.NodeSelector != nil {
-			selectors = append(selectors, nodeaffinity.NewLazyErrorNodeSelector(c.Status.Allocation.NodeSelector))
+			pf.selectors = append(pf.selectors, nodeaffinity.NewLazyErrorNodeSelector(c.Status.Allocation.NodeSelector))
 		}
 	}
-	var fc *fitCheck
 	if f.fit != nil {
-		fc = f.fit.check(pod, f.labelsOf)
+		pf.fc = f.fit.check(pod, f.labelsOf)
 	}
-	var out []*nodeInventory
-	rej := &rejections{}
-	skip := func(reason, format string, args ...any) {
-		rej.add(reason)
-		rej.detail(format, args...)
+	return pf
+}
+
+func (pf *podFilter) skip(reason, format string, args ...any) bool {
+	pf.rej.add(reason)
+	pf.rej.detail(format, args...)
+	return false
+}
+
+// admit tells whether the pod may run on the node, counting the reason in
+// rej when not.
+func (pf *podFilter) admit(n *nodeInventory) bool {
+	pod := pf.pod
+	if pod.Spec.NodeName != "" && n.Node != pod.Spec.NodeName {
+		pf.rej.add(rejectNodeName)
+		return false
 	}
-	for _, n := range all {
-		if pod.Spec.NodeName != "" && n.Node != pod.Spec.NodeName {
-			rej.add(rejectNodeName)
-			continue
-		}
-		if excluded.Has(n.Node) {
-			skip(rejectExcluded, "node %s: the pod was unschedulable there before", n.Node)
-			continue
-		}
-		node, err := f.nodes.Get(n.Node)
-		if err != nil {
-			skip(rejectNoNode, "node %s: no Node object", n.Node)
-			continue
-		}
-		if pod.Spec.NodeName == "" {
-			if node.Spec.Unschedulable {
-				skip(rejectCordoned, "node %s: cordoned", n.Node)
-				continue
-			}
-			if ok, err := affinity.Match(node); err != nil || !ok {
-				skip(rejectAffinity, "node %s: does not match the pod's node selector or affinity", n.Node)
-				continue
-			}
-			if t, bad := corev1helpers.FindMatchingUntoleratedTaint(logger, node.Spec.Taints, pod.Spec.Tolerations, func(t *corev1.Taint) bool {
-				return t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
-			}, false); bad {
-				skip(rejectTaint, "node %s: taint %s=%s:%s not tolerated by the pod", n.Node, t.Key, t.Value, t.Effect)
-				continue
-			}
-		}
-		ok := true
-		for _, s := range selectors {
-			if m, err := s.Match(node); err != nil || !m {
-				ok = false
-				break
-			}
-		}
-		if !ok {
-			skip(rejectOtherClaims, "node %s: another claim of the pod is already allocated elsewhere", n.Node)
-			continue
-		}
-		if fc != nil && pod.Spec.NodeName == "" {
-			if reason := fc.reject(node, f.mappedByDRA); reason != "" {
-				skip(reason, "node %s: %s", n.Node, reason)
-				continue
-			}
-		}
-		out = append(out, n)
+	if pf.excluded.Has(n.Node) {
+		return pf.skip(rejectExcluded, "node %s: the pod was unschedulable there before", n.Node)
 	}
-	return out, rej
+	node, err := pf.f.nodes.Get(n.Node)
+	if err != nil {
+		return pf.skip(rejectNoNode, "node %s: no Node object", n.Node)
+	}
+	if pod.Spec.NodeName == "" {
+		if node.Spec.Unschedulable {
+			return pf.skip(rejectCordoned, "node %s: cordoned", n.Node)
+		}
+		if ok, err := pf.affinity.Match(node); err != nil || !ok {
+			return pf.skip(rejectAffinity, "node %s: does not match the pod's node selector or affinity", n.Node)
+		}
+		if t, bad := corev1helpers.FindMatchingUntoleratedTaint(pf.logger, node.Spec.Taints, pod.Spec.Tolerations, func(t *corev1.Taint) bool {
+			return t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
+		}, false); bad {
+			return pf.skip(rejectTaint, "node %s: taint %s=%s:%s not tolerated by the pod", n.Node, t.Key, t.Value, t.Effect)
+		}
+	}
+	for _, s := range pf.selectors {
+		if m, err := s.Match(node); err != nil || !m {
+			return pf.skip(rejectOtherClaims, "node %s: another claim of the pod is already allocated elsewhere", n.Node)
+		}
+	}
+	if pf.fc != nil && pod.Spec.NodeName == "" {
+		if reason := pf.fc.reject(node, pf.f.mappedByDRA); reason != "" {
+			return pf.skip(reason, "node %s: %s", n.Node, reason)
+		}
+	}
+	return true
 }
 
 // nodeSelectorFor is the allocation's node selector, as kube-scheduler's

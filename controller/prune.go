@@ -1,36 +1,55 @@
 package controller
 
 import (
+	"container/heap"
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/gpulink/gpulink/driver/allocate"
 )
 
+// usageSource is what a decision reads of the devices' usage: the ledger,
+// or a test's own.
+type usageSource interface {
+	// nodeUsage returns the usage of a node's devices in topology order.
+	nodeUsage(n *nodeInventory) []allocate.GPUUsage
+	// generations sets out[i] to a number that changes whenever the usage
+	// of nodes[i] changes.
+	generations(nodes []*nodeInventory, out []uint64)
+}
+
 // quickChoice decides a pod with a single placement (one claim, one
 // request, no firstAvailable, no matchAttribute, whole GPUs by count or
-// one share) without planning every candidate node, and returns the plan
-// choosePlan would have picked among the plans of all of them; ok is
-// false when the pod is not of that shape or the shortcut cannot vouch
-// for the answer, and the caller then plans every node.
+// one share) without planning every node, and returns the plan choosePlan
+// would have picked among the plans of every node admit lets through; ok
+// is false when the pod is not of that shape or the shortcut cannot vouch
+// for the answer, and the caller then filters and plans every node.
 //
 // Why it is exact: for such a pod every feasible plan has RankSum 0, and
 // choosePlan ranks them by allocate.ChooseNode over each node's usage with
 // the plan's ineligible devices masked as taken. The plan's eligible
 // devices are the ones that pass the selectors (memoised per node), the
 // taints and, for shares, shareability and one share size; they can be
-// computed without the allocator. So ChooseNode over every candidate's
-// masked usage gives the same node, and it already skips the search on
-// nodes whose best conceivable link cannot win (upperBound), which is
-// what makes the decision cheap on large clusters: only the winner is then
-// planned, which gives the same devices as planning it among all the
-// others. Whenever a node's devices would split into several share sizes,
-// or nodes disagree on the share size (choosePlan then ranks by the first
-// node's size), or nothing fits (the exhaustive path explains why), ok is
-// false.
-func quickChoice(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, cands []*nodeInventory, usageOf func(*nodeInventory) []allocate.GPUUsage, pending []*interpretedClaim) (*nodePlan, bool) {
-	if len(pending) != 1 || len(cands) < 2 {
+// computed without the allocator. ChooseNode's ranking is a total order of
+// independent per-node scores (allocate.ScoreNode, allocate.NodeScore's
+// Better), so the node it picks among the admitted ones is the best-scored
+// node that admit lets through: the nodes are scored, then admitted best
+// first until one passes, and only that one is planned, which gives the
+// devices planning it among all the others gives.
+//
+// What makes it cheap on large clusters: a node's score depends only on
+// the node (immutable inventory), its usage, the request's shape and the
+// policy, so it is kept per shape in a scoreCache and recomputed only for
+// nodes whose usage changed (usageSource.generations) since; and the pod
+// fit filter (admit), which reads Node objects and the pods on each node,
+// runs only on the nodes that rank above the winner. Whenever a node's
+// devices would split into several share sizes, or nodes disagree on the
+// share size (choosePlan then ranks by the first node's size), or nothing
+// fits (the exhaustive path explains why), ok is false.
+func quickChoice(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, nodes []*nodeInventory, usage usageSource, cache *scoreCache, admit func(*nodeInventory) bool, pending []*interpretedClaim) (*quickResult, bool) {
+	if len(pending) != 1 {
 		return nil, false
 	}
 	ic := pending[0]
@@ -41,62 +60,239 @@ func quickChoice(ctx context.Context, sel *selectorEvaluator, pol allocate.Polic
 	if alt.All || alt.Count < 1 || (alt.Share && alt.Count != 1) {
 		return nil, false
 	}
-	req := allocate.Request{GPUs: alt.Count, RequiredLink: alt.RequiredLink}
-	shareKey := ""
-	states := make([]*allocate.NodeState, 0, len(cands))
-	byName := make(map[string]*nodeInventory, len(cands))
 	sig := quickSignature(alt)
-	for _, n := range cands {
-		usage := sanitizeUsage(usageOf(n))
-		if !mayFit(usage, alt) {
-			// Planning it fails too, whatever its devices: skip the rest.
+	scores := cache.shape(fmt.Sprintf("%s\x03%d/%d/%d/%d/%s/%s", sig, alt.Count, alt.RequiredLink,
+		maxSharesPerGPU(alt), memoryOvercommit(alt), pol.Node, pol.GPU), len(nodes))
+	gens := make([]uint64, len(nodes))
+	usage.generations(nodes, gens)
+	h := &rankHeap{pol: pol, items: make([]rankedNode, 0, len(nodes))}
+	shareKey := ""
+	for i, n := range nodes {
+		e := scores.get(n, gens[i], pol.Mix)
+		if e == nil {
+			e = scoreNode(ctx, sel, pol, n, usage, alt, sig, gens[i])
+			scores.put(n, e)
+		}
+		if e.skip {
 			continue
 		}
-		q := quickEligible(ctx, sel, n, alt, sig)
-		if !q.uniform {
+		if e.nonUniform {
 			return nil, false
 		}
-		if !q.any {
-			continue
-		}
-		elig := q.elig
 		if alt.Share {
-			if req.Share == nil {
-				req = allocate.Request{Share: q.share}
-				shareKey = q.shareKey
-			} else if q.shareKey != shareKey {
+			if shareKey == "" {
+				shareKey = e.shareKey
+			} else if e.shareKey != shareKey {
 				return nil, false
 			}
 		}
-		for pos := range usage {
-			if !elig[pos] {
-				usage[pos] = allocate.GPUUsage{Exclusive: true}
-			}
+		if e.fits {
+			h.items = append(h.items, rankedNode{node: n, score: e.score})
 		}
-		states = append(states, &allocate.NodeState{Name: n.Node, Topology: n.Topo, Usage: usage,
-			MaxSharesPerGPU: maxSharesPerGPU(alt), MemoryOvercommitPercent: memoryOvercommit(alt)})
-		if _, dup := byName[n.Node]; dup {
-			// choosePlan maps the allocator's answer back by name.
+	}
+	scores.prune(nodes)
+	heap.Init(h)
+	for h.Len() > 0 {
+		n := heap.Pop(h).(rankedNode).node
+		if !admit(n) {
+			continue
+		}
+		plan, _ := planNode(ctx, sel, pol, n, usage.nodeUsage(n), pending)
+		if plan == nil {
 			return nil, false
 		}
-		byName[n.Node] = n
+		return &quickResult{plan: plan, rest: h}, true
 	}
-	if len(states) == 0 {
-		return nil, false
+	return nil, false
+}
+
+// quickResult is a quick choice and the nodes ranked below it.
+type quickResult struct {
+	plan *nodePlan
+	rest *rankHeap
+}
+
+// maxSampledAlternatives bounds the nodes planned after a quick choice to
+// name alternatives in the allocation event.
+const maxSampledAlternatives = 8
+
+// alternatives plans the next-best nodes admit lets through, in rank
+// order, until three fit or maxSampledAlternatives were tried, for the
+// allocation event's note. It returns the chosen plan first, the reasons
+// the others did not fit and how many nodes that fit were not planned.
+func (q *quickResult) alternatives(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, usage usageSource, admit func(*nodeInventory) bool, pending []*interpretedClaim) (plans []*nodePlan, why []string, unexamined int) {
+	plans = []*nodePlan{q.plan}
+	for tried := 0; tried < maxSampledAlternatives && len(plans) < 4 && q.rest.Len() > 0; {
+		n := heap.Pop(q.rest).(rankedNode).node
+		if !admit(n) {
+			continue
+		}
+		tried++
+		if plan, reasons := planNode(ctx, sel, pol, n, usage.nodeUsage(n), pending); plan != nil {
+			plans = append(plans, plan)
+		} else {
+			why = append(why, reasons...)
+		}
 	}
-	r, err := allocate.ChooseNode(states, req, pol)
+	return plans, why, q.rest.Len()
+}
+
+// rankedNode is a node that fits, with its score.
+type rankedNode struct {
+	node  *nodeInventory
+	score allocate.NodeScore
+}
+
+// rankHeap pops the best-ranked node first (allocate.NodeScore.Better,
+// names breaking ties, as ChooseNode ranks).
+type rankHeap struct {
+	pol   allocate.Policy
+	items []rankedNode
+}
+
+func (h *rankHeap) Len() int { return len(h.items) }
+func (h *rankHeap) Less(i, j int) bool {
+	a, b := h.items[i], h.items[j]
+	return a.score.Better(b.score, a.node.Node, b.node.Node, h.pol)
+}
+func (h *rankHeap) Swap(i, j int) { h.items[i], h.items[j] = h.items[j], h.items[i] }
+func (h *rankHeap) Push(x any)    { h.items = append(h.items, x.(rankedNode)) }
+func (h *rankHeap) Pop() any {
+	last := h.items[len(h.items)-1]
+	h.items = h.items[:len(h.items)-1]
+	return last
+}
+
+// scoreNode computes a node's entry for one request shape: whether the
+// shape may fit at all, its devices' share size and, when it fits, its
+// score with the ineligible devices masked as taken (as choosePlan ranks).
+func scoreNode(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, n *nodeInventory, usage usageSource, alt *alternative, sig string, gen uint64) *scoreEntry {
+	e := &scoreEntry{node: n, gen: gen}
+	u := sanitizeUsage(usage.nodeUsage(n))
+	if !mayFit(u, alt) {
+		// Planning it fails too, whatever its devices.
+		e.skip = true
+		return e
+	}
+	q := quickEligible(ctx, sel, n, alt, sig)
+	switch {
+	case !q.uniform:
+		e.nonUniform = true
+		return e
+	case !q.any:
+		e.skip = true
+		return e
+	}
+	for pos := range u {
+		if !q.elig[pos] {
+			u[pos] = allocate.GPUUsage{Exclusive: true}
+		}
+	}
+	req := allocate.Request{GPUs: alt.Count, RequiredLink: alt.RequiredLink}
+	if alt.Share {
+		req = allocate.Request{Share: q.share}
+		e.shareKey = q.shareKey
+	}
+	st := &allocate.NodeState{Name: n.Node, Topology: n.Topo, Usage: u,
+		MaxSharesPerGPU: maxSharesPerGPU(alt), MemoryOvercommitPercent: memoryOvercommit(alt)}
+	s, ok, err := allocate.ScoreNode(st, req, pol)
 	if err != nil {
-		return nil, false
+		// Cannot happen for sanitized usage; let planning every node
+		// explain it.
+		e.nonUniform = true
+		return e
 	}
-	n := byName[r.Node]
-	if n == nil {
-		return nil, false
+	e.fits, e.score = ok, s
+	if ok && s.DependsOnMix() {
+		e.mix = pol.Mix
 	}
-	plan, _ := planNode(ctx, sel, pol, n, usageOf(n), pending)
-	if plan == nil {
-		return nil, false
+	return e
+}
+
+// scoreEntry is one node's standing for one request shape, valid while
+// the node's inventory and usage generation are the ones it was computed
+// for (and, for a score that depends on it, the size mix).
+type scoreEntry struct {
+	node *nodeInventory
+	gen  uint64
+	mix  *allocate.SizeMix
+	// skip: the shape cannot fit (too few GPUs free, no eligible device);
+	// nonUniform: the node's devices take several share sizes.
+	skip, nonUniform bool
+	shareKey         string
+	fits             bool
+	score            allocate.NodeScore
+}
+
+// scoreCache keeps node scores per request shape and policy, bounded to
+// the shapes most recently asked for.
+type scoreCache struct {
+	mu     sync.Mutex
+	shapes *lru[*shapeScores]
+}
+
+// maxCachedShapes bounds the request shapes whose scores are kept: a
+// shape costs about 100 bytes per node.
+const maxCachedShapes = 32
+
+func newScoreCache() *scoreCache {
+	return &scoreCache{shapes: newLRU[*shapeScores](maxCachedShapes)}
+}
+
+// shape returns the scores kept for a shape; a nil cache keeps nothing.
+func (c *scoreCache) shape(key string, nodes int) *shapeScores {
+	if c == nil {
+		return &shapeScores{byNode: make(map[string]*scoreEntry, nodes)}
 	}
-	return plan, true
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s, ok := c.shapes.get(key)
+	if !ok {
+		s = &shapeScores{byNode: make(map[string]*scoreEntry, nodes)}
+		c.shapes.put(key, s)
+	}
+	return s
+}
+
+// shapeScores are the scores of one shape by node name. Decisions are
+// serialized, so a shape's entries are used by one decision at a time; the
+// lock only guards against a test or caller that does not.
+type shapeScores struct {
+	mu     sync.Mutex
+	byNode map[string]*scoreEntry
+}
+
+func (s *shapeScores) get(n *nodeInventory, gen uint64, mix *allocate.SizeMix) *scoreEntry {
+	s.mu.Lock()
+	e := s.byNode[n.Node]
+	s.mu.Unlock()
+	if e == nil || e.node != n || e.gen != gen || (e.mix != nil && e.mix != mix) {
+		return nil
+	}
+	return e
+}
+
+func (s *shapeScores) put(n *nodeInventory, e *scoreEntry) {
+	s.mu.Lock()
+	s.byNode[n.Node] = e
+	s.mu.Unlock()
+}
+
+// prune drops the entries of nodes that are gone, once they could make up
+// half of the map.
+func (s *shapeScores) prune(nodes []*nodeInventory) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.byNode) <= 2*len(nodes)+64 {
+		return
+	}
+	keep := make(map[string]*scoreEntry, len(nodes))
+	for _, n := range nodes {
+		if e, ok := s.byNode[n.Node]; ok {
+			keep[n.Node] = e
+		}
+	}
+	s.byNode = keep
 }
 
 // mayFit is a cheap necessary condition for the alternative to fit on a
@@ -193,40 +389,6 @@ func quickEligible(ctx context.Context, sel *selectorEvaluator, n *nodeInventory
 	n.quickMemo.put(sig, q)
 	n.memoMu.Unlock()
 	return q
-}
-
-// maxSampledAlternatives bounds the nodes planned after a quick choice to
-// name alternatives in the allocation event.
-const maxSampledAlternatives = 8
-
-// sampleAlternatives plans other candidates, in order, until three fit or
-// maxSampledAlternatives were tried, for the allocation event's note. It
-// returns the chosen plan first, the reasons the others did not fit and
-// how many candidates were not planned at all.
-func sampleAlternatives(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, cands []*nodeInventory, usageOf func(*nodeInventory) []allocate.GPUUsage, pending []*interpretedClaim, chosen *nodePlan) (plans []*nodePlan, why []string, unexamined int) {
-	plans = []*nodePlan{chosen}
-	tried, seenChosen := 0, false
-	for i, n := range cands {
-		if n == chosen.Node {
-			seenChosen = true
-			continue
-		}
-		if tried == maxSampledAlternatives || len(plans) == 4 {
-			left := len(cands) - i
-			if !seenChosen {
-				left--
-			}
-			return plans, why, left
-		}
-		tried++
-		plan, reasons := planNode(ctx, sel, pol, n, usageOf(n), pending)
-		if plan != nil {
-			plans = append(plans, plan)
-		} else {
-			why = append(why, reasons...)
-		}
-	}
-	return plans, why, 0
 }
 
 // exhaustivePlans plans every candidate node; used when quickChoice does

@@ -25,20 +25,69 @@ var pruneFixtures = []string{
 }
 
 // pruneCluster is an in-memory cluster of random nodes with random usage.
+// It is its own usageSource: gen counts each node's usage changes.
 type pruneCluster struct {
-	inv   *inventory
-	usage map[string][]allocate.GPUUsage
-	ip    *interpreter
-	sel   *selectorEvaluator
+	inv    *inventory
+	slices map[string]*resourceapi.ResourceSlice
+	usage  map[string][]allocate.GPUUsage
+	gen    map[string]uint64
+	ip     *interpreter
+	sel    *selectorEvaluator
 }
 
-func (pc *pruneCluster) usageOf(n *nodeInventory) []allocate.GPUUsage {
+func (pc *pruneCluster) nodeUsage(n *nodeInventory) []allocate.GPUUsage {
 	return slices.Clone(pc.usage[n.Node])
 }
 
+func (pc *pruneCluster) generations(nodes []*nodeInventory, out []uint64) {
+	for i, n := range nodes {
+		out[i] = pc.gen[n.Node]
+	}
+}
+
+// setUsage changes a node's usage, as the ledger does when a claim is
+// allocated or released.
+func (pc *pruneCluster) setUsage(node string, u []allocate.GPUUsage) {
+	pc.usage[node] = u
+	pc.gen[node]++
+}
+
+// commit adds a plan's devices to its node's usage.
+func (pc *pruneCluster) commit(pl *nodePlan) {
+	u := slices.Clone(pc.usage[pl.Node.Node])
+	for _, claim := range pl.Claims {
+		for _, r := range claim {
+			for _, pos := range r.Positions {
+				if r.Share == nil {
+					u[pos] = allocate.GPUUsage{Exclusive: true}
+					continue
+				}
+				u[pos].Shares++
+				u[pos].MemoryBytes += r.Share.MemoryBytes
+				u[pos].Cores += r.Share.Cores
+			}
+		}
+	}
+	pc.setUsage(pl.Node.Node, u)
+}
+
+// taintFirstDevice republishes a node's slice with a NoSchedule taint on
+// its first device, which replaces the node's inventory.
+func (pc *pruneCluster) taintFirstDevice(t testing.TB, node string) {
+	t.Helper()
+	s := pc.slices[node].DeepCopy()
+	s.Spec.Devices[0].Taints = append(s.Spec.Devices[0].Taints, resourceapi.DeviceTaint{Key: "example.com/broken", Effect: resourceapi.DeviceTaintEffectNoSchedule})
+	if err := pc.inv.upsert(s); err != nil {
+		t.Fatal(err)
+	}
+	pc.slices[node] = s
+}
+
+func admitAll(*nodeInventory) bool { return true }
+
 func newPruneCluster(t testing.TB, rng *rand.Rand, nodes int, fixtures []string, busy float64) *pruneCluster {
 	t.Helper()
-	pc := &pruneCluster{inv: newInventory(), usage: map[string][]allocate.GPUUsage{}, sel: newSelectorEvaluator()}
+	pc := &pruneCluster{inv: newInventory(), slices: map[string]*resourceapi.ResourceSlice{}, usage: map[string][]allocate.GPUUsage{}, gen: map[string]uint64{}, sel: newSelectorEvaluator()}
 	classes := map[string]*resourceapi.DeviceClass{}
 	for _, c := range DeviceClasses() {
 		classes[c.Name] = c
@@ -66,6 +115,7 @@ func newPruneCluster(t testing.TB, rng *rand.Rand, nodes int, fixtures []string,
 		if err := pc.inv.upsert(s); err != nil {
 			t.Fatal(err)
 		}
+		pc.slices[name] = s
 		u := make([]allocate.GPUUsage, len(topo.GPUs))
 		// Some nodes idle: identical idle nodes tie on everything but name.
 		if rng.Float64() < busy {
@@ -122,18 +172,30 @@ func randomPod(rng *rand.Rand) []*resourceapi.ResourceClaim {
 }
 
 // TestQuickChoiceMatchesExhaustive checks, over random clusters of mixed
-// node kinds, random usage, random pods and every packing strategy, that
-// the decision taken without planning every node is exactly the one
-// planning every node gives: same node, same devices, same shares.
+// node kinds, random usage, random pods, random node filters and every
+// packing strategy, that the decision taken without planning every node is
+// exactly the one planning every admitted node gives: same node, same
+// devices, same shares. Each round keeps one score cache over a sequence
+// of decisions whose plans are committed, with nodes freed and device
+// taints added in between, so that cached scores must follow usage and
+// inventory changes.
 func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(9, 5000))
-	quick, shortcutShapes := 0, 0
+	quick, shortcutShapes, cached := 0, 0, 0
 	for round := range 12 {
 		pc := newPruneCluster(t, rng, 40+rng.IntN(80), pruneFixtures, []float64{0.3, 0.7, 1}[round%3])
-		cands := pc.inv.all()
-		rng.Shuffle(len(cands), func(i, j int) { cands[i], cands[j] = cands[j], cands[i] })
-		for range 25 {
+		cache := newScoreCache()
+		for range 40 {
+			nodes := pc.inv.all()
+			switch rng.IntN(8) {
+			case 0:
+				n := nodes[rng.IntN(len(nodes))]
+				pc.setUsage(n.Node, make([]allocate.GPUUsage, len(n.Devices)))
+			case 1:
+				pc.taintFirstDevice(t, nodes[rng.IntN(len(nodes))].Node)
+				nodes = pc.inv.all()
+			}
 			var pending []*interpretedClaim
 			for _, cl := range randomPod(rng) {
 				ic, _, err := pc.ip.interpret(ctx, cl)
@@ -146,71 +208,161 @@ func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 				Node: []allocate.Strategy{allocate.Binpack, allocate.Spread}[rng.IntN(2)],
 				GPU:  []allocate.Strategy{allocate.Binpack, allocate.Spread}[rng.IntN(2)],
 			}
-			plans, _, _ := exhaustivePlans(ctx, pc.sel, pol, cands, pc.usageOf, pending)
+			// A pod filter that turns down some nodes, as node fit does.
+			rejected := map[string]bool{}
+			var cands []*nodeInventory
+			for _, n := range nodes {
+				if rng.IntN(5) == 0 {
+					rejected[n.Node] = true
+				} else {
+					cands = append(cands, n)
+				}
+			}
+			admit := func(n *nodeInventory) bool { return !rejected[n.Node] }
+			plans, _, _ := exhaustivePlans(ctx, pc.sel, pol, cands, pc.nodeUsage, pending)
 			ref := choosePlan(plans, pol)
-			got, ok := quickChoice(ctx, pc.sel, pol, cands, pc.usageOf, pending)
+			before := cacheEntries(cache)
+			got, ok := quickChoice(ctx, pc.sel, pol, nodes, pc, cache, admit, pending)
 			single := len(pending) == 1 && len(pending[0].Requests) == 1 && len(pending[0].Requests[0].Alternatives) == 1
 			if single && ref != nil {
 				shortcutShapes++
 			}
-			if !ok {
-				continue
+			if ok {
+				quick++
+				if before > 0 {
+					cached++
+				}
+				if ref == nil {
+					t.Fatalf("round %d: quick choice %s where planning every node finds none", round, got.plan.summarize())
+				}
+				if g, w := got.plan.summarize(), ref.summarize(); g != w {
+					t.Fatalf("round %d, policy %+v: quick choice %s, planning every node %s", round, pol, g, w)
+				}
 			}
-			quick++
-			if ref == nil {
-				t.Fatalf("round %d: quick choice %s where planning every node finds none", round, got.summarize())
-			}
-			if g, w := got.summarize(), ref.summarize(); g != w {
-				t.Fatalf("round %d, policy %+v: quick choice %s, planning every node %s", round, pol, g, w)
+			if ref != nil {
+				pc.commit(ref)
 			}
 		}
 	}
-	t.Logf("%d decisions by the shortcut out of %d single-placement pods that fit", quick, shortcutShapes)
+	t.Logf("%d decisions by the shortcut (%d with scores kept from earlier decisions) out of %d single-placement pods that fit", quick, cached, shortcutShapes)
 	// Shares whose default size differs across nodes fall back; most
 	// single-placement pods must take the shortcut or it is not tested.
-	if shortcutShapes == 0 || quick*10 < shortcutShapes*7 {
-		t.Fatalf("only %d of %d single-placement decisions took the shortcut", quick, shortcutShapes)
+	if shortcutShapes == 0 || quick*10 < shortcutShapes*7 || cached*2 < quick {
+		t.Fatalf("only %d of %d single-placement decisions took the shortcut, %d of them with kept scores", quick, shortcutShapes, cached)
+	}
+}
+
+// cacheEntries counts the scores a cache keeps.
+func cacheEntries(c *scoreCache) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for e := c.shapes.order.Front(); e != nil; e = e.Next() {
+		n += len(e.Value.(*lruEntry[*shapeScores]).val.byNode)
+	}
+	return n
+}
+
+// TestScoreCacheFollowsUsage checks that a kept score is not used once the
+// node's usage generation moved: a node that was best is filled and the
+// next decision goes elsewhere, and a freed node is seen free again.
+func TestScoreCacheFollowsUsage(t *testing.T) {
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(3, 4))
+	pc := newPruneCluster(t, rng, 20, []string{"dgx-a100.txt"}, 0)
+	ic, _, err := pc.ip.interpret(ctx, &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "d"},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 8)}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pending := []*interpretedClaim{ic}
+	cache := newScoreCache()
+	nodes := pc.inv.all()
+	seen := map[string]bool{}
+	for i := range len(nodes) {
+		q, ok := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending)
+		if !ok {
+			t.Fatalf("decision %d: shortcut did not apply", i)
+		}
+		name := q.plan.Node.Node
+		if seen[name] {
+			t.Fatalf("decision %d: node %s chosen again although it is full", i, name)
+		}
+		seen[name] = true
+		pc.commit(q.plan)
+	}
+	if _, ok := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending); ok {
+		t.Fatal("a full cluster still got a node for 8 GPUs")
+	}
+	freed := nodes[7].Node
+	pc.setUsage(freed, make([]allocate.GPUUsage, 8))
+	q, ok := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending)
+	if !ok || q.plan.Node.Node != freed {
+		t.Fatalf("after freeing %s: got %v, %v", freed, q, ok)
+	}
+	// Generations are the contract: a usage change the cache was not told
+	// of leaves the kept score, but planning reads the real usage, so the
+	// shortcut gives up rather than return a plan that does not fit.
+	pc.usage[freed][0] = allocate.GPUUsage{Exclusive: true}
+	if q, ok := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending); ok {
+		t.Fatalf("a plan on %s, whose usage no longer fits", q.plan.Node.Node)
 	}
 }
 
 // TestSampleAlternatives checks the nodes a quick choice names in its
-// event: at most three others that fit, and the count of those not
-// planned adds up with the ones planned and the chosen one.
+// event: at most three others that fit, in rank order, and the count of
+// those not planned adds up with the ones planned and the chosen one.
 func TestSampleAlternatives(t *testing.T) {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(1, 2))
 	pc := newPruneCluster(t, rng, 30, []string{"dgx1-v100.txt", "pcie-4.txt"}, 0.5)
-	cands := pc.inv.all()
+	nodes := pc.inv.all()
 	ic, _, err := pc.ip.interpret(ctx, &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "d"},
 		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 2)}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	pending := []*interpretedClaim{ic}
-	chosen, ok := quickChoice(ctx, pc.sel, allocate.Policy{}, cands, pc.usageOf, pending)
+	admitted := 0
+	admit := func(n *nodeInventory) bool {
+		admitted++
+		return n.Node != nodes[3].Node
+	}
+	q, ok := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, nil, admit, pending)
 	if !ok {
 		t.Fatal("shortcut did not apply")
 	}
-	plans, why, unexamined := sampleAlternatives(ctx, pc.sel, allocate.Policy{}, cands, pc.usageOf, pending, chosen)
-	if plans[0] != chosen || len(plans) > 4 {
-		t.Fatalf("want the chosen plan first and at most three others, got %d plans", len(plans))
+	fitting := admitted + q.rest.Len()
+	plans, why, unexamined := q.alternatives(ctx, pc.sel, allocate.Policy{}, pc, admit, pending)
+	if plans[0] != q.plan || len(plans) != 4 {
+		t.Fatalf("want the chosen plan first and three others, got %d plans", len(plans))
 	}
-	for _, pl := range plans[1:] {
-		if pl.Node == chosen.Node {
-			t.Fatalf("the chosen node %s is named as an alternative", chosen.Node.Node)
+	if len(why) != 0 {
+		t.Fatalf("nodes ranked as fitting did not fit: %v", why)
+	}
+	// The alternatives are the next-best nodes: planning every node and
+	// ranking without the chosen one gives the first of them.
+	var others []*nodeInventory
+	for _, n := range nodes {
+		if n != q.plan.Node && n.Node != nodes[3].Node {
+			others = append(others, n)
 		}
 	}
-	planned := len(plans) - 1
-	if planned < 3 && len(why) == 0 {
-		t.Fatalf("fewer than three alternatives (%d) and no reason for the others", planned)
+	ref, _, _ := exhaustivePlans(ctx, pc.sel, allocate.Policy{}, others, pc.nodeUsage, pending)
+	if next := choosePlan(ref, allocate.Policy{}); next == nil || next.Node != plans[1].Node {
+		t.Fatalf("first alternative %s, want the next-best node", plans[1].Node.Node)
 	}
-	if unexamined <= 0 || unexamined > len(cands)-1-planned {
-		t.Fatalf("%d not planned out of %d candidates with %d alternatives planned", unexamined, len(cands), planned)
+	for _, pl := range plans[1:] {
+		if pl.Node == q.plan.Node || pl.Node.Node == nodes[3].Node {
+			t.Fatalf("node %s named as an alternative", pl.Node.Node)
+		}
 	}
-	if tried := len(cands) - 1 - unexamined; tried > maxSampledAlternatives {
-		t.Fatalf("planned %d nodes after the choice, want at most %d", tried, maxSampledAlternatives)
+	// Every node that fits was either looked at (admit) or is counted as
+	// not planned.
+	if unexamined != fitting-admitted || unexamined == 0 {
+		t.Fatalf("%d not planned out of %d fitting nodes with %d looked at", unexamined, fitting, admitted)
 	}
-	note := alternativesNote(chosen, plans, why, nil, unexamined)
+	note := alternativesNote(q.plan, plans, why, nil, unexamined)
 	if !strings.Contains(note, fmt.Sprintf("%d other nodes not planned", unexamined)) {
 		t.Fatalf("note %q does not count the nodes not planned", note)
 	}

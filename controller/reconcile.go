@@ -225,24 +225,29 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	}
 	excluded := c.excludedNodes(pod)
 	all := c.inv.all()
-	cands, rej := c.filter.candidates(logger, pod, all, allocated, excluded)
-	if len(cands) == 0 && excluded.Len() > 0 && rej.count(rejectExcluded) > 0 {
-		// Every node was ruled out, some by earlier failures: start over
-		// rather than wait forever for a condition that may have cleared.
-		c.resetExcluded(ctx, pod)
-		excluded = nil
-		cands, rej = c.filter.candidates(logger, pod, all, allocated, excluded)
-	}
 	pol := c.mix.policy(ctx, c.policy, pending)
+	var chosen *nodePlan
 	var plans []*nodePlan
 	var why []string
+	var rej *rejections
 	unexamined := 0
-	chosen, quick := quickChoice(ctx, c.sel, pol, cands, c.ledger.nodeUsage, pending)
-	if quick {
+	pf := c.filter.forPod(logger, pod, allocated, excluded)
+	if q, ok := quickChoice(ctx, c.sel, pol, all, c.ledger, c.scores, pf.admit, pending); ok {
+		chosen = q.plan
 		// The event names a few nodes that also fit (gpulink explain):
-		// plan a bounded number of others for it, outside the choice.
-		plans, why, unexamined = sampleAlternatives(ctx, c.sel, pol, cands, c.ledger.nodeUsage, pending, chosen)
+		// plan a bounded number of the next-best ones for it.
+		plans, why, unexamined = q.alternatives(ctx, c.sel, pol, c.ledger, pf.admit, pending)
+		rej = pf.rej
 	} else {
+		var cands []*nodeInventory
+		cands, rej = c.filter.candidates(logger, pod, all, allocated, excluded)
+		if len(cands) == 0 && excluded.Len() > 0 && rej.count(rejectExcluded) > 0 {
+			// Every node was ruled out, some by earlier failures: start
+			// over rather than wait forever for a condition that may
+			// have cleared.
+			c.resetExcluded(ctx, pod)
+			cands, rej = c.filter.candidates(logger, pod, all, allocated, nil)
+		}
 		var failed int
 		plans, failed, why = exhaustivePlans(ctx, c.sel, pol, cands, c.ledger.nodeUsage, pending)
 		noFit := "no " + wantedDevices(pending)

@@ -34,39 +34,28 @@ func ChooseNode(nodes []*NodeState, req Request, pol Policy) (Result, error) {
 	return chooseWhole(nodes, req, pol)
 }
 
-// wholeScore is one node's standing for a whole-GPU request.
-type wholeScore struct {
-	idx       int
-	key       key
-	freeAfter int
+// ranked is one node's score during ChooseNode's scan.
+type ranked struct {
+	idx   int
+	score NodeScore
 }
 
-// beats orders nodes: link quality of the best set, then the node-level
-// strategy on the whole GPUs left free, then name, then input order.
-func (a wholeScore) beats(b wholeScore, nodes []*NodeState, spread bool) bool {
-	if a.key != b.key {
-		return a.key > b.key
+// beats orders nodes by score, then name, then input order.
+func (a ranked) beats(b ranked, nodes []*NodeState, spread bool) bool {
+	if c := a.score.compare(b.score, spread); c != 0 {
+		return c > 0
 	}
-	return tailBeats(a.freeAfter, b.freeAfter, a.idx, b.idx, nodes, spread)
-}
-
-// tailBeats compares by the node-level strategy (binpack: fewer whole GPUs
-// left free, keeping emptier nodes for large jobs; spread: more), then name.
-func tailBeats(freeA, freeB, idxA, idxB int, nodes []*NodeState, spread bool) bool {
-	if freeA != freeB {
-		return (freeA < freeB) != spread
-	}
-	if na, nb := nodes[idxA].Name, nodes[idxB].Name; na != nb {
+	if na, nb := nodes[a.idx].Name, nodes[b.idx].Name; na != nb {
 		return na < nb
 	}
-	return idxA < idxB
+	return a.idx < b.idx
 }
 
 func chooseWhole(nodes []*NodeState, req Request, pol Policy) (Result, error) {
 	k, spread := req.GPUs, pol.Node.spread()
 	sc := getScratch()
 	defer putScratch(sc)
-	best := wholeScore{idx: -1}
+	best := ranked{idx: -1}
 	// What to say when nothing fits: the node with the most usable GPUs,
 	// and the best set found on nodes that had enough but missed the link.
 	mostIdx, mostFree := -1, -1
@@ -85,7 +74,7 @@ func chooseWhole(nodes []*NodeState, req Request, pol Policy) (Result, error) {
 		if best.idx >= 0 {
 			// Skip the search on nodes that cannot win even with the best
 			// link among their candidates on every pair.
-			ub := wholeScore{idx: i, key: upperBound(n.Topology, cand, k), freeAfter: freeAfter}
+			ub := ranked{idx: i, score: wholeNodeScore(upperBound(n.Topology, cand, k), freeAfter, false)}
 			if !ub.beats(best, nodes, spread) {
 				continue
 			}
@@ -97,7 +86,7 @@ func chooseWhole(nodes []*NodeState, req Request, pol Policy) (Result, error) {
 			}
 			continue
 		}
-		if s := (wholeScore{idx: i, key: p.key, freeAfter: freeAfter}); best.idx < 0 || s.beats(best, nodes, spread) {
+		if s := (ranked{idx: i, score: wholeNodeScore(p.key, freeAfter, false)}); best.idx < 0 || s.beats(best, nodes, spread) {
 			best = s
 		}
 	}
@@ -137,39 +126,18 @@ func noNodeReason(nodes []*NodeState, req Request, mostIdx, mostFree, looseIdx i
 		req.GPUs, what, nodeLabel(nodes[mostIdx].Name), mostFree, nodes[mostIdx].Topology.Len())
 }
 
-// shareScore is one node's standing for a share.
-type shareScore struct {
-	idx int
-	pl  sharePlacement
-}
-
-// beats orders nodes for a share. Binpack: a GPU that already holds shares
-// (no whole GPU lost), then fewer whole GPUs left free, then the fuller
-// GPU. Spread: more whole GPUs left free, then the emptier GPU. Then name.
-func (a shareScore) beats(b shareScore, nodes []*NodeState, spread bool) bool {
-	if !spread && a.pl.fresh != b.pl.fresh {
-		return !a.pl.fresh
-	}
-	if a.pl.freeAfter != b.pl.freeAfter {
-		return (a.pl.freeAfter < b.pl.freeAfter) != spread
-	}
-	if a.pl.loadAfter != b.pl.loadAfter {
-		return (a.pl.loadAfter > b.pl.loadAfter) != spread
-	}
-	return tailBeats(0, 0, a.idx, b.idx, nodes, spread)
-}
-
 func chooseShare(nodes []*NodeState, req Request, pol Policy) (Result, error) {
 	sc := getScratch()
 	defer putScratch(sc)
-	best := shareScore{idx: -1}
+	best := ranked{idx: -1}
+	var bestPos int
 	for i, n := range nodes {
 		pl, why := placeShare(sc, n, req, pol.GPU.spread(), pol.Mix)
 		if why != "" {
 			continue
 		}
-		if s := (shareScore{idx: i, pl: pl}); best.idx < 0 || s.beats(best, nodes, pol.Node.spread()) {
-			best = s
+		if s := (ranked{idx: i, score: shareNodeScore(n, pl)}); best.idx < 0 || s.beats(best, nodes, pol.Node.spread()) {
+			best, bestPos = s, pl.pos
 		}
 	}
 	if best.idx < 0 {
@@ -177,5 +145,5 @@ func chooseShare(nodes []*NodeState, req Request, pol Policy) (Result, error) {
 			"no node has a GPU that fits a share of %s memory and %d%% cores (%d nodes checked)",
 			formatBytes(req.Share.MemoryBytes), req.Share.Cores, len(nodes))}
 	}
-	return Result{Node: nodes[best.idx].Name, GPUs: []int{best.pl.pos}}, nil
+	return Result{Node: nodes[best.idx].Name, GPUs: []int{bestPos}}, nil
 }

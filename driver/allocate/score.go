@@ -1,0 +1,130 @@
+package allocate
+
+import (
+	"fmt"
+	"math/bits"
+)
+
+// NodeScore is one node's standing for one request, as ChooseNode ranks
+// nodes: for whole GPUs the link quality of the node's best set, then the
+// whole GPUs left free; for a share whether it opens a fresh GPU, the
+// whole GPUs left free and the chosen GPU's load. Node names break ties
+// (Better). Scores of different nodes are independent of each other, so a
+// caller deciding often over many nodes may keep a node's score for as
+// long as the node's state, the request and the policy are unchanged,
+// and rank only what changed.
+type NodeScore struct {
+	share     bool
+	key       key
+	freeAfter int
+	fresh     bool
+	loadAfter int64
+	// mixDependent: the score was computed with Policy.Mix (see
+	// DependsOnMix).
+	mixDependent bool
+}
+
+// DependsOnMix tells whether the score may differ under another
+// Policy.Mix with everything else equal. It does not for whole GPUs on
+// nodes of at most 16 free GPUs (the exact search establishes the best
+// quality without the fragmentation tie-break) nor for shares placed on a
+// GPU that already holds shares, or on a fresh GPU of a node whose GPUs
+// all have the same memory (the mix only chooses which fresh GPU).
+func (s NodeScore) DependsOnMix() bool { return s.mixDependent }
+
+// ScoreNode ranks one node for a request: ok is false when the request
+// does not fit the node. ChooseNode picks the node whose score is Better
+// than every other's (TestScoreNodeAgreesWithChooseNode). err is for
+// invalid input only.
+func ScoreNode(n *NodeState, req Request, pol Policy) (s NodeScore, ok bool, err error) {
+	if err := req.Validate(); err != nil {
+		return NodeScore{}, false, err
+	}
+	if err := pol.Validate(); err != nil {
+		return NodeScore{}, false, err
+	}
+	if err := n.Validate(); err != nil {
+		return NodeScore{}, false, err
+	}
+	if err := checkEligible(n, req); err != nil {
+		return NodeScore{}, false, fmt.Errorf("node %s: %w", nodeLabel(n.Name), err)
+	}
+	sc := getScratch()
+	defer putScratch(sc)
+	if req.Share != nil {
+		pl, why := placeShare(sc, n, req, pol.GPU.spread(), pol.Mix)
+		if why != "" {
+			return NodeScore{}, false, nil
+		}
+		return shareNodeScore(n, pl), true, nil
+	}
+	free := freeMask(n)
+	cand := free & eligibleMask(n, req)
+	if bits.OnesCount64(cand) < req.GPUs {
+		return NodeScore{}, false, nil
+	}
+	p := pickWhole(sc, n.Topology, free, cand, req.GPUs, req.RequiredLink, false, pol.Mix)
+	if !p.found {
+		return NodeScore{}, false, nil
+	}
+	return wholeNodeScore(p.key, bits.OnesCount64(free)-req.GPUs, bits.OnesCount64(free) > exactMaxFree), true, nil
+}
+
+func wholeNodeScore(k key, freeAfter int, mixDependent bool) NodeScore {
+	return NodeScore{key: k, freeAfter: freeAfter, mixDependent: mixDependent}
+}
+
+func shareNodeScore(n *NodeState, pl sharePlacement) NodeScore {
+	return NodeScore{share: true, fresh: pl.fresh, freeAfter: pl.freeAfter, loadAfter: pl.loadAfter,
+		mixDependent: pl.fresh && !uniformMemory(n)}
+}
+
+// uniformMemory tells whether every GPU of the node has the same memory.
+func uniformMemory(n *NodeState) bool {
+	gpus := n.Topology.GPUs
+	for i := 1; i < len(gpus); i++ {
+		if gpus[i].MemoryBytes != gpus[0].MemoryBytes {
+			return false
+		}
+	}
+	return true
+}
+
+// Better tells whether node a (named nameA) ranks before node b (named
+// nameB) for the same request under pol. Equal scores and names rank
+// neither first.
+func (a NodeScore) Better(b NodeScore, nameA, nameB string, pol Policy) bool {
+	if c := a.compare(b, pol.Node.spread()); c != 0 {
+		return c > 0
+	}
+	return nameA < nameB
+}
+
+// compare orders two nodes' scores before names: positive when a ranks
+// first. Whole GPUs: link quality, then the node-level strategy on the
+// whole GPUs left free (binpack: fewer, keeping emptier nodes for large
+// jobs; spread: more). Shares, binpack: a GPU that already holds shares
+// (no whole GPU lost), then fewer whole GPUs left free, then the fuller
+// GPU; spread: more whole GPUs left free, then the emptier GPU.
+func (a NodeScore) compare(b NodeScore, spread bool) int {
+	if a.share && !spread && a.fresh != b.fresh {
+		return boolOrder(!a.fresh)
+	}
+	if !a.share && a.key != b.key {
+		return boolOrder(a.key > b.key)
+	}
+	if a.freeAfter != b.freeAfter {
+		return boolOrder((a.freeAfter < b.freeAfter) != spread)
+	}
+	if a.share && a.loadAfter != b.loadAfter {
+		return boolOrder((a.loadAfter > b.loadAfter) != spread)
+	}
+	return 0
+}
+
+func boolOrder(first bool) int {
+	if first {
+		return 1
+	}
+	return -1
+}
