@@ -151,6 +151,13 @@ render health-off --set kubeletPlugin.health.enabled=false
 [[ $(grep -c 'path: /healthz' "${WORK}/health-off.yaml") -lt $(grep -c 'path: /healthz' "${WORK}/defaults.yaml") ]] &&
 	grep -q -- '--health=false' "${WORK}/health-off.yaml" ||
 	die "kubeletPlugin.health.enabled=false does not turn off the plugin's health checks and liveness probe"
+# Profiling reaches the binaries' flags when set, and only then.
+render profiling --set controller.profiling=true --set kubeletPlugin.profiling=true
+[[ $(grep -c -- '- --profiling=true$' "${WORK}/profiling.yaml") == 2 ]] ||
+	die "controller.profiling and kubeletPlugin.profiling do not reach the flags"
+if grep -q -- '--profiling' "${WORK}/defaults.yaml"; then
+	die "the default values render --profiling"
+fi
 
 # The ServiceMonitor needs the Prometheus Operator's CRDs, which the
 # throw-away API server of test-policies.sh lacks: rendered into a
@@ -169,6 +176,10 @@ expect_failure "a ServiceMonitor with nothing serving metrics" "nothing serves m
 	--set serviceMonitor.enabled=true --set controller.metricsPort=0 --set kubeletPlugin.metricsPort=0
 expect_failure "a malformed scrape interval" "/serviceMonitor/interval" --set serviceMonitor.interval=often
 
+expect_failure "controller profiling without a metrics port" "controller.profiling=true needs controller.metricsPort" \
+	--set controller.profiling=true --set controller.metricsPort=0
+expect_failure "plugin profiling without a metrics port" "kubeletPlugin.profiling=true needs kubeletPlugin.metricsPort" \
+	--set kubeletPlugin.profiling=true --set kubeletPlugin.metricsPort=0
 expect_failure "an unknown discovery mode" "/kubeletPlugin/discovery" --set kubeletPlugin.discovery=bogus
 expect_failure "an unknown top-level key" "additional properties 'bogus'" --set bogus=1
 expect_failure "a misspelt nested key" "additional properties 'replica'" --set controller.replica=2
