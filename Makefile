@@ -85,7 +85,13 @@ bench: ## allocator (latency p50/p99, churn quality per topology vs baselines) a
 	$(GO) test -run '^$$' -bench . -benchmem ./driver/... ./kubeletplugin/...
 
 # The full scale test; `make test` runs TestScale at its quick default size
-# (200 nodes, 400 pods) with the other integration tests.
+# (200 nodes, 400 pods) with the other integration tests. Profiling the
+# controller: GPULINK_SCALE_PROFILE=<absolute file> runs it with
+# --profiling and writes a CPU profile of GPULINK_SCALE_PROFILE_SECONDS (20)
+# from the first wave to <file> and a heap profile at the end of the waves
+# to <file>.heap (both reach the test from the environment or make's
+# command line), e.g.
+#   make scale GPULINK_SCALE_PROFILE=$PWD/_output/scale-cpu.pprof && go tool pprof -top _output/scale-cpu.pprof
 SCALE_NODES ?= 5000
 SCALE_PODS  ?= 10000
 SCALE_WAVES ?= 10

@@ -106,10 +106,15 @@ var (
 // inventory turns gpulink's ResourceSlices into per-node topologies. It is
 // fed by the ResourceSlice informer and safe for concurrent use.
 type inventory struct {
-	mu       sync.RWMutex
-	slices   map[string]*resourceapi.ResourceSlice // by slice name
-	nodes    map[string]*nodeInventory             // by node name
-	poolNode map[string]string                     // pool -> node it was built for
+	mu     sync.RWMutex
+	slices map[string]*resourceapi.ResourceSlice // by slice name
+	// byPool indexes slices by pool and slice name, so that rebuilding a
+	// pool reads only its own slices: scanning all of slices made
+	// publishing N nodes cost O(N^2). Kept in step with slices by
+	// storeLocked and forgetLocked, its only writers.
+	byPool   map[string]map[string]*resourceapi.ResourceSlice
+	nodes    map[string]*nodeInventory // by node name
+	poolNode map[string]string         // pool -> node it was built for
 	// sorted caches all()'s answer until a node changes; read-only.
 	sorted   []*nodeInventory
 	problems map[string]string // pool -> why it is unusable
@@ -118,6 +123,7 @@ type inventory struct {
 func newInventory() *inventory {
 	return &inventory{
 		slices:   map[string]*resourceapi.ResourceSlice{},
+		byPool:   map[string]map[string]*resourceapi.ResourceSlice{},
 		nodes:    map[string]*nodeInventory{},
 		poolNode: map[string]string{},
 		problems: map[string]string{},
@@ -138,20 +144,45 @@ func (inv *inventory) upsert(slice *resourceapi.ResourceSlice) error {
 		// newest-generation-wins rebuild. An earlier, acceptable version
 		// of it goes, and its pool is rebuilt without it.
 		if had {
-			delete(inv.slices, slice.Name)
+			inv.forgetLocked(old)
 			_ = inv.rebuildLocked(old.Spec.Pool.Name)
 		}
 		return err
 	}
 	if had && old.Spec.Pool.Name != slice.Spec.Pool.Name {
-		delete(inv.slices, slice.Name)
+		inv.forgetLocked(old)
 		// The slice moved pools. A problem with what is left of the old
 		// pool is recorded in inv.problems; the caller only reports on
 		// the pool the slice is in now.
 		_ = inv.rebuildLocked(old.Spec.Pool.Name)
 	}
-	inv.slices[slice.Name] = slice
+	inv.storeLocked(slice)
 	return inv.rebuildLocked(slice.Spec.Pool.Name)
+}
+
+// storeLocked records a slice under its name and in its pool's index,
+// replacing a stored slice of the same name in the same pool (a slice
+// that moves pools is forgotten first).
+func (inv *inventory) storeLocked(slice *resourceapi.ResourceSlice) {
+	inv.slices[slice.Name] = slice
+	pool := inv.byPool[slice.Spec.Pool.Name]
+	if pool == nil {
+		pool = map[string]*resourceapi.ResourceSlice{}
+		inv.byPool[slice.Spec.Pool.Name] = pool
+	}
+	pool[slice.Name] = slice
+}
+
+// forgetLocked drops a stored slice, given as stored (its pool is the
+// stored version's), from slices and from its pool's index.
+func (inv *inventory) forgetLocked(stored *resourceapi.ResourceSlice) {
+	delete(inv.slices, stored.Name)
+	if pool := inv.byPool[stored.Spec.Pool.Name]; pool != nil {
+		delete(pool, stored.Name)
+		if len(pool) == 0 {
+			delete(inv.byPool, stored.Spec.Pool.Name)
+		}
+	}
 }
 
 // foreignPoolError reports a node-local slice whose pool is named after
@@ -192,11 +223,11 @@ func (inv *inventory) remove(slice *resourceapi.ResourceSlice) {
 		// The pool of the version that was accepted, should the deleted
 		// object carry another.
 		pool = stored.Spec.Pool.Name
+		inv.forgetLocked(stored)
 	} else if checkPoolNode(slice) != nil {
 		// Never stored, so nothing to rebuild.
 		return
 	}
-	delete(inv.slices, slice.Name)
 	_ = inv.rebuildLocked(pool)
 }
 
@@ -247,14 +278,13 @@ func (inv *inventory) rebuildLocked(pool string) error {
 		delete(inv.poolNode, pool)
 	}
 	delete(inv.problems, pool)
-	var slices []*resourceapi.ResourceSlice
-	for _, s := range inv.slices {
-		if s.Spec.Pool.Name == pool {
-			slices = append(slices, s)
-		}
-	}
-	if len(slices) == 0 {
+	stored := inv.byPool[pool]
+	if len(stored) == 0 {
 		return nil
+	}
+	slices := make([]*resourceapi.ResourceSlice, 0, len(stored))
+	for _, s := range stored {
+		slices = append(slices, s)
 	}
 	n, err := buildNode(pool, slices)
 	if err != nil {

@@ -2,6 +2,8 @@ package controller
 
 import (
 	"errors"
+	"reflect"
+	"sort"
 	"strings"
 	"testing"
 
@@ -303,4 +305,106 @@ func TestControllerWarnsAboutForeignPoolSlice(t *testing.T) {
 	if got := allocatedNode(h.waitAllocated("eight")); got != "node-b" {
 		t.Errorf("claim allocated on %q, want node-b's own 8 GPUs", got)
 	}
+}
+
+// The index of slices by pool stays in step with the stored slices through
+// adds, updates, pool moves, refused updates and removals, and a pool's
+// rebuild sees exactly its own slices.
+func TestInventoryPoolIndexConsistent(t *testing.T) {
+	inv := newInventory()
+	check := func(step string, want map[string][]string) {
+		t.Helper()
+		got := map[string][]string{}
+		indexed := 0
+		for pool, byName := range inv.byPool {
+			if len(byName) == 0 {
+				t.Errorf("%s: empty index entry for pool %q kept", step, pool)
+			}
+			for name, s := range byName {
+				indexed++
+				if stored := inv.slices[name]; stored != s {
+					t.Errorf("%s: index has slice %q in pool %q, stored is %v", step, name, pool, stored)
+				}
+				if s.Spec.Pool.Name != pool {
+					t.Errorf("%s: slice %q of pool %q indexed under pool %q", step, name, s.Spec.Pool.Name, pool)
+				}
+				got[pool] = append(got[pool], name)
+			}
+		}
+		if indexed != len(inv.slices) {
+			t.Errorf("%s: %d slices indexed, %d stored", step, indexed, len(inv.slices))
+		}
+		for pool := range got {
+			sort.Strings(got[pool])
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: index %v, want %v", step, got, want)
+		}
+		for pool := range want {
+			if n := inv.node(pool); n == nil || n.Pool != pool {
+				t.Errorf("%s: node %s: inventory %+v, want pool %s", step, pool, n, pool)
+			}
+		}
+		for _, n := range inv.all() {
+			if _, ok := want[n.Pool]; !ok {
+				t.Errorf("%s: node %s of pool %s left over", step, n.Node, n.Pool)
+			}
+		}
+	}
+	a, b := v100Slice(t, "a"), v100Slice(t, "b")
+	for _, s := range []*resourceapi.ResourceSlice{a, b} {
+		if err := inv.upsert(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check("add", map[string][]string{"a": {a.Name}, "b": {b.Name}})
+
+	a2 := v100Slice(t, "a")
+	a2.Spec.Pool.Generation = 2
+	if err := inv.upsert(a2); err != nil {
+		t.Fatal(err)
+	}
+	check("update", map[string][]string{"a": {a.Name}, "b": {b.Name}})
+	if inv.byPool["a"][a.Name] != a2 {
+		t.Error("update: index still holds the old version of the slice")
+	}
+
+	c := v100Slice(t, "c")
+	if err := inv.upsert(c); err != nil {
+		t.Fatal(err)
+	}
+	check("add c", map[string][]string{"a": {a.Name}, "b": {b.Name}, "c": {c.Name}})
+	moved := v100Slice(t, "d")
+	moved.Name = c.Name
+	if err := inv.upsert(moved); err != nil {
+		t.Fatal(err)
+	}
+	check("pool move", map[string][]string{"a": {a.Name}, "b": {b.Name}, "d": {c.Name}})
+
+	refused := v100Slice(t, "d")
+	refused.Name = c.Name
+	refused.Spec.Pool.Name = "b"
+	if err := inv.upsert(refused); err == nil {
+		t.Error("refused update: slice naming another node's pool accepted")
+	}
+	check("refused update", map[string][]string{"a": {a.Name}, "b": {b.Name}})
+
+	forged := v100Slice(t, "a")
+	forged.Name = "forged"
+	forged.Spec.Pool.Name = "b"
+	if err := inv.upsert(forged); err == nil {
+		t.Error("refused add: slice naming another node's pool accepted")
+	}
+	check("refused add", map[string][]string{"a": {a.Name}, "b": {b.Name}})
+	inv.remove(forged)
+	check("remove refused", map[string][]string{"a": {a.Name}, "b": {b.Name}})
+
+	// The deleted object names another pool than the stored version: the
+	// stored version's pool is the one that loses it.
+	stale := v100Slice(t, "e")
+	stale.Name = a.Name
+	inv.remove(stale)
+	check("remove", map[string][]string{"b": {b.Name}})
+	inv.remove(b)
+	check("remove last", map[string][]string{})
 }

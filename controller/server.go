@@ -11,6 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/klog/v2"
+
+	pprofhttp "github.com/gpulink/gpulink/internal/profiling"
 )
 
 // Serve runs an HTTP server on addr until ctx ends.
@@ -33,10 +35,15 @@ func Serve(ctx context.Context, addr string, h http.Handler) error {
 	return nil
 }
 
-// MetricsHandler serves the registry in the Prometheus format.
-func MetricsHandler(reg *prometheus.Registry) http.Handler {
+// MetricsHandler serves the registry in the Prometheus format under
+// /metrics and, with profiling (--profiling), Go's runtime profiles under
+// /debug/pprof/ (net/http/pprof).
+func MetricsHandler(reg *prometheus.Registry, profiling bool) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	if profiling {
+		pprofhttp.Register(mux)
+	}
 	return mux
 }
 

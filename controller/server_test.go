@@ -46,11 +46,37 @@ func TestMetricsHandler(t *testing.T) {
 	m.Allocations.WithLabelValues("NV2").Inc()
 	m.PendingPods.Set(3)
 	rec := httptest.NewRecorder()
-	MetricsHandler(reg).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	MetricsHandler(reg, false).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	body := rec.Body.String()
 	for _, want := range []string{`gpulink_controller_allocations_total{weakest_link="NV2"} 1`, "gpulink_controller_pending_pods 3", "gpulink_controller_allocation_latency_seconds"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics output lacks %q", want)
+		}
+	}
+}
+
+// /debug/pprof/ is served next to /metrics only with --profiling.
+func TestMetricsHandlerProfiling(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	NewMetrics(reg)
+	get := func(h http.Handler, path string) (int, string) {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		return rec.Code, rec.Body.String()
+	}
+	for _, profiling := range []bool{false, true} {
+		h := MetricsHandler(reg, profiling)
+		if code, body := get(h, "/metrics"); code != http.StatusOK || !strings.Contains(body, "gpulink_controller_pending_pods") {
+			t.Errorf("profiling=%v: /metrics = %d, want 200 with the controller's metrics", profiling, code)
+		}
+		for _, path := range []string{"/debug/pprof/", "/debug/pprof/heap?debug=1", "/debug/pprof/cmdline"} {
+			code, body := get(h, path)
+			switch {
+			case profiling && code != http.StatusOK:
+				t.Errorf("profiling on: %s = %d %.200q, want 200", path, code, body)
+			case !profiling && code != http.StatusNotFound:
+				t.Errorf("profiling off: %s = %d, want 404", path, code)
+			}
 		}
 	}
 }

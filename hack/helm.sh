@@ -151,6 +151,21 @@ render health-off --set kubeletPlugin.health.enabled=false
 [[ $(grep -c 'path: /healthz' "${WORK}/health-off.yaml") -lt $(grep -c 'path: /healthz' "${WORK}/defaults.yaml") ]] &&
 	grep -q -- '--health=false' "${WORK}/health-off.yaml" ||
 	die "kubeletPlugin.health.enabled=false does not turn off the plugin's health checks and liveness probe"
+# Profiling and the recent size mix reach the binaries' flags when set, and
+# only then: empty sizeMix values leave the controller's defaults.
+render profiling-size-mix --set controller.profiling=true --set kubeletPlugin.profiling=true \
+	--set controller.sizeMix.window=256 --set controller.sizeMix.refresh=32
+[[ $(grep -c -- '- --profiling=true$' "${WORK}/profiling-size-mix.yaml") == 2 ]] &&
+	grep -q -- '- --size-mix-window=256$' "${WORK}/profiling-size-mix.yaml" &&
+	grep -q -- '- --size-mix-refresh=32$' "${WORK}/profiling-size-mix.yaml" ||
+	die "controller.profiling, kubeletPlugin.profiling and controller.sizeMix do not reach the flags"
+render size-mix-off --set controller.sizeMix.window=-1
+grep -q -- '- --size-mix-window=-1$' "${WORK}/size-mix-off.yaml" &&
+	! grep -q -- '--size-mix-refresh' "${WORK}/size-mix-off.yaml" ||
+	die "controller.sizeMix.window=-1 alone does not render just --size-mix-window=-1"
+if grep -qE -- '--profiling|--size-mix-' "${WORK}/defaults.yaml"; then
+	die "the default values render --profiling or --size-mix-* flags"
+fi
 
 # The ServiceMonitor needs the Prometheus Operator's CRDs, which the
 # throw-away API server of test-policies.sh lacks: rendered into a
@@ -169,6 +184,13 @@ expect_failure "a ServiceMonitor with nothing serving metrics" "nothing serves m
 	--set serviceMonitor.enabled=true --set controller.metricsPort=0 --set kubeletPlugin.metricsPort=0
 expect_failure "a malformed scrape interval" "/serviceMonitor/interval" --set serviceMonitor.interval=often
 
+expect_failure "controller profiling without a metrics port" "controller.profiling=true needs controller.metricsPort" \
+	--set controller.profiling=true --set controller.metricsPort=0
+expect_failure "plugin profiling without a metrics port" "kubeletPlugin.profiling=true needs kubeletPlugin.metricsPort" \
+	--set kubeletPlugin.profiling=true --set kubeletPlugin.metricsPort=0
+expect_failure "a negative size-mix refresh" "/controller/sizeMix/refresh" --set controller.sizeMix.refresh=-1
+expect_failure "a size-mix window that is not a number" "/controller/sizeMix/window" --set controller.sizeMix.window=big
+expect_failure "an unknown sizeMix key" "additional properties 'windw'" --set controller.sizeMix.windw=5
 expect_failure "an unknown discovery mode" "/kubeletPlugin/discovery" --set kubeletPlugin.discovery=bogus
 expect_failure "an unknown top-level key" "additional properties 'bogus'" --set bogus=1
 expect_failure "a misspelt nested key" "additional properties 'replica'" --set controller.replica=2

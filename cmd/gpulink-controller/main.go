@@ -41,6 +41,7 @@ type options struct {
 	retryPeriod        time.Duration
 	metricsAddress     string
 	healthAddress      string
+	profiling          bool
 	workers            int
 	resyncPeriod       time.Duration
 	unschedulableGrace time.Duration
@@ -69,6 +70,7 @@ func main() {
 	fs.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", 10*time.Second, "How long the leader retries renewing before giving up.")
 	fs.DurationVar(&o.retryPeriod, "leader-elect-retry-period", 2*time.Second, "How often candidates retry.")
 	fs.StringVar(&o.metricsAddress, "metrics-address", ":8080", "Address for /metrics; empty disables it.")
+	fs.BoolVar(&o.profiling, "profiling", false, "Serve Go's runtime profiles (net/http/pprof) under /debug/pprof/ on --metrics-address.")
 	fs.StringVar(&o.healthAddress, "health-address", ":8081", "Address for /healthz and /readyz; empty disables it.")
 	fs.IntVar(&o.workers, "workers", 32, "Pods processed in parallel (decisions are serialized, API writes overlap).")
 	fs.DurationVar(&o.resyncPeriod, "resync-period", 10*time.Minute, "Re-examine every watched object this often (0 disables).")
@@ -191,7 +193,7 @@ func run(ctx context.Context, o options) error {
 			}
 		})
 	}
-	serve(o.metricsAddress, controller.MetricsHandler(reg))
+	serve(o.metricsAddress, controller.MetricsHandler(reg, o.profiling))
 	serve(o.healthAddress, controller.HealthHandler(watchdog.Check, func() bool { return !leading.Load() || ctrl.Ready() }))
 
 	lead := func(ctx context.Context) {

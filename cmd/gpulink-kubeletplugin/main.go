@@ -30,6 +30,7 @@ import (
 
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/health"
+	pprofhttp "github.com/gpulink/gpulink/internal/profiling"
 	"github.com/gpulink/gpulink/kubeletplugin"
 )
 
@@ -54,6 +55,7 @@ type flags struct {
 	defaultShareMemory  string
 	defaultShareCores   int64
 	metricsAddress      string
+	profiling           bool
 	bootIDFile          string
 	rediscoverInterval  time.Duration
 	health              bool
@@ -93,6 +95,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.defaultShareMemory, "default-share-memory", "4Gi", "Memory a share gets when its request does not ask (request policy default).")
 	fs.Int64Var(&f.defaultShareCores, "default-share-cores", 25, "Percent of SMs a share gets when its request does not ask (request policy default).")
 	fs.StringVar(&f.metricsAddress, "metrics-address", ":8080", "Address of the Prometheus /metrics endpoint; empty disables it.")
+	fs.BoolVar(&f.profiling, "profiling", false, "Serve Go's runtime profiles (net/http/pprof) under /debug/pprof/ on --metrics-address.")
 	fs.StringVar(&f.bootIDFile, "boot-id-file", "/proc/sys/kernel/random/boot_id", "File holding the node's boot ID; a change invalidates the checkpoint.")
 	fs.DurationVar(&f.rediscoverInterval, "rediscover-interval", time.Minute, "How often GPU discovery runs again; 0 disables.")
 	fs.BoolVar(&f.health, "health", true, "Watch GPU health: taint GPUs with a fatal condition ("+driver.UnhealthyTaintKey+"), report device health to the kubelet, record Node events.")
@@ -141,6 +144,26 @@ func (f *flags) healthOptions() (*kubeletplugin.HealthOptions, error) {
 		return nil, fmt.Errorf("--health-poll-interval: %s must be positive", f.healthPollInterval)
 	}
 	return &kubeletplugin.HealthOptions{Policy: p, TaintEffect: effect}, nil
+}
+
+// metricsHandler serves the metrics port: /metrics, /healthz and, with
+// --profiling, Go's runtime profiles under /debug/pprof/.
+func metricsHandler(reg *prometheus.Registry, healthErr func() error, profiling bool) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	// Liveness: fails while a health source cannot read the GPUs (NVML
+	// broken), so the plugin restarts instead of showing them healthy.
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := healthErr(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	if profiling {
+		pprofhttp.Register(mux)
+	}
+	return mux
 }
 
 func main() {
@@ -328,18 +351,7 @@ func run(ctx context.Context, f *flags) error {
 	}
 
 	if f.metricsAddress != "" {
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		// Liveness: fails while a health source cannot read the GPUs (NVML
-		// broken), so the plugin restarts instead of showing them healthy.
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-			if err := d.HealthError(); err != nil {
-				http.Error(w, err.Error(), http.StatusServiceUnavailable)
-				return
-			}
-			_, _ = w.Write([]byte("ok\n"))
-		})
-		srv := &http.Server{Addr: f.metricsAddress, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		srv := &http.Server{Addr: f.metricsAddress, Handler: metricsHandler(reg, d.HealthError, f.profiling), ReadHeaderTimeout: 10 * time.Second}
 		go func() {
 			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				logger.Error(err, "Metrics server failed", "address", f.metricsAddress)

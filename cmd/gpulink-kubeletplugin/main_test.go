@@ -1,9 +1,14 @@
 package main
 
 import (
+	"errors"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 func TestParseFlagsDefaults(t *testing.T) {
@@ -24,6 +29,7 @@ func TestParseFlagsDefaults(t *testing.T) {
 		"default-share-memory":  {f.defaultShareMemory, "4Gi"},
 		"default-share-cores":   {f.defaultShareCores, int64(25)},
 		"metrics-address":       {f.metricsAddress, ":8080"},
+		"profiling":             {f.profiling, false},
 		"boot-id-file":          {f.bootIDFile, "/proc/sys/kernel/random/boot_id"},
 		"rediscover-interval":   {f.rediscoverInterval, time.Minute},
 		"kubeconfig":            {f.kubeconfig, ""},
@@ -93,5 +99,45 @@ func TestHealthFlags(t *testing.T) {
 	o, err = f.healthOptions()
 	if err != nil || o.TaintEffect != "NoExecute" || len(o.Policy.FatalXIDs) != 1 || len(o.Policy.IgnoredXIDs) != 0 {
 		t.Errorf("custom health options %+v, %v", o, err)
+	}
+}
+
+// The metrics port serves /debug/pprof/ only with --profiling; /metrics and
+// /healthz either way.
+func TestMetricsHandlerProfiling(t *testing.T) {
+	f, err := parseFlags([]string{"--profiling"})
+	if err != nil || !f.profiling {
+		t.Fatalf("--profiling: %v, %v", f, err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "gpulink_test_total"}))
+	var healthErr error
+	get := func(h http.Handler, path string) (int, string) {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		return rec.Code, rec.Body.String()
+	}
+	for _, profiling := range []bool{false, true} {
+		h := metricsHandler(reg, func() error { return healthErr }, profiling)
+		if code, body := get(h, "/metrics"); code != http.StatusOK || !strings.Contains(body, "gpulink_test_total") {
+			t.Errorf("profiling=%v: /metrics = %d %q", profiling, code, body)
+		}
+		healthErr = nil
+		if code, _ := get(h, "/healthz"); code != http.StatusOK {
+			t.Errorf("profiling=%v: /healthz = %d, want 200", profiling, code)
+		}
+		healthErr = errors.New("NVML broken")
+		if code, _ := get(h, "/healthz"); code != http.StatusServiceUnavailable {
+			t.Errorf("profiling=%v: /healthz with a broken health source = %d, want 503", profiling, code)
+		}
+		for _, path := range []string{"/debug/pprof/", "/debug/pprof/heap?debug=1", "/debug/pprof/cmdline"} {
+			code, body := get(h, path)
+			switch {
+			case profiling && code != http.StatusOK:
+				t.Errorf("profiling on: %s = %d %.200q, want 200", path, code, body)
+			case !profiling && code != http.StatusNotFound:
+				t.Errorf("profiling off: %s = %d, want 404", path, code)
+			}
+		}
 	}
 }

@@ -4,7 +4,8 @@
 // real Kubernetes 1.37 control plane (test/localcluster) with thousands
 // of API-only GPU nodes and pods: TestScale. Its default size is a quick
 // run that is part of `make test`; `make scale` is the full one (5,000
-// nodes, 10,000 pods; GPULINK_SCALE_NODES, _PODS, _WAVES).
+// nodes, 10,000 pods; GPULINK_SCALE_NODES, _PODS, _WAVES). Controller
+// profiles: GPULINK_SCALE_PROFILE and _PROFILE_SECONDS (see scaleConfig).
 //
 //	go test -tags integration -run TestScale -v ./test/scale/
 package scale_test

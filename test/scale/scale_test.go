@@ -47,12 +47,24 @@ type scaleConfig struct {
 	// Report (GPULINK_SCALE_REPORT) is a file the figures are written to
 	// as JSON, besides the test log.
 	Report string
+	// Profile (GPULINK_SCALE_PROFILE) is a file for a CPU profile of the
+	// controller: it then runs with --profiling, and a profile of
+	// ProfileSeconds (GPULINK_SCALE_PROFILE_SECONDS, default 20) is taken
+	// from /debug/pprof/profile on its metrics address from the start of
+	// the first wave (a run whose waves end sooner waits for it). A heap
+	// profile taken at the end of the waves goes next to it, as
+	// <Profile>.heap. Read them with `go tool pprof <file>` (the
+	// controller binary is not kept; the profiles carry its symbols).
+	Profile        string
+	ProfileSeconds int
 }
 
 func scaleConfigFromEnv(t *testing.T) scaleConfig {
 	t.Helper()
-	c := scaleConfig{Nodes: 200, Pods: 400, Waves: 4, Report: os.Getenv("GPULINK_SCALE_REPORT")}
-	for env, p := range map[string]*int{"GPULINK_SCALE_NODES": &c.Nodes, "GPULINK_SCALE_PODS": &c.Pods, "GPULINK_SCALE_WAVES": &c.Waves} {
+	c := scaleConfig{Nodes: 200, Pods: 400, Waves: 4, Report: os.Getenv("GPULINK_SCALE_REPORT"),
+		Profile: os.Getenv("GPULINK_SCALE_PROFILE"), ProfileSeconds: 20}
+	for env, p := range map[string]*int{"GPULINK_SCALE_NODES": &c.Nodes, "GPULINK_SCALE_PODS": &c.Pods, "GPULINK_SCALE_WAVES": &c.Waves,
+		"GPULINK_SCALE_PROFILE_SECONDS": &c.ProfileSeconds} {
 		v := os.Getenv(env)
 		if v == "" {
 			continue
@@ -182,7 +194,7 @@ func TestScale(t *testing.T) {
 	// The controller starts on an empty cluster (for its heap before the
 	// nodes) and must not count other tests' nodes: the package's tests
 	// run one after another and clean up, so there are none.
-	ctrl := startControllerProcess(t, e)
+	ctrl := startControllerProcess(t, e, cfg.Profile != "")
 	defer ctrl.stop()
 	ctrl.waitReady(t)
 	time.Sleep(2 * time.Second)
@@ -256,6 +268,14 @@ func TestScale(t *testing.T) {
 
 	podStart := time.Now()
 	reqBefore := ctrl.requests(t)
+	// The CPU profile covers the waves: the controller deciding pods.
+	var cpuProfile chan error
+	if cfg.Profile != "" {
+		cpuProfile = make(chan error, 1)
+		go func() {
+			cpuProfile <- ctrl.profile(fmt.Sprintf("profile?seconds=%d", cfg.ProfileSeconds), cfg.Profile, time.Duration(cfg.ProfileSeconds)*time.Second)
+		}()
+	}
 	perWave := cfg.Pods / cfg.Waves
 	var wavePods [][]string
 	var activeSeconds float64
@@ -297,6 +317,19 @@ func TestScale(t *testing.T) {
 	}
 	rep.PodPhaseSeconds = time.Since(podStart).Seconds()
 	reqAfter := ctrl.requests(t)
+	if cpuProfile != nil {
+		if err := ctrl.profile("heap", cfg.Profile+".heap", 0); err != nil {
+			t.Error(err)
+		}
+		if rep.PodPhaseSeconds < float64(cfg.ProfileSeconds) {
+			t.Logf("the waves took %.1fs, less than the %ds CPU profile: it also covers the idle controller", rep.PodPhaseSeconds, cfg.ProfileSeconds)
+		}
+		if err := <-cpuProfile; err != nil {
+			t.Error(err)
+		} else {
+			t.Logf("controller profiles: CPU (%ds from the first wave) %s, heap (end of the waves) %s.heap", cfg.ProfileSeconds, cfg.Profile, cfg.Profile)
+		}
+	}
 	rep.APIRequestsByMethod = map[string]float64{}
 	var total float64
 	for m, v := range reqAfter {
@@ -449,7 +482,9 @@ type controllerProcess struct {
 	log     string
 }
 
-func startControllerProcess(t *testing.T, e *env) *controllerProcess {
+// startControllerProcess builds and starts the controller; with profiling,
+// it serves /debug/pprof/ on its metrics address (--profiling).
+func startControllerProcess(t *testing.T, e *env, profiling bool) *controllerProcess {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "gpulink-controller")
 	build := exec.CommandContext(e.ctx, "go", "build", "-o", bin, "../../cmd/gpulink-controller")
@@ -459,8 +494,8 @@ func startControllerProcess(t *testing.T, e *env) *controllerProcess {
 	c := &controllerProcess{metrics: localcluster.FreePort(t), health: localcluster.FreePort(t), log: filepath.Join(t.TempDir(), "controller.log")}
 	ctx, cancel := context.WithCancel(e.ctx)
 	c.cancel = cancel
-	c.cmd = exec.CommandContext(ctx, bin,
-		"--kubeconfig="+cluster.Kubeconfig(),
+	args := []string{
+		"--kubeconfig=" + cluster.Kubeconfig(),
 		"--leader-elect=false",
 		fmt.Sprintf("--metrics-address=127.0.0.1:%d", c.metrics),
 		fmt.Sprintf("--health-address=127.0.0.1:%d", c.health),
@@ -469,7 +504,12 @@ func startControllerProcess(t *testing.T, e *env) *controllerProcess {
 		// No kubelet binds here late, but kube-scheduler on a loaded
 		// machine may: no release-and-retry in the middle of the run.
 		"--unschedulable-grace=10m",
-		"--v=1")
+		"--v=1",
+	}
+	if profiling {
+		args = append(args, "--profiling")
+	}
+	c.cmd = exec.CommandContext(ctx, bin, args...)
 	f, err := os.Create(c.log)
 	if err != nil {
 		t.Fatal(err)
@@ -513,6 +553,29 @@ func (c *controllerProcess) waitReady(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Fatal("controller not ready after a minute")
+}
+
+// profile fetches /debug/pprof/<what> from the controller (run with
+// --profiling) into file; takes is how long the profile runs (0: at once).
+// It does not touch t: it also runs in a goroutine of its own.
+func (c *controllerProcess) profile(what, file string, takes time.Duration) error {
+	client := &http.Client{Timeout: takes + time.Minute}
+	resp, err := client.Get(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/%s", c.metrics, what))
+	if err != nil {
+		return fmt.Errorf("controller profile %s: %w", what, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return fmt.Errorf("controller profile %s: %w", what, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("controller profile %s: %s: %s", what, resp.Status, body)
+	}
+	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(file, body, 0o644)
 }
 
 // scrape returns the controller's metrics as name{labels} -> value.

@@ -1,0 +1,47 @@
+package controller
+
+import (
+	"fmt"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+
+	"github.com/gpulink/gpulink/controller/controllertest"
+)
+
+// BenchmarkInventoryUpsert5000Nodes measures the controller's startup
+// path: the ResourceSlice informer delivering 5,000 eight-GPU nodes of
+// mixed kinds, one slice each, into an empty inventory. It reports the
+// time for all 5,000 upserts (ms/5000-nodes) and per upsert (ns/op is
+// for the whole batch).
+func BenchmarkInventoryUpsert5000Nodes(b *testing.B) {
+	eight := []string{"dgx1-v100.txt", "dgx1-p100.txt", "dgx-a100.txt", "dgx-h100.txt",
+		"v100-sxm2-8-aliyun-sccgn6.txt", "pcie-nvbridge-8.txt", "pcie-pex-8.txt", "pcie-switch-8.txt"}
+	const nodes = 5000
+	slices := make([]*resourceapi.ResourceSlice, 0, nodes)
+	for i := range nodes {
+		topo, err := parseFixture(eight[i%len(eight)])
+		if err != nil {
+			b.Fatal(err)
+		}
+		s, err := controllertest.Slice(fmt.Sprintf("node-%05d", i), topo, controllertest.SliceOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		slices = append(slices, s)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		inv := newInventory()
+		for _, s := range slices {
+			if err := inv.upsert(s); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if len(inv.nodes) != nodes {
+			b.Fatalf("%d nodes, want %d", len(inv.nodes), nodes)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/5000-nodes")
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/nodes, "ns/upsert")
+}
