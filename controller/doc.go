@@ -86,9 +86,13 @@
 // plans a handful (BenchmarkDecision5000Nodes). It falls back to filtering
 // and planning every node when the shortcut cannot vouch for the answer (a
 // node whose devices take different share sizes, nodes that disagree on
-// the size) and when nothing fits, so that the waiting event still says
-// why for every node. The allocation event then names at most three nodes
-// that also fit, the next-best ones, and how many were not planned.
+// the size). When it finds that nothing fits, every node is filtered, so
+// that the waiting event counts the nodes per reason as kube-scheduler
+// does, and the nodes the filter lets through (all short of devices) are
+// planned only until the event has its few distinct reasons (explainNoFit;
+// pods with excluded nodes take the full path, which may reset them). The
+// allocation event names at most three nodes that also fit, the next-best
+// ones, and how many were not planned.
 // TestQuickChoiceMatchesExhaustive compares both paths on random clusters.
 //
 // Node fit, as kube-scheduler's NodeResourcesFit: the node's allocatable

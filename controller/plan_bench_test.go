@@ -177,8 +177,8 @@ func BenchmarkDecision5000Nodes(b *testing.B) {
 	quick := func(cache *scoreCache) func([]*interpretedClaim) *nodePlan {
 		return func(pending []*interpretedClaim) *nodePlan {
 			pf := filter.forPod(logger, pod, nil, nil)
-			q, ok := quickChoice(ctx, pc.sel, pol, nodes, pc, cache, pf.admit, pending)
-			if !ok {
+			q, verdict := quickChoice(ctx, pc.sel, pol, nodes, pc, cache, pf.admit, pending)
+			if verdict != quickChosen {
 				b.Fatal("shortcut did not apply")
 			}
 			return q.plan

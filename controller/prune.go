@@ -20,12 +20,24 @@ type usageSource interface {
 	generations(nodes []*nodeInventory, out []uint64)
 }
 
+// quickVerdict is what quickChoice could establish.
+type quickVerdict int
+
+const (
+	// quickUnsure: the pod is not of the shape, or the shortcut cannot
+	// vouch for the answer; the caller filters and plans every node.
+	quickUnsure quickVerdict = iota
+	// quickChosen: the result holds the plan.
+	quickChosen
+	// quickNoFit: no node that admit lets through fits the pod.
+	quickNoFit
+)
+
 // quickChoice decides a pod with a single placement (one claim, one
 // request, no firstAvailable, no matchAttribute, whole GPUs by count or
 // one share) without planning every node, and returns the plan choosePlan
-// would have picked among the plans of every node admit lets through; ok
-// is false when the pod is not of that shape or the shortcut cannot vouch
-// for the answer, and the caller then filters and plans every node.
+// would have picked among the plans of every node admit lets through
+// (quickChosen), or that there is none (quickNoFit).
 //
 // Why it is exact: for such a pod every feasible plan has RankSum 0, and
 // choosePlan ranks them by allocate.ChooseNode over each node's usage with
@@ -46,19 +58,19 @@ type usageSource interface {
 // fit filter (admit), which reads Node objects and the pods on each node,
 // runs only on the nodes that rank above the winner. Whenever a node's
 // devices would split into several share sizes, or nodes disagree on the
-// share size (choosePlan then ranks by the first node's size), or nothing
-// fits (the exhaustive path explains why), ok is false.
-func quickChoice(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, nodes []*nodeInventory, usage usageSource, cache *scoreCache, admit func(*nodeInventory) bool, pending []*interpretedClaim) (*quickResult, bool) {
+// share size (choosePlan then ranks by the first node's size), the
+// verdict is quickUnsure.
+func quickChoice(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, nodes []*nodeInventory, usage usageSource, cache *scoreCache, admit func(*nodeInventory) bool, pending []*interpretedClaim) (*quickResult, quickVerdict) {
 	if len(pending) != 1 {
-		return nil, false
+		return nil, quickUnsure
 	}
 	ic := pending[0]
 	if len(ic.Requests) != 1 || len(ic.Constraints) != 0 || len(ic.Requests[0].Alternatives) != 1 {
-		return nil, false
+		return nil, quickUnsure
 	}
 	alt := ic.Requests[0].Alternatives[0]
 	if alt.All || alt.Count < 1 || (alt.Share && alt.Count != 1) {
-		return nil, false
+		return nil, quickUnsure
 	}
 	sig := quickSignature(alt)
 	scores := cache.shape(fmt.Sprintf("%s\x03%d/%d/%d/%d/%s/%s", sig, alt.Count, alt.RequiredLink,
@@ -77,13 +89,13 @@ func quickChoice(ctx context.Context, sel *selectorEvaluator, pol allocate.Polic
 			continue
 		}
 		if e.nonUniform {
-			return nil, false
+			return nil, quickUnsure
 		}
 		if alt.Share {
 			if shareKey == "" {
 				shareKey = e.shareKey
 			} else if e.shareKey != shareKey {
-				return nil, false
+				return nil, quickUnsure
 			}
 		}
 		if e.fits {
@@ -99,11 +111,34 @@ func quickChoice(ctx context.Context, sel *selectorEvaluator, pol allocate.Polic
 		}
 		plan, _ := planNode(ctx, sel, pol, n, usage.nodeUsage(n), pending)
 		if plan == nil {
+			return nil, quickUnsure
+		}
+		return &quickResult{plan: plan, rest: h}, quickChosen
+	}
+	return nil, quickNoFit
+}
+
+// maxExplainedNodes bounds the nodes planned to say why a pod fits none
+// after quickChoice found so.
+const maxExplainedNodes = 64
+
+// explainNoFit plans admitted nodes, in order, only for the reasons they
+// do not fit, until five distinct reasons (the waiting message shows four
+// and counts the rest) or maxExplainedNodes; ok is false if one fits after
+// all (its usage changed since it was scored), and the caller then plans
+// every node.
+func explainNoFit(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, cands []*nodeInventory, usage usageSource, pending []*interpretedClaim) (why []string, ok bool) {
+	for i, n := range cands {
+		if i == maxExplainedNodes || len(dedupe(why)) > 4 {
+			break
+		}
+		plan, reasons := planNode(ctx, sel, pol, n, usage.nodeUsage(n), pending)
+		if plan != nil {
 			return nil, false
 		}
-		return &quickResult{plan: plan, rest: h}, true
+		why = append(why, reasons...)
 	}
-	return nil, false
+	return why, true
 }
 
 // quickResult is a quick choice and the nodes ranked below it.

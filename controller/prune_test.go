@@ -182,7 +182,7 @@ func randomPod(rng *rand.Rand) []*resourceapi.ResourceClaim {
 func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(9, 5000))
-	quick, shortcutShapes, cached := 0, 0, 0
+	quick, shortcutShapes, cached, noFit := 0, 0, 0, 0
 	for round := range 12 {
 		pc := newPruneCluster(t, rng, 40+rng.IntN(80), pruneFixtures, []float64{0.3, 0.7, 1}[round%3])
 		cache := newScoreCache()
@@ -222,7 +222,14 @@ func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 			plans, _, _ := exhaustivePlans(ctx, pc.sel, pol, cands, pc.nodeUsage, pending)
 			ref := choosePlan(plans, pol)
 			before := cacheEntries(cache)
-			got, ok := quickChoice(ctx, pc.sel, pol, nodes, pc, cache, admit, pending)
+			got, verdict := quickChoice(ctx, pc.sel, pol, nodes, pc, cache, admit, pending)
+			ok := verdict == quickChosen
+			if verdict == quickNoFit {
+				noFit++
+				if ref != nil {
+					t.Fatalf("round %d, policy %+v: the shortcut found nothing fits, planning every node gives %s", round, pol, ref.summarize())
+				}
+			}
 			single := len(pending) == 1 && len(pending[0].Requests) == 1 && len(pending[0].Requests[0].Alternatives) == 1
 			if single && ref != nil {
 				shortcutShapes++
@@ -244,10 +251,10 @@ func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d decisions by the shortcut (%d with scores kept from earlier decisions) out of %d single-placement pods that fit", quick, cached, shortcutShapes)
+	t.Logf("%d decisions by the shortcut (%d with scores kept from earlier decisions) out of %d single-placement pods that fit; %d found to fit nowhere", quick, cached, shortcutShapes, noFit)
 	// Shares whose default size differs across nodes fall back; most
 	// single-placement pods must take the shortcut or it is not tested.
-	if shortcutShapes == 0 || quick*10 < shortcutShapes*7 || cached*2 < quick {
+	if shortcutShapes == 0 || quick*10 < shortcutShapes*7 || cached*2 < quick || noFit == 0 {
 		t.Fatalf("only %d of %d single-placement decisions took the shortcut, %d of them with kept scores", quick, shortcutShapes, cached)
 	}
 }
@@ -280,8 +287,8 @@ func TestScoreCacheFollowsUsage(t *testing.T) {
 	nodes := pc.inv.all()
 	seen := map[string]bool{}
 	for i := range len(nodes) {
-		q, ok := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending)
-		if !ok {
+		q, verdict := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending)
+		if verdict != quickChosen {
 			t.Fatalf("decision %d: shortcut did not apply", i)
 		}
 		name := q.plan.Node.Node
@@ -291,21 +298,21 @@ func TestScoreCacheFollowsUsage(t *testing.T) {
 		seen[name] = true
 		pc.commit(q.plan)
 	}
-	if _, ok := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending); ok {
-		t.Fatal("a full cluster still got a node for 8 GPUs")
+	if _, verdict := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending); verdict != quickNoFit {
+		t.Fatalf("a full cluster: verdict %d, want nothing fits", verdict)
 	}
 	freed := nodes[7].Node
 	pc.setUsage(freed, make([]allocate.GPUUsage, 8))
-	q, ok := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending)
-	if !ok || q.plan.Node.Node != freed {
-		t.Fatalf("after freeing %s: got %v, %v", freed, q, ok)
+	q, verdict := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending)
+	if verdict != quickChosen || q.plan.Node.Node != freed {
+		t.Fatalf("after freeing %s: got %v, verdict %d", freed, q, verdict)
 	}
 	// Generations are the contract: a usage change the cache was not told
 	// of leaves the kept score, but planning reads the real usage, so the
 	// shortcut gives up rather than return a plan that does not fit.
 	pc.usage[freed][0] = allocate.GPUUsage{Exclusive: true}
-	if q, ok := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending); ok {
-		t.Fatalf("a plan on %s, whose usage no longer fits", q.plan.Node.Node)
+	if q, verdict := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending); verdict != quickUnsure {
+		t.Fatalf("verdict %d (%v) on %s, whose usage no longer fits: want the shortcut to give up", verdict, q, freed)
 	}
 }
 
@@ -328,8 +335,8 @@ func TestSampleAlternatives(t *testing.T) {
 		admitted++
 		return n.Node != nodes[3].Node
 	}
-	q, ok := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, nil, admit, pending)
-	if !ok {
+	q, verdict := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, nil, admit, pending)
+	if verdict != quickChosen {
 		t.Fatal("shortcut did not apply")
 	}
 	fitting := admitted + q.rest.Len()

@@ -232,13 +232,29 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	var rej *rejections
 	unexamined := 0
 	pf := c.filter.forPod(logger, pod, allocated, excluded)
-	if q, ok := quickChoice(ctx, c.sel, pol, all, c.ledger, c.scores, pf.admit, pending); ok {
+	q, verdict := quickChoice(ctx, c.sel, pol, all, c.ledger, c.scores, pf.admit, pending)
+	quickWait := false
+	if verdict == quickNoFit && excluded.Len() == 0 {
+		// Nothing fits: count every node by filter as the exhaustive
+		// path does (the nodes admitted fit no GPUs), planning only a
+		// few of them for the reasons.
+		var cands []*nodeInventory
+		cands, rej = c.filter.candidates(logger, pod, all, allocated, nil)
+		why, quickWait = explainNoFit(ctx, c.sel, pol, cands, c.ledger, pending)
+		if quickWait {
+			noFit := "no " + wantedDevices(pending)
+			for range cands {
+				rej.add(noFit)
+			}
+		}
+	}
+	if verdict == quickChosen {
 		chosen = q.plan
 		// The event names a few nodes that also fit (gpulink explain):
 		// plan a bounded number of the next-best ones for it.
 		plans, why, unexamined = q.alternatives(ctx, c.sel, pol, c.ledger, pf.admit, pending)
 		rej = pf.rej
-	} else {
+	} else if !quickWait {
 		var cands []*nodeInventory
 		cands, rej = c.filter.candidates(logger, pod, all, allocated, excluded)
 		if len(cands) == 0 && excluded.Len() > 0 && rej.count(rejectExcluded) > 0 {
