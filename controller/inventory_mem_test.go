@@ -20,23 +20,10 @@ import (
 // maps rather than copying them. GPULINK_HEAP_PROFILE names a file for a heap profile taken
 // with the inventory live.
 func BenchmarkInventoryHeapPerNode(b *testing.B) {
-	eight := []string{"dgx1-v100.txt", "dgx1-p100.txt", "dgx-a100.txt", "dgx-h100.txt",
-		"v100-sxm2-8-aliyun-sccgn6.txt", "pcie-nvbridge-8.txt", "pcie-pex-8.txt", "pcie-switch-8.txt"}
 	const nodes = 5000
 	for b.Loop() {
 		start := liveHeap()
-		var slices []*resourceapi.ResourceSlice
-		for i := range nodes {
-			topo, err := parseFixture(eight[i%len(eight)])
-			if err != nil {
-				b.Fatal(err)
-			}
-			s, err := controllertest.Slice(fmt.Sprintf("node-%05d", i), topo, controllertest.SliceOptions{})
-			if err != nil {
-				b.Fatal(err)
-			}
-			slices = append(slices, s)
-		}
+		slices := mixedEightGPUSlices(b, nodes)
 		before := liveHeap()
 		inv := newInventory()
 		for _, s := range slices {

@@ -92,9 +92,7 @@ func benchmarkPlan(b *testing.B, req resourceapi.DeviceRequest) {
 // and p99 of one decision.
 func BenchmarkDecision5000Nodes(b *testing.B) {
 	rng := rand.New(rand.NewPCG(5000, 8))
-	eight := []string{"dgx1-v100.txt", "dgx1-p100.txt", "dgx-a100.txt", "dgx-h100.txt",
-		"v100-sxm2-8-aliyun-sccgn6.txt", "pcie-nvbridge-8.txt", "pcie-pex-8.txt", "pcie-switch-8.txt"}
-	pc := newPruneCluster(b, rng, 5000, eight, 0.7)
+	pc := newPruneCluster(b, rng, 5000, eightGPUFixtures, 0.7)
 	nodes := pc.inv.all()
 	ctx := context.Background()
 	filter := benchNodeFilter(b, nodes)

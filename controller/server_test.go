@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpulink/gpulink/internal/profiling/profilingtest"
 	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
@@ -59,25 +60,13 @@ func TestMetricsHandler(t *testing.T) {
 func TestMetricsHandlerProfiling(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	NewMetrics(reg)
-	get := func(h http.Handler, path string) (int, string) {
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
-		return rec.Code, rec.Body.String()
-	}
+	get := profilingtest.Get
 	for _, profiling := range []bool{false, true} {
 		h := MetricsHandler(reg, profiling)
 		if code, body := get(h, "/metrics"); code != http.StatusOK || !strings.Contains(body, "gpulink_controller_pending_pods") {
 			t.Errorf("profiling=%v: /metrics = %d, want 200 with the controller's metrics", profiling, code)
 		}
-		for _, path := range []string{"/debug/pprof/", "/debug/pprof/heap?debug=1", "/debug/pprof/cmdline"} {
-			code, body := get(h, path)
-			switch {
-			case profiling && code != http.StatusOK:
-				t.Errorf("profiling on: %s = %d %.200q, want 200", path, code, body)
-			case !profiling && code != http.StatusNotFound:
-				t.Errorf("profiling off: %s = %d, want 404", path, code)
-			}
-		}
+		profilingtest.CheckServed(t, h, profiling)
 	}
 }
 

@@ -3,11 +3,11 @@ package main
 import (
 	"errors"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/gpulink/gpulink/internal/profiling/profilingtest"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -112,11 +112,7 @@ func TestMetricsHandlerProfiling(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "gpulink_test_total"}))
 	var healthErr error
-	get := func(h http.Handler, path string) (int, string) {
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
-		return rec.Code, rec.Body.String()
-	}
+	get := profilingtest.Get
 	for _, profiling := range []bool{false, true} {
 		h := metricsHandler(reg, func() error { return healthErr }, profiling)
 		if code, body := get(h, "/metrics"); code != http.StatusOK || !strings.Contains(body, "gpulink_test_total") {
@@ -130,14 +126,6 @@ func TestMetricsHandlerProfiling(t *testing.T) {
 		if code, _ := get(h, "/healthz"); code != http.StatusServiceUnavailable {
 			t.Errorf("profiling=%v: /healthz with a broken health source = %d, want 503", profiling, code)
 		}
-		for _, path := range []string{"/debug/pprof/", "/debug/pprof/heap?debug=1", "/debug/pprof/cmdline"} {
-			code, body := get(h, path)
-			switch {
-			case profiling && code != http.StatusOK:
-				t.Errorf("profiling on: %s = %d %.200q, want 200", path, code, body)
-			case !profiling && code != http.StatusNotFound:
-				t.Errorf("profiling off: %s = %d, want 404", path, code)
-			}
-		}
+		profilingtest.CheckServed(t, h, profiling)
 	}
 }
