@@ -203,3 +203,48 @@ func benchNodeFilter(b *testing.B, nodes []*nodeInventory) *nodeFilter {
 	}
 	return &nodeFilter{nodes: corelisters.NewNodeLister(indexer), fit: fit}
 }
+
+// BenchmarkWaiting5000Nodes measures the decision for a pod that fits no
+// node (nine GPUs on eight-GPU nodes) over the cluster of
+// BenchmarkDecision5000Nodes, including the waiting event's counts and
+// reasons: exhaustive filters and plans every node; quick is what the
+// controller does (the scores say nothing fits, every node is filtered
+// for the counts, a few are planned for the reasons).
+func BenchmarkWaiting5000Nodes(b *testing.B) {
+	rng := rand.New(rand.NewPCG(5000, 9))
+	pc := newPruneCluster(b, rng, 5000, eightGPUFixtures, 0.7)
+	nodes := pc.inv.all()
+	ctx := context.Background()
+	filter := benchNodeFilter(b, nodes)
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "d", UID: "pod"}}
+	ic, _, err := pc.ip.interpret(ctx, &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "d"},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("gpus", 9)}}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	pending := []*interpretedClaim{ic}
+	pol := allocate.Policy{}
+	logger := klog.Background()
+	b.Run("exhaustive", func(b *testing.B) {
+		for b.Loop() {
+			cands, _ := filter.candidates(logger, pod, nodes, nil, nil)
+			plans, failed, why := exhaustivePlans(ctx, pc.sel, pol, cands, pc.nodeUsage, pending)
+			if len(plans) != 0 || failed != len(nodes) || len(why) == 0 {
+				b.Fatalf("%d plans, %d failed, %d reasons", len(plans), failed, len(why))
+			}
+		}
+	})
+	b.Run("quick", func(b *testing.B) {
+		cache := newScoreCache()
+		for b.Loop() {
+			pf := filter.forPod(logger, pod, nil, nil)
+			if _, verdict := quickChoice(ctx, pc.sel, pol, nodes, pc, cache, pf.admit, pending); verdict != quickNoFit {
+				b.Fatalf("verdict %d, want nothing fits", verdict)
+			}
+			cands, _ := filter.candidates(logger, pod, nodes, nil, nil)
+			if why, ok := explainNoFit(ctx, pc.sel, pol, cands, pc, pending); !ok || len(why) == 0 {
+				b.Fatalf("no reasons (%v)", ok)
+			}
+		}
+	})
+}

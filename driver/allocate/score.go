@@ -30,7 +30,7 @@ type NodeScore struct {
 // quality without the fragmentation tie-break) nor for shares placed on a
 // GPU that already holds shares, or on a fresh GPU of a node whose GPUs
 // all have the same memory (the mix only chooses which fresh GPU).
-func (s NodeScore) DependsOnMix() bool { return s.mixDependent }
+func (a NodeScore) DependsOnMix() bool { return a.mixDependent }
 
 // ScoreNode ranks one node for a request: ok is false when the request
 // does not fit the node. ChooseNode picks the node whose score is Better
