@@ -22,8 +22,10 @@ import (
 )
 
 // CDI names: one transient spec per claim, holding one device named after
-// the claim UID. Claim UIDs are never reused, so container runtimes that
-// cache specs cannot hit a stale entry.
+// the claim UID (the edits the claim's GPUs share) and one per GPU of the
+// claim, named <claim UID>-<device name> (that GPU's own edits). Claim
+// UIDs are never reused, so container runtimes that cache specs cannot hit
+// a stale entry.
 const (
 	CDIVendor = driver.Name
 	CDIClass  = "claim"
@@ -37,6 +39,20 @@ var controlDeviceNodes = []string{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvi
 // CDIDeviceID returns the qualified CDI device name of a claim.
 func CDIDeviceID(claimUID types.UID) string {
 	return cdiparser.QualifiedName(CDIVendor, CDIClass, string(claimUID))
+}
+
+// cdiGPUDeviceName is the name of the CDI device of one GPU (DRA device
+// name, e.g. gpu-3) of a claim in the claim's spec.
+func cdiGPUDeviceName(claimUID types.UID, device string) string {
+	return string(claimUID) + "-" + device
+}
+
+// CDIDeviceIDForDevice returns the qualified CDI device name of one GPU of
+// a claim. It comes first in that GPU's CDI device IDs, and the kubelet
+// names the GPU by its first CDI device ID in a pod's
+// allocatedResourcesStatus, so every GPU of a claim reports its own health.
+func CDIDeviceIDForDevice(claimUID types.UID, device string) string {
+	return cdiparser.QualifiedName(CDIVendor, CDIClass, cdiGPUDeviceName(claimUID, device))
 }
 
 // CDIWriter stores the per-claim CDI specs.
@@ -163,6 +179,7 @@ type cdiOptions struct {
 type claimGPU struct {
 	index, minor   int
 	uuid, pciBusID string
+	device         string         // DRA device name (gpu-<index>)
 	share          *PreparedShare // nil: whole GPU
 }
 
@@ -176,7 +193,7 @@ func claimGPUs(c *PreparedClaim) []claimGPU {
 	for _, d := range c.Devices {
 		g := byIndex[d.Index]
 		if g == nil {
-			g = &claimGPU{index: d.Index, minor: d.Minor, uuid: d.UUID, pciBusID: d.PCIBusID}
+			g = &claimGPU{index: d.Index, minor: d.Minor, uuid: d.UUID, pciBusID: d.PCIBusID, device: d.Device}
 			byIndex[d.Index] = g
 			order = append(order, d.Index)
 		}
@@ -213,11 +230,20 @@ func claimGPUs(c *PreparedClaim) []claimGPU {
 // buildClaimSpec builds the CDI spec of a prepared claim: its GPUs' device
 // nodes and the control nodes, NVIDIA_VISIBLE_DEVICES with exactly the
 // claim's GPUs, and the limits of its shares.
+//
+// With per-GPU CDI devices (pc.perGPUCDI, every claim prepared since they
+// exist) the spec has one device per GPU holding that GPU's
+// /dev/nvidia<minor> and GPULINK_DEVICE_<ordinal>=<device name> (always
+// there, so the device's edits are never empty, even on nodes without the
+// device node), and the claim device with everything else. Claims prepared
+// before keep the layout their containers were started with: one claim
+// device holding it all.
 func buildClaimSpec(logger klog.Logger, c *PreparedClaim, o cdiOptions) (*cdispec.Spec, error) {
 	gpus := claimGPUs(c)
+	perGPU := c.perGPUCDI()
 	edits := cdispec.ContainerEdits{}
 	devMount, devHost := o.Root.devRoots()
-	addNode := func(path string) error {
+	addNode := func(edits *cdispec.ContainerEdits, path string) error {
 		host := filepath.Join(devHost, path)
 		seen := filepath.Join(devMount, path)
 		n, err := charDevice(o.Stat, path, seen, host)
@@ -237,9 +263,22 @@ func buildClaimSpec(logger klog.Logger, c *PreparedClaim, o cdiOptions) (*cdispe
 		edits.DeviceNodes = append(edits.DeviceNodes, n)
 		return nil
 	}
+	var devices []cdispec.Device
 	visible := make([]string, 0, len(gpus))
-	for _, g := range gpus {
-		if err := addNode("/dev/nvidia" + strconv.Itoa(g.minor)); err != nil {
+	for ordinal, g := range gpus {
+		node := "/dev/nvidia" + strconv.Itoa(g.minor)
+		if perGPU {
+			dev := cdispec.Device{
+				Name: cdiGPUDeviceName(c.UID, g.device),
+				ContainerEdits: cdispec.ContainerEdits{
+					Env: []string{"GPULINK_DEVICE_" + strconv.Itoa(ordinal) + "=" + g.device},
+				},
+			}
+			if err := addNode(&dev.ContainerEdits, node); err != nil {
+				return nil, err
+			}
+			devices = append(devices, dev)
+		} else if err := addNode(&edits, node); err != nil {
 			return nil, err
 		}
 		if g.uuid != "" {
@@ -249,7 +288,7 @@ func buildClaimSpec(logger klog.Logger, c *PreparedClaim, o cdiOptions) (*cdispe
 		}
 	}
 	for _, p := range controlDeviceNodes {
-		if err := addNode(p); err != nil {
+		if err := addNode(&edits, p); err != nil {
 			return nil, err
 		}
 	}
@@ -318,7 +357,7 @@ func buildClaimSpec(logger klog.Logger, c *PreparedClaim, o cdiOptions) (*cdispe
 		Annotations: map[string]string{
 			driver.Name + "/claim": c.Namespace + "/" + c.Name,
 		},
-		Devices: []cdispec.Device{{Name: string(c.UID), ContainerEdits: edits}},
+		Devices: append([]cdispec.Device{{Name: string(c.UID), ContainerEdits: edits}}, devices...),
 	}
 	v, err := cdispec.MinimumRequiredVersion(spec)
 	if err != nil {

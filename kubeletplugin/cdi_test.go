@@ -3,23 +3,40 @@ package kubeletplugin
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/gpulink/gpulink/driver"
 )
 
 // injected prepares a claim, loads the spec directory with the CDI
-// library as a container runtime would, and injects the claim's device
-// into an empty OCI spec.
+// library as a container runtime would, and injects the CDI devices of all
+// the claim's devices into an empty OCI spec (injectDevices). Each
+// device's first ID must be its own GPU's device.
 func injected(t *testing.T, e *env, d *Driver, c *resourceapi.ResourceClaim) *oci.Spec {
 	t.Helper()
 	devs := mustPrepare(t, d, c)
+	for _, dev := range devs {
+		if want := CDIDeviceIDForDevice(c.UID, dev.DeviceName); len(dev.CDIDeviceIDs) == 0 || dev.CDIDeviceIDs[0] != want {
+			t.Errorf("device %s: CDI IDs %v, want %s first", dev.DeviceName, dev.CDIDeviceIDs, want)
+		}
+	}
+	return injectDevices(t, e, devs)
+}
+
+// injectDevices loads the spec directory with the CDI library and injects
+// the CDI devices of devs into an empty OCI spec, in the order and with
+// the repetitions the kubelet passes them on to the runtime (it
+// concatenates the IDs of a claim's devices).
+func injectDevices(t *testing.T, e *env, devs []kubeletplugin.Device) *oci.Spec {
+	t.Helper()
 	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(e.cdiDir), cdiapi.WithAutoRefresh(false))
 	if err != nil {
 		t.Fatal(err)
@@ -27,13 +44,18 @@ func injected(t *testing.T, e *env, d *Driver, c *resourceapi.ResourceClaim) *oc
 	if err := cache.Refresh(); err != nil {
 		t.Fatalf("CDI library rejects the spec directory: %v", err)
 	}
-	id := devs[0].CDIDeviceIDs[0]
-	if cache.GetDevice(id) == nil {
-		t.Fatalf("CDI device %s not found; have %v", id, cache.ListDevices())
+	var ids []string
+	for _, dev := range devs {
+		for _, id := range dev.CDIDeviceIDs {
+			if cache.GetDevice(id) == nil {
+				t.Fatalf("CDI device %s not found; have %v", id, cache.ListDevices())
+			}
+		}
+		ids = append(ids, dev.CDIDeviceIDs...)
 	}
 	spec := &oci.Spec{Process: &oci.Process{}}
-	if unresolved, err := cache.InjectDevices(spec, id); err != nil {
-		t.Fatalf("injecting %s: %v (unresolved %v)", id, err, unresolved)
+	if unresolved, err := cache.InjectDevices(spec, ids...); err != nil {
+		t.Fatalf("injecting %v: %v (unresolved %v)", ids, err, unresolved)
 	}
 	return spec
 }
@@ -79,7 +101,10 @@ func TestCDISpecWholeGPUs(t *testing.T) {
 			t.Errorf("whole GPUs got share variable %s", k)
 		}
 	}
-	// Host paths live under the driver root.
+	// Each GPU's own CDI device names it at its CUDA ordinal.
+	if env["GPULINK_DEVICE_0"] != "gpu-2" || env["GPULINK_DEVICE_1"] != "gpu-6" {
+		t.Errorf("GPULINK_DEVICE_0=%s GPULINK_DEVICE_1=%s, want gpu-2 and gpu-6", env["GPULINK_DEVICE_0"], env["GPULINK_DEVICE_1"])
+	}
 	raw, err := cdiapi.ReadSpec(e.specPath(c.UID), 0)
 	if err != nil {
 		t.Fatal(err)
@@ -87,10 +112,68 @@ func TestCDISpecWholeGPUs(t *testing.T) {
 	if raw.GetClass() != "claim" || raw.GetVendor() != driver.Name {
 		t.Errorf("spec kind %s", raw.Kind)
 	}
-	for _, n := range raw.Devices[0].ContainerEdits.DeviceNodes {
-		if n.HostPath != filepath.Join(e.driverRoot, n.Path) {
-			t.Errorf("device node %s has host path %s, want it under %s", n.Path, n.HostPath, e.driverRoot)
+	// The claim device with the shared edits, then one device per GPU
+	// with only that GPU's node and variable.
+	type layout struct {
+		name  string
+		nodes []string
+		env   []string
+	}
+	var got []layout
+	for _, dev := range raw.Devices {
+		l := layout{name: dev.Name, env: dev.ContainerEdits.Env}
+		for _, n := range dev.ContainerEdits.DeviceNodes {
+			l.nodes = append(l.nodes, n.Path)
+			// Host paths live under the driver root.
+			if n.HostPath != filepath.Join(e.driverRoot, n.Path) {
+				t.Errorf("device node %s has host path %s, want it under %s", n.Path, n.HostPath, e.driverRoot)
+			}
 		}
+		got = append(got, l)
+	}
+	uid := string(c.UID)
+	wantDevs := []layout{
+		{name: uid, nodes: controlDeviceNodes, env: []string{
+			"NVIDIA_VISIBLE_DEVICES=GPU-00000002-0000-0000-0000-000000000000,GPU-00000006-0000-0000-0000-000000000000",
+			"CUDA_DEVICE_ORDER=PCI_BUS_ID",
+		}},
+		{name: uid + "-gpu-2", nodes: []string{"/dev/nvidia2"}, env: []string{"GPULINK_DEVICE_0=gpu-2"}},
+		{name: uid + "-gpu-6", nodes: []string{"/dev/nvidia6"}, env: []string{"GPULINK_DEVICE_1=gpu-6"}},
+	}
+	if !reflect.DeepEqual(got, wantDevs) {
+		t.Errorf("spec devices\n got %+v\nwant %+v", got, wantDevs)
+	}
+}
+
+// Several results sharing one GPU in one claim name the same per-GPU CDI
+// device: one GPU, one entry in the pod's allocatedResourcesStatus.
+func TestCDISharesOfOneGPUOneDevice(t *testing.T) {
+	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
+	d := e.start()
+	c := newClaim("two", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 2, "1Gi", 10), shareOf("t", 2, "3Gi", 15), shareOf("u", 0, "1Gi", 25)})
+	spec := injected(t, e, d, c)
+	devs := mustPrepare(t, d, c)
+	if len(devs) != 3 || !slices.Equal(devs[0].CDIDeviceIDs, devs[1].CDIDeviceIDs) || slices.Equal(devs[0].CDIDeviceIDs, devs[2].CDIDeviceIDs) {
+		t.Errorf("devices %+v: the two shares of gpu-2 must name the same CDI devices, gpu-0 its own", devs)
+	}
+	raw, err := cdiapi.ReadSpec(e.specPath(c.UID), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, dev := range raw.Devices {
+		names = append(names, dev.Name)
+	}
+	uid := string(c.UID)
+	if want := []string{uid, uid + "-gpu-0", uid + "-gpu-2"}; !slices.Equal(names, want) {
+		t.Errorf("spec devices %v, want %v", names, want)
+	}
+	if got, want := deviceNodes(spec), []string{"/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia0", "/dev/nvidia2", "/dev/nvidiactl"}; !slices.Equal(got, want) {
+		t.Errorf("device nodes %v, want %v", got, want)
+	}
+	env := envMap(spec)
+	if env["GPULINK_SHARE_MEMORY_1"] != "4294967296" || env["GPULINK_DEVICE_0"] != "gpu-0" || env["GPULINK_DEVICE_1"] != "gpu-2" {
+		t.Errorf("env %v", env)
 	}
 }
 
@@ -143,6 +226,10 @@ func TestCDIMissingDeviceNodes(t *testing.T) {
 	}
 	if envMap(spec)["NVIDIA_VISIBLE_DEVICES"] == "" {
 		t.Error("NVIDIA_VISIBLE_DEVICES missing")
+	}
+	// The GPU's own CDI device is there without its node.
+	if got := envMap(spec)["GPULINK_DEVICE_0"]; got != "gpu-0" {
+		t.Errorf("GPULINK_DEVICE_0=%q, want gpu-0", got)
 	}
 
 	// Real GPUs: a missing device node fails the claim and leaves nothing.

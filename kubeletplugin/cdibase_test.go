@@ -175,7 +175,7 @@ func TestPrepareWithBaseSpec(t *testing.T) {
 	c := newClaim("train", []resourceapi.DeviceRequestAllocationResult{wholeGPU("g", 2)})
 	devs := mustPrepare(t, d, c)
 	for _, dev := range devs {
-		if want := []string{CDIBaseDeviceID(), CDIDeviceID(c.UID)}; !slices.Equal(dev.CDIDeviceIDs, want) {
+		if want := []string{CDIDeviceIDForDevice(c.UID, dev.DeviceName), CDIBaseDeviceID(), CDIDeviceID(c.UID)}; !slices.Equal(dev.CDIDeviceIDs, want) {
 			t.Fatalf("CDI devices %v, want %v", dev.CDIDeviceIDs, want)
 		}
 	}
@@ -213,9 +213,10 @@ func TestPrepareWithBaseSpec(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(e.cdiDir, baseSpecFileName)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("stale base spec left: %v", err)
 	}
-	devs = mustPrepare(t, d, newClaim("sim", []resourceapi.DeviceRequestAllocationResult{wholeGPU("g", 1)}))
-	if len(devs[0].CDIDeviceIDs) != 1 {
-		t.Errorf("CDI devices %v without a base spec", devs[0].CDIDeviceIDs)
+	sim := newClaim("sim", []resourceapi.DeviceRequestAllocationResult{wholeGPU("g", 1)})
+	devs = mustPrepare(t, d, sim)
+	if want := []string{CDIDeviceIDForDevice(sim.UID, "gpu-1"), CDIDeviceID(sim.UID)}; !slices.Equal(devs[0].CDIDeviceIDs, want) {
+		t.Errorf("CDI devices %v without a base spec, want %v", devs[0].CDIDeviceIDs, want)
 	}
 }
 
@@ -275,11 +276,13 @@ func TestDriverRootMountedElsewhere(t *testing.T) {
 		t.Fatal(err)
 	}
 	var nodes []string
-	for _, n := range raw.Devices[0].ContainerEdits.DeviceNodes {
-		if n.HostPath != filepath.Join("/run/nvidia/driver", n.Path) {
-			t.Errorf("device node %s has host path %s", n.Path, n.HostPath)
+	for _, dev := range raw.Devices {
+		for _, n := range dev.ContainerEdits.DeviceNodes {
+			if n.HostPath != filepath.Join("/run/nvidia/driver", n.Path) {
+				t.Errorf("device node %s has host path %s", n.Path, n.HostPath)
+			}
+			nodes = append(nodes, n.Path)
 		}
-		nodes = append(nodes, n.Path)
 	}
 	slices.Sort(nodes)
 	if want := []string{"/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia3", "/dev/nvidiactl"}; !slices.Equal(nodes, want) {

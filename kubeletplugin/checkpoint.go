@@ -70,6 +70,30 @@ type PreparedDevice struct {
 	AdminAccess bool       `json:"adminAccess,omitempty"`
 	// Share is set for a share of the GPU, nil for the whole GPU.
 	Share *PreparedShare `json:"share,omitempty"`
+	// CDIDeviceID is the qualified CDI device of this GPU in the claim's
+	// spec (CDIDeviceIDForDevice; the same for every share of one GPU),
+	// first in the device's CDI IDs. Empty in claims prepared by versions
+	// without per-GPU CDI devices: their spec has the claim device only,
+	// and they keep it (PreparedClaim.perGPUCDI).
+	CDIDeviceID string `json:"cdiDeviceID,omitempty"`
+}
+
+// perGPUCDI says whether the claim's spec has a CDI device per GPU: true
+// for every claim prepared since they exist, false for claims a checkpoint
+// of an earlier version recorded (no device has its CDIDeviceID). Such a
+// claim is answered and, when its spec must be restored, written as it
+// was: the kubelet may still start containers with the CDI IDs it got
+// then, whose claim device must keep holding the GPUs' device nodes.
+func (pc *PreparedClaim) perGPUCDI() bool {
+	if len(pc.Devices) == 0 {
+		return false
+	}
+	for _, d := range pc.Devices {
+		if d.CDIDeviceID == "" {
+			return false
+		}
+	}
+	return true
 }
 
 // PreparedShare is the part of a GPU one share gets.

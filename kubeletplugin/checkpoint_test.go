@@ -32,8 +32,8 @@ func TestCheckpointRoundTrip(t *testing.T) {
 	cp.Claims["u1"] = &PreparedClaim{
 		UID: "u1", Namespace: "ns", Name: "c", State: PrepareCompleted, CDIDeviceID: CDIDeviceID("u1"),
 		Devices: []PreparedDevice{
-			{Request: "g", Pool: "node", Device: "gpu-0", Index: 0, Minor: 0, UUID: "GPU-x"},
-			{Request: "s", Pool: "node", Device: "gpu-1", Index: 1, Minor: 1, ShareID: &share,
+			{Request: "g", Pool: "node", Device: "gpu-0", Index: 0, Minor: 0, UUID: "GPU-x", CDIDeviceID: CDIDeviceIDForDevice("u1", "gpu-0")},
+			{Request: "s", Pool: "node", Device: "gpu-1", Index: 1, Minor: 1, ShareID: &share, CDIDeviceID: CDIDeviceIDForDevice("u1", "gpu-1"),
 				Share: &PreparedShare{MemoryBytes: 1 << 30, Cores: 20, Strategy: apiv1alpha1.SharingMPS, MPSRef: true}},
 		},
 	}

@@ -89,15 +89,22 @@
 // checked here again because claims kube-scheduler allocated never went
 // through the controller. It writes one
 // transient CDI spec per claim (kind gpu.gpulink.dev/claim, file
-// gpu.gpulink.dev-claim_<uid>.json in --cdi-root) with one CDI device named
-// after the claim UID, and returns that device for every result of the
-// claim. The device holds /dev/nvidia<minor> of each of the claim's GPUs,
-// /dev/nvidiactl, /dev/nvidia-uvm and /dev/nvidia-uvm-tools (under
-// --driver-root when it has a dev directory, as a driver container's root
-// does, else under /), NVIDIA_VISIBLE_DEVICES with exactly the claim's
-// GPUs (UUIDs, indexes when unknown), CUDA_DEVICE_ORDER=PCI_BUS_ID and, per
-// shared GPU at the ordinal the container sees it at, GPULINK_SHARE_MEMORY_<i>
-// (bytes) and GPULINK_SHARE_CORES_<i> plus the strategy's limits:
+// gpu.gpulink.dev-claim_<uid>.json in --cdi-root) with a CDI device per
+// GPU of the claim, named <claim UID>-<device name> (e.g.
+// gpu.gpulink.dev/claim=<uid>-gpu-3), and one claim device named after the
+// claim UID. Each result of the claim gets its GPU's device first, then the
+// base device (see "Driver files"), then the claim device; shares of one
+// GPU get the same GPU device. A GPU's device holds its /dev/nvidia<minor>
+// and GPULINK_DEVICE_<i>=<device name>, i being the ordinal the container
+// sees the GPU at (always there, so that the device has edits on nodes
+// without device nodes too). The claim device holds
+// /dev/nvidiactl, /dev/nvidia-uvm and /dev/nvidia-uvm-tools (device nodes
+// are under --driver-root when it has a dev directory, as a driver
+// container's root does, else under /), NVIDIA_VISIBLE_DEVICES with exactly
+// the claim's GPUs (UUIDs, indexes when unknown), CUDA_DEVICE_ORDER=PCI_BUS_ID
+// and, per shared GPU at the ordinal the container sees it at,
+// GPULINK_SHARE_MEMORY_<i> (bytes) and GPULINK_SHARE_CORES_<i> plus the
+// strategy's limits:
 //
 //	MPS       CUDA_MPS_PIPE_DIRECTORY, bind mounts of the claim's MPS pipe
 //	          directory and of its shm directory as /dev/shm,
@@ -312,6 +319,16 @@
 //     start instead would block every GPU pod on the node until someone
 //     deletes the file by hand.
 //
+// Each result records its GPU's CDI device (devices[].cdiDeviceID). A
+// checkpoint written before per-GPU CDI devices lacks it; such a claim
+// keeps the layout it was prepared with: it is answered with its old CDI
+// IDs (base and claim device), its spec is neither rewritten nor, when
+// restored at startup, given per-GPU devices (the kubelet may start
+// containers with the IDs it got then, whose claim device must still hold
+// the GPUs' device nodes), and it unprepares as before. The next prepare
+// of a new claim gets per-GPU devices. A version without the field reads a
+// newer checkpoint as corrupt (unknown field), with the consequences above.
+//
 // # Shutdown
 //
 // On SIGTERM the plugin stops serving and unregisters (the helper's Stop
@@ -362,10 +379,12 @@
 // GPUWarning event and a count in gpulink_kubeletplugin_health_events_total.
 // Reports go to the kubelet at every change and every 20s (valid 60s).
 // The kubelet keys allocatedResourcesStatus by a device's first CDI
-// device ID, and every device of a claim shares the claim's CDI IDs (the
-// base device first when there is one), so a pod shows the health of one
-// device per claim request: exact for one-GPU claims, the first GPU's
-// for larger ones (the taint and the Node event name every GPU).
+// device ID, which is the GPU's own CDI device
+// (gpu.gpulink.dev/claim=<claim UID>-<device name>), so a pod shows the
+// health of each GPU of its claims (shares of one GPU are one entry).
+// Claims prepared by gpulink versions before per-GPU CDI devices keep the
+// CDI IDs they were prepared with until they are unprepared (see
+// "Checkpoint"): their GPUs share one entry, the first GPU's health.
 //
 // Sources (HealthSource):
 //

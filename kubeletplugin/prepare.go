@@ -186,16 +186,25 @@ func (d *Driver) observe(op string, start time.Time, n int) {
 	}
 }
 
-// kubeletDevices is what the kubelet gets for a prepared claim.
-// baseID, when not empty, is the node's base CDI device (driver files and
-// hooks), listed before the claim's own device.
+// kubeletDevices is what the kubelet gets for a prepared claim: for each
+// result its GPU's own CDI device, then baseID when not empty (the node's
+// base CDI device: driver files and hooks), then the claim's device. The
+// kubelet names a device in a pod's allocatedResourcesStatus by its first
+// CDI device ID, so each GPU reports its own health; the shares of one GPU
+// name the same device, which the kubelet lists once. Claims recorded by
+// a version without per-GPU devices get their old IDs (base, claim).
 func (pc *PreparedClaim) kubeletDevices(baseID string) []kubeletplugin.Device {
 	out := make([]kubeletplugin.Device, 0, len(pc.Devices))
-	ids := []string{pc.CDIDeviceID}
-	if baseID != "" {
-		ids = []string{baseID, pc.CDIDeviceID}
-	}
+	perGPU := pc.perGPUCDI()
 	for _, dev := range pc.Devices {
+		ids := make([]string, 0, 3)
+		if perGPU {
+			ids = append(ids, dev.CDIDeviceID)
+		}
+		if baseID != "" {
+			ids = append(ids, baseID)
+		}
+		ids = append(ids, pc.CDIDeviceID)
 		out = append(out, kubeletplugin.Device{
 			Requests:     []string{dev.Request},
 			PoolName:     dev.Pool,
@@ -268,6 +277,9 @@ func (d *Driver) planClaim(logger klog.Logger, claim *resourceapi.ResourceClaim)
 	}
 	if len(pc.Devices) > 0 {
 		pc.CDIDeviceID = CDIDeviceID(pc.UID)
+		for i := range pc.Devices {
+			pc.Devices[i].CDIDeviceID = CDIDeviceIDForDevice(pc.UID, pc.Devices[i].Device)
+		}
 	}
 	return pc, nil
 }

@@ -14,6 +14,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gpulink/gpulink/driver"
@@ -84,10 +85,13 @@ func TestPrepareWholeGPUsIdempotent(t *testing.T) {
 	if len(devs) != 2 {
 		t.Fatalf("devices %+v, want 2", devs)
 	}
+	// Each GPU's own CDI device first (the kubelet names the device by
+	// it in allocatedResourcesStatus), then the claim's.
 	wantID := "gpu.gpulink.dev/claim=" + string(c.UID)
 	for i, dev := range devs {
-		if dev.PoolName != testNode || dev.DeviceName != driver.DeviceName([]int{0, 3}[i]) ||
-			len(dev.Requests) != 1 || dev.Requests[0] != "gpus" || len(dev.CDIDeviceIDs) != 1 || dev.CDIDeviceIDs[0] != wantID {
+		name := driver.DeviceName([]int{0, 3}[i])
+		if dev.PoolName != testNode || dev.DeviceName != name ||
+			len(dev.Requests) != 1 || dev.Requests[0] != "gpus" || !slices.Equal(dev.CDIDeviceIDs, []string{wantID + "-" + name, wantID}) {
 			t.Errorf("device %d: %+v", i, dev)
 		}
 	}
@@ -103,7 +107,7 @@ func TestPrepareWholeGPUsIdempotent(t *testing.T) {
 	}
 	// Preparing again answers from the checkpoint with the same devices.
 	again := mustPrepare(t, d, c)
-	if len(again) != 2 || again[0].DeviceName != devs[0].DeviceName || again[1].CDIDeviceIDs[0] != wantID {
+	if !reflect.DeepEqual(again, devs) {
 		t.Errorf("second prepare %+v, want %+v", again, devs)
 	}
 	after, _ := os.ReadFile(e.specPath(c.UID))
@@ -808,5 +812,88 @@ func TestRestartKeptMPSDaemonStoppedAtUnprepare(t *testing.T) {
 	mustUnprepare(t, d2, c)
 	if e.daemon.isRunning(string(c.UID)) || e.daemon.stops[string(c.UID)] != 1 {
 		t.Errorf("kept daemon running %v, stopped %d times after unprepare; want stopped once", e.daemon.isRunning(string(c.UID)), e.daemon.stops[string(c.UID)])
+	}
+}
+
+// A claim prepared by a version without per-GPU CDI devices: its
+// checkpoint entry has no device IDs and its spec only the claim device.
+// The kubelet may still start containers with the IDs it got then, so the
+// claim keeps that layout: it is answered with the old IDs, its spec is
+// not rewritten (and restored as it was when missing), and it unprepares
+// cleanly. Only a new prepare gets per-GPU devices.
+func TestPrepareClaimOfOldVersion(t *testing.T) {
+	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
+	c := newClaim("old", []resourceapi.DeviceRequestAllocationResult{wholeGPU("gpus", 3), wholeGPU("gpus", 0)})
+	uid := string(c.UID)
+	claimID := CDIDeviceID(c.UID)
+	data := `{"version":"gpulink.kubeletplugin/v1","bootID":"boot-1","claims":{"` + uid + `":{"uid":"` + uid + `","namespace":"default","name":"old","state":"PrepareCompleted","cdiDeviceID":"` + claimID + `",` +
+		`"devices":[{"request":"gpus","pool":"node-a","device":"gpu-3","index":3,"minor":3,"uuid":"GPU-00000003-0000-0000-0000-000000000000","pciBusID":"0000:1A:00.0"},` +
+		`{"request":"gpus","pool":"node-a","device":"gpu-0","index":0,"minor":0,"uuid":"GPU-00000000-0000-0000-0000-000000000000","pciBusID":"0000:17:00.0"}]}}}`
+	raw := `{"checksum":"` + checksum([]byte(data)) + `","data":` + data + `}`
+	node := func(path string) string {
+		return `{"path":"` + path + `","hostPath":"` + filepath.Join(e.driverRoot, path) + `","type":"c","major":1,"minor":3}`
+	}
+	oldSpec := `{"cdiVersion":"0.6.0","kind":"gpu.gpulink.dev/claim","annotations":{"gpu.gpulink.dev/claim":"default/old"},"devices":[{"name":"` + uid + `","containerEdits":{` +
+		`"env":["NVIDIA_VISIBLE_DEVICES=GPU-00000000-0000-0000-0000-000000000000,GPU-00000003-0000-0000-0000-000000000000","CUDA_DEVICE_ORDER=PCI_BUS_ID"],` +
+		`"deviceNodes":[` + strings.Join([]string{node("/dev/nvidia0"), node("/dev/nvidia3"), node("/dev/nvidiactl"), node("/dev/nvidia-uvm"), node("/dev/nvidia-uvm-tools")}, ",") + `]}}]}`
+	for path, content := range map[string]string{filepath.Join(e.pluginDir, CheckpointFile): raw, e.specPath(c.UID): oldSpec} {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wantNodes := []string{"/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia0", "/dev/nvidia3", "/dev/nvidiactl"}
+	checkOld := func(d *Driver) {
+		t.Helper()
+		devs := mustPrepare(t, d, c)
+		if len(devs) != 2 {
+			t.Fatalf("devices %+v", devs)
+		}
+		for _, dev := range devs {
+			if !slices.Equal(dev.CDIDeviceIDs, []string{claimID}) {
+				t.Errorf("device %s: CDI IDs %v, want the old %v", dev.DeviceName, dev.CDIDeviceIDs, []string{claimID})
+			}
+		}
+		spec := injectDevices(t, e, devs)
+		if got := deviceNodes(spec); !slices.Equal(got, wantNodes) {
+			t.Errorf("device nodes %v, want %v", got, wantNodes)
+		}
+		if got := envMap(spec)["NVIDIA_VISIBLE_DEVICES"]; got != "GPU-00000000-0000-0000-0000-000000000000,GPU-00000003-0000-0000-0000-000000000000" {
+			t.Errorf("NVIDIA_VISIBLE_DEVICES=%s", got)
+		}
+	}
+
+	d := e.start()
+	checkOld(d)
+	if got, err := os.ReadFile(e.specPath(c.UID)); err != nil || string(got) != oldSpec {
+		t.Errorf("the old spec was rewritten (%v):\n%s", err, got)
+	}
+
+	// Its spec lost: a restart restores it in the old layout, the GPUs'
+	// nodes in the claim device.
+	if err := os.Remove(e.specPath(c.UID)); err != nil {
+		t.Fatal(err)
+	}
+	d = e.start()
+	restored, err := cdiapi.ReadSpec(e.specPath(c.UID), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(restored.Devices) != 1 || restored.Devices[0].Name != uid {
+		t.Errorf("restored spec devices %+v, want the claim device only", restored.Devices)
+	}
+	checkOld(d)
+
+	mustUnprepare(t, d, c)
+	if e.specExists(c.UID) || len(readCheckpoint(t, e).Claims) != 0 {
+		t.Error("state of the old claim left after unprepare")
+	}
+	// Prepared anew: per-GPU devices.
+	for _, dev := range mustPrepare(t, d, c) {
+		if want := []string{CDIDeviceIDForDevice(c.UID, dev.DeviceName), claimID}; !slices.Equal(dev.CDIDeviceIDs, want) {
+			t.Errorf("device %s prepared anew: CDI IDs %v, want %v", dev.DeviceName, dev.CDIDeviceIDs, want)
+		}
 	}
 }

@@ -186,14 +186,16 @@ func TestKubeletPluginAgainstAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatalf("NodePrepareResources: %v", err)
 	}
-	// The whole-GPU claim: two devices, both with the claim's CDI device.
+	// The whole-GPU claim: two devices, each with its own CDI device first
+	// (the kubelet names it by that in allocatedResourcesStatus), then the
+	// claim's.
 	wantID := "gpu.gpulink.dev/claim=" + string(whole.UID)
 	r := resp.Claims[string(whole.UID)]
 	if r == nil || r.Error != "" || len(r.Devices) != 2 {
 		t.Fatalf("whole claim: %+v", r)
 	}
 	for _, d := range r.Devices {
-		if d.PoolName != nodeName || !slices.Equal(d.CdiDeviceIds, []string{wantID}) || !slices.Equal(d.RequestNames, []string{"gpus"}) {
+		if d.PoolName != nodeName || !slices.Equal(d.CdiDeviceIds, []string{wantID + "-" + d.DeviceName, wantID}) || !slices.Equal(d.RequestNames, []string{"gpus"}) {
 			t.Errorf("whole claim device %+v", d)
 		}
 	}
@@ -226,8 +228,14 @@ func TestKubeletPluginAgainstAPIServer(t *testing.T) {
 	if shareDev == nil || !slices.Contains(shareDev.ContainerEdits.Env, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M") {
 		t.Errorf("share claim CDI device %+v", shareDev)
 	}
-	if n := len(cache.ListDevices()); n != 2 {
-		t.Errorf("%d CDI devices, want 2 (none for the failed claim)", n)
+	for _, d := range r.Devices {
+		if dev := cache.GetDevice(wantID + "-" + d.DeviceName); dev == nil {
+			t.Errorf("CDI device of %s missing; have %v", d.DeviceName, cache.ListDevices())
+		}
+	}
+	// Two claim devices and three GPUs' (two whole, one shared).
+	if n := len(cache.ListDevices()); n != 5 {
+		t.Errorf("%d CDI devices %v, want 5 (none for the failed claim)", n, cache.ListDevices())
 	}
 
 	// Unprepare as the kubelet does, twice (idempotent).
