@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -20,14 +21,16 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/kubeletplugin"
 	"github.com/gpulink/gpulink/test/e2e/gpuview"
 )
 
 // TestE2EHealth makes GPUs of the real node unhealthy through the plugin's
 // injected-events file and checks what a user sees: the device taint in
 // the ResourceSlice, the Warning event on the Node, the pod's
-// allocatedResourcesStatus (KEP-4680, beta and on by default in 1.37), the
-// next pod avoiding the tainted GPUs while the running pod keeps its GPU
+// allocatedResourcesStatus (KEP-4680, beta and on by default in 1.37; one
+// entry per GPU of its two-GPU claim, only the failed GPU's Unhealthy), the
+// next pod avoiding the tainted GPUs while the running pod keeps its GPUs
 // (NoSchedule), the plugin's health metrics, and recovery clearing it all.
 func TestE2EHealth(t *testing.T) {
 	if os.Geteuid() != 0 {
@@ -53,19 +56,29 @@ func TestE2EHealth(t *testing.T) {
 		}
 	}
 
-	// Pod A holds one GPU.
+	// Pod A holds two GPUs in one claim.
 	s.template(ctx, t, "one-gpu", resourceapi.ExactDeviceRequest{DeviceClassName: driver.DeviceClassWhole, Count: 1}, nil)
-	s.pod(ctx, t, "health-a", "one-gpu", s.realNode)
+	s.template(ctx, t, "two-gpus", resourceapi.ExactDeviceRequest{DeviceClassName: driver.DeviceClassWhole, Count: 2}, nil)
+	s.pod(ctx, t, "health-a", "two-gpus", s.realNode)
 	a := s.waitBound(ctx, t, "health-a")
 	s.waitRunning(ctx, t, &a)
-	held := a.Devices[0]
+	if len(a.Devices) != 2 {
+		t.Fatalf("pod health-a got %v, want two GPUs", a.Devices)
+	}
+	held, kept := a.Devices[0], a.Devices[1]
+	heldID := kubeletplugin.CDIDeviceIDForDevice(a.claim.UID, held)
+	keptID := kubeletplugin.CDIDeviceIDForDevice(a.claim.UID, kept)
+	s.waitAllocatedHealth(ctx, t, "health-a", map[string]corev1.ResourceHealthStatus{
+		heldID: corev1.ResourceHealthStatusHealthy, keptID: corev1.ResourceHealthStatusHealthy,
+	})
 
-	// Its GPU gets a fatal XID; every other GPU but one falls off the bus,
-	// and the last one gets an application XID, which changes nothing.
+	// One of its GPUs gets a fatal XID; every GPU it does not hold but one
+	// falls off the bus, and the last one gets an application XID, which
+	// changes nothing.
 	node := s.nodes(ctx, t)[s.realNode]
 	var others []string
 	for _, g := range node.GPUs {
-		if g.Device != held {
+		if g.Device != held && g.Device != kept {
 			others = append(others, g.Device)
 		}
 	}
@@ -82,8 +95,12 @@ func TestE2EHealth(t *testing.T) {
 	s.waitTaints(ctx, t, wantTainted)
 	t.Logf("%d GPUs tainted %s %.1fs after the injection", len(wantTainted), driver.UnhealthyTaintKey, time.Since(injected).Seconds())
 	s.waitNodeEvent(ctx, t, "GPUUnhealthy", held)
-	s.waitAllocatedHealth(ctx, t, "health-a", held, corev1.ResourceHealthStatusUnhealthy)
-	t.Logf("pod health-a shows its GPU %s Unhealthy %.1fs after the injection", held, time.Since(injected).Seconds())
+	// Each GPU of the claim has its own entry: the failed one Unhealthy,
+	// the other still Healthy.
+	s.waitAllocatedHealth(ctx, t, "health-a", map[string]corev1.ResourceHealthStatus{
+		heldID: corev1.ResourceHealthStatusUnhealthy, keptID: corev1.ResourceHealthStatusHealthy,
+	})
+	t.Logf("pod health-a shows its GPU %s Unhealthy and %s Healthy %.1fs after the injection", held, kept, time.Since(injected).Seconds())
 
 	// The next pod gets the one healthy free GPU; pod A keeps running.
 	s.pod(ctx, t, "health-b", "one-gpu", s.realNode)
@@ -133,7 +150,9 @@ func TestE2EHealth(t *testing.T) {
 	inject(clears...)
 	s.waitTaints(ctx, t, nil)
 	s.waitNodeEvent(ctx, t, "GPURecovered", held)
-	s.waitAllocatedHealth(ctx, t, "health-a", held, corev1.ResourceHealthStatusHealthy)
+	s.waitAllocatedHealth(ctx, t, "health-a", map[string]corev1.ResourceHealthStatus{
+		heldID: corev1.ResourceHealthStatusHealthy, keptID: corev1.ResourceHealthStatusHealthy,
+	})
 	t.Logf("taints cleared and pod health-a healthy again %.1fs after the clear", time.Since(cleared).Seconds())
 	s.deletePodsAndWait(ctx, t)
 }
@@ -196,11 +215,14 @@ func (s *suite) waitNodeEvent(ctx context.Context, t *testing.T, reason, device 
 	}
 }
 
-// waitAllocatedHealth waits until the pod's container status reports the
-// health of its claim's device (one GPU).
-func (s *suite) waitAllocatedHealth(ctx context.Context, t *testing.T, podName, device string, health corev1.ResourceHealthStatus) {
+// waitAllocatedHealth waits until the pod's container status reports
+// exactly the given health per resource ID for its claim. The kubelet names
+// a device by its first CDI device ID, which gpulink makes the GPU's own
+// CDI device (kubeletplugin.CDIDeviceIDForDevice), so each GPU of the
+// claim has its own entry.
+func (s *suite) waitAllocatedHealth(ctx context.Context, t *testing.T, podName string, want map[string]corev1.ResourceHealthStatus) {
 	t.Helper()
-	var status []corev1.ResourceStatus
+	var got map[string]corev1.ResourceHealthStatus
 	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		pod, err := s.client.CoreV1().Pods(ns).Get(ctx, podName, metav1.GetOptions{})
 		if err != nil {
@@ -209,24 +231,19 @@ func (s *suite) waitAllocatedHealth(ctx context.Context, t *testing.T, podName, 
 		if len(pod.Status.ContainerStatuses) == 0 {
 			return false, nil
 		}
-		status = pod.Status.ContainerStatuses[0].AllocatedResourcesStatus
-		for _, rs := range status {
+		got = map[string]corev1.ResourceHealthStatus{}
+		for _, rs := range pod.Status.ContainerStatuses[0].AllocatedResourcesStatus {
 			if !strings.HasPrefix(string(rs.Name), "claim:") {
 				continue
 			}
-			// The kubelet names a device by the claim's first CDI device
-			// ID, not by its device name: the claim holds one GPU, so
-			// its one entry is that GPU's.
 			for _, r := range rs.Resources {
-				if r.Health == health {
-					return true, nil
-				}
+				got[string(r.ResourceID)] = r.Health
 			}
 		}
-		return false, nil
+		return maps.Equal(got, want), nil
 	})
 	if err != nil {
-		t.Fatalf("pod %s: allocatedResourcesStatus %+v, want %s %s: %v", podName, status, device, health, err)
+		t.Fatalf("pod %s: allocatedResourcesStatus %v, want %v: %v", podName, got, want, err)
 	}
 }
 
