@@ -369,7 +369,7 @@
 // gpu.gpulink.dev/unhealthy=<condition>:<effect> (--health-taint-effect:
 // NoSchedule keeps new claims off it, the controller and kube-scheduler
 // both honour device taints; NoExecute also makes kube-controller-manager
-// evict the pods using it), the slices are republished at once, the
+// evict the pods using it, TestE2EHealthNoExecute), the slices are republished at once, the
 // kubelet's WatchHealthStatus stream (KEP-4680) reports the device
 // Unhealthy, so pods show it in
 // status.containerStatuses[].allocatedResourcesStatus (the kubelet's

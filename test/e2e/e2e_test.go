@@ -154,6 +154,19 @@ func setup(ctx context.Context, t *testing.T) *suite {
 
 // setupWith is setup with extra controller flags.
 func setupWith(ctx context.Context, t *testing.T, controllerArgs ...string) *suite {
+	return setupOpts(ctx, t, setupOptions{controllerArgs: controllerArgs})
+}
+
+// setupOptions are extra flags for the gpulink processes of a suite.
+type setupOptions struct {
+	controllerArgs []string
+	// realPluginArgs are added to the real node's kubelet plugin.
+	realPluginArgs []string
+}
+
+// setupOpts is setup with extra flags.
+func setupOpts(ctx context.Context, t *testing.T, o setupOptions) *suite {
+	controllerArgs := o.controllerArgs
 	root, err := localcluster.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
@@ -253,23 +266,27 @@ func setupWith(ctx context.Context, t *testing.T, controllerArgs ...string) *sui
 				t.Fatal(err)
 			}
 		}
-		p := startProc(t, logDir, "kubeletplugin-"+n.name, pluginBin,
-			"--node-name="+n.name,
-			"--kubeconfig="+cluster.Kubeconfig(),
+		args := []string{
+			"--node-name=" + n.name,
+			"--kubeconfig=" + cluster.Kubeconfig(),
 			"--discovery=topology-file",
-			"--topology-file="+filepath.Join(testdata, n.fixture),
-			"--gpu-product="+n.product,
-			"--gpu-memory="+n.memory,
-			"--gpu-compute-capability="+n.cc,
+			"--topology-file=" + filepath.Join(testdata, n.fixture),
+			"--gpu-product=" + n.product,
+			"--gpu-memory=" + n.memory,
+			"--gpu-compute-capability=" + n.cc,
 			"--gpu-driver-version=550.90.07",
-			"--kubelet-registrar-dir="+registrar,
-			"--kubelet-plugin-dir="+pluginDir,
-			"--cdi-root="+cdiRoot,
-			"--mps-root="+mpsRoot,
-			"--driver-root="+driverRoot,
-			"--metrics-address="+metricsAddress,
+			"--kubelet-registrar-dir=" + registrar,
+			"--kubelet-plugin-dir=" + pluginDir,
+			"--cdi-root=" + cdiRoot,
+			"--mps-root=" + mpsRoot,
+			"--driver-root=" + driverRoot,
+			"--metrics-address=" + metricsAddress,
 			"--v=2",
-		)
+		}
+		if n.name == s.realNode {
+			args = append(args, o.realPluginArgs...)
+		}
+		p := startProc(t, logDir, "kubeletplugin-"+n.name, pluginBin, args...)
 		s.plugins = append(s.plugins, p)
 		if err := waitForDevices(ctx, s.client, n.name, n.gpus, p); err != nil {
 			t.Fatal(err)

@@ -17,6 +17,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
@@ -157,9 +158,100 @@ func TestE2EHealth(t *testing.T) {
 	s.deletePodsAndWait(ctx, t)
 }
 
+// TestE2EHealthNoExecute runs the real node's plugin with
+// --health-taint-effect=NoExecute: a fatal XID on a GPU a running pod holds
+// must get the pod evicted by kube-controller-manager's device taint
+// eviction controller (DRADeviceTaints, GA in 1.37), its claim released and
+// its CDI spec removed, and the next pod must get another GPU.
+func TestE2EHealthNoExecute(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the e2e tests run a real node (containerd, kubelet) and need root")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	s := setupOpts(ctx, t, setupOptions{realPluginArgs: []string{"--health-taint-effect=NoExecute"}})
+	s.template(ctx, t, "one-gpu", resourceapi.ExactDeviceRequest{DeviceClassName: driver.DeviceClassWhole, Count: 1}, nil)
+	s.pod(ctx, t, "victim", "one-gpu", s.realNode)
+	v := s.waitBound(ctx, t, "victim")
+	s.waitRunning(ctx, t, &v)
+	held := v.Devices[0]
+
+	line := fmt.Sprintf(`{"device":%q,"kind":"xid","xid":79,"message":"injected by e2e"}`, held)
+	f, err := os.OpenFile(filepath.Join(s.realPluginDir, "health-events.jsonl"), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString(line + "\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	injected := time.Now()
+	s.waitTaintsWith(ctx, t, []string{held}, resourceapi.DeviceTaintEffectNoExecute)
+
+	// Evicted: kube-controller-manager deletes the pod and says why in a
+	// DisruptionTarget condition; then the claim and the CDI spec go.
+	var reason string
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		if err := s.alive(); err != nil {
+			return false, err
+		}
+		pod, err := s.client.CoreV1().Pods(ns).Get(ctx, "victim", metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		for _, c := range pod.Status.Conditions {
+			if c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue {
+				reason = c.Reason + ": " + c.Message
+			}
+		}
+		return pod.DeletionTimestamp != nil, nil
+	})
+	if err != nil {
+		t.Fatalf("pod victim on %s (tainted NoExecute) was not evicted: %v", held, err)
+	}
+	t.Logf("pod victim evicted %.1fs after the injection (%s)", time.Since(injected).Seconds(), reason)
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		if _, err := s.client.ResourceV1().ResourceClaims(ns).Get(ctx, v.claim.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		entries, err := os.ReadDir(s.cluster.CDIDir())
+		if err != nil {
+			return false, err
+		}
+		for _, e := range entries {
+			if strings.Contains(e.Name(), string(v.claim.UID)) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("claim %s of the evicted pod or its CDI spec is still there: %v", v.claim.Name, err)
+	}
+
+	s.pod(ctx, t, "next", "one-gpu", s.realNode)
+	n := s.waitBound(ctx, t, "next")
+	s.waitRunning(ctx, t, &n)
+	if n.Devices[0] == held {
+		t.Errorf("pod next got the NoExecute-tainted GPU %s", held)
+	}
+	s.deletePodsAndWait(ctx, t)
+}
+
 // waitTaints waits until exactly the devices in want carry the unhealthy
 // taint (NoSchedule) on the real node.
 func (s *suite) waitTaints(ctx context.Context, t *testing.T, want []string) {
+	t.Helper()
+	s.waitTaintsWith(ctx, t, want, resourceapi.DeviceTaintEffectNoSchedule)
+}
+
+// waitTaintsWith is waitTaints for a taint effect.
+func (s *suite) waitTaintsWith(ctx context.Context, t *testing.T, want []string, effect resourceapi.DeviceTaintEffect) {
 	t.Helper()
 	want = slices.Clone(want)
 	gpuview.SortDevices(want)
@@ -176,7 +268,7 @@ func (s *suite) waitTaints(ctx context.Context, t *testing.T, want []string) {
 		for _, sl := range list.Items {
 			for _, d := range sl.Spec.Devices {
 				for _, taint := range d.Taints {
-					if taint.Key == driver.UnhealthyTaintKey && taint.Effect == resourceapi.DeviceTaintEffectNoSchedule && taint.Value != "" {
+					if taint.Key == driver.UnhealthyTaintKey && taint.Effect == effect && taint.Value != "" {
 						got = append(got, d.Name)
 					}
 				}
@@ -186,7 +278,7 @@ func (s *suite) waitTaints(ctx context.Context, t *testing.T, want []string) {
 		return slices.Equal(got, want), nil
 	})
 	if err != nil {
-		t.Fatalf("unhealthy taints on %v, want on %v: %v", got, want, err)
+		t.Fatalf("unhealthy %s taints on %v, want on %v: %v", effect, got, want, err)
 	}
 }
 
