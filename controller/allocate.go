@@ -541,35 +541,44 @@ func scorePlan(pl *nodePlan) podScore {
 // choosePod ranks plans of pods with several placements by podScore, then
 // node name.
 func choosePod(plans []*nodePlan, pol allocate.Policy) *nodePlan {
-	spreadNodes := pol.Node == allocate.Spread
-	spreadGPUs := pol.GPU == allocate.Spread
 	scores := make(map[*nodePlan]podScore, len(plans))
 	for _, pl := range plans {
 		scores[pl] = scorePlan(pl)
 	}
 	best := plans[0]
 	for _, pl := range plans[1:] {
-		a, b := scores[pl], scores[best]
-		better := false
-		switch {
-		case a.worst != b.worst:
-			better = a.worst > b.worst
-		case a.weakSum != b.weakSum:
-			better = a.weakSum > b.weakSum
-		case a.aggSum != b.aggSum:
-			better = a.aggSum > b.aggSum
-		case a.opened != b.opened:
-			better = (a.opened < b.opened) != spreadGPUs
-		case a.freeAfter != b.freeAfter:
-			better = (a.freeAfter < b.freeAfter) != spreadNodes
-		default:
-			better = pl.Node.Node < best.Node.Node
-		}
-		if better {
+		c := scores[pl].compare(scores[best], pol)
+		if c > 0 || (c == 0 && pl.Node.Node < best.Node.Node) {
 			best = pl
 		}
 	}
 	return best
+}
+
+// compare orders two pods' scores before node names: positive when a
+// ranks first.
+func (a podScore) compare(b podScore, pol allocate.Policy) int {
+	spreadNodes := pol.Node == allocate.Spread
+	spreadGPUs := pol.GPU == allocate.Spread
+	first := func(aFirst bool) int {
+		if aFirst {
+			return 1
+		}
+		return -1
+	}
+	switch {
+	case a.worst != b.worst:
+		return first(a.worst > b.worst)
+	case a.weakSum != b.weakSum:
+		return first(a.weakSum > b.weakSum)
+	case a.aggSum != b.aggSum:
+		return first(a.aggSum > b.aggSum)
+	case a.opened != b.opened:
+		return first((a.opened < b.opened) != spreadGPUs)
+	case a.freeAfter != b.freeAfter:
+		return first((a.freeAfter < b.freeAfter) != spreadNodes)
+	}
+	return 0
 }
 
 // summarize renders a plan for events: "gpu-0,gpu-3 on node-a: every pair NV2".

@@ -95,6 +95,16 @@
 // ones, and how many were not planned.
 // TestQuickChoiceMatchesExhaustive compares both paths on random clusters.
 //
+// Pods with several placements (several claims or requests, shares of
+// several GPUs; no firstAvailable, no allocationMode All, nodes of at most
+// 16 GPUs) are decided by branch and bound (bound.go, boundChoice), again
+// exactly as planning every node: each node gets a podScore no plan on it
+// can beat (podBound: each request's best set on its own, from the same
+// kept scores, and the node's free GPUs), nodes are filtered and planned
+// in bound order only until no bound can beat the best plan found
+// (TestBoundChoiceMatchesExhaustive). When the requests do not get in each
+// other's way on the best nodes, the first node planned is the answer.
+//
 // Node fit, as kube-scheduler's NodeResourcesFit: the node's allocatable
 // pods, cpu, memory, ephemeral-storage, hugepages and extended resources
 // minus what the pods counted on it request (k8s.io/component-helpers

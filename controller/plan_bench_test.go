@@ -107,7 +107,7 @@ func BenchmarkDecision5000Nodes(b *testing.B) {
 			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.ShareRequest("s", mem, cores)}}}}
 	}
 	// The scale test's mix (test/scale, scaleRequests), by weight.
-	var mix []*interpretedClaim
+	var mix [][]*interpretedClaim
 	for _, w := range []struct {
 		n  int
 		cl *resourceapi.ResourceClaim
@@ -118,51 +118,12 @@ func BenchmarkDecision5000Nodes(b *testing.B) {
 			b.Fatal(err)
 		}
 		for range w.n {
-			mix = append(mix, ic)
+			mix = append(mix, []*interpretedClaim{ic})
 		}
 	}
 	pol := allocate.Policy{}
 	run := func(b *testing.B, decide func([]*interpretedClaim) *nodePlan) {
-		type undo struct {
-			node  string
-			usage []allocate.GPUUsage
-		}
-		var held []undo
-		step := func(i int) *nodePlan {
-			pl := decide([]*interpretedClaim{mix[i%len(mix)]})
-			if pl != nil {
-				held = append(held, undo{pl.Node.Node, pc.usage[pl.Node.Node]})
-				pc.commit(pl)
-			}
-			if len(held) > 64 {
-				pc.setUsage(held[0].node, held[0].usage)
-				held = held[1:]
-			}
-			return pl
-		}
-		// Selector results and share sizes are memoised per node: the
-		// first decision for each kind of request pays for them once.
-		for j := range mix {
-			step(j)
-		}
-		var took []time.Duration
-		i := 0
-		for b.Loop() {
-			start := time.Now()
-			if step(i) == nil {
-				b.Fatal("no plan")
-			}
-			took = append(took, time.Since(start))
-			i += 37
-		}
-		// Leave the cluster as it was for the next variant.
-		for j := len(held) - 1; j >= 0; j-- {
-			pc.setUsage(held[j].node, held[j].usage)
-		}
-		slices.Sort(took)
-		p := func(q float64) float64 { return float64(took[int(q*float64(len(took)-1))].Microseconds()) / 1000 }
-		b.ReportMetric(p(0.5), "p50-ms")
-		b.ReportMetric(p(0.99), "p99-ms")
+		runDecisions(b, pc, mix, decide)
 	}
 	logger := klog.Background()
 	b.Run("exhaustive", func(b *testing.B) {
@@ -246,5 +207,100 @@ func BenchmarkWaiting5000Nodes(b *testing.B) {
 				b.Fatalf("no reasons (%v)", ok)
 			}
 		}
+	})
+}
+
+// runDecisions runs decide over the pods of mix in turn (one pod: its
+// claims), committing each plan and releasing the one made 64 decisions
+// earlier, and reports the p50 and p99 of one decision.
+func runDecisions(b *testing.B, pc *pruneCluster, mix [][]*interpretedClaim, decide func([]*interpretedClaim) *nodePlan) {
+	type undo struct {
+		node  string
+		usage []allocate.GPUUsage
+	}
+	var held []undo
+	step := func(i int) *nodePlan {
+		pl := decide(mix[i%len(mix)])
+		if pl != nil {
+			held = append(held, undo{pl.Node.Node, pc.usage[pl.Node.Node]})
+			pc.commit(pl)
+		}
+		if len(held) > 64 {
+			pc.setUsage(held[0].node, held[0].usage)
+			held = held[1:]
+		}
+		return pl
+	}
+	// Selector results and share sizes are memoised per node: the first
+	// decision for each kind of request pays for them once.
+	for j := range mix {
+		step(j)
+	}
+	var took []time.Duration
+	i := 0
+	for b.Loop() {
+		start := time.Now()
+		if step(i) == nil {
+			b.Fatal("no plan")
+		}
+		took = append(took, time.Since(start))
+		i += 37
+	}
+	// Leave the cluster as it was for the next variant.
+	for j := len(held) - 1; j >= 0; j-- {
+		pc.setUsage(held[j].node, held[j].usage)
+	}
+	slices.Sort(took)
+	p := func(q float64) float64 { return float64(took[int(q*float64(len(took)-1))].Microseconds()) / 1000 }
+	b.ReportMetric(p(0.5), "p50-ms")
+	b.ReportMetric(p(0.99), "p99-ms")
+}
+
+// BenchmarkSeveralPlacements5000Nodes is BenchmarkDecision5000Nodes for
+// pods with several placements: two claims (2 GPUs and 1 GPU), one claim
+// with two requests (4 GPUs and a share), shares of two GPUs. exhaustive
+// filters and plans every node; bound is what the controller does
+// (boundChoice).
+func BenchmarkSeveralPlacements5000Nodes(b *testing.B) {
+	rng := rand.New(rand.NewPCG(5000, 10))
+	pc := newPruneCluster(b, rng, 5000, eightGPUFixtures, 0.7)
+	nodes := pc.inv.all()
+	ctx := context.Background()
+	filter := benchNodeFilter(b, nodes)
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "d", UID: "pod"}}
+	interpret := func(reqs ...resourceapi.DeviceRequest) *interpretedClaim {
+		ic, _, err := pc.ip.interpret(ctx, &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "d"},
+			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: reqs}}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return ic
+	}
+	twoShares := controllertest.ShareRequest("s", "4Gi", "25")
+	twoShares.Exactly.Count = 2
+	mix := [][]*interpretedClaim{
+		{interpret(controllertest.WholeRequest("a", 2)), interpret(controllertest.WholeRequest("b", 1))},
+		{interpret(controllertest.WholeRequest("g", 4), controllertest.ShareRequest("s", "4Gi", "25"))},
+		{interpret(twoShares)},
+	}
+	pol := allocate.Policy{}
+	logger := klog.Background()
+	b.Run("exhaustive", func(b *testing.B) {
+		runDecisions(b, pc, mix, func(pending []*interpretedClaim) *nodePlan {
+			cands, _ := filter.candidates(logger, pod, nodes, nil, nil)
+			plans, _, _ := exhaustivePlans(ctx, pc.sel, pol, cands, pc.nodeUsage, pending)
+			return choosePlan(plans, pol)
+		})
+	})
+	b.Run("bound", func(b *testing.B) {
+		cache := newScoreCache()
+		runDecisions(b, pc, mix, func(pending []*interpretedClaim) *nodePlan {
+			pf := filter.forPod(logger, pod, nil, nil)
+			pl, verdict := boundChoice(ctx, pc.sel, pol, nodes, pc, cache, pf.admit, pending)
+			if verdict != quickChosen {
+				b.Fatalf("verdict %d", verdict)
+			}
+			return pl
+		})
 	})
 }

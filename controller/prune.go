@@ -72,19 +72,13 @@ func quickChoice(ctx context.Context, sel *selectorEvaluator, pol allocate.Polic
 	if alt.All || alt.Count < 1 || (alt.Share && alt.Count != 1) {
 		return nil, quickUnsure
 	}
-	sig := quickSignature(alt)
-	scores := cache.shape(fmt.Sprintf("%s\x03%d/%d/%d/%d/%s/%s", sig, alt.Count, alt.RequiredLink,
-		maxSharesPerGPU(alt), memoryOvercommit(alt), pol.Node, pol.GPU), len(nodes))
+	sig, scores := shapeOf(cache, alt, pol, len(nodes))
 	gens := make([]uint64, len(nodes))
 	usage.generations(nodes, gens)
 	h := &rankHeap{pol: pol, items: make([]rankedNode, 0, len(nodes))}
 	shareKey := ""
 	for i, n := range nodes {
-		e := scores.get(n, gens[i], pol.Mix)
-		if e == nil {
-			e = scoreNode(ctx, sel, pol, n, usage, alt, sig, gens[i])
-			scores.put(n, e)
-		}
+		e := scores.entry(ctx, sel, pol, n, usage, alt, sig, gens[i])
 		if e.skip {
 			continue
 		}
@@ -204,6 +198,11 @@ func (h *rankHeap) Pop() any {
 func scoreNode(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, n *nodeInventory, usage usageSource, alt *alternative, sig string, gen uint64) *scoreEntry {
 	e := &scoreEntry{node: n, gen: gen}
 	u := sanitizeUsage(usage.nodeUsage(n))
+	for _, g := range u {
+		if g == (allocate.GPUUsage{}) {
+			e.free++
+		}
+	}
 	if !mayFit(u, alt) {
 		// Planning it fails too, whatever its devices.
 		e.skip = true
@@ -244,6 +243,25 @@ func scoreNode(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy,
 	return e
 }
 
+// shapeOf returns the alternative's signature and the scores kept for it
+// (as one request on its own) under pol.
+func shapeOf(cache *scoreCache, alt *alternative, pol allocate.Policy, nodes int) (string, *shapeScores) {
+	sig := quickSignature(alt)
+	return sig, cache.shape(fmt.Sprintf("%s\x03%d/%d/%d/%d/%s/%s", sig, alt.Count, alt.RequiredLink,
+		maxSharesPerGPU(alt), memoryOvercommit(alt), pol.Node, pol.GPU), nodes)
+}
+
+// entry returns the node's kept entry for the shape, computing it when
+// none is valid for the node's usage generation.
+func (s *shapeScores) entry(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, n *nodeInventory, usage usageSource, alt *alternative, sig string, gen uint64) *scoreEntry {
+	if e := s.get(n, gen, pol.Mix); e != nil {
+		return e
+	}
+	e := scoreNode(ctx, sel, pol, n, usage, alt, sig, gen)
+	s.put(n, e)
+	return e
+}
+
 // scoreEntry is one node's standing for one request shape, valid while
 // the node's inventory and usage generation are the ones it was computed
 // for (and, for a score that depends on it, the size mix).
@@ -257,6 +275,9 @@ type scoreEntry struct {
 	shareKey         string
 	fits             bool
 	score            allocate.NodeScore
+	// free counts the node's GPUs nothing uses (whatever the request may
+	// use), as scorePlan counts them.
+	free int
 }
 
 // scoreCache keeps node scores per request shape and policy, bounded to

@@ -182,7 +182,7 @@ func randomPod(rng *rand.Rand) []*resourceapi.ResourceClaim {
 func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(9, 5000))
-	quick, shortcutShapes, cached, noFit := 0, 0, 0, 0
+	quick, shortcutShapes, cached, noFit, bounded := 0, 0, 0, 0, 0
 	for round := range 12 {
 		pc := newPruneCluster(t, rng, 40+rng.IntN(80), pruneFixtures, []float64{0.3, 0.7, 1}[round%3])
 		cache := newScoreCache()
@@ -246,16 +246,34 @@ func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 					t.Fatalf("round %d, policy %+v: quick choice %s, planning every node %s", round, pol, g, w)
 				}
 			}
+			if verdict == quickUnsure {
+				// Several placements: branch and bound must agree too.
+				bp, bv := boundChoice(ctx, pc.sel, pol, nodes, pc, cache, admit, pending)
+				switch bv {
+				case quickChosen:
+					bounded++
+					if ref == nil {
+						t.Fatalf("round %d: bound choice %s where planning every node finds none", round, bp.summarize())
+					}
+					if g, w := bp.summarize(), ref.summarize(); g != w {
+						t.Fatalf("round %d, policy %+v: bound choice %s, planning every node %s", round, pol, g, w)
+					}
+				case quickNoFit:
+					if ref != nil {
+						t.Fatalf("round %d, policy %+v: branch and bound found nothing fits, planning every node gives %s", round, pol, ref.summarize())
+					}
+				}
+			}
 			if ref != nil {
 				pc.commit(ref)
 			}
 		}
 	}
-	t.Logf("%d decisions by the shortcut (%d with scores kept from earlier decisions) out of %d single-placement pods that fit; %d found to fit nowhere", quick, cached, shortcutShapes, noFit)
+	t.Logf("%d decisions by the shortcut (%d with scores kept from earlier decisions) out of %d single-placement pods that fit; %d found to fit nowhere; %d pods with several placements by branch and bound", quick, cached, shortcutShapes, noFit, bounded)
 	// Shares whose default size differs across nodes fall back; most
 	// single-placement pods must take the shortcut or it is not tested.
-	if shortcutShapes == 0 || quick*10 < shortcutShapes*7 || cached*2 < quick || noFit == 0 {
-		t.Fatalf("only %d of %d single-placement decisions took the shortcut, %d of them with kept scores", quick, shortcutShapes, cached)
+	if shortcutShapes == 0 || quick*10 < shortcutShapes*7 || cached*2 < quick || noFit == 0 || bounded < 20 {
+		t.Fatalf("only %d of %d single-placement decisions took the shortcut, %d of them with kept scores, %d found nothing fits; %d by branch and bound", quick, shortcutShapes, cached, noFit, bounded)
 	}
 }
 
@@ -372,5 +390,78 @@ func TestSampleAlternatives(t *testing.T) {
 	note := alternativesNote(q.plan, plans, why, nil, unexamined)
 	if !strings.Contains(note, fmt.Sprintf("%d other nodes not planned", unexamined)) {
 		t.Fatalf("note %q does not count the nodes not planned", note)
+	}
+}
+
+// TestBoundChoiceMatchesExhaustive checks branch and bound alone on many
+// pods with several placements (several claims, several requests, shares
+// of several GPUs) over small clusters where many nodes tie, so that a
+// bound a little off shows as a different node.
+func TestBoundChoiceMatchesExhaustive(t *testing.T) {
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(17, 23))
+	decided, none := 0, 0
+	for round := range 150 {
+		pc := newPruneCluster(t, rng, 6+rng.IntN(20), []string{"dgx1-v100.txt", "dgx-a100.txt", "pcie-nvbridge-8.txt", "pcie-4.txt", "dgx2-16.txt"}, []float64{0, 0.5, 1}[round%3])
+		cache := newScoreCache()
+		for range 30 {
+			nodes := pc.inv.all()
+			var pending []*interpretedClaim
+			for {
+				pending = pending[:0]
+				for _, cl := range randomPod(rng) {
+					ic, _, err := pc.ip.interpret(ctx, cl)
+					if err != nil {
+						t.Fatalf("interpret: %v", err)
+					}
+					pending = append(pending, ic)
+				}
+				if _, v := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, nil, admitAll, pending); v == quickUnsure {
+					break
+				}
+			}
+			if rng.IntN(3) == 0 {
+				// Shares of two GPUs in one request.
+				req := controllertest.ShareRequest("s", "2Gi", "10")
+				req.Exactly.Count = 2
+				ic, _, err := pc.ip.interpret(ctx, &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "m", Namespace: "d", UID: testUID(rng.IntN(1 << 30))},
+					Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req}}}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				pending = []*interpretedClaim{ic}
+			}
+			pol := allocate.Policy{
+				Node: []allocate.Strategy{allocate.Binpack, allocate.Spread}[rng.IntN(2)],
+				GPU:  []allocate.Strategy{allocate.Binpack, allocate.Spread}[rng.IntN(2)],
+			}
+			plans, _, _ := exhaustivePlans(ctx, pc.sel, pol, nodes, pc.nodeUsage, pending)
+			ref := choosePlan(plans, pol)
+			got, v := boundChoice(ctx, pc.sel, pol, nodes, pc, cache, admitAll, pending)
+			switch v {
+			case quickChosen:
+				decided++
+				if ref == nil || got.summarize() != ref.summarize() {
+					want := "none"
+					if ref != nil {
+						want = ref.summarize()
+					}
+					t.Fatalf("round %d, policy %+v: bound choice %s, planning every node %s", round, pol, got.summarize(), want)
+				}
+				pc.commit(ref)
+			case quickNoFit:
+				none++
+				if ref != nil {
+					t.Fatalf("round %d: branch and bound found nothing fits, planning every node gives %s", round, ref.summarize())
+				}
+				// Make room again.
+				n := nodes[rng.IntN(len(nodes))]
+				pc.setUsage(n.Node, make([]allocate.GPUUsage, len(n.Devices)))
+			}
+		}
+	}
+	t.Logf("%d pods with several placements decided by branch and bound, %d found to fit nowhere", decided, none)
+	if decided < 300 {
+		t.Fatalf("only %d decisions by branch and bound", decided)
 	}
 }

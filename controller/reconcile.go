@@ -233,6 +233,10 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	unexamined := 0
 	pf := c.filter.forPod(logger, pod, allocated, excluded)
 	q, verdict := quickChoice(ctx, c.sel, pol, all, c.ledger, c.scores, pf.admit, pending)
+	var bounded *nodePlan
+	if verdict == quickUnsure {
+		bounded, verdict = boundChoice(ctx, c.sel, pol, all, c.ledger, c.scores, pf.admit, pending)
+	}
 	quickWait := false
 	if verdict == quickNoFit && excluded.Len() == 0 {
 		// Nothing fits: count every node by filter as the exhaustive
@@ -248,13 +252,16 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 			}
 		}
 	}
-	if verdict == quickChosen {
+	switch {
+	case verdict == quickChosen && q != nil:
 		chosen = q.plan
 		// The event names a few nodes that also fit (gpulink explain):
 		// plan a bounded number of the next-best ones for it.
 		plans, why, unexamined = q.alternatives(ctx, c.sel, pol, c.ledger, pf.admit, pending)
 		rej = pf.rej
-	} else if !quickWait {
+	case verdict == quickChosen:
+		chosen, plans, rej = bounded, []*nodePlan{bounded}, pf.rej
+	case !quickWait:
 		var cands []*nodeInventory
 		cands, rej = c.filter.candidates(logger, pod, all, allocated, excluded)
 		if len(cands) == 0 && excluded.Len() > 0 && rej.count(rejectExcluded) > 0 {

@@ -3,6 +3,8 @@ package allocate
 import (
 	"fmt"
 	"math/bits"
+
+	"github.com/gpulink/gpulink/driver/topology"
 )
 
 // NodeScore is one node's standing for one request, as ChooseNode ranks
@@ -31,6 +33,15 @@ type NodeScore struct {
 // GPU that already holds shares, or on a fresh GPU of a node whose GPUs
 // all have the same memory (the mix only chooses which fresh GPU).
 func (a NodeScore) DependsOnMix() bool { return a.mixDependent }
+
+// WeakestLink is, for whole GPUs, the weakest link of the node's best set
+// (the set the allocator would give may differ among equally good ones,
+// never in quality).
+func (a NodeScore) WeakestLink() topology.Link { return a.key.link() }
+
+// AggregateLink is, for whole GPUs, the sum of the link classes of the
+// best set's pairs (ties on WeakestLink are broken by it).
+func (a NodeScore) AggregateLink() int { return int(a.key.agg()) }
 
 // ScoreNode ranks one node for a request: ok is false when the request
 // does not fit the node. ChooseNode picks the node whose score is Better
