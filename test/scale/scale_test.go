@@ -165,8 +165,10 @@ func scaleRequests() []scaleRequest {
 	whole := func(n int64) resourceapi.DeviceClaim {
 		return resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("gpus", n)}}
 	}
+	twoShares := controllertest.ShareRequest("s", "4Gi", "25")
+	twoShares.Exactly.Count = 2
 	return []scaleRequest{
-		{"gpu-1", 35, whole(1)},
+		{"gpu-1", 28, whole(1)},
 		{"gpu-2", 20, whole(2)},
 		{"gpu-4", 12, whole(4)},
 		{"gpu-8", 3, whole(8)},
@@ -176,6 +178,11 @@ func scaleRequests() []scaleRequest {
 		}},
 		{"share-small", 15, resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.ShareRequest("s", "4Gi", "25")}}},
 		{"share-large", 10, resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.ShareRequest("s", "12Gi", "50")}}},
+		// Several placements: a pair and a share in one claim, shares of
+		// two GPUs (the controller's branch and bound).
+		{"pair-and-share", 4, resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{
+			controllertest.WholeRequest("gpus", 2), controllertest.ShareRequest("s", "4Gi", "25")}}},
+		{"share-x2", 3, resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{twoShares}}},
 	}
 }
 
