@@ -84,10 +84,10 @@ func benchmarkPlan(b *testing.B, req resourceapi.DeviceRequest) {
 // BenchmarkDecision5000Nodes measures one decision (no API writes: the
 // choice made under the decision lock, node filter included) over 5,000
 // in-memory eight-GPU nodes of mixed kinds with random usage, for the
-// scale test's mix of pods. Each decision is committed and the one made 64
-// decisions earlier released, so that nodes' usage changes as in a running
-// cluster. exhaustive filters and plans every node (the path of pods with
-// several placements); quick-uncached ranks every node afresh; quick keeps
+// scale test's pods with one placement. Each decision is committed and the
+// one made 64 decisions earlier released, so that nodes' usage changes as
+// in a running cluster. exhaustive filters and plans every node (what
+// choosePlan ranks); quick-uncached ranks every node afresh; quick keeps
 // scores between decisions (what the controller does). It reports the p50
 // and p99 of one decision.
 func BenchmarkDecision5000Nodes(b *testing.B) {
@@ -106,7 +106,7 @@ func BenchmarkDecision5000Nodes(b *testing.B) {
 		return &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "d"},
 			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.ShareRequest("s", mem, cores)}}}}
 	}
-	// The scale test's mix (test/scale, scaleRequests), by weight.
+	// The scale test's pods with one placement (test/scale, scaleRequests), by weight.
 	var mix [][]*interpretedClaim
 	for _, w := range []struct {
 		n  int
