@@ -129,21 +129,25 @@ func boundChoice(ctx context.Context, sel *selectorEvaluator, pol allocate.Polic
 // multi-GPU sets are each at most as good as the request's best set on the
 // node alone, so the worst of them, their size-weighted weakest links and,
 // when those are equal (every set as good as the best), their aggregate
-// links are bounded by the best sets'. Fresh GPUs opened by shares are at
-// least none (at most all of them, when spreading), and the whole GPUs
-// left free are then exactly the free ones less the whole GPUs taken and
-// the fresh GPUs opened.
+// links are bounded by the best sets'. A request for shares of c GPUs puts
+// them on c distinct GPUs, of which at most the node's shared GPUs are not
+// fresh, so shares open at least c minus those (packing GPUs, where fewer
+// is better), and at most all shares or all GPUs left free (spreading);
+// the whole GPUs left free are then exactly the free ones less the whole
+// GPUs taken and the fresh GPUs opened. On an idle node the bound is what
+// the plan gets unless the requests get in each other's way.
 func podBound(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, n *nodeInventory, usage usageSource, alts []*alternative, sigs []string, shapes []*shapeScores, gen uint64) (podScore, bool) {
 	b := podScore{worst: topology.Link(255)}
-	free, whole, shares := -1, 0, 0
+	free, shared, whole, shares, widest := -1, 0, 0, 0, 0
 	for i, alt := range alts {
 		e := shapes[i].entry(ctx, sel, pol, n, usage, alt, sigs[i], gen)
 		if e.skip || (!e.nonUniform && !e.fits) {
 			return podScore{}, false
 		}
-		free = e.free
+		free, shared = e.free, e.shared
 		if alt.Share {
 			shares += alt.Count
+			widest = max(widest, alt.Count)
 			continue
 		}
 		whole += alt.Count
@@ -158,7 +162,9 @@ func podBound(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, 
 		return podScore{}, false
 	}
 	if pol.GPU == allocate.Spread {
-		b.opened = shares
+		b.opened = min(shares, free-whole)
+	} else {
+		b.opened = max(0, widest-shared)
 	}
 	b.freeAfter = free - whole - b.opened
 	return b, true

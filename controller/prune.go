@@ -199,8 +199,11 @@ func scoreNode(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy,
 	e := &scoreEntry{node: n, gen: gen}
 	u := sanitizeUsage(usage.nodeUsage(n))
 	for _, g := range u {
-		if g == (allocate.GPUUsage{}) {
+		switch {
+		case g == (allocate.GPUUsage{}):
 			e.free++
+		case !g.Exclusive && g.Shares > 0:
+			e.shared++
 		}
 	}
 	if !mayFit(u, alt) {
@@ -276,8 +279,8 @@ type scoreEntry struct {
 	fits             bool
 	score            allocate.NodeScore
 	// free counts the node's GPUs nothing uses (whatever the request may
-	// use), as scorePlan counts them.
-	free int
+	// use), as scorePlan counts them; shared those that hold shares only.
+	free, shared int
 }
 
 // scoreCache keeps node scores per request shape and policy, bounded to
