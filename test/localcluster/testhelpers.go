@@ -1,6 +1,7 @@
 package localcluster
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -8,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
@@ -100,4 +102,36 @@ func WriteFakeDriver(t testing.TB, root string) []string {
 		}
 	}
 	return files
+}
+
+// RunShared is a TestMain body for a package whose tests share one
+// cluster: it starts the cluster in a temporary directory named after
+// prefix (opts.Dir and opts.Logf are set here; logs go to stderr), hands it
+// to use, runs the tests, then stops the cluster and removes the
+// directory. It returns the exit code for os.Exit.
+func RunShared(m *testing.M, prefix string, opts Options, use func(*Cluster)) int {
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	opts.Dir = dir
+	opts.Logf = func(f string, a ...any) {
+		fmt.Fprintf(os.Stderr, "localcluster: "+f+"\n", a...)
+	}
+	cluster, err := Start(ctx, opts)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "starting local cluster: %v\n", err)
+		return 1
+	}
+	defer func() {
+		if err := cluster.Stop(); err != nil {
+			fmt.Fprintf(os.Stderr, "stopping local cluster: %v\n", err)
+		}
+	}()
+	use(cluster)
+	return m.Run()
 }

@@ -11,46 +11,19 @@
 package scale_test
 
 import (
-	"context"
-	"fmt"
 	"os"
 	"testing"
-	"time"
 
 	"github.com/gpulink/gpulink/test/localcluster"
 )
 
 var cluster *localcluster.Cluster
 
-func TestMain(m *testing.M) { os.Exit(run(m)) }
-
-func run(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "gl-scale-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cluster, err = localcluster.Start(ctx, localcluster.Options{
-		Dir: dir,
+func TestMain(m *testing.M) {
+	os.Exit(localcluster.RunShared(m, "gl-scale-", localcluster.Options{
 		// The resourceclaim controller creates every pod's claims and
 		// kube-scheduler binds every pod: at their default client rates
 		// (20 and 50 per second) they, not gpulink, would set the pace.
 		ComponentQPS: 500,
-		Logf: func(f string, a ...any) {
-			fmt.Fprintf(os.Stderr, "localcluster: "+f+"\n", a...)
-		},
-	})
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "starting local cluster: %v\n", err)
-		return 1
-	}
-	defer func() {
-		if err := cluster.Stop(); err != nil {
-			fmt.Fprintf(os.Stderr, "stopping local cluster: %v\n", err)
-		}
-	}()
-	return m.Run()
+	}, func(c *localcluster.Cluster) { cluster = c }))
 }

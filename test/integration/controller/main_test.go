@@ -12,12 +12,9 @@
 package controller_test
 
 import (
-	"context"
 	"flag"
-	"fmt"
 	"os"
 	"testing"
-	"time"
 
 	"k8s.io/klog/v2"
 
@@ -35,29 +32,5 @@ func TestMain(m *testing.M) {
 	if v := os.Getenv("GPULINK_V"); v != "" {
 		_ = fs.Set("v", v)
 	}
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "gl-ctrl-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cluster, err = localcluster.Start(ctx, localcluster.Options{Dir: dir, Logf: func(f string, a ...any) {
-		fmt.Fprintf(os.Stderr, "localcluster: "+f+"\n", a...)
-	}})
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "starting local cluster: %v\n", err)
-		return 1
-	}
-	defer func() {
-		if err := cluster.Stop(); err != nil {
-			fmt.Fprintf(os.Stderr, "stopping local cluster: %v\n", err)
-		}
-	}()
-	return m.Run()
+	os.Exit(localcluster.RunShared(m, "gl-ctrl-", localcluster.Options{}, func(c *localcluster.Cluster) { cluster = c }))
 }
