@@ -91,11 +91,8 @@ func benchmarkPlan(b *testing.B, req resourceapi.DeviceRequest) {
 // scores between decisions (what the controller does). It reports the p50
 // and p99 of one decision.
 func BenchmarkDecision5000Nodes(b *testing.B) {
-	rng := rand.New(rand.NewPCG(5000, 8))
-	pc := newPruneCluster(b, rng, 5000, eightGPUFixtures, 0.7)
-	nodes := pc.inv.all()
+	pc, nodes, filter := benchCluster(b, 8)
 	ctx := context.Background()
-	filter := benchNodeFilter(b, nodes)
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "d", UID: "pod"}, Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c",
 		Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("8"), corev1.ResourceMemory: resource.MustParse("64Gi")}}}}}}
 	whole := func(n int64, cfg ...resourceapi.DeviceClaimConfiguration) *resourceapi.ResourceClaim {
@@ -147,6 +144,15 @@ func BenchmarkDecision5000Nodes(b *testing.B) {
 	b.Run("quick", func(b *testing.B) { run(b, quick(newScoreCache())) })
 }
 
+// benchCluster is the cluster of the 5,000-node decision benchmarks:
+// eight-GPU nodes of mixed kinds, 70 % of them busy (random usage from
+// seed), with a node filter over their Node objects.
+func benchCluster(b *testing.B, seed uint64) (*pruneCluster, []*nodeInventory, *nodeFilter) {
+	pc := newPruneCluster(b, rand.New(rand.NewPCG(5000, seed)), 5000, eightGPUFixtures, 0.7)
+	nodes := pc.inv.all()
+	return pc, nodes, benchNodeFilter(b, nodes)
+}
+
 // benchNodeFilter is a node filter over Node objects for the nodes, with
 // pods counted on some of them.
 func benchNodeFilter(b *testing.B, nodes []*nodeInventory) *nodeFilter {
@@ -172,11 +178,8 @@ func benchNodeFilter(b *testing.B, nodes []*nodeInventory) *nodeFilter {
 // controller does (the scores say nothing fits, every node is filtered
 // for the counts, a few are planned for the reasons).
 func BenchmarkWaiting5000Nodes(b *testing.B) {
-	rng := rand.New(rand.NewPCG(5000, 9))
-	pc := newPruneCluster(b, rng, 5000, eightGPUFixtures, 0.7)
-	nodes := pc.inv.all()
+	pc, nodes, filter := benchCluster(b, 9)
 	ctx := context.Background()
-	filter := benchNodeFilter(b, nodes)
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "d", UID: "pod"}}
 	ic, _, err := pc.ip.interpret(ctx, &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "d"},
 		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("gpus", 9)}}}})
@@ -262,11 +265,8 @@ func runDecisions(b *testing.B, pc *pruneCluster, mix [][]*interpretedClaim, dec
 // filters and plans every node; bound is what the controller does
 // (boundChoice).
 func BenchmarkSeveralPlacements5000Nodes(b *testing.B) {
-	rng := rand.New(rand.NewPCG(5000, 10))
-	pc := newPruneCluster(b, rng, 5000, eightGPUFixtures, 0.7)
-	nodes := pc.inv.all()
+	pc, nodes, filter := benchCluster(b, 10)
 	ctx := context.Background()
-	filter := benchNodeFilter(b, nodes)
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "d", UID: "pod"}}
 	interpret := func(reqs ...resourceapi.DeviceRequest) *interpretedClaim {
 		ic, _, err := pc.ip.interpret(ctx, &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "d"},
