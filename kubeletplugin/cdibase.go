@@ -158,6 +158,15 @@ func BuildBaseSpec(logger klog.Logger, o BaseSpecOptions) (*cdispec.Spec, error)
 	ce.DeviceNodes = slices.DeleteFunc(ce.DeviceNodes, func(n *cdispec.DeviceNode) bool {
 		return slices.Contains(controlDeviceNodes, n.Path)
 	})
+	// Containers talk to their claim's MPS daemon through the pipe
+	// directory, which MPS clients need; the control program would only
+	// give them a ready tool to change the daemon's limits. Leaving it out
+	// does not make that impossible (the protocol is plain text on a pipe),
+	// which is why the plugin also sets the limits again periodically
+	// (LimitEnforcer, README.md "What MPS guarantees").
+	ce.Mounts = slices.DeleteFunc(ce.Mounts, func(m *cdispec.Mount) bool {
+		return filepath.Base(m.ContainerPath) == mpsControlName
+	})
 	if !hasMountOf(ce.Mounts, "libcuda.so.") {
 		return nil, fmt.Errorf("driver root %s (host path %s): libcuda.so.<version> not found in its lib directories; is the NVIDIA driver installed there?", mount, o.Root.Host)
 	}

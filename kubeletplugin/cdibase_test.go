@@ -82,7 +82,8 @@ func TestBaseSpecFromFakeDriverRoot(t *testing.T) {
 				lib + "libnvidia-ml.so." + fakeDriverVersion,
 				lib + "libnvidia-ptxjitcompiler.so." + fakeDriverVersion,
 				"/usr/bin/nvidia-smi",
-				"/usr/bin/nvidia-cuda-mps-control",
+				// not /usr/bin/nvidia-cuda-mps-control: containers get
+				// no tool to change their MPS daemon's limits
 				"/lib/firmware/nvidia/" + fakeDriverVersion + "/gsp_ga10x.bin",
 				"/run/nvidia-persistenced/socket",
 			} {

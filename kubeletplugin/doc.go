@@ -286,9 +286,10 @@
 // claim shared by pods, or containers with different runAsUser) still make
 // MPS serialise their servers: the second UID's clients wait until the
 // first UID's clients exit. Containers sharing one MPS claim must run as
-// the same UID: prepare reads the pods in the claim's reservedFor and
-// refuses the claim when the containers that use it set different
-// runAsUser values (mpsusers.go); a UID that only the image sets cannot be
+// the same UID: the controller keeps a pod gated (event MPSUsersDiffer)
+// while the containers that would share its MPS claim set different
+// runAsUser values (controller/mpsusers.go, from its pod cache), so that
+// no GPU node needs to read pods; a UID that only the image sets cannot be
 // seen there, which the README says.
 //
 // # Checkpoint

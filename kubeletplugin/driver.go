@@ -57,6 +57,9 @@ type Options struct {
 	DefaultShareCores  int64
 	// RediscoverInterval is how often discovery runs again (0: never).
 	RediscoverInterval time.Duration
+	// MPSLimitInterval is how often the MPS daemons' limits are set again,
+	// undoing what a claim's container may have changed (0: never).
+	MPSLimitInterval time.Duration
 	// PCIeRootFromSysfs looks up the PCIe root of GPUs whose discovery
 	// did not report one in this host's sysfs (real GPUs only).
 	PCIeRootFromSysfs bool
@@ -80,9 +83,6 @@ type Dependencies struct {
 	// UVM creates missing /dev/nvidia-uvm* nodes when device nodes are
 	// required; nil: a missing one fails the claim.
 	UVM *UVMNodeCreator
-	// Pods reads the pods an MPS claim is reserved for, to refuse
-	// containers of different users (checkMPSUsers); nil skips the check.
-	Pods PodGetter
 	// HealthSources report GPU events when Options.Health is set.
 	HealthSources []HealthSource
 	// Events records health changes on the Node; nil: not recorded.
@@ -105,7 +105,6 @@ type Driver struct {
 	metrics    *Metrics
 	stat       func(string) (os.FileInfo, error)
 	uvm        *UVMNodeCreator
-	pods       PodGetter
 	ckpt       *CheckpointStore
 	// baseID is the base CDI device every claim gets; empty: none.
 	baseID string
@@ -156,7 +155,6 @@ func New(ctx context.Context, opts Options, deps Dependencies) (*Driver, error) 
 		metrics:    deps.Metrics,
 		stat:       deps.Stat,
 		uvm:        deps.UVM,
-		pods:       deps.Pods,
 		ckpt:       NewCheckpointStore(opts.PluginDataDir),
 		republish:  make(chan struct{}, 1),
 
@@ -254,6 +252,7 @@ func (d *Driver) Run(ctx context.Context, kubeClient kubernetes.Interface, extra
 	}
 	defer helper.Stop()
 	d.runHealthSources(ctx, d.healthSources)
+	go d.runMPSLimits(ctx)
 	if err := d.RunPublisher(ctx, helper); err != nil {
 		return err
 	}

@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
-	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -130,8 +129,6 @@ type env struct {
 	disc       *fakeDiscoverer
 	daemon     *fakeDaemon
 	opts       Options
-	// pods backs the plugin's PodGetter when set.
-	pods map[string]*corev1.Pod
 }
 
 func newEnv(t testing.TB, topo *topology.Topology) *env {
@@ -194,20 +191,7 @@ func (e *env) newDriver() (*Driver, error) {
 		CDI:        cdi,
 		MPS:        NewMPSManager(e.mpsRoot, e.daemon),
 		BootID:     func() (string, error) { return e.bootID, nil },
-		Pods:       e.podGetter(),
 	})
-}
-
-func (e *env) podGetter() PodGetter {
-	if e.pods == nil {
-		return nil
-	}
-	return func(_ context.Context, namespace, name string) (*corev1.Pod, error) {
-		if p, ok := e.pods[namespace+"/"+name]; ok {
-			return p, nil
-		}
-		return nil, fmt.Errorf("pod %s/%s not found", namespace, name)
-	}
 }
 
 func (e *env) specPath(uid types.UID) string {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
@@ -144,6 +145,32 @@ type MPSManager interface {
 	ReleaseDaemon(ctx context.Context, share MPSShare) error
 	// Dirs returns where the share's daemon keeps its pipes, logs and shm.
 	Dirs(share MPSShare) MPSDirs
+	// RemoveOrphans stops the daemons and removes the directories of
+	// claims that are not in keep (claim UIDs) and hold no reference: what
+	// a reboot, a lost checkpoint or a failed stop left behind. It returns
+	// the claim UIDs it cleaned up.
+	RemoveOrphans(ctx context.Context, keep map[string]bool) ([]string, error)
+	// ReassertLimits sets every running daemon's limits again (see
+	// LimitEnforcer) and returns the claim UIDs it could not reach.
+	ReassertLimits(ctx context.Context) ([]string, error)
+}
+
+// LimitEnforcer is implemented by daemons whose limits a container of the
+// claim could change: the claim's pipe directory is mounted into its
+// containers (MPS clients need it), and MPS takes control commands from
+// anyone who can write to it, so a container can send
+// set_default_active_thread_percentage 100 to its own daemon. MPS offers
+// no way to refuse that, so the plugin sets the limits again periodically
+// (README.md, "What MPS guarantees").
+type LimitEnforcer interface {
+	ReassertLimits(ctx context.Context, share MPSShare, dirs MPSDirs) error
+}
+
+// OrphanLister is implemented by daemons that outlive the plugin process
+// (PodMPSDaemon): it lists the claim UIDs whose daemons run on this node,
+// so that RemoveOrphans finds daemons whose directories are gone too.
+type OrphanLister interface {
+	ListDaemons(ctx context.Context) ([]string, error)
 }
 
 // MPSDaemon starts and stops one claim's control daemon; MPSManager does
@@ -168,13 +195,15 @@ type mpsManager struct {
 
 	mu   sync.Mutex
 	refs map[string]int
+	// shares are the referenced shares, for ReassertLimits.
+	shares map[string]MPSShare
 }
 
 // NewMPSManager counts references to the daemons under root
 // (<root>/<claim UID>/{pipe,log,shm}) and starts and stops them with
 // daemon.
 func NewMPSManager(root string, daemon MPSDaemon) MPSManager {
-	return &mpsManager{root: root, daemon: daemon, refs: map[string]int{}}
+	return &mpsManager{root: root, daemon: daemon, refs: map[string]int{}, shares: map[string]MPSShare{}}
 }
 
 func (m *mpsManager) Dirs(share MPSShare) MPSDirs {
@@ -207,7 +236,81 @@ func (m *mpsManager) EnsureDaemon(ctx context.Context, share MPSShare) error {
 		klog.FromContext(ctx).Info("MPS control daemon up", "claimUID", id, "gpus", share.gpuIDs(), "memoryBytes", share.memoryBytes(), "cores", share.Cores)
 	}
 	m.refs[id]++
+	m.shares[id] = share
 	return nil
+}
+
+func (m *mpsManager) ReassertLimits(ctx context.Context) ([]string, error) {
+	enforcer, ok := m.daemon.(LimitEnforcer)
+	if !ok {
+		return nil, nil
+	}
+	// Not under the lock: the commands run processes, and prepares must
+	// not wait for them. A daemon stopped meanwhile is not reported.
+	m.mu.Lock()
+	shares := make([]MPSShare, 0, len(m.shares))
+	for _, s := range m.shares {
+		shares = append(shares, s)
+	}
+	m.mu.Unlock()
+	var failed []string
+	var errs []error
+	for _, s := range shares {
+		err := enforcer.ReassertLimits(ctx, s, m.Dirs(s))
+		if err == nil {
+			continue
+		}
+		m.mu.Lock()
+		live := m.refs[s.ID()] > 0
+		m.mu.Unlock()
+		if live {
+			failed = append(failed, s.ID())
+			errs = append(errs, fmt.Errorf("claim %s: %w", s.ID(), err))
+		}
+	}
+	slices.Sort(failed)
+	return failed, errors.Join(errs...)
+}
+
+func (m *mpsManager) RemoveOrphans(ctx context.Context, keep map[string]bool) ([]string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ids := map[string]bool{}
+	entries, err := os.ReadDir(m.root)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("listing MPS directories in %s: %w", m.root, err)
+	}
+	for _, e := range entries {
+		if e.IsDir() {
+			ids[e.Name()] = true
+		}
+	}
+	if l, ok := m.daemon.(OrphanLister); ok {
+		running, err := l.ListDaemons(ctx)
+		if err != nil {
+			return nil, err
+		}
+		for _, id := range running {
+			ids[id] = true
+		}
+	}
+	var removed []string
+	var errs []error
+	for id := range ids {
+		if keep[id] || m.refs[id] > 0 {
+			continue
+		}
+		// A share with only its claim set names the daemon and its
+		// directories; Stop needs nothing else.
+		share := MPSShare{Claim: types.UID(id)}
+		if err := m.daemon.Stop(ctx, share, m.Dirs(share)); err != nil {
+			errs = append(errs, fmt.Errorf("removing orphaned MPS daemon of claim %s: %w", id, err))
+			continue
+		}
+		removed = append(removed, id)
+	}
+	slices.Sort(removed)
+	return removed, errors.Join(errs...)
 }
 
 // Daemons is the number of control daemons running (referenced).
@@ -232,6 +335,7 @@ func (m *mpsManager) ReleaseDaemon(ctx context.Context, share MPSShare) error {
 			return fmt.Errorf("stopping MPS control daemon of claim %s: %w", id, err)
 		}
 		delete(m.refs, id)
+		delete(m.shares, id)
 		klog.FromContext(ctx).Info("MPS control daemon stopped", "claimUID", id, "gpus", share.gpuIDs())
 		return nil
 	}

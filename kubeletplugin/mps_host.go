@@ -76,6 +76,11 @@ func (h *HostMPSDaemon) start(ctx context.Context, share MPSShare, dirs MPSDirs)
 	return d.setLimits(ctx, share, dirs)
 }
 
+// ReassertLimits: see PodMPSDaemon.ReassertLimits.
+func (h *HostMPSDaemon) ReassertLimits(ctx context.Context, share MPSShare, dirs MPSDirs) error {
+	return h.ctl.ReassertLimits(ctx, share, dirs)
+}
+
 // Stop sends quit to the claim's daemon (one that no longer answers counts
 // as stopped) and removes its directories.
 func (h *HostMPSDaemon) Stop(ctx context.Context, share MPSShare, dirs MPSDirs) error {

@@ -138,7 +138,11 @@ func findMPSDriver(mount string) (binDir string, libDirs []string, err error) {
 
 // mpsPodName is the name of a claim's daemon pod (claim UIDs are 36
 // characters, well within the 63 a name may have).
-func mpsPodName(share MPSShare) string { return "gpulink-mps-" + share.ID() }
+func mpsPodName(share MPSShare) string { return mpsPodPrefix + share.ID() }
+
+// mpsPodPrefix starts every daemon pod's name; the chart's admission
+// policy (kubeletplugin-pod-admission.yaml) holds the plugin to it.
+const mpsPodPrefix = "gpulink-mps-"
 
 // controlBin is nvidia-cuda-mps-control under the driver root mounted at
 // root.
@@ -225,6 +229,12 @@ func (d *PodMPSDaemon) pod(share MPSShare, dirs MPSDirs, owner *metav1.OwnerRefe
 		pod.OwnerReferences = []metav1.OwnerReference{*owner}
 	}
 	return pod
+}
+
+// DaemonPod is the pod Start creates for the share, without its owner:
+// for tests that check it against the chart's admission policy.
+func (d *PodMPSDaemon) DaemonPod(share MPSShare, dirs MPSDirs) *corev1.Pod {
+	return d.pod(share, dirs, nil)
 }
 
 // nodeOwner makes the Node the owner of the daemon pods, so that the
@@ -352,6 +362,32 @@ func (d *PodMPSDaemon) setLimits(ctx context.Context, share MPSShare, dirs MPSDi
 	return nil
 }
 
+// ReassertLimits sets the claim's limits on its daemon again: the defaults
+// for servers it spawns later, and the active thread percentage of every
+// server running now (set_active_thread_percentage <PID>), in case a
+// container of the claim changed them through the pipe directory it
+// shares with the daemon. Pinned memory limits reach a running server's
+// clients when they connect; a client connected under raised limits keeps
+// them until it exits, which the README says ("What MPS guarantees").
+func (d *PodMPSDaemon) ReassertLimits(ctx context.Context, share MPSShare, dirs MPSDirs) error {
+	if err := d.setLimits(ctx, share, dirs); err != nil {
+		return err
+	}
+	out, err := d.control(ctx, share, dirs, "get_server_list")
+	if err != nil {
+		return fmt.Errorf("listing the MPS servers of claim %s: %w", share.ID(), err)
+	}
+	for _, pid := range strings.Fields(out) {
+		if _, err := strconv.Atoi(pid); err != nil {
+			continue // not a PID: a message of the control client
+		}
+		if _, err := d.control(ctx, share, dirs, "set_active_thread_percentage "+pid+" "+strconv.FormatInt(share.Cores, 10)); err != nil {
+			return fmt.Errorf("setting the claim's active thread percentage on MPS server %s: %w", pid, err)
+		}
+	}
+	return nil
+}
+
 // control sends one command to the share's daemon.
 func (d *PodMPSDaemon) control(ctx context.Context, share MPSShare, dirs MPSDirs, cmd string) (string, error) {
 	bin := d.controlBin(d.cfg.DriverRootMount)
@@ -365,6 +401,24 @@ func (d *PodMPSDaemon) control(ctx context.Context, share MPSShare, dirs MPSDirs
 		return text, fmt.Errorf("echo %s | %s: %q", cmd, bin, text)
 	}
 	return text, nil
+}
+
+// ListDaemons lists the claim UIDs of this node's daemon pods, by label.
+func (d *PodMPSDaemon) ListDaemons(ctx context.Context) ([]string, error) {
+	sel := mpsComponentLabel + "=" + mpsComponentValue + "," + mpsNodeLabel + "=" + d.cfg.NodeName
+	list, err := d.cfg.Pods.Pods(d.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
+	if err != nil {
+		return nil, fmt.Errorf("listing this node's MPS daemon pods in %s (%s): %w", d.cfg.Namespace, sel, err)
+	}
+	var ids []string
+	for _, p := range list.Items {
+		// Pods named otherwise are not ours to delete (the admission
+		// policy would refuse it anyway).
+		if id := p.Labels[mpsClaimLabel]; id != "" && p.Name == mpsPodPrefix+id && p.Spec.NodeName == d.cfg.NodeName {
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
 }
 
 // Stop deletes the daemon pod (killing the daemon and its server) and the

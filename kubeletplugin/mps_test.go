@@ -155,6 +155,8 @@ type fakeControl struct {
 	envs     [][]string
 	bins     []string
 	failCmd  string
+	// servers is what get_server_list prints.
+	servers string
 }
 
 func (f *fakeControl) run(_ context.Context, name string, _, env []string, stdin string) ([]byte, error) {
@@ -170,6 +172,9 @@ func (f *fakeControl) run(_ context.Context, name string, _, env []string, stdin
 	}
 	f.commands = append(f.commands, cmd)
 	f.envs = append(f.envs, env)
+	if cmd == "get_server_list" {
+		return []byte(f.servers), nil
+	}
 	return nil, nil
 }
 
@@ -504,5 +509,119 @@ func TestPodMPSDaemonTwoGPUs(t *testing.T) {
 	}
 	if err := m.EnsureDaemon(t.Context(), MPSShare{Claim: "none", Cores: 10}); err == nil || !strings.Contains(err.Error(), "no GPU") {
 		t.Errorf("share without GPUs: error %v", err)
+	}
+}
+
+// TestRemoveOrphans: at plugin start, this node's daemon pods and MPS
+// directories of claims that are not prepared are removed (pods left
+// Failed by a reboot, daemons of a lost checkpoint); kept claims, held
+// references, other nodes' daemons and pods that are not daemon pods stay.
+func TestRemoveOrphans(t *testing.T) {
+	const (
+		kept      = "11111111-0000-0000-0000-000000000001"
+		orphan    = "11111111-0000-0000-0000-000000000002"
+		dirOnly   = "11111111-0000-0000-0000-000000000003"
+		held      = "11111111-0000-0000-0000-000000000004"
+		elsewhere = "11111111-0000-0000-0000-000000000005"
+	)
+	daemonPod := func(name, node, claim string) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "gpulink", Labels: map[string]string{
+				mpsComponentLabel: mpsComponentValue, mpsNodeLabel: node, mpsClaimLabel: claim}},
+			Spec:   corev1.PodSpec{NodeName: node},
+			Status: corev1.PodStatus{Phase: corev1.PodFailed},
+		}
+	}
+	cs := fake.NewClientset(
+		daemonPod("gpulink-mps-"+kept, "n1", kept),
+		daemonPod("gpulink-mps-"+orphan, "n1", orphan),
+		daemonPod("gpulink-mps-"+elsewhere, "n2", elsewhere),
+		// Labelled like a daemon but named otherwise: not ours.
+		daemonPod("gpulink-controller-abc", "n1", "whatever"),
+	)
+	d, _ := newTestPodDaemon(t, cs, &fakeControl{})
+	root := t.TempDir()
+	m := NewMPSManager(root, d)
+	for _, id := range []string{kept, orphan, dirOnly} {
+		if err := m.Dirs(MPSShare{Claim: types.UID(id)}).create(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A reference taken since start (a prepare racing the cleanup) is kept
+	// even if the caller's keep set does not name it.
+	m.(*mpsManager).refs[held] = 1
+
+	removed, err := m.RemoveOrphans(t.Context(), map[string]bool{kept: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{orphan, dirOnly}; !slices.Equal(removed, []string{orphan, dirOnly}) {
+		t.Errorf("removed %v, want %v", removed, want)
+	}
+	pods, err := cs.CoreV1().Pods("gpulink").List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for _, p := range pods.Items {
+		left = append(left, p.Name)
+	}
+	slices.Sort(left)
+	if want := []string{"gpulink-controller-abc", "gpulink-mps-" + kept, "gpulink-mps-" + elsewhere}; !slices.Equal(left, want) {
+		t.Errorf("pods left %v, want %v", left, want)
+	}
+	for id, want := range map[string]bool{kept: true, orphan: false, dirOnly: false} {
+		if _, err := os.Stat(filepath.Join(root, id)); (err == nil) != want {
+			t.Errorf("directory of claim %s exists: %v, want %v", id, err == nil, want)
+		}
+	}
+}
+
+// TestReassertLimits: the claim's limits are set again on its daemon, the
+// defaults and the active thread percentage of each running server, so a
+// container that raised them through its pipe directory loses that
+// (nothing here runs a real daemon: the commands are checked).
+func TestReassertLimits(t *testing.T) {
+	ctl := &fakeControl{up: true, servers: "4242\n4243\n"}
+	d, _ := newTestPodDaemon(t, fake.NewClientset(), ctl)
+	m := NewMPSManager(t.TempDir(), d).(*mpsManager)
+	share := MPSShare{Claim: "33333333-2222-3333-4444-555555555555", Cores: 30,
+		GPUs: []MPSDevice{{MPSGPU: MPSGPU{Index: 0, UUID: "GPU-0"}, MemoryBytes: 5 * gib}, {MPSGPU: MPSGPU{Index: 1, UUID: "GPU-1"}, MemoryBytes: 3 * gib}}}
+	// Held as after a prepare (Start itself is tested above).
+	m.refs[share.ID()] = 1
+	m.shares[share.ID()] = share
+	if failed, err := m.ReassertLimits(t.Context()); err != nil || len(failed) != 0 {
+		t.Fatalf("ReassertLimits: %v (failed %v)", err, failed)
+	}
+	want := []string{
+		"set_default_active_thread_percentage 30",
+		"set_default_device_pinned_mem_limit 0 5120M",
+		"set_default_device_pinned_mem_limit 1 3072M",
+		"get_server_list",
+		"set_active_thread_percentage 4242 30",
+		"set_active_thread_percentage 4243 30",
+	}
+	if !slices.Equal(ctl.commands, want) {
+		t.Errorf("commands %q, want %q", ctl.commands, want)
+	}
+	for _, env := range ctl.envs {
+		if !slices.Contains(env, "CUDA_MPS_PIPE_DIRECTORY="+m.Dirs(share).Pipe) {
+			t.Errorf("command sent without the claim's pipe directory: %v", env)
+		}
+	}
+
+	// A daemon that refuses is reported by claim; one released meanwhile
+	// is not (its daemon is gone).
+	ctl.failCmd = "set_active_thread_percentage"
+	failed, err := m.ReassertLimits(t.Context())
+	if err == nil || !slices.Equal(failed, []string{share.ID()}) || !strings.Contains(err.Error(), "4242") {
+		t.Errorf("refused command: failed %v, err %v", failed, err)
+	}
+	if err := m.ReleaseDaemon(t.Context(), share); err != nil {
+		t.Fatal(err)
+	}
+	ctl.commands = nil
+	if failed, err := m.ReassertLimits(t.Context()); err != nil || len(failed) != 0 || len(ctl.commands) != 0 {
+		t.Errorf("after release: commands %q, failed %v, err %v", ctl.commands, failed, err)
 	}
 }

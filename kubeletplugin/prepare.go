@@ -56,9 +56,6 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 			continue
 		}
 		pc, err := d.planClaim(logger, claim)
-		if err == nil {
-			err = d.checkMPSUsers(ctx, claim, pc)
-		}
 		if err != nil {
 			fail(claim.UID, claimError(claim.Namespace, claim.Name, claim.UID, err))
 			continue

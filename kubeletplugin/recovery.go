@@ -24,6 +24,8 @@ import (
 //   - Claims left in PrepareStarted are rolled back, including an MPS
 //     daemon their interrupted apply may have started.
 //   - MPS daemon references are rebuilt from the claims that hold them.
+//   - MPS daemons (pods, directories) of claims that are not prepared are
+//     removed.
 //   - CDI specs of claims that are not prepared are removed.
 func (d *Driver) recoverState(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
@@ -90,6 +92,18 @@ func (d *Driver) recoverState(ctx context.Context) error {
 			return fmt.Errorf("rolling back claim %s/%s (UID %s): %w", pc.Namespace, pc.Name, uid, err)
 		}
 		delete(cp.Claims, uid)
+	}
+	// Daemons of claims that are not prepared serve nobody: after a reboot
+	// their pods sit Failed, after a lost checkpoint or a failed stop they
+	// keep running. Not fatal: the next start tries again.
+	keep := make(map[string]bool, len(cp.Claims))
+	for uid := range cp.Claims {
+		keep[string(uid)] = true
+	}
+	if removed, err := d.mps.RemoveOrphans(ctx, keep); err != nil {
+		logger.Error(err, "Removing orphaned MPS control daemons failed; the next plugin start tries again", "removed", removed)
+	} else if len(removed) > 0 {
+		logger.Info("Removed orphaned MPS control daemons of claims that are not prepared", "claimUIDs", removed)
 	}
 	uids, err := d.cdi.ListClaimSpecs()
 	if err != nil {

@@ -58,6 +58,7 @@ type flags struct {
 	profiling           bool
 	bootIDFile          string
 	rediscoverInterval  time.Duration
+	mpsLimitInterval    time.Duration
 	health              bool
 	healthFatalXIDs     string
 	healthIgnoredXIDs   string
@@ -98,6 +99,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.BoolVar(&f.profiling, "profiling", false, "Serve Go's runtime profiles (net/http/pprof) under /debug/pprof/ on --metrics-address.")
 	fs.StringVar(&f.bootIDFile, "boot-id-file", "/proc/sys/kernel/random/boot_id", "File holding the node's boot ID; a change invalidates the checkpoint.")
 	fs.DurationVar(&f.rediscoverInterval, "rediscover-interval", time.Minute, "How often GPU discovery runs again; 0 disables.")
+	fs.DurationVar(&f.mpsLimitInterval, "mps-limit-interval", 30*time.Second, "How often each MPS control daemon's limits are set again, undoing a change a claim's container made through its pipe directory; 0 disables.")
 	fs.BoolVar(&f.health, "health", true, "Watch GPU health: taint GPUs with a fatal condition ("+driver.UnhealthyTaintKey+"), report device health to the kubelet, record Node events.")
 	fs.StringVar(&f.healthFatalXIDs, "health-fatal-xids", health.FormatXIDs(health.DefaultFatalXIDs), "Comma-separated XIDs that taint a GPU (see package driver/health for why each is fatal).")
 	fs.StringVar(&f.healthIgnoredXIDs, "health-ignored-xids", health.FormatXIDs(health.DefaultIgnoredXIDs), "Comma-separated XIDs caused by applications, ignored; any other XID is a warning.")
@@ -268,11 +270,6 @@ func run(ctx context.Context, f *flags) error {
 	if f.discovery.RealGPUs() {
 		uvm = kubeletplugin.NewUVMNodeCreator()
 	}
-	var pods kubeletplugin.PodGetter
-	if f.discovery.RealGPUs() {
-		// MPS claims whose containers run as different users are refused.
-		pods = kubeletplugin.PodGetterFor(client.CoreV1())
-	}
 	var daemon kubeletplugin.MPSDaemon = kubeletplugin.DirOnlyMPSDaemon{}
 	if f.discovery.RealGPUs() {
 		pd, err := kubeletplugin.NewPodMPSDaemon(kubeletplugin.PodMPSDaemonConfig{
@@ -332,6 +329,7 @@ func run(ctx context.Context, f *flags) error {
 		DefaultShareMemory:  shareMem,
 		DefaultShareCores:   f.defaultShareCores,
 		RediscoverInterval:  f.rediscoverInterval,
+		MPSLimitInterval:    f.mpsLimitInterval,
 		PCIeRootFromSysfs:   f.discovery.RealGPUs(),
 		Health:              healthOpts,
 	}, kubeletplugin.Dependencies{
@@ -340,7 +338,6 @@ func run(ctx context.Context, f *flags) error {
 		MPS:        kubeletplugin.NewMPSManager(f.mpsRoot, daemon),
 		BootID:     kubeletplugin.FileBootID(f.bootIDFile),
 		UVM:        uvm,
-		Pods:       pods,
 		Metrics:    metrics,
 
 		HealthSources: healthSources,

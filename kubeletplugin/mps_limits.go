@@ -1,0 +1,29 @@
+package kubeletplugin
+
+import (
+	"context"
+
+	"k8s.io/klog/v2"
+)
+
+// runMPSLimits sets every MPS daemon's limits again every
+// Options.MPSLimitInterval until ctx ends (see LimitEnforcer for why).
+func (d *Driver) runMPSLimits(ctx context.Context) {
+	if d.opts.MPSLimitInterval <= 0 {
+		return
+	}
+	logger := klog.FromContext(ctx).WithName("mps-limits")
+	ticker := d.clock.NewTicker(d.opts.MPSLimitInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C():
+		}
+		failed, err := d.mps.ReassertLimits(ctx)
+		if err != nil {
+			logger.Error(err, "Setting the limits of MPS control daemons again failed; their claims' containers may run above their share until the next try", "claimUIDs", failed)
+		}
+	}
+}

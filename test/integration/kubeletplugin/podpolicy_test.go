@@ -1,0 +1,399 @@
+//go:build integration
+
+package kubeletplugin_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpulink/gpulink/kubeletplugin"
+	"github.com/gpulink/gpulink/test/localcluster"
+)
+
+const (
+	policyNS         = "gpulink-system"
+	pluginSA         = "gpulink-kubelet-plugin"
+	policyDriverRoot = "/run/nvidia/driver"
+	policyImage      = "gpulink.local/gpulink:policy-test"
+)
+
+// renderPluginPolicies renders the kubelet plugin's RBAC and pod admission
+// policy with the project's helm, as `helm template` would for a user.
+func renderPluginPolicies(t *testing.T, mpsRoot string) []*unstructured.Unstructured {
+	t.Helper()
+	binDir, err := localcluster.DefaultBinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := localcluster.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	helm := filepath.Join(binDir, "helm")
+	if _, err := os.Stat(helm); err != nil {
+		t.Fatalf("%v: build helm first (make helm)", err)
+	}
+	cmd := exec.Command(helm, "template", "gpulink", filepath.Join(root, "deployments", "helm", "gpulink"),
+		"--namespace", policyNS, "--kube-version", "v1.37.0",
+		"--set", "image.repository=gpulink.local/gpulink", "--set", "image.tag=policy-test",
+		"--set", "kubeletPlugin.driverRoot="+policyDriverRoot, "--set", "kubeletPlugin.mpsRoot="+mpsRoot,
+		"--show-only", "templates/kubeletplugin-rbac.yaml", "--show-only", "templates/kubeletplugin-pod-admission.yaml")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, stderr.String())
+	}
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
+	var objs []*unstructured.Unstructured
+	for {
+		u := &unstructured.Unstructured{}
+		if err := dec.Decode(&u.Object); err != nil {
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			t.Fatal(err)
+		}
+		if len(u.Object) > 0 {
+			objs = append(objs, u)
+		}
+	}
+	return objs
+}
+
+// applyObjects creates rendered objects with the admin's rights.
+func applyObjects(ctx context.Context, t *testing.T, cfg *rest.Config, objs []*unstructured.Unstructured) {
+	t.Helper()
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resources := map[string]string{
+		"ServiceAccount": "serviceaccounts", "ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings",
+		"Role": "roles", "RoleBinding": "rolebindings",
+		"ValidatingAdmissionPolicy": "validatingadmissionpolicies", "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
+	}
+	for _, o := range objs {
+		gv, err := schema.ParseGroupVersion(o.GetAPIVersion())
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, ok := resources[o.GetKind()]
+		if !ok {
+			t.Fatalf("unexpected kind %s in the rendered plugin policies", o.GetKind())
+		}
+		var ri dynamic.ResourceInterface = dyn.Resource(gv.WithResource(res))
+		if o.GetNamespace() != "" {
+			ri = dyn.Resource(gv.WithResource(res)).Namespace(o.GetNamespace())
+		}
+		if _, err := ri.Create(ctx, o, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("creating %s %s: %v", o.GetKind(), o.GetName(), err)
+		}
+	}
+}
+
+// tokenClient is a client authenticating with token.
+func tokenClient(t *testing.T, cfg *rest.Config, token string) kubernetes.Interface {
+	t.Helper()
+	c := rest.AnonymousClientConfig(cfg)
+	c.BearerToken = token
+	cs, err := kubernetes.NewForConfig(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+// TestMPSDaemonPodPolicy checks the kubelet plugin's pod rights on a live
+// API server with real tokens of its service account, one bound to a
+// plugin pod on node-a (the API server puts the node into the token) and
+// one bound to nothing: the plugin creates and deletes exactly the MPS
+// daemon pods it builds (the real PodMPSDaemon code) on its own node, and
+// nothing else; it reads no pod outside its namespace.
+func TestMPSDaemonPodPolicy(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	cluster, err := localcluster.Start(ctx, localcluster.Options{Dir: filepath.Join(dir, "c"), Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := cluster.Stop(); err != nil {
+			t.Errorf("stopping the cluster: %v", err)
+		}
+	})
+	admin := cluster.Client()
+	cfg := cluster.RESTConfig()
+	mpsRoot := filepath.Join(dir, "mps")
+
+	for _, ns := range []string{policyNS, "tenant"} {
+		if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	applyObjects(ctx, t, cfg, renderPluginPolicies(t, mpsRoot))
+	for _, n := range []string{"node-a", "node-b"} {
+		if _, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The service accounts' token controller is kube-controller-manager's:
+	// wait for the namespaces' default service accounts, which pods need.
+	for _, ns := range []string{policyNS, "tenant"} {
+		if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+			_, err := admin.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
+			return err == nil, nil
+		}); err != nil {
+			t.Fatalf("default service account of %s: %v", ns, err)
+		}
+	}
+	pause := func(name, ns, node string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+			Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}}}
+	}
+	pluginPod := pause("plugin-on-node-a", policyNS, "node-a")
+	pluginPod.Spec.ServiceAccountName = pluginSA
+	pluginPod, err = admin.CoreV1().Pods(policyNS).Create(ctx, pluginPod, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mint := func(bound *corev1.Pod) string {
+		req := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600)}}
+		if bound != nil {
+			req.Spec.BoundObjectRef = &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: bound.Name, UID: bound.UID}
+		}
+		tr, err := admin.CoreV1().ServiceAccounts(policyNS).CreateToken(ctx, pluginSA, req, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tr.Status.Token
+	}
+	plugin := tokenClient(t, cfg, mint(pluginPod))
+	unbound := tokenClient(t, cfg, mint(nil))
+
+	// The real daemon code, talking to the API server with the plugin's
+	// token. Its driver root mount holds the files it looks for.
+	mount := filepath.Join(dir, "driver-root")
+	for _, f := range []string{"usr/bin/nvidia-cuda-mps-control", "usr/lib/x86_64-linux-gnu/libcuda.so.1"} {
+		p := filepath.Join(mount, f)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, nil, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	daemon, err := kubeletplugin.NewPodMPSDaemon(kubeletplugin.PodMPSDaemonConfig{
+		Pods: plugin.CoreV1(), Nodes: plugin.CoreV1(), Namespace: policyNS, Image: policyImage, NodeName: "node-a",
+		DriverRoot: policyDriverRoot, DriverRootMount: mount,
+		Run: func(context.Context, string, []string, []string, string) ([]byte, error) {
+			return nil, errors.New("no daemon on an API-only node")
+		},
+		PollInterval: 100 * time.Millisecond, StartTimeout: 2 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mps := kubeletplugin.NewMPSManager(mpsRoot, daemon)
+	share := kubeletplugin.MPSShare{Claim: types.UID("0b4c2a38-5a7e-4b0e-9d0a-6f1c2d3e4f50"),
+		GPUs: []kubeletplugin.MPSDevice{{MPSGPU: kubeletplugin.MPSGPU{Index: 0, UUID: "GPU-0"}, MemoryBytes: 1 << 30}}, Cores: 30}
+	dirs := mps.Dirs(share)
+	good := func() *corev1.Pod { return daemon.DaemonPod(share, dirs) }
+
+	// The policy takes effect shortly after it is created.
+	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		p := good()
+		p.Spec.NodeName = "node-b"
+		_, err := plugin.CoreV1().Pods(policyNS).Create(ctx, p, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err != nil && strings.Contains(err.Error(), "ValidatingAdmissionPolicy"), nil
+	}); err != nil {
+		t.Fatalf("the pod admission policy never took effect: %v", err)
+	}
+
+	// Start, through the plugin's token, creates the daemon pod (allowed),
+	// waits for a daemon that never answers on an API-only node and
+	// deletes the pod again (allowed): both writes went through.
+	err = mps.EnsureDaemon(ctx, share)
+	if err == nil || !strings.Contains(err.Error(), "did not answer") {
+		t.Fatalf("EnsureDaemon: %v; want the daemon's start timeout after a successful create", err)
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := admin.CoreV1().Pods(policyNS).Get(ctx, "gpulink-mps-"+string(share.Claim), metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	}); err != nil {
+		t.Fatal("the plugin's failed start left its daemon pod behind")
+	}
+
+	create := func(c kubernetes.Interface, p *corev1.Pod) error {
+		_, err := c.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err
+	}
+	expectDenied := func(what string, err error, wantIn string) {
+		t.Helper()
+		switch {
+		case err == nil:
+			t.Errorf("%s: allowed, want denied", what)
+		case !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err):
+			t.Errorf("%s: %v, want Forbidden", what, err)
+		case wantIn != "" && !strings.Contains(err.Error(), wantIn):
+			t.Errorf("%s: denied with %q, want it to mention %q", what, err, wantIn)
+		default:
+			t.Logf("ok: denied: %s (%s)", what, err)
+		}
+	}
+	if err := create(plugin, good()); err != nil {
+		t.Fatalf("the daemon pod the plugin builds is denied: %v", err)
+	}
+
+	privilegedRoot := corev1.Volume{Name: "host", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}}
+	variants := []struct {
+		what, wantIn string
+		change       func(p *corev1.Pod)
+	}{
+		{"daemon pod for another node", "bound to that node", func(p *corev1.Pod) { p.Spec.NodeName = "node-b" }},
+		{"daemon pod labelled for another node", "labels", func(p *corev1.Pod) { p.Labels["gpu.gpulink.dev/node"] = "node-b" }},
+		{"pod not named gpulink-mps-<claim>", "gpulink-mps-", func(p *corev1.Pod) { p.Name = "evil" }},
+		{"another image", "image", func(p *corev1.Pod) { p.Spec.Containers[0].Image = "registry.k8s.io/pause:3.10" }},
+		{"another command", "nvidia-cuda-mps-control -f", func(p *corev1.Pod) { p.Spec.Containers[0].Command = []string{"/bin/sh", "-c", "cat /host/etc/shadow"} }},
+		{"extra args", "nvidia-cuda-mps-control -f", func(p *corev1.Pod) { p.Spec.Containers[0].Args = []string{"x"} }},
+		{"the host's / mounted", "hostPath", func(p *corev1.Pod) {
+			p.Spec.Volumes = append(p.Spec.Volumes, privilegedRoot)
+			p.Spec.Containers[0].VolumeMounts = append(p.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "host", MountPath: "/host"})
+		}},
+		{"another claim's MPS directory", "hostPath", func(p *corev1.Pod) {
+			for i := range p.Spec.Volumes {
+				if p.Spec.Volumes[i].Name == "mps" {
+					p.Spec.Volumes[i].HostPath.Path = filepath.Join(mpsRoot, "11111111-2222-3333-4444-555555555555")
+				}
+			}
+		}},
+		{"driver root mounted writable", "read-only", func(p *corev1.Pod) {
+			for i := range p.Spec.Containers[0].VolumeMounts {
+				p.Spec.Containers[0].VolumeMounts[i].ReadOnly = false
+			}
+		}},
+		{"bidirectional mount propagation", "read-only", func(p *corev1.Pod) {
+			p.Spec.Containers[0].VolumeMounts[1].MountPropagation = ptr.To(corev1.MountPropagationBidirectional)
+		}},
+		{"an emptyDir", "hostPath", func(p *corev1.Pod) {
+			p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
+		}},
+		{"the controller's service account", "service account", func(p *corev1.Pod) { p.Spec.ServiceAccountName = "gpulink-controller" }},
+		{"a service account token", "service account", func(p *corev1.Pod) { p.Spec.AutomountServiceAccountToken = ptr.To(true) }},
+		{"host network", "host", func(p *corev1.Pod) { p.Spec.HostNetwork = true }},
+		{"host PID", "host", func(p *corev1.Pod) { p.Spec.HostPID = true }},
+		{"host IPC", "host", func(p *corev1.Pod) { p.Spec.HostIPC = true }},
+		{"a Secret through env", "by value", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Env = append(p.Spec.Containers[0].Env, corev1.EnvVar{Name: "CUDA_VISIBLE_DEVICES", ValueFrom: &corev1.EnvVarSource{
+				SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "gpulink-webhook-tls"}, Key: "tls.key"}}})
+		}},
+		{"LD_PRELOAD", "by value", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Env = append(p.Spec.Containers[0].Env, corev1.EnvVar{Name: "LD_PRELOAD", Value: "/x.so"})
+		}},
+		{"LD_LIBRARY_PATH outside the driver root", "by value", func(p *corev1.Pod) {
+			for i := range p.Spec.Containers[0].Env {
+				if p.Spec.Containers[0].Env[i].Name == "LD_LIBRARY_PATH" {
+					p.Spec.Containers[0].Env[i].Value = dirs.Pipe
+				}
+			}
+		}},
+		{"a second container", "exactly one", func(p *corev1.Pod) {
+			p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: "x", Image: policyImage})
+		}},
+		{"an init container", "spec.initContainers", func(p *corev1.Pod) {
+			p.Spec.InitContainers = []corev1.Container{{Name: "x", Image: policyImage}}
+		}},
+		{"a node selector", "spec.nodeSelector", func(p *corev1.Pod) { p.Spec.NodeSelector = map[string]string{"a": "b"} }},
+		{"a pod security context", "securityContext", func(p *corev1.Pod) {
+			p.Spec.SecurityContext = &corev1.PodSecurityContext{RunAsUser: ptr.To[int64](0)}
+		}},
+		{"added capabilities", "exactly one", func(p *corev1.Pod) {
+			p.Spec.Containers[0].SecurityContext.Capabilities = &corev1.Capabilities{Add: []corev1.Capability{"SYS_ADMIN"}}
+		}},
+	}
+	for _, v := range variants {
+		p := good()
+		v.change(p)
+		expectDenied(v.what, create(plugin, p), v.wantIn)
+	}
+	expectDenied("token bound to no pod (no node) creates the daemon pod", create(unbound, good()), "names its node")
+	other := good()
+	other.Namespace = "tenant"
+	expectDenied("daemon pod in a tenant namespace (RBAC)", create(plugin, other), "")
+
+	// Deletes: its own node's daemon pods only.
+	mustCreate := func(p *corev1.Pod) {
+		t.Helper()
+		if _, err := admin.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	own := good()
+	mustCreate(own)
+	theirs := good()
+	theirs.Name = "gpulink-mps-22222222-2222-3333-4444-555555555555"
+	theirs.Labels["gpu.gpulink.dev/claim-uid"] = "22222222-2222-3333-4444-555555555555"
+	theirs.Labels["gpu.gpulink.dev/node"] = "node-b"
+	theirs.Spec.NodeName = "node-b"
+	mustCreate(theirs)
+	mustCreate(pause("gpulink-controller-0", policyNS, "node-a"))
+	del := func(name string) error {
+		return plugin.CoreV1().Pods(policyNS).Delete(ctx, name, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
+	}
+	expectDenied("plugin deletes another node's daemon pod", del(theirs.Name), "bound to that node")
+	expectDenied("plugin deletes the controller's pod", del("gpulink-controller-0"), "gpulink-mps-")
+	if err := del(own.Name); err != nil {
+		t.Errorf("plugin deleting its own node's daemon pod: %v", err)
+	}
+
+	// Reads: its own namespace only (hole: a node read every tenant's pods).
+	mustCreate(pause("tenant-pod", "tenant", "node-b"))
+	if _, err := plugin.CoreV1().Pods("tenant").Get(ctx, "tenant-pod", metav1.GetOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("plugin reads a tenant's pod: %v, want Forbidden", err)
+	}
+	if _, err := plugin.CoreV1().Pods("").List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("plugin lists every pod: %v, want Forbidden", err)
+	}
+	// Orphan cleanup lists this node's daemon pods in its namespace and
+	// deletes the ones whose claim is not prepared: with the real code.
+	removed, err := mps.RemoveOrphans(ctx, map[string]bool{})
+	if err != nil {
+		t.Fatalf("RemoveOrphans with the plugin's token: %v", err)
+	}
+	if len(removed) != 1 || removed[0] != string(share.Claim) {
+		t.Errorf("RemoveOrphans removed %v, want only this node's daemon of claim %s", removed, share.Claim)
+	}
+	for name, wantGone := range map[string]bool{own.Name: true, theirs.Name: false, "gpulink-controller-0": false} {
+		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			p, err := admin.CoreV1().Pods(policyNS).Get(ctx, name, metav1.GetOptions{})
+			gone := apierrors.IsNotFound(err) || (err == nil && p.DeletionTimestamp != nil)
+			return gone == wantGone, nil
+		})
+		if err != nil {
+			t.Errorf("pod %s: gone %v wanted", name, wantGone)
+		}
+	}
+}
