@@ -342,7 +342,7 @@ expect deny "token without a node (not bound to a pod) creates a slice" \
 expect allow "plugin deletes its node's slice" as_plugin delete resourceslice own
 expect allow "admin writes slices of any node (the policy binds only the plugin)" \
 	write replace "" theirs node-b gpu.gpulink.dev 3
-expect deny "plugin may not create pods (RBAC)" as_plugin -n "${NS}" run x --image=registry.k8s.io/pause:3.10
+expect deny "plugin may not create pods other than its MPS daemon pods (admission policy; test/integration/kubeletplugin TestMPSDaemonPodPolicy checks every shape)" as_plugin -n "${NS}" run x --image=registry.k8s.io/pause:3.10
 expect deny "plugin may not list claims (RBAC: get only)" as_plugin get resourceclaims -A
 
 # --- the controller's RBAC: what allocating and ungating take ------------

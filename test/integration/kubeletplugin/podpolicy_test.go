@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -221,7 +222,11 @@ func TestMPSDaemonPodPolicy(t *testing.T) {
 	share := kubeletplugin.MPSShare{Claim: types.UID("0b4c2a38-5a7e-4b0e-9d0a-6f1c2d3e4f50"),
 		GPUs: []kubeletplugin.MPSDevice{{MPSGPU: kubeletplugin.MPSGPU{Index: 0, UUID: "GPU-0"}, MemoryBytes: 1 << 30}}, Cores: 30}
 	dirs := mps.Dirs(share)
-	good := func() *corev1.Pod { return daemon.DaemonPod(share, dirs) }
+	// The shape checks below use another claim: dry runs of share's own
+	// pod would meet it, still terminating after EnsureDaemon.
+	checked := share
+	checked.Claim = "0b4c2a38-5a7e-4b0e-9d0a-6f1c2d3e4f52"
+	good := func() *corev1.Pod { return daemon.DaemonPod(checked, mps.Dirs(checked)) }
 
 	// The policy takes effect shortly after it is created.
 	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
@@ -241,8 +246,10 @@ func TestMPSDaemonPodPolicy(t *testing.T) {
 		t.Fatalf("EnsureDaemon: %v; want the daemon's start timeout after a successful create", err)
 	}
 	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		_, err := admin.CoreV1().Pods(policyNS).Get(ctx, "gpulink-mps-"+string(share.Claim), metav1.GetOptions{})
-		return apierrors.IsNotFound(err), nil
+		// No kubelet confirms the deletion on an API-only node: the pod
+		// stays terminating, which is what the delete can do here.
+		p, err := admin.CoreV1().Pods(policyNS).Get(ctx, "gpulink-mps-"+string(share.Claim), metav1.GetOptions{})
+		return apierrors.IsNotFound(err) || (err == nil && p.DeletionTimestamp != nil), nil
 	}); err != nil {
 		t.Fatal("the plugin's failed start left its daemon pod behind")
 	}
@@ -268,6 +275,11 @@ func TestMPSDaemonPodPolicy(t *testing.T) {
 		t.Fatalf("the daemon pod the plugin builds is denied: %v", err)
 	}
 
+	// The controller's service account exists, as in a real release, so
+	// that the policy and not the ServiceAccount admission refuses it.
+	if _, err := admin.CoreV1().ServiceAccounts(policyNS).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "gpulink-controller"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	privilegedRoot := corev1.Volume{Name: "host", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}}
 	variants := []struct {
 		what, wantIn string
@@ -301,7 +313,7 @@ func TestMPSDaemonPodPolicy(t *testing.T) {
 		{"an emptyDir", "hostPath", func(p *corev1.Pod) {
 			p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
 		}},
-		{"the controller's service account", "service account", func(p *corev1.Pod) { p.Spec.ServiceAccountName = "gpulink-controller" }},
+		{"the controller's service account", "default service account", func(p *corev1.Pod) { p.Spec.ServiceAccountName = "gpulink-controller" }},
 		{"a service account token", "service account", func(p *corev1.Pod) { p.Spec.AutomountServiceAccountToken = ptr.To(true) }},
 		{"host network", "host", func(p *corev1.Pod) { p.Spec.HostNetwork = true }},
 		{"host PID", "host", func(p *corev1.Pod) { p.Spec.HostPID = true }},
@@ -351,7 +363,9 @@ func TestMPSDaemonPodPolicy(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	own := good()
+	share2 := share
+	share2.Claim = "0b4c2a38-5a7e-4b0e-9d0a-6f1c2d3e4f51"
+	own := daemon.DaemonPod(share2, mps.Dirs(share2))
 	mustCreate(own)
 	theirs := good()
 	theirs.Name = "gpulink-mps-22222222-2222-3333-4444-555555555555"
@@ -383,8 +397,10 @@ func TestMPSDaemonPodPolicy(t *testing.T) {
 	if err != nil {
 		t.Fatalf("RemoveOrphans with the plugin's token: %v", err)
 	}
-	if len(removed) != 1 || removed[0] != string(share.Claim) {
-		t.Errorf("RemoveOrphans removed %v, want only this node's daemon of claim %s", removed, share.Claim)
+	// The first daemon pod is still terminating (no kubelet confirms it):
+	// deleting it again is harmless.
+	if want := []string{string(share.Claim), string(share2.Claim)}; !slices.Equal(removed, want) {
+		t.Errorf("RemoveOrphans removed %v, want only this node's daemons %v", removed, want)
 	}
 	for name, wantGone := range map[string]bool{own.Name: true, theirs.Name: false, "gpulink-controller-0": false} {
 		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
