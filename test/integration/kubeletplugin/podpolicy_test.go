@@ -120,6 +120,9 @@ func tokenClient(t *testing.T, cfg *rest.Config, token string) kubernetes.Interf
 	t.Helper()
 	c := rest.AnonymousClientConfig(cfg)
 	c.BearerToken = token
+	// The daemon's start polls its pod; the default client rate limit
+	// would fail those polls near the test's short start timeout.
+	c.QPS, c.Burst = 100, 200
 	cs, err := kubernetes.NewForConfig(c)
 	if err != nil {
 		t.Fatal(err)
