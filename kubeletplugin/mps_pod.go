@@ -306,8 +306,14 @@ func (d *PodMPSDaemon) start(ctx context.Context, share MPSShare, dirs MPSDirs) 
 	var lastOut string
 	err = wait.PollUntilContextTimeout(ctx, d.cfg.PollInterval, d.cfg.StartTimeout, true, func(ctx context.Context) (bool, error) {
 		p, err := pods.Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false, fmt.Errorf("getting MPS daemon pod %s/%s: %w", d.cfg.Namespace, name, err)
+		switch {
+		case apierrors.IsNotFound(err):
+			return false, fmt.Errorf("MPS daemon pod %s/%s was deleted while starting", d.cfg.Namespace, name)
+		case err != nil:
+			// Transient (an API hiccup, the client's rate limit at the
+			// end of the wait): keep waiting until the start timeout.
+			lastOut = fmt.Sprintf("getting the pod: %v", err)
+			return false, nil
 		}
 		if p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded {
 			return false, fmt.Errorf("MPS daemon pod %s/%s ended (%s)%s", d.cfg.Namespace, name, p.Status.Phase, podState(p))
