@@ -66,6 +66,13 @@ type Config struct {
 	// Mix configures the recent request-size mix each decision passes to
 	// the allocator (it replaces Policy.Mix unless turned off).
 	Mix MixConfig
+	// HoldNamespace is where the controller records the devices of
+	// claims deleted while their pods still run (hold records, see
+	// holds.go), so that kube-scheduler counts them too and a restarted
+	// controller still does. Use a namespace only the controller and
+	// cluster admins can write (the release namespace). Empty: such
+	// devices are kept counted in this controller's memory only.
+	HoldNamespace string
 }
 
 // Controller is the gpulink allocation controller.
@@ -74,6 +81,7 @@ type Controller struct {
 	factory  informers.SharedInformerFactory
 	pods     corelisters.PodLister
 	podIdx   cache.Indexer
+	claimIdx cache.Indexer
 	claims   resourcelisters.ResourceClaimLister
 	classes  resourcelisters.DeviceClassLister
 	nodes    corelisters.NodeLister
@@ -97,6 +105,10 @@ type Controller struct {
 	filter   *nodeFilter
 	podQueue workqueue.TypedRateLimitingInterface[string]
 	gcQueue  workqueue.TypedRateLimitingInterface[string]
+	// holdQueue has the UIDs of deleted claims kept counted for their
+	// pods (holds.go).
+	holdQueue workqueue.TypedRateLimitingInterface[types.UID]
+	holdNS    string
 	// stopTracker stops the ResourceSlice tracker that applies
 	// DeviceTaintRules (a no-op without it).
 	stopTracker func()
@@ -166,6 +178,9 @@ func New(cfg Config) (*Controller, error) {
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "gpulink_pods"}),
 		gcQueue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "gpulink_claims"}),
+		holdQueue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[types.UID](),
+			workqueue.TypedRateLimitingQueueConfig[types.UID]{Name: "gpulink_deleted_claims"}),
+		holdNS: cfg.HoldNamespace,
 	}
 	podInf := factory.Core().V1().Pods()
 	claimInf := factory.Resource().V1().ResourceClaims()
@@ -175,9 +190,13 @@ func New(cfg Config) (*Controller, error) {
 	if err := podInf.Informer().AddIndexers(cache.Indexers{podClaimIndex: indexPodClaims}); err != nil {
 		return nil, fmt.Errorf("adding pod index: %w", err)
 	}
+	if err := claimInf.Informer().AddIndexers(cache.Indexers{heldPodIndex: c.indexHeldPods}); err != nil {
+		return nil, fmt.Errorf("adding claim index: %w", err)
+	}
 	c.pods = podInf.Lister()
 	c.podIdx = podInf.Informer().GetIndexer()
 	c.claims = claimInf.Lister()
+	c.claimIdx = claimInf.Informer().GetIndexer()
 	c.classes = classInf.Lister()
 	c.nodes = nodeInf.Lister()
 	c.interp = &interpreter{classes: c.classes, cel: c.sel, inv: c.inv}
@@ -247,6 +266,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer utilruntime.HandleCrashWithContext(ctx)
 	defer c.podQueue.ShutDown()
 	defer c.gcQueue.ShutDown()
+	defer c.holdQueue.ShutDown()
 	defer c.stopTracker()
 
 	c.factory.Start(ctx.Done())
@@ -266,11 +286,15 @@ func (c *Controller) Run(ctx context.Context) error {
 		wait.UntilWithContext(ctx, func(ctx context.Context) { c.process(ctx, c.gcQueue, c.syncClaim) }, time.Second)
 	})
 	wg.Go(func() {
+		wait.UntilWithContext(ctx, func(ctx context.Context) { process(ctx, c.holdQueue, c.syncKept) }, time.Second)
+	})
+	wg.Go(func() {
 		wait.UntilWithContext(ctx, func(context.Context) { c.enqueueWaiting() }, c.retry)
 	})
 	<-ctx.Done()
 	c.podQueue.ShutDown()
 	c.gcQueue.ShutDown()
+	c.holdQueue.ShutDown()
 	wg.Wait()
 	return nil
 }
@@ -286,6 +310,10 @@ func (c *Controller) Ready() bool {
 }
 
 func (c *Controller) process(ctx context.Context, q workqueue.TypedRateLimitingInterface[string], sync func(context.Context, string) error) {
+	process(ctx, q, sync)
+}
+
+func process[K comparable](ctx context.Context, q workqueue.TypedRateLimitingInterface[K], sync func(context.Context, K) error) {
 	for {
 		key, quit := q.Get()
 		if quit {
@@ -334,6 +362,7 @@ func (c *Controller) onPod(obj any) {
 		// A finished pod's reservations are dropped now, not at the next
 		// resync or when the pod is deleted.
 		c.enqueuePodClaimsGC(pod)
+		c.podEndedForHolds(pod)
 	}
 	c.podQueue.Add(pod.Namespace + "/" + pod.Name)
 }
@@ -362,12 +391,19 @@ func (c *Controller) onPodDelete(obj any) {
 	c.metrics.PendingPods.Set(float64(c.waiting.Len()))
 	c.mu.Unlock()
 	c.enqueuePodClaimsGC(pod)
+	c.podEndedForHolds(pod)
 	c.podQueue.Add(key)
 }
 
 func (c *Controller) onClaim(obj any) {
 	claim, ok := obj.(*resourceapi.ResourceClaim)
 	if !ok {
+		return
+	}
+	if c.isHoldRecord(claim) {
+		uses, kept := recordUses(claim)
+		c.ledger.observeRecord(claim, uses, kept)
+		c.gcQueue.Add(claim.Namespace + "/" + claim.Name)
 		return
 	}
 	c.ledger.observe(claim)
@@ -393,9 +429,19 @@ func (c *Controller) onClaimDelete(obj any) {
 	if !ok {
 		return
 	}
-	c.ledger.forget(claim.UID)
+	if c.isHoldRecord(claim) {
+		c.ledger.forget(claim.UID)
+		c.enqueueWaiting()
+		return
+	}
+	// A claim deleted while pods that reserved it may still run keeps
+	// its devices counted until they end (holds.go); the finalizer that
+	// should prevent that can be removed by the claim's owner.
+	if !c.keepDeletedClaim(claim) {
+		c.ledger.forget(claim.UID)
+		c.enqueueWaiting()
+	}
 	c.enqueueClaimPods(claim)
-	c.enqueueWaiting()
 }
 
 // deletedObject unwraps the object of a delete notification, which may

@@ -156,6 +156,17 @@
 // allocate (no gpulink request after all, or no live pod uses or owns it)
 // loses the finalizer.
 //
+// Deleted claims in use: the finalizer keeps a deleted claim, and the GPUs
+// it counts, until no pod reserves it; the chart's claim-finalizer-guard
+// ValidatingAdmissionPolicy refuses its removal by anyone else while
+// reservedFor is not empty. Where a claim goes anyway (no policy, a cluster
+// admin), its devices stay counted while a pod of its last seen
+// reservedFor exists, is bound and has not finished: in the ledger at
+// once, and in a hold record (a claim in Config.HoldNamespace whose
+// allocation repeats the devices) that kube-scheduler and a restarted
+// controller count too; see holds.go, which also says what a restart
+// cannot recover.
+//
 // Pipelining: decisions are serialized under one lock, but the writes are
 // issued after it is released, by the worker that decided (Config.Workers
 // workers, 32 in the binary): while one worker writes its pod's claims and

@@ -20,12 +20,16 @@ const (
 	// ReasonSliceIgnored is recorded on a ResourceSlice the inventory
 	// refuses to use because its pool is named after another node.
 	ReasonSliceIgnored = "ResourceSliceIgnored"
+	// ReasonClaimDeletedInUse is recorded on a pod whose claim was deleted
+	// while the pod may still use its GPUs (holds.go).
+	ReasonClaimDeletedInUse = "ClaimDeletedInUse"
 
 	actionAllocate  = "Allocate"
 	actionWait      = "Wait"
 	actionRelease   = "Release"
 	actionUngate    = "Ungate"
 	actionInventory = "Inventory"
+	actionHold      = "Hold"
 )
 
 // explainer records one event per decision on the pod (and the claim as

@@ -31,6 +31,9 @@ func (c *Controller) syncClaim(ctx context.Context, key string) error {
 	if err != nil {
 		return fmt.Errorf("reading claim %s from cache: %w", key, err)
 	}
+	if c.isHoldRecord(claim) {
+		return c.syncHoldRecord(ctx, claim)
+	}
 	if !hasFinalizer(claim) || c.ledger.inFlight(claim.UID) {
 		return nil
 	}

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"maps"
 	"strconv"
 	"sync"
 
@@ -48,6 +49,9 @@ type ledger struct {
 	mu     sync.Mutex
 	claims map[types.UID]*claimUse
 	usage  map[deviceKey]*devTotals
+	// kept are deleted claims whose devices stay counted in claims and
+	// usage because pods that reserved them may still run (keepForPods).
+	kept map[types.UID]*keptClaim
 	// poolGen counts the usage changes of each pool's devices, so that a
 	// decision can tell which nodes changed since it last scored them
 	// (scoreCache). Entries are never deleted: a pool that comes back must
@@ -71,7 +75,7 @@ func (t *devTotals) gpuUsage() allocate.GPUUsage {
 }
 
 func newLedger() *ledger {
-	return &ledger{claims: map[types.UID]*claimUse{}, usage: map[deviceKey]*devTotals{}, poolGen: map[string]uint64{}}
+	return &ledger{claims: map[types.UID]*claimUse{}, usage: map[deviceKey]*devTotals{}, kept: map[types.UID]*keptClaim{}, poolGen: map[string]uint64{}}
 }
 
 // usesOf extracts gpulink device usage from a claim's allocation.
@@ -167,6 +171,7 @@ func (l *ledger) forget(uid types.UID) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.setLocked(uid, nil)
+	delete(l.kept, uid)
 }
 
 // assume records an allocation about to be written. It returns a function
@@ -262,4 +267,111 @@ func (l *ledger) inFlight(uid types.UID) bool {
 	defer l.mu.Unlock()
 	c, ok := l.claims[uid]
 	return ok && c.assumed
+}
+
+// keptClaim is a deleted claim whose devices stay counted while pods that
+// reserved it may still run: a pod keeps using its GPUs when its claim is
+// deleted under it (the kubelet does not stop running containers), so
+// handing them to the next claim would give one GPU to two tenants.
+type keptClaim struct {
+	Namespace, Name string
+	// Allocation is the claim's last seen allocation, for the hold record.
+	Allocation *resourceapi.AllocationResult
+	// Pods are the reserving pods (UID -> name, in Namespace) that may
+	// still use the devices.
+	Pods map[types.UID]string
+	// Recorded is set once a hold record (holds.go) was written for it.
+	Recorded bool
+}
+
+// keepForPods drops a deleted claim but keeps counting its gpulink devices
+// (whole GPUs and shares' consumed capacity, from the claim's last seen
+// allocation) for pods, the reserving pods that may still use them. It
+// reports whether anything is kept: nothing is when the claim held no
+// gpulink device or no pod is named, and the claim is then forgotten.
+func (l *ledger) keepForPods(claim *resourceapi.ResourceClaim, pods map[types.UID]string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	uses := usesOf(claim)
+	if len(uses) == 0 || len(pods) == 0 {
+		l.setLocked(claim.UID, nil)
+		delete(l.kept, claim.UID)
+		return false
+	}
+	// The deleted object is the newest view: an assumption of ours still
+	// in flight for it can only fail now (the claim is gone).
+	l.setLocked(claim.UID, &claimUse{uses: uses})
+	l.kept[claim.UID] = &keptClaim{
+		Namespace:  claim.Namespace,
+		Name:       claim.Name,
+		Allocation: claim.Status.Allocation.DeepCopy(),
+		Pods:       maps.Clone(pods),
+	}
+	return true
+}
+
+// keptClaim returns a copy of a kept claim.
+func (l *ledger) keptClaim(uid types.UID) (keptClaim, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k, ok := l.kept[uid]
+	if !ok {
+		return keptClaim{}, false
+	}
+	out := *k
+	out.Pods = maps.Clone(k.Pods)
+	return out, true
+}
+
+// keptPodEnded removes a pod from the pods a kept claim is counted for
+// (claim "" for every kept claim) and releases the claims no pod is left
+// for. It returns those, each with whether it had a hold record (whose
+// deletion is then counted as the release).
+func (l *ledger) keptPodEnded(claim, pod types.UID) map[types.UID]bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var released map[types.UID]bool
+	for uid, k := range l.kept {
+		if claim != "" && uid != claim {
+			continue
+		}
+		if _, ok := k.Pods[pod]; !ok {
+			continue
+		}
+		delete(k.Pods, pod)
+		if len(k.Pods) == 0 {
+			delete(l.kept, uid)
+			l.setLocked(uid, nil)
+			if released == nil {
+				released = map[types.UID]bool{}
+			}
+			released[uid] = k.Recorded
+		}
+	}
+	return released
+}
+
+// markRecorded notes that a kept claim's hold record was written.
+func (l *ledger) markRecorded(uid types.UID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if k, ok := l.kept[uid]; ok {
+		k.Recorded = true
+	}
+}
+
+// observeRecord counts a hold record (a claim in the hold namespace that
+// stands for a deleted claim, holds.go) like any claim, with uses taken
+// from its allocation or, while that is not written yet, from its
+// annotation. Once the record counts devices, the in-memory kept claim it
+// stands for is dropped in the same step, so the devices are never
+// uncounted in between (and counted twice only while both exist).
+func (l *ledger) observeRecord(rec *resourceapi.ResourceClaim, uses []deviceUse, keptUID types.UID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.setLocked(rec.UID, &claimUse{uses: uses})
+	if _, ok := l.kept[keptUID]; ok && len(uses) > 0 {
+		delete(l.kept, keptUID)
+		l.setLocked(keptUID, nil)
+	}
 }

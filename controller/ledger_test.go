@@ -152,3 +152,104 @@ func (l *ledger) holders(key deviceKey) (exclusive, shares int) {
 	}
 	return exclusive, shares
 }
+
+// A deleted claim's devices stay counted, whole GPUs and shares' consumed
+// capacity alike, until the last pod it is kept for ends.
+func TestLedgerKeepsDeletedClaimForPods(t *testing.T) {
+	l := newLedger()
+	a := claimWith("a", "1", whole("gpu-0"), share("gpu-1", "2Gi", "20"))
+	l.observe(a)
+	l.observe(claimWith("b", "2", share("gpu-1", "1Gi", "10")))
+	if !l.keepForPods(a, map[apitypes.UID]string{"p1": "one", "p2": "two"}) {
+		t.Fatal("claim with devices and pods not kept")
+	}
+	gpu1 := deviceKey{Pool: "n", Device: "gpu-1"}
+	wantShared := allocate.GPUUsage{Shares: 2, MemoryBytes: 3 << 30, Cores: 30}
+	check := func(when string, gpu0 allocate.GPUUsage, gpu1Want allocate.GPUUsage) {
+		t.Helper()
+		if got := l.usageOf(key0); got != gpu0 {
+			t.Errorf("%s: gpu-0 usage %+v, want %+v", when, got, gpu0)
+		}
+		if got := l.usageOf(gpu1); got != gpu1Want {
+			t.Errorf("%s: gpu-1 usage %+v, want %+v", when, got, gpu1Want)
+		}
+	}
+	check("kept", allocate.GPUUsage{Exclusive: true}, wantShared)
+	if k, ok := l.keptClaim("a"); !ok || len(k.Pods) != 2 || k.Allocation == nil {
+		t.Errorf("keptClaim(a) = %+v, %v; want two pods and the allocation", k, ok)
+	}
+	// Another claim's pod ending changes nothing; one of two pods ending
+	// neither.
+	if r := l.keptPodEnded("", "other"); len(r) != 0 {
+		t.Errorf("unrelated pod released %v", r)
+	}
+	if r := l.keptPodEnded("", "p1"); len(r) != 0 {
+		t.Errorf("first of two pods released %v", r)
+	}
+	check("one pod left", allocate.GPUUsage{Exclusive: true}, wantShared)
+	if r := l.keptPodEnded("", "p2"); len(r) != 1 || r["a"] {
+		t.Errorf("last pod released %v, want a, not recorded", r)
+	}
+	check("released", allocate.GPUUsage{}, allocate.GPUUsage{Shares: 1, MemoryBytes: 1 << 30, Cores: 10})
+	if _, ok := l.keptClaim("a"); ok {
+		t.Error("released claim still kept")
+	}
+}
+
+// A deleted claim with no pod to keep it for, or no gpulink device, is
+// forgotten as before.
+func TestLedgerKeepNothing(t *testing.T) {
+	l := newLedger()
+	a := claimWith("a", "1", whole("gpu-0"))
+	l.observe(a)
+	if l.keepForPods(a, nil) {
+		t.Error("kept a claim for no pod")
+	}
+	if got := l.usageOf(key0); got != (allocate.GPUUsage{}) {
+		t.Errorf("usage %+v, want free", got)
+	}
+	other := whole("gpu-0")
+	other.Driver = "other.example.com"
+	b := claimWith("b", "2", other)
+	l.observe(b)
+	if l.keepForPods(b, map[apitypes.UID]string{"p": "p"}) {
+		t.Error("kept a claim without gpulink devices")
+	}
+	if l.held("b") {
+		t.Error("claim without gpulink devices still in the ledger")
+	}
+}
+
+// A hold record replaces the kept claim in one step: the device is counted
+// by exactly one holder afterwards, and freed when the record goes.
+func TestLedgerRecordReplacesKeptClaim(t *testing.T) {
+	l := newLedger()
+	a := claimWith("a", "1", whole("gpu-0"))
+	l.observe(a)
+	l.keepForPods(a, map[apitypes.UID]string{"p": "p"})
+	rec := claimWith("rec", "5")
+	// A record that counts nothing (unreadable) does not drop the kept claim.
+	l.observeRecord(rec, nil, "a")
+	if _, ok := l.keptClaim("a"); !ok {
+		t.Fatal("kept claim dropped by a record holding nothing")
+	}
+	l.observeRecord(rec, []deviceUse{{Key: key0, Exclusive: true}}, "a")
+	if _, ok := l.keptClaim("a"); ok {
+		t.Error("kept claim still there once its record counts the devices")
+	}
+	if ex, _ := l.holders(key0); ex != 1 {
+		t.Errorf("%d exclusive holders of gpu-0, want 1 (the record)", ex)
+	}
+	// The pod ending now is the record's business (syncHoldRecord); the
+	// ledger has nothing kept for it.
+	if r := l.keptPodEnded("", "p"); len(r) != 0 {
+		t.Errorf("released %v after the record took over", r)
+	}
+	if got := l.usageOf(key0); !got.Exclusive {
+		t.Errorf("usage %+v, want exclusive while the record exists", got)
+	}
+	l.forget("rec")
+	if got := l.usageOf(key0); got != (allocate.GPUUsage{}) {
+		t.Errorf("usage %+v after the record was deleted, want free", got)
+	}
+}

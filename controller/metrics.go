@@ -21,7 +21,8 @@ type Metrics struct {
 	// Errors counts failures by reason.
 	Errors *prometheus.CounterVec
 	// Released counts allocations the controller released (unschedulable
-	// pods, orphaned claims).
+	// pods, orphaned claims, devices of deleted claims once their pods
+	// ended).
 	Released *prometheus.CounterVec
 	// Decisions counts the outcome of every attempt to decide a pod's
 	// claims (see the outcome constants).

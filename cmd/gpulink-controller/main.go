@@ -55,6 +55,7 @@ type options struct {
 	compatGrace        time.Duration
 	mixWindow          int
 	mixRefresh         int
+	holdNamespace      string
 }
 
 func main() {
@@ -85,6 +86,7 @@ func main() {
 	fs.DurationVar(&o.compatGrace, "compat-template-grace", 5*time.Minute, "How long a translated ResourceClaimTemplate outlives the last pod admitted with it once no pod references it.")
 	fs.IntVar(&o.mixWindow, "size-mix-window", allocate.DefaultHistoryWindow, "Recent whole-GPU requests whose sizes weight what the allocator keeps free (the recent size mix); negative: sizes 1-8 equally.")
 	fs.IntVar(&o.mixRefresh, "size-mix-refresh", 0, "Requests between two snapshots of the recent size mix, at most --size-mix-window (0: 64, or the window if smaller).")
+	fs.StringVar(&o.holdNamespace, "hold-namespace", envOr("POD_NAMESPACE", ""), "Namespace for hold records: ResourceClaims that keep the GPUs of claims deleted while their pods run counted for kube-scheduler and across restarts. Only the controller and cluster admins should write there (default: $POD_NAMESPACE; empty: such GPUs are kept counted in memory only).")
 	klogFlags := goflag.NewFlagSet("klog", goflag.ExitOnError)
 	klog.InitFlags(klogFlags)
 	fs.AddGoFlagSet(klogFlags)
@@ -149,6 +151,7 @@ func run(ctx context.Context, o options) error {
 		UnschedulableGrace: o.unschedulableGrace,
 		DeviceTaintRules:   o.deviceTaintRules,
 		Mix:                controller.MixConfig{Window: o.mixWindow, Refresh: o.mixRefresh},
+		HoldNamespace:      o.holdNamespace,
 	})
 	if err != nil {
 		return err

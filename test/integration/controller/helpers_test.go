@@ -193,6 +193,9 @@ func (e *env) startControllerWith(workers int, wrap func(http.RoundTripper) http
 		UnschedulableGrace: 10 * time.Second,
 		WaitingRetry:       5 * time.Second,
 		DeviceTaintRules:   true,
+		// Hold records of claims deleted under running pods go to the
+		// test's namespace, which teardown empties.
+		HoldNamespace: e.ns,
 	})
 	if err != nil {
 		cancel()
