@@ -5,13 +5,17 @@
 // gpu-manager (tencent.com/vcuda-core, vcuda-memory), and HAMi's pod
 // annotations that pick GPUs. It is pure (no API calls): the admission
 // webhook in compat/admission feeds it pods and the GPU inventory and
-// writes what it returns.
+// writes what it returns; the templates' specs travel in the pod's
+// annotation AnnotationTemplates, from which the controller's leader
+// creates them.
 //
 // Each container (and init container) asking for GPUs gets its own entry
 // in pod.spec.resourceClaims, created from a ResourceClaimTemplate per
-// distinct request shape (named TemplatePrefix + a hash of its spec, so
-// pods asking the same in one namespace share it and a template never
-// changes), and the extended resources are removed from its limits and
+// distinct request shape (named TemplatePrefix + a hash of its claim spec
+// as the API server stores it, TemplateName, so pods asking the same in
+// one namespace share it, a template never changes, and one whose stored
+// spec does not hash to its name is known not to be the translation's),
+// and the extended resources are removed from its limits and
 // requests. Whole GPUs come from the whole-GPU class with count N (the
 // controller picks a link-minimal set); shares from the share class with
 // capacity requests memory and cores per GPU (HAMi's gpumem is per GPU,

@@ -1,9 +1,6 @@
 package compat
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -28,7 +25,8 @@ const (
 	// became, for the Normal event and for users.
 	AnnotationTranslated = "gpu.gpulink.dev/translated"
 	// TemplatePrefix starts the name of every template the translation
-	// creates; the rest is a hash of the template's spec.
+	// creates; the rest is a hash of the template's claim spec
+	// (TemplateName).
 	TemplatePrefix = "gpulink-compat-"
 	// RequestName is the request of every translated template.
 	RequestName = "gpu"
@@ -175,7 +173,7 @@ func (t *Translator) Translate(pod *corev1.Pod) (*Result, error) {
 		if err != nil {
 			return nil, fmt.Errorf("container %q: %w", a.name, err)
 		}
-		name, err := templateName(spec)
+		name, err := TemplateName(spec.Spec)
 		if err != nil {
 			return nil, err
 		}
@@ -208,6 +206,14 @@ func (t *Translator) Translate(pod *corev1.Pod) (*Result, error) {
 			out.Annotations = map[string]string{}
 		}
 		out.Annotations[AnnotationTranslated] = res.Summary()
+		// The templates travel with the pod: the webhook creates
+		// nothing, the controller's leader creates them for the pods
+		// that exist.
+		enc, err := EncodeTemplates(res.Templates)
+		if err != nil {
+			return nil, err
+		}
+		out.Annotations[AnnotationTemplates] = enc
 		addGate(out)
 	}
 	return res, nil
@@ -247,6 +253,12 @@ func claimName(init bool, index int, container string, taken map[string]bool) st
 			return name
 		}
 	}
+}
+
+// ResourceNames returns the extended resource names the translation takes
+// off pods (those of the enabled families).
+func (t *Translator) ResourceNames() []corev1.ResourceName {
+	return t.names()
 }
 
 // names returns the enabled resource names.
@@ -555,16 +567,4 @@ func capacity(mem, cores int64) *resourceapi.CapacityRequirements {
 		r[driver.CapacityCores] = *resource.NewQuantity(cores, resource.DecimalSI)
 	}
 	return &resourceapi.CapacityRequirements{Requests: r}
-}
-
-// templateName names a template by its spec, so that pods asking for the
-// same thing in one namespace share one template, and a template is never
-// changed in place.
-func templateName(spec resourceapi.ResourceClaimTemplateSpec) (string, error) {
-	b, err := json.Marshal(spec)
-	if err != nil {
-		return "", fmt.Errorf("encoding template spec: %w", err)
-	}
-	h := sha256.Sum256(b)
-	return TemplatePrefix + hex.EncodeToString(h[:])[:16], nil
 }

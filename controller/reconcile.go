@@ -182,6 +182,10 @@ func (c *Controller) collectClaims(ctx context.Context, pod *corev1.Pod) podClai
 			pc.notReady = fmt.Sprintf("claim %s/%s is being deleted", claim.Namespace, claim.Name)
 			return pc
 		}
+		if err := checkCompatClaim(podClaim, claim); err != nil {
+			pc.broken = err
+			return pc
+		}
 		pc.all = append(pc.all, claim)
 		ic, kind, err := c.interp.interpret(ctx, claim)
 		switch {

@@ -17,9 +17,14 @@ import (
 )
 
 // Collector deletes the translation's templates once no pod references
-// them and the last pod using them was admitted longer than Grace ago.
-// The claims created from a template are owned by their pods, so nothing
-// the translation created outlives the pods.
+// them and the last pod using them was seen longer than Grace ago. The
+// claims created from a template are owned by their pods, so nothing the
+// translation created outlives the pods.
+//
+// Only templates the translation could have made are deleted: labelled
+// compat.LabelManaged=true (a label anyone may set) and named by the hash
+// of their stored spec (compat.CheckTemplateName). A user's own template
+// that merely carries the label is left alone.
 type Collector struct {
 	Client kubernetes.Interface
 	Grace  time.Duration
@@ -49,6 +54,13 @@ func (c *Collector) Collect(ctx context.Context) (int, error) {
 	}
 	byNS := map[string][]resourceapi.ResourceClaimTemplate{}
 	for _, t := range list.Items {
+		if !compat.IsTemplateName(t.Name) {
+			continue
+		}
+		if err := compat.CheckTemplateName(t.Name, t.Spec.Spec); err != nil {
+			klog.FromContext(ctx).V(2).Info("Not collecting a labelled template gpulink did not make", "template", klog.KObj(&t), "reason", err.Error())
+			continue
+		}
 		if expired(&t, now, c.Grace) {
 			byNS[t.Namespace] = append(byNS[t.Namespace], t)
 		}

@@ -8,8 +8,9 @@ type Metrics struct {
 }
 
 // NewMetrics registers gpulink_compat_pods_total{result} on reg:
-// translated, refused (a bad value, answered with its message) or error
-// (the templates could not be written).
+// translated, refused (a bad value, or a namespace quota the translation
+// would escape, answered with its message) or error (the quotas could not
+// be read, or the patch not encoded).
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{pods: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "gpulink_compat_pods_total",

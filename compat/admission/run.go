@@ -3,6 +3,7 @@ package admission
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,7 +31,8 @@ type Options struct {
 
 // Serve runs the webhook until ctx ends. Every replica serves it (the
 // webhook Service has no notion of a leader); only decisions and the
-// leader-side work need the lease.
+// leader-side work need the lease. It answers once the ResourceQuota cache
+// has synced, so that no pod is translated past a quota it has not seen.
 func Serve(ctx context.Context, client kubernetes.Interface, o Options) error {
 	factory := informers.NewSharedInformerFactory(client, 0)
 	slices := factory.Resource().V1().ResourceSlices().Informer()
@@ -38,34 +40,75 @@ func Serve(ctx context.Context, client kubernetes.Interface, o Options) error {
 	if err != nil {
 		return fmt.Errorf("webhook inventory: %w", err)
 	}
+	quotas := factory.Core().V1().ResourceQuotas()
+	quotaInformer := quotas.Informer()
+	tr := &compat.Translator{Config: o.Config, Inventory: inv, Packing: o.Packing}
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()
+	if err := waitSynced(ctx, "webhook", "ResourceQuota", quotaInformer.HasSynced); err != nil || ctx.Err() != nil {
+		return err
+	}
 	// Serve even before the slices are synced: an empty inventory only
 	// puts off the checks that need it (the controller reports those).
 	wh := &Webhook{
-		Translator: &compat.Translator{Config: o.Config, Inventory: inv, Packing: o.Packing},
-		Templates:  &Templates{Client: client, Grace: o.Grace},
+		Translator: tr,
+		Quota:      &QuotaGuard{Lister: quotas.Lister(), Names: tr.ResourceNames()},
 		Metrics:    NewMetrics(o.Metrics),
 	}
 	return ServeTLS(ctx, o.Address, o.CertDir, o.ReusePort, wh)
 }
 
-// Lead runs the leader's part until ctx ends: the Normal event on every
-// translated pod and the garbage collection of unused templates.
+// Lead runs the leader's part until ctx ends: the templates translated
+// pods name (TemplateMaker), the Normal event on every translated pod and
+// the garbage collection of unused templates.
 func Lead(ctx context.Context, client kubernetes.Interface, o Options) error {
-	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
+	podFactory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
 		lo.LabelSelector = compat.LabelManaged + "=true"
 	}))
-	pods := factory.Core().V1().Pods().Informer()
+	pods := podFactory.Core().V1().Pods().Informer()
+	// Every template, not only labelled ones: one someone else made under
+	// a translated name must be seen to be refused.
+	factory := informers.NewSharedInformerFactory(client, 0)
+	templates := factory.Resource().V1().ResourceClaimTemplates().Informer()
+	quotas := factory.Core().V1().ResourceQuotas()
+	quotaInformer := quotas.Informer()
 	if _, err := NewAnnouncer(pods, o.Recorder); err != nil {
 		return fmt.Errorf("translated pod events: %w", err)
 	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
-	if !cache.WaitForCacheSync(ctx.Done(), pods.HasSynced) {
-		return nil
+	tr := &compat.Translator{Config: o.Config}
+	maker, err := NewTemplateMaker(TemplateMakerConfig{
+		Client: client, Config: o.Config, Recorder: o.Recorder, Grace: o.Grace,
+		Quota: &QuotaGuard{Lister: quotas.Lister(), Names: tr.ResourceNames()},
+	}, pods, templates)
+	if err != nil {
+		return err
 	}
+	podFactory.Start(ctx.Done())
+	factory.Start(ctx.Done())
+	defer podFactory.Shutdown()
+	defer factory.Shutdown()
+	if err := waitSynced(ctx, "leader", "Pod, ResourceClaimTemplate and ResourceQuota", pods.HasSynced, templates.HasSynced, quotaInformer.HasSynced); err != nil || ctx.Err() != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { maker.Run(ctx, 2) })
 	period := max(o.Grace/2, time.Second)
 	(&Collector{Client: client, Grace: o.Grace}).Run(ctx, period)
+	wg.Wait()
 	return nil
+}
+
+// syncTimeout bounds the wait for the informers' first list: a replica
+// whose ClusterRole lacks a permission exits with a message saying so
+// instead of never serving.
+const syncTimeout = 2 * time.Minute
+
+// waitSynced waits for the caches; it returns nil when ctx ends first.
+func waitSynced(ctx context.Context, who, what string, synced ...cache.InformerSynced) error {
+	wctx, cancel := context.WithTimeout(ctx, syncTimeout)
+	defer cancel()
+	if cache.WaitForCacheSync(wctx.Done(), synced...) || ctx.Err() != nil {
+		return nil
+	}
+	return fmt.Errorf("%s: the %s caches did not sync within %s (does the controller's ClusterRole allow list and watch on them?)", who, what, syncTimeout)
 }

@@ -7,11 +7,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
-	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
@@ -25,16 +25,24 @@ const Path = "/translate-pods"
 // maxBody bounds an AdmissionReview; pods are far smaller.
 const maxBody = 8 << 20
 
-// TemplateStore makes sure a translated pod's templates exist.
-type TemplateStore interface {
-	Ensure(ctx context.Context, namespace, name string, spec resourceapi.ResourceClaimTemplateSpec) error
+// QuotaChecker refuses translations in namespaces whose ResourceQuota
+// would not hold for the translated pod (QuotaGuard).
+type QuotaChecker interface {
+	Check(namespace string, classes []string) error
 }
 
-// Webhook is the mutating admission webhook that translates pods.
+// Webhook is the mutating admission webhook that translates pods. It has
+// no side effects: anyone who reaches its port can call it (the API server
+// does not authenticate itself to webhooks unless configured to), so it
+// only answers with a patch. The templates a translated pod needs travel
+// in its annotation compat.AnnotationTemplates; the controller's leader
+// creates them once the pod exists (TemplateMaker).
 type Webhook struct {
 	Translator *compat.Translator
-	Templates  TemplateStore
-	Metrics    *Metrics
+	// Quota, when set, refuses translations that a namespace's
+	// ResourceQuota on the device-plugin names would not count.
+	Quota   QuotaChecker
+	Metrics *Metrics
 }
 
 // ServeHTTP answers one AdmissionReview (admission.k8s.io/v1).
@@ -88,14 +96,20 @@ func (w *Webhook) review(ctx context.Context, req *admissionv1.AdmissionRequest)
 	if res == nil {
 		return allow
 	}
-	// Templates first: a pod must never exist whose template does not.
-	// A dry run creates nothing (sideEffects NoneOnDryRun).
-	if req.DryRun == nil || !*req.DryRun {
-		for name, spec := range res.Templates {
-			if err := w.Templates.Ensure(ctx, pod.Namespace, name, spec); err != nil {
-				w.Metrics.count("error")
-				return deny(http.StatusInternalServerError, fmt.Sprintf("creating ResourceClaimTemplate %s/%s for the pod's GPU resources: %v", pod.Namespace, name, err))
+	if w.Quota != nil && len(res.Claims) > 0 {
+		var classes []string
+		for _, spec := range res.Templates {
+			classes = append(classes, compat.SpecClasses(spec.Spec)...)
+		}
+		slices.Sort(classes)
+		if err := w.Quota.Check(pod.Namespace, slices.Compact(classes)); err != nil {
+			if isQuotaError(err) {
+				w.Metrics.count("refused")
+				logger.V(2).Info("Refused pod: its namespace's quota would not count the translated GPUs", "err", err)
+				return deny(http.StatusForbidden, "gpulink does not translate this pod's GPU resources: "+err.Error())
 			}
+			w.Metrics.count("error")
+			return deny(http.StatusInternalServerError, err.Error())
 		}
 	}
 	patch, err := jsonPatch(&pod, res.Pod)
@@ -120,7 +134,10 @@ func podName(p *corev1.Pod) string {
 
 func deny(code int32, msg string) *admissionv1.AdmissionResponse {
 	reason := metav1.StatusReasonInvalid
-	if code >= 500 {
+	switch {
+	case code == http.StatusForbidden:
+		reason = metav1.StatusReasonForbidden
+	case code >= 500:
 		reason = metav1.StatusReasonInternalError
 	}
 	return &admissionv1.AdmissionResponse{Allowed: false, Result: &metav1.Status{Status: metav1.StatusFailure, Code: code, Reason: reason, Message: msg}}

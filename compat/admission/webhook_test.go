@@ -85,20 +85,19 @@ func apply(t *testing.T, pod *corev1.Pod, resp *admissionv1.AdmissionResponse) *
 	return &out
 }
 
-func newWebhook(client *fake.Clientset) *Webhook {
-	return &Webhook{
-		Translator: &compat.Translator{Config: compat.DefaultConfig(), Inventory: staticSizes{40 << 30}},
-		Templates:  &Templates{Client: client, Grace: time.Minute},
-	}
+func newWebhook(quotas ...*corev1.ResourceQuota) *Webhook {
+	tr := &compat.Translator{Config: compat.DefaultConfig(), Inventory: staticSizes{40 << 30}}
+	return &Webhook{Translator: tr, Quota: &QuotaGuard{Lister: quotaLister(quotas...), Names: tr.ResourceNames()}}
 }
 
 type staticSizes []int64
 
 func (s staticSizes) MemorySizes() []int64 { return s }
 
+// The webhook answers with a patch and nothing else: the template the pod
+// needs travels in its annotation, under the name its spec hashes to.
 func TestWebhookTranslates(t *testing.T) {
-	client := fake.NewClientset()
-	h := newWebhook(client)
+	h := newWebhook()
 	pod := gpuPod("train", map[string]string{"nvidia.com/gpu": "2", "cpu": "1"})
 	resp := review(t, h, pod, false)
 	if !resp.Allowed || resp.PatchType == nil || *resp.PatchType != admissionv1.PatchTypeJSONPatch {
@@ -116,27 +115,24 @@ func TestWebhookTranslates(t *testing.T) {
 		t.Errorf("gates %+v", got.Spec.SchedulingGates)
 	}
 	name := *got.Spec.ResourceClaims[0].ResourceClaimTemplateName
-	tmpl, err := client.ResourceV1().ResourceClaimTemplates("team").Get(context.Background(), name, metav1.GetOptions{})
+	specs, err := compat.DecodeTemplates(got.Annotations[compat.AnnotationTemplates])
 	if err != nil {
-		t.Fatalf("template %s: %v", name, err)
+		t.Fatal(err)
 	}
-	if tmpl.Labels[compat.LabelManaged] != "true" || tmpl.Annotations[AnnotationLastAdmitted] == "" || tmpl.Spec.Spec.Devices.Requests[0].Exactly.Count != 2 {
-		t.Errorf("template %+v", tmpl)
+	spec, ok := specs[name]
+	if !ok || len(specs) != 1 || spec.Devices.Requests[0].Exactly.Count != 2 {
+		t.Fatalf("annotation %s: %+v, want the 2-GPU spec of %s", compat.AnnotationTemplates, specs, name)
 	}
-	// A second pod of the same shape reuses the template.
-	resp = review(t, h, gpuPod("train2", map[string]string{"nvidia.com/gpu": "2"}), false)
-	if !resp.Allowed {
-		t.Fatal(resp.Result)
+	if err := compat.CheckTemplateName(name, spec); err != nil {
+		t.Error(err)
 	}
-	list, _ := client.ResourceV1().ResourceClaimTemplates("team").List(context.Background(), metav1.ListOptions{})
-	if len(list.Items) != 1 {
-		t.Errorf("%d templates, want 1", len(list.Items))
+	if got.Labels[compat.LabelManaged] != "true" {
+		t.Errorf("labels %v", got.Labels)
 	}
 }
 
 func TestWebhookRefusesAndLeavesOthers(t *testing.T) {
-	client := fake.NewClientset()
-	h := newWebhook(client)
+	h := newWebhook()
 	resp := review(t, h, gpuPod("bad", map[string]string{"nvidia.com/gpu": "1", "nvidia.com/gpucores": "150"}), false)
 	if resp.Allowed || resp.Result == nil || resp.Result.Code != http.StatusUnprocessableEntity || !strings.Contains(resp.Result.Message, "nvidia.com/gpucores: 150") {
 		t.Fatalf("response %+v", resp)
@@ -149,55 +145,89 @@ func TestWebhookRefusesAndLeavesOthers(t *testing.T) {
 	if !resp.Allowed || resp.Patch != nil {
 		t.Fatalf("cpu pod: %+v", resp)
 	}
-	// Dry runs create nothing.
 	resp = review(t, h, gpuPod("dry", map[string]string{"nvidia.com/gpu": "1"}), true)
 	if !resp.Allowed || resp.Patch == nil {
 		t.Fatalf("dry run: %+v", resp)
 	}
-	list, _ := client.ResourceV1().ResourceClaimTemplates("team").List(context.Background(), metav1.ListOptions{})
-	if len(list.Items) != 0 {
-		t.Errorf("refused or dry-run pods left %d templates", len(list.Items))
-	}
 }
 
-func TestTemplatesRefuseForeignAndRefresh(t *testing.T) {
-	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	foreign := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: "x", Namespace: "team"}}
-	old := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: "y", Namespace: "team",
-		Labels:      map[string]string{compat.LabelManaged: "true"},
-		Annotations: map[string]string{AnnotationLastAdmitted: now.Add(-time.Hour).Format(time.RFC3339)}}}
-	client := fake.NewClientset(foreign, old)
-	ts := &Templates{Client: client, Grace: time.Minute, Now: func() time.Time { return now }}
-	if err := ts.Ensure(context.Background(), "team", "x", resourceapi.ResourceClaimTemplateSpec{}); err == nil || !strings.Contains(err.Error(), "did not create") {
-		t.Errorf("foreign template: %v", err)
+// A namespace whose quota limits nvidia.com/gpu gets no translation unless
+// a quota also limits the DeviceClass the GPUs would come from; the
+// refusal names the quota, the resource and what to add.
+func TestWebhookRefusesTranslationEscapingQuota(t *testing.T) {
+	gpuQuota := quota("gpus", "team", map[string]string{"requests.nvidia.com/gpu": "1"})
+	wholeQuota := quota("classes", "team", map[string]string{driver.DeviceClassWhole + ".deviceclass.resource.k8s.io/devices": "1"})
+	shareQuota := quota("shares", "team", map[string]string{driver.DeviceClassShare + ".deviceclass.resource.k8s.io/devices": "4"})
+	whole := map[string]string{"nvidia.com/gpu": "8"}
+	share := map[string]string{"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}
+
+	resp := review(t, newWebhook(gpuQuota), gpuPod("eight", whole), false)
+	if resp.Allowed || resp.Result.Code != http.StatusForbidden {
+		t.Fatalf("8 GPUs past a 1-GPU quota: %+v", resp)
 	}
-	if err := ts.Ensure(context.Background(), "team", "y", resourceapi.ResourceClaimTemplateSpec{}); err != nil {
-		t.Fatal(err)
+	for _, want := range []string{"ResourceQuota gpus", "requests.nvidia.com/gpu: 1", "DeviceClass " + driver.DeviceClassWhole,
+		driver.DeviceClassWhole + ".deviceclass.resource.k8s.io/devices: 1", "Coming from the device plugin"} {
+		if !strings.Contains(resp.Result.Message, want) {
+			t.Errorf("refusal %q does not mention %q", resp.Result.Message, want)
+		}
 	}
-	got, _ := client.ResourceV1().ResourceClaimTemplates("team").Get(context.Background(), "y", metav1.GetOptions{})
-	if got.Annotations[AnnotationLastAdmitted] != now.Format(time.RFC3339) {
-		t.Errorf("admission time not refreshed: %v", got.Annotations)
+	// With the whole-GPU class limited, whole GPUs are translated (the
+	// claim is then counted by that quota), shares still are not.
+	if resp := review(t, newWebhook(gpuQuota, wholeQuota), gpuPod("eight", whole), false); !resp.Allowed {
+		t.Errorf("whole GPUs with the class quota: %+v", resp.Result)
+	}
+	resp = review(t, newWebhook(gpuQuota, wholeQuota), gpuPod("share", share), false)
+	if resp.Allowed || !strings.Contains(resp.Result.Message, driver.DeviceClassShare) {
+		t.Errorf("a share without a share-class quota: %+v", resp.Result)
+	}
+	if resp := review(t, newWebhook(gpuQuota, wholeQuota, shareQuota), gpuPod("share", share), false); !resp.Allowed {
+		t.Errorf("a share with the share-class quota: %+v", resp.Result)
+	}
+	// Quotas of other namespaces, and quotas on other names, do not count.
+	other := quota("gpus", "elsewhere", map[string]string{"requests.nvidia.com/gpu": "1"})
+	cpu := quota("cpu", "team", map[string]string{"requests.cpu": "4"})
+	if resp := review(t, newWebhook(other, cpu), gpuPod("eight", whole), false); !resp.Allowed {
+		t.Errorf("no GPU quota in the namespace: %+v", resp.Result)
 	}
 }
 
 func TestCollector(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	tmpl := func(name string, age time.Duration, managed bool) *resourceapi.ResourceClaimTemplate {
+	// Templates of the translation are named by their spec's hash.
+	spec := func(n int64) resourceapi.ResourceClaimSpec {
+		return resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: compat.RequestName,
+			Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: driver.DeviceClassWhole, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: n}}}}}
+	}
+	name := func(n int64) string {
+		s, err := compat.TemplateName(spec(n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	tmpl := func(name string, n int64, age time.Duration, managed bool) *resourceapi.ResourceClaimTemplate {
 		t := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "team",
 			CreationTimestamp: metav1.NewTime(now.Add(-time.Hour)),
-			Annotations:       map[string]string{AnnotationLastAdmitted: now.Add(-age).Format(time.RFC3339)}}}
+			Annotations:       map[string]string{AnnotationLastAdmitted: now.Add(-age).Format(time.RFC3339)}},
+			Spec: resourceapi.ResourceClaimTemplateSpec{Spec: spec(n)}}
 		if managed {
 			t.Labels = map[string]string{compat.LabelManaged: "true"}
 		}
 		return t
 	}
+	unusedOld, unusedRecent, used, notOurs := name(1), name(2), name(3), name(4)
+	// A user's template under a translated name with the label, whose spec
+	// (8 GPUs) does not hash to its name: not gpulink's, never collected.
+	squatter := name(5)
 	user := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "team"},
-		Spec: corev1.PodSpec{ResourceClaims: []corev1.PodResourceClaim{{Name: "g", ResourceClaimTemplateName: ptr.To("used")}}}}
+		Spec: corev1.PodSpec{ResourceClaims: []corev1.PodResourceClaim{{Name: "g", ResourceClaimTemplateName: ptr.To(used)}}}}
 	client := fake.NewClientset(
-		tmpl("unused-old", 10*time.Minute, true),
-		tmpl("unused-recent", 30*time.Second, true),
-		tmpl("used", 10*time.Minute, true),
-		tmpl("not-ours", 10*time.Minute, false),
+		tmpl(unusedOld, 1, 10*time.Minute, true),
+		tmpl(unusedRecent, 2, 30*time.Second, true),
+		tmpl(used, 3, 10*time.Minute, true),
+		tmpl(notOurs, 4, 10*time.Minute, false),
+		tmpl(squatter, 8, 10*time.Minute, true),
+		tmpl("labelled-user-template", 1, 10*time.Minute, true),
 		user,
 	)
 	c := &Collector{Client: client, Grace: 5 * time.Minute, Now: func() time.Time { return now }}
@@ -205,17 +235,24 @@ func TestCollector(t *testing.T) {
 	if err != nil || n != 1 {
 		t.Fatalf("deleted %d, %v", n, err)
 	}
-	list, _ := client.ResourceV1().ResourceClaimTemplates("team").List(context.Background(), metav1.ListOptions{})
-	var left []string
-	for _, t := range list.Items {
-		left = append(left, t.Name)
+	left := func() map[string]bool {
+		list, _ := client.ResourceV1().ResourceClaimTemplates("team").List(context.Background(), metav1.ListOptions{})
+		out := map[string]bool{}
+		for _, t := range list.Items {
+			out[t.Name] = true
+		}
+		return out
 	}
-	if strings.Join(left, ",") != "not-ours,unused-recent,used" {
-		t.Errorf("left %v", left)
+	l := left()
+	if l[unusedOld] || !l[unusedRecent] || !l[used] || !l[notOurs] || !l[squatter] || !l["labelled-user-template"] {
+		t.Errorf("left %v; want all but %s", l, unusedOld)
 	}
 	// Once the pod is gone, its template goes too.
 	_ = client.CoreV1().Pods("team").Delete(context.Background(), "p", metav1.DeleteOptions{})
 	if n, err := c.Collect(context.Background()); err != nil || n != 1 {
 		t.Fatalf("after pod deletion: deleted %d, %v", n, err)
+	}
+	if l := left(); l[used] || !l[squatter] {
+		t.Errorf("left %v", l)
 	}
 }
