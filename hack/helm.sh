@@ -184,6 +184,19 @@ expect_failure "a ServiceMonitor with nothing serving metrics" "nothing serves m
 	--set serviceMonitor.enabled=true --set controller.metricsPort=0 --set kubeletPlugin.metricsPort=0
 expect_failure "a malformed scrape interval" "/serviceMonitor/interval" --set serviceMonitor.interval=often
 
+# The controller's NetworkPolicy (off by default): the webhook and metrics
+# ports only, and refused where it would do nothing (host network).
+render network-policy --set controller.networkPolicy.enabled=true \
+	--set-json 'controller.networkPolicy.metricsFrom=[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}}]'
+grep -q '^kind: NetworkPolicy' "${WORK}/network-policy.yaml" || die "controller.networkPolicy.enabled=true rendered no NetworkPolicy"
+if grep -q '^kind: NetworkPolicy' "${WORK}/defaults.yaml"; then
+	die "the default values render a NetworkPolicy"
+fi
+expect_failure "a NetworkPolicy for host-network controller pods" "no effect with controller.hostNetwork=true" \
+	--set controller.networkPolicy.enabled=true --set controller.hostNetwork=true
+expect_failure "a NetworkPolicy admitting no webhook caller" "/controller/networkPolicy/webhookCIDRs" \
+	--set controller.networkPolicy.enabled=true --set-json 'controller.networkPolicy.webhookCIDRs=[]'
+
 expect_failure "controller profiling without a metrics port" "controller.profiling=true needs controller.metricsPort" \
 	--set controller.profiling=true --set controller.metricsPort=0
 expect_failure "plugin profiling without a metrics port" "kubeletPlugin.profiling=true needs kubeletPlugin.metricsPort" \
