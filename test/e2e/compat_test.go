@@ -398,6 +398,22 @@ func (s *suite) checkCompatPod(ctx context.Context, t *testing.T, c compatCase) 
 	if err != nil {
 		t.Fatalf("pod %s: %s: %v\n%s", c.name, state, err, describePod(ctx, s.client, ns, c.name))
 	}
+	// The webhook creates nothing: the controller's leader made the pod's
+	// templates from its annotation, each named by its stored spec's hash.
+	for _, rc := range pod.Spec.ResourceClaims {
+		if rc.ResourceClaimTemplateName == nil || !compat.IsTemplateName(*rc.ResourceClaimTemplateName) {
+			continue
+		}
+		tmpl, err := s.client.ResourceV1().ResourceClaimTemplates(ns).Get(ctx, *rc.ResourceClaimTemplateName, metav1.GetOptions{})
+		if err != nil {
+			t.Errorf("pod %s: template %s: %v", c.name, *rc.ResourceClaimTemplateName, err)
+			continue
+		}
+		if err := compat.CheckTemplateName(tmpl.Name, tmpl.Spec.Spec); err != nil {
+			t.Errorf("pod %s: template %s: %v", c.name, tmpl.Name, err)
+		}
+	}
+	t.Logf("pod %s: every container READY %.0fs after the pod was created", c.name, time.Since(pod.CreationTimestamp.Time).Seconds())
 	claimOf := map[string]string{}
 	for _, st := range pod.Status.ResourceClaimStatuses {
 		if st.ResourceClaimName != nil {
