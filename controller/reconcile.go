@@ -104,8 +104,17 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 		return nil
 	}
 
-	var pending []*interpretedClaim
 	gated := gateIndex(pod) >= 0
+	if gated {
+		if msg := c.mpsUserConflict(pod, pc.ours); msg != "" {
+			c.setWaiting(key, true)
+			c.metrics.Decisions.WithLabelValues(OutcomeNotReady).Inc()
+			logger.Info("Pod kept gated: its MPS claim would serve several users", "reason", msg)
+			c.explain.event(pod, nil, corev1.EventTypeWarning, ReasonMPSUsersDiffer, actionWait, msg)
+			return nil
+		}
+	}
+	var pending []*interpretedClaim
 	for _, ic := range pc.ours {
 		if ic.Claim.Status.Allocation == nil {
 			if ic.Tolerating && !gated {

@@ -1,0 +1,118 @@
+package controller
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
+
+	v1alpha1 "github.com/gpulink/gpulink/api/v1alpha1"
+)
+
+// ReasonMPSUsersDiffer is recorded on a pod kept gated because its
+// containers would share an MPS claim with containers of another user.
+const ReasonMPSUsersDiffer = "MPSUsersDiffer"
+
+// mpsUserConflict explains why the gated pod must not join its MPS
+// claims, or returns "" when it may. MPS starts one server per user ID
+// and makes a second user's clients wait until every client of the first
+// is gone, so containers of different users on one claim would hang
+// rather than share the GPU.
+//
+// The check lives here, not in the kubelet plugin, so that no GPU node
+// needs to read pods: the controller already watches every pod, and the
+// pods a claim is reserved for are read from its cache (a pod that is gone
+// or finished no longer counts). Only users set in the pod spec
+// (securityContext.runAsUser) can be seen; a user from the image's USER
+// line cannot. A mismatch only ever hurts the namespace's own pods (a
+// claim and its pods share one namespace), so this is a usability check,
+// not a security boundary (docs/security.md).
+func (c *Controller) mpsUserConflict(pod *corev1.Pod, ours []*interpretedClaim) string {
+	for _, ic := range ours {
+		if !ic.usesMPS() {
+			continue
+		}
+		users := map[int64][]string{}
+		addPod := func(p *corev1.Pod) {
+			for _, ctr := range containersUsing(p, ic.Claim.Name) {
+				if uid := runAsUser(p, ctr); uid != nil {
+					users[*uid] = append(users[*uid], p.Name+"/"+ctr.Name)
+				}
+			}
+		}
+		addPod(pod)
+		for _, ref := range ic.Claim.Status.ReservedFor {
+			if ref.APIGroup != "" || ref.Resource != "pods" || ref.UID == pod.UID {
+				continue
+			}
+			other, err := c.pods.Pods(ic.Claim.Namespace).Get(ref.Name)
+			if err != nil || other.UID != ref.UID || podDone(other) {
+				continue // gone, replaced by a pod of the same name, or finished
+			}
+			addPod(other)
+		}
+		if len(users) < 2 {
+			continue
+		}
+		ids := make([]int64, 0, len(users))
+		for id := range users {
+			ids = append(ids, id)
+		}
+		slices.Sort(ids)
+		parts := make([]string, len(ids))
+		for i, id := range ids {
+			parts[i] = fmt.Sprintf("user %s (%s)", strconv.FormatInt(id, 10), strings.Join(users[id], ", "))
+		}
+		return fmt.Sprintf("claim %s has an MPS share and the containers sharing it would run as %s; MPS serves one user at a time and makes the others wait, so run them all as one user (securityContext.runAsUser); the pod stays gated until then",
+			ic.Claim.Name, strings.Join(parts, " and "))
+	}
+	return ""
+}
+
+// usesMPS says whether any alternative of the claim is a share served by
+// MPS (the configuration is defaulted, so an unset strategy reads MPS).
+func (ic *interpretedClaim) usesMPS() bool {
+	for _, r := range ic.Requests {
+		for _, alt := range r.Alternatives {
+			if alt.Share && alt.Config != nil && alt.Config.Sharing != nil && alt.Config.Sharing.Strategy == v1alpha1.SharingMPS {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// containersUsing lists the pod's containers (init containers included)
+// that use the claim named claimName.
+func containersUsing(pod *corev1.Pod, claimName string) []*corev1.Container {
+	names := map[string]bool{}
+	for i := range pod.Spec.ResourceClaims {
+		if n, _, err := resourceclaim.Name(pod, &pod.Spec.ResourceClaims[i]); err == nil && n != nil && *n == claimName {
+			names[pod.Spec.ResourceClaims[i].Name] = true
+		}
+	}
+	var out []*corev1.Container
+	for _, list := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for i := range list {
+			if slices.ContainsFunc(list[i].Resources.Claims, func(c corev1.ResourceClaim) bool { return names[c.Name] }) {
+				out = append(out, &list[i])
+			}
+		}
+	}
+	return out
+}
+
+// runAsUser is the user the container is set to run as, nil when the pod
+// spec does not say.
+func runAsUser(pod *corev1.Pod, c *corev1.Container) *int64 {
+	if c.SecurityContext != nil && c.SecurityContext.RunAsUser != nil {
+		return c.SecurityContext.RunAsUser
+	}
+	if pod.Spec.SecurityContext != nil {
+		return pod.Spec.SecurityContext.RunAsUser
+	}
+	return nil
+}
