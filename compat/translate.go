@@ -121,10 +121,14 @@ func (r *Result) Summary() string {
 // resource and the value; nothing is translated then.
 func (t *Translator) Translate(pod *corev1.Pod) (*Result, error) {
 	type found struct {
-		init  bool
-		index int
-		name  string
-		shape Shape
+		init bool
+		// regularInit: an init container that runs to completion before
+		// the next one and before the app containers start (not a
+		// restartable sidecar, which runs alongside them).
+		regularInit bool
+		index       int
+		name        string
+		shape       Shape
 	}
 	var asks []found
 	var errs []error
@@ -140,7 +144,8 @@ func (t *Translator) Translate(pod *corev1.Pod) (*Result, error) {
 				continue
 			}
 			if ok {
-				asks = append(asks, found{init: init, index: i, name: cs[i].Name, shape: shape})
+				sidecar := cs[i].RestartPolicy != nil && *cs[i].RestartPolicy == corev1.ContainerRestartPolicyAlways
+				asks = append(asks, found{init: init, regularInit: init && !sidecar, index: i, name: cs[i].Name, shape: shape})
 			}
 		}
 	}
@@ -168,7 +173,75 @@ func (t *Translator) Translate(pod *corev1.Pod) (*Result, error) {
 	for _, rc := range pod.Spec.ResourceClaims {
 		taken[rc.Name] = true
 	}
-	for _, a := range asks {
+	// Which claim each container uses. Containers that run at the same
+	// time (app containers, restartable sidecars) get a claim each, so
+	// each has its own devices as with the device plugin. A regular init
+	// container has finished before the next container starts, so, as the
+	// device plugin hands its devices on, it uses the claim of a container
+	// asking for the same shape that never runs beside it: an app
+	// container's first, then another regular init container's, then a
+	// sidecar's that starts after it; only then a claim of its own, rather
+	// than holding GPUs for the pod's life.
+	claimOf := make([]string, len(asks))
+	type owner struct {
+		claim string
+		// sidecarIndex is the owner's place among the init containers
+		// when it is a restartable sidecar, -1 otherwise.
+		sidecarIndex int
+		regularInit  bool
+	}
+	byShape := map[Shape][]owner{}
+	shapeKey := func(s Shape) Shape { s.From = ""; return s }
+	// App containers first, then sidecars, then regular init containers,
+	// so that a regular init container finds them all.
+	order := func(a found) int {
+		switch {
+		case !a.init:
+			return 0
+		case !a.regularInit:
+			return 1
+		default:
+			return 2
+		}
+	}
+	for pass := range 3 {
+		for i, a := range asks {
+			if order(a) != pass {
+				continue
+			}
+			key := shapeKey(a.shape)
+			if a.regularInit {
+				best, bestRank := "", 3
+				for _, o := range byShape[key] {
+					rank := 0 // an app container's
+					switch {
+					case o.regularInit:
+						rank = 1
+					case o.sidecarIndex >= 0 && o.sidecarIndex < a.index:
+						continue // started before it: runs beside it
+					case o.sidecarIndex >= 0:
+						rank = 2
+					}
+					if rank < bestRank {
+						best, bestRank = o.claim, rank
+					}
+				}
+				if best != "" {
+					claimOf[i] = best
+					continue
+				}
+			}
+			claimOf[i] = claimName(a.init, a.index, a.name, taken)
+			taken[claimOf[i]] = true
+			o := owner{claim: claimOf[i], sidecarIndex: -1, regularInit: a.regularInit}
+			if a.init && !a.regularInit {
+				o.sidecarIndex = a.index
+			}
+			byShape[key] = append(byShape[key], o)
+		}
+	}
+	added := map[string]bool{}
+	for i, a := range asks {
 		spec, err := t.template(a.shape, selectors)
 		if err != nil {
 			return nil, fmt.Errorf("container %q: %w", a.name, err)
@@ -178,8 +251,7 @@ func (t *Translator) Translate(pod *corev1.Pod) (*Result, error) {
 			return nil, err
 		}
 		res.Templates[name] = spec
-		claim := claimName(a.init, a.index, a.name, taken)
-		taken[claim] = true
+		claim := claimOf[i]
 		c := &out.Spec.Containers
 		if a.init {
 			c = &out.Spec.InitContainers
@@ -187,7 +259,10 @@ func (t *Translator) Translate(pod *corev1.Pod) (*Result, error) {
 		ctr := &(*c)[a.index]
 		t.strip(&ctr.Resources)
 		ctr.Resources.Claims = append(ctr.Resources.Claims, corev1.ResourceClaim{Name: claim})
-		out.Spec.ResourceClaims = append(out.Spec.ResourceClaims, corev1.PodResourceClaim{Name: claim, ResourceClaimTemplateName: ptr.To(name)})
+		if !added[claim] {
+			added[claim] = true
+			out.Spec.ResourceClaims = append(out.Spec.ResourceClaims, corev1.PodResourceClaim{Name: claim, ResourceClaimTemplateName: ptr.To(name)})
+		}
 		res.Claims = append(res.Claims, ContainerClaim{Init: a.init, Index: a.index, Container: a.name, ClaimName: claim, Template: name, Shape: a.shape})
 	}
 	// Zero counts (nvidia.com/gpu: 0) are dropped from every container.
@@ -509,6 +584,16 @@ func (t *Translator) checkInventory(s Shape) error {
 	if s.MemoryPercent > 0 && len(sizes) == 0 {
 		return fmt.Errorf("%s needs the GPUs' memory sizes and no gpulink GPU is published yet; retry once the kubelet plugin runs", s.From)
 	}
+	if s.MemoryPercent > 0 && len(sizes) > resourceapi.FirstAvailableDeviceRequestMaxSize {
+		// A percentage becomes one firstAvailable alternative per memory
+		// size, and a request may have at most 8 of them.
+		names := make([]string, len(sizes))
+		for i, size := range sizes {
+			names[i] = resource.NewQuantity(size, resource.BinarySI).String()
+		}
+		return fmt.Errorf("%s: the cluster's GPUs come in %d memory sizes (%s) and a claim can offer at most %d (one firstAvailable alternative per size, since DRA capacity requests are absolute); ask for memory in MiB (nvidia.com/gpumem) instead",
+			s.From, len(sizes), strings.Join(names, ", "), resourceapi.FirstAvailableDeviceRequestMaxSize)
+	}
 	if s.Memory > 0 && len(sizes) > 0 && s.Memory > sizes[len(sizes)-1] {
 		return fmt.Errorf("%s: %s per GPU is more than any GPU has (largest %s)", s.From,
 			resource.NewQuantity(s.Memory, resource.BinarySI).String(), resource.NewQuantity(sizes[len(sizes)-1], resource.BinarySI).String())
@@ -532,7 +617,7 @@ func (t *Translator) template(s Shape, selectors []string) (resourceapi.Resource
 		req.Exactly = &resourceapi.ExactDeviceRequest{DeviceClassName: t.Config.WholeClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: s.Count, Selectors: sels}
 	case s.MemoryPercent > 0:
 		for i, size := range t.Inventory.MemorySizes() {
-			mem := size * s.MemoryPercent / 100
+			mem := percentOfMemory(size, s.MemoryPercent)
 			sub := resourceapi.DeviceSubRequest{
 				Name:            "m" + strconv.Itoa(i),
 				DeviceClassName: t.Config.ShareClass,
@@ -553,6 +638,18 @@ func (t *Translator) template(s Shape, selectors []string) (resourceapi.Resource
 		Spec:       resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req}}},
 	}
 	return spec, nil
+}
+
+// percentOfMemory is pct percent of a GPU's memory, rounded down to whole
+// MiB (the share class's memory step): shares are counted in whole MiB,
+// and rounding each up would make shares whose percentages add up to 100
+// exceed the GPU (40 % + 60 % of 48 GiB: 19661 + 29492 MiB > 49152 MiB),
+// where HAMi puts them on one GPU. Rounded down, they add up to at most
+// the GPU's memory.
+func percentOfMemory(size, pct int64) int64 {
+	const mib = 1 << 20
+	mem := size / mib * pct / 100 * mib
+	return max(mem, mib)
 }
 
 func capacity(mem, cores int64) *resourceapi.CapacityRequirements {

@@ -2,6 +2,7 @@ package compat
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 
@@ -268,6 +269,10 @@ func TestTranslateBadValues(t *testing.T) {
 		{name: "vcuda-core not a multiple of 100", limits: map[string]string{"tencent.com/vcuda-core": "150"}, want: []string{"tencent.com/vcuda-core: 150"}},
 		{name: "vcuda-memory alone", limits: map[string]string{"tencent.com/vcuda-memory": "4"}, want: []string{"tencent.com/vcuda-memory: 4"}},
 		{name: "two families", limits: map[string]string{"nvidia.com/gpu": "1", "aliyun.com/gpu": "1"}, want: []string{"nvidia.com/gpu: 1", "aliyun.com/gpu: 1"}},
+		// One firstAvailable alternative per memory size; the API allows 8.
+		{name: "percentage with nine memory sizes", limits: map[string]string{"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50"},
+			inv:  sizes{8 * gi, 12 * gi, 16 * gi, 24 * gi, 32 * gi, 40 * gi, 48 * gi, 80 * gi, 141 * gi},
+			want: []string{"nvidia.com/gpumem-percentage: 50", "9 memory sizes", "8Gi, 12Gi", "141Gi", "at most 8", "nvidia.com/gpumem"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -394,5 +399,128 @@ func device(product, uuid string, mem int64) dracel.Device {
 			driver.CapacityMemory: {Value: *resource.NewQuantity(mem, resource.BinarySI)},
 			driver.CapacityCores:  {Value: resource.MustParse("100")},
 		},
+	}
+}
+
+// TestTranslateComplementaryPercentagesFitOneGPU: shares whose memory
+// percentages add up to 100 fit one GPU, as HAMi places them
+// (use_sharing_card.yaml: 40 %/60 % on a 48 GiB A40 was 19661 + 29492 MiB
+// > 49152 MiB, rounded up per share).
+func TestTranslateComplementaryPercentagesFitOneGPU(t *testing.T) {
+	for _, size := range []int64{48 * gi, 40 * gi, 80 * gi, 24*gi + 7<<20} {
+		tr := Translator{Config: DefaultConfig(), Inventory: sizes{size}}
+		for _, split := range [][]string{{"40", "60"}, {"33", "33", "34"}, {"10", "90"}, {"1", "99"}} {
+			var sum int64
+			for _, pct := range split {
+				r, err := tr.Translate(podWith(ctr("main", map[string]string{"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": pct})))
+				if err != nil {
+					t.Fatal(err)
+				}
+				req := request(t, r, "main")
+				if len(req.FirstAvailable) != 1 {
+					t.Fatalf("alternatives %+v", req.FirstAvailable)
+				}
+				q := req.FirstAvailable[0].Capacity.Requests["memory"]
+				if q.Value()%(1<<20) != 0 {
+					t.Errorf("%s%% of %d bytes asks %s: not whole MiB, so it is rounded up when consumed", pct, size, q.String())
+				}
+				sum += q.Value()
+			}
+			if sum > size {
+				t.Errorf("shares %v of a %d-byte GPU ask %d bytes together: they do not fit one GPU", split, size, sum)
+			}
+		}
+	}
+}
+
+// TestTranslateRegularInitContainerReusesClaim: a regular init container
+// runs to completion before the app containers start, so (as with the
+// device plugin, which hands its devices on) it uses the claim of a
+// container asking the same shape instead of holding GPUs of its own for
+// the pod's life: init 2 + main 2 is 2 GPUs, not 4. A restartable sidecar
+// runs alongside and keeps a claim of its own.
+func TestTranslateRegularInitContainerReusesClaim(t *testing.T) {
+	tr := Translator{Config: DefaultConfig(), Inventory: sizes{40 * gi}}
+	p := podWith(ctr("main", map[string]string{"nvidia.com/gpu": "2"}), ctr("share", map[string]string{"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4000"}))
+	always := corev1.ContainerRestartPolicyAlways
+	sidecar := ctr("sidecar", map[string]string{"nvidia.com/gpu": "2"})
+	sidecar.RestartPolicy = &always
+	p.Spec.InitContainers = []corev1.Container{
+		ctr("setup", map[string]string{"nvidia.com/gpu": "2"}),
+		ctr("warm", map[string]string{"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4000"}),
+		ctr("one-a", map[string]string{"nvidia.com/gpu": "1"}),
+		ctr("one-b", map[string]string{"nvidia.com/gpu": "1"}),
+		sidecar,
+	}
+	r, err := tr.Translate(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimOf := map[string]string{}
+	for _, c := range r.Claims {
+		claimOf[c.Container] = c.ClaimName
+	}
+	if claimOf["setup"] != claimOf["main"] || claimOf["warm"] != claimOf["share"] {
+		t.Errorf("regular init containers do not reuse the app containers' claims of their shape: %v", claimOf)
+	}
+	if claimOf["one-a"] != claimOf["one-b"] || claimOf["one-a"] == claimOf["main"] {
+		t.Errorf("two regular init containers of one shape run one after the other and may share a claim: %v", claimOf)
+	}
+	if claimOf["sidecar"] == claimOf["main"] || claimOf["sidecar"] == claimOf["setup"] {
+		t.Errorf("a restartable sidecar runs alongside the app and needs its own GPUs: %v", claimOf)
+	}
+	// main (2), share, one-a/b (1), sidecar (2): four pod claims.
+	if n := len(r.Pod.Spec.ResourceClaims); n != 4 {
+		t.Errorf("%d pod claims, want 4: %+v", n, r.Pod.Spec.ResourceClaims)
+	}
+	checkClaimRefs(t, r)
+
+	// A regular init container after a sidecar runs beside it: its own
+	// claim. One before a sidecar (and no app container of its shape)
+	// has finished when the sidecar starts: the sidecar's claim.
+	sc1 := ctr("sc1", map[string]string{"nvidia.com/gpu": "3"})
+	sc1.RestartPolicy = &always
+	sc2 := ctr("sc2", map[string]string{"nvidia.com/gpu": "4"})
+	sc2.RestartPolicy = &always
+	p = podWith(ctr("main", nil))
+	p.Spec.InitContainers = []corev1.Container{sc1, ctr("late", map[string]string{"nvidia.com/gpu": "3"}), ctr("early", map[string]string{"nvidia.com/gpu": "4"}), sc2}
+	if r, err = tr.Translate(p); err != nil {
+		t.Fatal(err)
+	}
+	claimOf = map[string]string{}
+	for _, c := range r.Claims {
+		claimOf[c.Container] = c.ClaimName
+	}
+	if claimOf["late"] == claimOf["sc1"] || claimOf["early"] != claimOf["sc2"] {
+		t.Errorf("claims %v: want late apart from sc1 (running beside it), early on sc2's", claimOf)
+	}
+	if n := len(r.Pod.Spec.ResourceClaims); n != 3 {
+		t.Errorf("%d pod claims, want 3: %+v", n, r.Pod.Spec.ResourceClaims)
+	}
+	checkClaimRefs(t, r)
+}
+
+// checkClaimRefs fails unless every pod claim is listed once and each
+// container that asks for GPUs uses exactly one of them.
+func checkClaimRefs(t *testing.T, r *Result) {
+	t.Helper()
+	seen := map[string]bool{}
+	for _, rc := range r.Pod.Spec.ResourceClaims {
+		if seen[rc.Name] {
+			t.Errorf("pod claim %s listed twice", rc.Name)
+		}
+		seen[rc.Name] = true
+	}
+	translated := map[string]bool{}
+	for _, c := range r.Claims {
+		translated[c.Container] = true
+	}
+	for _, c := range append(slices.Clone(r.Pod.Spec.InitContainers), r.Pod.Spec.Containers...) {
+		if !translated[c.Name] {
+			continue
+		}
+		if len(c.Resources.Claims) != 1 || !seen[c.Resources.Claims[0].Name] {
+			t.Errorf("container %s uses claims %+v", c.Name, c.Resources.Claims)
+		}
 	}
 }

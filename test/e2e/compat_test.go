@@ -186,11 +186,13 @@ func TestCompatE2E(t *testing.T) {
 		{name: "hami-percent", containers: []compatContainer{{name: "workload", limits: map[string]string{"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50"}, shareMiB: 24576, shareCores: 25}}},
 	})
 	s.deletePodsAndWait(ctx, t)
-	// Wave B: an init container and two containers, each with its own GPU;
+	// Wave B: two containers, each with its own GPU, and a regular init
+	// container that uses the first one's claim (it has finished when that
+	// starts: the pod holds 2 GPUs, not 3, as with the device plugin);
 	// HAMi's use-gputype annotation picks the real node's A40s.
-	s.runCompatWave(ctx, t, "init containers and several containers get their own GPUs", []compatCase{
+	s.runCompatWave(ctx, t, "init containers reuse, several containers get their own GPUs", []compatCase{
 		{name: "multi", annotations: map[string]string{compat.AnnotationUseGPUType: "A40"}, containers: []compatContainer{
-			{name: "setup", init: true, limits: map[string]string{"nvidia.com/gpu": "1"}, whole: 1},
+			{name: "setup", init: true, limits: map[string]string{"nvidia.com/gpu": "1"}, whole: 1, claimOf: "workload"},
 			{name: "workload", limits: map[string]string{"nvidia.com/gpu": "1"}, whole: 1},
 			{name: "second", limits: map[string]string{"nvidia.com/gpu": "1"}, whole: 1},
 		}},
@@ -267,6 +269,16 @@ func waitWebhook(ctx context.Context, t *testing.T, s *suite) {
 	t.Logf("translation webhook in effect after %.1fs", time.Since(start).Seconds())
 }
 
+// sameClaim tells whether two containers of a case share one claim.
+func sameClaim(c compatCase, a, b string) bool {
+	for _, ctr := range c.containers {
+		if (ctr.name == a && ctr.claimOf == b) || (ctr.name == b && ctr.claimOf == a) {
+			return true
+		}
+	}
+	return false
+}
+
 type compatContainer struct {
 	name   string
 	init   bool
@@ -279,6 +291,10 @@ type compatContainer struct {
 	// hami: limited by HAMi-core's env instead of MPS.
 	shares int
 	hami   bool
+	// claimOf names the container whose claim this regular init
+	// container uses (it finishes before that one starts, and the device
+	// plugin hands its devices on the same way).
+	claimOf string
 }
 
 type compatCase struct {
@@ -429,6 +445,13 @@ func (s *suite) checkCompatPod(ctx context.Context, t *testing.T, c compatCase) 
 				spec = ctr
 			}
 		}
+		if want.claimOf != "" {
+			for _, ctr := range pod.Spec.Containers {
+				if ctr.Name == want.claimOf && !slices.Equal(ctr.Resources.Claims, spec.Resources.Claims) {
+					t.Errorf("pod %s: init container %s uses claims %v, want those of %s: %v", c.name, want.name, spec.Resources.Claims, ctr.Name, ctr.Resources.Claims)
+				}
+			}
+		}
 		h := holding{pod: pod, log: logs[want.name]}
 		var shareClaim string // UID of the claim holding the shares
 		for _, rc := range spec.Resources.Claims {
@@ -450,7 +473,7 @@ func (s *suite) checkCompatPod(ctx context.Context, t *testing.T, c compatCase) 
 			}
 		}
 		for _, d := range h.Devices {
-			if other, dup := seen[d]; dup && want.shareMiB == 0 {
+			if other, dup := seen[d]; dup && want.shareMiB == 0 && !sameClaim(c, other, want.name) {
 				t.Errorf("pod %s: containers %s and %s both hold %s", c.name, other, want.name, d)
 			}
 			seen[d] = want.name
