@@ -166,6 +166,13 @@ grep -q -- '- --size-mix-window=-1$' "${WORK}/size-mix-off.yaml" &&
 if grep -qE -- '--profiling|--size-mix-' "${WORK}/defaults.yaml"; then
 	die "the default values render --profiling or --size-mix-* flags"
 fi
+# A change of the translated families rolls the controller (it reads them
+# at start), and nothing else changes the checksum.
+render aliyun-on --set compat.families.aliyun.enabled=true
+checksum() { grep -m1 'checksum/compat-config:' "${WORK}/$1.yaml" | awk '{print $2}'; }
+[[ -n "$(checksum defaults)" && "$(checksum defaults)" != "$(checksum aliyun-on)" &&
+	"$(checksum defaults)" == "$(checksum size-mix-off)" ]] ||
+	die "checksum/compat-config does not follow compat.families alone: defaults $(checksum defaults), aliyun on $(checksum aliyun-on), size-mix-off $(checksum size-mix-off)"
 
 # The ServiceMonitor needs the Prometheus Operator's CRDs, which the
 # throw-away API server of test-policies.sh lacks: rendered into a

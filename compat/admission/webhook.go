@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -94,6 +96,20 @@ func (w *Webhook) review(ctx context.Context, req *admissionv1.AdmissionRequest)
 		return deny(http.StatusUnprocessableEntity, "gpulink cannot translate this pod's GPU resources: "+err.Error())
 	}
 	if res == nil {
+		// The API server calls the webhook only for pods asking for a name
+		// the chart translates (matchConditions). A running configuration
+		// that translates none of them (a family turned on by helm upgrade
+		// before this replica restarted) would admit the pod untranslated,
+		// to wait forever for a resource no node has: refuse it instead.
+		if names := extendedResourceNames(&pod); len(names) > 0 {
+			w.Metrics.count("refused")
+			logger.Info("Refused pod: the webhook was called for resources this controller's configuration does not translate", "resources", names)
+			return deny(http.StatusServiceUnavailable, fmt.Sprintf(
+				"gpulink's translation webhook was called for this pod's %s, but the running controller's configuration (--compat-config) translates none of them, "+
+					"and admitted untranslated the pod would wait forever for a resource no node has. If compat.families changed in a helm upgrade, "+
+					"the controller restarts with it (the chart rolls it on a change of the configuration): retry in a minute",
+				strings.Join(names, ", ")))
+		}
 		return allow
 	}
 	if w.Quota != nil && len(res.Claims) > 0 {
@@ -123,6 +139,25 @@ func (w *Webhook) review(ctx context.Context, req *admissionv1.AdmissionRequest)
 	}
 	pt := admissionv1.PatchTypeJSONPatch
 	return &admissionv1.AdmissionResponse{Allowed: true, Patch: patch, PatchType: &pt}
+}
+
+// extendedResourceNames lists the domain-qualified resource names the
+// pod's containers ask for outside kubernetes.io (what device plugins
+// serve), sorted.
+func extendedResourceNames(pod *corev1.Pod) []string {
+	seen := map[string]bool{}
+	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for i := range cs {
+			for _, l := range []corev1.ResourceList{cs[i].Resources.Limits, cs[i].Resources.Requests} {
+				for n := range l {
+					if name := string(n); strings.Contains(name, "/") && !strings.Contains(name, "kubernetes.io/") {
+						seen[name] = true
+					}
+				}
+			}
+		}
+	}
+	return slices.Sorted(maps.Keys(seen))
 }
 
 func podName(p *corev1.Pod) string {

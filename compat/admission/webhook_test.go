@@ -151,6 +151,34 @@ func TestWebhookRefusesAndLeavesOthers(t *testing.T) {
 	}
 }
 
+// A pod the API server sends (the chart's matchConditions name
+// aliyun.com/gpu after `helm upgrade --set compat.families.aliyun.enabled`)
+// but the running configuration does not translate (the family still off
+// in this replica's --compat-config) is refused with a message, never
+// admitted untranslated to wait for a resource no node has (issue 18,
+// defect 3).
+func TestWebhookRefusesWhatItWasCalledForButDoesNotTranslate(t *testing.T) {
+	h := newWebhook()
+	pod := gpuPod("aliyun", map[string]string{"aliyun.com/gpu": "2", "cpu": "1", "hugepages-2Mi": "2Mi"})
+	resp := review(t, h, pod, false)
+	if resp.Allowed || resp.Result == nil || resp.Result.Code != http.StatusServiceUnavailable {
+		t.Fatalf("response %+v", resp)
+	}
+	for _, want := range []string{"aliyun.com/gpu", "--compat-config", "helm upgrade", "retry"} {
+		if !strings.Contains(resp.Result.Message, want) {
+			t.Errorf("message %q lacks %q", resp.Result.Message, want)
+		}
+	}
+	if strings.Contains(resp.Result.Message, "cpu") || strings.Contains(resp.Result.Message, "hugepages") {
+		t.Errorf("message %q names standard resources", resp.Result.Message)
+	}
+	// A pod with only standard resources (a direct call; the API server
+	// would not send it) is still none of the webhook's business.
+	if resp := review(t, h, gpuPod("plain", map[string]string{"cpu": "1", "example.kubernetes.io/x": "1"}), false); !resp.Allowed {
+		t.Errorf("plain pod refused: %+v", resp.Result)
+	}
+}
+
 // A namespace whose quota limits nvidia.com/gpu gets no translation unless
 // a quota also limits the DeviceClass the GPUs would come from; the
 // refusal names the quota, the resource and what to add.
