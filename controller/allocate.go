@@ -339,7 +339,26 @@ func (p *placer) placeAlt(alt *alternative, v variant) ([]placedResult, error) {
 		}
 		return []placedResult{{Alt: alt, Positions: r.GPUs, Weakest: r.WeakestLink, Agg: r.AggregateLink, Req: req}}, nil
 	}
-	// Count shares, each on a different GPU.
+	// Count shares, each on a different GPU: as one set, weakest link
+	// first, then packed (allocate.ShareSet), where the set can be chosen
+	// exactly; else one by one.
+	if alt.Count > 1 {
+		set, err := allocate.ShareSet(p.state, allocate.Request{Share: v.share, Eligible: v.eligible}, alt.Count, p.pol)
+		if err != nil {
+			return nil, fmt.Errorf("request %s: %s", alt.ResultName, reasonOf(err))
+		}
+		if set != nil {
+			out := make([]placedResult, 0, len(set))
+			for _, pos := range set {
+				req := allocate.Request{Share: v.share, Eligible: slices.Clone(v.eligible)}
+				if err := p.state.Commit(req, allocate.Result{Node: p.state.Name, GPUs: []int{pos}}); err != nil {
+					return nil, fmt.Errorf("request %s: %w", alt.ResultName, err)
+				}
+				out = append(out, placedResult{Alt: alt, Positions: []int{pos}, Share: v.share, Consumed: v.consumed, Req: req})
+			}
+			return out, nil
+		}
+	}
 	elig := slices.Clone(v.eligible)
 	var out []placedResult
 	for i := range alt.Count {
