@@ -26,15 +26,6 @@ const (
 	uuidAttrSelector        = `device.attributes["` + driver.Name + `"].` + driver.AttrUUID
 )
 
-// Packing is the controller's cluster-wide placement policy ("binpack" or
-// "spread" for nodes and for shares on GPUs). gpulink has no per-claim
-// packing setting, so HAMi's per-pod policy annotations are accepted only
-// when they ask for what the controller does anyway.
-type Packing struct {
-	Node string
-	GPU  string
-}
-
 var (
 	// Product names as NVML prints them ("NVIDIA A100-SXM4-40GB", "Tesla V100").
 	productPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9 ._+-]*$`)
@@ -46,7 +37,7 @@ var (
 // every translated request of the pod gets. Annotations gpulink cannot
 // honour are refused: a pod that asked for a GPU type must not silently
 // get another.
-func annotationSelectors(annotations map[string]string, packing Packing) ([]string, error) {
+func annotationSelectors(annotations map[string]string) ([]string, error) {
 	var sels []string
 	var errs []error
 	keys := make([]string, 0, len(annotations))
@@ -89,12 +80,11 @@ func annotationSelectors(annotations map[string]string, packing Packing) ([]stri
 				expr = "!(" + expr + ")"
 			}
 			sels = append(sels, expr)
-		case AnnotationNodePolicy:
-			if err := samePolicy(k, v, packing.Node, "--node-packing"); err != nil {
-				errs = append(errs, err)
-			}
-		case AnnotationGPUPolicy:
-			if err := samePolicy(k, v, packing.GPU, "--gpu-packing"); err != nil {
+		case AnnotationNodePolicy, AnnotationGPUPolicy:
+			// The pod's own packing policy: the controller reads it from
+			// the pod when it places the pod's claims (the claims are
+			// the pod's alone, so the template need not say it).
+			if err := validPolicy(k, v); err != nil {
 				errs = append(errs, err)
 			}
 		default:
@@ -119,14 +109,10 @@ func splitList(key, v string, pattern *regexp.Regexp, what string) ([]string, er
 	return out, nil
 }
 
-func samePolicy(key, v, current, flag string) error {
-	switch v {
+func validPolicy(key, v string) error {
+	switch strings.ToLower(strings.TrimSpace(v)) {
 	case "binpack", "spread":
-	default:
-		return fmt.Errorf("annotation %s=%q: want binpack or spread", key, v)
-	}
-	if current == "" || v == current {
 		return nil
 	}
-	return fmt.Errorf("annotation %s=%q: gpulink places every pod by the cluster-wide policy %q (controller flag %s) and has no per-pod setting; remove the annotation or ask the operator to change the flag", key, v, current, flag)
+	return fmt.Errorf("annotation %s=%q: want binpack or spread", key, v)
 }

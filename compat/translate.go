@@ -45,7 +45,6 @@ type Inventory interface {
 type Translator struct {
 	Config    Config
 	Inventory Inventory
-	Packing   Packing
 }
 
 // Shape is what one container asks for.
@@ -162,7 +161,7 @@ func (t *Translator) Translate(pod *corev1.Pod) (*Result, error) {
 	var selectors []string
 	if t.Config.NVIDIA.Enabled && t.Config.NVIDIA.Annotations {
 		var err error
-		if selectors, err = annotationSelectors(pod.Annotations, t.Packing); err != nil {
+		if selectors, err = annotationSelectors(pod.Annotations); err != nil {
 			return nil, err
 		}
 	}

@@ -307,9 +307,11 @@ func TestAnnotations(t *testing.T) {
 		{ann: map[string]string{AnnotationUseGPUUUID: "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"}, v100: true},
 		{ann: map[string]string{AnnotationNoUseGPUUUID: "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"}, a100: true},
 		{ann: map[string]string{AnnotationNodePolicy: "binpack", AnnotationGPUPolicy: "spread"}, a100: true, v100: true},
+		// The pod's own policy, whatever the controller's flags: no selector.
+		{ann: map[string]string{AnnotationNodePolicy: "Spread", AnnotationGPUPolicy: "binpack"}, a100: true, v100: true},
 	}
 	for _, tc := range cases {
-		tr := Translator{Config: DefaultConfig(), Packing: Packing{Node: "binpack", GPU: "spread"}}
+		tr := Translator{Config: DefaultConfig()}
 		p := podWith(ctr("a", map[string]string{"nvidia.com/gpu": "1"}))
 		p.Annotations = tc.ann
 		r, err := tr.Translate(p)
@@ -346,12 +348,11 @@ func TestAnnotationsRefused(t *testing.T) {
 		"bad uuid":        {AnnotationUseGPUUUID, "gpu-0"},
 		"empty list item": {AnnotationNoUseGPUType, "A100,,V100"},
 		"bad policy":      {AnnotationNodePolicy, "random"},
-		"other policy":    {AnnotationGPUPolicy, "spread"},
 		"unknown hami":    {"hami.io/vgpu-mode", "mig"},
 		"unknown use":     {"nvidia.com/use-gpumode", "x"},
 	}
 	for name, kv := range cases {
-		tr := Translator{Config: DefaultConfig(), Packing: Packing{Node: "binpack", GPU: "binpack"}}
+		tr := Translator{Config: DefaultConfig()}
 		p := podWith(ctr("a", map[string]string{"nvidia.com/gpu": "1"}))
 		p.Annotations = map[string]string{kv[0]: kv[1]}
 		_, err := tr.Translate(p)

@@ -102,7 +102,7 @@ func TestTranslatedTwoGPUSharesGetNVLinkedPair(t *testing.T) {
 	if len(pos) != 2 {
 		t.Fatalf("shares on %v, want two GPUs", held.Devices)
 	}
-	if w := topo.WeakestLink(pos); w < topology.NVLink(2) || !(slices.Contains(pos, 0) || slices.Contains(pos, 5)) {
+	if w := topo.WeakestLink(pos); w < topology.NVLink(2) || (!slices.Contains(pos, 0) && !slices.Contains(pos, 5)) {
 		t.Errorf("shares on %v joined by %s; want an NV2 pair with one of the shared GPUs 0 and 5", held.Devices, w)
 	}
 }

@@ -216,6 +216,15 @@ func (c *Controller) collectClaims(ctx context.Context, pod *corev1.Pod) podClai
 func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Pod, pc podClaims, pending []*interpretedClaim) error {
 	logger := klog.FromContext(ctx)
 	start := time.Now()
+	own, err := podPlacement(pod, pending)
+	if err != nil {
+		c.setWaiting(key, true)
+		c.metrics.Errors.WithLabelValues(errReasonUninterpretable).Inc()
+		c.metrics.Decisions.WithLabelValues(OutcomeInvalid).Inc()
+		logger.Info("Pod's placement policy cannot be applied", "err", err)
+		c.explain.event(pod, pending[0].Claim, corev1.EventTypeWarning, ReasonUninterpretable, actionAllocate, err.Error())
+		return nil
+	}
 	var allocated []*resourceapi.ResourceClaim
 	for _, cl := range pc.all {
 		if cl.Status.Allocation != nil {
@@ -238,7 +247,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	}
 	excluded := c.excludedNodes(pod)
 	all := c.inv.all()
-	pol := c.mix.policy(ctx, c.policy, pending)
+	pol := own.apply(c.mix.policy(ctx, c.policy, pending))
 	var chosen *nodePlan
 	var plans []*nodePlan
 	var why []string
@@ -345,7 +354,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	}
 	summary := chosen.summarize()
 	logger.Info("Allocated", "node", chosen.Node.Node, "devices", summary, "duration", time.Since(start))
-	c.explain.event(pod, pending[0].Claim, corev1.EventTypeNormal, ReasonAllocated, actionAllocate, "allocated "+summary+alternativesNote(chosen, plans, why, rej.details, unexamined))
+	c.explain.event(pod, pending[0].Claim, corev1.EventTypeNormal, ReasonAllocated, actionAllocate, "allocated "+summary+own.note()+alternativesNote(chosen, plans, why, rej.details, unexamined))
 	if err := c.ungate(ctx, pod); err != nil {
 		return err
 	}

@@ -80,6 +80,7 @@ func TestDecodeErrors(t *testing.T) {
 	}{
 		{"empty", "  \n", []string{"empty document"}},
 		{"typo in nested field", header + "sharing:\n  maxShares: 4\n", []string{`unknown field "sharing.maxShares"`}},
+		{"typo in placement", header + "placement:\n  nodes: Spread\n", []string{`unknown field "placement.nodes"`}},
 		{"unknown top-level field", header + "topolgy:\n  policy: Required\n", []string{`unknown field "topolgy"`}},
 		{"keys are case-sensitive", header + "sharing:\n  Strategy: MPS\n", []string{`unknown field "sharing.Strategy"`}},
 		{"duplicate yaml key", header + "sharing:\n  strategy: MPS\n  strategy: None\n", []string{`"strategy" already set`}},

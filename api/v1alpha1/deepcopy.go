@@ -9,6 +9,16 @@ func (c *GpuConfig) DeepCopyInto(out *GpuConfig) {
 	*out = *c
 	out.Topology = c.Topology.DeepCopy()
 	out.Sharing = c.Sharing.DeepCopy()
+	out.Placement = c.Placement.DeepCopy()
+}
+
+// DeepCopy returns an independent copy of p (nil for nil).
+func (p *PlacementConfig) DeepCopy() *PlacementConfig {
+	if p == nil {
+		return nil
+	}
+	out := *p
+	return &out
 }
 
 // DeepCopy returns an independent copy of c (nil for nil).

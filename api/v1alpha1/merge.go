@@ -47,6 +47,17 @@ func Merge(configs ...*GpuConfig) *GpuConfig {
 				out.Sharing.MemoryOvercommitPercent = s.MemoryOvercommitPercent
 			}
 		}
+		if p := c.Placement; p != nil {
+			if out.Placement == nil {
+				out.Placement = &PlacementConfig{}
+			}
+			if p.Node != "" {
+				out.Placement.Node = p.Node
+			}
+			if p.GPU != "" {
+				out.Placement.GPU = p.GPU
+			}
+		}
 	}
 	return out
 }

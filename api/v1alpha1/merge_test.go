@@ -37,6 +37,11 @@ func TestMerge(t *testing.T) {
 			},
 		},
 		{
+			name:    "placement merges field by field",
+			configs: []*GpuConfig{{Placement: &PlacementConfig{Node: PlacementSpread, GPU: PlacementSpread}}, {Placement: &PlacementConfig{GPU: PlacementBinpack}}},
+			want:    &GpuConfig{Placement: &PlacementConfig{Node: PlacementSpread, GPU: PlacementBinpack}},
+		},
+		{
 			name:    "nil in the middle is skipped",
 			configs: []*GpuConfig{{Sharing: &SharingConfig{Strategy: SharingNone}}, nil, {Topology: &TopologyConfig{Policy: TopologyBestEffort}}},
 			want: &GpuConfig{

@@ -23,6 +23,30 @@ type GpuConfig struct {
 	Topology *TopologyConfig `json:"topology,omitempty"`
 	// Sharing says how a GPU given out in shares is partitioned.
 	Sharing *SharingConfig `json:"sharing,omitempty"`
+	// Placement packs or spreads this claim's devices, across nodes and
+	// across the GPUs of a node; unset fields follow the controller's
+	// cluster-wide flags (--node-packing, --gpu-packing).
+	Placement *PlacementConfig `json:"placement,omitempty"`
+}
+
+// PlacementStrategy packs work tightly or spreads it out.
+type PlacementStrategy string
+
+const (
+	// PlacementBinpack fills the busiest node (or GPU, for shares) that
+	// still fits, keeping whole nodes and GPUs free for large jobs.
+	PlacementBinpack PlacementStrategy = "Binpack"
+	// PlacementSpread places work on the least-used node (or GPU).
+	PlacementSpread PlacementStrategy = "Spread"
+)
+
+// PlacementConfig is a claim's own packing policy (HAMi's per-pod
+// hami.io/node-scheduler-policy and hami.io/gpu-scheduler-policy).
+type PlacementConfig struct {
+	// Node chooses among the nodes that fit.
+	Node PlacementStrategy `json:"node,omitempty"`
+	// GPU chooses among the GPUs of a node for shares.
+	GPU PlacementStrategy `json:"gpu,omitempty"`
 }
 
 // TopologyPolicy says whether a link requirement is a preference or a must.

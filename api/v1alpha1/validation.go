@@ -30,7 +30,28 @@ func (c *GpuConfig) Validate() error {
 	var errs field.ErrorList
 	errs = append(errs, validateTopology(c.Topology, field.NewPath("topology"))...)
 	errs = append(errs, validateSharing(c.Sharing, field.NewPath("sharing"))...)
+	errs = append(errs, validatePlacement(c.Placement, field.NewPath("placement"))...)
 	return errs.ToAggregate()
+}
+
+var supportedPlacements = []PlacementStrategy{PlacementBinpack, PlacementSpread}
+
+func validatePlacement(p *PlacementConfig, path *field.Path) field.ErrorList {
+	if p == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	for _, f := range []struct {
+		name string
+		v    PlacementStrategy
+	}{{"node", p.Node}, {"gpu", p.GPU}} {
+		switch f.v {
+		case "", PlacementBinpack, PlacementSpread:
+		default:
+			errs = append(errs, field.NotSupported(path.Child(f.name), f.v, supportedPlacements))
+		}
+	}
+	return errs
 }
 
 func validateTopology(t *TopologyConfig, path *field.Path) field.ErrorList {

@@ -17,6 +17,12 @@ func TestValidate(t *testing.T) {
 		{name: "best effort with minLink is allowed", cfg: &GpuConfig{Topology: &TopologyConfig{Policy: TopologyBestEffort, MinLink: "NV2"}}},
 		{name: "None with share sizes is allowed", cfg: &GpuConfig{Sharing: &SharingConfig{Strategy: SharingNone, DefaultCores: ptr(int64(50))}}},
 		{name: "bounds are inclusive", cfg: &GpuConfig{Sharing: &SharingConfig{DefaultCores: ptr(int64(100)), MaxSharesPerGPU: ptr(1), DefaultMemory: quantity("1")}}},
+		{name: "placement", cfg: &GpuConfig{Placement: &PlacementConfig{Node: PlacementSpread, GPU: PlacementBinpack}}},
+		{
+			name: "unknown placement",
+			cfg:  &GpuConfig{Placement: &PlacementConfig{Node: "binpack", GPU: "Random"}},
+			want: []string{`placement.node: Unsupported value: "binpack": supported values: "Binpack", "Spread"`, `placement.gpu: Unsupported value: "Random"`},
+		},
 		{
 			name: "unknown policy",
 			cfg:  &GpuConfig{Topology: &TopologyConfig{Policy: "Sometimes"}},

@@ -168,8 +168,7 @@ func run(ctx context.Context, o options) error {
 		}
 		compatOpts = &admission.Options{
 			Address: o.webhookAddress, ReusePort: o.webhookReusePort, CertDir: o.webhookCertDir, Config: cc,
-			Packing: compat.Packing{Node: o.nodePacking, GPU: o.gpuPacking},
-			Grace:   o.compatGrace, Metrics: reg, Recorder: recorder,
+			Grace: o.compatGrace, Metrics: reg, Recorder: recorder,
 		}
 	}
 

@@ -23,7 +23,6 @@ type Options struct {
 	ReusePort bool
 	CertDir   string
 	Config    compat.Config
-	Packing   compat.Packing
 	Grace     time.Duration
 	Metrics   prometheus.Registerer
 	Recorder  events.EventRecorder
@@ -42,7 +41,7 @@ func Serve(ctx context.Context, client kubernetes.Interface, o Options) error {
 	}
 	quotas := factory.Core().V1().ResourceQuotas()
 	quotaInformer := quotas.Informer()
-	tr := &compat.Translator{Config: o.Config, Inventory: inv, Packing: o.Packing}
+	tr := &compat.Translator{Config: o.Config, Inventory: inv}
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()
 	if err := waitSynced(ctx, "webhook", "ResourceQuota", quotaInformer.HasSynced); err != nil || ctx.Err() != nil {
