@@ -128,6 +128,10 @@ func buildDevice(logger klog.Logger, t *topology.Topology, p int, groupSizes []i
 	}
 	if g.NUMANode >= 0 {
 		attrs[driver.AttrNUMANode] = intAttr(int64(g.NUMANode))
+		// The standard name too (KEP-5491, deviceattribute's scalar
+		// form), so that claims align GPUs with CPUs and other drivers'
+		// devices by matchAttribute on one name.
+		attrs[deviceattribute.StandardDeviceAttributeNUMANode] = intAttr(int64(g.NUMANode))
 	}
 	if g.PCIBusID != "" {
 		busID := strings.ToLower(g.PCIBusID)

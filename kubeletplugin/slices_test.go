@@ -6,6 +6,7 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2/ktesting"
 
@@ -79,8 +80,10 @@ func TestBuildDriverResourcesAttributes(t *testing.T) {
 			t.Errorf("%s = %v, want %q", name, got, want)
 		}
 	}
-	if _, ok := d0.Attributes[driver.AttrNUMANode]; ok {
-		t.Errorf("numaNode published although the topology file has no NUMA affinity")
+	for _, name := range []resourceapi.QualifiedName{resourceapi.QualifiedName(driver.AttrNUMANode), deviceattribute.StandardDeviceAttributeNUMANode} {
+		if _, ok := d0.Attributes[name]; ok {
+			t.Errorf("%s published although the topology file has no NUMA affinity", name)
+		}
 	}
 	// The hybrid cube mesh is one NVLink island; groups of 2 and 4 exist
 	// (8 itself is not published). Every GPU is in a group of each size
@@ -139,6 +142,11 @@ func TestBuildDriverResourcesCapacityAndTaints(t *testing.T) {
 	}
 	if got := *attr(t, d, driver.AttrNUMANode).IntValue; got != 1 {
 		t.Errorf("numaNode %d, want 1", got)
+	}
+	// The standard attribute as well, so claims can matchAttribute it with
+	// other drivers' devices (scalar form: works without feature gates).
+	if a, ok := d.Attributes[deviceattribute.StandardDeviceAttributeNUMANode]; !ok || a.IntValue == nil || *a.IntValue != 1 {
+		t.Errorf("%s = %+v, want 1", deviceattribute.StandardDeviceAttributeNUMANode, a)
 	}
 	mem := d.Capacity[driver.CapacityMemory]
 	if mem.Value.Value() != 16*gib {
