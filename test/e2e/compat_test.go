@@ -8,7 +8,6 @@ import (
 	"encoding/base64"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -40,22 +39,16 @@ type compatChart struct {
 	webhook admissionregv1.MutatingWebhookConfiguration
 }
 
-func renderCompat(ctx context.Context, t *testing.T, root, binDir string, port int) *compatChart {
+func renderCompat(ctx context.Context, t *testing.T, port int) *compatChart {
 	t.Helper()
-	args := []string{"template", "gpulink", filepath.Join(root, "deployments", "helm", "gpulink"),
-		"--namespace", chartNamespace, "--kube-version", chartKubeVersion,
+	out, err := localcluster.HelmTemplate(ctx, "gpulink", chartNamespace,
 		"--show-only", "templates/compat-webhook.yaml",
 		"--set", fmt.Sprintf("compat.url=https://127.0.0.1:%d%s", port, admission.Path),
 		"--set-json", `compat.tls.ipSANs=["127.0.0.1"]`,
 		"--set", "compat.families.aliyun.enabled=true",
-		"--set", "compat.families.tencent.enabled=true",
-	}
-	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "helm"), args...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
+		"--set", "compat.families.tencent.enabled=true")
 	if err != nil {
-		t.Fatalf("helm %v: %v\n%s", args, err, stderr.String())
+		t.Fatal(err)
 	}
 	c := &compatChart{}
 	kinds := map[string]bool{}
@@ -100,16 +93,8 @@ func TestCompatE2E(t *testing.T) {
 	begin := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
-	root, err := localcluster.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	binDir, err := localcluster.DefaultBinDir()
-	if err != nil {
-		t.Fatal(err)
-	}
 	port := localcluster.FreePort(t)
-	chart := renderCompat(ctx, t, root, binDir, port)
+	chart := renderCompat(ctx, t, port)
 	files := t.TempDir()
 	for name, data := range map[string][]byte{
 		"tls.crt":     chart.secret.Data["tls.crt"],

@@ -4,11 +4,9 @@ package controller_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -42,25 +40,9 @@ const guardRelease = "gpulink"
 // so that the other tests on the shared cluster run without it.
 func claimFinalizerGuard(t testing.TB, ns string) (*admissionv1.ValidatingAdmissionPolicy, *admissionv1.ValidatingAdmissionPolicyBinding) {
 	t.Helper()
-	binDir, err := localcluster.DefaultBinDir()
+	out, err := localcluster.HelmTemplate(context.Background(), guardRelease, ns, "--show-only", "templates/claim-finalizer-guard.yaml")
 	if err != nil {
 		t.Fatal(err)
-	}
-	root, err := localcluster.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	helm := filepath.Join(binDir, "helm")
-	if _, err := os.Stat(helm); err != nil {
-		t.Fatalf("%v: build helm first (make helm)", err)
-	}
-	cmd := exec.Command(helm, "template", guardRelease, filepath.Join(root, "deployments", "helm", "gpulink"),
-		"--namespace", ns, "--kube-version", "v1.37.0", "--show-only", "templates/claim-finalizer-guard.yaml")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("helm template: %v\n%s", err, stderr.String())
 	}
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
 	policy := &admissionv1.ValidatingAdmissionPolicy{}
