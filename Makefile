@@ -84,6 +84,18 @@ helm-lint: ## helm lint and helm template of the chart
 bench: ## allocator (latency p50/p99, churn quality per topology vs baselines) and kubelet plugin benchmarks
 	$(GO) test -run '^$$' -bench . -benchmem ./driver/... ./kubeletplugin/...
 
+# FGD's production trace (USENIX ATC '23), read from TRACE_DIR at run time
+# (never copied into the project): gpulink against FGD and the paper's
+# baselines, tables and chart into docs/performance/ (trace.md explains).
+TRACE_DIR   ?= ../shared/traces/openb
+TRACE_SEEDS ?= 10
+.PHONY: bench-trace
+bench-trace: ## replay FGD's trace (TRACE_DIR, TRACE_SEEDS): unallocated GPUs and fragmentation per policy
+	@test -d "$(TRACE_DIR)" || { echo "bench-trace: no trace at $(TRACE_DIR) (set TRACE_DIR; see docs/performance/trace.md)"; exit 1; }
+	@mkdir -p docs/performance
+	$(GO) run ./cmd/gpulink simulate --trace "$(TRACE_DIR)" --seeds $(TRACE_SEEDS) \
+		--markdown docs/performance/trace-results.md --svg docs/performance/trace.svg
+
 # The full scale test; `make test` runs TestScale at its quick default size
 # (200 nodes, 400 pods) with the other integration tests. Profiling the
 # controller: GPULINK_SCALE_PROFILE=<absolute file> runs it with

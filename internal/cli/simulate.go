@@ -9,6 +9,7 @@ import (
 func newSimulateCommand(prog string) *cobra.Command {
 	output := outputTable
 	var scenario string
+	var trace traceFlags
 	cmd := &cobra.Command{
 		Use:   "simulate --scenario FILE",
 		Short: "Replay allocations and frees against simulated nodes",
@@ -38,13 +39,27 @@ Scenario format (YAML or JSON; unknown fields are errors):
   - {alloc: job-2, gpus: 4, require: NVLink}   # NVLink, NV1..NV18, PIX, PXB, PHB, NODE, SYS
   - {alloc: job-3, memory: 10Gi, cores: 30}    # a share; defaults 4Gi, 25
   - {alloc: job-4, gpus: 1, node: node-a}      # pinned to one node
-  - {free: job-1}`,
+  - {free: job-1}
+
+With --trace DIR it replays FGD's production trace instead (USENIX ATC '23;
+alibaba/clusterdata cluster-trace-gpu-v2023): tasks drawn from each list
+until their GPU requests reach 130 % of the cluster's GPUs, over --seeds
+repetitions, placed by gpulink's allocator and by the paper's baselines;
+it prints per arrival step the GPU requests not allocated and the
+fragmentation rate (docs/performance/trace.md).`,
 		Example: "  " + prog + " simulate --scenario demo/scenarios/example.yaml\n" +
-			"  " + prog + " simulate --scenario demo/scenarios/example.yaml -o json",
+			"  " + prog + " simulate --scenario demo/scenarios/example.yaml -o json\n" +
+			"  " + prog + " simulate --trace ../shared/traces/openb --seeds 3 --svg trace.svg",
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if trace.dir != "" {
+				if scenario != "" {
+					return usageError{errors.New("--scenario and --trace are mutually exclusive")}
+				}
+				return trace.run(cmd.OutOrStdout())
+			}
 			if scenario == "" {
-				return usageError{errors.New("--scenario is required")}
+				return usageError{errors.New("--scenario is required (or --trace DIR)")}
 			}
 			ls, err := loadScenario(scenario)
 			if err != nil {
@@ -67,5 +82,6 @@ Scenario format (YAML or JSON; unknown fields are errors):
 	}
 	cmd.Flags().StringVarP(&scenario, "scenario", "f", "", "scenario file (YAML or JSON)")
 	cmd.Flags().VarP(&output, "output", "o", "output format: table or json")
+	trace.register(cmd)
 	return cmd
 }

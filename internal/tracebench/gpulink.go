@@ -1,0 +1,130 @@
+package tracebench
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+
+	"github.com/gpulink/gpulink/driver/allocate"
+)
+
+// gpulinkPolicy places GPU tasks the way gpulink-controller does for a
+// pod with one claim of one request (whole GPUs by count, or one share):
+// nodes are filtered by the pod's CPU and memory fit (the controller's
+// node fit) and by the class's product selector (gpu_spec: a node whose
+// GPUs no selector admits has no eligible device), then
+// allocate.ChooseNode ranks the rest and picks the GPUs, under the
+// controller's default policy (binpack for nodes and GPUs) and its recent
+// size mix (allocate.SizeHistory with the controller's default window and
+// refresh; each whole-GPU request counts before it is decided). The
+// controller ranks the same nodes by kept per-node scores and filters
+// best first (controller/prune.go); TestQuickChoiceMatchesExhaustive
+// holds that to be the same choice as ChooseNode over the filtered nodes,
+// which is what is called here.
+//
+// CPU-only tasks carry no claim: gpulink never sees them and
+// kube-scheduler places them with its default scoring (kubeDefault).
+type gpulinkPolicy struct {
+	rng   *rand.Rand
+	hist  *allocate.SizeHistory
+	buf   []*allocate.NodeState
+	index map[string]int
+	// cpuOnly, when set, places CPU-only tasks instead of kubeDefault.
+	cpuOnly func(c *Cluster, t *Task) (Placement, bool, error)
+	// mostAllocated: kube-scheduler's NodeResourcesFit is configured
+	// with the MostAllocated strategy (bin packing) instead of the
+	// default LeastAllocated.
+	mostAllocated bool
+}
+
+func newGpulinkPolicy(rng *rand.Rand) (*gpulinkPolicy, error) {
+	h, err := allocate.NewSizeHistory(allocate.DefaultHistoryWindow, allocate.DefaultHistoryRefresh)
+	if err != nil {
+		return nil, err
+	}
+	return &gpulinkPolicy{rng: rng, hist: h}, nil
+}
+
+// shareRequest is a share of m milli GPU in gpulink's terms: m/1000 of the
+// (nominal) memory and m/10 % of the cores.
+func shareRequest(milli int) *allocate.ShareRequest {
+	return &allocate.ShareRequest{MemoryBytes: int64(milli) * nominalShareUnit, Cores: int64(milli / shareGranularity)}
+}
+
+func (g *gpulinkPolicy) place(c *Cluster, t *Task) (Placement, bool, error) {
+	if t.GPUs == 0 {
+		if g.cpuOnly != nil {
+			return g.cpuOnly(c, t)
+		}
+		return kubeScore(c, t, g.rng, g.mostAllocated)
+	}
+	if g.index == nil {
+		g.index = make(map[string]int, len(c.nodes))
+		for i, n := range c.nodes {
+			g.index[n.spec.Name] = i
+		}
+	}
+	g.buf = g.buf[:0]
+	for _, n := range c.nodes {
+		// n.fits also checks the GPUs; ChooseNode would skip nodes short
+		// of GPUs anyway, so the choice is the same and cheaper.
+		if n.kind != nil && n.fits(t) {
+			g.buf = append(g.buf, n.alloc)
+		}
+	}
+	var req allocate.Request
+	if t.Share() {
+		req.Share = shareRequest(t.GPUMilli)
+	} else {
+		req.GPUs = t.GPUs
+		g.hist.Record(t.GPUs)
+	}
+	if len(g.buf) == 0 {
+		return Placement{}, false, nil
+	}
+	pol := allocate.Policy{Node: allocate.Binpack, GPU: allocate.Binpack, Mix: g.hist.Mix()}
+	r, err := allocate.ChooseNode(g.buf, req, pol)
+	if unsat := (*allocate.UnsatisfiableError)(nil); errors.As(err, &unsat) {
+		return Placement{}, false, nil
+	}
+	if err != nil {
+		return Placement{}, false, fmt.Errorf("gpulink: task %s: %w", t.Name, err)
+	}
+	i, ok := g.index[r.Node]
+	if !ok {
+		return Placement{}, false, fmt.Errorf("gpulink: task %s placed on unknown node %q", t.Name, r.Node)
+	}
+	return Placement{Node: i, GPUs: r.GPUs}, true, nil
+}
+
+// kubeScore is kube-scheduler's scoring for a pod without GPU claims:
+// NodeResourcesFit over CPU and memory with equal weights (LeastAllocated,
+// the default, or MostAllocated) plus NodeResourcesBalancedAllocation,
+// each 0..100 in integers as the plugins compute them; the highest sum
+// wins and ties are broken at random (selectHost).
+func kubeScore(c *Cluster, t *Task, rng *rand.Rand, mostAllocated bool) (Placement, bool, error) {
+	best := newArgmin(rng)
+	for i, n := range c.nodes {
+		if !n.fits(t) {
+			continue
+		}
+		cpuCap, memCap := max(1, n.spec.CPUMilli), max(1, n.spec.MemoryMiB)
+		cpuFree, memFree := n.cpuLeft-t.CPUMilli, n.memLeft-t.MemoryMiB
+		fit := (cpuFree*100/cpuCap + memFree*100/memCap) / 2
+		if mostAllocated {
+			fit = ((cpuCap-cpuFree)*100/cpuCap + (memCap-memFree)*100/memCap) / 2
+		}
+		cpuFrac := float64(cpuCap-cpuFree) / float64(cpuCap)
+		memFrac := float64(memCap-memFree) / float64(memCap)
+		d := cpuFrac - memFrac
+		if d < 0 {
+			d = -d
+		}
+		balanced := int64((1 - d/2) * 100)
+		best.offer(i, -float64(fit+balanced))
+	}
+	if best.idx < 0 {
+		return Placement{}, false, nil
+	}
+	return Placement{Node: best.idx}, true, nil
+}

@@ -1,0 +1,334 @@
+package tracebench
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+)
+
+// policy places one task; ok is false when no node can take it. err is
+// for a broken policy only (a placement the cluster would not hold).
+type policy interface {
+	place(c *Cluster, t *Task) (p Placement, ok bool, err error)
+}
+
+// Policy names, in the order reports list them.
+const (
+	PolicyGpulink = "gpulink"
+	// PolicyGpulinkMost is gpulink with kube-scheduler configured to
+	// bin-pack the pods gpulink does not place (MostAllocated).
+	PolicyGpulinkMost = "gpulink-mostalloc"
+	// PolicyGpulinkCPUFGD is a diagnostic, not a configuration one can
+	// deploy: gpulink for GPU tasks, FGD for the CPU-only ones. It
+	// separates what gpulink's own choices cost from what the placement
+	// of the pods it never sees costs.
+	PolicyGpulinkCPUFGD = "gpulink-cpufgd"
+	PolicyFGD           = "fgd"
+	PolicyBestFit       = "best-fit"
+	PolicyDotProduct    = "dot-product"
+	PolicyPacking       = "gpu-packing"
+	PolicyClustering    = "gpu-clustering"
+	PolicyRandomFit     = "random-fit"
+	PolicyFirstFit      = "first-fit"
+)
+
+// AllPolicies lists every policy the replay knows.
+var AllPolicies = []string{PolicyGpulink, PolicyGpulinkMost, PolicyGpulinkCPUFGD, PolicyFGD, PolicyBestFit, PolicyDotProduct, PolicyPacking, PolicyClustering, PolicyRandomFit, PolicyFirstFit}
+
+// newPolicy builds a policy for one replay; rng breaks ties among equal
+// scores at random, as kube-scheduler's selectHost does (the paper runs
+// every policy as a kube-scheduler score plugin).
+func newPolicy(name string, w *Workload, rng *rand.Rand) (policy, error) {
+	switch name {
+	case PolicyGpulink:
+		return newGpulinkPolicy(rng)
+	case PolicyFGD:
+		return &fgd{w: w, rng: rng}, nil
+	case PolicyBestFit:
+		return scored{rng: rng, score: bestFitScore}, nil
+	case PolicyDotProduct:
+		return &dotProduct{rng: rng}, nil
+	case PolicyPacking:
+		return scored{rng: rng, score: packingScore, gpus: packingGPUs}, nil
+	case PolicyClustering:
+		return scored{rng: rng, score: clusteringScore}, nil
+	case PolicyRandomFit:
+		return scored{rng: rng, score: func(*Cluster, *nodeState, *Task) float64 { return 0 }}, nil
+	case PolicyFirstFit:
+		return firstFit{}, nil
+	case PolicyGpulinkMost:
+		g, err := newGpulinkPolicy(rng)
+		if err == nil {
+			g.mostAllocated = true
+		}
+		return g, err
+	case PolicyGpulinkCPUFGD:
+		g, err := newGpulinkPolicy(rng)
+		if err == nil {
+			g.cpuOnly = (&fgd{w: w, rng: rng}).place
+		}
+		return g, err
+	}
+	return nil, fmt.Errorf("unknown policy %q (known: %v)", name, AllPolicies)
+}
+
+// argmin keeps the lowest score seen, ties broken uniformly at random
+// (reservoir sampling, one draw per tie).
+type argmin struct {
+	rng   *rand.Rand
+	idx   int
+	score float64
+	ties  int
+}
+
+func newArgmin(rng *rand.Rand) argmin { return argmin{rng: rng, idx: -1} }
+
+func (a *argmin) offer(i int, s float64) bool {
+	switch {
+	case a.idx < 0 || s < a.score:
+		a.idx, a.score, a.ties = i, s, 1
+		return true
+	case s == a.score:
+		a.ties++
+		if a.rng.IntN(a.ties) == 0 {
+			a.idx = i
+			return true
+		}
+	}
+	return false
+}
+
+// scored is a policy that ranks each feasible node by a score (lower is
+// better) and then takes GPUs by gpus (defaultGPUs when nil).
+type scored struct {
+	rng   *rand.Rand
+	score func(c *Cluster, n *nodeState, t *Task) float64
+	gpus  func(n *nodeState, t *Task) []int
+}
+
+func (s scored) place(c *Cluster, t *Task) (Placement, bool, error) {
+	best := newArgmin(s.rng)
+	for i, n := range c.nodes {
+		if n.fits(t) {
+			best.offer(i, s.score(c, n, t))
+		}
+	}
+	if best.idx < 0 {
+		return Placement{}, false, nil
+	}
+	n := c.nodes[best.idx]
+	pick := defaultGPUs
+	if s.gpus != nil {
+		pick = s.gpus
+	}
+	return Placement{Node: best.idx, GPUs: pick(n, t)}, true, nil
+}
+
+// bestFitScore: the node with the least resources left after placing the
+// task, a sum over CPU, memory and GPU each scaled by the largest node's
+// capacity with equal weights (the paper: "the least remaining resources,
+// computed as a weighted sum of all resource dimensions").
+func bestFitScore(c *Cluster, n *nodeState, t *Task) float64 {
+	return float64(n.cpuLeft-t.CPUMilli)/float64(c.maxCPU) +
+		float64(n.memLeft-t.MemoryMiB)/float64(c.maxMem) +
+		float64(n.leftTotal()-t.TotalMilli())/float64(max(1, c.maxGPUs)*MilliPerGPU)
+}
+
+// packingScore, GPU packing (the paper's baseline after Gandiva-style
+// packing): first a share on a GPU that already holds work (the fuller
+// the better), then a node that is already in use (the fewer fresh GPUs
+// the task takes the better), then an idle node (the fewer GPUs it has
+// the better). CPU-only tasks score equal everywhere.
+func packingScore(_ *Cluster, n *nodeState, t *Task) float64 {
+	if t.GPUs == 0 {
+		return 0
+	}
+	gpus := packingGPUs(n, t)
+	fresh := 0
+	var leftOnUsed int64
+	for _, g := range gpus {
+		if n.left[g] == MilliPerGPU {
+			fresh++
+		} else {
+			leftOnUsed += int64(n.left[g])
+		}
+	}
+	const tier = 1e6
+	switch {
+	case fresh == 0:
+		return float64(leftOnUsed)
+	case n.freeGPUs() < len(n.left):
+		return tier + float64(fresh)
+	default:
+		return 2*tier + float64(len(n.left))
+	}
+}
+
+// packingGPUs takes the GPUs with the least left that fit, fullest first.
+func packingGPUs(n *nodeState, t *Task) []int {
+	if t.GPUs == 0 {
+		return nil
+	}
+	order := make([]int, len(n.left))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return int(n.left[a] - n.left[b]) })
+	out := make([]int, 0, t.GPUs)
+	for _, g := range order {
+		if int(n.left[g]) >= t.GPUMilli && len(out) < t.GPUs {
+			out = append(out, g)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// clusteringScore, GPU clustering (the paper's baseline): keep tasks of
+// one GPU demand together. First nodes whose GPU tasks all have the
+// task's demand (GPUs, milli), then nodes that hold it among others, then
+// nodes without GPU tasks, then the rest; within a tier the node with
+// less GPU left. CPU-only tasks score equal everywhere.
+func clusteringScore(_ *Cluster, n *nodeState, t *Task) float64 {
+	if t.GPUs == 0 {
+		return 0
+	}
+	const tier = 1e6
+	var s float64
+	_, has := n.classes[[2]int{t.GPUs, t.GPUMilli}]
+	switch {
+	case has && len(n.classes) == 1:
+		s = 0
+	case has:
+		s = tier
+	case len(n.classes) == 0:
+		s = 2 * tier
+	default:
+		s = 3 * tier
+	}
+	return s + float64(n.leftTotal())
+}
+
+// dotProduct, Tetris's alignment heuristic as the paper's baseline: the
+// placement whose demand vector has the smallest dot product with what
+// the node has left, both scaled by the node's capacity, over CPU,
+// memory and GPU. For a share the GPU dimension is the GPU it would take
+// (each fitting GPU is a candidate), for whole GPUs the node's free
+// GPUs.
+type dotProduct struct{ rng *rand.Rand }
+
+func (d *dotProduct) place(c *Cluster, t *Task) (Placement, bool, error) {
+	best := newArgmin(d.rng)
+	var bestGPU int
+	for i, n := range c.nodes {
+		if !n.fits(t) {
+			continue
+		}
+		cpuCap, memCap := float64(max(1, n.spec.CPUMilli)), float64(max(1, n.spec.MemoryMiB))
+		base := float64(t.CPUMilli)/cpuCap*float64(n.cpuLeft)/cpuCap + float64(t.MemoryMiB)/memCap*float64(n.memLeft)/memCap
+		switch {
+		case t.GPUs == 0:
+			best.offer(i, base)
+		case t.Share():
+			for g, l := range n.left {
+				if int(l) >= t.GPUMilli && best.offer(i, base+float64(t.GPUMilli)/MilliPerGPU*float64(l)/MilliPerGPU) {
+					bestGPU = g
+				}
+			}
+		default:
+			capG := float64(len(n.left) * MilliPerGPU)
+			best.offer(i, base+float64(t.TotalMilli())/capG*float64(n.leftTotal())/capG)
+		}
+	}
+	if best.idx < 0 {
+		return Placement{}, false, nil
+	}
+	n := c.nodes[best.idx]
+	switch {
+	case t.GPUs == 0:
+		return Placement{Node: best.idx}, true, nil
+	case t.Share():
+		return Placement{Node: best.idx, GPUs: []int{bestGPU}}, true, nil
+	}
+	return Placement{Node: best.idx, GPUs: lowestFree(n, t.GPUs)}, true, nil
+}
+
+// firstFit: the first node in list order that fits, the first GPUs that
+// fit on it (NVIDIA's DRA driver and kube-scheduler's structured
+// allocator take the first devices that satisfy a request).
+type firstFit struct{}
+
+func (firstFit) place(c *Cluster, t *Task) (Placement, bool, error) {
+	for i, n := range c.nodes {
+		if !n.fits(t) {
+			continue
+		}
+		if t.Share() {
+			for g, l := range n.left {
+				if int(l) >= t.GPUMilli {
+					return Placement{Node: i, GPUs: []int{g}}, true, nil
+				}
+			}
+		}
+		return Placement{Node: i, GPUs: lowestFree(n, t.GPUs)}, true, nil
+	}
+	return Placement{}, false, nil
+}
+
+// fgd is Fragmentation Gradient Descent: the placement (node and, for a
+// share, GPU) that increases the node's fragmentation F_n(M) the least.
+type fgd struct {
+	w    *Workload
+	rng  *rand.Rand
+	left []int32 // scratch
+}
+
+func (f *fgd) place(c *Cluster, t *Task) (Placement, bool, error) {
+	best := newArgmin(f.rng)
+	var bestGPU int
+	for i, n := range c.nodes {
+		if !n.fits(t) {
+			continue
+		}
+		before := f.w.nodeFrag(n)
+		cpu, mem := n.cpuLeft-t.CPUMilli, n.memLeft-t.MemoryMiB
+		if n.kind == nil {
+			best.offer(i, 0)
+			continue
+		}
+		access := f.w.accessFor(n.spec.Model)
+		f.left = append(f.left[:0], n.left...)
+		switch {
+		case t.GPUs == 0:
+			best.offer(i, float64(f.w.fragScaled(access, cpu, mem, f.left)-before))
+		case t.Share():
+			// GPUs with equal left give equal fragments: try each value once.
+			for g, l := range n.left {
+				if int(l) < t.GPUMilli || slices.Contains(n.left[:g], l) {
+					continue
+				}
+				f.left[g] = l - int32(t.GPUMilli)
+				if best.offer(i, float64(f.w.fragScaled(access, cpu, mem, f.left)-before)) {
+					bestGPU = g
+				}
+				f.left[g] = l
+			}
+		default:
+			for _, g := range lowestFree(n, t.GPUs) {
+				f.left[g] = 0
+			}
+			best.offer(i, float64(f.w.fragScaled(access, cpu, mem, f.left)-before))
+		}
+	}
+	if best.idx < 0 {
+		return Placement{}, false, nil
+	}
+	n := c.nodes[best.idx]
+	switch {
+	case t.GPUs == 0:
+		return Placement{Node: best.idx}, true, nil
+	case t.Share():
+		return Placement{Node: best.idx, GPUs: []int{bestGPU}}, true, nil
+	}
+	return Placement{Node: best.idx, GPUs: lowestFree(n, t.GPUs)}, true, nil
+}
