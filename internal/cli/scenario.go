@@ -82,6 +82,10 @@ type Step struct {
 	// GpuConfig's default (4Gi, 25%).
 	Memory *resource.Quantity `json:"memory,omitempty"`
 	Cores  *int64             `json:"cores,omitempty"`
+	// ShareGPUs puts the share on that many distinct GPUs (HAMi's
+	// nvidia.com/gpu: N with gpumem: one claim, one job), chosen as one
+	// set as the controller does: the strongest weakest link, then packed.
+	ShareGPUs *int `json:"shareGPUs,omitempty"`
 	// Node pins the allocation to one node instead of letting the
 	// allocator choose among all of them.
 	Node string `json:"node,omitempty"`
@@ -103,6 +107,8 @@ type plannedStep struct {
 	id   string
 	node int // index into nodes; -1 lets the allocator choose
 	req  allocate.Request
+	// shareGPUs > 1 places req's share on that many distinct GPUs.
+	shareGPUs int
 }
 
 const (
@@ -343,7 +349,7 @@ func (st Step) compile(i int, nodeIndex map[string]int) (plannedStep, error) {
 			set  bool
 		}{
 			{"gpus", st.GPUs != nil}, {"require", st.Require != ""}, {"memory", st.Memory != nil},
-			{"cores", st.Cores != nil}, {"node", st.Node != ""},
+			{"cores", st.Cores != nil}, {"shareGPUs", st.ShareGPUs != nil}, {"node", st.Node != ""},
 		} {
 			if f.set {
 				fail(".%s: not allowed with free", f.name)
@@ -352,6 +358,16 @@ func (st Step) compile(i int, nodeIndex map[string]int) (plannedStep, error) {
 	default:
 		ps.op, ps.id = opAlloc, st.Alloc
 		ps.req, errs = st.request(at, errs)
+		if st.ShareGPUs != nil {
+			switch {
+			case ps.req.Share == nil:
+				fail(".shareGPUs: applies to a share (memory/cores), not to whole GPUs")
+			case *st.ShareGPUs < 1 || *st.ShareGPUs > topology.MaxGPUs:
+				fail(".shareGPUs: must be between 1 and %d, got %d", topology.MaxGPUs, *st.ShareGPUs)
+			default:
+				ps.shareGPUs = *st.ShareGPUs
+			}
+		}
 		if st.Node != "" {
 			if j, ok := nodeIndex[st.Node]; ok {
 				ps.node = j

@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/gpulink/gpulink/driver/allocate"
 	"github.com/gpulink/gpulink/driver/topology"
@@ -37,7 +38,8 @@ type StepOutcome struct {
 type liveAlloc struct {
 	node int
 	req  allocate.Request
-	res  allocate.Result
+	// res holds one result, or one per GPU of a share on several GPUs.
+	res []allocate.Result
 }
 
 // simulate runs the steps in order against the nodes (which it changes)
@@ -78,9 +80,13 @@ func runAlloc(ls *loadedScenario, st plannedStep, o *StepOutcome, live map[strin
 		}
 		pol.Mix = ls.history.Mix()
 	}
-	if st.node >= 0 {
+	var results []allocate.Result
+	switch {
+	case st.shareGPUs > 1:
+		res, results, err = shareOnGPUs(ls, st, pol)
+	case st.node >= 0:
 		res, err = allocate.Allocate(ls.nodes[st.node], st.req, pol)
-	} else {
+	default:
 		res, err = allocate.ChooseNode(ls.nodes, st.req, pol)
 	}
 	if unsat := (*allocate.UnsatisfiableError)(nil); errors.As(err, &unsat) {
@@ -95,10 +101,15 @@ func runAlloc(ls *loadedScenario, st plannedStep, o *StepOutcome, live map[strin
 	if n < 0 {
 		return fmt.Errorf("allocator placed the request on unknown node %q", res.Node)
 	}
-	if err := ls.nodes[n].Commit(st.req, res); err != nil {
-		return err
+	if results == nil {
+		results = []allocate.Result{res}
 	}
-	live[st.id] = liveAlloc{node: n, req: st.req, res: res}
+	for _, r := range results {
+		if err := ls.nodes[n].Commit(st.req, r); err != nil {
+			return err
+		}
+	}
+	live[st.id] = liveAlloc{node: n, req: st.req, res: results}
 	delete(failed, st.id)
 	t := ls.nodes[n].Topology
 	o.Node = res.Node
@@ -125,14 +136,57 @@ func runFree(ls *loadedScenario, st plannedStep, o *StepOutcome, live map[string
 		return fmt.Errorf("no live allocation %q", st.id)
 	}
 	n := ls.nodes[a.node]
-	if err := n.Release(a.req, a.res); err != nil {
-		return err
+	var positions []int
+	for _, r := range a.res {
+		if err := n.Release(a.req, r); err != nil {
+			return err
+		}
+		positions = append(positions, r.GPUs...)
 	}
 	delete(live, st.id)
 	o.freedNode = n.Name
-	o.freedGPUs = indicesOf(n.Topology, a.res.GPUs)
+	o.freedGPUs = indicesOf(n.Topology, positions)
 	o.nodeFree, o.nodeTotal = n.FreeGPUs(), n.Topology.Len()
 	return nil
+}
+
+// shareOnGPUs places a share on st.shareGPUs distinct GPUs of one node
+// (allocate.ShareSet, as the controller does): on the pinned node, or on
+// the node whose set has the strongest weakest link (the first such node
+// in the scenario's order). It returns the set as one result (for the
+// outcome) and one result per GPU (to commit).
+func shareOnGPUs(ls *loadedScenario, st plannedStep, pol allocate.Policy) (allocate.Result, []allocate.Result, error) {
+	nodes := ls.nodes
+	if st.node >= 0 {
+		nodes = []*allocate.NodeState{ls.nodes[st.node]}
+	}
+	var best allocate.Result
+	var reasons []string
+	for _, n := range nodes {
+		set, err := allocate.ShareSet(n, st.req, st.shareGPUs, pol)
+		if unsat := (*allocate.UnsatisfiableError)(nil); errors.As(err, &unsat) {
+			reasons = append(reasons, unsat.Reason)
+			continue
+		}
+		if err != nil {
+			return allocate.Result{}, nil, err
+		}
+		if set == nil {
+			return allocate.Result{}, nil, fmt.Errorf("node %s: too many GPUs fit the share to compare every set of %d", n.Name, st.shareGPUs)
+		}
+		weakest := n.Topology.WeakestLink(set)
+		if best.Node == "" || weakest > best.WeakestLink {
+			best = allocate.Result{Node: n.Name, GPUs: set, WeakestLink: weakest, AggregateLink: n.Topology.LinkSum(set)}
+		}
+	}
+	if best.Node == "" {
+		return allocate.Result{}, nil, &allocate.UnsatisfiableError{Reason: strings.Join(reasons, "; ")}
+	}
+	per := make([]allocate.Result, len(best.GPUs))
+	for i, p := range best.GPUs {
+		per[i] = allocate.Result{Node: best.Node, GPUs: []int{p}}
+	}
+	return best, per, nil
 }
 
 func nodeByName(nodes []*allocate.NodeState, name string) int {

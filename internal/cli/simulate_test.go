@@ -213,6 +213,23 @@ func TestSimulateSmallScenarios(t *testing.T) {
 			},
 		},
 		{
+			// HAMi's nvidia.com/gpu: 2 with gpumem: one job on two GPUs,
+			// chosen as a set as the controller does: an NV2 pair (the
+			// best link a pair has here) that packs onto the GPU the
+			// earlier share took; freed together.
+			name:  "a share on two GPUs gets an NV2 pair with the shared GPU",
+			steps: "- {alloc: small, memory: 4Gi}\n- {alloc: pair, memory: 8Gi, shareGPUs: 2}\n- {free: pair}\n",
+			check: func(t *testing.T, steps []stepJSON, _ []string) {
+				s := steps[1]
+				if s.Error != "" || s.Link != "NV2" || len(s.GPUs) != 2 || !slices.Contains(s.GPUs, steps[0].GPUs[0]) {
+					t.Errorf("got %+v, want an NV2 pair with GPU %v of the earlier share", s, steps[0].GPUs)
+				}
+				if f := steps[2]; f.Error != "" || f.Op != "free" {
+					t.Errorf("free = %+v, want both shares released", f)
+				}
+			},
+		},
+		{
 			name:  "a share larger than the GPU fails",
 			steps: "- {alloc: s, memory: 81Gi}\n",
 			check: func(t *testing.T, steps []stepJSON, _ []string) {
@@ -311,6 +328,10 @@ func TestSimulateInvalidScenario(t *testing.T) {
 	}
 	if !strings.Contains(stderr, "steps[0].gpus: must be >= 1, got 0") {
 		t.Errorf("stderr = %q", stderr)
+	}
+	path = writeFile(t, dir, "g.yaml", "nodes:\n- {name: a, topology: v100.txt}\nsteps:\n- {alloc: j, gpus: 2, shareGPUs: 2}\n")
+	if _, stderr, code := runCLI(t, "simulate", "--scenario", path, "-o", "json"); code == 0 || !strings.Contains(stderr, "steps[0].shareGPUs: applies to a share") {
+		t.Errorf("shareGPUs with whole GPUs: exit %d, stderr %q", code, stderr)
 	}
 	if _, stderr, _ := runCLI(t, "simulate", "--scenario", filepath.Join(dir, "none.yaml")); !strings.Contains(stderr, "none.yaml") {
 		t.Errorf("missing scenario: stderr = %q, want the path", stderr)
