@@ -228,8 +228,8 @@
 // (PodMPSDaemon): gpulink-mps-<claim UID> in the plugin's namespace
 // (--mps-daemon-namespace, the chart passes the downward API's namespace),
 // bound to the node with spec.nodeName, tolerating every taint, restart
-// policy Never, privileged (the daemon and its server open the GPU's
-// device nodes), owned by the Node (garbage collected with it; not by the
+// policy Never, unprivileged (device nodes from the MPS daemon device
+// plugin, below), owned by the Node (garbage collected with it; not by the
 // plugin's pod, which an upgrade replaces). The image is the plugin's own
 // (--mps-daemon-image), which provides only glibc: the program is
 // nvidia-cuda-mps-control -f from the driver root (host --driver-root
@@ -256,6 +256,33 @@
 // prepare waits for a pod start (the image is already on the node, since
 // the plugin runs from it), and the plugin needs create/get/delete on pods
 // in its own namespace.
+//
+// The daemon and the server it spawns open the claim's GPUs' device nodes,
+// /dev/nvidiactl and the uvm nodes. Kubernetes gives an unprivileged
+// container host device nodes only through a device plugin or a DRA claim
+// of its own (the claim is the user's pods'; a second consumer would show
+// up in its reservedFor and the controller's accounting), so the plugin
+// also serves a kubelet device plugin (MPSDevicePlugin, v1beta1 API)
+// wherever daemon pods run (nvml discovery; --mps-device-plugin turns it
+// on with simulated GPUs for tests): one extended resource per GPU,
+// mps-daemon.gpu.gpulink.dev/gpu-<index>, so that a pod can ask for
+// exactly its claim's GPUs, with DefaultMPSDaemonSlots (64) device IDs
+// each, since the daemons of several claims share a GPU. Allocate returns
+// the GPU's /dev/nvidia<minor> and the three control nodes (permissions
+// rw, host paths under the driver root's dev directory as in the CDI
+// specs), nothing else, and refuses IDs that are not that GPU's slots. It
+// registers at <--kubelet-device-plugin-dir>/kubelet.sock, one socket per
+// GPU (gpulink-mps-gpu-<index>.sock), and registers again when kubelet.sock
+// is replaced or its sockets vanish (a kubelet restart deletes them) or the
+// GPUs change. The daemon pod asks for limits of 1 of each of its GPUs'
+// resources and runs with allowPrivilegeEscalation false and every
+// capability dropped; the image's user is not root, so it had no
+// effective capability in the privileged container either. A daemon pod
+// created while the device plugin is not registered (the kubelet just
+// restarted) is refused by the kubelet's admission and fails: the prepare
+// fails with the pod's state and the kubelet retries it. Only the plugin's
+// daemon pods may ask for these resources (the chart's admission policies,
+// docs/security.md). Not run on a GPU here.
 //
 // Start creates the pod, or adopts the one that exists (plugin restart:
 // recovery takes every checkpointed claim's reference again, which lands

@@ -12,6 +12,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -206,10 +207,16 @@ func (d *PodMPSDaemon) pod(share MPSShare, dirs MPSDirs, owner *metav1.OwnerRefe
 				ImagePullPolicy: corev1.PullIfNotPresent,
 				Command:         []string{d.controlBin(mpsPodDriverRoot), "-f"},
 				Env:             env,
-				// The daemon and the server it spawns open the GPU's
-				// device nodes and /dev/nvidiactl; only a privileged
-				// container gets them without a claim of its own.
-				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
+				// The daemon and the server it spawns open the claim's
+				// GPUs' device nodes, /dev/nvidiactl and the uvm nodes:
+				// the MPS daemon device plugin (mps_deviceplugin.go)
+				// hands exactly those to a pod asking for its GPUs'
+				// resources, so the container needs no privilege. The
+				// image runs as a non-root user, which had no effective
+				// capability even when the container was privileged, so
+				// dropping them all takes nothing the daemon used.
+				Resources:       d.resources(share),
+				SecurityContext: mpsDaemonSecurityContext(),
 				VolumeMounts: []corev1.VolumeMount{
 					{Name: "driver-root", MountPath: mpsPodDriverRoot, ReadOnly: true},
 					{Name: "mps", MountPath: dirs.Base},
@@ -229,6 +236,25 @@ func (d *PodMPSDaemon) pod(share MPSShare, dirs MPSDirs, owner *metav1.OwnerRefe
 		pod.OwnerReferences = []metav1.OwnerReference{*owner}
 	}
 	return pod
+}
+
+// resources asks for one slot of each of the share's GPUs'
+// MPSDaemonResourceName; the API server copies limits to requests.
+func (d *PodMPSDaemon) resources(share MPSShare) corev1.ResourceRequirements {
+	limits := corev1.ResourceList{}
+	for _, g := range share.GPUs {
+		limits[MPSDaemonResourceName(g.Index)] = resource.MustParse("1")
+	}
+	return corev1.ResourceRequirements{Limits: limits}
+}
+
+// mpsDaemonSecurityContext is the daemon container's security context;
+// the chart's admission policy allows exactly this.
+func mpsDaemonSecurityContext() *corev1.SecurityContext {
+	return &corev1.SecurityContext{
+		AllowPrivilegeEscalation: ptr.To(false),
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+	}
 }
 
 // DaemonPod is the pod Start creates for the share, without its owner:

@@ -46,6 +46,8 @@ type flags struct {
 	mpsRoot             string
 	mpsDaemonImage      string
 	mpsDaemonNamespace  string
+	mpsDevicePlugin     bool
+	devicePluginDir     string
 	driverRoot          string
 	driverRootMount     string
 	cdiHookPath         string
@@ -87,6 +89,8 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.mpsRoot, "mps-root", "/run/gpulink/mps", "Directory of the MPS control daemons' pipe and log directories.")
 	fs.StringVar(&f.mpsDaemonImage, "mps-daemon-image", "", "Image of the per-claim MPS control daemon pods (the plugin's own image; the daemon binary comes from the driver root). Required for MPS sharing on real GPUs.")
 	fs.StringVar(&f.mpsDaemonNamespace, "mps-daemon-namespace", os.Getenv("POD_NAMESPACE"), "Namespace of the MPS control daemon pods (default: $POD_NAMESPACE, the plugin's own).")
+	fs.BoolVar(&f.mpsDevicePlugin, "mps-device-plugin", false, "Serve the kubelet device plugin that gives MPS control daemon pods their GPUs' device nodes (resources "+kubeletplugin.MPSDaemonResourceDomain+"/gpu-<index>) also with simulated GPUs, for tests. With --discovery=nvml it is always served when MPS daemon pods can run: their pods ask for those resources.")
+	fs.StringVar(&f.devicePluginDir, "kubelet-device-plugin-dir", kubeletplugin.KubeletDevicePluginDir, "The kubelet's device plugin directory (kubelet.sock), where the MPS daemon device plugin registers. The kubelet keeps it at this path whatever its --root-dir.")
 	fs.StringVar(&f.driverRoot, "driver-root", "/", "Root of the NVIDIA driver installation on the host (host paths in CDI specs are under it; device nodes only when it has a dev directory).")
 	fs.StringVar(&f.driverRootMount, "driver-root-mount", "", "Where --driver-root is visible to this process (e.g. /driver-root in a container); libnvidia-ml is loaded from there. Default: --driver-root.")
 	fs.StringVar(&f.cdiHookPath, "cdi-hook-path", "", "Host path of nvidia-cdi-hook written into the CDI hooks. Empty: --cdi-hook-source is copied to <kubelet-plugin-dir>/bin/nvidia-cdi-hook at start and that path is used.")
@@ -271,6 +275,9 @@ func run(ctx context.Context, f *flags) error {
 		uvm = kubeletplugin.NewUVMNodeCreator()
 	}
 	var daemon kubeletplugin.MPSDaemon = kubeletplugin.DirOnlyMPSDaemon{}
+	// The daemon pods ask for the MPS daemon device plugin's resources, so
+	// it is served wherever they run; tests turn it on with simulated GPUs.
+	devicePlugin := f.mpsDevicePlugin
 	if f.discovery.RealGPUs() {
 		pd, err := kubeletplugin.NewPodMPSDaemon(kubeletplugin.PodMPSDaemonConfig{
 			Pods:            client.CoreV1(),
@@ -288,6 +295,7 @@ func run(ctx context.Context, f *flags) error {
 			daemon = kubeletplugin.UnavailableMPSDaemon{Err: err}
 		} else {
 			daemon = pd
+			devicePlugin = true
 		}
 	}
 
@@ -359,6 +367,26 @@ func run(ctx context.Context, f *flags) error {
 			defer cancel()
 			_ = srv.Shutdown(shutdownCtx)
 		}()
+	}
+	if devicePlugin {
+		dp, err := kubeletplugin.NewMPSDevicePlugin(kubeletplugin.MPSDevicePluginConfig{
+			Dir:  f.devicePluginDir,
+			GPUs: d.GPUs,
+			Root: kubeletplugin.DriverRoot{Host: f.driverRoot, Mount: f.driverRootMount},
+		})
+		if err != nil {
+			return err
+		}
+		dpCtx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if err := dp.Run(dpCtx); err != nil {
+				logger.Error(err, "MPS daemon device plugin stopped; MPS daemon pods cannot start on this node")
+			}
+		}()
+		// Stopped after the DRA plugin, removing its sockets.
+		defer func() { cancel(); <-done }()
 	}
 	logger.Info("Starting", "node", f.nodeName, "discovery", f.discovery.Backend, "cdiRoot", f.cdiRoot, "pluginDir", f.pluginDir, "managedByController", f.managedByController)
 	return d.Run(ctx, client)

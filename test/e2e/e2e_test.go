@@ -162,6 +162,9 @@ type setupOptions struct {
 	controllerArgs []string
 	// realPluginArgs are added to the real node's kubelet plugin.
 	realPluginArgs []string
+	// mpsDevicePlugin makes the real node's plugin serve the MPS daemon
+	// device plugin to its kubelet (simulated GPUs do not by default).
+	mpsDevicePlugin bool
 }
 
 // setupOpts is setup with extra flags.
@@ -285,6 +288,11 @@ func setupOpts(ctx context.Context, t *testing.T, o setupOptions) *suite {
 		}
 		if n.name == s.realNode {
 			args = append(args, o.realPluginArgs...)
+			if o.mpsDevicePlugin {
+				// The kubelet's device plugin directory is fixed,
+				// whatever its --root-dir: the plugin's default.
+				args = append(args, "--mps-device-plugin")
+			}
 		}
 		p := startProc(t, logDir, "kubeletplugin-"+n.name, pluginBin, args...)
 		s.plugins = append(s.plugins, p)

@@ -18,6 +18,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -310,8 +311,10 @@ func TestMPSDaemonPodPolicy(t *testing.T) {
 				p.Spec.Containers[0].VolumeMounts[i].ReadOnly = false
 			}
 		}},
-		{"bidirectional mount propagation", "read-only", func(p *corev1.Pod) {
-			p.Spec.Containers[0].VolumeMounts[1].MountPropagation = ptr.To(corev1.MountPropagationBidirectional)
+		// Bidirectional propagation the API server itself refuses to an
+		// unprivileged container; HostToContainer is the policy's to refuse.
+		{"mount propagation", "read-only", func(p *corev1.Pod) {
+			p.Spec.Containers[0].VolumeMounts[1].MountPropagation = ptr.To(corev1.MountPropagationHostToContainer)
 		}},
 		{"an emptyDir", "hostPath", func(p *corev1.Pod) {
 			p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
@@ -345,9 +348,39 @@ func TestMPSDaemonPodPolicy(t *testing.T) {
 		{"a pod security context", "securityContext", func(p *corev1.Pod) {
 			p.Spec.SecurityContext = &corev1.PodSecurityContext{RunAsUser: ptr.To[int64](0)}
 		}},
-		{"added capabilities", "exactly one", func(p *corev1.Pod) {
+		{"added capabilities", "must not be privileged", func(p *corev1.Pod) {
 			p.Spec.Containers[0].SecurityContext.Capabilities = &corev1.Capabilities{Add: []corev1.Capability{"SYS_ADMIN"}}
 		}},
+		// The daemon gets its device nodes from the device plugin: the
+		// container may no longer be privileged (it was before).
+		{"a privileged container", "must not be privileged", func(p *corev1.Pod) {
+			// (privileged with allowPrivilegeEscalation false is invalid)
+			p.Spec.Containers[0].SecurityContext.Privileged = ptr.To(true)
+			p.Spec.Containers[0].SecurityContext.AllowPrivilegeEscalation = ptr.To(true)
+		}},
+		{"privileged instead of the plugin's security context", "must not be privileged", func(p *corev1.Pod) {
+			p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
+		}},
+		{"no security context", "must not be privileged", func(p *corev1.Pod) { p.Spec.Containers[0].SecurityContext = nil }},
+		{"privilege escalation", "must not be privileged", func(p *corev1.Pod) {
+			p.Spec.Containers[0].SecurityContext.AllowPrivilegeEscalation = ptr.To(true)
+		}},
+		{"running as root", "must not be privileged", func(p *corev1.Pod) {
+			p.Spec.Containers[0].SecurityContext.RunAsUser = ptr.To[int64](0)
+		}},
+		{"another resource name", "may only ask for limits of 1", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Resources.Limits["nvidia.com/gpu"] = resource.MustParse("1")
+		}},
+		{"another resource of the device plugin's domain", "may only ask for limits of 1", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Resources.Limits["mps-daemon.gpu.gpulink.dev/all"] = resource.MustParse("1")
+		}},
+		{"two slots of a GPU", "may only ask for limits of 1", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Resources.Limits["mps-daemon.gpu.gpulink.dev/gpu-0"] = resource.MustParse("2")
+		}},
+		{"a memory request", "may only ask for limits of 1", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Resources.Requests = corev1.ResourceList{"memory": resource.MustParse("1Gi")}
+		}},
+		{"no resources", "may only ask for limits of 1", func(p *corev1.Pod) { p.Spec.Containers[0].Resources = corev1.ResourceRequirements{} }},
 	}
 	for _, v := range variants {
 		p := good()
@@ -355,6 +388,30 @@ func TestMPSDaemonPodPolicy(t *testing.T) {
 		expectDenied(v.what, create(plugin, p), v.wantIn)
 	}
 	expectDenied("token bound to no pod (no node) creates the daemon pod", create(unbound, good()), "names its node")
+	// The good pod asked for the GPU's MPS daemon resource, and the
+	// shape the plugin builds carries nothing else.
+	if c := good().Spec.Containers[0]; c.Resources.Limits.Name("mps-daemon.gpu.gpulink.dev/gpu-0", resource.DecimalSI).Value() != 1 || c.SecurityContext.Privileged != nil {
+		t.Errorf("the plugin's daemon container: resources %v, security context %+v", c.Resources, c.SecurityContext)
+	}
+	// Only the plugin's daemon pods may ask for the device plugin's
+	// resources: a tenant's pod (here even the admin's) may not, in any
+	// namespace, nor through an init container.
+	greedy := pause("greedy", "tenant", "node-a")
+	greedy.Spec.Containers[0].Resources.Limits = corev1.ResourceList{"mps-daemon.gpu.gpulink.dev/gpu-0": resource.MustParse("1")}
+	// Created with the other policy, it may take effect a little later.
+	_ = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		err := create(admin, greedy)
+		return err != nil && strings.Contains(err.Error(), "ValidatingAdmissionPolicy"), nil
+	})
+	expectDenied("a tenant's pod asking for an MPS daemon resource", create(admin, greedy), "reserved for the MPS control daemon pods")
+	greedyInit := pause("greedy-init", policyNS, "node-a")
+	greedyInit.Spec.InitContainers = []corev1.Container{{Name: "i", Image: "registry.k8s.io/pause:3.10", Resources: corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{"mps-daemon.gpu.gpulink.dev/gpu-1": resource.MustParse("1")},
+		Limits:   corev1.ResourceList{"mps-daemon.gpu.gpulink.dev/gpu-1": resource.MustParse("1")}}}}
+	expectDenied("an init container asking for an MPS daemon resource", create(admin, greedyInit), "reserved for the MPS control daemon pods")
+	if err := create(admin, pause("modest", "tenant", "node-a")); err != nil {
+		t.Errorf("a tenant's pod without MPS daemon resources: %v", err)
+	}
 	other := good()
 	other.Namespace = "tenant"
 	expectDenied("daemon pod in a tenant namespace (RBAC)", create(plugin, other), "")
@@ -369,8 +426,15 @@ func TestMPSDaemonPodPolicy(t *testing.T) {
 	share2 := share
 	share2.Claim = "0b4c2a38-5a7e-4b0e-9d0a-6f1c2d3e4f51"
 	own := daemon.DaemonPod(share2, mps.Dirs(share2))
-	mustCreate(own)
+	// Created with the plugin's token: only the plugin may ask for the
+	// MPS daemon resources.
+	if _, err := plugin.CoreV1().Pods(policyNS).Create(ctx, own, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	theirs := good()
+	// node-b's plugin would create this one; the admin stands in for it,
+	// and may not ask for the MPS daemon resources.
+	theirs.Spec.Containers[0].Resources = corev1.ResourceRequirements{}
 	theirs.Name = "gpulink-mps-22222222-2222-3333-4444-555555555555"
 	theirs.Labels["gpu.gpulink.dev/claim-uid"] = "22222222-2222-3333-4444-555555555555"
 	theirs.Labels["gpu.gpulink.dev/node"] = "node-b"
