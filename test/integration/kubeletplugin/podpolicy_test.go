@@ -8,7 +8,6 @@ import (
 	"errors"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -45,28 +44,12 @@ const (
 // policy with the project's helm, as `helm template` would for a user.
 func renderPluginPolicies(t *testing.T, mpsRoot string) []*unstructured.Unstructured {
 	t.Helper()
-	binDir, err := localcluster.DefaultBinDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	root, err := localcluster.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	helm := filepath.Join(binDir, "helm")
-	if _, err := os.Stat(helm); err != nil {
-		t.Fatalf("%v: build helm first (make helm)", err)
-	}
-	cmd := exec.Command(helm, "template", "gpulink", filepath.Join(root, "deployments", "helm", "gpulink"),
-		"--namespace", policyNS, "--kube-version", "v1.37.0",
+	out, err := localcluster.HelmTemplate(context.Background(), "gpulink", policyNS,
 		"--set", "image.repository=gpulink.local/gpulink", "--set", "image.tag=policy-test",
 		"--set", "kubeletPlugin.driverRoot="+policyDriverRoot, "--set", "kubeletPlugin.mpsRoot="+mpsRoot,
 		"--show-only", "templates/kubeletplugin-rbac.yaml", "--show-only", "templates/kubeletplugin-pod-admission.yaml")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("helm template: %v\n%s", err, stderr.String())
+		t.Fatal(err)
 	}
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
 	var objs []*unstructured.Unstructured
