@@ -137,7 +137,9 @@ func TestCompatE2E(t *testing.T) {
 			{limits: map[string]string{"nvidia.com/gpu": "1.5"}, want: []string{"nvidia.com/gpu", "1500m", "whole number"}},
 			{limits: map[string]string{"tencent.com/vcuda-core": "150"}, want: []string{"tencent.com/vcuda-core: 150"}},
 			{limits: map[string]string{"nvidia.com/gpu": "1"}, annotations: map[string]string{compat.AnnotationUseGPUType: "A40;x"}, want: []string{compat.AnnotationUseGPUType, "A40;x"}},
-			{limits: map[string]string{"nvidia.com/gpu": "1"}, annotations: map[string]string{compat.AnnotationGPUPolicy: "spread"}, want: []string{compat.AnnotationGPUPolicy, "spread"}},
+			// The pod's own policy is binpack or spread (both accepted,
+			// whatever the controller's flags); anything else is refused.
+			{limits: map[string]string{"nvidia.com/gpu": "1"}, annotations: map[string]string{compat.AnnotationGPUPolicy: "random"}, want: []string{compat.AnnotationGPUPolicy, "random", "binpack or spread"}},
 			{limits: map[string]string{"nvidia.com/gpu": "1"}, annotations: map[string]string{"hami.io/vgpu-mode": "mig"}, want: []string{"hami.io/vgpu-mode", "mig"}},
 		} {
 			pod := s.compatPod("bad", []compatContainer{{name: "workload", limits: bad.limits}})
