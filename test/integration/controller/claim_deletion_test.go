@@ -23,6 +23,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
 	"github.com/gpulink/gpulink/controller"
@@ -122,17 +123,22 @@ func (e *env) namespaceUser(name string) kubernetes.Interface {
 
 // removeFinalizer removes gpulink's finalizer from a claim as client.
 func removeFinalizer(e *env, client kubernetes.Interface, name string, dryRun bool) error {
-	c, err := client.ResourceV1().ResourceClaims(e.ns).Get(e.ctx, name, metav1.GetOptions{})
-	if err != nil {
+	// kube-controller-manager may write the claim meanwhile (it clears the
+	// reservations of pods that are gone): read again on a conflict, as a
+	// user's kubectl edit would.
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		c, err := client.ResourceV1().ResourceClaims(e.ns).Get(e.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		c.Finalizers = slices.DeleteFunc(c.Finalizers, func(f string) bool { return f == driver.ClaimFinalizer })
+		opts := metav1.UpdateOptions{}
+		if dryRun {
+			opts.DryRun = []string{metav1.DryRunAll}
+		}
+		_, err = client.ResourceV1().ResourceClaims(e.ns).Update(e.ctx, c, opts)
 		return err
-	}
-	c.Finalizers = slices.DeleteFunc(c.Finalizers, func(f string) bool { return f == driver.ClaimFinalizer })
-	opts := metav1.UpdateOptions{}
-	if dryRun {
-		opts.DryRun = []string{metav1.DryRunAll}
-	}
-	_, err = client.ResourceV1().ResourceClaims(e.ns).Update(e.ctx, c, opts)
-	return err
+	})
 }
 
 // TestClaimFinalizerGuard installs the chart's claim-finalizer-guard
