@@ -1,0 +1,322 @@
+//go:build e2e
+
+package conformance_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gpulink/gpulink/compat/admission"
+	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/test/localcluster"
+)
+
+// The real node as test/e2e presents it: 8 A40s in NVLink-bridged pairs.
+const (
+	realGPUs     = 8
+	realFixture  = "pcie-nvbridge-8.txt"
+	realProduct  = "NVIDIA A40"
+	realMemory   = "48Gi"
+	chartNS      = "gpulink-system"
+	chartKubeVer = "v1.37.0"
+)
+
+// env is the local cluster with gpulink deployed the way a user runs it:
+// the chart's DeviceClasses, scheduling-gate policy and translation
+// webhook, the built controller (serving the webhook) and the real node's
+// kubelet plugin.
+type env struct {
+	cluster  *localcluster.Cluster
+	client   kubernetes.Interface
+	node     string
+	procs    []*proc
+	stateDir string
+	// devNodes: the stand-in /dev/nvidia* nodes exist, so containers see
+	// their GPUs' device nodes.
+	devNodes bool
+}
+
+// startEnv brings the cluster and gpulink up; everything stops at cleanup.
+func startEnv(ctx context.Context, t *testing.T) *env {
+	t.Helper()
+	root, err := localcluster.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	binDir, err := localcluster.DefaultBinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []string{"gpulink-kubeletplugin", "gpulink-controller", "helm"} {
+		if _, err := os.Stat(filepath.Join(binDir, b)); err != nil {
+			t.Fatalf("%v: run `make build` and `hack/helm.sh --build` first", err)
+		}
+	}
+	webhookPort := localcluster.FreePort(t)
+	chart := renderChart(ctx, t, root, binDir, webhookPort)
+
+	// Unix socket paths must stay below 108 bytes: keep the tree short.
+	dir, err := os.MkdirTemp("", "glconf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("keeping %s (component logs in c/logs, gpulink logs in logs)", dir)
+			return
+		}
+		_ = os.RemoveAll(dir)
+	})
+	logDir := filepath.Join(dir, "logs")
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cluster, err := localcluster.Start(ctx, localcluster.Options{Dir: filepath.Join(dir, "c"), RealNode: true, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Registered first, so it runs last: after the gpulink processes stopped.
+	t.Cleanup(func() {
+		if err := cluster.Stop(); err != nil {
+			t.Errorf("stopping the cluster: %v", err)
+		}
+	})
+	e := &env{cluster: cluster, client: cluster.Client(), node: cluster.NodeName(), stateDir: dir}
+	chart.install(ctx, t, e.client)
+
+	// The webhook's TLS and families come from the chart's Secret and
+	// ConfigMap, as the chart mounts them into the controller.
+	files := filepath.Join(dir, "webhook")
+	if err := os.MkdirAll(files, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range map[string][]byte{
+		"tls.crt":     chart.secret.Data["tls.crt"],
+		"tls.key":     chart.secret.Data["tls.key"],
+		"compat.yaml": []byte(chart.config.Data["compat.yaml"]),
+	} {
+		if err := os.WriteFile(filepath.Join(files, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	driverRoot := filepath.Join(dir, "driver")
+	e.devNodes = localcluster.MkDeviceNodes(t, driverRoot, realGPUs)
+	pluginDir := filepath.Join(cluster.KubeletRootDir(), "plugins", driver.Name)
+	registrar := filepath.Join(cluster.KubeletRootDir(), "plugins_registry")
+	for _, d := range []string{registrar, pluginDir} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plugin := startProc(t, logDir, "kubeletplugin", filepath.Join(binDir, "gpulink-kubeletplugin"),
+		"--node-name="+e.node,
+		"--kubeconfig="+cluster.Kubeconfig(),
+		"--discovery=topology-file",
+		"--topology-file="+filepath.Join(root, "driver", "topology", "testdata", realFixture),
+		"--gpu-product="+realProduct,
+		"--gpu-memory="+realMemory,
+		"--gpu-compute-capability=8.6",
+		"--gpu-driver-version=550.90.07",
+		"--kubelet-registrar-dir="+registrar,
+		"--kubelet-plugin-dir="+pluginDir,
+		"--cdi-root="+cluster.CDIDir(),
+		"--mps-root="+filepath.Join(dir, "mps"),
+		"--driver-root="+driverRoot,
+		"--metrics-address=",
+		"--v=2",
+	)
+	e.procs = append(e.procs, plugin)
+	healthPort := localcluster.FreePort(t)
+	ctrl := startProc(t, logDir, "controller", filepath.Join(binDir, "gpulink-controller"),
+		"--kubeconfig="+cluster.Kubeconfig(),
+		"--leader-elect=false",
+		fmt.Sprintf("--health-address=127.0.0.1:%d", healthPort),
+		"--metrics-address=",
+		fmt.Sprintf("--webhook-address=127.0.0.1:%d", webhookPort),
+		"--webhook-cert-dir="+files,
+		"--compat-config="+filepath.Join(files, "compat.yaml"),
+		"--v=2",
+	)
+	e.procs = append(e.procs, ctrl)
+	if err := e.waitDevices(ctx, plugin); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitHTTP(ctx, ctrl, fmt.Sprintf("http://127.0.0.1:%d/readyz", healthPort)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.client.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(ctx, &chart.webhook, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitAdmission(ctx, t)
+	return e
+}
+
+// alive fails once a gpulink process has exited.
+func (e *env) alive() error {
+	for _, p := range e.procs {
+		if err := p.alive(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// waitDevices waits until the real node's pool has all its GPUs.
+func (e *env) waitDevices(ctx context.Context, p *proc) error {
+	have := 0
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		if err := p.alive(); err != nil {
+			return false, err
+		}
+		list, err := e.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
+			FieldSelector: resourceapi.ResourceSliceSelectorNodeName + "=" + e.node,
+		})
+		if err != nil {
+			return false, err
+		}
+		have = 0
+		for _, s := range list.Items {
+			if s.Spec.Driver == driver.Name {
+				have += len(s.Spec.Devices)
+			}
+		}
+		return have == realGPUs, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for %d published devices of node %s (have %d): %w", realGPUs, e.node, have, err)
+	}
+	return nil
+}
+
+// waitAdmission waits until the API server applies both admission steps
+// (it picks policies and webhooks up asynchronously): a dry-run pod asking
+// for nvidia.com/gpu comes back with a claim and gpulink's gate.
+func (e *env) waitAdmission(ctx context.Context, t *testing.T) {
+	t.Helper()
+	probe := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "admission-probe"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{
+			Name: "probe", Image: localcluster.WorkloadImage,
+			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/gpu": mustQuantity("1")}},
+		}}},
+	}
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		p, err := e.client.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		last = fmt.Sprintf("claims %d, gates %v", len(p.Spec.ResourceClaims), p.Spec.SchedulingGates)
+		return len(p.Spec.ResourceClaims) == 1 && len(p.Spec.SchedulingGates) == 1, nil
+	})
+	if err != nil {
+		t.Fatalf("the translation webhook and the gate policy never both took effect (last: %s): %v", last, err)
+	}
+}
+
+// chartObjects are the objects of the chart the suite applies: the
+// DeviceClasses, the scheduling-gate policy and the translation webhook
+// (reached by URL: the local cluster has no kube-proxy).
+type chartObjects struct {
+	classes  []resourceapi.DeviceClass
+	policies []admissionv1.MutatingAdmissionPolicy
+	bindings []admissionv1.MutatingAdmissionPolicyBinding
+	secret   corev1.Secret
+	config   corev1.ConfigMap
+	webhook  admissionv1.MutatingWebhookConfiguration
+}
+
+// renderChart runs `helm template` as a user would, with the webhook at
+// 127.0.0.1:port.
+func renderChart(ctx context.Context, t *testing.T, root, binDir string, port int) *chartObjects {
+	t.Helper()
+	args := []string{"template", "gpulink", filepath.Join(root, "deployments", "helm", "gpulink"),
+		"--namespace", chartNS, "--kube-version", chartKubeVer,
+		"--show-only", "templates/deviceclasses.yaml",
+		"--show-only", "templates/scheduling-gate.yaml",
+		"--show-only", "templates/compat-webhook.yaml",
+		"--set", fmt.Sprintf("compat.url=https://127.0.0.1:%d%s", port, admission.Path),
+		"--set-json", `compat.tls.ipSANs=["127.0.0.1"]`,
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "helm"), args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("helm %v: %v\n%s", args, err, stderr.String())
+	}
+	c := &chartObjects{}
+	for _, doc := range strings.Split("\n"+string(out), "\n---") {
+		var meta metav1.TypeMeta
+		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
+			t.Fatalf("chart rendering: %v", err)
+		}
+		var target any
+		switch meta.Kind {
+		case "":
+			continue // a document of comments only
+		case "DeviceClass":
+			c.classes = append(c.classes, resourceapi.DeviceClass{})
+			target = &c.classes[len(c.classes)-1]
+		case "MutatingAdmissionPolicy":
+			c.policies = append(c.policies, admissionv1.MutatingAdmissionPolicy{})
+			target = &c.policies[len(c.policies)-1]
+		case "MutatingAdmissionPolicyBinding":
+			c.bindings = append(c.bindings, admissionv1.MutatingAdmissionPolicyBinding{})
+			target = &c.bindings[len(c.bindings)-1]
+		case "Secret":
+			target = &c.secret
+		case "ConfigMap":
+			target = &c.config
+		case "MutatingWebhookConfiguration":
+			target = &c.webhook
+		default:
+			t.Fatalf("chart rendering: unexpected %s", meta.Kind)
+		}
+		if err := yaml.UnmarshalStrict([]byte(doc), target); err != nil {
+			t.Fatalf("chart rendering, %s: %v", meta.Kind, err)
+		}
+	}
+	if len(c.classes) == 0 || len(c.policies) != 1 || c.webhook.Name == "" {
+		t.Fatalf("chart rendering holds %d DeviceClasses, %d gate policies, webhook %q", len(c.classes), len(c.policies), c.webhook.Name)
+	}
+	return c
+}
+
+// install creates the cluster-scoped objects (the webhook comes later,
+// once the controller serves it: its failurePolicy would refuse pods).
+func (c *chartObjects) install(ctx context.Context, t *testing.T, client kubernetes.Interface) {
+	t.Helper()
+	for i := range c.classes {
+		if _, err := client.ResourceV1().DeviceClasses().Create(ctx, &c.classes[i], metav1.CreateOptions{}); err != nil {
+			t.Fatalf("creating DeviceClass %s: %v", c.classes[i].Name, err)
+		}
+	}
+	for i := range c.policies {
+		if _, err := client.AdmissionregistrationV1().MutatingAdmissionPolicies().Create(ctx, &c.policies[i], metav1.CreateOptions{}); err != nil {
+			t.Fatalf("creating MutatingAdmissionPolicy %s: %v", c.policies[i].Name, err)
+		}
+	}
+	for i := range c.bindings {
+		if _, err := client.AdmissionregistrationV1().MutatingAdmissionPolicyBindings().Create(ctx, &c.bindings[i], metav1.CreateOptions{}); err != nil {
+			t.Fatalf("creating MutatingAdmissionPolicyBinding %s: %v", c.bindings[i].Name, err)
+		}
+	}
+}
