@@ -7,15 +7,17 @@
 // into the project), ported in code by the smallest change (port_test.go),
 // run on the local cluster's real node with gpulink deployed as a user
 // runs it (cluster_test.go), and checked against the expectation the
-// peer-specs README states (cases_test.go), from what the containers see
+// peer-specs README states (nvidia_test.go, exampledriver_test.go,
+// hami_test.go, kubernetes_test.go, taints_test.go; the decision for
+// every file is peerRows in cases_test.go), from what the containers see
 // and from the claims and events.
 //
 // Every file of the directory gets a row of the table the test prints
 // (and the README keeps): pass, not applicable (with what gpulink does
-// instead), a known defect of issue 18 (reported, not failing; the case
-// asserts what happens now, so the row flips when it is fixed), or a
-// failure. A file without a row fails the test, so a new peer file forces
-// a decision.
+// instead), a known defect (reported, not failing; the case asserts what
+// happens now, so the row flips when it is fixed), or a failure. A file
+// without a row fails the test, so a new peer file forces a decision;
+// TestREADMETable keeps the README's copy of the table in step.
 //
 // Needs root and the binaries of `hack/cluster.sh build`, `make build` and
 // `hack/helm.sh --build`:
