@@ -31,9 +31,9 @@ import (
 //
 // Any other (model, GPUs) combination up to 8 GPUs gets the first GPUs of
 // pcie-switch-8, up to 16 pcie-16, so a trace with other nodes still runs.
+// The node's GPUs are the first n of the file (subTopology).
 type kindSource struct {
-	file  string
-	first int // take GPUs 0..n-1 of the file
+	file string
 }
 
 func sourceFor(model string, gpus int) kindSource {

@@ -168,14 +168,14 @@ func (t *table) errf(name string, err error) error {
 	return fmt.Errorf("%s: line %d: column %s: value %q: %w", t.file, t.line, name, t.str(name), err)
 }
 
-// int reads a non-negative integer column no larger than max.
-func (t *table) int(name string, max int64) (int64, error) {
+// int reads a non-negative integer column no larger than limit.
+func (t *table) int(name string, limit int64) (int64, error) {
 	v, err := strconv.ParseInt(t.str(name), 10, 64)
 	if err != nil {
 		return 0, t.errf(name, err)
 	}
-	if v < 0 || v > max {
-		return 0, t.errf(name, fmt.Errorf("want 0..%d", max))
+	if v < 0 || v > limit {
+		return 0, t.errf(name, fmt.Errorf("want 0..%d", limit))
 	}
 	return v, nil
 }
@@ -279,9 +279,8 @@ func ParseTasks(r io.Reader, file string) ([]Task, error) {
 			for _, m := range strings.Split(spec, "|") {
 				if m = strings.TrimSpace(m); m == "" {
 					return nil, t.errf("gpu_spec", errors.New("empty model in the list"))
-				} else {
-					k.Models = append(k.Models, m)
 				}
+				k.Models = append(k.Models, m)
 			}
 		}
 		out = append(out, k)
