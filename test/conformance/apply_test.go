@@ -4,6 +4,7 @@ package conformance_test
 
 import (
 	"context"
+	"fmt"
 
 	"os"
 	"path/filepath"
@@ -185,17 +186,48 @@ func (r *run) cleanup(ctx context.Context, t *testing.T) {
 			t.Errorf("%s: deleting %s %s: %v", r.c.files[0], o.gvr.Resource, o.name, err)
 		}
 	}
-	bg := metav1.DeletePropagationBackground
-	del := metav1.DeleteOptions{PropagationPolicy: &bg}
+	// Workload controllers go first, in the foreground (their pods with
+	// them): a ReplicaSet still alive would recreate a pod deleted
+	// beside it, after its templates are gone.
+	fg := metav1.DeletePropagationForeground
 	for ns := range r.namespaces {
 		c := r.e.client
-		errs := []error{
-			c.AppsV1().Deployments(ns).DeleteCollection(ctx, del, metav1.ListOptions{}),
-			c.BatchV1().Jobs(ns).DeleteCollection(ctx, del, metav1.ListOptions{}),
-			c.CoreV1().Pods(ns).DeleteCollection(ctx, del, metav1.ListOptions{}),
-			c.ResourceV1().ResourceClaimTemplates(ns).DeleteCollection(ctx, del, metav1.ListOptions{}),
+		for _, err := range []error{
+			c.AppsV1().Deployments(ns).DeleteCollection(ctx, metav1.DeleteOptions{PropagationPolicy: &fg}, metav1.ListOptions{}),
+			c.BatchV1().Jobs(ns).DeleteCollection(ctx, metav1.DeleteOptions{PropagationPolicy: &fg}, metav1.ListOptions{}),
+		} {
+			if err != nil {
+				t.Errorf("cleaning namespace %s: %v", ns, err)
+			}
 		}
-		for _, err := range errs {
+	}
+	var left string
+	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		for ns := range r.namespaces {
+			rs, err := r.e.client.AppsV1().ReplicaSets(ns).List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return false, err
+			}
+			jobs, err := r.e.client.BatchV1().Jobs(ns).List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return false, err
+			}
+			if len(rs.Items)+len(jobs.Items) > 0 {
+				left = fmt.Sprintf("namespace %s: %d ReplicaSets, %d Jobs", ns, len(rs.Items), len(jobs.Items))
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Errorf("%s: %s left: %v", r.c.files[0], left, err)
+	}
+	for ns := range r.namespaces {
+		c := r.e.client
+		for _, err := range []error{
+			c.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}),
+			c.ResourceV1().ResourceClaimTemplates(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}),
+		} {
 			if err != nil {
 				t.Errorf("cleaning namespace %s: %v", ns, err)
 			}
@@ -204,8 +236,12 @@ func (r *run) cleanup(ctx context.Context, t *testing.T) {
 	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		for ns := range r.namespaces {
 			pods, err := r.e.client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
-			if err != nil || len(pods.Items) > 0 {
+			if err != nil {
 				return false, err
+			}
+			if len(pods.Items) > 0 {
+				left = fmt.Sprintf("pod %s/%s (phase %s)", ns, pods.Items[0].Name, pods.Items[0].Status.Phase)
+				return false, nil
 			}
 			// Standalone claims go once no pod reserves them any more.
 			claims, err := r.e.client.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
@@ -213,6 +249,7 @@ func (r *run) cleanup(ctx context.Context, t *testing.T) {
 				return false, err
 			}
 			for _, claim := range claims.Items {
+				left = fmt.Sprintf("claim %s/%s (reserved for %d, finalizers %v)", ns, claim.Name, len(claim.Status.ReservedFor), claim.Finalizers)
 				if len(claim.Status.ReservedFor) > 0 {
 					return false, nil
 				}
@@ -229,14 +266,6 @@ func (r *run) cleanup(ctx context.Context, t *testing.T) {
 		return true, nil
 	})
 	if err != nil {
-		t.Errorf("%s: pods or claims left in %v: %v", r.c.files[0], keys(r.namespaces), err)
+		t.Errorf("%s: %s left: %v", r.c.files[0], left, err)
 	}
-}
-
-func keys(set map[string]bool) []string {
-	var out []string
-	for k := range set {
-		out = append(out, k)
-	}
-	return out
 }

@@ -88,7 +88,7 @@ func hamiCases() []*peerCase {
 	draDemo := &peerCase{files: []string{dra + "setup.yaml", dra + "pod-0.yaml", dra + "pod-1.yaml", dra + "pod-tpl-0.yaml"}, gpus: 4,
 		skipKinds: map[string]string{"DeviceClass": "HAMi's own class; the requests use gpu-share.gpulink.dev"},
 		opts:      portOptions{dropCPU: true},
-		defect:    mpsCoresDefect,
+		defect:    mpsPrepareDefect,
 		note:      "class (`gpu-share.gpulink.dev`), the DeviceClass dropped, CPU requests dropped (the test node has 2 cores); pod-0 and pod-tpl-1 run with their MPS limits",
 		check: func(ctx context.Context, t *testing.T, r *run) string {
 			for _, name := range []string{"pod-0", "pod-tpl-1"} {

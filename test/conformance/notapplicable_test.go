@@ -12,7 +12,7 @@ func notApplicable(na func(reason string, files ...string)) {
 		nv+"bats/gpu-anymig.yaml", nv+"bats/gpu-simple-mig.yaml",
 		"hami/examples-nvidia/mig_example.yaml", "hami/examples-nvidia/dynamic_mig_example.yaml")
 	const ts = "time-slicing: gpulink shares through `gpu-share.gpulink.dev` capacity (memory, cores) with MPS or HAMi-core limits"
-	na(ts, nv+"quickstart-v1/gpu-test5.yaml", nv+"quickstart-v1/gpu-test6.yaml", nv+"bats/gpu-timeslicing.yaml",
+	na(ts, nv+"bats/gpu-timeslicing.yaml",
 		nv+"e2e-templates/timeslicing.yaml.tmpl", ex+"basic-resourceclaim-opaque-config/basic-resourceclaim-opaque-config.yaml")
 	na("CUDA samples fetched from the network: not runnable offline; its claim is gpu-simple-full.yaml's",
 		nv+"bats/gpu-cuda-demo-suite.yaml", nv+"bats/gpu-cuda-busgrind.yaml")

@@ -4,6 +4,8 @@ package conformance_test
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -97,7 +99,47 @@ func nvidiaCases() []*peerCase {
 			}
 			return "but NVIDIA_VISIBLE_DEVICES (and GPULINK_DEVICE_0) name one claim's GPU only: each claim's CDI spec sets them, the last applied wins"
 		}}
+	// gpu-test5: one claim with a time-sliced GPU and an MPS GPU, two
+	// containers on each request. gpulink has no time-slicing: the ts
+	// request stays a whole GPU, the MPS one becomes a share. The
+	// controller allocates that claim, and the plugin then refuses to
+	// prepare a whole GPU beside an MPS share in one claim (see
+	// mpsPrepareDefect): the case asserts that refusal. Once fixed it
+	// fails, and the row must become a pass (each request's containers
+	// see its GPU, the MPS ones with the limits), or a refusal before
+	// allocation.
+	test5 := &peerCase{files: []string{q + "gpu-test5.yaml"}, gpus: 2, defect: mpsPrepareDefect,
+		opts: portOptions{dropConfig: dropNVIDIAConfig, shareCapacity: map[string]map[string]any{"mps-gpu": {"memory": "10Gi", "cores": "50"}}},
+		note: "rewrite: TimeSlicing config dropped (`ts-gpu` a whole GPU), MPS config → share `{memory: 10Gi, cores: \"50\"}`",
+		check: func(ctx context.Context, t *testing.T, r *run) string {
+			msg := r.event(ctx, t, "gpu-test5", "pod0", "FailedPrepareDynamicResources")
+			if !strings.Contains(msg, "cannot be combined with the MPS share") {
+				t.Errorf("%s: pod0: FailedPrepareDynamicResources %q, want the whole-GPU-beside-MPS refusal", r.c.files[0], msg)
+			}
+			return "the claim (a whole GPU and an MPS share) is allocated, then never prepared (FailedPrepareDynamicResources: a whole GPU cannot be combined with an MPS share in one claim) instead of refused before allocation"
+		}}
+	// gpu-test6: four replicas on the A100s with index 0, 2, 4 or 6
+	// (time-sliced). Ported to the node's A40s, time-slicing dropped: each
+	// replica gets one of those four GPUs.
+	test6 := &peerCase{files: []string{q + "gpu-test6.yaml"}, gpus: 4,
+		opts: portOptions{dropConfig: dropNVIDIAConfig, attributes: [][2]string{{"a100", "a40"}}},
+		note: "CEL (`a100` → `a40`, the node's model), TimeSlicing config dropped; the four replicas get GPUs 0, 2, 4 and 6",
+		check: func(ctx context.Context, t *testing.T, r *run) string {
+			pods := r.waitRunning(ctx, t, r.nsOf(), 4)
+			eachSees(t, r.c.files[0], pods, 1)
+			distinctPods(t, r.c.files[0], pods)
+			for _, p := range pods {
+				for ctr, log := range p.logs {
+					if d, _ := envValue(log, "GPULINK_DEVICE_0"); !slices.Contains([]string{"gpu-0", "gpu-2", "gpu-4", "gpu-6"}, d) {
+						t.Errorf("%s: pod %s container %s got %s, want gpu-0, -2, -4 or -6", r.c.files[0], p.pod.Name, ctr, d)
+					}
+				}
+			}
+			return ""
+		}}
 	return []*peerCase{
+		test5,
+		test6,
 		distinctCase(q+"gpu-test1.yaml", 2, 1, "class; two pods, distinct GPUs"),
 		sharedCase(q+"gpu-test2.yaml", 1, "class; two containers of one claim see the same GPU"),
 		sharedCase(q+"gpu-test3.yaml", 2, "class; two pods of one ResourceClaim see the same GPU"),
