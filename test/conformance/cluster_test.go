@@ -3,11 +3,9 @@
 package conformance_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -28,12 +26,11 @@ import (
 
 // The real node as test/e2e presents it: 8 A40s in NVLink-bridged pairs.
 const (
-	realGPUs     = 8
-	realFixture  = "pcie-nvbridge-8.txt"
-	realProduct  = "NVIDIA A40"
-	realMemory   = "48Gi"
-	chartNS      = "gpulink-system"
-	chartKubeVer = "v1.37.0"
+	realGPUs    = 8
+	realFixture = "pcie-nvbridge-8.txt"
+	realProduct = "NVIDIA A40"
+	realMemory  = "48Gi"
+	chartNS     = "gpulink-system"
 )
 
 // env is the local cluster with gpulink deployed the way a user runs it:
@@ -68,7 +65,7 @@ func startEnv(ctx context.Context, t *testing.T) *env {
 		}
 	}
 	webhookPort := localcluster.FreePort(t)
-	chart := renderChart(ctx, t, root, binDir, webhookPort)
+	chart := renderChart(ctx, t, webhookPort)
 
 	// Unix socket paths must stay below 108 bytes: keep the tree short.
 	dir, err := os.MkdirTemp("", "glconf")
@@ -245,22 +242,16 @@ type chartObjects struct {
 
 // renderChart runs `helm template` as a user would, with the webhook at
 // 127.0.0.1:port.
-func renderChart(ctx context.Context, t *testing.T, root, binDir string, port int) *chartObjects {
+func renderChart(ctx context.Context, t *testing.T, port int) *chartObjects {
 	t.Helper()
-	args := []string{"template", "gpulink", filepath.Join(root, "deployments", "helm", "gpulink"),
-		"--namespace", chartNS, "--kube-version", chartKubeVer,
+	out, err := localcluster.HelmTemplate(ctx, "gpulink", chartNS,
 		"--show-only", "templates/deviceclasses.yaml",
 		"--show-only", "templates/scheduling-gate.yaml",
 		"--show-only", "templates/compat-webhook.yaml",
 		"--set", fmt.Sprintf("compat.url=https://127.0.0.1:%d%s", port, admission.Path),
-		"--set-json", `compat.tls.ipSANs=["127.0.0.1"]`,
-	}
-	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "helm"), args...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
+		"--set-json", `compat.tls.ipSANs=["127.0.0.1"]`)
 	if err != nil {
-		t.Fatalf("helm %v: %v\n%s", args, err, stderr.String())
+		t.Fatal(err)
 	}
 	c := &chartObjects{}
 	for _, doc := range strings.Split("\n"+string(out), "\n---") {
