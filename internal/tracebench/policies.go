@@ -240,17 +240,7 @@ func (d *dotProduct) place(c *Cluster, t *Task) (Placement, bool, error) {
 			best.offer(i, base+float64(t.TotalMilli())/capG*float64(n.leftTotal())/capG)
 		}
 	}
-	if best.idx < 0 {
-		return Placement{}, false, nil
-	}
-	n := c.nodes[best.idx]
-	switch {
-	case t.GPUs == 0:
-		return Placement{Node: best.idx}, true, nil
-	case t.Share():
-		return Placement{Node: best.idx, GPUs: []int{bestGPU}}, true, nil
-	}
-	return Placement{Node: best.idx, GPUs: lowestFree(n, t.GPUs)}, true, nil
+	return placeOnBest(c, t, best.idx, bestGPU)
 }
 
 // firstFit: the first node in list order that fits, the first GPUs that
@@ -320,15 +310,20 @@ func (f *fgd) place(c *Cluster, t *Task) (Placement, bool, error) {
 			best.offer(i, float64(f.w.fragScaled(access, cpu, mem, f.left)-before))
 		}
 	}
-	if best.idx < 0 {
-		return Placement{}, false, nil
-	}
-	n := c.nodes[best.idx]
+	return placeOnBest(c, t, best.idx, bestGPU)
+}
+
+// placeOnBest is the placement on the node a scoring policy chose (-1:
+// none fits): nothing for a CPU-only task, the GPU it scored for a share,
+// the lowest free GPUs for whole ones.
+func placeOnBest(c *Cluster, t *Task, node, shareGPU int) (Placement, bool, error) {
 	switch {
+	case node < 0:
+		return Placement{}, false, nil
 	case t.GPUs == 0:
-		return Placement{Node: best.idx}, true, nil
+		return Placement{Node: node}, true, nil
 	case t.Share():
-		return Placement{Node: best.idx, GPUs: []int{bestGPU}}, true, nil
+		return Placement{Node: node, GPUs: []int{shareGPU}}, true, nil
 	}
-	return Placement{Node: best.idx, GPUs: lowestFree(n, t.GPUs)}, true, nil
+	return Placement{Node: node, GPUs: lowestFree(c.nodes[node], t.GPUs)}, true, nil
 }
