@@ -3,6 +3,7 @@ package localcluster
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -13,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
 )
 
 // FreePort returns a TCP port on 127.0.0.1 that the kernel found free, for
@@ -134,4 +136,14 @@ func RunShared(m *testing.M, prefix string, opts Options, use func(*Cluster)) in
 	}()
 	use(cluster)
 	return m.Run()
+}
+
+// KlogVerbosityFromEnv sets the klog verbosity (-v) of the test process's
+// in-process components from $GPULINK_V, when set.
+func KlogVerbosityFromEnv() {
+	fs := flag.NewFlagSet("klog", flag.ExitOnError)
+	klog.InitFlags(fs)
+	if v := os.Getenv("GPULINK_V"); v != "" {
+		_ = fs.Set("v", v)
+	}
 }

@@ -14,11 +14,8 @@
 package compat_test
 
 import (
-	"flag"
 	"os"
 	"testing"
-
-	"k8s.io/klog/v2"
 
 	"github.com/gpulink/gpulink/test/localcluster"
 )
@@ -27,10 +24,6 @@ var cluster *localcluster.Cluster
 
 func TestMain(m *testing.M) {
 	// GPULINK_V sets the log verbosity of the in-process controller (klog -v).
-	fs := flag.NewFlagSet("klog", flag.ExitOnError)
-	klog.InitFlags(fs)
-	if v := os.Getenv("GPULINK_V"); v != "" {
-		_ = fs.Set("v", v)
-	}
+	localcluster.KlogVerbosityFromEnv()
 	os.Exit(localcluster.RunShared(m, "gl-compat-", localcluster.Options{}, func(c *localcluster.Cluster) { cluster = c }))
 }
