@@ -25,6 +25,7 @@ sharing:
   defaultMemory: 10Gi
   defaultCores: 30
   maxSharesPerGPU: 8
+  priority: 1
 `,
 			want: GpuConfig{
 				Topology: &TopologyConfig{Policy: TopologyRequired, MinLink: "NV2"},
@@ -33,6 +34,7 @@ sharing:
 					DefaultMemory:   quantity("10Gi"),
 					DefaultCores:    ptr(int64(30)),
 					MaxSharesPerGPU: ptr(8),
+					Priority:        ptr(PriorityLow),
 				},
 			},
 		},
@@ -50,6 +52,12 @@ sharing:
 			name: "comment-only documents do not count",
 			raw:  "# GPU settings\n---\napiVersion: gpu.gpulink.dev/v1alpha1\nkind: GpuConfig\n---\n# end\n",
 			want: GpuConfig{},
+		},
+		{
+			// 0 is HAMi's high priority, not "unset": it must survive.
+			name: "priority 0 is kept",
+			raw:  `{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","sharing":{"priority":0}}`,
+			want: GpuConfig{Sharing: &SharingConfig{Priority: ptr(PriorityHigh)}},
 		},
 		{
 			name: "memory as plain bytes",
@@ -98,6 +106,8 @@ func TestDecodeErrors(t *testing.T) {
 		{"bad quantity", header + "sharing:\n  defaultMemory: lots\n", []string{`sharing.defaultMemory: Invalid value: "lots"`}},
 		{"quantity of wrong type", header + "sharing:\n  defaultMemory: [1]\n", []string{"sharing.defaultMemory: Invalid value", "got an array"}},
 		{"fractional cores", header + "sharing:\n  defaultCores: 2.5\n", []string{"sharing.defaultCores", "2.5"}},
+		{"fractional priority", header + "sharing:\n  priority: 0.5\n", []string{"sharing.priority: Invalid value: 0.5: must be 0 (high) or 1 (low)"}},
+		{"priority as a string", header + "sharing:\n  priority: high\n", []string{`sharing.priority: Invalid value: "high": must be 0 (high) or 1 (low)`}},
 		{"object where string expected", header + "topology:\n  policy: {a: 1}\n", []string{"topology.policy"}},
 	}
 	for _, tt := range tests {
@@ -150,6 +160,8 @@ func assertConfigEqual(t *testing.T, got, want *GpuConfig) {
 	}
 	assertPtrEqual(t, "sharing.defaultCores", g.DefaultCores, w.DefaultCores)
 	assertPtrEqual(t, "sharing.maxSharesPerGPU", g.MaxSharesPerGPU, w.MaxSharesPerGPU)
+	assertPtrEqual(t, "sharing.memoryOvercommitPercent", g.MemoryOvercommitPercent, w.MemoryOvercommitPercent)
+	assertPtrEqual(t, "sharing.priority", g.Priority, w.Priority)
 }
 
 func assertPtrEqual[T comparable](t *testing.T, name string, got, want *T) {

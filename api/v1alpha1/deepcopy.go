@@ -71,5 +71,9 @@ func (s *SharingConfig) DeepCopy() *SharingConfig {
 		v := *s.MemoryOvercommitPercent
 		out.MemoryOvercommitPercent = &v
 	}
+	if s.Priority != nil {
+		v := *s.Priority
+		out.Priority = &v
+	}
 	return &out
 }

@@ -15,7 +15,7 @@ func TestDeepCopy(t *testing.T) {
 		{"empty", &GpuConfig{}},
 		{"full", &GpuConfig{
 			Topology: &TopologyConfig{Policy: TopologyRequired, MinLink: "NV1"},
-			Sharing:  &SharingConfig{Strategy: SharingMPS, DefaultMemory: quantity("4Gi"), DefaultCores: ptr(int64(25)), MaxSharesPerGPU: ptr(16)},
+			Sharing:  &SharingConfig{Strategy: SharingMPS, DefaultMemory: quantity("4Gi"), DefaultCores: ptr(int64(25)), MaxSharesPerGPU: ptr(16), Priority: ptr(PriorityLow)},
 		}},
 	}
 	for _, tt := range tests {
@@ -47,8 +47,9 @@ func TestDeepCopy(t *testing.T) {
 			if cp.Sharing != nil {
 				*cp.Sharing.DefaultCores = 1
 				*cp.Sharing.MaxSharesPerGPU = 1
+				*cp.Sharing.Priority = 7
 				cp.Sharing.DefaultMemory.Set(1)
-				if *tt.cfg.Sharing.DefaultCores == 1 || *tt.cfg.Sharing.MaxSharesPerGPU == 1 || tt.cfg.Sharing.DefaultMemory.Value() == 1 {
+				if *tt.cfg.Sharing.DefaultCores == 1 || *tt.cfg.Sharing.MaxSharesPerGPU == 1 || tt.cfg.Sharing.DefaultMemory.Value() == 1 || *tt.cfg.Sharing.Priority == 7 {
 					t.Error("copy shares Sharing fields with the original")
 				}
 			}

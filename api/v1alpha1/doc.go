@@ -26,6 +26,7 @@
 //	            defaultMemory: 4Gi
 //	            defaultCores: 25
 //	            maxSharesPerGPU: 8 # at most the class's (default 16)
+//	            priority: 1        # 0 (high) or 1 (low), HAMi's nvidia.com/priority; unset: the mechanism's default
 //
 // Configs are read in layers: the DeviceClass's first, then the claim's, each
 // later layer overriding the earlier one field by field (see Merge). Resolve
@@ -42,8 +43,9 @@
 // the claim's value and the class's; the controller then leaves the pod
 // gated with a ClaimNotAllocatable event, and the kubelet plugin refuses to
 // prepare such a claim whoever allocated it. Offer another strategy or a
-// higher cap through a DeviceClass of its own. The topology settings and the
-// share sizes are the claim's own business and may be set freely.
+// higher cap through a DeviceClass of its own. The topology settings, the
+// share sizes and the task priority are the claim's own business and may be
+// set freely.
 //
 // Fields that the selected policy or strategy does not use (minLink under
 // BestEffort, the share sizes under strategy None) are still checked for

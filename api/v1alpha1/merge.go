@@ -46,6 +46,9 @@ func Merge(configs ...*GpuConfig) *GpuConfig {
 			if s.MemoryOvercommitPercent != nil {
 				out.Sharing.MemoryOvercommitPercent = s.MemoryOvercommitPercent
 			}
+			if s.Priority != nil {
+				out.Sharing.Priority = s.Priority
+			}
 		}
 		if p := c.Placement; p != nil {
 			if out.Placement == nil {

@@ -50,6 +50,18 @@ func TestMerge(t *testing.T) {
 			},
 		},
 		{
+			// A claim may choose its own priority over its class's,
+			// including 0, which must not read as "unset".
+			name:    "claim's priority 0 replaces the class's 1",
+			configs: []*GpuConfig{{Sharing: &SharingConfig{Priority: ptr(PriorityLow)}}, {Sharing: &SharingConfig{Priority: ptr(PriorityHigh)}}},
+			want:    &GpuConfig{Sharing: &SharingConfig{Priority: ptr(PriorityHigh)}},
+		},
+		{
+			name:    "class's priority falls through",
+			configs: []*GpuConfig{{Sharing: &SharingConfig{Priority: ptr(PriorityLow)}}, {Sharing: &SharingConfig{DefaultCores: ptr(int64(5))}}},
+			want:    &GpuConfig{Sharing: &SharingConfig{Priority: ptr(PriorityLow), DefaultCores: ptr(int64(5))}},
+		},
+		{
 			name:    "last of three wins",
 			configs: []*GpuConfig{{Sharing: &SharingConfig{DefaultCores: ptr(int64(1))}}, {Sharing: &SharingConfig{DefaultCores: ptr(int64(2))}}, {Sharing: &SharingConfig{DefaultCores: ptr(int64(3))}}},
 			want:    &GpuConfig{Sharing: &SharingConfig{DefaultCores: ptr(int64(3))}},

@@ -25,7 +25,9 @@ import (
 // Everything else a claim may set freely: the topology policy and minLink
 // only decide where the claim's own GPUs go, and the share sizes
 // (defaultMemory, defaultCores) are what the claim's own shares are
-// accounted for, so a larger one takes capacity from no one.
+// accounted for, so a larger one takes capacity from no one. So is
+// sharing.priority: HAMi lets every pod choose its task priority, and MPS
+// orders with it only the clients of one server, which are the claim's own.
 //
 // The error is an aggregate of field errors naming the field, the claim's
 // value and the class's.

@@ -33,6 +33,10 @@ func TestClaimMayOnlyNarrowTheClass(t *testing.T) {
 			class:        []string{mps8},
 			claim:        []string{head + "topology: {policy: Required, minLink: NV1}\nsharing: {defaultMemory: 30Gi, defaultCores: 100}\n"},
 			wantStrategy: SharingMPS, wantMax: 8},
+		// HAMi lets every pod pick its task priority; MPS orders only a
+		// claim's own clients with it, so it is the claim's choice.
+		{name: "claim raises its priority over the class's", class: []string{sharing("{strategy: MPS, maxSharesPerGPU: 8, priority: 1}")},
+			claim: []string{sharing("{priority: 0}")}, wantStrategy: SharingMPS, wantMax: 8},
 		{name: "class picks HAMiCore, claim repeats it", class: []string{sharing("{strategy: HAMiCore}")},
 			claim: []string{sharing("{strategy: HAMiCore}")}, wantStrategy: SharingHAMiCore, wantMax: DefaultMaxSharesPerGPU},
 		{name: "later class layer raises the cap", class: []string{mps8, sharing("{maxSharesPerGPU: 32}")},

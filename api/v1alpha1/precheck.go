@@ -38,6 +38,13 @@ func precheck(raw []byte) error {
 				errs = append(errs, field.Invalid(path, v, "must be a quantity such as 4Gi, got "+describe(v)))
 			}
 		}
+		// A fraction would otherwise fail in the JSON decoder with a
+		// message about Go types; name the field and the values instead.
+		if v, set := sharing["priority"]; set && v != nil {
+			if f, ok := v.(float64); !ok || (f != PriorityHigh && f != PriorityLow) {
+				errs = append(errs, field.Invalid(field.NewPath("sharing", "priority"), v, priorityRange))
+			}
+		}
 	}
 	return errs.ToAggregate()
 }

@@ -105,4 +105,19 @@ type SharingConfig struct {
 	// A share of a class without it never lands on a GPU whose shares
 	// would then exceed its memory. Cores are never over-committed.
 	MemoryOvercommitPercent *int `json:"memoryOvercommitPercent,omitempty"`
+	// Priority is the task priority of the share's processes, HAMi's
+	// nvidia.com/priority: 0 (PriorityHigh) or 1 (PriorityLow). Under MPS it
+	// becomes CUDA_MPS_CLIENT_PRIORITY (0 normal, 1 below normal), under
+	// HAMi-core CUDA_TASK_PRIORITY. Unset leaves the mechanism's own default
+	// (MPS: normal). MPS orders only the clients of one server, and every
+	// MPS claim has a server of its own, so it orders a claim's processes
+	// among themselves, not against other claims on the GPU.
+	Priority *int `json:"priority,omitempty"`
 }
+
+// The two task priorities HAMi knows, and the values
+// SharingConfig.Priority accepts.
+const (
+	PriorityHigh = 0
+	PriorityLow  = 1
+)

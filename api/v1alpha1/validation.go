@@ -12,6 +12,9 @@ import (
 // 100 shares some share would get less than 1% of the SMs.
 const maxSharesPerGPULimit = 100
 
+// priorityRange says which priorities exist, for error messages.
+const priorityRange = "must be 0 (high) or 1 (low)"
+
 // MaxMemoryOvercommitPercent bounds SharingConfig.MemoryOvercommitPercent.
 const MaxMemoryOvercommitPercent = 400
 
@@ -100,6 +103,9 @@ func validateSharing(s *SharingConfig, path *field.Path) field.ErrorList {
 	}
 	if v := s.MemoryOvercommitPercent; v != nil && (*v < 100 || *v > MaxMemoryOvercommitPercent) {
 		errs = append(errs, field.Invalid(path.Child("memoryOvercommitPercent"), *v, fmt.Sprintf("must be between 100 (no over-commit) and %d", MaxMemoryOvercommitPercent)))
+	}
+	if v := s.Priority; v != nil && *v != PriorityHigh && *v != PriorityLow {
+		errs = append(errs, field.Invalid(path.Child("priority"), *v, priorityRange))
 	}
 	return errs
 }

@@ -88,6 +88,18 @@ func TestValidate(t *testing.T) {
 			cfg:  &GpuConfig{Sharing: &SharingConfig{MemoryOvercommitPercent: ptr(401)}},
 			want: []string{"sharing.memoryOvercommitPercent: Invalid value: 401"},
 		},
+		{name: "both priorities", cfg: &GpuConfig{Sharing: &SharingConfig{Priority: ptr(PriorityHigh)}}},
+		{name: "low priority", cfg: &GpuConfig{Sharing: &SharingConfig{Priority: ptr(PriorityLow)}}},
+		{
+			name: "priority 2",
+			cfg:  &GpuConfig{Sharing: &SharingConfig{Priority: ptr(2)}},
+			want: []string{"sharing.priority: Invalid value: 2: must be 0 (high) or 1 (low)"},
+		},
+		{
+			name: "negative priority",
+			cfg:  &GpuConfig{Sharing: &SharingConfig{Priority: ptr(-1)}},
+			want: []string{"sharing.priority: Invalid value: -1: must be 0 (high) or 1 (low)"},
+		},
 		{
 			name: "every problem is reported at once",
 			cfg: &GpuConfig{
