@@ -42,6 +42,10 @@ type NVIDIAFamily struct {
 	MemoryPercentage string `json:"memoryPercentage,omitempty"`
 	// Cores is a share's percentage of the GPU's SMs (nvidia.com/gpucores).
 	Cores string `json:"cores,omitempty"`
+	// Priority is HAMi's task priority (nvidia.com/priority): 0 high, 1
+	// low. It asks for no device: it becomes the claim's
+	// sharing.priority and never stays on the pod.
+	Priority string `json:"priority,omitempty"`
 	// MemoryUnit is the size of one unit of Memory (1Mi).
 	MemoryUnit *resource.Quantity `json:"memoryUnit,omitempty"`
 	// Annotations turns HAMi's pod annotations on (use-gputype,
@@ -90,6 +94,7 @@ func (c *Config) Default() {
 	def(&c.NVIDIA.Memory, "nvidia.com/gpumem")
 	def(&c.NVIDIA.MemoryPercentage, "nvidia.com/gpumem-percentage")
 	def(&c.NVIDIA.Cores, "nvidia.com/gpucores")
+	def(&c.NVIDIA.Priority, "nvidia.com/priority")
 	if c.NVIDIA.MemoryUnit == nil {
 		q := resource.MustParse("1Mi")
 		c.NVIDIA.MemoryUnit = &q
@@ -133,6 +138,7 @@ func (c *Config) Validate() error {
 		name("nvidia.memory", c.NVIDIA.Memory)
 		name("nvidia.memoryPercentage", c.NVIDIA.MemoryPercentage)
 		name("nvidia.cores", c.NVIDIA.Cores)
+		name("nvidia.priority", c.NVIDIA.Priority)
 		unit("nvidia.memoryUnit", c.NVIDIA.MemoryUnit)
 	}
 	if c.Aliyun.Enabled {

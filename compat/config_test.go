@@ -13,7 +13,7 @@ tencent: {enabled: true, memoryUnit: 512Mi}
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.NVIDIA.GPU != "example.com/gpu" || c.NVIDIA.Memory != "nvidia.com/gpumem" || c.NVIDIA.Annotations || c.Aliyun.Enabled {
+	if c.NVIDIA.GPU != "example.com/gpu" || c.NVIDIA.Memory != "nvidia.com/gpumem" || c.NVIDIA.Priority != "nvidia.com/priority" || c.NVIDIA.Annotations || c.Aliyun.Enabled {
 		t.Errorf("decoded %+v", c)
 	}
 	if c.Tencent.MemoryUnit.String() != "512Mi" || c.WholeClass != "gpu.gpulink.dev" {
@@ -36,6 +36,8 @@ func TestDecodeConfigRefused(t *testing.T) {
 		"not a name":      {`aliyun: {enabled: true, gpu: "gpu"}`, "aliyun.gpu", `"gpu"`},
 		"reserved domain": {`aliyun: {enabled: true, gpu: kubernetes.io/gpu}`, "kubernetes.io/gpu"},
 		"same name twice": {"nvidia: {enabled: true}\naliyun: {enabled: true, gpu: nvidia.com/gpu}", "aliyun.gpu", "nvidia.gpu"},
+		"bad priority":    {`nvidia: {enabled: true, priority: "priority"}`, "nvidia.priority", `"priority"`},
+		"priority is gpu": {`nvidia: {enabled: true, priority: nvidia.com/gpu}`, "nvidia.priority", "nvidia.gpu"},
 		"zero unit":       {`tencent: {enabled: true, memoryUnit: "0"}`, "tencent.memoryUnit"},
 		"bad class":       {`shareClass: "Not_A_Class"`, "shareClass", "Not_A_Class"},
 		"wrong type":      {`nvidia: {enabled: "yes"}`, "enabled"},

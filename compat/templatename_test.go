@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 
 	"github.com/gpulink/gpulink/driver"
@@ -197,6 +198,12 @@ func TestCheckTemplateEntry(t *testing.T) {
 	if n, s := entry(ok); cfg.CheckTemplateEntry(n, s) != nil {
 		t.Errorf("plain 2-GPU entry refused: %v", cfg.CheckTemplateEntry(n, s))
 	}
+	withPriority := func(s *resourceapi.ResourceClaimSpec) {
+		s.Devices.Config = []resourceapi.DeviceClaimConfiguration{opaque(`{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","sharing":{"priority":0}}`)}
+	}
+	if n, s := entry(withPriority); cfg.CheckTemplateEntry(n, s) != nil {
+		t.Errorf("entry with a priority refused: %v", cfg.CheckTemplateEntry(n, s))
+	}
 	n, _ := entry(ok)
 	if err := cfg.CheckTemplateEntry(n, wholeSpec(8)); err == nil || !strings.Contains(err.Error(), "hashes to") {
 		t.Errorf("8 GPUs under the 2-GPU name: %v", err)
@@ -222,7 +229,26 @@ func TestCheckTemplateEntry(t *testing.T) {
 		}, "tolerations has 1"},
 		{func(s *resourceapi.ResourceClaimSpec) {
 			s.Devices.Config = []resourceapi.DeviceClaimConfiguration{{Requests: []string{RequestName}}}
-		}, "devices.config has 1"},
+		}, "devices.config[0] is not an opaque config of driver " + driver.Name},
+		// Only sharing.priority may travel in a translated template.
+		{func(s *resourceapi.ResourceClaimSpec) {
+			s.Devices.Config = []resourceapi.DeviceClaimConfiguration{opaque(`{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","sharing":{"priority":1,"strategy":"None"}}`)}
+		}, "sets more than sharing.priority"},
+		{func(s *resourceapi.ResourceClaimSpec) {
+			s.Devices.Config = []resourceapi.DeviceClaimConfiguration{opaque(`{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","sharing":{"maxSharesPerGPU":100}}`)}
+		}, "sets no sharing.priority"},
+		{func(s *resourceapi.ResourceClaimSpec) {
+			s.Devices.Config = []resourceapi.DeviceClaimConfiguration{opaque(`{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","sharing":{"priority":2}}`)}
+		}, "sharing.priority: Invalid value: 2"},
+		{func(s *resourceapi.ResourceClaimSpec) {
+			c := opaque(`{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","sharing":{"priority":1}}`)
+			c.Requests = nil
+			s.Devices.Config = []resourceapi.DeviceClaimConfiguration{c}
+		}, "devices.config[0].requests []"},
+		{func(s *resourceapi.ResourceClaimSpec) {
+			c := opaque(`{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","sharing":{"priority":1}}`)
+			s.Devices.Config = []resourceapi.DeviceClaimConfiguration{c, c}
+		}, "devices.config has 2"},
 		{func(s *resourceapi.ResourceClaimSpec) {
 			s.Devices.Constraints = []resourceapi.DeviceConstraint{{MatchAttribute: ptr.To[resourceapi.FullyQualifiedName]("x/y")}}
 		}, "devices.constraints has 1"},
@@ -242,6 +268,16 @@ func TestCheckTemplateEntry(t *testing.T) {
 	}
 }
 
+// opaque is a config entry of this driver for the translation's request.
+func opaque(params string) resourceapi.DeviceClaimConfiguration {
+	return resourceapi.DeviceClaimConfiguration{
+		Requests: []string{RequestName},
+		DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+			Driver: driver.Name, Parameters: runtime.RawExtension{Raw: []byte(params)},
+		}},
+	}
+}
+
 func TestSpecClasses(t *testing.T) {
 	s := resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{
 		{Name: "a", FirstAvailable: []resourceapi.DeviceSubRequest{{DeviceClassName: "s"}, {DeviceClassName: "s"}}},
@@ -258,7 +294,7 @@ func TestResourceNames(t *testing.T) {
 	for _, n := range tr.ResourceNames() {
 		got = append(got, string(n))
 	}
-	want := []corev1.ResourceName{"nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores"}
+	want := []corev1.ResourceName{"nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores", "nvidia.com/priority"}
 	if len(got) != len(want) {
 		t.Fatalf("names %v, want %v", got, want)
 	}

@@ -5,10 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"sort"
 
 	resourceapi "k8s.io/api/resource/v1"
+
+	v1alpha1 "github.com/gpulink/gpulink/api/v1alpha1"
+	"github.com/gpulink/gpulink/driver"
 )
 
 // AnnotationTemplates on a translated pod holds the ResourceClaimTemplates
@@ -65,7 +69,8 @@ func SpecClasses(spec resourceapi.ResourceClaimSpec) []string {
 // entry cannot put a spec under another shape's name), and the spec has
 // the form the translation gives (one request named RequestName, of the
 // configured whole or share class, exact counts, no admin access,
-// tolerations, constraints or config), so that a pod carrying a forged
+// tolerations or constraints, and no config but the one carrying a task
+// priority, sharing.priority alone), so that a pod carrying a forged
 // annotation gets nothing a translated pod could not get. Errors name the
 // field and its value.
 func (c *Config) CheckTemplateEntry(name string, spec resourceapi.ResourceClaimSpec) error {
@@ -80,8 +85,12 @@ func (c *Config) CheckTemplateEntry(name string, spec resourceapi.ResourceClaimS
 	if len(d.Constraints) > 0 {
 		errs = append(errs, fmt.Errorf("devices.constraints has %d entries, want none", len(d.Constraints)))
 	}
-	if len(d.Config) > 0 {
-		errs = append(errs, fmt.Errorf("devices.config has %d entries, want none", len(d.Config)))
+	switch len(d.Config) {
+	case 0:
+	case 1:
+		errs = append(errs, checkPriorityConfig(d.Config[0]))
+	default:
+		errs = append(errs, fmt.Errorf("devices.config has %d entries, want at most 1 (a task priority)", len(d.Config)))
 	}
 	if len(d.Requests) != 1 {
 		errs = append(errs, fmt.Errorf("devices.requests has %d entries, want 1", len(d.Requests)))
@@ -136,6 +145,34 @@ func (c *Config) checkRequest(r resourceapi.DeviceRequest) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// checkPriorityConfig accepts the one config entry the translation
+// writes: for request RequestName, opaque for this driver, a GpuConfig
+// with a valid sharing.priority and nothing else, so a forged entry cannot
+// set any other field of the claim's config.
+func checkPriorityConfig(c resourceapi.DeviceClaimConfiguration) error {
+	const path = "devices.config[0]"
+	if !slices.Equal(c.Requests, []string{RequestName}) {
+		return fmt.Errorf("%s.requests %q, want [%q]", path, c.Requests, RequestName)
+	}
+	if c.Opaque == nil || c.Opaque.Driver != driver.Name {
+		return fmt.Errorf("%s is not an opaque config of driver %s", path, driver.Name)
+	}
+	got, err := v1alpha1.Decode(c.Opaque.Parameters.Raw)
+	if err != nil {
+		return fmt.Errorf("%s.opaque.parameters: %w", path, err)
+	}
+	if got.Sharing == nil || got.Sharing.Priority == nil {
+		return fmt.Errorf("%s.opaque.parameters sets no sharing.priority, the only config a translation writes", path)
+	}
+	if err := got.Validate(); err != nil {
+		return fmt.Errorf("%s.opaque.parameters: %w", path, err)
+	}
+	if want := priorityConfig(*got.Sharing.Priority); !reflect.DeepEqual(got, &want) {
+		return fmt.Errorf("%s.opaque.parameters sets more than sharing.priority, the only config a translation writes", path)
+	}
+	return nil
 }
 
 // strictUnmarshal decodes one JSON value, refusing unknown fields and

@@ -1,6 +1,7 @@
 package compat
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -11,8 +12,10 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 
+	v1alpha1 "github.com/gpulink/gpulink/api/v1alpha1"
 	"github.com/gpulink/gpulink/driver"
 )
 
@@ -57,13 +60,21 @@ type Shape struct {
 	Memory        int64
 	MemoryPercent int64
 	Cores         int64
+	// Priority is HAMi's task priority (0 high, 1 low) when HasPriority;
+	// it goes into the claim's opaque config as sharing.priority.
+	Priority    int
+	HasPriority bool
 	// From says which resources and values the shape was read from.
 	From string
 }
 
 func (s Shape) String() string {
+	prio := ""
+	if s.HasPriority {
+		prio = ", " + priorityName(s.Priority)
+	}
 	if !s.Share {
-		return fmt.Sprintf("%d whole GPU(s)", s.Count)
+		return fmt.Sprintf("%d whole GPU(s)%s", s.Count, prio)
 	}
 	var parts []string
 	switch {
@@ -79,7 +90,7 @@ func (s Shape) String() string {
 	} else {
 		parts = append(parts, "default cores")
 	}
-	return fmt.Sprintf("%d share(s) of one GPU each (%s)", s.Count, strings.Join(parts, ", "))
+	return fmt.Sprintf("%d share(s) of one GPU each (%s)%s", s.Count, strings.Join(parts, ", "), prio)
 }
 
 // ContainerClaim is one translated container.
@@ -340,7 +351,7 @@ func (t *Translator) names() []corev1.ResourceName {
 	c := t.Config
 	var n []string
 	if c.NVIDIA.Enabled {
-		n = append(n, c.NVIDIA.GPU, c.NVIDIA.Memory, c.NVIDIA.MemoryPercentage, c.NVIDIA.Cores)
+		n = append(n, c.NVIDIA.GPU, c.NVIDIA.Memory, c.NVIDIA.MemoryPercentage, c.NVIDIA.Cores, c.NVIDIA.Priority)
 	}
 	if c.Aliyun.Enabled {
 		n = append(n, c.Aliyun.GPU)
@@ -431,8 +442,12 @@ func (t *Translator) shape(c *corev1.Container) (Shape, bool, error) {
 	cfg := t.Config
 	if cfg.NVIDIA.Enabled {
 		gpu, mem, pct, cores := read(cfg.NVIDIA.GPU), read(cfg.NVIDIA.Memory), read(cfg.NVIDIA.MemoryPercentage), read(cfg.NVIDIA.Cores)
+		prio := read(cfg.NVIDIA.Priority)
 		if len(errs) == 0 {
 			s, ok, err := t.nvidia(gpu.v, gpu.set, mem.v, mem.set, pct.v, pct.set, cores.v, cores.set)
+			if err == nil && prio.set {
+				s, ok, err = t.withPriority(s, ok, prio.v)
+			}
 			if err != nil {
 				errs = append(errs, err)
 			} else if ok {
@@ -536,6 +551,41 @@ func (t *Translator) nvidia(gpu int64, gpuSet bool, mem int64, memSet bool, pct 
 	return s, true, errors.Join(errs...)
 }
 
+// withPriority adds HAMi's task priority to what a container asks for
+// (ok). A priority is refused outside 0 and 1, and without a GPU: it asks
+// for no device, and left alone it would stay on the pod as an extended
+// resource no node has, so the pod would never be scheduled.
+func (t *Translator) withPriority(s Shape, ok bool, prio int64) (Shape, bool, error) {
+	name := t.Config.NVIDIA.Priority
+	if prio != v1alpha1.PriorityHigh && prio != v1alpha1.PriorityLow {
+		return Shape{}, false, fmt.Errorf("%s: %d must be 0 (high) or 1 (low)", name, prio)
+	}
+	if !ok {
+		n := t.Config.NVIDIA
+		return Shape{}, false, fmt.Errorf("%s: %d without a GPU (%s, %s, %s or %s): a task priority orders GPU work, so ask for a GPU or drop it", name, prio, n.GPU, n.Memory, n.MemoryPercentage, n.Cores)
+	}
+	s.Priority, s.HasPriority = int(prio), true
+	s.From += fmt.Sprintf(", %s: %d", name, prio)
+	return s, true, nil
+}
+
+// priorityName is how the translation's summary names a priority.
+func priorityName(p int) string {
+	if p == v1alpha1.PriorityHigh {
+		return "priority 0 (high)"
+	}
+	return "priority 1 (low)"
+}
+
+// priorityConfig is the opaque config a translated template carries for a
+// task priority: a GpuConfig with sharing.priority alone, so the claim
+// keeps its class's every other setting.
+func priorityConfig(prio int) v1alpha1.GpuConfig {
+	c := v1alpha1.GpuConfig{Sharing: &v1alpha1.SharingConfig{Priority: &prio}}
+	c.APIVersion, c.Kind = v1alpha1.APIVersion, v1alpha1.Kind
+	return c
+}
+
 func (t *Translator) tencent(cores int64, coresSet bool, mem int64, memSet bool) (Shape, bool, error) {
 	n := t.Config.Tencent
 	from := fmt.Sprintf("%s: %d", n.Cores, cores)
@@ -635,6 +685,18 @@ func (t *Translator) template(s Shape, selectors []string) (resourceapi.Resource
 	spec := resourceapi.ResourceClaimTemplateSpec{
 		ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{LabelManaged: "true"}},
 		Spec:       resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req}}},
+	}
+	if s.HasPriority {
+		raw, err := json.Marshal(priorityConfig(s.Priority))
+		if err != nil {
+			return resourceapi.ResourceClaimTemplateSpec{}, fmt.Errorf("encoding the priority config: %w", err)
+		}
+		spec.Spec.Devices.Config = []resourceapi.DeviceClaimConfiguration{{
+			Requests: []string{RequestName},
+			DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+				Driver: driver.Name, Parameters: runtime.RawExtension{Raw: raw},
+			}},
+		}}
 	}
 	return spec, nil
 }

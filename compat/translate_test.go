@@ -3,6 +3,7 @@ package compat
 import (
 	"context"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -13,6 +14,7 @@ import (
 	dracel "k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/utils/ptr"
 
+	v1alpha1 "github.com/gpulink/gpulink/api/v1alpha1"
 	"github.com/gpulink/gpulink/driver"
 )
 
@@ -268,6 +270,12 @@ func TestTranslateBadValues(t *testing.T) {
 		{name: "requests differ from limits", limits: map[string]string{"nvidia.com/gpu": "2"}, req: map[string]string{"nvidia.com/gpu": "1"}, want: []string{"nvidia.com/gpu", "requests 1", "limits 2"}},
 		{name: "vcuda-core not a multiple of 100", limits: map[string]string{"tencent.com/vcuda-core": "150"}, want: []string{"tencent.com/vcuda-core: 150"}},
 		{name: "vcuda-memory alone", limits: map[string]string{"tencent.com/vcuda-memory": "4"}, want: []string{"tencent.com/vcuda-memory: 4"}},
+		// HAMi knows two priorities; the error names the resource and value.
+		{name: "priority 2", limits: map[string]string{"nvidia.com/gpu": "1", "nvidia.com/priority": "2"}, want: []string{"nvidia.com/priority: 2", "0 (high) or 1 (low)"}},
+		{name: "negative priority", limits: map[string]string{"nvidia.com/gpu": "1", "nvidia.com/priority": "-1"}, want: []string{"nvidia.com/priority", "-1", "negative"}},
+		{name: "fractional priority", limits: map[string]string{"nvidia.com/gpu": "1", "nvidia.com/priority": "0.5"}, want: []string{"nvidia.com/priority", "500m", "whole number"}},
+		{name: "priority without a GPU", limits: map[string]string{"nvidia.com/priority": "1", "cpu": "1"}, want: []string{"nvidia.com/priority: 1", "without a GPU"}},
+		{name: "priority beside zero GPUs", limits: map[string]string{"nvidia.com/gpu": "0", "nvidia.com/priority": "0"}, want: []string{"nvidia.com/priority: 0", "without a GPU"}},
 		{name: "two families", limits: map[string]string{"nvidia.com/gpu": "1", "aliyun.com/gpu": "1"}, want: []string{"nvidia.com/gpu: 1", "aliyun.com/gpu: 1"}},
 		// One firstAvailable alternative per memory size; the API allows 8.
 		{name: "percentage with nine memory sizes", limits: map[string]string{"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50"},
@@ -523,5 +531,92 @@ func checkClaimRefs(t *testing.T, r *Result) {
 		if len(c.Resources.Claims) != 1 || !seen[c.Resources.Claims[0].Name] {
 			t.Errorf("container %s uses claims %+v", c.Name, c.Resources.Claims)
 		}
+	}
+}
+
+// HAMi's task priority never stays on the pod: it becomes the claim's
+// sharing.priority, 0 (high) as well as 1 (low), on shares and whole GPUs.
+func TestTranslatePriority(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		limits map[string]string
+		want   int
+		class  string
+	}{
+		{name: "low priority share", limits: map[string]string{"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "30", "nvidia.com/priority": "1"}, want: 1, class: driver.DeviceClassShare},
+		{name: "high priority share", limits: map[string]string{"nvidia.com/gpucores": "30", "nvidia.com/priority": "0"}, want: 0, class: driver.DeviceClassShare},
+		{name: "whole GPU", limits: map[string]string{"nvidia.com/gpu": "1", "nvidia.com/priority": "1"}, want: 1, class: driver.DeviceClassWhole},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := Translator{Config: DefaultConfig()}
+			c := ctr("main", tc.limits)
+			c.Resources.Requests = corev1.ResourceList{"nvidia.com/priority": c.Resources.Limits["nvidia.com/priority"]}
+			r, err := tr.Translate(podWith(c))
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := r.Pod.Spec.Containers[0].Resources
+			if _, ok := out.Limits["nvidia.com/priority"]; ok {
+				t.Errorf("nvidia.com/priority left in limits: %v", out.Limits)
+			}
+			if _, ok := out.Requests["nvidia.com/priority"]; ok {
+				t.Errorf("nvidia.com/priority left in requests: %v", out.Requests)
+			}
+			if req := request(t, r, "main"); req.Exactly == nil || req.Exactly.DeviceClassName != tc.class {
+				t.Errorf("request %+v, want one of class %s", req, tc.class)
+			}
+			spec := r.Templates[r.Claims[0].Template].Spec
+			if len(spec.Devices.Config) != 1 {
+				t.Fatalf("template config %+v, want one entry", spec.Devices.Config)
+			}
+			cfg := spec.Devices.Config[0]
+			if !slices.Equal(cfg.Requests, []string{RequestName}) || cfg.Opaque == nil || cfg.Opaque.Driver != driver.Name {
+				t.Fatalf("config entry %+v, want an opaque %s config for request %s", cfg, driver.Name, RequestName)
+			}
+			got, err := v1alpha1.Normalize(cfg.Opaque.Parameters.Raw)
+			if err != nil {
+				t.Fatalf("the template's config does not decode: %v", err)
+			}
+			if p := got.Sharing.Priority; p == nil || *p != tc.want {
+				t.Errorf("sharing.priority %v, want %d", p, tc.want)
+			}
+			if !strings.Contains(r.Pod.Annotations[AnnotationTranslated], "nvidia.com/priority: "+strconv.Itoa(tc.want)) {
+				t.Errorf("summary %q does not say where the priority came from", r.Pod.Annotations[AnnotationTranslated])
+			}
+			specs, err := DecodeTemplates(r.Pod.Annotations[AnnotationTemplates])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := tr.Config.CheckTemplateEntry(r.Claims[0].Template, specs[r.Claims[0].Template]); err != nil {
+				t.Errorf("the translation's own priority entry is refused: %v", err)
+			}
+		})
+	}
+}
+
+// Two containers asking for the same share at different priorities get
+// claims of different templates; a regular init container does not take
+// over the claim of an app container of another priority.
+func TestTranslatePrioritySeparatesClaims(t *testing.T) {
+	tr := Translator{Config: DefaultConfig()}
+	share := func(p string) map[string]string {
+		return map[string]string{"nvidia.com/gpumem": "1000", "nvidia.com/priority": p}
+	}
+	pod := podWith(ctr("hi", share("0")), ctr("lo", share("1")))
+	pod.Spec.InitContainers = []corev1.Container{ctr("setup", map[string]string{"nvidia.com/gpumem": "1000"})}
+	r, err := tr.Translate(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := map[string]string{}
+	claim := map[string]string{}
+	for _, c := range r.Claims {
+		tmpl[c.Container], claim[c.Container] = c.Template, c.ClaimName
+	}
+	if tmpl["hi"] == tmpl["lo"] || tmpl["setup"] == tmpl["hi"] || tmpl["setup"] == tmpl["lo"] {
+		t.Errorf("templates %v: want one per priority (and one without)", tmpl)
+	}
+	if claim["setup"] == claim["hi"] || claim["setup"] == claim["lo"] {
+		t.Errorf("claims %v: the init container without a priority took a prioritized claim", claim)
 	}
 }

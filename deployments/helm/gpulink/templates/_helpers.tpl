@@ -140,7 +140,7 @@ The extended resource names the translation webhook handles, as a JSON list
 {{- $f := .Values.compat.families -}}
 {{- $names := list -}}
 {{- if $f.nvidia.enabled -}}
-{{- $names = concat $names (list $f.nvidia.gpu $f.nvidia.memory $f.nvidia.memoryPercentage $f.nvidia.cores) -}}
+{{- $names = concat $names (list $f.nvidia.gpu $f.nvidia.memory $f.nvidia.memoryPercentage $f.nvidia.cores $f.nvidia.priority) -}}
 {{- end -}}
 {{- if $f.aliyun.enabled -}}
 {{- $names = append $names $f.aliyun.gpu -}}
