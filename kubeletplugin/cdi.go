@@ -359,6 +359,7 @@ func buildClaimSpec(logger klog.Logger, c *PreparedClaim, o cdiOptions) (*cdispe
 		},
 		Devices: append([]cdispec.Device{{Name: string(c.UID), ContainerEdits: edits}}, devices...),
 	}
+	addPriorityEdits(&spec.Devices[0].ContainerEdits, c) // priority.go
 	v, err := cdispec.MinimumRequiredVersion(spec)
 	if err != nil {
 		return nil, fmt.Errorf("CDI spec version: %w", err)

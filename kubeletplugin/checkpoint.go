@@ -105,6 +105,9 @@ type PreparedShare struct {
 	// opt-in (0 or 100: none): the shares of the GPU may add up to this
 	// percentage of its memory when this share joins them.
 	MemoryOvercommitPercent int `json:"memoryOvercommitPercent,omitempty"`
+	// Priority is the share's task priority (sharing.priority, 0 or 1);
+	// nil: unset. Checkpoints written before it existed read as unset.
+	Priority *int `json:"priority,omitempty"`
 	// MPSRef is true while the claim holds a reference to the GPU's MPS
 	// control daemon (strategy MPS); refcounts are rebuilt from it.
 	MPSRef bool `json:"mpsRef,omitempty"`

@@ -269,6 +269,9 @@ func (d *Driver) planClaim(logger klog.Logger, claim *resourceapi.ResourceClaim)
 	if err := checkClaimShape(pc, resultIdx); err != nil {
 		return nil, err
 	}
+	if err := checkClaimPriority(pc, resultIdx); err != nil {
+		return nil, err
+	}
 	if err := d.checkConflicts(pc, resultIdx); err != nil {
 		return nil, err
 	}
@@ -330,6 +333,10 @@ func (d *Driver) planShare(field string, r resourceapi.DeviceRequestAllocationRe
 	ps := &PreparedShare{MemoryBytes: memBytes, Cores: cores, Strategy: strategy}
 	if v := rc.resolved.Sharing.MemoryOvercommitPercent; v != nil {
 		ps.MemoryOvercommitPercent = *v
+	}
+	if v := rc.resolved.Sharing.Priority; v != nil {
+		p := *v
+		ps.Priority = &p
 	}
 	return ps, nil
 }
