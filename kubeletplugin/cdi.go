@@ -188,9 +188,14 @@ type claimGPU struct {
 // to PCI_BUS_ID; without bus IDs the index order is the same order). Shares
 // of one GPU add up.
 func claimGPUs(c *PreparedClaim) []claimGPU {
+	return foldGPUs(c.Devices)
+}
+
+// foldGPUs is claimGPUs over some of a claim's results.
+func foldGPUs(devices []PreparedDevice) []claimGPU {
 	byIndex := map[int]*claimGPU{}
 	var order []int
-	for _, d := range c.Devices {
+	for _, d := range devices {
 		g := byIndex[d.Index]
 		if g == nil {
 			g = &claimGPU{index: d.Index, minor: d.Minor, uuid: d.UUID, pciBusID: d.PCIBusID, device: d.Device}
@@ -237,10 +242,13 @@ func claimGPUs(c *PreparedClaim) []claimGPU {
 // there, so the device's edits are never empty, even on nodes without the
 // device node), and the claim device with everything else. Claims prepared
 // before keep the layout their containers were started with: one claim
-// device holding it all.
+// device holding it all. A claim that mixes MPS shares with other GPUs
+// also gets a view per request (cdiviews.go), which holds what differs
+// between its requests' containers.
 func buildClaimSpec(logger klog.Logger, c *PreparedClaim, o cdiOptions) (*cdispec.Spec, error) {
 	gpus := claimGPUs(c)
 	perGPU := c.perGPUCDI()
+	views := perGPU && c.needsRequestViews()
 	edits := cdispec.ContainerEdits{}
 	devMount, devHost := o.Root.devRoots()
 	addNode := func(edits *cdispec.ContainerEdits, path string) error {
@@ -263,15 +271,30 @@ func buildClaimSpec(logger klog.Logger, c *PreparedClaim, o cdiOptions) (*cdispe
 		edits.DeviceNodes = append(edits.DeviceNodes, n)
 		return nil
 	}
+	// ordinals: where the containers of the GPU's request number it; with
+	// views, within the first request that has the GPU.
+	ordinals := map[int]int{}
+	if views {
+		for _, r := range c.viewRequests() {
+			for i, g := range foldGPUs(c.requestDevices(r)) {
+				if _, ok := ordinals[g.index]; !ok {
+					ordinals[g.index] = i
+				}
+			}
+		}
+	} else {
+		for i, g := range gpus {
+			ordinals[g.index] = i
+		}
+	}
 	var devices []cdispec.Device
-	visible := make([]string, 0, len(gpus))
-	for ordinal, g := range gpus {
+	for _, g := range gpus {
 		node := "/dev/nvidia" + strconv.Itoa(g.minor)
 		if perGPU {
 			dev := cdispec.Device{
 				Name: cdiGPUDeviceName(c.UID, g.device),
 				ContainerEdits: cdispec.ContainerEdits{
-					Env: []string{"GPULINK_DEVICE_" + strconv.Itoa(ordinal) + "=" + g.device},
+					Env: []string{"GPULINK_DEVICE_" + strconv.Itoa(ordinals[g.index]) + "=" + g.device},
 				},
 			}
 			if err := addNode(&dev.ContainerEdits, node); err != nil {
@@ -281,76 +304,29 @@ func buildClaimSpec(logger klog.Logger, c *PreparedClaim, o cdiOptions) (*cdispe
 		} else if err := addNode(&edits, node); err != nil {
 			return nil, err
 		}
-		if g.uuid != "" {
-			visible = append(visible, g.uuid)
-		} else {
-			visible = append(visible, strconv.Itoa(g.index))
-		}
 	}
 	for _, p := range controlDeviceNodes {
 		if err := addNode(&edits, p); err != nil {
 			return nil, err
 		}
 	}
-	edits.Env = append(edits.Env,
-		"NVIDIA_VISIBLE_DEVICES="+strings.Join(visible, ","),
-		"CUDA_DEVICE_ORDER=PCI_BUS_ID",
-	)
-	var mpsLimits []string
-	for ordinal, g := range gpus {
-		if g.share == nil {
-			continue
+	edits.Env = append(edits.Env, "NVIDIA_VISIBLE_DEVICES="+visibleDevices(gpus), "CUDA_DEVICE_ORDER=PCI_BUS_ID")
+	if !views {
+		if err := addShareEdits(&edits, c, gpus, o); err != nil {
+			return nil, err
 		}
-		mib := g.share.MemoryBytes / memoryStep
-		ord := strconv.Itoa(ordinal)
-		edits.Env = append(edits.Env,
-			"GPULINK_SHARE_MEMORY_"+ord+"="+strconv.FormatInt(g.share.MemoryBytes, 10),
-			"GPULINK_SHARE_CORES_"+ord+"="+strconv.FormatInt(g.share.Cores, 10),
-		)
-		switch g.share.Strategy {
-		case apiv1alpha1.SharingMPS:
-			// The limit of this GPU's ordinal: the claim's daemon numbers
-			// its GPUs in this same order (PreparedClaim.mpsShare).
-			mpsLimits = append(mpsLimits, fmt.Sprintf("%d=%dM", ordinal, mib))
-		case apiv1alpha1.SharingHAMiCore:
-			edits.Env = append(edits.Env,
-				"CUDA_DEVICE_MEMORY_LIMIT_"+ord+"="+strconv.FormatInt(mib, 10)+"m",
-				"CUDA_DEVICE_SM_LIMIT_"+ord+"="+strconv.FormatInt(g.share.Cores, 10),
-			)
-		case apiv1alpha1.SharingNone:
-			// Recorded in GPULINK_SHARE_* only: nothing enforces it.
-		default:
-			return nil, fmt.Errorf("GPU %d: unknown sharing strategy %q", g.index, g.share.Strategy)
+	} else {
+		for _, r := range c.viewRequests() {
+			rgpus := foldGPUs(c.requestDevices(r))
+			view := cdispec.ContainerEdits{Env: []string{"NVIDIA_VISIBLE_DEVICES=" + visibleDevices(rgpus)}}
+			for i, g := range rgpus {
+				view.Env = append(view.Env, "GPULINK_DEVICE_"+strconv.Itoa(i)+"="+g.device)
+			}
+			if err := addShareEdits(&view, c, rgpus, o); err != nil {
+				return nil, fmt.Errorf("request %s: %w", r, err)
+			}
+			devices = append(devices, cdispec.Device{Name: cdiViewDeviceName(c.UID, r), ContainerEdits: view})
 		}
-	}
-	if len(mpsLimits) > 0 {
-		// The claim's own daemon (see doc.go, "MPS daemons"), serving all
-		// its MPS GPUs: its pipe directory, where the container finds it,
-		// and the shm directory its server shares with the container as
-		// /dev/shm. The limits are set on the daemon; the env below only
-		// repeats them (a client may lower them, not raise them). The
-		// cores are one percentage for all GPUs (checkClaimShape).
-		share := c.mpsShare()
-		dirs := o.MPSDirs(share)
-		edits.Env = append(edits.Env,
-			"CUDA_MPS_PIPE_DIRECTORY="+dirs.Pipe,
-			"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="+strings.Join(mpsLimits, ","),
-			"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="+strconv.FormatInt(share.Cores, 10),
-		)
-		edits.Mounts = append(edits.Mounts,
-			&cdispec.Mount{
-				HostPath:      dirs.Pipe,
-				ContainerPath: dirs.Pipe,
-				Type:          "bind",
-				Options:       []string{"rbind", "rw", "nosuid", "nodev", "noexec"},
-			},
-			&cdispec.Mount{
-				HostPath:      dirs.Shm,
-				ContainerPath: "/dev/shm",
-				Type:          "bind",
-				Options:       []string{"rbind", "rw", "nosuid", "nodev", "noexec"},
-			},
-		)
 	}
 	spec := &cdispec.Spec{
 		Kind: CDIKind,
@@ -366,6 +342,83 @@ func buildClaimSpec(logger klog.Logger, c *PreparedClaim, o cdiOptions) (*cdispe
 	}
 	spec.Version = v
 	return spec, nil
+}
+
+// visibleDevices is NVIDIA_VISIBLE_DEVICES for some GPUs: UUIDs, indexes
+// where a UUID is unknown.
+func visibleDevices(gpus []claimGPU) string {
+	visible := make([]string, 0, len(gpus))
+	for _, g := range gpus {
+		if g.uuid != "" {
+			visible = append(visible, g.uuid)
+		} else {
+			visible = append(visible, strconv.Itoa(g.index))
+		}
+	}
+	return strings.Join(visible, ",")
+}
+
+// addShareEdits adds the share variables of gpus, numbered in their order,
+// and the strategies' limits: for MPS shares the claim's daemon (whose
+// GPUs are numbered in the same order: the MPS GPUs of the claim, or of
+// its MPS request when it has views).
+func addShareEdits(edits *cdispec.ContainerEdits, c *PreparedClaim, gpus []claimGPU, o cdiOptions) error {
+	var mpsLimits []string
+	for ordinal, g := range gpus {
+		if g.share == nil {
+			continue
+		}
+		mib := g.share.MemoryBytes / memoryStep
+		ord := strconv.Itoa(ordinal)
+		edits.Env = append(edits.Env,
+			"GPULINK_SHARE_MEMORY_"+ord+"="+strconv.FormatInt(g.share.MemoryBytes, 10),
+			"GPULINK_SHARE_CORES_"+ord+"="+strconv.FormatInt(g.share.Cores, 10),
+		)
+		switch g.share.Strategy {
+		case apiv1alpha1.SharingMPS:
+			mpsLimits = append(mpsLimits, fmt.Sprintf("%d=%dM", ordinal, mib))
+		case apiv1alpha1.SharingHAMiCore:
+			edits.Env = append(edits.Env,
+				"CUDA_DEVICE_MEMORY_LIMIT_"+ord+"="+strconv.FormatInt(mib, 10)+"m",
+				"CUDA_DEVICE_SM_LIMIT_"+ord+"="+strconv.FormatInt(g.share.Cores, 10),
+			)
+		case apiv1alpha1.SharingNone:
+			// Recorded in GPULINK_SHARE_* only: nothing enforces it.
+		default:
+			return fmt.Errorf("GPU %d: unknown sharing strategy %q", g.index, g.share.Strategy)
+		}
+	}
+	if len(mpsLimits) == 0 {
+		return nil
+	}
+	// The claim's own daemon (see doc.go, "MPS daemons"), serving all its
+	// MPS GPUs: its pipe directory, where the container finds it, and the
+	// shm directory its server shares with the container as /dev/shm. The
+	// limits are set on the daemon; the env below only repeats them (a
+	// client may lower them, not raise them). The cores are one
+	// percentage for all GPUs (checkClaimShape).
+	share := c.mpsShare()
+	dirs := o.MPSDirs(share)
+	edits.Env = append(edits.Env,
+		"CUDA_MPS_PIPE_DIRECTORY="+dirs.Pipe,
+		"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="+strings.Join(mpsLimits, ","),
+		"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="+strconv.FormatInt(share.Cores, 10),
+	)
+	edits.Mounts = append(edits.Mounts,
+		&cdispec.Mount{
+			HostPath:      dirs.Pipe,
+			ContainerPath: dirs.Pipe,
+			Type:          "bind",
+			Options:       []string{"rbind", "rw", "nosuid", "nodev", "noexec"},
+		},
+		&cdispec.Mount{
+			HostPath:      dirs.Shm,
+			ContainerPath: "/dev/shm",
+			Type:          "bind",
+			Options:       []string{"rbind", "rw", "nosuid", "nodev", "noexec"},
+		},
+	)
+	return nil
 }
 
 // charDevice describes the character device at host for the CDI spec,

@@ -1,6 +1,7 @@
 package kubeletplugin
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -272,5 +273,83 @@ func TestCDIListAndRemove(t *testing.T) {
 	}
 	if uids, _ := c.ListClaimSpecs(); len(uids) != 0 {
 		t.Errorf("specs left: %v", uids)
+	}
+}
+
+// devicesOfRequest is what the kubelet passes on for a container that
+// names one request of the claim.
+func devicesOfRequest(devs []kubeletplugin.Device, request string) []kubeletplugin.Device {
+	var out []kubeletplugin.Device
+	for _, d := range devs {
+		if slices.Contains(d.Requests, request) {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// A whole GPU beside an MPS share in one claim (NVIDIA's quickstart
+// gpu-test5): the containers of each request see their own GPU, and only
+// the MPS request's containers talk to the claim's daemon, numbering its
+// GPU as the daemon does.
+func TestCDIRequestViews(t *testing.T) {
+	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
+	d := e.start()
+	c := newClaim("mixed", []resourceapi.DeviceRequestAllocationResult{
+		wholeGPU("ts-gpu", 2),
+		shareOf("mps-gpu", 1, "10Gi", 50),
+		shareOf("hami-gpu", 3, "2Gi", 20),
+	}, opaqueEntry(resourceapi.AllocationConfigSourceClass, driver.Name, []string{"hami-gpu"}, sharingConfig("HAMiCore")))
+	devs := mustPrepare(t, d, c)
+	uuid := func(i int) string { return fmt.Sprintf("GPU-%08d-0000-0000-0000-000000000000", i) }
+	pipe := filepath.Join(e.mpsRoot, string(c.UID), "pipe")
+	for _, tc := range []struct {
+		request string
+		nodes   []string
+		env     map[string]string
+		absent  []string
+	}{
+		{"ts-gpu", []string{"/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia2", "/dev/nvidiactl"},
+			map[string]string{"NVIDIA_VISIBLE_DEVICES": uuid(2), "GPULINK_DEVICE_0": "gpu-2"},
+			[]string{"CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "GPULINK_SHARE_CORES_0", "GPULINK_DEVICE_1", "CUDA_DEVICE_SM_LIMIT_0"}},
+		{"mps-gpu", []string{"/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia1", "/dev/nvidiactl"},
+			map[string]string{"NVIDIA_VISIBLE_DEVICES": uuid(1), "GPULINK_DEVICE_0": "gpu-1", "CUDA_MPS_PIPE_DIRECTORY": pipe,
+				"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=10240M", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50", "GPULINK_SHARE_CORES_0": "50"},
+			[]string{"GPULINK_DEVICE_1", "CUDA_DEVICE_SM_LIMIT_0"}},
+		{"hami-gpu", []string{"/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia3", "/dev/nvidiactl"},
+			map[string]string{"NVIDIA_VISIBLE_DEVICES": uuid(3), "GPULINK_DEVICE_0": "gpu-3", "CUDA_DEVICE_MEMORY_LIMIT_0": "2048m", "CUDA_DEVICE_SM_LIMIT_0": "20"},
+			[]string{"CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"}},
+	} {
+		spec := injectDevices(t, e, devicesOfRequest(devs, tc.request))
+		if got := deviceNodes(spec); !slices.Equal(got, tc.nodes) {
+			t.Errorf("request %s: device nodes %v, want %v", tc.request, got, tc.nodes)
+		}
+		env := envMap(spec)
+		for k, want := range tc.env {
+			if env[k] != want {
+				t.Errorf("request %s: %s=%q, want %q", tc.request, k, env[k], want)
+			}
+		}
+		for _, k := range tc.absent {
+			if v, ok := env[k]; ok {
+				t.Errorf("request %s: %s=%q set, want it absent", tc.request, k, v)
+			}
+		}
+	}
+	// The claim's daemon serves its MPS GPU only.
+	share := e.daemon.shares[string(c.UID)]
+	if len(share.GPUs) != 1 || share.GPUs[0].Index != 1 || share.Cores != 50 {
+		t.Errorf("MPS daemon share %+v, want GPU 1 only at 50%%", share)
+	}
+	// A restarted plugin answers with the same CDI IDs from its checkpoint.
+	again := mustPrepare(t, e.start(), c)
+	for i := range devs {
+		if !slices.Equal(devs[i].CDIDeviceIDs, again[i].CDIDeviceIDs) {
+			t.Errorf("device %d: CDI IDs %v after a restart, %v before", i, again[i].CDIDeviceIDs, devs[i].CDIDeviceIDs)
+		}
+	}
+	mustUnprepare(t, e.start(), c)
+	if e.specExists(c.UID) {
+		t.Error("CDI spec left behind after unprepare")
 	}
 }

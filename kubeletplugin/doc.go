@@ -222,7 +222,15 @@
 // percentage is one per server (set_default_active_thread_percentage has
 // no device), so the plugin refuses a claim whose MPS shares ask different
 // core percentages on different GPUs (checkClaimShape) rather than giving
-// a GPU less than it was allocated. Not verified on a GPU here.
+// a GPU less than it was allocated; the controller does not allocate such
+// a claim in the first place (it places it where the cores come out equal,
+// or says why it waits). Not verified on a GPU here.
+//
+// MPS shares beside GPUs outside MPS in one claim (a whole GPU and an MPS
+// share, or MPS and HAMi-core shares) get a CDI view per request
+// (cdiviews.go): the MPS variables go only to the MPS request's
+// containers, since a CUDA process with CUDA_MPS_PIPE_DIRECTORY set sees
+// the server's GPUs only, and each request numbers its GPUs from 0.
 //
 // Where it runs: in a pod per claim that the plugin creates through the API
 // (PodMPSDaemon): gpulink-mps-<claim UID> in the plugin's namespace

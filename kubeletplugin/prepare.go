@@ -185,7 +185,8 @@ func (d *Driver) observe(op string, start time.Time, n int) {
 
 // kubeletDevices is what the kubelet gets for a prepared claim: for each
 // result its GPU's own CDI device, then baseID when not empty (the node's
-// base CDI device: driver files and hooks), then the claim's device. The
+// base CDI device: driver files and hooks), then the claim's device, then
+// its request's view where the claim has views (cdiviews.go). The
 // kubelet names a device in a pod's allocatedResourcesStatus by its first
 // CDI device ID, so each GPU reports its own health; the shares of one GPU
 // name the same device, which the kubelet lists once. Claims recorded by
@@ -193,8 +194,9 @@ func (d *Driver) observe(op string, start time.Time, n int) {
 func (pc *PreparedClaim) kubeletDevices(baseID string) []kubeletplugin.Device {
 	out := make([]kubeletplugin.Device, 0, len(pc.Devices))
 	perGPU := pc.perGPUCDI()
+	views := perGPU && pc.needsRequestViews()
 	for _, dev := range pc.Devices {
-		ids := make([]string, 0, 3)
+		ids := make([]string, 0, 4)
 		if perGPU {
 			ids = append(ids, dev.CDIDeviceID)
 		}
@@ -202,6 +204,9 @@ func (pc *PreparedClaim) kubeletDevices(baseID string) []kubeletplugin.Device {
 			ids = append(ids, baseID)
 		}
 		ids = append(ids, pc.CDIDeviceID)
+		if views {
+			ids = append(ids, CDIDeviceIDForRequest(pc.UID, viewRequest(dev.Request)))
+		}
 		out = append(out, kubeletplugin.Device{
 			Requests:     []string{dev.Request},
 			PoolName:     dev.Pool,
@@ -351,12 +356,12 @@ func consumed(r resourceapi.DeviceRequestAllocationResult, name string) (resourc
 	return q, ok
 }
 
-// checkClaimShape rejects combinations one container cannot be set up for:
-// a GPU given whole and in shares (or whole twice) in one claim, shares of
-// one GPU with different strategies, MPS shares next to GPUs without one
-// (a CUDA process talks to a single MPS control daemon, which sees only
-// the claim's MPS GPUs), and MPS shares asking different core percentages
-// on different GPUs (one MPS server has one active thread percentage).
+// checkClaimShape rejects combinations the claim's containers cannot be
+// set up for: a GPU given whole and in shares (or whole twice) in one
+// claim, shares of one GPU with different strategies, and MPS shares
+// asking different core percentages on different GPUs (one MPS server has
+// one active thread percentage). MPS shares beside GPUs outside MPS are
+// fine: each request's containers get their own view (cdiviews.go).
 func checkClaimShape(pc *PreparedClaim, resultIdx []int) error {
 	field := func(j int) string { return resultField(resultIdx[j]) }
 	whole := map[int]int{}
@@ -391,15 +396,13 @@ func checkClaimShape(pc *PreparedClaim, resultIdx []int) error {
 	if mpsGPU < 0 {
 		return nil
 	}
-	for j, dev := range pc.Devices {
-		if dev.Share == nil || dev.Share.Strategy != apiv1alpha1.SharingMPS {
-			return fmt.Errorf("%s.device: %q cannot be combined with the MPS share of GPU %d in one claim; a CUDA process connects to one MPS control daemon, which sees only the claim's MPS GPUs", field(j), dev.Device, mpsGPU)
-		}
-	}
 	// The summed percentages per GPU, as the daemon and the container's
 	// GPULINK_SHARE_CORES_<n> get them.
 	var first *claimGPU
 	for _, g := range claimGPUs(pc) {
+		if g.share == nil || g.share.Strategy != apiv1alpha1.SharingMPS {
+			continue
+		}
 		if first == nil {
 			first = &g
 			continue

@@ -403,18 +403,14 @@ func TestPrepareBadInput(t *testing.T) {
 			configs: []resourceapi.DeviceAllocationConfiguration{opaqueEntry(resourceapi.AllocationConfigSourceClass, driver.Name, nil, sharingConfig("None"))},
 			want:    []string{"status.allocation.devices.results[0]", "sharing.strategy=None", "whole GPUs only"},
 		},
-		"MPS share with another GPU": {
-			results: []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10), wholeGPU("g", 1)},
-			want:    []string{"status.allocation.devices.results[1].device", "MPS"},
-		},
 		"MPS shares on two GPUs with different cores": {
 			results: []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10), shareOf("s", 1, "1Gi", 30)},
 			want:    []string{"status.allocation.devices.results[1].consumedCapacity.cores", "10%", "30%", "active thread percentage"},
 		},
-		"MPS share next to a HAMi-core share": {
-			results: []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10), shareOf("h", 1, "1Gi", 10)},
+		"MPS and HAMi-core shares of one GPU": {
+			results: []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10), shareOf("h", 0, "1Gi", 10)},
 			configs: []resourceapi.DeviceAllocationConfiguration{opaqueEntry(resourceapi.AllocationConfigSourceClass, driver.Name, []string{"h"}, sharingConfig("HAMiCore"))},
-			want:    []string{"status.allocation.devices.results[1].device", "MPS"},
+			want:    []string{"status.allocation.devices.results[1]", "sharing strategies MPS and HAMiCore"},
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
