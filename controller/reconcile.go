@@ -355,6 +355,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	summary := chosen.summarize()
 	logger.Info("Allocated", "node", chosen.Node.Node, "devices", summary, "duration", time.Since(start))
 	c.explain.event(pod, pending[0].Claim, corev1.EventTypeNormal, ReasonAllocated, actionAllocate, "allocated "+summary+own.note()+alternativesNote(chosen, plans, why, rej.details, unexamined))
+	c.explainPriority(pod, chosen, pending)
 	if err := c.ungate(ctx, pod); err != nil {
 		return err
 	}
