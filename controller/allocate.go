@@ -70,7 +70,7 @@ func planNode(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, 
 		state: &allocate.NodeState{Name: n.Node, Topology: n.Topo, Usage: slices.Clone(base)}}
 	plan := &nodePlan{Node: n, base: base}
 	for _, ic := range claims {
-		res, ok := p.placeFrom(ic, 0, make([]string, len(ic.Constraints)))
+		res, ok := p.placeFrom(ic, 0, make([]string, len(ic.Constraints)), nil)
 		if !ok {
 			return nil, p.why
 		}
@@ -104,10 +104,15 @@ func sanitizeUsage(in []allocate.GPUUsage) []allocate.GPUUsage {
 }
 
 // placeFrom places requests i.. of a claim with the constraint values
-// bound so far, backtracking over alternatives and attribute groups.
-func (p *placer) placeFrom(ic *interpretedClaim, i int, bound []string) ([]placedResult, bool) {
+// bound so far and the results placed so far, backtracking over
+// alternatives and attribute groups. It returns all the claim's results.
+func (p *placer) placeFrom(ic *interpretedClaim, i int, bound []string, placed []placedResult) ([]placedResult, bool) {
 	if i == len(ic.Requests) {
-		return nil, true
+		if err := p.checkShape(placed); err != nil {
+			p.note("%s", err.Error())
+			return nil, false
+		}
+		return placed, true
 	}
 	req := ic.Requests[i]
 	for _, alt := range req.Alternatives {
@@ -128,8 +133,8 @@ func (p *placer) placeFrom(ic *interpretedClaim, i int, bound []string) ([]place
 			savedMax, savedOvercommit := p.state.MaxSharesPerGPU, p.state.MemoryOvercommitPercent
 			res, err := p.placeAlt(alt, v)
 			if err == nil {
-				if rest, ok := p.placeFrom(ic, i+1, v.bound); ok {
-					return append(res, rest...), true
+				if all, ok := p.placeFrom(ic, i+1, v.bound, append(slices.Clip(placed), res...)); ok {
+					return all, true
 				}
 			} else {
 				p.note("%s", err.Error())
