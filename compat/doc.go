@@ -1,6 +1,8 @@
 // Package compat translates pods written for GPU device plugins into
 // gpulink resource claims: the extended resources of the NVIDIA device
-// plugin and HAMi (nvidia.com/gpu, gpumem, gpumem-percentage, gpucores),
+// plugin and HAMi (nvidia.com/gpu, gpumem, gpumem-percentage, gpucores,
+// and HAMi's task priority nvidia.com/priority, which becomes the claim's
+// opaque GpuConfig sharing.priority),
 // of the gputopology scheduler extender (aliyun.com/gpu) and of TKEStack
 // gpu-manager (tencent.com/vcuda-core, vcuda-memory), and HAMi's pod
 // annotations that pick GPUs. It is pure (no API calls): the admission
@@ -31,7 +33,8 @@
 // cores instead): shares are accounted, never unbounded.
 //
 // Bad values (a count of 0 with memory, negative or fractional values,
-// cores outside 1..100, memory larger than any known GPU, requests
+// cores outside 1..100, a priority other than 0 or 1 or without a GPU,
+// memory larger than any known GPU, requests
 // differing from limits, two families in one container, unknown or
 // malformed HAMi annotations) are errors naming the container, the
 // resource and the value; nothing is translated then. Resource names and
