@@ -41,8 +41,8 @@ func (c *Controller) explainPriority(pod *corev1.Pod, chosen *nodePlan, claims [
 // time-slices with it. crowded is true when some such GPU already carries
 // shares of other claims (or of the pod's other claims in this plan), so
 // the priority is known not to do what HAMi users expect from it. Nothing
-// is said about HAMi-core shares: HAMi-core coordinates the processes of
-// one GPU itself.
+// is said about HAMi-core shares: what HAMi-core does with its priority
+// variable is up to the library, not to a per-claim server.
 func priorityScope(pl *nodePlan, claims []*interpretedClaim) (note string, crowded bool) {
 	if pl == nil {
 		return "", false
