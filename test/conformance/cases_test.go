@@ -93,13 +93,6 @@ func peerRows() map[string]row {
 // Defects this suite found that are not fixed yet (reported with the
 // suite; the rows name them).
 const (
-	// mpsPrepareDefect: claims the kubelet plugin refuses to prepare for
-	// its MPS rules (one thread percentage per claim, no whole GPU beside
-	// an MPS share in one claim) are allocated by the controller and then
-	// stay in ContainerCreating with FailedPrepareDynamicResources events,
-	// instead of being refused or explained before allocation:
-	// hami/k8s-dra-driver-demo's double-gpu-0 and quickstart gpu-test5.
-	mpsPrepareDefect = "found here: an MPS claim the plugin cannot prepare is allocated, then stuck"
 	// twoClaimsEnvDefect: bats/gpu-two-claims-one-pod.yaml.
 	twoClaimsEnvDefect = "found here: one container, two claims"
 )

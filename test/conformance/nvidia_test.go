@@ -5,7 +5,6 @@ package conformance_test
 import (
 	"context"
 	"slices"
-	"strings"
 	"testing"
 )
 
@@ -101,22 +100,33 @@ func nvidiaCases() []*peerCase {
 		}}
 	// gpu-test5: one claim with a time-sliced GPU and an MPS GPU, two
 	// containers on each request. gpulink has no time-slicing: the ts
-	// request stays a whole GPU, the MPS one becomes a share. The
-	// controller allocates that claim, and the plugin then refuses to
-	// prepare a whole GPU beside an MPS share in one claim (see
-	// mpsPrepareDefect): the case asserts that refusal. Once fixed it
-	// fails, and the row must become a pass (each request's containers
-	// see its GPU, the MPS ones with the limits), or a refusal before
-	// allocation.
-	test5 := &peerCase{files: []string{q + "gpu-test5.yaml"}, gpus: 2, defect: mpsPrepareDefect,
+	// request stays a whole GPU, the MPS one becomes a share. Each
+	// request's containers get the request's own view of the claim (the
+	// kubelet plugin's per-request CDI devices): the ts containers the
+	// whole GPU without MPS, the MPS containers the share with its limits.
+	test5 := &peerCase{files: []string{q + "gpu-test5.yaml"}, gpus: 2,
 		opts: portOptions{dropConfig: dropNVIDIAConfig, shareCapacity: map[string]map[string]any{"mps-gpu": {"memory": "10Gi", "cores": "50"}}},
-		note: "rewrite: TimeSlicing config dropped (`ts-gpu` a whole GPU), MPS config → share `{memory: 10Gi, cores: \"50\"}`",
+		note: "rewrite: TimeSlicing config dropped (`ts-gpu` a whole GPU), MPS config → share `{memory: 10Gi, cores: \"50\"}`; each request's containers see their own GPU, only the MPS ones with MPS limits",
 		check: func(ctx context.Context, t *testing.T, r *run) string {
-			msg := r.event(ctx, t, "gpu-test5", "pod0", "FailedPrepareDynamicResources")
-			if !strings.Contains(msg, "cannot be combined with the MPS share") {
-				t.Errorf("%s: pod0: FailedPrepareDynamicResources %q, want the whole-GPU-beside-MPS refusal", r.c.files[0], msg)
+			p := r.waitPod(ctx, t, "gpu-test5", "pod0")
+			file := r.c.files[0]
+			seenBy := map[string]string{}
+			for _, ctr := range []string{"ts-ctr0", "ts-ctr1", "mps-ctr0", "mps-ctr1"} {
+				g := gpus(p.logs[ctr])
+				if len(g) != 1 {
+					t.Errorf("%s: container %s sees GPUs %v, want one", file, ctr, g)
+					continue
+				}
+				seenBy[ctr] = g[0]
 			}
-			return "the claim (a whole GPU and an MPS share) is allocated, then never prepared (FailedPrepareDynamicResources: a whole GPU cannot be combined with an MPS share in one claim) instead of refused before allocation"
+			if seenBy["ts-ctr0"] != seenBy["ts-ctr1"] || seenBy["mps-ctr0"] != seenBy["mps-ctr1"] || seenBy["ts-ctr0"] == seenBy["mps-ctr0"] {
+				t.Errorf("%s: containers see %v, want the ts containers on one GPU and the MPS containers on another", file, seenBy)
+			}
+			for _, ctr := range []string{"mps-ctr0", "mps-ctr1"} {
+				mpsLimits(t, file, p, ctr, "50", 10240)
+			}
+			noMPS(t, file, seen{pod: p.pod, logs: map[string]string{"ts-ctr0": p.logs["ts-ctr0"], "ts-ctr1": p.logs["ts-ctr1"]}})
+			return ""
 		}}
 	// gpu-test6: four replicas on the A100s with index 0, 2, 4 or 6
 	// (time-sliced). Ported to the node's A40s, time-slicing dropped: each
