@@ -113,6 +113,10 @@
 //	          on the claim's daemon; the env only repeats them)
 //	HAMiCore  CUDA_DEVICE_MEMORY_LIMIT_<i>=<MiB>m, CUDA_DEVICE_SM_LIMIT_<i>=<cores>
 //
+// A claim whose shares set sharing.priority (one for all of them) also gets
+// GPULINK_SHARE_PRIORITY and CUDA_MPS_CLIENT_PRIORITY (MPS) or
+// CUDA_TASK_PRIORITY (HAMiCore) in its claim device (priority.go).
+//
 // A share under strategy None (whole GPUs only) is refused, as the
 // controller refuses to allocate it: claims kube-scheduler or anyone else
 // allocated are held to the controller's rules.
