@@ -61,6 +61,9 @@ func chooseWhole(nodes []*NodeState, req Request, pol Policy) (Result, error) {
 	mostIdx, mostFree := -1, -1
 	looseIdx, looseKey := -1, key(0)
 	for i, n := range nodes {
+		if n.Host != nil && !req.Host.fits(*n.Host) {
+			continue
+		}
 		free := freeMask(n)
 		cand := free & eligibleMask(n, req)
 		nc := bits.OnesCount64(cand)
@@ -75,6 +78,12 @@ func chooseWhole(nodes []*NodeState, req Request, pol Policy) (Result, error) {
 			// Skip the search on nodes that cannot win even with the best
 			// link among their candidates on every pair.
 			ub := ranked{idx: i, score: wholeNodeScore(upperBound(n.Topology, cand, k), freeAfter, false)}
+			if pol.Demand != nil {
+				// Stranding does not depend on which free GPUs are
+				// taken; the set may at best be ideal.
+				ub.score.demand, ub.score.ideal = true, true
+				ub.score.strand = strandDelta(pol.Demand, n, req, lowestFreeSet(cand, k))
+			}
 			if !ub.beats(best, nodes, spread) {
 				continue
 			}
@@ -86,11 +95,15 @@ func chooseWhole(nodes []*NodeState, req Request, pol Policy) (Result, error) {
 			}
 			continue
 		}
-		if s := (ranked{idx: i, score: wholeNodeScore(p.key, freeAfter, false)}); best.idx < 0 || s.beats(best, nodes, spread) {
+		score := withDemand(wholeNodeScore(p.key, freeAfter, false), n, req, cand, p.key, pol.Demand)
+		if s := (ranked{idx: i, score: score}); best.idx < 0 || s.beats(best, nodes, spread) {
 			best = s
 		}
 	}
 	if best.idx < 0 {
+		if mostIdx < 0 && looseIdx < 0 {
+			return Result{}, &UnsatisfiableError{Reason: hostShortReason(req, len(nodes))}
+		}
 		return Result{}, &UnsatisfiableError{Reason: noNodeReason(nodes, req, mostIdx, mostFree, looseIdx, looseKey)}
 	}
 	// Only the winner needs the fragmentation tie-break.
@@ -126,17 +139,27 @@ func noNodeReason(nodes []*NodeState, req Request, mostIdx, mostFree, looseIdx i
 		req.GPUs, what, nodeLabel(nodes[mostIdx].Name), mostFree, nodes[mostIdx].Topology.Len())
 }
 
+// hostShortReason is the reason when no node has the request's CPU and
+// memory left.
+func hostShortReason(req Request, nodes int) string {
+	return fmt.Sprintf("no node has %dm CPU and %s memory left (%d nodes checked)",
+		req.Host.CPUMilli, formatBytes(req.Host.MemoryBytes), nodes)
+}
+
 func chooseShare(nodes []*NodeState, req Request, pol Policy) (Result, error) {
 	sc := getScratch()
 	defer putScratch(sc)
 	best := ranked{idx: -1}
 	var bestPos int
 	for i, n := range nodes {
+		if n.Host != nil && !req.Host.fits(*n.Host) {
+			continue
+		}
 		pl, why := placeShare(sc, n, req, pol.GPU.spread(), pol.Mix)
 		if why != "" {
 			continue
 		}
-		if s := (ranked{idx: i, score: shareNodeScore(n, pl)}); best.idx < 0 || s.beats(best, nodes, pol.Node.spread()) {
+		if s := (ranked{idx: i, score: shareNodeScore(n, req, pl, pol.Demand)}); best.idx < 0 || s.beats(best, nodes, pol.Node.spread()) {
 			best, bestPos = s, pl.pos
 		}
 	}

@@ -191,4 +191,24 @@
 // spread: more whole free GPUs left, then the emptier GPU; then node name.
 // Only the winning node runs the full tie-break of its set, so the result
 // equals Allocate on that node.
+//
+// # CPU, memory and the pods to come
+//
+// GPUs are not all a GPU pod needs: a node whose CPU or memory runs out
+// keeps its free GPUs idle (stranded). With NodeState.Host (the CPU and
+// memory a node has left), Request.Host (what the pod asks besides its
+// GPUs) and Policy.Demand (the shapes of the recent GPU pods with their
+// CPU and memory, DemandMix from a DemandHistory), ChooseNode skips nodes
+// short of the pod's CPU or memory and, under binpack, ranks nodes first
+// by (whole GPUs) whether the set is on the node's ideal link class (the
+// best weakest link an idle node of its kind gives that size, so the
+// link guarantee above is not traded away), then by the GPU the placement
+// strands for the demand mix, least first, and only then as above. What
+// a shape cannot use on a node is all of the node's unallocated GPU when
+// the shape cannot run there (CPU or memory short, too few GPUs with what
+// it needs of each), otherwise the rest of each GPU smaller than what it
+// needs of one: the fragment measure of FGD (Weng et al., ATC '23),
+// weighted by how often the shape was asked for. ChooseHost places pods
+// that ask for no GPU by the same measure, on nodes without GPUs first.
+// Spread and a nil Demand rank as without.
 package allocate

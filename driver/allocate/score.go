@@ -24,7 +24,24 @@ type NodeScore struct {
 	// mixDependent: the score was computed with Policy.Mix (see
 	// DependsOnMix).
 	mixDependent bool
+	// demand: ranked with Policy.Demand; then ideal (whole GPUs: the
+	// set's weakest link is the best an idle node of this kind gives a
+	// set of its size) and strand (GPU the placement strands for the
+	// demand mix, weighted milli GPU) come first.
+	demand bool
+	ideal  bool
+	strand int64
 }
+
+// DependsOnDemand tells whether the score was computed with
+// Policy.Demand (and may differ under another one, or once the node's
+// Host changes).
+func (a NodeScore) DependsOnDemand() bool { return a.demand }
+
+// Stranded is, with Policy.Demand, how much more GPU the placement
+// leaves unusable to the demand mix (milli GPU weighted by the mix's
+// counts; negative when it makes GPU usable again).
+func (a NodeScore) Stranded() int64 { return a.strand }
 
 // DependsOnMix tells whether the score may differ under another
 // Policy.Mix with everything else equal. It does not for whole GPUs on
@@ -60,6 +77,9 @@ func ScoreNode(n *NodeState, req Request, pol Policy) (s NodeScore, ok bool, err
 	if err := checkEligible(n, req); err != nil {
 		return NodeScore{}, false, fmt.Errorf("node %s: %w", nodeLabel(n.Name), err)
 	}
+	if n.Host != nil && !req.Host.fits(*n.Host) {
+		return NodeScore{}, false, nil
+	}
 	sc := getScratch()
 	defer putScratch(sc)
 	if req.Share != nil {
@@ -67,7 +87,7 @@ func ScoreNode(n *NodeState, req Request, pol Policy) (s NodeScore, ok bool, err
 		if why != "" {
 			return NodeScore{}, false, nil
 		}
-		return shareNodeScore(n, pl), true, nil
+		return shareNodeScore(n, req, pl, pol.Demand), true, nil
 	}
 	free := freeMask(n)
 	cand := free & eligibleMask(n, req)
@@ -78,16 +98,34 @@ func ScoreNode(n *NodeState, req Request, pol Policy) (s NodeScore, ok bool, err
 	if !p.found {
 		return NodeScore{}, false, nil
 	}
-	return wholeNodeScore(p.key, bits.OnesCount64(free)-req.GPUs, bits.OnesCount64(free) > exactMaxFree), true, nil
+	s = wholeNodeScore(p.key, bits.OnesCount64(free)-req.GPUs, bits.OnesCount64(free) > exactMaxFree)
+	return withDemand(s, n, req, cand, p.key, pol.Demand), true, nil
 }
 
 func wholeNodeScore(k key, freeAfter int, mixDependent bool) NodeScore {
 	return NodeScore{key: k, freeAfter: freeAfter, mixDependent: mixDependent}
 }
 
-func shareNodeScore(n *NodeState, pl sharePlacement) NodeScore {
-	return NodeScore{share: true, fresh: pl.fresh, freeAfter: pl.freeAfter, loadAfter: pl.loadAfter,
+// withDemand adds the demand criteria to a whole-GPU score whose set has
+// quality k, taken from cand.
+func withDemand(s NodeScore, n *NodeState, req Request, cand uint64, k key, d *DemandMix) NodeScore {
+	if d == nil {
+		return s
+	}
+	s.demand = true
+	s.ideal = k.weak() >= idealKey(n.Topology, req.GPUs).weak()
+	s.strand = strandDelta(d, n, req, lowestFreeSet(cand, req.GPUs))
+	return s
+}
+
+func shareNodeScore(n *NodeState, req Request, pl sharePlacement, d *DemandMix) NodeScore {
+	s := NodeScore{share: true, fresh: pl.fresh, freeAfter: pl.freeAfter, loadAfter: pl.loadAfter,
 		mixDependent: pl.fresh && !uniformMemory(n)}
+	if d != nil {
+		s.demand = true
+		s.strand = strandDelta(d, n, req, 1<<pl.pos)
+	}
+	return s
 }
 
 // uniformMemory tells whether every GPU of the node has the same memory.
@@ -112,12 +150,22 @@ func (a NodeScore) Better(b NodeScore, nameA, nameB string, pol Policy) bool {
 }
 
 // compare orders two nodes' scores before names: positive when a ranks
-// first. Whole GPUs: link quality, then the node-level strategy on the
+// first. With Policy.Demand and binpack (nodes): whole GPUs on the node's
+// ideal link class first, then the least GPU stranded; then as without.
+// Whole GPUs: link quality, then the node-level strategy on the
 // whole GPUs left free (binpack: fewer, keeping emptier nodes for large
 // jobs; spread: more). Shares, binpack: a GPU that already holds shares
 // (no whole GPU lost), then fewer whole GPUs left free, then the fuller
 // GPU; spread: more whole GPUs left free, then the emptier GPU.
 func (a NodeScore) compare(b NodeScore, spread bool) int {
+	if a.demand && b.demand && !spread {
+		if !a.share && a.ideal != b.ideal {
+			return boolOrder(a.ideal)
+		}
+		if a.strand != b.strand {
+			return boolOrder(a.strand < b.strand)
+		}
+	}
 	if a.share && !spread && a.fresh != b.fresh {
 		return boolOrder(!a.fresh)
 	}

@@ -68,6 +68,17 @@ func TestScoreNodeAgreesWithChooseNode(t *testing.T) {
 		if rng.IntN(2) == 0 {
 			pol.Mix = mustSizeMix(map[int]float64{1: 1, 2: 2, 4: float64(1 + rng.IntN(4))})
 		}
+		if rng.IntN(2) == 0 {
+			// Host-aware: nodes with CPU and memory left (some short of
+			// the request), and a demand mix to strand against.
+			pol.Demand = randomDemand(rng)
+			req.Host = Host{CPUMilli: int64(rng.IntN(16000)), MemoryBytes: int64(rng.IntN(64)) * gib}
+			for _, n := range nodes {
+				if rng.IntN(5) != 0 {
+					n.Host = &Host{CPUMilli: int64(rng.IntN(64000)), MemoryBytes: int64(rng.IntN(256)) * gib}
+				}
+			}
+		}
 		want, chooseErr := ChooseNode(nodes, req, pol)
 		best := -1
 		var bestScore NodeScore
@@ -80,7 +91,7 @@ func TestScoreNodeAgreesWithChooseNode(t *testing.T) {
 				continue
 			}
 			if !s.DependsOnMix() {
-				if s2, ok2, _ := ScoreNode(n, req, Policy{Node: pol.Node, GPU: pol.GPU, Mix: otherMix}); !ok2 || s2 != s {
+				if s2, ok2, _ := ScoreNode(n, req, Policy{Node: pol.Node, GPU: pol.GPU, Mix: otherMix, Demand: pol.Demand}); !ok2 || s2 != s {
 					t.Fatalf("trial %d: node %s: score %+v under another mix is %+v (fits %v), but it does not depend on the mix", trial, n.Name, s, s2, ok2)
 				}
 			}

@@ -23,6 +23,11 @@ type Policy struct {
 	// tie-break keeps free what is asked for most (doc.go, criterion 2).
 	// nil means DefaultSizeMix. A pointer keeps Policy comparable.
 	Mix *SizeMix `json:"-"`
+	// Demand, when set, is the mix of recent GPU pods (with their CPU
+	// and memory) that node choice keeps room for: nodes are ranked
+	// first by the GPU a placement strands for them (DemandMix; doc.go,
+	// "Choosing a node"). nil ranks as before, on GPUs alone.
+	Demand *DemandMix `json:"-"`
 }
 
 // GPUUsage is what is already consumed on one GPU.
@@ -51,6 +56,11 @@ type NodeState struct {
 	// request being placed, so a share whose class does not opt in never
 	// joins a GPU whose shares would then exceed its memory.
 	MemoryOvercommitPercent int
+	// Host is the CPU and memory the node has left for pods, when known:
+	// a node short of the request's Host is skipped, and with
+	// Policy.Demand the GPU stranded behind exhausted CPU or memory
+	// counts. nil: not known (GPUs alone decide).
+	Host *Host
 }
 
 // MaxMemoryOvercommitPercent bounds NodeState.MemoryOvercommitPercent.
@@ -80,6 +90,9 @@ type Request struct {
 	// map has no eligible GPU. At most one of Eligible and EligibleByNode
 	// may be set; Allocate and Commit honor either.
 	EligibleByNode map[string][]bool
+	// Host is the CPU and memory the pod asks for besides its GPUs; it is
+	// checked and counted only on nodes whose Host is known.
+	Host Host
 }
 
 // Result is a successful placement.

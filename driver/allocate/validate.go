@@ -14,6 +14,9 @@ func (r Request) Validate() error {
 	if r.Eligible != nil && r.EligibleByNode != nil {
 		return fmt.Errorf("request: eligible and eligibleByNode are mutually exclusive, got both")
 	}
+	if err := r.Host.validate("request.host"); err != nil {
+		return err
+	}
 	if r.Share != nil {
 		if r.GPUs != 0 {
 			return fmt.Errorf("request: gpus and share are mutually exclusive, got gpus=%d and a share", r.GPUs)
@@ -73,6 +76,11 @@ func (n *NodeState) Validate() error {
 	}
 	if v := n.MemoryOvercommitPercent; v != 0 && (v < 100 || v > MaxMemoryOvercommitPercent) {
 		return fmt.Errorf("node %s: memoryOvercommitPercent must be 0 or 100..%d, got %d", nodeLabel(n.Name), MaxMemoryOvercommitPercent, v)
+	}
+	if n.Host != nil {
+		if err := n.Host.validate("node " + nodeLabel(n.Name) + ": host"); err != nil {
+			return err
+		}
 	}
 	if n.MaxSharesPerGPU < 0 {
 		return fmt.Errorf("node %s: maxSharesPerGPU must be >= 0, got %d", nodeLabel(n.Name), n.MaxSharesPerGPU)

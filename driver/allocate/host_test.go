@@ -1,0 +1,264 @@
+package allocate
+
+import (
+	"errors"
+	"math/rand/v2"
+	"strings"
+	"testing"
+)
+
+// randomDemand is a mix of a few whole and share shapes with random CPU
+// and memory.
+func randomDemand(rng *rand.Rand) *DemandMix {
+	counts := map[DemandShape]int{}
+	for range 1 + rng.IntN(6) {
+		s := DemandShape{GPUs: []int{1, 1, 2, 4, 8}[rng.IntN(5)],
+			Host: Host{CPUMilli: int64(rng.IntN(32000)), MemoryBytes: int64(rng.IntN(128)) * gib}}
+		if s.GPUs == 1 && rng.IntN(2) == 0 {
+			s.ShareMilli = 100 + rng.IntN(800)
+		}
+		counts[s] += 1 + rng.IntN(10)
+	}
+	m, err := NewDemandMix(counts)
+	if err != nil {
+		panic(err)
+	}
+	return m
+}
+
+func mustDemand(t *testing.T, counts map[DemandShape]int) *DemandMix {
+	t.Helper()
+	m, err := NewDemandMix(counts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func TestStranded(t *testing.T) {
+	// One shape of weight 1 each time, so the result reads in milli GPU.
+	small := Host{CPUMilli: 4000, MemoryBytes: 16 * gib}
+	cases := []struct {
+		name  string
+		shape DemandShape
+		left  []int32
+		host  *Host
+		want  int64
+	}{
+		{"fits, nothing too small", DemandShape{GPUs: 1, Host: small}, []int32{1000, 1000, 0}, &Host{CPUMilli: 8000, MemoryBytes: 32 * gib}, 0},
+		{"host unknown never short", DemandShape{GPUs: 1, Host: Host{CPUMilli: 1 << 40}}, []int32{1000}, nil, 0},
+		{"CPU short strands all", DemandShape{GPUs: 1, Host: small}, []int32{1000, 500, 0}, &Host{CPUMilli: 3999, MemoryBytes: 32 * gib}, 1500},
+		{"memory short strands all", DemandShape{GPUs: 1, Host: small}, []int32{1000, 1000}, &Host{CPUMilli: 8000, MemoryBytes: gib}, 2000},
+		{"too few whole GPUs strands all", DemandShape{GPUs: 2}, []int32{1000, 700, 0}, nil, 1700},
+		{"rests smaller than a whole GPU", DemandShape{GPUs: 1}, []int32{1000, 700, 300}, nil, 1000},
+		{"share fits the rest", DemandShape{GPUs: 1, ShareMilli: 300}, []int32{700, 300, 200}, nil, 200},
+		{"nothing left, nothing stranded", DemandShape{GPUs: 8}, []int32{0, 0}, &Host{}, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			m := mustDemand(t, map[DemandShape]int{c.shape: 1})
+			if got := m.stranded(c.left, c.host); got != c.want {
+				t.Fatalf("stranded(%v, %+v) = %d, want %d", c.left, c.host, got, c.want)
+			}
+		})
+	}
+}
+
+func TestNewDemandMixRefusesBadShapes(t *testing.T) {
+	for _, c := range []struct {
+		counts map[DemandShape]int
+		want   string
+	}{
+		{map[DemandShape]int{}, "no shape"},
+		{map[DemandShape]int{{GPUs: 1}: 0}, "no shape"},
+		{map[DemandShape]int{{GPUs: 0}: 1}, "gpus must be"},
+		{map[DemandShape]int{{GPUs: 2, ShareMilli: 500}: 1}, "a share is of one GPU"},
+		{map[DemandShape]int{{GPUs: 1, ShareMilli: 1000}: 1}, "shareMilli must be"},
+		{map[DemandShape]int{{GPUs: 1, Host: Host{CPUMilli: -1}}: 1}, "must be >= 0"},
+		{map[DemandShape]int{{GPUs: 1}: -1}, "must be >= 0"},
+	} {
+		if _, err := NewDemandMix(c.counts); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("NewDemandMix(%v) = %v, want an error with %q", c.counts, err, c.want)
+		}
+	}
+}
+
+func TestNewDemandMixKeepsTheMostFrequent(t *testing.T) {
+	counts := map[DemandShape]int{}
+	for i := range maxDemandShapes + 10 {
+		counts[DemandShape{GPUs: 1, Host: Host{CPUMilli: int64(i)}}] = 1 + i
+	}
+	shapes, weights := mustDemand(t, counts).Shapes()
+	if len(shapes) != maxDemandShapes {
+		t.Fatalf("kept %d shapes, want %d", len(shapes), maxDemandShapes)
+	}
+	for i, s := range shapes {
+		if s.Host.CPUMilli < 10 || weights[i] != s.Host.CPUMilli+1 {
+			t.Fatalf("kept %+v with count %d: one of the 10 least frequent, or a wrong count", s, weights[i])
+		}
+	}
+}
+
+// TestChooseNodeStrandsLeast: two identical 8-GPU nodes, one of them
+// short of CPU. On GPUs alone binpack takes the busier node; with the
+// demand mix it takes the node where the GPUs left stay usable.
+func TestChooseNodeStrandsLeast(t *testing.T) {
+	one := Host{CPUMilli: 8000, MemoryBytes: 32 * gib}
+	demand := mustDemand(t, map[DemandShape]int{{GPUs: 1, Host: one}: 3, {GPUs: 2, Host: one}: 1})
+	usedTwo := make([]GPUUsage, 8)
+	usedTwo[0].Exclusive, usedTwo[1].Exclusive = true, true
+	cases := []struct {
+		name     string
+		busyHost Host // what the busier node has left
+		req      Request
+		pol      Policy
+		want     string
+	}{
+		{"GPUs alone: binpack", Host{CPUMilli: 9000, MemoryBytes: 512 * gib}, Request{GPUs: 1, Host: one}, Policy{}, "busy"},
+		{"demand: the busy node's CPU would run out", Host{CPUMilli: 9000, MemoryBytes: 512 * gib}, Request{GPUs: 1, Host: one}, Policy{Demand: demand}, "idle"},
+		{"demand: the busy node keeps CPU for the rest", Host{CPUMilli: 96000, MemoryBytes: 512 * gib}, Request{GPUs: 1, Host: one}, Policy{Demand: demand}, "busy"},
+		{"demand, share", Host{CPUMilli: 9000, MemoryBytes: 512 * gib}, Request{Share: &ShareRequest{MemoryBytes: gib, Cores: 10}, Host: one}, Policy{Demand: demand}, "idle"},
+		{"demand, spread ignores it", Host{CPUMilli: 9000, MemoryBytes: 512 * gib}, Request{GPUs: 1, Host: one}, Policy{Node: Spread, Demand: demand}, "idle"},
+		{"host short is skipped", Host{CPUMilli: 7999, MemoryBytes: 512 * gib}, Request{GPUs: 1, Host: one}, Policy{}, "idle"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			nodes := []*NodeState{
+				{Name: "busy", Topology: v100(t), Usage: usedTwo, Host: &c.busyHost},
+				{Name: "idle", Topology: v100(t), Host: &Host{CPUMilli: 96000, MemoryBytes: 512 * gib}},
+			}
+			r, err := ChooseNode(nodes, c.req, c.pol)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Node != c.want {
+				t.Fatalf("chose %s, want %s", r.Node, c.want)
+			}
+		})
+	}
+}
+
+// TestChooseNodeIdealClassFirst: with the demand mix a 2-GPU request
+// still goes where its pair is on the node's best link class, even when
+// the node that would break a pair strands less.
+func TestChooseNodeIdealClassFirst(t *testing.T) {
+	// Only 4-GPU pods to come: the busy node's last two GPUs are of no
+	// use to them (taking them strands nothing more, the idle node would
+	// strand two), but they are a cross-socket pair.
+	demand := mustDemand(t, map[DemandShape]int{{GPUs: 4}: 1})
+	// pcie-4: GPUs 0-1 and 2-3 on two PCIe switches on two sockets.
+	u := make([]GPUUsage, 4)
+	u[1].Exclusive, u[3].Exclusive = true, true
+	nodes := []*NodeState{
+		{Name: "a-broken-pair", Topology: pcie4(t), Usage: u},
+		{Name: "b-idle", Topology: pcie4(t)},
+	}
+	r, err := ChooseNode(nodes, Request{GPUs: 2}, Policy{Demand: demand})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Node != "b-idle" || r.WeakestLink != idealKey(pcie4(t), 2).link() {
+		t.Fatalf("chose %s with weakest link %s, want b-idle on %s", r.Node, r.WeakestLink, idealKey(pcie4(t), 2).link())
+	}
+}
+
+func TestChooseNodeAllHostShort(t *testing.T) {
+	nodes := []*NodeState{{Name: "n", Topology: v100(t), Host: &Host{CPUMilli: 1000}}}
+	for _, req := range []Request{{GPUs: 1, Host: Host{CPUMilli: 2000}}, {Share: &ShareRequest{MemoryBytes: gib, Cores: 10}, Host: Host{CPUMilli: 2000}}} {
+		_, err := ChooseNode(nodes, req, Policy{})
+		var u *UnsatisfiableError
+		if !errors.As(err, &u) {
+			t.Fatalf("request %+v: got %v, want UnsatisfiableError", req, err)
+		}
+	}
+	if _, err := ChooseNode(nodes, Request{GPUs: 1, Host: Host{MemoryBytes: -1}}, Policy{}); err == nil || errors.As(err, new(*UnsatisfiableError)) {
+		t.Fatalf("negative request host: got %v, want a validation error", err)
+	}
+}
+
+func TestChooseHost(t *testing.T) {
+	whole := Host{CPUMilli: 8000, MemoryBytes: 32 * gib}
+	demand := mustDemand(t, map[DemandShape]int{{GPUs: 1, Host: whole}: 1})
+	big := Host{CPUMilli: 64000, MemoryBytes: 256 * gib}
+	tight := Host{CPUMilli: 10000, MemoryBytes: 256 * gib}
+	full := make([]GPUUsage, 8)
+	for p := range full {
+		full[p].Exclusive = true
+	}
+	pod := Host{CPUMilli: 4000, MemoryBytes: 8 * gib}
+	cases := []struct {
+		name  string
+		nodes []*NodeState
+		pol   Policy
+		want  string
+	}{
+		{"a node without GPUs first", []*NodeState{{Name: "gpu", Topology: v100(t), Host: &big}, {Name: "plain", Host: &big}}, Policy{Demand: demand}, "plain"},
+		{"a GPU node with no GPU left before an idle one", []*NodeState{{Name: "a-idle", Topology: v100(t), Host: &big}, {Name: "b-full", Topology: v100(t), Usage: full, Host: &big}}, Policy{Demand: demand}, "b-full"},
+		{"not where its CPU would strand GPUs", []*NodeState{{Name: "a-tight", Topology: v100(t), Host: &tight}, {Name: "b-big", Topology: v100(t), Host: &big}}, Policy{Demand: demand}, "b-big"},
+		{"without demand: packs", []*NodeState{{Name: "a-big", Topology: v100(t), Host: &big}, {Name: "b-tight", Topology: v100(t), Host: &tight}}, Policy{}, "b-tight"},
+		{"skips nodes it does not fit", []*NodeState{{Name: "a", Host: &Host{CPUMilli: 3000, MemoryBytes: 256 * gib}}, {Name: "b", Topology: v100(t), Host: &big}}, Policy{Demand: demand}, "b"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := ChooseHost(c.nodes, pod, c.pol)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != c.want {
+				t.Fatalf("chose %s, want %s", got, c.want)
+			}
+		})
+	}
+	if _, err := ChooseHost([]*NodeState{{Name: "a", Host: &Host{}}}, pod, Policy{}); !errors.As(err, new(*UnsatisfiableError)) {
+		t.Fatalf("no node fits: got %v, want UnsatisfiableError", err)
+	}
+	if _, err := ChooseHost([]*NodeState{{Name: "a"}}, pod, Policy{}); err == nil || !strings.Contains(err.Error(), "host is not set") {
+		t.Fatalf("node without host: got %v", err)
+	}
+}
+
+func TestDemandHistory(t *testing.T) {
+	if _, err := NewDemandHistory(0, 1); err == nil {
+		t.Fatal("window 0 accepted")
+	}
+	if _, err := NewDemandHistory(4, 5); err == nil {
+		t.Fatal("refresh beyond window accepted")
+	}
+	h, err := NewDemandHistory(2, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Mix() != nil {
+		t.Fatal("mix before any record")
+	}
+	a, b, rare := DemandShape{GPUs: 1}, DemandShape{GPUs: 2}, DemandShape{GPUs: 8, Host: Host{CPUMilli: 120000}}
+	if err := h.Know(rare); err != nil {
+		t.Fatal(err)
+	}
+	if h.Mix() == nil {
+		t.Fatal("no mix after Know")
+	}
+	if err := h.Record(DemandShape{}); err == nil {
+		t.Fatal("invalid shape recorded")
+	}
+	for _, s := range []DemandShape{a, a, b} {
+		if err := h.Record(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Window of 2: a once, b once; each shape ever seen or known +1.
+	shapes, counts := h.Mix().Shapes()
+	got := map[DemandShape]int64{}
+	for i, s := range shapes {
+		got[s] = counts[i]
+	}
+	want := map[DemandShape]int64{a: 2, b: 2, rare: 1}
+	if len(got) != len(want) {
+		t.Fatalf("mix %v, want %v", got, want)
+	}
+	for s, c := range want {
+		if got[s] != c {
+			t.Fatalf("mix %v, want %v", got, want)
+		}
+	}
+}
