@@ -20,7 +20,8 @@ type nodeState struct {
 	// GPU clustering.
 	classes map[[2]int]int
 	// alloc is the node as gpulink's allocator sees it, kept in step
-	// with left whatever policy placed the work.
+	// with left, cpuLeft and memLeft whatever policy placed the work
+	// (Topology nil on a node without GPUs).
 	alloc *allocate.NodeState
 	// frag caches the node's fragmentation (frag.go); fragOK is false
 	// after a change.
@@ -85,7 +86,8 @@ func newCluster(nodes []Node, ks *kindSet) (*Cluster, error) {
 	c := &Cluster{}
 	for i := range nodes {
 		sp := &nodes[i]
-		n := &nodeState{spec: sp, cpuLeft: sp.CPUMilli, memLeft: sp.MemoryMiB, classes: map[[2]int]int{}}
+		n := &nodeState{spec: sp, cpuLeft: sp.CPUMilli, memLeft: sp.MemoryMiB, classes: map[[2]int]int{},
+			alloc: &allocate.NodeState{Name: sp.Name}}
 		if sp.GPUs > 0 {
 			k, err := ks.get(sp.Model, sp.GPUs)
 			if err != nil {
@@ -99,6 +101,7 @@ func newCluster(nodes []Node, ks *kindSet) (*Cluster, error) {
 			n.alloc = &allocate.NodeState{Name: sp.Name, Topology: k.topo, Usage: make([]allocate.GPUUsage, sp.GPUs),
 				MaxSharesPerGPU: MilliPerGPU / shareGranularity}
 		}
+		n.alloc.Host = &allocate.Host{CPUMilli: n.cpuLeft, MemoryBytes: n.memLeft << 20}
 		c.nodes = append(c.nodes, n)
 		c.capMilli += int64(sp.GPUs) * MilliPerGPU
 		c.maxCPU = max(c.maxCPU, sp.CPUMilli)
@@ -141,6 +144,7 @@ func (c *Cluster) apply(t *Task, p Placement) error {
 	}
 	n.cpuLeft -= t.CPUMilli
 	n.memLeft -= t.MemoryMiB
+	n.alloc.Host = &allocate.Host{CPUMilli: n.cpuLeft, MemoryBytes: n.memLeft << 20}
 	n.fragOK = false
 	if t.GPUs == 0 {
 		return nil

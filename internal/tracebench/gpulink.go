@@ -22,27 +22,62 @@ import (
 // holds that to be the same choice as ChooseNode over the filtered nodes,
 // which is what is called here.
 //
-// CPU-only tasks carry no claim: gpulink never sees them and
-// kube-scheduler places them with its default scoring (kubeDefault).
+// hostAware gives the allocator each node's CPU and memory left and the
+// recent GPU pods' shapes (allocate.DemandHistory, same window and
+// refresh, each pod counted before it is decided): nodes are then ranked
+// by the GPU a placement strands first (Policy.Demand). The history
+// knows the list's GPU task shapes from the start (DemandHistory.Know,
+// a pseudo-count of one each, not their frequencies): FGD is given the
+// same list's classes with their frequencies as its target workload M,
+// and a controller would know the shapes of the pods already running.
+//
+// CPU-only tasks carry no claim. With cpuOnly unset they are placed by
+// allocate.ChooseHost over the same demand mix (gpulink placing the pods
+// without GPUs too); otherwise by the function given, kube-scheduler's
+// scoring for the configurations that leave them to kube-scheduler.
 type gpulinkPolicy struct {
-	rng   *rand.Rand
-	hist  *allocate.SizeHistory
-	buf   []*allocate.NodeState
-	index map[string]int
-	// cpuOnly, when set, places CPU-only tasks instead of kubeDefault.
+	rng    *rand.Rand
+	hist   *allocate.SizeHistory
+	demand *allocate.DemandHistory
+	buf    []*allocate.NodeState
+	index  map[string]int
+	// hostAware: ChooseNode sees Host and Demand.
+	hostAware bool
+	// cpuOnly, when set, places CPU-only tasks instead of ChooseHost.
 	cpuOnly func(c *Cluster, t *Task) (Placement, bool, error)
-	// mostAllocated: kube-scheduler's NodeResourcesFit is configured
-	// with the MostAllocated strategy (bin packing) instead of the
-	// default LeastAllocated.
-	mostAllocated bool
 }
 
-func newGpulinkPolicy(rng *rand.Rand) (*gpulinkPolicy, error) {
+func newGpulinkPolicy(w *Workload, rng *rand.Rand, hostAware bool, cpuOnly func(c *Cluster, t *Task) (Placement, bool, error)) (*gpulinkPolicy, error) {
 	h, err := allocate.NewSizeHistory(allocate.DefaultHistoryWindow, allocate.DefaultHistoryRefresh)
 	if err != nil {
 		return nil, err
 	}
-	return &gpulinkPolicy{rng: rng, hist: h}, nil
+	d, err := allocate.NewDemandHistory(allocate.DefaultHistoryWindow, allocate.DefaultHistoryRefresh)
+	if err != nil {
+		return nil, err
+	}
+	if w != nil {
+		for _, m := range w.classes {
+			s := allocate.DemandShape{GPUs: m.gpus, Host: allocate.Host{CPUMilli: m.cpu, MemoryBytes: m.mem << 20}}
+			if m.milli < MilliPerGPU {
+				s.ShareMilli = int(m.milli)
+			}
+			if err := d.Know(s); err != nil {
+				return nil, fmt.Errorf("gpulink: task class %+v: %w", m, err)
+			}
+		}
+	}
+	return &gpulinkPolicy{rng: rng, hist: h, demand: d, hostAware: hostAware, cpuOnly: cpuOnly}, nil
+}
+
+// kubeScheduler returns kube-scheduler's placement of pods without claims.
+func kubeScheduler(rng *rand.Rand, mostAllocated bool) func(c *Cluster, t *Task) (Placement, bool, error) {
+	return func(c *Cluster, t *Task) (Placement, bool, error) { return kubeScore(c, t, rng, mostAllocated) }
+}
+
+// hostOf is a task's CPU and memory in the allocator's terms.
+func hostOf(t *Task) allocate.Host {
+	return allocate.Host{CPUMilli: t.CPUMilli, MemoryBytes: t.MemoryMiB << 20}
 }
 
 // shareRequest is a share of m milli GPU in gpulink's terms: m/1000 of the
@@ -52,17 +87,17 @@ func shareRequest(milli int) *allocate.ShareRequest {
 }
 
 func (g *gpulinkPolicy) place(c *Cluster, t *Task) (Placement, bool, error) {
-	if t.GPUs == 0 {
-		if g.cpuOnly != nil {
-			return g.cpuOnly(c, t)
-		}
-		return kubeScore(c, t, g.rng, g.mostAllocated)
-	}
 	if g.index == nil {
 		g.index = make(map[string]int, len(c.nodes))
 		for i, n := range c.nodes {
 			g.index[n.spec.Name] = i
 		}
+	}
+	if t.GPUs == 0 {
+		if g.cpuOnly != nil {
+			return g.cpuOnly(c, t)
+		}
+		return g.placeHost(c, t)
 	}
 	g.buf = g.buf[:0]
 	for _, n := range c.nodes {
@@ -73,16 +108,25 @@ func (g *gpulinkPolicy) place(c *Cluster, t *Task) (Placement, bool, error) {
 		}
 	}
 	var req allocate.Request
+	shape := allocate.DemandShape{GPUs: t.GPUs, Host: hostOf(t)}
 	if t.Share() {
 		req.Share = shareRequest(t.GPUMilli)
+		shape.ShareMilli = t.GPUMilli
 	} else {
 		req.GPUs = t.GPUs
 		g.hist.Record(t.GPUs)
+	}
+	if err := g.demand.Record(shape); err != nil {
+		return Placement{}, false, fmt.Errorf("gpulink: task %s: %w", t.Name, err)
 	}
 	if len(g.buf) == 0 {
 		return Placement{}, false, nil
 	}
 	pol := allocate.Policy{Node: allocate.Binpack, GPU: allocate.Binpack, Mix: g.hist.Mix()}
+	if g.hostAware {
+		req.Host = hostOf(t)
+		pol.Demand = g.demand.Mix()
+	}
 	r, err := allocate.ChooseNode(g.buf, req, pol)
 	if unsat := (*allocate.UnsatisfiableError)(nil); errors.As(err, &unsat) {
 		return Placement{}, false, nil
@@ -95,6 +139,23 @@ func (g *gpulinkPolicy) place(c *Cluster, t *Task) (Placement, bool, error) {
 		return Placement{}, false, fmt.Errorf("gpulink: task %s placed on unknown node %q", t.Name, r.Node)
 	}
 	return Placement{Node: i, GPUs: r.GPUs}, true, nil
+}
+
+// placeHost places a CPU-only task with allocate.ChooseHost over every
+// node, ranked against the recent GPU pods' shapes.
+func (g *gpulinkPolicy) placeHost(c *Cluster, t *Task) (Placement, bool, error) {
+	g.buf = g.buf[:0]
+	for _, n := range c.nodes {
+		g.buf = append(g.buf, n.alloc)
+	}
+	name, err := allocate.ChooseHost(g.buf, hostOf(t), allocate.Policy{Demand: g.demand.Mix()})
+	if unsat := (*allocate.UnsatisfiableError)(nil); errors.As(err, &unsat) {
+		return Placement{}, false, nil
+	}
+	if err != nil {
+		return Placement{}, false, fmt.Errorf("gpulink: task %s: %w", t.Name, err)
+	}
+	return Placement{Node: g.index[name]}, true, nil
 }
 
 // kubeScore is kube-scheduler's scoring for a pod without GPU claims:

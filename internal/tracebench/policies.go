@@ -14,26 +14,31 @@ type policy interface {
 
 // Policy names, in the order reports list them.
 const (
+	// PolicyGpulink is gpulink ranking nodes with their CPU and memory
+	// and the recent pods' shapes (allocate.Policy.Demand), and placing
+	// the CPU-only pods too (allocate.ChooseHost).
 	PolicyGpulink = "gpulink"
+	// PolicyGpulinkKube is the same for GPU pods, with the CPU-only pods
+	// left to kube-scheduler's default scoring (LeastAllocated).
+	PolicyGpulinkKube = "gpulink-kube"
 	// PolicyGpulinkMost is gpulink with kube-scheduler configured to
 	// bin-pack the pods gpulink does not place (MostAllocated).
 	PolicyGpulinkMost = "gpulink-mostalloc"
-	// PolicyGpulinkCPUFGD is a diagnostic, not a configuration one can
-	// deploy: gpulink for GPU tasks, FGD for the CPU-only ones. It
-	// separates what gpulink's own choices cost from what the placement
-	// of the pods it never sees costs.
-	PolicyGpulinkCPUFGD = "gpulink-cpufgd"
-	PolicyFGD           = "fgd"
-	PolicyBestFit       = "best-fit"
-	PolicyDotProduct    = "dot-product"
-	PolicyPacking       = "gpu-packing"
-	PolicyClustering    = "gpu-clustering"
-	PolicyRandomFit     = "random-fit"
-	PolicyFirstFit      = "first-fit"
+	// PolicyGpulinkGPUOnly is gpulink's node ranking on GPUs alone
+	// (no Host, no Demand: the allocator before it saw CPU and memory),
+	// CPU-only pods left to kube-scheduler's default scoring.
+	PolicyGpulinkGPUOnly = "gpulink-gpuonly"
+	PolicyFGD            = "fgd"
+	PolicyBestFit        = "best-fit"
+	PolicyDotProduct     = "dot-product"
+	PolicyPacking        = "gpu-packing"
+	PolicyClustering     = "gpu-clustering"
+	PolicyRandomFit      = "random-fit"
+	PolicyFirstFit       = "first-fit"
 )
 
 // AllPolicies lists every policy the replay knows.
-var AllPolicies = []string{PolicyGpulink, PolicyGpulinkMost, PolicyGpulinkCPUFGD, PolicyFGD, PolicyBestFit, PolicyDotProduct, PolicyPacking, PolicyClustering, PolicyRandomFit, PolicyFirstFit}
+var AllPolicies = []string{PolicyGpulink, PolicyGpulinkKube, PolicyGpulinkMost, PolicyGpulinkGPUOnly, PolicyFGD, PolicyBestFit, PolicyDotProduct, PolicyPacking, PolicyClustering, PolicyRandomFit, PolicyFirstFit}
 
 // newPolicy builds a policy for one replay; rng breaks ties among equal
 // scores at random, as kube-scheduler's selectHost does (the paper runs
@@ -41,7 +46,13 @@ var AllPolicies = []string{PolicyGpulink, PolicyGpulinkMost, PolicyGpulinkCPUFGD
 func newPolicy(name string, w *Workload, rng *rand.Rand) (policy, error) {
 	switch name {
 	case PolicyGpulink:
-		return newGpulinkPolicy(rng)
+		return newGpulinkPolicy(w, rng, true, nil)
+	case PolicyGpulinkKube:
+		return newGpulinkPolicy(w, rng, true, kubeScheduler(rng, false))
+	case PolicyGpulinkMost:
+		return newGpulinkPolicy(w, rng, true, kubeScheduler(rng, true))
+	case PolicyGpulinkGPUOnly:
+		return newGpulinkPolicy(w, rng, false, kubeScheduler(rng, false))
 	case PolicyFGD:
 		return &fgd{w: w, rng: rng}, nil
 	case PolicyBestFit:
@@ -56,18 +67,6 @@ func newPolicy(name string, w *Workload, rng *rand.Rand) (policy, error) {
 		return scored{rng: rng, score: func(*Cluster, *nodeState, *Task) float64 { return 0 }}, nil
 	case PolicyFirstFit:
 		return firstFit{}, nil
-	case PolicyGpulinkMost:
-		g, err := newGpulinkPolicy(rng)
-		if err == nil {
-			g.mostAllocated = true
-		}
-		return g, err
-	case PolicyGpulinkCPUFGD:
-		g, err := newGpulinkPolicy(rng)
-		if err == nil {
-			g.cpuOnly = (&fgd{w: w, rng: rng}).place
-		}
-		return g, err
 	}
 	return nil, fmt.Errorf("unknown policy %q (known: %v)", name, AllPolicies)
 }

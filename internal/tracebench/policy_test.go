@@ -213,7 +213,7 @@ func TestBaselineChoices(t *testing.T) {
 			t.Errorf("share on %+v, want GPU 3 (already shared)", got)
 		}
 	})
-	t.Run("CPU-only tasks: kube-scheduler defaults spread, MostAllocated packs", func(t *testing.T) {
+	t.Run("CPU-only tasks: kube-scheduler defaults spread, MostAllocated packs, gpulink keeps GPUs usable", func(t *testing.T) {
 		c := testCluster(t, big("T4", 2), big("T4", 2))
 		// Node 0 half used in CPU and memory alike (BalancedAllocation
 		// then scores both nodes the same).
@@ -221,11 +221,22 @@ func TestBaselineChoices(t *testing.T) {
 			t.Fatal(err)
 		}
 		cpu := &Task{Name: "c", CPUMilli: 4000, MemoryMiB: 1024}
-		if got := place(t, PolicyGpulink, c, cpu, nil); got.Node != 1 {
+		if got := place(t, PolicyGpulinkKube, c, cpu, nil); got.Node != 1 {
 			t.Errorf("LeastAllocated: got %+v, want the emptier node 1", got)
 		}
 		if got := place(t, PolicyGpulinkMost, c, cpu, nil); got.Node != 0 {
 			t.Errorf("MostAllocated: got %+v, want the fuller node 0", got)
+		}
+		// GPU tasks to come need 30 cores: node 0 has 32 left, so the
+		// CPU-only task there would strand both its GPUs; gpulink
+		// (allocate.ChooseHost) puts it on node 1, where they stay usable.
+		w := NewWorkload([]Task{{GPUs: 1, GPUMilli: 1000, CPUMilli: 30000, MemoryMiB: 1024}})
+		if got := place(t, PolicyGpulink, c, cpu, w); got.Node != 1 {
+			t.Errorf("gpulink: got %+v, want node 1, where the GPUs keep their CPU", got)
+		}
+		// Without that shape to come it packs, as MostAllocated.
+		if got := place(t, PolicyGpulink, c, cpu, nil); got.Node != 0 {
+			t.Errorf("gpulink, no GPU task known: got %+v, want the fuller node 0", got)
 		}
 	})
 }

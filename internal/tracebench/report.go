@@ -110,16 +110,17 @@ func has(list []string, s string) bool {
 
 // svg palette: gpulink and FGD stand out, baselines are muted.
 var policyStyle = map[string]string{
-	PolicyGpulink:       `stroke="#d62728" stroke-width="2.5"`,
-	PolicyGpulinkMost:   `stroke="#d62728" stroke-width="1.5" stroke-dasharray="6 3"`,
-	PolicyGpulinkCPUFGD: `stroke="#d62728" stroke-width="1.5" stroke-dasharray="2 2"`,
-	PolicyFGD:           `stroke="#1f77b4" stroke-width="2.5"`,
-	PolicyBestFit:       `stroke="#2ca02c" stroke-width="1.2"`,
-	PolicyDotProduct:    `stroke="#9467bd" stroke-width="1.2"`,
-	PolicyPacking:       `stroke="#8c564b" stroke-width="1.2"`,
-	PolicyClustering:    `stroke="#e377c2" stroke-width="1.2"`,
-	PolicyRandomFit:     `stroke="#7f7f7f" stroke-width="1.2"`,
-	PolicyFirstFit:      `stroke="#bcbd22" stroke-width="1.2"`,
+	PolicyGpulink:        `stroke="#d62728" stroke-width="2.5"`,
+	PolicyGpulinkMost:    `stroke="#d62728" stroke-width="1.5" stroke-dasharray="6 3"`,
+	PolicyGpulinkKube:    `stroke="#d62728" stroke-width="1.5" stroke-dasharray="2 2"`,
+	PolicyGpulinkGPUOnly: `stroke="#d62728" stroke-width="1" stroke-dasharray="8 2 2 2"`,
+	PolicyFGD:            `stroke="#1f77b4" stroke-width="2.5"`,
+	PolicyBestFit:        `stroke="#2ca02c" stroke-width="1.2"`,
+	PolicyDotProduct:     `stroke="#9467bd" stroke-width="1.2"`,
+	PolicyPacking:        `stroke="#8c564b" stroke-width="1.2"`,
+	PolicyClustering:     `stroke="#e377c2" stroke-width="1.2"`,
+	PolicyRandomFit:      `stroke="#7f7f7f" stroke-width="1.2"`,
+	PolicyFirstFit:       `stroke="#bcbd22" stroke-width="1.2"`,
 }
 
 // WriteSVG draws, per task list, the unallocated GPU and the
