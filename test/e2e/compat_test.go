@@ -136,6 +136,11 @@ func TestCompatE2E(t *testing.T) {
 			{limits: map[string]string{"nvidia.com/gpu": "-1"}, want: []string{"nvidia.com/gpu", "-1", "negative"}},
 			{limits: map[string]string{"nvidia.com/gpu": "1.5"}, want: []string{"nvidia.com/gpu", "1500m", "whole number"}},
 			{limits: map[string]string{"tencent.com/vcuda-core": "150"}, want: []string{"tencent.com/vcuda-core: 150"}},
+			// HAMi's task priority: 0 or 1, beside a GPU.
+			{limits: map[string]string{"nvidia.com/gpu": "1", "nvidia.com/priority": "2"}, want: []string{"nvidia.com/priority: 2", "0 (high) or 1 (low)"}},
+			{limits: map[string]string{"nvidia.com/gpu": "1", "nvidia.com/priority": "-1"}, want: []string{"nvidia.com/priority", "-1", "negative"}},
+			{limits: map[string]string{"nvidia.com/gpu": "1", "nvidia.com/priority": "0.5"}, want: []string{"nvidia.com/priority", "500m", "whole number"}},
+			{limits: map[string]string{"nvidia.com/priority": "1"}, want: []string{"nvidia.com/priority: 1", "without a GPU"}},
 			{limits: map[string]string{"nvidia.com/gpu": "1"}, annotations: map[string]string{compat.AnnotationUseGPUType: "A40;x"}, want: []string{compat.AnnotationUseGPUType, "A40;x"}},
 			// The pod's own policy is binpack or spread (both accepted,
 			// whatever the controller's flags); anything else is refused.
@@ -184,6 +189,9 @@ func TestCompatE2E(t *testing.T) {
 			{name: "second", limits: map[string]string{"nvidia.com/gpu": "1"}, whole: 1},
 		}},
 		{name: "hami-mem-only", containers: []compatContainer{{name: "workload", limits: map[string]string{"nvidia.com/gpumem": "2000"}, shareMiB: 2000, shareCores: 25}}},
+		// HAMi's low task priority: admitted, taken off the pod, and the
+		// container's MPS client priority is below normal.
+		{name: "hami-low-priority", containers: []compatContainer{{name: "workload", limits: map[string]string{"nvidia.com/gpumem": "2000", "nvidia.com/gpucores": "20", "nvidia.com/priority": "1"}, shareMiB: 2000, shareCores: 20, priority: "1"}}},
 		// HAMi's two GPUs with 8000Mi each under the default MPS share
 		// class: one claim, one MPS daemon serving both GPUs.
 		{name: "mps-two", containers: []compatContainer{{name: "workload", limits: map[string]string{"nvidia.com/gpu": "2", "nvidia.com/gpumem": "8000"}, shareMiB: 8000, shareCores: 25, shares: 2}}},
@@ -194,6 +202,8 @@ func TestCompatE2E(t *testing.T) {
 	s.hamiShareClass(ctx, t)
 	s.runCompatWave(ctx, t, "two GPUs with 8000Mi each under a HAMi-core share class", []compatCase{
 		{name: "hami-two", containers: []compatContainer{{name: "workload", limits: map[string]string{"nvidia.com/gpu": "2", "nvidia.com/gpumem": "8000"}, shareMiB: 8000, shareCores: 25, shares: 2, hami: true}}},
+		// HAMi's high priority (0, not "unset") in HAMi-core's variable.
+		{name: "hami-high-priority", containers: []compatContainer{{name: "workload", limits: map[string]string{"nvidia.com/gpumem": "2000", "nvidia.com/priority": "0"}, shareMiB: 2000, shareCores: 25, hami: true, priority: "0"}}},
 	})
 	s.deletePodsAndWait(ctx, t)
 	t.Run("the translated templates are collected once their pods are gone", func(t *testing.T) {
@@ -278,6 +288,8 @@ type compatContainer struct {
 	// hami: limited by HAMi-core's env instead of MPS.
 	shares int
 	hami   bool
+	// priority is the task priority the container must see ("": none).
+	priority string
 	// claimOf names the container whose claim this regular init
 	// container uses (it finishes before that one starts, and the device
 	// plugin hands its devices on the same way).
@@ -500,6 +512,14 @@ func (s *suite) checkCompatPod(ctx context.Context, t *testing.T, c compatCase) 
 				for i := range shares {
 					wantEnv[fmt.Sprintf("CUDA_DEVICE_MEMORY_LIMIT_%d", i)] = fmt.Sprintf("%dm", want.shareMiB)
 					wantEnv[fmt.Sprintf("CUDA_DEVICE_SM_LIMIT_%d", i)] = fmt.Sprint(want.shareCores)
+				}
+			}
+			if want.priority != "" {
+				wantEnv["GPULINK_SHARE_PRIORITY"] = want.priority
+				if want.hami {
+					wantEnv["CUDA_TASK_PRIORITY"] = want.priority
+				} else {
+					wantEnv["CUDA_MPS_CLIENT_PRIORITY"] = want.priority
 				}
 			}
 			for k, v := range wantEnv {
