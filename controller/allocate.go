@@ -11,6 +11,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/gpulink/gpulink/api/v1alpha1"
 	"github.com/gpulink/gpulink/driver/allocate"
 	"github.com/gpulink/gpulink/driver/topology"
 )
@@ -55,6 +56,11 @@ type placer struct {
 	attempts int
 	// why collects the reasons alternatives failed, for the waiting event.
 	why []string
+	// shapeFailed is set when a complete placement broke checkShape;
+	// mpsPin, when not negative, holds the claim's single MPS shares to
+	// that device (placeMPSTogether).
+	shapeFailed bool
+	mpsPin      int
 }
 
 func (p *placer) note(format string, args ...any) {
@@ -66,11 +72,15 @@ func (p *placer) note(format string, args ...any) {
 // planNode places all claims on one node, in order, or explains why not.
 func planNode(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, n *nodeInventory, usage []allocate.GPUUsage, claims []*interpretedClaim) (*nodePlan, []string) {
 	base := sanitizeUsage(usage)
-	p := &placer{ctx: ctx, sel: sel, pol: pol, node: n,
+	p := &placer{ctx: ctx, sel: sel, pol: pol, node: n, mpsPin: -1,
 		state: &allocate.NodeState{Name: n.Node, Topology: n.Topo, Usage: slices.Clone(base)}}
 	plan := &nodePlan{Node: n, base: base}
 	for _, ic := range claims {
+		p.shapeFailed = false
 		res, ok := p.placeFrom(ic, 0, make([]string, len(ic.Constraints)), nil)
+		if !ok && p.shapeFailed {
+			res, ok = p.placeMPSTogether(ic)
+		}
 		if !ok {
 			return nil, p.why
 		}
@@ -110,6 +120,7 @@ func (p *placer) placeFrom(ic *interpretedClaim, i int, bound []string, placed [
 	if i == len(ic.Requests) {
 		if err := p.checkShape(placed); err != nil {
 			p.note("%s", err.Error())
+			p.shapeFailed = true
 			return nil, false
 		}
 		return placed, true
@@ -119,6 +130,12 @@ func (p *placer) placeFrom(ic *interpretedClaim, i int, bound []string, placed [
 		base := p.baseEligible(alt)
 		if base == nil {
 			continue
+		}
+		if p.mpsPin >= 0 && alt.Share && alt.Count == 1 && shareStrategy(alt) == v1alpha1.SharingMPS {
+			base = slices.Clone(base)
+			for pos := range base {
+				base[pos] = base[pos] && pos == p.mpsPin
+			}
 		}
 		// Every variant's trial was computed on the current state, and a
 		// failed variant restores exactly that state, so placeAlt can

@@ -70,3 +70,19 @@ func shareStrategy(alt *alternative) v1alpha1.SharingStrategy {
 	}
 	return ""
 }
+
+// placeMPSTogether places a claim whose placement broke checkShape again
+// with its single MPS shares held to one device, each device in turn:
+// placed one by one, double-gpu-0's 30 % share may take the GPU that has
+// 40 % left and its 60 % share another, while a GPU with 90 % left holds
+// both. The first device that works wins.
+func (p *placer) placeMPSTogether(ic *interpretedClaim) ([]placedResult, bool) {
+	defer func() { p.mpsPin = -1 }()
+	for pos := range p.node.Devices {
+		p.mpsPin = pos
+		if res, ok := p.placeFrom(ic, 0, make([]string, len(ic.Constraints)), nil); ok {
+			return res, true
+		}
+	}
+	return nil, false
+}

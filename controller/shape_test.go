@@ -63,3 +63,24 @@ func TestMPSSharesOfDifferentCoresStayPreparable(t *testing.T) {
 	h.pod("pod-mixed", true, "mixed")
 	h.waitAllocated("mixed")
 }
+
+// With 60 % of one GPU taken, the 30 % share alone would pack onto it and
+// the 60 % one go elsewhere; the claim is placed again with both on one
+// GPU (HAMi's DRA demo, where pod-0 and pod-tpl-1 come first).
+func TestMPSSharesPlacedTogetherWhenPackingSplitsThem(t *testing.T) {
+	h := newHarness(t, objs(classes(), gpuNode(t, "node", "pcie-4.txt"))...).start()
+	h.claim("first", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{onDevice(controllertest.ShareRequest("a", "1Gi", "60"), 1)}})
+	h.pod("pod-first", true, "first")
+	h.waitAllocated("first")
+	h.claim("second", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{
+		controllertest.ShareRequest("a", "4Gi", "30"), controllertest.ShareRequest("b", "8Gi", "60")}})
+	h.pod("pod-second", true, "second")
+	held, ok, err := gpuview.ClaimDevices(h.waitAllocated("second"))
+	if err != nil || !ok {
+		t.Fatalf("claim second: %+v %v %v", held, ok, err)
+	}
+	if len(held.Devices) != 2 || held.Devices[0] != held.Devices[1] || held.Devices[0] == "gpu-1" {
+		t.Errorf("the 30 %% and 60 %% MPS shares are on %v, want one GPU other than gpu-1", held.Devices)
+	}
+
+}
