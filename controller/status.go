@@ -91,19 +91,28 @@ func hasFinalizer(obj metav1.Object) bool {
 
 // writeAllocation adds the finalizer (a metadata update) unless the claim
 // carries it already (the chart's admission policy adds it at creation),
-// then writes the allocation and the pod's reservation in one status
-// update. Both writes carry the resourceVersion read before, so a claim
-// changed by anyone in between is never overwritten: the update conflicts
-// and the pod is retried with fresh data.
-func (c *Controller) writeAllocation(ctx context.Context, claim *resourceapi.ResourceClaim, alloc *resourceapi.AllocationResult, consumer resourceapi.ResourceClaimConsumerReference) (*resourceapi.ResourceClaim, error) {
+// and in the same update the container group (containerClaimGroups) when
+// it has one, then writes the allocation and the pod's reservation in one
+// status update. Both writes carry the resourceVersion read before, so a
+// claim changed by anyone in between is never overwritten: the update
+// conflicts and the pod is retried with fresh data.
+func (c *Controller) writeAllocation(ctx context.Context, claim *resourceapi.ResourceClaim, alloc *resourceapi.AllocationResult, consumer resourceapi.ResourceClaimConsumerReference, group string) (*resourceapi.ResourceClaim, error) {
 	cur := claim
-	if !hasFinalizer(cur) {
+	if !hasFinalizer(cur) || (group != "" && cur.Annotations[driver.ContainerClaimsAnnotation] != group) {
 		upd := cur.DeepCopy()
-		upd.Finalizers = append(upd.Finalizers, driver.ClaimFinalizer)
+		if !hasFinalizer(upd) {
+			upd.Finalizers = append(upd.Finalizers, driver.ClaimFinalizer)
+		}
+		if group != "" {
+			if upd.Annotations == nil {
+				upd.Annotations = map[string]string{}
+			}
+			upd.Annotations[driver.ContainerClaimsAnnotation] = group
+		}
 		var err error
 		cur, err = c.client.ResourceV1().ResourceClaims(upd.Namespace).Update(ctx, upd, metav1.UpdateOptions{FieldManager: fieldManager})
 		if err != nil {
-			return nil, fmt.Errorf("adding finalizer %s to claim %s/%s: %w", driver.ClaimFinalizer, claim.Namespace, claim.Name, err)
+			return nil, fmt.Errorf("adding finalizer %s and annotation %s=%q to claim %s/%s: %w", driver.ClaimFinalizer, driver.ContainerClaimsAnnotation, group, claim.Namespace, claim.Name, err)
 		}
 	}
 	upd := cur.DeepCopy()

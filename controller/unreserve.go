@@ -30,8 +30,13 @@ type pendingWrite struct {
 func (c *Controller) writeDecision(ctx context.Context, pod *corev1.Pod, writes []pendingWrite) error {
 	consumer := resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: pod.Name, UID: pod.UID}
 	var written []*resourceapi.ResourceClaim
+	ours := map[string]bool{}
+	for _, w := range writes {
+		ours[w.ic.Claim.Name] = true
+	}
+	groups := containerClaimGroups(pod, ours)
 	for i, w := range writes {
-		updated, err := c.writeAllocation(ctx, w.ic.Claim, w.alloc, consumer)
+		updated, err := c.writeAllocation(ctx, w.ic.Claim, w.alloc, consumer, groups[w.ic.Claim.Name])
 		if err != nil {
 			rest := writes[i+1:]
 			if fresh := c.writtenAnyway(ctx, w, err); fresh != nil {

@@ -32,6 +32,12 @@ const (
 	SchedulingGate = "gpu.gpulink.dev/allocation"
 	// ClaimFinalizer is the controller's finalizer on claims it allocated.
 	ClaimFinalizer = "gpu.gpulink.dev/allocation"
+	// ContainerClaimsAnnotation names (comma-separated, sorted, itself
+	// included) the claims a pod's containers use together, always all of
+	// them in every container that uses one: the controller sets it, the
+	// kubelet plugin then numbers their GPUs as one set in each claim's
+	// container environment.
+	ContainerClaimsAnnotation = "gpu.gpulink.dev/container-claims"
 )
 
 // Device attribute names (unqualified: the API qualifies them with Name).

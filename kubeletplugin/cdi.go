@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -271,6 +272,12 @@ func buildClaimSpec(logger klog.Logger, c *PreparedClaim, o cdiOptions) (*cdispe
 		edits.DeviceNodes = append(edits.DeviceNodes, n)
 		return nil
 	}
+	// seen: the GPUs the containers number, the claim's own and those of
+	// the claims its containers use with it (containergroup.go).
+	seen := gpus
+	if len(c.ContainerPeers) > 0 && !views {
+		seen = foldGPUs(append(slices.Clone(c.Devices), c.ContainerPeers...))
+	}
 	// ordinals: where the containers of the GPU's request number it; with
 	// views, within the first request that has the GPU.
 	ordinals := map[int]int{}
@@ -283,7 +290,7 @@ func buildClaimSpec(logger klog.Logger, c *PreparedClaim, o cdiOptions) (*cdispe
 			}
 		}
 	} else {
-		for i, g := range gpus {
+		for i, g := range seen {
 			ordinals[g.index] = i
 		}
 	}
@@ -310,9 +317,9 @@ func buildClaimSpec(logger klog.Logger, c *PreparedClaim, o cdiOptions) (*cdispe
 			return nil, err
 		}
 	}
-	edits.Env = append(edits.Env, "NVIDIA_VISIBLE_DEVICES="+visibleDevices(gpus), "CUDA_DEVICE_ORDER=PCI_BUS_ID")
+	edits.Env = append(edits.Env, "NVIDIA_VISIBLE_DEVICES="+visibleDevices(seen), "CUDA_DEVICE_ORDER=PCI_BUS_ID")
 	if !views {
-		if err := addShareEdits(&edits, c, gpus, o); err != nil {
+		if err := addShareEdits(&edits, c, seen, o); err != nil {
 			return nil, err
 		}
 	} else {

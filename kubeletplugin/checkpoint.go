@@ -54,6 +54,9 @@ type PreparedClaim struct {
 	// claim has no devices of this driver).
 	CDIDeviceID string           `json:"cdiDeviceID,omitempty"`
 	Devices     []PreparedDevice `json:"devices,omitempty"`
+	// ContainerPeers are the GPUs of the claims its containers use with
+	// it (containergroup.go): its spec numbers them and its own as one set.
+	ContainerPeers []PreparedDevice `json:"containerPeers,omitempty"`
 }
 
 // PreparedDevice is one allocation result of a prepared claim.

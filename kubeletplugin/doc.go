@@ -230,6 +230,15 @@
 // a claim in the first place (it places it where the cores come out equal,
 // or says why it waits). Not verified on a GPU here.
 //
+// A container that uses several claims gets each claim's CDI devices, and
+// the last value of a variable wins. The controller names the claims that
+// every container using one of them uses together (annotation
+// gpu.gpulink.dev/container-claims, set only on claims from the pod's own
+// templates); when the annotation holds for every claim of the group in
+// the kubelet's call, each claim's spec numbers all the group's GPUs as one
+// set (NVIDIA_VISIBLE_DEVICES, GPULINK_DEVICE_<i>, the share variables), and
+// the checkpoint keeps the peers' GPUs to rebuild it (containergroup.go).
+//
 // MPS shares beside GPUs outside MPS in one claim (a whole GPU and an MPS
 // share, or MPS and HAMi-core shares) get a CDI view per request
 // (cdiviews.go): the MPS variables go only to the MPS request's

@@ -64,6 +64,15 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		d.cp.Claims[claim.UID] = pc
 		work = append(work, pc)
 	}
+	if len(work) > 0 {
+		planned := map[string]*PreparedClaim{}
+		for _, claim := range claims {
+			if pc := d.cp.Claims[claim.UID]; pc != nil {
+				planned[claim.Namespace+"/"+claim.Name] = pc
+			}
+		}
+		joinContainerGroups(logger, claims, planned)
+	}
 	if len(work) == 0 {
 		d.flushIfDirty(logger)
 		d.observe(opPrepare, start, len(claims))

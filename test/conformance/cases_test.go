@@ -90,13 +90,6 @@ func peerRows() map[string]row {
 	return rows
 }
 
-// Defects this suite found that are not fixed yet (reported with the
-// suite; the rows name them).
-const (
-	// twoClaimsEnvDefect: bats/gpu-two-claims-one-pod.yaml.
-	twoClaimsEnvDefect = "found here: one container, two claims"
-)
-
 // Common port options.
 var (
 	dropNVIDIAConfig = map[string]bool{"gpu.nvidia.com": true}

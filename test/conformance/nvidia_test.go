@@ -79,24 +79,28 @@ func nvidiaCases() []*peerCase {
 			noMPS(t, r.c.files[0], pods[0])
 			return ""
 		}}
-	// A defect this suite found: each claim's CDI spec sets
-	// NVIDIA_VISIBLE_DEVICES to its own GPUs (and numbers GPULINK_DEVICE_<i>
-	// from 0), so a container using two claims gets the device nodes of
-	// both but the variables of whichever claim the runtime applied last.
-	// The case asserts that; once fixed (both UUIDs in the variable) it
-	// fails, and the row must become a pass checking for two GPUs.
-	twoClaims := &peerCase{files: []string{bats + "gpu-two-claims-one-pod.yaml"}, gpus: 2, defect: twoClaimsEnvDefect,
-		note: "class; the container gets two GPUs' device nodes",
+	// One container, two claims: the controller marks the two claims as
+	// used together (gpu.gpulink.dev/container-claims) and the plugin
+	// numbers their GPUs as one set in both claims' environments, so
+	// whichever the runtime applies last, the container sees both GPUs.
+	twoClaims := &peerCase{files: []string{bats + "gpu-two-claims-one-pod.yaml"}, gpus: 2,
+		note: "class; the container sees both claims' GPUs (device nodes, NVIDIA_VISIBLE_DEVICES, GPULINK_DEVICE_0/1)",
 		check: func(ctx context.Context, t *testing.T, r *run) string {
 			p := r.waitRunning(ctx, t, r.nsOf(), 1)[0]
 			log := p.logs["ctr"]
 			if nodes := deviceNodes(log); r.e.devNodes && len(nodes) != 2 {
 				t.Errorf("%s: container ctr has device nodes %v, want 2", r.c.files[0], nodes)
 			}
-			if g := gpus(log); len(g) != 1 {
-				t.Errorf("%s: container ctr: NVIDIA_VISIBLE_DEVICES lists %v", r.c.files[0], g)
+			g := gpus(log)
+			if len(g) != 2 || g[0] == g[1] {
+				t.Errorf("%s: container ctr: NVIDIA_VISIBLE_DEVICES lists %v, want two GPUs", r.c.files[0], g)
 			}
-			return "but NVIDIA_VISIBLE_DEVICES (and GPULINK_DEVICE_0) name one claim's GPU only: each claim's CDI spec sets them, the last applied wins"
+			d0, ok0 := envValue(log, "GPULINK_DEVICE_0")
+			d1, ok1 := envValue(log, "GPULINK_DEVICE_1")
+			if !ok0 || !ok1 || d0 == d1 {
+				t.Errorf("%s: container ctr: GPULINK_DEVICE_0=%q GPULINK_DEVICE_1=%q, want two devices", r.c.files[0], d0, d1)
+			}
+			return ""
 		}}
 	// gpu-test5: one claim with a time-sliced GPU and an MPS GPU, two
 	// containers on each request. gpulink has no time-slicing: the ts
