@@ -19,6 +19,8 @@ const (
 	DeviceClassWhole = "gpu.gpulink.dev"
 	// DeviceClassShare selects a memory/core share of one GPU.
 	DeviceClassShare = "gpu-share.gpulink.dev"
+	// DeviceClassMIG selects MIG devices (instances of a GPU in MIG mode).
+	DeviceClassMIG = "mig.gpulink.dev"
 	// ManagedTaintKey is the device taint (effect NoSchedule) the kubelet
 	// plugin puts on every device when the controller allocates them, so
 	// kube-scheduler never allocates a gpulink device itself.
@@ -59,6 +61,34 @@ const (
 	// AttrGroupPrefix+k (e.g. "group4") is the ID of the best-aligned group
 	// of k GPUs the device belongs to, for matchAttribute constraints.
 	AttrGroupPrefix = "group" // int
+	// AttrType tells whole GPUs (DeviceTypeGPU) from MIG devices
+	// (DeviceTypeMIG), so that a class selects one kind.
+	AttrType = "type" // string
+)
+
+// Values of AttrType.
+const (
+	DeviceTypeGPU = "gpu"
+	DeviceTypeMIG = "mig"
+)
+
+// MIG device attributes, besides AttrType, AttrUUID ("MIG-..."), the
+// parent's AttrProductName, AttrArchitecture, AttrCUDAComputeCapability,
+// AttrDriverVersion, AttrNUMANode and the standard PCI attributes.
+const (
+	AttrMIGProfile      = "profile"         // string, e.g. "1g.5gb"
+	AttrParentIndex     = "parentIndex"     // int, the GPU's nvidia-smi index
+	AttrParentUUID      = "parentUUID"      // string
+	AttrGPUInstance     = "gpuInstance"     // int, NVML GPU instance ID
+	AttrComputeInstance = "computeInstance" // int, NVML compute instance ID
+	AttrPlacementStart  = "placementStart"  // int, first memory slice
+	AttrPlacementSize   = "placementSize"   // int, memory slices
+	AttrMultiprocessors = "multiprocessors" // int, SMs of the compute instance
+	AttrCopyEngines     = "copyEngines"     // int
+	AttrDecoders        = "decoders"        // int
+	AttrEncoders        = "encoders"        // int
+	AttrJPEGEngines     = "jpegEngines"     // int
+	AttrOFAEngines      = "ofaEngines"      // int
 )
 
 // Standard attribute names from k8s.io/dynamic-resource-allocation/deviceattribute.
@@ -78,6 +108,49 @@ func GroupAttr(k int) string { return AttrGroupPrefix + strconv.Itoa(k) }
 
 // DeviceName returns the ResourceSlice device name of the GPU with the given index.
 func DeviceName(index int) string { return "gpu-" + strconv.Itoa(index) }
+
+// MIGDeviceName returns the ResourceSlice device name of the MIG device
+// with compute instance ci in GPU instance gi of the GPU with the given
+// index: gpu-<index>-mig-<gi>-<ci>. It starts with the parent's name, so
+// sorted lists keep a GPU's MIG devices together.
+func MIGDeviceName(parent, gi, ci int) string {
+	return DeviceName(parent) + "-mig-" + strconv.Itoa(gi) + "-" + strconv.Itoa(ci)
+}
+
+// IsMIGDeviceName reports whether a device name has the form of
+// MIGDeviceName (valid or not), so that readers route it to the MIG code
+// instead of refusing it as a malformed GPU name.
+func IsMIGDeviceName(name string) bool {
+	return strings.HasPrefix(name, "gpu-") && strings.Contains(name, "-mig-")
+}
+
+// ParseMIGDeviceName returns the parent GPU index and the GPU and compute
+// instance IDs encoded in a MIG device name.
+func ParseMIGDeviceName(name string) (parent, gi, ci int, err error) {
+	gpu, rest, ok := strings.Cut(name, "-mig-")
+	if !ok {
+		return 0, 0, 0, fmt.Errorf("device name %q: want gpu-<index>-mig-<gi>-<ci>", name)
+	}
+	if parent, err = ParseDeviceName(gpu); err != nil {
+		return 0, 0, 0, fmt.Errorf("device name %q: want gpu-<index>-mig-<gi>-<ci>: %w", name, err)
+	}
+	giText, ciText, ok := strings.Cut(rest, "-")
+	gi, giErr := parseID(giText)
+	ci, ciErr := parseID(ciText)
+	if !ok || giErr != nil || ciErr != nil {
+		return 0, 0, 0, fmt.Errorf("device name %q: want gpu-<index>-mig-<gi>-<ci> with non-negative decimal instance IDs", name)
+	}
+	return parent, gi, ci, nil
+}
+
+// parseID accepts a non-negative decimal without leading zeros or sign.
+func parseID(s string) (int, error) {
+	i, err := strconv.Atoi(s)
+	if err != nil || i < 0 || strconv.Itoa(i) != s {
+		return 0, fmt.Errorf("%q is not a non-negative decimal", s)
+	}
+	return i, nil
+}
 
 // ParseDeviceName returns the GPU index encoded in a device name.
 func ParseDeviceName(name string) (int, error) {

@@ -41,6 +41,18 @@
 // attachment limits the pair. A DGX A100 (12 links per GPU) thus shows
 // NV12 between every pair, a DGX H100 NV18, exactly as nvidia-smi does.
 //
+// # MIG
+//
+// A GPU in MIG mode (current mode) carries its existing GPU and compute
+// instances in topology.GPU.MIG (mig.go): profile, IDs, placement, the
+// MIG device UUID (through the MIG device handles) and the minors of the
+// /dev/nvidia-caps nodes that grant access to each instance, read from the
+// driver's table /proc/driver/nvidia-caps/mig-minors. NVML has no
+// profile names on older drivers, so names are derived (driver/mig). The
+// mock backend answers the MIG handle calls go-nvml's servers leave unset
+// and simulates the caps table; NewMockWith creates a MIG layout through
+// NVML calls first.
+//
 // # Errors
 //
 // NVML answers NOT_SUPPORTED (and FUNCTION_NOT_FOUND on old drivers) for

@@ -31,6 +31,13 @@ func MockServers() []string {
 // simulated sysfs with PCIe roots, NUMA nodes and CPU lists. UUIDs are
 // random per NewMock call, as the go-nvml servers make them.
 func NewMock(name string) (Discoverer, error) {
+	return NewMockWith(name, MockOptions{})
+}
+
+// NewMockWith is NewMock with GPUs in MIG mode (mock_mig.go): the layout
+// is created through the same NVML calls an operator's tools make, and
+// discovered through the NVML backend's MIG code.
+func NewMockWith(name string, o MockOptions) (Discoverer, error) {
 	m, ok := mockMachines[name]
 	if !ok {
 		return nil, fmt.Errorf("mock server %q: want one of %s", name, strings.Join(MockServers(), ", "))
@@ -39,7 +46,12 @@ func NewMock(name string) (Discoverer, error) {
 	if err := m.install(s); err != nil {
 		return nil, fmt.Errorf("mock server %q: %w", name, err)
 	}
-	return newNVML(s, m.sysfs()), nil
+	if err := createMockMIG(s, o.MIG); err != nil {
+		return nil, fmt.Errorf("mock server %q: %w", name, err)
+	}
+	d := newNVML(s, m.sysfs())
+	d.proc = mockProc(len(s.Devices))
+	return d, nil
 }
 
 // install completes the server's devices with the machine's topology.
@@ -69,6 +81,7 @@ func (m mockMachine) install(s *server.Server) error {
 			return fmt.Errorf("GPU %d: %w", p, err)
 		}
 		m.installDevice(p, dev, addr, switches, positions)
+		installMIGHandles(dev)
 	}
 	return nil
 }

@@ -18,6 +18,9 @@ import (
 type nvmlDiscoverer struct {
 	lib nvml.Interface
 	sys sysfs
+	// proc is procfs, for the MIG capability table (mig.go); nil: none,
+	// MIG devices then have unknown cap minors.
+	proc fs.FS
 }
 
 // NewNVML returns a Discoverer backed by lib: the real library
@@ -26,7 +29,9 @@ type nvmlDiscoverer struct {
 // Init and Shutdown, so no NVML state outlives a discovery and a driver
 // reload between two calls is picked up.
 func NewNVML(lib nvml.Interface) Discoverer {
-	return newNVML(lib, os.DirFS(hostSysfsRoot).(fs.ReadLinkFS))
+	d := newNVML(lib, os.DirFS(hostSysfsRoot).(fs.ReadLinkFS))
+	d.proc = os.DirFS(hostProcRoot)
+	return d
 }
 
 func newNVML(lib nvml.Interface, sysRoot fs.ReadLinkFS) *nvmlDiscoverer {
@@ -112,6 +117,10 @@ func (d *nvmlDiscoverer) devices(ctx context.Context) ([]device, error) {
 		}
 		driverVersion = v
 	}
+	caps, err := readMIGCaps(d.proc)
+	if err != nil {
+		return nil, err
+	}
 	devs := make([]device, 0, count)
 	byBusID := make(map[string]int, count)
 	for i := range count {
@@ -127,6 +136,9 @@ func (d *nvmlDiscoverer) devices(ctx context.Context) ([]device, error) {
 			return nil, err
 		}
 		gpu.DriverVersion = driverVersion
+		if gpu.MIG, err = d.readMIG(gpu.Index, h, gpu.MemoryBytes, gpu.Minor, caps); err != nil {
+			return nil, err
+		}
 		if other, dup := byBusID[gpu.PCIBusID]; dup {
 			return nil, fmt.Errorf("GPU %d and GPU %d both report PCI bus ID %s", other, gpu.Index, gpu.PCIBusID)
 		}

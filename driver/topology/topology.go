@@ -3,6 +3,8 @@ package topology
 import (
 	"fmt"
 	"sync"
+
+	"github.com/gpulink/gpulink/driver/mig"
 )
 
 // GPU is what gpulink knows about one physical GPU. Fields that a source
@@ -28,7 +30,14 @@ type GPU struct {
 	PCIeRoot    string `json:"pcieRoot,omitempty"`
 	NUMANode    int    `json:"numaNode"`
 	CPUAffinity string `json:"cpuAffinity,omitempty"`
+	// MIG is the GPU's MIG state; nil when the GPU (or the source) knows
+	// no MIG. A GPU with MIG.Enabled is given out as its MIG devices
+	// only, never whole or in shares.
+	MIG *mig.GPU `json:"mig,omitempty"`
 }
+
+// MIGEnabled reports whether the GPU is in MIG mode.
+func (g GPU) MIGEnabled() bool { return g.MIG != nil && g.MIG.Enabled }
 
 // MaxGPUs bounds the node size the model accepts; sets are uint64 bitmasks.
 const MaxGPUs = 64
