@@ -42,6 +42,8 @@ type nodeInventory struct {
 	// Devices is indexed by topology position.
 	Devices []*deviceInfo
 	byName  map[string]*deviceInfo
+	// MIG are the node's MIG devices, in slice order (inventory_mig.go).
+	MIG []*migDevice
 
 	memoMu sync.Mutex
 	// memo caches selector results per expression and position: selectors
@@ -328,7 +330,16 @@ func buildNode(pool string, slices []*resourceapi.ResourceSlice) (*nodeInventory
 	}
 	infos := make([]*deviceInfo, 0, len(devices))
 	seen := map[int]string{}
+	var migs []*migDevice
 	for i := range devices {
+		if driver.IsMIGDeviceName(devices[i].Name) {
+			m, err := buildMIGDevice(&devices[i])
+			if err != nil {
+				return nil, fmt.Errorf("pool %q: %w", pool, err)
+			}
+			migs = append(migs, m)
+			continue
+		}
 		d, err := buildDevice(&devices[i])
 		if err != nil {
 			return nil, fmt.Errorf("pool %q: %w", pool, err)
@@ -348,9 +359,21 @@ func buildNode(pool string, slices []*resourceapi.ResourceSlice) (*nodeInventory
 			rows[d.Index] = *a.StringValue
 		}
 	}
-	topo, err := topology.DecodeLinkRows(gpus, rows)
+	var topo *topology.Topology
+	var err error
+	if len(infos) == 0 && len(migs) > 0 {
+		// Every GPU of the node is in MIG mode: no whole GPU, no links.
+		topo, err = topology.New(nil, nil)
+	} else {
+		topo, err = topology.DecodeLinkRows(gpus, rows)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("pool %q: decoding link rows: %w", pool, err)
+	}
+	for _, m := range migs {
+		if _, whole := seen[m.Parent]; whole {
+			return nil, fmt.Errorf("pool %q: device %q is a MIG device of GPU %d, which is also published whole as %q; a GPU in MIG mode is given out only as its MIG devices", pool, m.Name, m.Parent, seen[m.Parent])
+		}
 	}
 	// Outside any decision: the first decision on a node of a new kind
 	// (12-16 GPUs) then costs what later ones do.
@@ -363,6 +386,7 @@ func buildNode(pool string, slices []*resourceapi.ResourceSlice) (*nodeInventory
 		byName:    make(map[string]*deviceInfo, len(infos)),
 		memo:      newLRU[[]selectorOutcome](memoEntriesPerNode),
 		shareMemo: newLRU[[]*shareCons](memoEntriesPerNode),
+		MIG:       migs,
 	}
 	for _, d := range infos {
 		p, ok := topo.Position(d.Index)

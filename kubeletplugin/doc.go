@@ -53,6 +53,30 @@
 // most 64 characters, at most 128 devices per slice, 64 when devices are
 // tainted) before anything is published.
 //
+// # MIG devices
+//
+// A GPU in MIG mode is not published as gpu-<index>: the whole-GPU
+// devices are built from the node's other GPUs alone (their islands,
+// groups and links rows leave it out, '.' in the row), so no whole-GPU
+// set or share can land on it. Each of its existing MIG devices (compute
+// instance CI in GPU instance GI) is a device gpu-<index>-mig-<GI>-<CI>
+// (driver.MIGDeviceName), exclusive (no allowMultipleAllocations), with
+// capacity memory (the profile's bytes, no request policy) and the
+// attributes
+//
+//	type                          string  "mig"
+//	profile                       string  nvidia-smi's name, e.g. "1g.5gb"
+//	uuid                          string  the MIG device's "MIG-..." UUID
+//	parentIndex, parentUUID       int, string  the GPU it is part of
+//	gpuInstance, computeInstance  int     NVML's GI and CI IDs
+//	placementStart, placementSize int     the GPU instance's memory slices
+//	multiprocessors               int     SMs of the compute instance
+//	copyEngines, decoders, encoders, jpegEngines, ofaEngines  int
+//
+// plus the parent's productName, architecture, cudaComputeCapability,
+// driverVersion, numaNode and PCI attributes. GPUs not in MIG mode never
+// get MIG devices; a node may mix both.
+//
 // # Capacity and sharing
 //
 // Every device declares capacity memory (bytes) and cores (100 = the whole

@@ -58,22 +58,32 @@ type SliceOptions struct {
 }
 
 // BuildDriverResources turns a node's topology into the ResourceSlices the
-// plugin publishes: one pool named after the node, one device per GPU. It
+// plugin publishes: one pool named after the node, one device per GPU not
+// in MIG mode and one per MIG device of the GPUs in MIG mode. It
 // returns an error, and publishes nothing, when any device would break an
 // API limit; nothing is ever dropped silently.
 func BuildDriverResources(logger klog.Logger, nodeName string, t *topology.Topology, opts SliceOptions) (resourceslice.DriverResources, error) {
 	if nodeName == "" {
 		return resourceslice.DriverResources{}, fmt.Errorf("building ResourceSlices: node name is empty")
 	}
+	whole, err := wholeGPUs(t)
+	if err != nil {
+		return resourceslice.DriverResources{}, fmt.Errorf("building ResourceSlices of node %s: GPUs not in MIG mode: %w", nodeName, err)
+	}
 	devices := make([]resourceapi.Device, 0, t.Len())
-	groupSizes := topology.GroupSizes(t.Len())
-	for p := range t.GPUs {
-		dev, err := buildDevice(logger, t, p, groupSizes, opts)
+	groupSizes := topology.GroupSizes(whole.Len())
+	for p := range whole.GPUs {
+		dev, err := buildDevice(logger, whole, p, groupSizes, opts)
 		if err != nil {
-			return resourceslice.DriverResources{}, fmt.Errorf("building ResourceSlice device for GPU %d on node %s: %w", t.GPUs[p].Index, nodeName, err)
+			return resourceslice.DriverResources{}, fmt.Errorf("building ResourceSlice device for GPU %d on node %s: %w", whole.GPUs[p].Index, nodeName, err)
 		}
 		devices = append(devices, dev)
 	}
+	migDevices, err := buildMIGDevices(logger, t, opts)
+	if err != nil {
+		return resourceslice.DriverResources{}, fmt.Errorf("building ResourceSlices of node %s: %w", nodeName, err)
+	}
+	devices = append(devices, migDevices...)
 	perSlice := maxDevicesPerSlice
 	if opts.ManagedByController || opts.MayTaint {
 		perSlice = maxTaintedDevicesPerSlice
@@ -100,60 +110,13 @@ func BuildDriverResources(logger klog.Logger, nodeName string, t *topology.Topol
 
 func buildDevice(logger klog.Logger, t *topology.Topology, p int, groupSizes []int, opts SliceOptions) (resourceapi.Device, error) {
 	g := t.GPUs[p]
-	attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-		driver.AttrIndex:        intAttr(int64(g.Index)),
-		driver.AttrMinor:        intAttr(int64(g.Minor)),
-		driver.AttrNVLinkIsland: intAttr(int64(t.IslandOf(p))),
+	attrs, err := identityAttributes(logger, g, opts)
+	if err != nil {
+		return resourceapi.Device{}, err
 	}
-	setString := func(name, value string) {
-		if value != "" {
-			attrs[resourceapi.QualifiedName(name)] = resourceapi.DeviceAttribute{StringValue: ptr.To(value)}
-		}
-	}
-	setString(driver.AttrUUID, g.UUID)
-	setString(driver.AttrProductName, g.ProductName)
-	setString(driver.AttrArchitecture, g.Architecture)
-	for _, v := range []struct{ name, value string }{
-		{driver.AttrCUDAComputeCapability, g.CUDAComputeCapability},
-		{driver.AttrDriverVersion, g.DriverVersion},
-	} {
-		if v.value == "" {
-			continue
-		}
-		sv, err := NormalizeVersion(v.value)
-		if err != nil {
-			return resourceapi.Device{}, fmt.Errorf("attribute %s: %w", v.name, err)
-		}
-		attrs[resourceapi.QualifiedName(v.name)] = resourceapi.DeviceAttribute{VersionValue: ptr.To(sv)}
-	}
-	if g.NUMANode >= 0 {
-		attrs[driver.AttrNUMANode] = intAttr(int64(g.NUMANode))
-		// The standard name too (KEP-5491, deviceattribute's scalar
-		// form), so that claims align GPUs with CPUs and other drivers'
-		// devices by matchAttribute on one name.
-		attrs[deviceattribute.StandardDeviceAttributeNUMANode] = intAttr(int64(g.NUMANode))
-	}
-	if g.PCIBusID != "" {
-		busID := strings.ToLower(g.PCIBusID)
-		a, err := deviceattribute.GetPCIBusIDAttribute(busID)
-		if err != nil {
-			return resourceapi.Device{}, fmt.Errorf("attribute %s: %w", driver.AttrPCIBusID, err)
-		}
-		attrs[a.Name] = a.Value
-		switch {
-		case g.PCIeRoot != "":
-			attrs[deviceattribute.StandardDeviceAttributePCIeRoot] = resourceapi.DeviceAttribute{StringValue: ptr.To(g.PCIeRoot)}
-		case opts.PCIeRootFromSysfs:
-			root, err := deviceattribute.GetPCIeRootAttributeByPCIBusID(busID, opts.PCIeRootModifiers...)
-			if err != nil {
-				// Not knowing the root complex only loses a matchAttribute
-				// hint; say so instead of failing the whole node.
-				logger.Info("PCIe root unknown, not publishing it", "gpu", g.Index, "pciBusID", busID, "err", err)
-			} else {
-				attrs[root.Name] = root.Value
-			}
-		}
-	}
+	attrs[driver.AttrIndex] = intAttr(int64(g.Index))
+	attrs[driver.AttrMinor] = intAttr(int64(g.Minor))
+	attrs[driver.AttrNVLinkIsland] = intAttr(int64(t.IslandOf(p)))
 	for _, k := range groupSizes {
 		if id, ok := t.GroupOf(k, p); ok {
 			attrs[resourceapi.QualifiedName(driver.GroupAttr(k))] = intAttr(int64(id))
@@ -183,6 +146,62 @@ func buildDevice(logger klog.Logger, t *topology.Topology, p int, groupSizes []i
 		}}
 	}
 	return dev, nil
+}
+
+// identityAttributes are the attributes a GPU and its MIG devices share:
+// UUID, product, architecture, versions, NUMA node and PCI placement.
+func identityAttributes(logger klog.Logger, g topology.GPU, opts SliceOptions) (map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, error) {
+	attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{}
+	setString := func(name, value string) {
+		if value != "" {
+			attrs[resourceapi.QualifiedName(name)] = resourceapi.DeviceAttribute{StringValue: ptr.To(value)}
+		}
+	}
+	setString(driver.AttrUUID, g.UUID)
+	setString(driver.AttrProductName, g.ProductName)
+	setString(driver.AttrArchitecture, g.Architecture)
+	for _, v := range []struct{ name, value string }{
+		{driver.AttrCUDAComputeCapability, g.CUDAComputeCapability},
+		{driver.AttrDriverVersion, g.DriverVersion},
+	} {
+		if v.value == "" {
+			continue
+		}
+		sv, err := NormalizeVersion(v.value)
+		if err != nil {
+			return nil, fmt.Errorf("attribute %s: %w", v.name, err)
+		}
+		attrs[resourceapi.QualifiedName(v.name)] = resourceapi.DeviceAttribute{VersionValue: ptr.To(sv)}
+	}
+	if g.NUMANode >= 0 {
+		attrs[driver.AttrNUMANode] = intAttr(int64(g.NUMANode))
+		// The standard name too (KEP-5491, deviceattribute's scalar
+		// form), so that claims align GPUs with CPUs and other drivers'
+		// devices by matchAttribute on one name.
+		attrs[deviceattribute.StandardDeviceAttributeNUMANode] = intAttr(int64(g.NUMANode))
+	}
+	if g.PCIBusID != "" {
+		busID := strings.ToLower(g.PCIBusID)
+		a, err := deviceattribute.GetPCIBusIDAttribute(busID)
+		if err != nil {
+			return nil, fmt.Errorf("attribute %s: %w", driver.AttrPCIBusID, err)
+		}
+		attrs[a.Name] = a.Value
+		switch {
+		case g.PCIeRoot != "":
+			attrs[deviceattribute.StandardDeviceAttributePCIeRoot] = resourceapi.DeviceAttribute{StringValue: ptr.To(g.PCIeRoot)}
+		case opts.PCIeRootFromSysfs:
+			root, err := deviceattribute.GetPCIeRootAttributeByPCIBusID(busID, opts.PCIeRootModifiers...)
+			if err != nil {
+				// Not knowing the root complex only loses a matchAttribute
+				// hint; say so instead of failing the whole node.
+				logger.Info("PCIe root unknown, not publishing it", "gpu", g.Index, "pciBusID", busID, "err", err)
+			} else {
+				attrs[root.Name] = root.Value
+			}
+		}
+	}
+	return attrs, nil
 }
 
 // buildCapacity declares the memory and cores capacities with the request

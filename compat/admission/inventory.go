@@ -11,7 +11,7 @@ import (
 )
 
 // Inventory keeps the distinct GPU memory sizes that gpulink's
-// ResourceSlices publish, for the checks and the gpumem-percentage
+// ResourceSlices publish (whole GPUs, not MIG devices), for the checks and the gpumem-percentage
 // alternatives of the translation (compat.Inventory).
 type Inventory struct {
 	mu    sync.Mutex
@@ -45,6 +45,11 @@ func (inv *Inventory) set(o any) {
 	var sizes []int64
 	if s.Spec.Driver == driver.Name {
 		for _, d := range s.Spec.Devices {
+			if driver.IsMIGDeviceName(d.Name) {
+				// A MIG device is no GPU a share or a percentage of
+				// GPU memory could be taken from.
+				continue
+			}
 			if c, ok := d.Capacity[driver.CapacityMemory]; ok {
 				sizes = append(sizes, c.Value.Value())
 			}

@@ -30,10 +30,17 @@ func TestInventorySizes(t *testing.T) {
 	inv.set(slice("a", driver.Name, "40Gi", "40Gi"))
 	inv.set(slice("b", driver.Name, "80Gi", "32Gi"))
 	inv.set(slice("c", "other.example.com", "1Ti"))
+	// A MIG device's memory is no GPU's.
+	withMIG := slice("d", driver.Name, "80Gi")
+	withMIG.Spec.Devices = append(withMIG.Spec.Devices, resourceapi.Device{Name: driver.MIGDeviceName(1, 0, 0), Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+		driver.CapacityMemory: {Value: resource.MustParse("4864Mi")},
+	}})
+	inv.set(withMIG)
 	if got, want := inv.MemorySizes(), []int64{32 << 30, 40 << 30, 80 << 30}; !slices.Equal(got, want) {
 		t.Errorf("sizes %v, want %v", got, want)
 	}
 	inv.update("b", nil)
+	inv.update("d", nil)
 	if got := inv.MemorySizes(); !slices.Equal(got, []int64{40 << 30}) {
 		t.Errorf("after deleting b: %v", got)
 	}

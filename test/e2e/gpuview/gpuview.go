@@ -84,6 +84,10 @@ func newNode(name string, devs []resourceapi.Device) (*Node, error) {
 	var tgpus []topology.GPU
 	rows := map[int]string{}
 	for _, d := range devs {
+		if driver.IsMIGDeviceName(d.Name) {
+			// MIG devices are not GPUs of the node's link matrix.
+			continue
+		}
 		idx, err := driver.ParseDeviceName(d.Name)
 		if err != nil {
 			return nil, fmt.Errorf("node %s: %w", name, err)

@@ -1,0 +1,106 @@
+package kubeletplugin
+
+import (
+	"fmt"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/driver/mig"
+	"github.com/gpulink/gpulink/driver/topology"
+)
+
+// wholeGPUs is the node as far as whole GPUs and shares go: the GPUs not
+// in MIG mode, with islands, groups and link rows of their own, so that no
+// set or group ever counts on a GPU that is only given out in MIG devices.
+func wholeGPUs(t *topology.Topology) (*topology.Topology, error) {
+	keep := make([]int, 0, t.Len())
+	for p, g := range t.GPUs {
+		if !g.MIGEnabled() {
+			keep = append(keep, p)
+		}
+	}
+	if len(keep) == t.Len() {
+		return t, nil
+	}
+	return t.Subset(keep)
+}
+
+// buildMIGDevices publishes the existing MIG devices of the node's GPUs in
+// MIG mode: one device per compute instance, named
+// driver.MIGDeviceName(parent index, GI, CI), exclusive (no
+// allowMultipleAllocations), with the parent's identity attributes and
+// the instance's own (see doc.go, "MIG devices").
+func buildMIGDevices(logger klog.Logger, t *topology.Topology, opts SliceOptions) ([]resourceapi.Device, error) {
+	var out []resourceapi.Device
+	for _, g := range t.GPUs {
+		if !g.MIGEnabled() {
+			continue
+		}
+		for _, in := range g.MIG.Instances {
+			dev, err := buildMIGDevice(logger, g, in, opts)
+			if err != nil {
+				return nil, fmt.Errorf("MIG device %s (profile %s) of GPU %d: %w", driver.MIGDeviceName(g.Index, in.GI, in.CI), in.Profile.Name, g.Index, err)
+			}
+			out = append(out, dev)
+		}
+	}
+	return out, nil
+}
+
+func buildMIGDevice(logger klog.Logger, g topology.GPU, in mig.Instance, opts SliceOptions) (resourceapi.Device, error) {
+	if in.Profile.MemoryBytes <= 0 {
+		return resourceapi.Device{}, fmt.Errorf("capacity %s: profile memory %d bytes is unknown", driver.CapacityMemory, in.Profile.MemoryBytes)
+	}
+	attrs, err := identityAttributes(logger, g, opts)
+	if err != nil {
+		return resourceapi.Device{}, err
+	}
+	// The device's own UUID replaces the parent's: NVIDIA_VISIBLE_DEVICES
+	// and nvidia-smi name a MIG device by it.
+	delete(attrs, driver.AttrUUID)
+	str := func(v string) resourceapi.DeviceAttribute { return resourceapi.DeviceAttribute{StringValue: ptr.To(v)} }
+	if in.UUID != "" {
+		attrs[driver.AttrUUID] = str(in.UUID)
+	}
+	if g.UUID != "" {
+		attrs[driver.AttrParentUUID] = str(g.UUID)
+	}
+	attrs[driver.AttrType] = str(driver.DeviceTypeMIG)
+	attrs[driver.AttrMIGProfile] = str(in.Profile.Name)
+	for name, v := range map[string]int{
+		driver.AttrParentIndex:     g.Index,
+		driver.AttrGPUInstance:     in.GI,
+		driver.AttrComputeInstance: in.CI,
+		driver.AttrPlacementStart:  in.Placement.Start,
+		driver.AttrPlacementSize:   in.Placement.Size,
+		driver.AttrMultiprocessors: in.Profile.Multiprocessors,
+		driver.AttrCopyEngines:     in.Profile.CopyEngines,
+		driver.AttrDecoders:        in.Profile.Decoders,
+		driver.AttrEncoders:        in.Profile.Encoders,
+		driver.AttrJPEGEngines:     in.Profile.JPEGs,
+		driver.AttrOFAEngines:      in.Profile.OFAs,
+	} {
+		attrs[resourceapi.QualifiedName(name)] = intAttr(int64(v))
+	}
+	dev := resourceapi.Device{
+		Name:       driver.MIGDeviceName(g.Index, in.GI, in.CI),
+		Attributes: attrs,
+		// A MIG device is given out whole: memory is what it has, for
+		// selectors such as "at least 10Gi", not a consumable share.
+		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+			driver.CapacityMemory: {Value: *resource.NewQuantity(in.Profile.MemoryBytes, resource.BinarySI)},
+		},
+	}
+	if opts.ManagedByController {
+		dev.Taints = []resourceapi.DeviceTaint{{
+			Key:    driver.ManagedTaintKey,
+			Value:  "true",
+			Effect: resourceapi.DeviceTaintEffectNoSchedule,
+		}}
+	}
+	return dev, nil
+}
