@@ -57,6 +57,9 @@ type PreparedClaim struct {
 	// ContainerPeers are the GPUs of the claims its containers use with
 	// it (containergroup.go): its spec numbers them and its own as one set.
 	ContainerPeers []PreparedDevice `json:"containerPeers,omitempty"`
+	// Pods are the pods in the claim's reservedFor when the kubelet last
+	// asked for it, for the per-pod metrics (podmetrics.go).
+	Pods []PreparedPod `json:"pods,omitempty"`
 }
 
 // PreparedDevice is one allocation result of a prepared claim.

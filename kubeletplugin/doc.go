@@ -402,6 +402,18 @@
 // of a new claim gets per-GPU devices. A version without the field reads a
 // newer checkpoint as corrupt (unknown field), with the consequences above.
 //
+// # Per-pod metrics
+//
+// gpulink_kubeletplugin_prepared_gpu_info has one series per GPU of each
+// PrepareCompleted claim and pod in the claim's reservedFor (labels
+// PreparedGPUInfoLabels; the GPU's UUID as label UUID, as dcgm-exporter
+// names it, so that DCGM_FI_* series join on it). The pods are recorded in
+// the checkpoint (pods, refreshed whenever the kubelet asks for the claim
+// again), so the series follow prepare and unprepare and are rebuilt at
+// restart. The collector serves a snapshot taken at every checkpoint
+// write: a scrape never waits for a prepare (podmetrics.go says what is
+// not known: the container, pods reserving a claim after its prepare).
+//
 // # Shutdown
 //
 // On SIGTERM the plugin stops serving and unregisters (the helper's Stop

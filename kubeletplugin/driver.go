@@ -366,6 +366,7 @@ func (d *Driver) store() error {
 	}
 	d.dirty = false
 	d.metrics.PreparedClaims.Set(float64(len(d.cp.Claims)))
+	d.metrics.PreparedGPUs.set(d.opts.NodeName, d.cp)
 	if c, ok := d.mps.(interface{ Daemons() int }); ok {
 		d.metrics.MPSDaemons.Set(float64(c.Daemons()))
 	}

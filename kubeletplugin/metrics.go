@@ -33,6 +33,9 @@ type Metrics struct {
 	HealthEvents *prometheus.CounterVec
 	// MPSDaemons is the number of MPS control daemons running on the node.
 	MPSDaemons prometheus.Gauge
+	// PreparedGPUs serves PreparedGPUInfoName (podmetrics.go), from the
+	// checkpoint the driver last wrote or read.
+	PreparedGPUs *preparedGPUCollector
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: not
@@ -76,6 +79,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: "gpulink", Subsystem: "kubeletplugin", Name: "mps_daemons",
 			Help: "MPS control daemons running on this node (one per MPS claim).",
 		}),
+		PreparedGPUs: newPreparedGPUCollector(),
 	}
 	// Export every series from the start, zero until something happens.
 	for _, op := range []string{opPrepare, opUnprepare} {
@@ -84,7 +88,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.ClaimDuration, m.ClaimErrors, m.PreparedClaims, m.CheckpointCorruptions, m.Publications, m.BackgroundErrors,
-			m.DeviceHealthy, m.HealthEvents, m.MPSDaemons)
+			m.DeviceHealthy, m.HealthEvents, m.MPSDaemons, m.PreparedGPUs)
 	}
 	return m
 }

@@ -46,6 +46,9 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		if pc := d.cp.Claims[claim.UID]; pc != nil {
 			if pc.State == PrepareCompleted {
 				logger.V(3).Info("Claim already prepared", "claim", klog.KObj(claim))
+				if pc.notePods(claim) {
+					d.dirty = true
+				}
 				results[claim.UID] = kubeletplugin.PrepareResult{Devices: pc.kubeletDevices(d.baseID)}
 				continue
 			}
@@ -61,6 +64,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 			continue
 		}
 		pc.State = PrepareStarted
+		pc.Pods = claimPods(claim)
 		d.cp.Claims[claim.UID] = pc
 		work = append(work, pc)
 	}
