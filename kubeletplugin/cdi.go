@@ -182,26 +182,30 @@ type claimGPU struct {
 	uuid, pciBusID string
 	device         string         // DRA device name (gpu-<index>)
 	share          *PreparedShare // nil: whole GPU
+	// mig is set for a MIG device (device gpu-<index>-mig-<gi>-<ci>,
+	// uuid its own): one GPU may hold several of a claim's.
+	mig *PreparedMIG
 }
 
 // claimGPUs folds a claim's results into its distinct GPUs in the order a
 // CUDA process inside the container numbers them (CUDA_DEVICE_ORDER is set
 // to PCI_BUS_ID; without bus IDs the index order is the same order). Shares
-// of one GPU add up.
+// of one GPU add up; MIG devices of one GPU stay apart (folded by device
+// name, which is the same for every share of a GPU).
 func claimGPUs(c *PreparedClaim) []claimGPU {
 	return foldGPUs(c.Devices)
 }
 
 // foldGPUs is claimGPUs over some of a claim's results.
 func foldGPUs(devices []PreparedDevice) []claimGPU {
-	byIndex := map[int]*claimGPU{}
-	var order []int
+	byDevice := map[string]*claimGPU{}
+	var order []string
 	for _, d := range devices {
-		g := byIndex[d.Index]
+		g := byDevice[d.Device]
 		if g == nil {
-			g = &claimGPU{index: d.Index, minor: d.Minor, uuid: d.UUID, pciBusID: d.PCIBusID, device: d.Device}
-			byIndex[d.Index] = g
-			order = append(order, d.Index)
+			g = &claimGPU{index: d.Index, minor: d.Minor, uuid: d.UUID, pciBusID: d.PCIBusID, device: d.Device, mig: d.MIG}
+			byDevice[d.Device] = g
+			order = append(order, d.Device)
 		}
 		if d.Share == nil {
 			continue
@@ -215,8 +219,8 @@ func foldGPUs(devices []PreparedDevice) []claimGPU {
 		g.share.Cores = min(g.share.Cores+d.Share.Cores, coresTotal)
 	}
 	out := make([]claimGPU, 0, len(order))
-	for _, i := range order {
-		out = append(out, *byIndex[i])
+	for _, name := range order {
+		out = append(out, *byDevice[name])
 	}
 	allBus := true
 	for _, g := range out {
@@ -224,11 +228,15 @@ func foldGPUs(devices []PreparedDevice) []claimGPU {
 			allBus = false
 		}
 	}
-	sort.Slice(out, func(i, j int) bool {
-		if allBus {
+	sort.SliceStable(out, func(i, j int) bool {
+		if allBus && !strings.EqualFold(out[i].pciBusID, out[j].pciBusID) {
 			return strings.ToLower(out[i].pciBusID) < strings.ToLower(out[j].pciBusID)
 		}
-		return out[i].index < out[j].index
+		if out[i].index != out[j].index {
+			return out[i].index < out[j].index
+		}
+		// MIG devices of one GPU: by name, so the order is stable.
+		return out[i].device < out[j].device
 	})
 	return out
 }
@@ -280,18 +288,18 @@ func buildClaimSpec(logger klog.Logger, c *PreparedClaim, o cdiOptions) (*cdispe
 	}
 	// ordinals: where the containers of the GPU's request number it; with
 	// views, within the first request that has the GPU.
-	ordinals := map[int]int{}
+	ordinals := map[string]int{}
 	if views {
 		for _, r := range c.viewRequests() {
 			for i, g := range foldGPUs(c.requestDevices(r)) {
-				if _, ok := ordinals[g.index]; !ok {
-					ordinals[g.index] = i
+				if _, ok := ordinals[g.device]; !ok {
+					ordinals[g.device] = i
 				}
 			}
 		}
 	} else {
 		for i, g := range seen {
-			ordinals[g.index] = i
+			ordinals[g.device] = i
 		}
 	}
 	var devices []cdispec.Device
@@ -301,10 +309,13 @@ func buildClaimSpec(logger klog.Logger, c *PreparedClaim, o cdiOptions) (*cdispe
 			dev := cdispec.Device{
 				Name: cdiGPUDeviceName(c.UID, g.device),
 				ContainerEdits: cdispec.ContainerEdits{
-					Env: []string{"GPULINK_DEVICE_" + strconv.Itoa(ordinals[g.index]) + "=" + g.device},
+					Env: []string{"GPULINK_DEVICE_" + strconv.Itoa(ordinals[g.device]) + "=" + g.device},
 				},
 			}
 			if err := addNode(&dev.ContainerEdits, node); err != nil {
+				return nil, err
+			}
+			if err := addMIGNodes(&dev.ContainerEdits, g, addNode); err != nil {
 				return nil, err
 			}
 			devices = append(devices, dev)

@@ -76,6 +76,9 @@ type PreparedDevice struct {
 	AdminAccess bool       `json:"adminAccess,omitempty"`
 	// Share is set for a share of the GPU, nil for the whole GPU.
 	Share *PreparedShare `json:"share,omitempty"`
+	// MIG is set for a MIG device of the GPU (prepare_mig.go); UUID is
+	// then the MIG device's.
+	MIG *PreparedMIG `json:"mig,omitempty"`
 	// CDIDeviceID is the qualified CDI device of this GPU in the claim's
 	// spec (CDIDeviceIDForDevice; the same for every share of one GPU),
 	// first in the device's CDI IDs. Empty in claims prepared by versions

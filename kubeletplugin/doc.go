@@ -141,6 +141,16 @@
 // GPULINK_SHARE_PRIORITY and CUDA_MPS_CLIENT_PRIORITY (MPS) or
 // CUDA_TASK_PRIORITY (HAMiCore) in its claim device (priority.go).
 //
+// A MIG device (prepare_mig.go) gets a CDI device of its own, even beside
+// other MIG devices of the same GPU: the GPU's /dev/nvidia<minor>, the
+// /dev/nvidia-caps/nvidia-cap<minor> nodes of its GPU and compute
+// instance (minors from the driver's mig-minors table) and
+// GPULINK_DEVICE_<i>; NVIDIA_VISIBLE_DEVICES names it by its MIG-<uuid>,
+// never by the parent's UUID. It is exclusive; a share of it, a MIG device
+// not on this node, of a GPU not in MIG mode, one without a known UUID,
+// and a whole GPU or share of a GPU in MIG mode are refused naming the
+// result's field and value.
+//
 // A share under strategy None (whole GPUs only) is refused, as the
 // controller refuses to allocate it: claims kube-scheduler or anyone else
 // allocated are held to the controller's rules.

@@ -255,6 +255,18 @@ func (d *Driver) planClaim(logger klog.Logger, claim *resourceapi.ResourceClaim)
 		if r.Pool != d.opts.NodeName {
 			return nil, fmt.Errorf("%s.pool: %q is not this node's pool %q", field, r.Pool, d.opts.NodeName)
 		}
+		if driver.IsMIGDeviceName(r.Device) {
+			if _, err := configs.forRequest(r.Request); err != nil {
+				return nil, err
+			}
+			dev, err := d.planMIG(field, r) // prepare_mig.go
+			if err != nil {
+				return nil, err
+			}
+			resultIdx = append(resultIdx, i)
+			pc.Devices = append(pc.Devices, dev)
+			continue
+		}
 		index, err := driver.ParseDeviceName(r.Device)
 		if err != nil {
 			return nil, fmt.Errorf("%s.device: %w", field, err)
@@ -264,6 +276,9 @@ func (d *Driver) planClaim(logger klog.Logger, claim *resourceapi.ResourceClaim)
 			return nil, fmt.Errorf("%s.device: %q: no GPU with index %d on node %s", field, r.Device, index, d.opts.NodeName)
 		}
 		gpu := d.topo.GPUs[p]
+		if gpu.MIGEnabled() {
+			return nil, fmt.Errorf("%s.device: %q: GPU %d is in MIG mode on node %s and is given out only as its MIG devices, not whole or in shares", field, r.Device, gpu.Index, d.opts.NodeName)
+		}
 		rc, err := configs.forRequest(r.Request)
 		if err != nil {
 			return nil, err
@@ -291,6 +306,9 @@ func (d *Driver) planClaim(logger klog.Logger, claim *resourceapi.ResourceClaim)
 		return nil, err
 	}
 	if err := d.checkConflicts(pc, resultIdx); err != nil {
+		return nil, err
+	}
+	if err := d.checkMIGConflicts(pc, resultIdx); err != nil {
 		return nil, err
 	}
 	if len(pc.Devices) > 0 {
@@ -382,6 +400,9 @@ func checkClaimShape(pc *PreparedClaim, resultIdx []int) error {
 	strategy := map[int]apiv1alpha1.SharingStrategy{}
 	mpsGPU := -1
 	for j, dev := range pc.Devices {
+		if dev.MIG != nil {
+			continue // exclusive devices of their own: checkMIGConflicts
+		}
 		if dev.Share == nil {
 			if k, ok := whole[dev.Index]; ok {
 				return fmt.Errorf("%s.device: %q is allocated whole twice (also in %s)", field(j), dev.Device, field(k))
@@ -444,7 +465,7 @@ func (d *Driver) checkConflicts(pc *PreparedClaim, resultIdx []int) error {
 			continue
 		}
 		for _, dev := range other.Devices {
-			if dev.AdminAccess {
+			if dev.AdminAccess || dev.MIG != nil {
 				continue
 			}
 			u := used[dev.Index]
@@ -462,7 +483,7 @@ func (d *Driver) checkConflicts(pc *PreparedClaim, resultIdx []int) error {
 		}
 	}
 	for j, dev := range pc.Devices {
-		if dev.AdminAccess {
+		if dev.AdminAccess || dev.MIG != nil {
 			continue
 		}
 		field := resultField(resultIdx[j])

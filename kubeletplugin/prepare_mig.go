@@ -1,0 +1,136 @@
+package kubeletplugin
+
+import (
+	"fmt"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/driver/mig"
+)
+
+// PreparedMIG is the MIG device a result got: the compute instance CI of
+// GPU instance GI on the GPU of the result's Index and Minor.
+type PreparedMIG struct {
+	Profile    string `json:"profile"`
+	GI         int    `json:"gi"`
+	CI         int    `json:"ci"`
+	ParentUUID string `json:"parentUUID,omitempty"`
+	// GICapMinor and CICapMinor name the /dev/nvidia-caps/nvidia-cap<minor>
+	// nodes that grant access to the instances; -1 when unknown.
+	GICapMinor int `json:"giCapMinor"`
+	CICapMinor int `json:"ciCapMinor"`
+}
+
+// migCapNodes are the capability device nodes of a MIG device: a process
+// may use a GPU instance and a compute instance only if it can open them.
+func (m *PreparedMIG) capNodes() ([]string, error) {
+	if m.GICapMinor < 0 || m.CICapMinor < 0 {
+		return nil, fmt.Errorf("MIG device GI %d CI %d: the driver's capability table (/proc/driver/nvidia-caps/mig-minors) does not list its access minors", m.GI, m.CI)
+	}
+	return []string{
+		fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", m.GICapMinor),
+		fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", m.CICapMinor),
+	}, nil
+}
+
+// planMIG checks a result naming a MIG device against this node's GPUs
+// and returns what preparing it means.
+func (d *Driver) planMIG(field string, r resourceapi.DeviceRequestAllocationResult) (PreparedDevice, error) {
+	parent, gi, ci, err := driver.ParseMIGDeviceName(r.Device)
+	if err != nil {
+		return PreparedDevice{}, fmt.Errorf("%s.device: %w", field, err)
+	}
+	p, ok := d.topo.Position(parent)
+	if !ok {
+		return PreparedDevice{}, fmt.Errorf("%s.device: %q: no GPU with index %d on node %s", field, r.Device, parent, d.opts.NodeName)
+	}
+	gpu := d.topo.GPUs[p]
+	if !gpu.MIGEnabled() {
+		return PreparedDevice{}, fmt.Errorf("%s.device: %q: GPU %d is not in MIG mode on node %s", field, r.Device, parent, d.opts.NodeName)
+	}
+	var in *mig.Instance
+	have := make([]string, 0, len(gpu.MIG.Instances))
+	for k := range gpu.MIG.Instances {
+		c := &gpu.MIG.Instances[k]
+		have = append(have, driver.MIGDeviceName(parent, c.GI, c.CI)+" ("+c.Profile.Name+")")
+		if c.GI == gi && c.CI == ci {
+			in = c
+		}
+	}
+	if in == nil {
+		return PreparedDevice{}, fmt.Errorf("%s.device: %q: GPU %d on node %s has no compute instance %d in GPU instance %d (it has: %s)", field, r.Device, parent, d.opts.NodeName, ci, gi, strings.Join(have, ", "))
+	}
+	if r.ShareID != nil {
+		return PreparedDevice{}, fmt.Errorf("%s.shareID: %s: MIG device %q (profile %s) is given out whole, never in shares", field, *r.ShareID, r.Device, in.Profile.Name)
+	}
+	if in.Profile.Name == "" {
+		return PreparedDevice{}, fmt.Errorf("%s.device: %q: the MIG device's profile is unknown", field, r.Device)
+	}
+	if in.UUID == "" {
+		// Without it NVIDIA_VISIBLE_DEVICES could only name the parent,
+		// which would hand the container the whole GPU.
+		return PreparedDevice{}, fmt.Errorf("%s.device: %q (profile %s): NVML reported no MIG device UUID for it", field, r.Device, in.Profile.Name)
+	}
+	return PreparedDevice{
+		Request: r.Request, Pool: r.Pool, Device: r.Device,
+		Index: gpu.Index, Minor: gpu.Minor, UUID: in.UUID, PCIBusID: gpu.PCIBusID,
+		AdminAccess: r.AdminAccess != nil && *r.AdminAccess,
+		MIG: &PreparedMIG{
+			Profile: in.Profile.Name, GI: in.GI, CI: in.CI, ParentUUID: gpu.UUID,
+			GICapMinor: in.GICapMinor, CICapMinor: in.CICapMinor,
+		},
+	}, nil
+}
+
+// checkMIGConflicts: a MIG device is exclusive, within the claim and
+// across prepared claims (admin access exempt).
+func (d *Driver) checkMIGConflicts(pc *PreparedClaim, resultIdx []int) error {
+	held := map[string]types.UID{}
+	for uid, other := range d.cp.Claims {
+		if uid == pc.UID {
+			continue
+		}
+		for _, dev := range other.Devices {
+			if dev.MIG != nil && !dev.AdminAccess {
+				held[dev.Device] = uid
+			}
+		}
+	}
+	inClaim := map[string]int{}
+	for j, dev := range pc.Devices {
+		if dev.MIG == nil || dev.AdminAccess {
+			continue
+		}
+		field := resultField(resultIdx[j])
+		if k, ok := inClaim[dev.Device]; ok {
+			return fmt.Errorf("%s.device: MIG device %q is allocated twice (also in %s)", field, dev.Device, resultField(resultIdx[k]))
+		}
+		inClaim[dev.Device] = j
+		if uid, ok := held[dev.Device]; ok {
+			return fmt.Errorf("%s.device: MIG device %q is already prepared for claim UID %s", field, dev.Device, uid)
+		}
+	}
+	return nil
+}
+
+// addMIGNodes adds a MIG device's capability nodes to its CDI device,
+// beside its GPU's /dev/nvidia<minor>.
+func addMIGNodes(edits *cdispec.ContainerEdits, g claimGPU, addNode func(*cdispec.ContainerEdits, string) error) error {
+	if g.mig == nil {
+		return nil
+	}
+	nodes, err := g.mig.capNodes()
+	if err != nil {
+		return fmt.Errorf("%s: %w", g.device, err)
+	}
+	for _, n := range nodes {
+		if err := addNode(edits, n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
