@@ -115,6 +115,16 @@ scale: cluster-build ## scale test: SCALE_NODES API-only 8-GPU nodes (5000), SCA
 	  GPULINK_SCALE_REPORT=$(OUTPUT)/scale-report.json \
 	  $(GO) test -count=1 -v -timeout 120m -tags integration -run '^TestScale$$' ./test/scale/
 
+# gpulink against the stock kube-scheduler on the same cluster, in one run
+# (docs/performance/scheduler.md): pods/s to bound and create→bound
+# latency, a burst and one pod at a time, the cluster half full first.
+SCHED_NODES ?= 500
+.PHONY: bench-scheduler
+bench-scheduler: cluster-build ## gpulink vs stock kube-scheduler, pods/s and create→bound (SCHED_NODES 8-GPU API-only nodes, 500); report in _output/scheduler-report.json
+	@mkdir -p $(OUTPUT)
+	GPULINK_SCHED_BENCH=1 GPULINK_SCHED_NODES=$(SCHED_NODES) GPULINK_SCHED_REPORT=$(OUTPUT)/scheduler-report.json \
+	  $(GO) test -count=1 -v -timeout 60m -tags integration -run '^TestSchedulerSideBySide$$' ./test/scale/
+
 .PHONY: demo
 demo: ## local cluster + gpulink + example workloads, then a report (hack/demo.sh)
 	hack/demo.sh up

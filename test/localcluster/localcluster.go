@@ -22,6 +22,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -401,6 +402,9 @@ func (c *Cluster) startControllerManagerAndScheduler(ctx context.Context) error 
 	sched, err := c.startProcess("kube-scheduler", c.bin("kube-scheduler"), append([]string{
 		fmt.Sprintf("--secure-port=%d", c.schedulerPort),
 		"--cert-dir=" + filepath.Join(c.dir, "pki", "kube-scheduler"),
+		// Benchmarks read the scheduler's queue and attempt counters
+		// (SchedulerMetrics); the port listens on 127.0.0.1 only.
+		"--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
 	}, common...)...)
 	if err != nil {
 		return fmt.Errorf("localcluster: %w", err)
@@ -528,6 +532,29 @@ func (c *Cluster) ContainerdSocket() string { return c.containerdSocket }
 // AuditLogPath returns the API server's audit log (<Dir>/logs/audit.log),
 // written only with Options.AuditPolicy.
 func (c *Cluster) AuditLogPath() string { return filepath.Join(c.dir, "logs", "audit.log") }
+
+// SchedulerMetrics returns kube-scheduler's /metrics in the Prometheus
+// text format.
+func (c *Cluster) SchedulerMetrics(ctx context.Context) (string, error) {
+	url := fmt.Sprintf("https://127.0.0.1:%d/metrics", c.schedulerPort)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", fmt.Errorf("localcluster: kube-scheduler metrics: %w", err)
+	}
+	resp, err := insecureHTTPClient().Do(req)
+	if err != nil {
+		return "", fmt.Errorf("localcluster: kube-scheduler metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", fmt.Errorf("localcluster: kube-scheduler metrics: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("localcluster: kube-scheduler metrics: %s: %s", resp.Status, body)
+	}
+	return string(body), nil
+}
 
 // LogPath returns the log file of a component ("etcd", "kube-apiserver",
 // "kube-controller-manager", "kube-scheduler", "containerd", "kubelet").

@@ -3,6 +3,7 @@
 package controller_test
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"runtime"
@@ -71,6 +72,7 @@ func controllerThroughput(b *testing.B, prefix string, finalizer bool) (float64,
 		p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To(name)}}
 		e.createPod(p)
 	}
+	sched0 := schedulerCounters(b)
 	b.StartTimer()
 	ctrl := e.startController(benchWorkers())
 	start := time.Now()
@@ -110,6 +112,7 @@ func controllerThroughput(b *testing.B, prefix string, finalizer bool) (float64,
 		return true
 	})
 	boundAt := time.Since(start)
+	b.Logf("kube-scheduler during the run: %s", schedulerCounters(b).since(sched0))
 	ctrl.stop()
 	if err := e.checkInvariants(); err != nil {
 		b.Error(err)
@@ -326,4 +329,48 @@ func writeCeiling(b *testing.B, node string, withFinalizer bool) float64 {
 	rate := float64(total) / elapsed.Seconds()
 	b.Logf("write ceiling: %d claims written (%d writes each) in %s: %.0f/s", total, writes, elapsed.Round(time.Millisecond), rate)
 	return rate
+}
+
+// schedCounters are kube-scheduler's scheduling attempts by result, queue
+// arrivals by event, its API requests and the time they waited for its
+// client-side rate limiter: where pods wait between the lifted gate and
+// the binding.
+type schedCounters map[string]float64
+
+var schedCounterNames = []string{"scheduler_schedule_attempts_total", "scheduler_queue_incoming_pods_total", "rest_client_rate_limiter_duration_seconds_sum", "rest_client_requests_total"}
+
+func schedulerCounters(b *testing.B) schedCounters {
+	b.Helper()
+	text, err := cluster.SchedulerMetrics(context.Background())
+	if err != nil {
+		b.Logf("no kube-scheduler metrics: %v", err)
+		return nil
+	}
+	out := schedCounters{}
+	for _, l := range strings.Split(text, "\n") {
+		if strings.HasPrefix(l, "#") {
+			continue
+		}
+		for _, n := range schedCounterNames {
+			if strings.HasPrefix(l, n) {
+				i := strings.LastIndexByte(l, ' ')
+				if v, err := strconv.ParseFloat(l[i+1:], 64); err == nil {
+					out[l[:i]] = v
+				}
+			}
+		}
+	}
+	return out
+}
+
+// since renders the counters that grew since before.
+func (c schedCounters) since(before schedCounters) string {
+	var parts []string
+	for k, v := range c {
+		if d := v - before[k]; d > 0 {
+			parts = append(parts, fmt.Sprintf("%s +%.0f", k, d))
+		}
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, "; ")
 }

@@ -1,0 +1,360 @@
+//go:build integration
+
+package scale_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/driver/topology"
+)
+
+// schedConfig sizes TestSchedulerSideBySide: the shape of scheduler_perf's
+// DRA steady-state workloads (claims from a template, the cluster half full
+// before the measurement), scaled by the environment.
+type schedConfig struct {
+	Nodes      int // GPULINK_SCHED_NODES: API-only nodes with 8 GPUs each
+	Burst      int // GPULINK_SCHED_BURST: pods created at once (default a quarter of the GPUs)
+	Sequential int // GPULINK_SCHED_SEQUENTIAL: pods created one at a time
+	Report     string
+}
+
+func schedConfigFromEnv(t *testing.T) schedConfig {
+	t.Helper()
+	c := schedConfig{Nodes: 100, Sequential: 40, Report: os.Getenv("GPULINK_SCHED_REPORT")}
+	for env, p := range map[string]*int{"GPULINK_SCHED_NODES": &c.Nodes, "GPULINK_SCHED_BURST": &c.Burst, "GPULINK_SCHED_SEQUENTIAL": &c.Sequential} {
+		if v := os.Getenv(env); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 {
+				t.Fatalf("%s=%q: want a positive integer", env, v)
+			}
+			*p = n
+		}
+	}
+	if c.Burst == 0 {
+		c.Burst = c.Nodes * 8 / 4
+	}
+	if c.Burst > c.Nodes*8/2 {
+		t.Fatalf("GPULINK_SCHED_BURST=%d does not fit the half of %d GPUs left free", c.Burst, c.Nodes*8)
+	}
+	return c
+}
+
+// pathFigures is what one path measures.
+type pathFigures struct {
+	// BurstPodsPerSecond: pods created at once, from the first create to
+	// the last pod bound.
+	BurstPodsPerSecond float64
+	// Create→bound of the burst's pods and of pods created one at a time.
+	BurstP50Ms, BurstP99Ms           float64
+	SequentialP50Ms, SequentialP99Ms float64
+	// SchedulerAttempts are kube-scheduler's scheduling attempts during
+	// the burst, by result.
+	SchedulerAttempts map[string]float64
+}
+
+type schedReport struct {
+	Nodes, GPUs, Fill, Burst, Sequential int
+	Stock, Gpulink                       pathFigures
+	// Ratios are gpulink over stock: pods/s (goal ≥ 1) and create→bound
+	// p50 (goal ≤ 0.5).
+	PodsPerSecondRatio, BurstP50Ratio, SequentialP50Ratio float64
+}
+
+// TestSchedulerSideBySide runs the same workload twice on one cluster:
+// kube-scheduler allocating untainted devices of a plain DeviceClass itself
+// (the stock path: ungated pods), and gpulink (gated pods, the controller
+// allocates, kube-scheduler binds). Each path fills half the GPUs first,
+// then measures a burst of pods created at once and pods created one at a
+// time, one GPU each from a claim template. The nodes are API-only: pods
+// are bound, never run. kube-scheduler, kube-controller-manager and the
+// controller all get 500+ queries per second (main_test.go), so neither
+// path is held to a client rate limit the other does not meet.
+//
+// It is a measurement, not part of `make test`: `make bench-scheduler`.
+func TestSchedulerSideBySide(t *testing.T) {
+	if os.Getenv("GPULINK_SCHED_BENCH") == "" {
+		t.Skip("a benchmark: run it with make bench-scheduler (GPULINK_SCHED_BENCH=1)")
+	}
+	cfg := schedConfigFromEnv(t)
+	e := setup(t)
+	topo, err := topology.ParseFile("../../driver/topology/testdata/v100-sxm2-8-aliyun-sccgn6.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes := make([]string, cfg.Nodes)
+	for i := range nodes {
+		nodes[i] = fmt.Sprintf("%s-sched%04d", e.ns, i)
+	}
+	parallel(t, 32, cfg.Nodes, func(i int) error { return publishNode(e.ctx, e.client, nodes[i], topo) })
+	t.Cleanup(func() {
+		parallel(t, 32, cfg.Nodes, func(i int) error {
+			_ = e.client.ResourceV1().ResourceSlices().Delete(e.ctx, nodes[i]+"-gpu.gpulink.dev", metav1.DeleteOptions{})
+			_ = e.client.CoreV1().Nodes().Delete(e.ctx, nodes[i], metav1.DeleteOptions{})
+			return nil
+		})
+	})
+
+	// The stock path's class: the driver's devices, nothing else.
+	plain := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: e.ns + "-plain"}, Spec: resourceapi.DeviceClassSpec{
+		Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "` + driver.Name + `"`}}}}}
+	if _, err := e.client.ResourceV1().DeviceClasses().Create(e.ctx, plain, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.client.ResourceV1().DeviceClasses().Delete(e.ctx, plain.Name, metav1.DeleteOptions{}) })
+	stockReq := controllertest.WholeRequest("gpus", 1)
+	stockReq.Exactly.DeviceClassName = plain.Name
+	e.template("stock", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{stockReq}})
+	e.template("gpulink", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("gpus", 1)}})
+
+	bound := newBoundWatch(t, e)
+	rep := schedReport{Nodes: cfg.Nodes, GPUs: cfg.Nodes * 8, Fill: cfg.Nodes * 8 / 2, Burst: cfg.Burst, Sequential: cfg.Sequential}
+
+	// Stock first, on untainted devices and without the controller.
+	republish(t, e, nodes, topo, false)
+	rep.Stock = runPath(t, e, bound, "stock", false, rep.Fill, cfg)
+	republish(t, e, nodes, topo, true)
+	ctrl := startControllerProcess(t, e, false)
+	ctrl.waitReady(t)
+	rep.Gpulink = runPath(t, e, bound, "gpulink", true, rep.Fill, cfg)
+	ctrl.stop()
+
+	rep.PodsPerSecondRatio = rep.Gpulink.BurstPodsPerSecond / rep.Stock.BurstPodsPerSecond
+	rep.BurstP50Ratio = rep.Gpulink.BurstP50Ms / rep.Stock.BurstP50Ms
+	rep.SequentialP50Ratio = rep.Gpulink.SequentialP50Ms / rep.Stock.SequentialP50Ms
+	out, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("scheduler side by side:\n%s", out)
+	if cfg.Report != "" {
+		if err := os.WriteFile(cfg.Report, out, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// republish republishes the nodes' slices as the kubelet plugin does
+// (managed), or as plain devices for the stock path: no managed taint, so
+// kube-scheduler allocates them itself, and not allocatable more than
+// once, so that one claim gets one whole device as with gpulink.
+func republish(t *testing.T, e *env, nodes []string, topo *topology.Topology, managed bool) {
+	t.Helper()
+	parallel(t, 32, len(nodes), func(i int) error {
+		name := nodes[i] + "-gpu.gpulink.dev"
+		cur, err := e.client.ResourceV1().ResourceSlices().Get(e.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("reading slice %s: %w", name, err)
+		}
+		want, err := controllertest.Slice(nodes[i], topo, controllertest.SliceOptions{Generation: cur.Spec.Pool.Generation + 1})
+		if err != nil {
+			return err
+		}
+		if !managed {
+			for d := range want.Spec.Devices {
+				want.Spec.Devices[d].Taints = nil
+				want.Spec.Devices[d].AllowMultipleAllocations = nil
+				want.Spec.Devices[d].Capacity = nil
+			}
+		}
+		cur.Spec = want.Spec
+		if _, err := e.client.ResourceV1().ResourceSlices().Update(e.ctx, cur, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("updating slice %s: %w", name, err)
+		}
+		return nil
+	})
+	// Let kube-scheduler's and the controller's informers see them.
+	time.Sleep(3 * time.Second)
+}
+
+// boundWatch records when each pod is first seen bound.
+type boundWatch struct {
+	mu      sync.Mutex
+	boundAt map[string]time.Time
+}
+
+func newBoundWatch(t *testing.T, e *env) *boundWatch {
+	t.Helper()
+	w := &boundWatch{boundAt: map[string]time.Time{}}
+	factory := informers.NewSharedInformerFactoryWithOptions(e.client, 0, informers.WithNamespace(e.ns))
+	inf := factory.Core().V1().Pods().Informer()
+	on := func(obj any) {
+		p, ok := obj.(*corev1.Pod)
+		if !ok || p.Spec.NodeName == "" {
+			return
+		}
+		now := time.Now()
+		w.mu.Lock()
+		if _, seen := w.boundAt[p.Name]; !seen {
+			w.boundAt[p.Name] = now
+		}
+		w.mu.Unlock()
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: on, UpdateFunc: func(_, n any) { on(n) }}); err != nil {
+		t.Fatal(err)
+	}
+	factory.Start(e.ctx.Done())
+	factory.WaitForCacheSync(e.ctx.Done())
+	return w
+}
+
+func (w *boundWatch) at(name string) (time.Time, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	at, ok := w.boundAt[name]
+	return at, ok
+}
+
+func (w *boundWatch) count(names []string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, name := range names {
+		if _, ok := w.boundAt[name]; ok {
+			n++
+		}
+	}
+	return n
+}
+
+// runPath fills half the GPUs, then measures a burst and pods created
+// one at a time, and deletes everything it created.
+func runPath(t *testing.T, e *env, bound *boundWatch, path string, gated bool, fill int, cfg schedConfig) pathFigures {
+	t.Helper()
+	newPod := func(name string) *corev1.Pod {
+		p := e.newPod(name, path)
+		if !gated {
+			p.Spec.SchedulingGates = nil
+		}
+		return p
+	}
+	create := func(names []string, created map[string]time.Time, mu *sync.Mutex) {
+		parallel(t, 64, len(names), func(i int) error {
+			p := newPod(names[i])
+			now := time.Now()
+			if _, err := e.client.CoreV1().Pods(e.ns).Create(e.ctx, p, metav1.CreateOptions{}); err != nil {
+				return fmt.Errorf("creating pod %s: %w", names[i], err)
+			}
+			if created != nil {
+				mu.Lock()
+				created[names[i]] = now
+				mu.Unlock()
+			}
+			return nil
+		})
+	}
+	names := func(kind string, n int) []string {
+		out := make([]string, n)
+		for i := range out {
+			out[i] = fmt.Sprintf("%s-%s-%05d", path, kind, i)
+		}
+		return out
+	}
+	waitBound := func(what string, pods []string) {
+		e.poll(fmt.Sprintf("%s: %s bound", path, what), time.Duration(120+len(pods)/5)*time.Second, func() bool { return bound.count(pods) == len(pods) })
+	}
+	var fig pathFigures
+
+	fillPods := names("fill", fill)
+	create(fillPods, nil, nil)
+	waitBound(fmt.Sprintf("%d fill pods", fill), fillPods)
+
+	burstPods := names("burst", cfg.Burst)
+	created := map[string]time.Time{}
+	var mu sync.Mutex
+	sched0 := schedulerAttempts(t)
+	start := time.Now()
+	create(burstPods, created, &mu)
+	waitBound(fmt.Sprintf("a burst of %d pods", cfg.Burst), burstPods)
+	var last time.Time
+	var lat []time.Duration
+	for _, n := range burstPods {
+		at, _ := bound.at(n)
+		if at.After(last) {
+			last = at
+		}
+		lat = append(lat, at.Sub(created[n]))
+	}
+	fig.BurstPodsPerSecond = float64(cfg.Burst) / last.Sub(start).Seconds()
+	fig.BurstP50Ms, fig.BurstP99Ms = percentileMs(lat, 0.50), percentileMs(lat, 0.99)
+	fig.SchedulerAttempts = map[string]float64{}
+	for k, v := range schedulerAttempts(t) {
+		if d := v - sched0[k]; d > 0 {
+			fig.SchedulerAttempts[k] = d
+		}
+	}
+	deletePods(t, e, burstPods)
+	waitClaimsGone(t, e, path+"-burst-")
+
+	var seq []time.Duration
+	for _, n := range names("seq", cfg.Sequential) {
+		begin := time.Now()
+		create([]string{n}, nil, nil)
+		waitBound("pod "+n, []string{n})
+		at, _ := bound.at(n)
+		seq = append(seq, at.Sub(begin))
+		deletePods(t, e, []string{n})
+	}
+	fig.SequentialP50Ms, fig.SequentialP99Ms = percentileMs(seq, 0.50), percentileMs(seq, 0.99)
+
+	deletePods(t, e, fillPods)
+	waitClaimsGone(t, e, path+"-")
+	t.Logf("%s: burst of %d: %.1f pods/s, create→bound p50 %.0f ms p99 %.0f ms; one at a time: p50 %.0f ms p99 %.0f ms; kube-scheduler attempts %v",
+		path, cfg.Burst, fig.BurstPodsPerSecond, fig.BurstP50Ms, fig.BurstP99Ms, fig.SequentialP50Ms, fig.SequentialP99Ms, fig.SchedulerAttempts)
+	return fig
+}
+
+// waitClaimsGone waits until the claims of pods whose names start with
+// prefix are deleted (their devices free again).
+func waitClaimsGone(t *testing.T, e *env, prefix string) {
+	t.Helper()
+	e.poll("claims of "+prefix+"* deleted", 5*time.Minute, func() bool {
+		l, err := e.client.ResourceV1().ResourceClaims(e.ns).List(e.ctx, metav1.ListOptions{})
+		if err != nil {
+			return false
+		}
+		for _, c := range l.Items {
+			if strings.HasPrefix(c.Name, prefix) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// schedulerAttempts reads scheduler_schedule_attempts_total by result.
+func schedulerAttempts(t *testing.T) map[string]float64 {
+	t.Helper()
+	text, err := cluster.SchedulerMetrics(t.Context())
+	if err != nil {
+		t.Logf("no kube-scheduler metrics: %v", err)
+		return nil
+	}
+	out := map[string]float64{}
+	for _, l := range strings.Split(text, "\n") {
+		rest, ok := strings.CutPrefix(l, "scheduler_schedule_attempts_total{")
+		if !ok {
+			continue
+		}
+		_, res, _ := strings.Cut(rest, `result="`)
+		res, _, _ = strings.Cut(res, `"`)
+		if v, err := strconv.ParseFloat(l[strings.LastIndexByte(l, ' ')+1:], 64); err == nil {
+			out[res] += v
+		}
+	}
+	return out
+}
