@@ -140,6 +140,9 @@ var ErrCorruptCheckpoint = errors.New("corrupt checkpoint")
 // for why it is not synced).
 type CheckpointStore struct {
 	path string
+	// last is the file's content as last read or written here, so that a
+	// plugin instance sees when another one wrote it (rolling.go).
+	last []byte
 }
 
 // NewCheckpointStore keeps the checkpoint in dir.
@@ -156,6 +159,7 @@ func (s *CheckpointStore) Path() string { return s.path }
 func (s *CheckpointStore) Load() (*Checkpoint, error) {
 	raw, err := os.ReadFile(s.path)
 	if errors.Is(err, os.ErrNotExist) {
+		s.last = nil
 		return newCheckpoint(""), nil
 	}
 	if err != nil {
@@ -188,6 +192,7 @@ func (s *CheckpointStore) Load() (*Checkpoint, error) {
 			return nil, fmt.Errorf("checkpoint %s: %w: entry %q does not describe claim %q", s.path, ErrCorruptCheckpoint, uid, uid)
 		}
 	}
+	s.last = raw
 	return &cp, nil
 }
 
@@ -212,6 +217,7 @@ func (s *CheckpointStore) Store(cp *Checkpoint) error {
 	if err := writeFileAtomic(s.path, raw); err != nil {
 		return fmt.Errorf("writing checkpoint %s: %w", s.path, err)
 	}
+	s.last = raw
 	return nil
 }
 

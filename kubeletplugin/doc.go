@@ -445,6 +445,18 @@
 // prepared claims survive `helm upgrade`, and no slice of the node is left
 // after `helm uninstall`.
 //
+// # Rolling updates
+//
+// With --rolling-update-uid (the chart passes the pod's UID) the plugin
+// registers under a socket name of its own, so the chart's DaemonSet
+// starts the new pod beside the old one (maxSurge 1, maxUnavailable 0)
+// and the node prepares claims throughout an upgrade. The instances share
+// the plugin directory: each prepare and unprepare call, the recovery at
+// start and the MPS limit loop hold an flock on checkpoint.lock and read
+// the checkpoint again when the other instance wrote it, following its
+// MPS daemon references; only the holder of publisher.lock publishes
+// ResourceSlices (rolling.go says why each).
+//
 // # Device health
 //
 // With --health (the default) the plugin watches its GPUs and acts on what

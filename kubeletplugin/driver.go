@@ -10,6 +10,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/events"
@@ -66,6 +67,10 @@ type Options struct {
 	// Health turns on device health handling (taints, kubelet health
 	// reports); nil: off.
 	Health *HealthOptions
+	// RollingUpdateUID, the plugin pod's UID, lets a new instance run
+	// beside the old one during a DaemonSet rolling update (rolling.go);
+	// empty: one instance at a time.
+	RollingUpdateUID types.UID
 }
 
 // Dependencies are the seams tests replace.
@@ -125,6 +130,8 @@ type Driver struct {
 	cp        *Checkpoint
 	// dirty means cp has changes not yet in the checkpoint file.
 	dirty bool
+	// rolling shares the plugin directory with another instance.
+	rolling rollingState
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
@@ -181,7 +188,17 @@ func New(ctx context.Context, opts Options, deps Dependencies) (*Driver, error) 
 	}
 	d.topo, d.resources = t, &res
 	logger.Info("Discovered GPUs", "node", opts.NodeName, "gpus", t.Len())
-	if err := d.recoverState(ctx); err != nil {
+	// Under the checkpoint lock: an older instance may still be serving
+	// (rolling.go).
+	if err := d.openStateLock(); err != nil {
+		return nil, err
+	}
+	if err := flock(ctx, d.rolling.lock); err != nil {
+		return nil, err
+	}
+	err = d.recoverState(ctx)
+	funlock(d.rolling.lock)
+	if err != nil {
 		return nil, err
 	}
 	if err := d.setupHealth(logger, opts.Health, deps.Events); err != nil {
@@ -237,6 +254,9 @@ func (d *Driver) Run(ctx context.Context, kubeClient kubernetes.Interface, extra
 		kubeletplugin.PluginDataDirectoryPath(d.opts.PluginDataDir),
 		kubeletplugin.Serialize(true),
 	}
+	if d.opts.RollingUpdateUID != "" {
+		opts = append(opts, kubeletplugin.RollingUpdate(d.opts.RollingUpdateUID))
+	}
 	if d.opts.RegistrarDir != "" {
 		// kubelet creates its registry on start; creating it here too lets
 		// the plugin start first, and lets API-only test nodes (no kubelet)
@@ -253,6 +273,14 @@ func (d *Driver) Run(ctx context.Context, kubeClient kubernetes.Interface, extra
 	defer helper.Stop()
 	d.runHealthSources(ctx, d.healthSources)
 	go d.runMPSLimits(ctx)
+	release, err := d.holdPublisherLock(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	defer release()
 	if err := d.RunPublisher(ctx, helper); err != nil {
 		return err
 	}

@@ -21,6 +21,11 @@ func (d *Driver) runMPSLimits(ctx context.Context) {
 			return
 		case <-ticker.C():
 		}
+		// Another instance may have stopped daemons (rolling.go).
+		if err := d.syncMPSRefs(ctx); err != nil {
+			logger.Error(err, "Reading the checkpoint before setting MPS limits again failed")
+			continue
+		}
 		failed, err := d.mps.ReassertLimits(ctx)
 		if err != nil {
 			logger.Error(err, "Setting the limits of MPS control daemons again failed; their claims' containers may run above their share until the next try", "claimUIDs", failed)

@@ -30,8 +30,12 @@ func claimError(ns, name string, uid types.UID, err error) error {
 // neither a CDI spec nor a checkpoint entry behind.
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	logger := klog.FromContext(ctx)
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	// The checkpoint as every instance of the plugin left it (rolling.go).
+	unlock, err := d.lockState(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 
 	start := d.clock.Now()
 	results := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
@@ -132,8 +136,11 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 // are not prepared succeed (after removing a stray CDI spec, if any).
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	logger := klog.FromContext(ctx)
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	unlock, err := d.lockState(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 
 	start := d.clock.Now()
 	results := make(map[types.UID]error, len(claims))

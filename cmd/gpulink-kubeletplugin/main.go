@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -67,6 +68,7 @@ type flags struct {
 	healthTaintEffect   string
 	healthEventsFile    string
 	healthPollInterval  time.Duration
+	rollingUpdateUID    string
 }
 
 func parseFlags(args []string) (*flags, error) {
@@ -100,6 +102,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.defaultShareMemory, "default-share-memory", "4Gi", "Memory a share gets when its request does not ask (request policy default).")
 	fs.Int64Var(&f.defaultShareCores, "default-share-cores", 25, "Percent of SMs a share gets when its request does not ask (request policy default).")
 	fs.StringVar(&f.metricsAddress, "metrics-address", ":8080", "Address of the Prometheus /metrics endpoint; empty disables it.")
+	fs.StringVar(&f.rollingUpdateUID, "rolling-update-uid", os.Getenv("POD_UID"), "UID of this plugin's pod (default: $POD_UID). Set, a new plugin pod registers with the kubelet beside the old one during a DaemonSet rolling update with maxSurge, under a socket name of its own, and both share the plugin directory under a file lock; empty: one plugin instance per node at a time.")
 	fs.BoolVar(&f.profiling, "profiling", false, "Serve Go's runtime profiles (net/http/pprof) under /debug/pprof/ on --metrics-address.")
 	fs.StringVar(&f.bootIDFile, "boot-id-file", "/proc/sys/kernel/random/boot_id", "File holding the node's boot ID; a change invalidates the checkpoint.")
 	fs.DurationVar(&f.rediscoverInterval, "rediscover-interval", time.Minute, "How often GPU discovery runs again; 0 disables.")
@@ -340,6 +343,7 @@ func run(ctx context.Context, f *flags) error {
 		MPSLimitInterval:    f.mpsLimitInterval,
 		PCIeRootFromSysfs:   f.discovery.RealGPUs(),
 		Health:              healthOpts,
+		RollingUpdateUID:    types.UID(f.rollingUpdateUID),
 	}, kubeletplugin.Dependencies{
 		Discoverer: discoverer,
 		CDI:        cdi,
