@@ -20,11 +20,14 @@ import (
 // gpulink request is for whole GPUs, given out exclusively.
 const SharingLabel = "gpu.gpulink.dev/sharing"
 
-// Selector expressions of the shipped classes. The share class also
-// requires allowMultipleAllocations, which every gpulink device publishes;
-// a device that cannot be shared never matches it.
+// Selector expressions of the shipped classes. The whole class leaves
+// out MIG devices (those with a profile attribute): a GPU in MIG mode is
+// only ever given out as its MIG devices, and they are no whole GPUs. The
+// share class also requires allowMultipleAllocations, which every GPU
+// device publishes and no MIG device does; a device that cannot be shared
+// never matches it.
 const (
-	wholeClassSelector = `device.driver == "` + driver.Name + `"`
+	wholeClassSelector = `device.driver == "` + driver.Name + `" && !("` + driver.AttrMIGProfile + `" in device.attributes["` + driver.Name + `"])`
 	shareClassSelector = `device.driver == "` + driver.Name + `" && device.allowMultipleAllocations`
 )
 

@@ -7,6 +7,7 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	dracel "k8s.io/dynamic-resource-allocation/cel"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
 	"github.com/gpulink/gpulink/driver"
@@ -128,5 +129,28 @@ func TestWholeGPUClaimSkipsMIGGPUs(t *testing.T) {
 	h.waitEvent(ns+"/p2", ReasonWaiting)
 	if a := h.getClaim("two").Status.Allocation; a != nil {
 		t.Errorf("second whole GPU claim allocated %+v on a node with one GPU not in MIG mode", a.Devices.Results)
+	}
+}
+
+// The whole-GPU class never selects a MIG device; the share class neither
+// (MIG devices do not allow multiple allocations).
+func TestShippedClassesLeaveOutMIGDevices(t *testing.T) {
+	s := migSlice(t, "a100", map[int][]string{0: {"1g.5gb"}})
+	compiler := dracel.GetCompiler(dracel.Features{})
+	for _, c := range DeviceClasses() {
+		expr := c.Spec.Selectors[0].CEL.Expression
+		prog := compiler.CompileCELExpression(expr, dracel.Options{})
+		if prog.Error != nil {
+			t.Fatalf("class %s: %v", c.Name, prog.Error)
+		}
+		for _, d := range s.Spec.Devices {
+			match, _, err := prog.DeviceMatches(context.Background(), dracel.Device{Driver: driver.Name, AllowMultipleAllocations: d.AllowMultipleAllocations, Attributes: d.Attributes, Capacity: d.Capacity})
+			if err != nil {
+				t.Fatalf("class %s on %s: %v", c.Name, d.Name, err)
+			}
+			if want := !driver.IsMIGDeviceName(d.Name); match != want {
+				t.Errorf("class %s selects %s: %v, want %v", c.Name, d.Name, match, want)
+			}
+		}
 	}
 }
