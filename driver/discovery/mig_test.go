@@ -26,12 +26,12 @@ func TestMockMIGDiscovery(t *testing.T) {
 		t.Fatalf("Discover: %v", err)
 	}
 	type want struct {
-		name           string
-		gi, ci         int
-		start, size    int
-		mem            int64
-		sms, giSlices  int
-		ciSlices, giID int
+		name          string
+		gi, ci        int
+		start, size   int
+		mem           int64
+		sms, giSlices int
+		ciSlices      int
 	}
 	check := func(p int, wants []want) {
 		t.Helper()
