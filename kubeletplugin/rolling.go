@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"k8s.io/klog/v2"
+
+	apiv1alpha1 "github.com/gpulink/gpulink/api/v1alpha1"
 )
 
 // Rolling updates.
@@ -147,9 +149,34 @@ func (d *Driver) syncCheckpoint(ctx context.Context) error {
 	if d.dirty {
 		logger.Info("Dropping checkpoint changes this instance could not write; another instance wrote the checkpoint since")
 	}
+	// A claim still in PrepareStarted cannot be under way: its instance
+	// would hold the lock. That instance died in the call; roll the claim
+	// back as the recovery at start would, so that the kubelet's retry
+	// prepares it here. Its MPS daemon, if it got that far, is counted
+	// as referenced, so that the rollback stops it.
+	var interrupted []*PreparedClaim
+	for _, pc := range cp.Claims {
+		if pc.State == PrepareCompleted {
+			continue
+		}
+		for i := range pc.Devices {
+			if s := pc.Devices[i].Share; s != nil && s.Strategy == apiv1alpha1.SharingMPS {
+				s.MPSRef = true
+			}
+		}
+		interrupted = append(interrupted, pc)
+	}
 	d.followMPSRefs(logger, d.cp, cp)
 	d.cp = cp
 	d.dirty = false
+	for _, pc := range interrupted {
+		logger.Info("Rolling back a prepare another instance of the plugin did not finish", "claim", klog.KRef(pc.Namespace, pc.Name), "uid", pc.UID)
+		if err := d.teardown(ctx, pc); err != nil {
+			return fmt.Errorf("rolling back claim %s/%s (UID %s), which another instance did not finish preparing: %w", pc.Namespace, pc.Name, pc.UID, err)
+		}
+		delete(cp.Claims, pc.UID)
+		d.dirty = true
+	}
 	d.metrics.PreparedClaims.Set(float64(len(cp.Claims)))
 	d.metrics.PreparedGPUs.set(d.opts.NodeName, cp)
 	logger.V(3).Info("Read the checkpoint another instance wrote", "claims", len(cp.Claims))

@@ -205,3 +205,42 @@ func TestPublisherLock(t *testing.T) {
 		t.Fatal("the second instance did not take over publishing")
 	}
 }
+
+// An instance that died in a prepare left the claim in PrepareStarted; the
+// other instance rolls it back when it next reads the checkpoint, and the
+// kubelet's retry prepares it there.
+func TestInterruptedPrepareOfTheOtherInstance(t *testing.T) {
+	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
+	d1, d2 := e.start(), e.start()
+	c := newClaim("c", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10)})
+	// d2 records PrepareStarted and starts the MPS daemon, then dies.
+	unlock, err := d2.lockState(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc, err := d2.planClaim(testLogger(t), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.State = PrepareStarted
+	d2.cp.Claims[c.UID] = pc
+	if err := d2.store(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d2.mps.EnsureDaemon(t.Context(), pc.mpsShare()); err != nil {
+		t.Fatal(err)
+	}
+	unlock()
+
+	devs := mustPrepare(t, d1, c)
+	if len(devs) != 1 {
+		t.Fatalf("devices %v", devs)
+	}
+	if got := readCheckpoint(t, e).Claims[c.UID]; got == nil || got.State != PrepareCompleted {
+		t.Fatalf("checkpoint entry %+v, want PrepareCompleted", got)
+	}
+	if e.daemon.stops[string(c.UID)] != 1 || e.daemon.starts[string(c.UID)] != 2 || !e.daemon.isRunning(string(c.UID)) {
+		t.Errorf("MPS daemon starts %d, stops %d, running %t: want the dead instance's stopped and one started again",
+			e.daemon.starts[string(c.UID)], e.daemon.stops[string(c.UID)], e.daemon.isRunning(string(c.UID)))
+	}
+}
