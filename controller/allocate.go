@@ -466,7 +466,10 @@ func reasonOf(err error) string {
 // device set) is then ranked by allocate.ChooseNode (link quality, then
 // the node packing strategy), with ineligible devices masked as taken; a
 // pod with several is ranked by all of them together (see podScore).
-func choosePlan(plans []*nodePlan, pol allocate.Policy) *nodePlan {
+//
+// rank, when not nil, gives the nodes' and the pod's CPU and memory to
+// allocate.ChooseNode (stranding.go).
+func choosePlan(plans []*nodePlan, pol allocate.Policy, rank *hostRanking) *nodePlan {
 	if len(plans) == 0 {
 		return nil
 	}
@@ -500,12 +503,14 @@ func choosePlan(plans []*nodePlan, pol allocate.Policy) *nodePlan {
 				usage[pos] = allocate.GPUUsage{Exclusive: true}
 			}
 		}
-		st := &allocate.NodeState{Name: pl.Node.Node, Topology: pl.Node.Topo, Usage: usage, MaxSharesPerGPU: maxSharesPerGPU(pr.Alt), MemoryOvercommitPercent: memoryOvercommit(pr.Alt)}
+		st := &allocate.NodeState{Name: pl.Node.Node, Topology: pl.Node.Topo, Usage: usage, MaxSharesPerGPU: maxSharesPerGPU(pr.Alt), MemoryOvercommitPercent: memoryOvercommit(pr.Alt),
+			Host: rank.nodeHost(pl.Node.Node)}
 		states = append(states, st)
 		same = append(same, pl)
 	}
 	req := first.Req
 	req.Eligible = nil
+	req.Host = rank.request()
 	if r, err := allocate.ChooseNode(states, req, pol); err == nil {
 		for _, pl := range same {
 			if pl.Node.Node == r.Node {

@@ -63,7 +63,7 @@ func boundChoice(ctx context.Context, sel *selectorEvaluator, pol allocate.Polic
 	sigs := make([]string, len(alts))
 	shapes := make([]*shapeScores, len(alts))
 	for i, alt := range alts {
-		sigs[i], shapes[i] = shapeOf(cache, alt, pol, len(nodes))
+		sigs[i], shapes[i] = shapeOf(cache, alt, pol, len(nodes), nil)
 	}
 	gens := make([]uint64, len(nodes))
 	usage.generations(nodes, gens)
@@ -140,7 +140,7 @@ func podBound(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, 
 	b := podScore{worst: topology.Link(255)}
 	free, shared, whole, shares, widest := -1, 0, 0, 0, 0
 	for i, alt := range alts {
-		e := shapes[i].entry(ctx, sel, pol, n, usage, alt, sigs[i], gen)
+		e := shapes[i].entry(ctx, sel, pol, n, usage, alt, sigs[i], gen, nil)
 		if e.skip || (!e.nonUniform && !e.fits) {
 			return podScore{}, false
 		}

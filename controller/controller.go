@@ -66,6 +66,11 @@ type Config struct {
 	// Mix configures the recent request-size mix each decision passes to
 	// the allocator (it replaces Policy.Mix unless turned off).
 	Mix MixConfig
+	// RankByStranding ranks nodes for pods with one device set by the GPU
+	// a placement strands for the recent pods' shapes, counting each
+	// node's CPU and memory left (stranding.go); off, nodes are ranked
+	// by their GPUs alone.
+	RankByStranding bool
 	// HoldNamespace is where the controller records the devices of
 	// claims deleted while their pods still run (hold records, see
 	// holds.go), so that kube-scheduler counts them too and a restarted
@@ -90,6 +95,7 @@ type Controller struct {
 	explain  *explainer
 	policy   allocate.Policy
 	mix      *mixRecorder
+	demand   *demandRecorder
 	workers  int
 	grace    time.Duration
 	retry    time.Duration
@@ -154,6 +160,10 @@ func New(cfg Config) (*Controller, error) {
 	if err != nil {
 		return nil, fmt.Errorf("controller config: %w", err)
 	}
+	demand, err := newDemandRecorder(cfg.RankByStranding)
+	if err != nil {
+		return nil, fmt.Errorf("controller config: %w", err)
+	}
 	factory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod,
 		informers.WithTransform(transformObject))
 	c := &Controller{
@@ -163,6 +173,7 @@ func New(cfg Config) (*Controller, error) {
 		explain:  newExplainer(cfg.Recorder),
 		policy:   cfg.Policy,
 		mix:      mix,
+		demand:   demand,
 		workers:  cfg.Workers,
 		grace:    cfg.UnschedulableGrace,
 		retry:    cfg.WaitingRetry,

@@ -135,6 +135,13 @@
 // each claim's preferred whole-GPU size counts once, under the decision
 // lock, so the mix is a function of the decisions' order.
 //
+// With --rank-by-stranding (stranding.go) a decision also passes each
+// node's CPU and memory left, the pod's own and the shapes of the pods
+// decided recently (allocate.DemandHistory, as allocate.Policy.Demand):
+// pods with one device set are ranked by the GPU their placement strands
+// for those shapes before link quality and packing (FGD's measure; see
+// docs/performance/trace.md).
+//
 // # Writes
 //
 // Per claim: status.allocation (results with request, driver, pool,

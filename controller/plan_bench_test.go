@@ -75,7 +75,7 @@ func benchmarkPlan(b *testing.B, req resourceapi.DeviceRequest) {
 				plans = append(plans, p)
 			}
 		}
-		if choosePlan(plans, pol) == nil {
+		if choosePlan(plans, pol, nil) == nil {
 			b.Fatal("no plan")
 		}
 	}
@@ -127,13 +127,13 @@ func BenchmarkDecision5000Nodes(b *testing.B) {
 		run(b, func(pending []*interpretedClaim) *nodePlan {
 			cands, _ := filter.candidates(logger, pod, nodes, nil, nil)
 			plans, _, _ := exhaustivePlans(ctx, pc.sel, pol, cands, pc.nodeUsage, pending)
-			return choosePlan(plans, pol)
+			return choosePlan(plans, pol, nil)
 		})
 	})
 	quick := func(cache *scoreCache) func([]*interpretedClaim) *nodePlan {
 		return func(pending []*interpretedClaim) *nodePlan {
 			pf := filter.forPod(logger, pod, nil, nil)
-			q, verdict := quickChoice(ctx, pc.sel, pol, nodes, pc, cache, pf.admit, pending)
+			q, verdict := quickChoice(ctx, pc.sel, pol, nodes, pc, cache, pf.admit, pending, nil)
 			if verdict != quickChosen {
 				b.Fatal("shortcut did not apply")
 			}
@@ -202,7 +202,7 @@ func BenchmarkWaiting5000Nodes(b *testing.B) {
 		cache := newScoreCache()
 		for b.Loop() {
 			pf := filter.forPod(logger, pod, nil, nil)
-			if _, verdict := quickChoice(ctx, pc.sel, pol, nodes, pc, cache, pf.admit, pending); verdict != quickNoFit {
+			if _, verdict := quickChoice(ctx, pc.sel, pol, nodes, pc, cache, pf.admit, pending, nil); verdict != quickNoFit {
 				b.Fatalf("verdict %d, want nothing fits", verdict)
 			}
 			cands, _ := filter.candidates(logger, pod, nodes, nil, nil)
@@ -289,7 +289,7 @@ func BenchmarkSeveralPlacements5000Nodes(b *testing.B) {
 		runDecisions(b, pc, mix, func(pending []*interpretedClaim) *nodePlan {
 			cands, _ := filter.candidates(logger, pod, nodes, nil, nil)
 			plans, _, _ := exhaustivePlans(ctx, pc.sel, pol, cands, pc.nodeUsage, pending)
-			return choosePlan(plans, pol)
+			return choosePlan(plans, pol, nil)
 		})
 	})
 	b.Run("bound", func(b *testing.B) {

@@ -60,7 +60,7 @@ const (
 // devices would split into several share sizes, or nodes disagree on the
 // share size (choosePlan then ranks by the first node's size), the
 // verdict is quickUnsure.
-func quickChoice(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, nodes []*nodeInventory, usage usageSource, cache *scoreCache, admit func(*nodeInventory) bool, pending []*interpretedClaim) (*quickResult, quickVerdict) {
+func quickChoice(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, nodes []*nodeInventory, usage usageSource, cache *scoreCache, admit func(*nodeInventory) bool, pending []*interpretedClaim, rank *hostRanking) (*quickResult, quickVerdict) {
 	if len(pending) != 1 {
 		return nil, quickUnsure
 	}
@@ -72,13 +72,13 @@ func quickChoice(ctx context.Context, sel *selectorEvaluator, pol allocate.Polic
 	if alt.All || alt.Count < 1 || (alt.Share && alt.Count != 1) {
 		return nil, quickUnsure
 	}
-	sig, scores := shapeOf(cache, alt, pol, len(nodes))
+	sig, scores := shapeOf(cache, alt, pol, len(nodes), rank)
 	gens := make([]uint64, len(nodes))
 	usage.generations(nodes, gens)
 	h := &rankHeap{pol: pol, items: make([]rankedNode, 0, len(nodes))}
 	shareKey := ""
 	for i, n := range nodes {
-		e := scores.entry(ctx, sel, pol, n, usage, alt, sig, gens[i])
+		e := scores.entry(ctx, sel, pol, n, usage, alt, sig, gens[i], rank)
 		if e.skip {
 			continue
 		}
@@ -195,8 +195,13 @@ func (h *rankHeap) Pop() any {
 // scoreNode computes a node's entry for one request shape: whether the
 // shape may fit at all, its devices' share size and, when it fits, its
 // score with the ineligible devices masked as taken (as choosePlan ranks).
-func scoreNode(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, n *nodeInventory, usage usageSource, alt *alternative, sig string, gen uint64) *scoreEntry {
+func scoreNode(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, n *nodeInventory, usage usageSource, alt *alternative, sig string, gen uint64, rank *hostRanking, host *allocate.Host) *scoreEntry {
 	e := &scoreEntry{node: n, gen: gen}
+	if host != nil {
+		// A copy: the entry is valid for these values only.
+		h := *host
+		e.host = &h
+	}
 	u := sanitizeUsage(usage.nodeUsage(n))
 	for _, g := range u {
 		switch {
@@ -230,8 +235,9 @@ func scoreNode(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy,
 		req = allocate.Request{Share: q.share}
 		e.shareKey = q.shareKey
 	}
+	req.Host = rank.request()
 	st := &allocate.NodeState{Name: n.Node, Topology: n.Topo, Usage: u,
-		MaxSharesPerGPU: maxSharesPerGPU(alt), MemoryOvercommitPercent: memoryOvercommit(alt)}
+		MaxSharesPerGPU: maxSharesPerGPU(alt), MemoryOvercommitPercent: memoryOvercommit(alt), Host: host}
 	s, ok, err := allocate.ScoreNode(st, req, pol)
 	if err != nil {
 		// Cannot happen for sanitized usage; let planning every node
@@ -243,24 +249,31 @@ func scoreNode(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy,
 	if ok && s.DependsOnMix() {
 		e.mix = pol.Mix
 	}
+	// A score is computed with or without a demand mix, and ranks only
+	// against scores computed with the same one.
+	e.demand = pol.Demand
 	return e
 }
 
 // shapeOf returns the alternative's signature and the scores kept for it
 // (as one request on its own) under pol.
-func shapeOf(cache *scoreCache, alt *alternative, pol allocate.Policy, nodes int) (string, *shapeScores) {
+func shapeOf(cache *scoreCache, alt *alternative, pol allocate.Policy, nodes int, rank *hostRanking) (string, *shapeScores) {
 	sig := quickSignature(alt)
-	return sig, cache.shape(fmt.Sprintf("%s\x03%d/%d/%d/%d/%s/%s", sig, alt.Count, alt.RequiredLink,
-		maxSharesPerGPU(alt), memoryOvercommit(alt), pol.Node, pol.GPU), nodes)
+	return sig, cache.shape(fmt.Sprintf("%s\x03%d/%d/%d/%d/%s/%s%s", sig, alt.Count, alt.RequiredLink,
+		maxSharesPerGPU(alt), memoryOvercommit(alt), pol.Node, pol.GPU, rank.key()), nodes)
 }
 
 // entry returns the node's kept entry for the shape, computing it when
 // none is valid for the node's usage generation.
-func (s *shapeScores) entry(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, n *nodeInventory, usage usageSource, alt *alternative, sig string, gen uint64) *scoreEntry {
-	if e := s.get(n, gen, pol.Mix); e != nil {
+//
+// With rank, the entry is also only valid for the node's CPU and memory
+// left and the demand mix it was computed with.
+func (s *shapeScores) entry(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, n *nodeInventory, usage usageSource, alt *alternative, sig string, gen uint64, rank *hostRanking) *scoreEntry {
+	host := rank.nodeHost(n.Node)
+	if e := s.get(n, gen, pol.Mix); e != nil && sameHost(e.host, host) && e.demand == pol.Demand {
 		return e
 	}
-	e := scoreNode(ctx, sel, pol, n, usage, alt, sig, gen)
+	e := scoreNode(ctx, sel, pol, n, usage, alt, sig, gen, rank, host)
 	s.put(n, e)
 	return e
 }
@@ -272,6 +285,10 @@ type scoreEntry struct {
 	node *nodeInventory
 	gen  uint64
 	mix  *allocate.SizeMix
+	// host is the node's CPU and memory left the score was computed with
+	// (nil: not counted), demand the demand mix (nil: none).
+	host   *allocate.Host
+	demand *allocate.DemandMix
 	// skip: the shape cannot fit (too few GPUs free, no eligible device);
 	// nonUniform: the node's devices take several share sizes.
 	skip, nonUniform bool
@@ -463,4 +480,11 @@ func exhaustivePlans(ctx context.Context, sel *selectorEvaluator, pol allocate.P
 		}
 	}
 	return plans, failed, why
+}
+
+func sameHost(a, b *allocate.Host) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
 }

@@ -8,7 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
@@ -186,6 +188,21 @@ func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 	for round := range 12 {
 		pc := newPruneCluster(t, rng, 40+rng.IntN(80), pruneFixtures, []float64{0.3, 0.7, 1}[round%3])
 		cache := newScoreCache()
+		// Odd rounds rank by stranded GPU: each node has CPU and memory
+		// left (changing as pods are placed), the pods ask for some, and
+		// a demand mix of recent shapes weighs the stranding.
+		var rank *hostRanking
+		var demand *allocate.DemandHistory
+		hosts := map[string]*allocate.Host{}
+		if round%2 == 1 {
+			var err error
+			if demand, err = allocate.NewDemandHistory(64, 8); err != nil {
+				t.Fatal(err)
+			}
+			for _, n := range pc.inv.all() {
+				hosts[n.Node] = &allocate.Host{CPUMilli: int64(rng.IntN(24_000)), MemoryBytes: int64(rng.IntN(96)) << 30}
+			}
+		}
 		for range 40 {
 			nodes := pc.inv.all()
 			switch rng.IntN(8) {
@@ -208,11 +225,25 @@ func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 				Node: []allocate.Strategy{allocate.Binpack, allocate.Spread}[rng.IntN(2)],
 				GPU:  []allocate.Strategy{allocate.Binpack, allocate.Spread}[rng.IntN(2)],
 			}
-			// A pod filter that turns down some nodes, as node fit does.
+			if demand != nil {
+				// Pods without GPUs come and go: CPU and memory change on
+				// nodes whose GPU usage does not.
+				for range 1 + rng.IntN(len(nodes)/4+1) {
+					n := nodes[rng.IntN(len(nodes))]
+					hosts[n.Node] = &allocate.Host{CPUMilli: int64(rng.IntN(24_000)), MemoryBytes: int64(rng.IntN(96)) << 30}
+				}
+				rank = &hostRanking{left: func(n string) *allocate.Host { return hosts[n] },
+					pod: allocate.Host{CPUMilli: int64(rng.IntN(8_000)), MemoryBytes: int64(rng.IntN(32)) << 30}}
+				pol.Demand = demand.Mix()
+			}
+			// A pod filter that turns down some nodes, as node fit does
+			// (and, ranking by stranding, the nodes short of the pod's CPU
+			// or memory, as the fit filter does from the same counts).
 			rejected := map[string]bool{}
 			var cands []*nodeInventory
 			for _, n := range nodes {
-				if rng.IntN(5) == 0 {
+				short := rank != nil && (hosts[n.Node].CPUMilli < rank.pod.CPUMilli || hosts[n.Node].MemoryBytes < rank.pod.MemoryBytes)
+				if rng.IntN(5) == 0 || short {
 					rejected[n.Node] = true
 				} else {
 					cands = append(cands, n)
@@ -220,9 +251,9 @@ func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 			}
 			admit := func(n *nodeInventory) bool { return !rejected[n.Node] }
 			plans, _, _ := exhaustivePlans(ctx, pc.sel, pol, cands, pc.nodeUsage, pending)
-			ref := choosePlan(plans, pol)
+			ref := choosePlan(plans, pol, rank)
 			before := cacheEntries(cache)
-			got, verdict := quickChoice(ctx, pc.sel, pol, nodes, pc, cache, admit, pending)
+			got, verdict := quickChoice(ctx, pc.sel, pol, nodes, pc, cache, admit, pending, rank)
 			ok := verdict == quickChosen
 			if verdict == quickNoFit {
 				noFit++
@@ -246,7 +277,7 @@ func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 					t.Fatalf("round %d, policy %+v: quick choice %s, planning every node %s", round, pol, g, w)
 				}
 			}
-			if verdict == quickUnsure {
+			if verdict == quickUnsure && rank == nil {
 				// Several placements: branch and bound must agree too.
 				bp, bv := boundChoice(ctx, pc.sel, pol, nodes, pc, cache, admit, pending)
 				switch bv {
@@ -266,6 +297,15 @@ func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 			}
 			if ref != nil {
 				pc.commit(ref)
+				if demand != nil {
+					// The pod's CPU and memory are taken on its node, its
+					// shape joins the mix, as the controller records it.
+					h := hosts[ref.Node.Node]
+					h.CPUMilli -= rank.pod.CPUMilli
+					h.MemoryBytes -= rank.pod.MemoryBytes
+					rec := &demandRecorder{hist: demand}
+					rec.record(ctx, podAsking(rank.pod), ref)
+				}
 			}
 		}
 	}
@@ -305,7 +345,7 @@ func TestScoreCacheFollowsUsage(t *testing.T) {
 	nodes := pc.inv.all()
 	seen := map[string]bool{}
 	for i := range len(nodes) {
-		q, verdict := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending)
+		q, verdict := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending, nil)
 		if verdict != quickChosen {
 			t.Fatalf("decision %d: shortcut did not apply", i)
 		}
@@ -316,12 +356,12 @@ func TestScoreCacheFollowsUsage(t *testing.T) {
 		seen[name] = true
 		pc.commit(q.plan)
 	}
-	if _, verdict := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending); verdict != quickNoFit {
+	if _, verdict := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending, nil); verdict != quickNoFit {
 		t.Fatalf("a full cluster: verdict %d, want nothing fits", verdict)
 	}
 	freed := nodes[7].Node
 	pc.setUsage(freed, make([]allocate.GPUUsage, 8))
-	q, verdict := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending)
+	q, verdict := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending, nil)
 	if verdict != quickChosen || q.plan.Node.Node != freed {
 		t.Fatalf("after freeing %s: got %v, verdict %d", freed, q, verdict)
 	}
@@ -329,7 +369,7 @@ func TestScoreCacheFollowsUsage(t *testing.T) {
 	// of leaves the kept score, but planning reads the real usage, so the
 	// shortcut gives up rather than return a plan that does not fit.
 	pc.usage[freed][0] = allocate.GPUUsage{Exclusive: true}
-	if q, verdict := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending); verdict != quickUnsure {
+	if q, verdict := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending, nil); verdict != quickUnsure {
 		t.Fatalf("verdict %d (%v) on %s, whose usage no longer fits: want the shortcut to give up", verdict, q, freed)
 	}
 }
@@ -353,7 +393,7 @@ func TestSampleAlternatives(t *testing.T) {
 		admitted++
 		return n.Node != nodes[3].Node
 	}
-	q, verdict := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, nil, admit, pending)
+	q, verdict := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, nil, admit, pending, nil)
 	if verdict != quickChosen {
 		t.Fatal("shortcut did not apply")
 	}
@@ -374,7 +414,7 @@ func TestSampleAlternatives(t *testing.T) {
 		}
 	}
 	ref, _, _ := exhaustivePlans(ctx, pc.sel, allocate.Policy{}, others, pc.nodeUsage, pending)
-	if next := choosePlan(ref, allocate.Policy{}); next == nil || next.Node != plans[1].Node {
+	if next := choosePlan(ref, allocate.Policy{}, nil); next == nil || next.Node != plans[1].Node {
 		t.Fatalf("first alternative %s, want the next-best node", plans[1].Node.Node)
 	}
 	for _, pl := range plans[1:] {
@@ -416,7 +456,7 @@ func TestBoundChoiceMatchesExhaustive(t *testing.T) {
 					}
 					pending = append(pending, ic)
 				}
-				if _, v := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, nil, admitAll, pending); v == quickUnsure {
+				if _, v := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, nil, admitAll, pending, nil); v == quickUnsure {
 					break
 				}
 			}
@@ -436,7 +476,7 @@ func TestBoundChoiceMatchesExhaustive(t *testing.T) {
 				GPU:  []allocate.Strategy{allocate.Binpack, allocate.Spread}[rng.IntN(2)],
 			}
 			plans, _, _ := exhaustivePlans(ctx, pc.sel, pol, nodes, pc.nodeUsage, pending)
-			ref := choosePlan(plans, pol)
+			ref := choosePlan(plans, pol, nil)
 			got, v := boundChoice(ctx, pc.sel, pol, nodes, pc, cache, admitAll, pending)
 			switch v {
 			case quickChosen:
@@ -463,5 +503,54 @@ func TestBoundChoiceMatchesExhaustive(t *testing.T) {
 	t.Logf("%d pods with several placements decided by branch and bound, %d found to fit nowhere", decided, none)
 	if decided < 300 {
 		t.Fatalf("only %d decisions by branch and bound", decided)
+	}
+}
+
+// podAsking is a pod whose one container requests host's CPU and memory.
+func podAsking(host allocate.Host) *corev1.Pod {
+	return &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+		corev1.ResourceCPU:    *resource.NewMilliQuantity(host.CPUMilli, resource.DecimalSI),
+		corev1.ResourceMemory: *resource.NewQuantity(host.MemoryBytes, resource.BinarySI),
+	}}}}}}
+}
+
+// TestScoreCacheFollowsHost checks that, ranking by stranded GPU, a kept
+// score is not used once the node's CPU or memory left changed, which
+// pods without GPUs do without touching its GPU usage: the node that was
+// best runs short of CPU, and the next decision goes elsewhere.
+func TestScoreCacheFollowsHost(t *testing.T) {
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(5, 6))
+	pc := newPruneCluster(t, rng, 6, []string{"dgx-a100.txt"}, 0)
+	ic, _, err := pc.ip.interpret(ctx, &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "d"},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pending := []*interpretedClaim{ic}
+	hist, err := allocate.NewDemandHistory(8, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := hist.Record(allocate.DemandShape{GPUs: 1, Host: allocate.Host{CPUMilli: 1000}}); err != nil {
+		t.Fatal(err)
+	}
+	pol := allocate.Policy{Demand: hist.Mix()}
+	hosts := map[string]allocate.Host{}
+	for _, n := range pc.inv.all() {
+		hosts[n.Node] = allocate.Host{CPUMilli: 64_000, MemoryBytes: 256 << 30}
+	}
+	rank := &hostRanking{left: func(n string) *allocate.Host { h := hosts[n]; return &h }, pod: allocate.Host{CPUMilli: 2000}}
+	cache := newScoreCache()
+	nodes := pc.inv.all()
+	q, verdict := quickChoice(ctx, pc.sel, pol, nodes, pc, cache, admitAll, pending, rank)
+	if verdict != quickChosen {
+		t.Fatalf("verdict %d, want a choice", verdict)
+	}
+	first := q.plan.Node.Node
+	hosts[first] = allocate.Host{CPUMilli: 500, MemoryBytes: 256 << 30}
+	q, verdict = quickChoice(ctx, pc.sel, pol, nodes, pc, cache, admitAll, pending, rank)
+	if verdict != quickChosen || q.plan.Node.Node == first {
+		t.Fatalf("after %s ran short of CPU: got %v, verdict %d; want another node", first, q, verdict)
 	}
 }

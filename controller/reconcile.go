@@ -247,17 +247,21 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	}
 	excluded := c.excludedNodes(pod)
 	all := c.inv.all()
-	pol := own.apply(c.mix.policy(ctx, c.policy, pending))
+	pol := own.apply(c.demand.policy(c.mix.policy(ctx, c.policy, pending)))
+	rank := c.demand.ranking(c.filter, pod)
 	var chosen *nodePlan
 	var plans []*nodePlan
 	var why []string
 	var rej *rejections
 	unexamined := 0
 	pf := c.filter.forPod(logger, pod, allocated, excluded)
-	q, verdict := quickChoice(ctx, c.sel, pol, all, c.ledger, c.scores, pf.admit, pending)
+	q, verdict := quickChoice(ctx, c.sel, pol, all, c.ledger, c.scores, pf.admit, pending, rank)
 	var bounded *nodePlan
 	if verdict == quickUnsure {
-		bounded, verdict = boundChoice(ctx, c.sel, pol, all, c.ledger, c.scores, pf.admit, pending)
+		// Pods with several device sets keep podScore's ranking.
+		podPol := pol
+		podPol.Demand = nil
+		bounded, verdict = boundChoice(ctx, c.sel, podPol, all, c.ledger, c.scores, pf.admit, pending)
 	}
 	quickWait := false
 	if verdict == quickNoFit && excluded.Len() == 0 {
@@ -299,7 +303,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 		for range failed {
 			rej.add(noFit)
 		}
-		chosen = choosePlan(plans, pol)
+		chosen = choosePlan(plans, pol, rank)
 	}
 	if chosen == nil {
 		c.decideMu.Unlock()
@@ -330,6 +334,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	// The pod counts on the node from now on, so that the next decision
 	// does not hand the same free CPUs to another pod.
 	c.fit.assume(pod, chosen.Node.Node)
+	c.demand.record(ctx, pod, chosen)
 	c.metrics.PlanLatency.Observe(time.Since(planStart).Seconds())
 	c.decideMu.Unlock()
 

@@ -54,6 +54,7 @@ type options struct {
 	compatConfig       string
 	compatGrace        time.Duration
 	mixWindow          int
+	rankByStranding    bool
 	mixRefresh         int
 	holdNamespace      string
 }
@@ -84,6 +85,7 @@ func main() {
 	fs.BoolVar(&o.webhookReusePort, "webhook-reuse-port", false, "Set SO_REUSEPORT on the webhook's socket, so that replicas sharing a node's network (hostNetwork) all serve it.")
 	fs.StringVar(&o.compatConfig, "compat-config", "", "YAML file naming the translated resource families (see compat.Config); empty: the nvidia.com/* family with HAMi's annotations.")
 	fs.DurationVar(&o.compatGrace, "compat-template-grace", 5*time.Minute, "How long a translated ResourceClaimTemplate outlives the last pod admitted with it once no pod references it.")
+	fs.BoolVar(&o.rankByStranding, "rank-by-stranding", false, "Rank nodes for pods with one device set by the GPU a placement strands for the recent pods' shapes, counting each node's CPU and memory left (FGD's fragment measure; docs/performance/trace.md); off: by their GPUs alone.")
 	fs.IntVar(&o.mixWindow, "size-mix-window", allocate.DefaultHistoryWindow, "Recent whole-GPU requests whose sizes weight what the allocator keeps free (the recent size mix); negative: sizes 1-8 equally.")
 	fs.IntVar(&o.mixRefresh, "size-mix-refresh", 0, "Requests between two snapshots of the recent size mix, at most --size-mix-window (0: 64, or the window if smaller).")
 	fs.StringVar(&o.holdNamespace, "hold-namespace", envOr("POD_NAMESPACE", ""), "Namespace for hold records: ResourceClaims that keep the GPUs of claims deleted while their pods run counted for kube-scheduler and across restarts. Only the controller and cluster admins should write there (default: $POD_NAMESPACE; empty: such GPUs are kept counted in memory only).")
@@ -151,6 +153,7 @@ func run(ctx context.Context, o options) error {
 		UnschedulableGrace: o.unschedulableGrace,
 		DeviceTaintRules:   o.deviceTaintRules,
 		Mix:                controller.MixConfig{Window: o.mixWindow, Refresh: o.mixRefresh},
+		RankByStranding:    o.rankByStranding,
 		HoldNamespace:      o.holdNamespace,
 	})
 	if err != nil {

@@ -1,0 +1,71 @@
+package controller
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/uuid"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/driver/allocate"
+	"github.com/gpulink/gpulink/test/e2e/gpuview"
+)
+
+// Two nodes of 4 GPUs; node a has 4 CPUs, node b plenty. The first pod (a
+// GPU and 2 CPUs) goes to a, the first by name. The second asks the same:
+// ranked by GPUs alone it packs onto a, which leaves a's last two GPUs
+// with no CPU for pods like these; ranked by stranding (the recent shape
+// is a GPU and 2 CPUs) it goes to b, where nothing is stranded.
+func TestRankByStrandingCountsCPU(t *testing.T) {
+	for _, tc := range []struct {
+		stranding bool
+		want      string
+	}{{false, "a"}, {true, "b"}} {
+		objs := objs(classes(), gpuNode(t, "a", "pcie-4.txt"), gpuNode(t, "b", "pcie-4.txt"))
+		for _, o := range objs {
+			if n, ok := o.(*corev1.Node); ok && n.Name == "a" {
+				n.Status.Allocatable[corev1.ResourceCPU] = resource.MustParse("4")
+			}
+		}
+		h := newHarnessWith(t, Config{Workers: 1, DeviceTaintRules: true, RankByStranding: tc.stranding,
+			Policy: allocate.Policy{Node: allocate.Binpack, GPU: allocate.Binpack}}, objs...).start()
+		for i, name := range []string{"c0", "c1"} {
+			h.claim(name, resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}})
+			h.podAsking("pod-"+name, "2", name)
+			held, ok, err := gpuview.ClaimDevices(h.waitAllocated(name))
+			if err != nil || !ok {
+				t.Fatalf("claim %s: %+v %v %v", name, held, ok, err)
+			}
+			want := "a"
+			if i == 1 {
+				want = tc.want
+			}
+			if held.Node != want {
+				t.Errorf("rank by stranding %v: claim %s on node %s, want %s", tc.stranding, name, held.Node, want)
+			}
+		}
+	}
+}
+
+// podAsking creates a gated pod with one claim whose container requests
+// cpu.
+func (h *harness) podAsking(name, cpu, claim string) {
+	h.t.Helper()
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, UID: uuid.NewUUID(), CreationTimestamp: metav1.Now()},
+		Spec: corev1.PodSpec{
+			Containers: []corev1.Container{{Name: "c", Image: "x", Resources: corev1.ResourceRequirements{
+				Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(cpu)}}}},
+			ResourceClaims:  []corev1.PodResourceClaim{{Name: claim, ResourceClaimName: ptr.To(claim)}},
+			SchedulingGates: []corev1.PodSchedulingGate{{Name: driver.SchedulingGate}},
+		},
+	}
+	if _, err := h.client.CoreV1().Pods(ns).Create(h.ctx, p, metav1.CreateOptions{}); err != nil {
+		h.t.Fatal(err)
+	}
+}
