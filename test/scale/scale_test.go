@@ -516,6 +516,11 @@ func startControllerProcess(t *testing.T, e *env, profiling bool) *controllerPro
 	if profiling {
 		args = append(args, "--profiling")
 	}
+	// GPULINK_SCALE_STRANDING=1: the controller ranks by stranded GPU
+	// (--rank-by-stranding), to measure what it costs at scale.
+	if os.Getenv("GPULINK_SCALE_STRANDING") != "" {
+		args = append(args, "--rank-by-stranding")
+	}
 	c.cmd = exec.CommandContext(ctx, bin, args...)
 	f, err := os.Create(c.log)
 	if err != nil {
