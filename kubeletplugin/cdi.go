@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -280,28 +279,7 @@ func buildClaimSpec(logger klog.Logger, c *PreparedClaim, o cdiOptions) (*cdispe
 		edits.DeviceNodes = append(edits.DeviceNodes, n)
 		return nil
 	}
-	// seen: the GPUs the containers number, the claim's own and those of
-	// the claims its containers use with it (containergroup.go).
-	seen := gpus
-	if len(c.ContainerPeers) > 0 && !views {
-		seen = foldGPUs(append(slices.Clone(c.Devices), c.ContainerPeers...))
-	}
-	// ordinals: where the containers of the GPU's request number it; with
-	// views, within the first request that has the GPU.
-	ordinals := map[string]int{}
-	if views {
-		for _, r := range c.viewRequests() {
-			for i, g := range foldGPUs(c.requestDevices(r)) {
-				if _, ok := ordinals[g.device]; !ok {
-					ordinals[g.device] = i
-				}
-			}
-		}
-	} else {
-		for i, g := range seen {
-			ordinals[g.device] = i
-		}
-	}
+	seen, ordinals := containerNumbering(c, gpus, views)
 	var devices []cdispec.Device
 	for _, g := range gpus {
 		node := "/dev/nvidia" + strconv.Itoa(g.minor)

@@ -84,3 +84,29 @@ func cdiViewDeviceName(claimUID types.UID, request string) string {
 func CDIDeviceIDForRequest(claimUID types.UID, request string) string {
 	return cdiparser.QualifiedName(CDIVendor, CDIClass, cdiViewDeviceName(claimUID, request))
 }
+
+// containerNumbering returns the GPUs the claim's containers number (its
+// own, and those of the claims its containers use with it,
+// containergroup.go) and each GPU's ordinal there by device name: with
+// views, within the first request that has the GPU.
+func containerNumbering(c *PreparedClaim, gpus []claimGPU, views bool) ([]claimGPU, map[string]int) {
+	seen := gpus
+	if len(c.ContainerPeers) > 0 && !views {
+		seen = foldGPUs(append(slices.Clone(c.Devices), c.ContainerPeers...))
+	}
+	ordinals := map[string]int{}
+	if views {
+		for _, r := range c.viewRequests() {
+			for i, g := range foldGPUs(c.requestDevices(r)) {
+				if _, ok := ordinals[g.device]; !ok {
+					ordinals[g.device] = i
+				}
+			}
+		}
+		return seen, ordinals
+	}
+	for i, g := range seen {
+		ordinals[g.device] = i
+	}
+	return seen, ordinals
+}
