@@ -3,10 +3,15 @@ package localcluster
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 )
 
 // ChartKubeVersion is the Kubernetes version tests render the chart for,
@@ -40,4 +45,23 @@ func HelmTemplate(ctx context.Context, release, namespace string, extra ...strin
 		return nil, fmt.Errorf("helm %v: %w\n%s", args, err, stderr.String())
 	}
 	return out, nil
+}
+
+// DecodeObjects splits rendered YAML (HelmTemplate's output) into its
+// objects, skipping empty documents.
+func DecodeObjects(rendered []byte) ([]*unstructured.Unstructured, error) {
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(rendered), 4096)
+	var objs []*unstructured.Unstructured
+	for {
+		u := &unstructured.Unstructured{}
+		if err := dec.Decode(&u.Object); err != nil {
+			if errors.Is(err, io.EOF) {
+				return objs, nil
+			}
+			return nil, fmt.Errorf("localcluster: decoding rendered objects: %w", err)
+		}
+		if len(u.Object) > 0 {
+			objs = append(objs, u)
+		}
+	}
 }
