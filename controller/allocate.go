@@ -21,6 +21,9 @@ import (
 type placedResult struct {
 	Alt       *alternative
 	Positions []int
+	// MIG holds the MIG devices of a MIG request (allocate_mig.go); such
+	// a result has no Positions.
+	MIG []*migDevice
 	// Share is non-nil for a share; Consumed is then what the result's
 	// consumedCapacity records, by the device's own capacity names.
 	Share    *allocate.ShareRequest
@@ -635,6 +638,9 @@ func (pl *nodePlan) summarize() string {
 			names := make([]string, len(r.Positions))
 			for i, pos := range r.Positions {
 				names[i] = pl.Node.Devices[pos].Name
+			}
+			for _, m := range r.MIG {
+				names = append(names, m.Name+" ("+m.Profile+")")
 			}
 			s := strings.Join(names, ",")
 			switch {

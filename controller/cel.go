@@ -72,6 +72,13 @@ func (e *selectorEvaluator) matchesOnNode(ctx context.Context, n *nodeInventory,
 // matches class selectors that only test the driver name.
 var probeDevice = dracel.Device{Driver: driver.Name, AllowMultipleAllocations: ptr.To(true)}
 
+// migProbeDevice stands for "a gpulink MIG device" before any slice
+// exists: a MIG class requires the profile attribute, which probeDevice
+// lacks, and its claims must still count as gpulink's (and wait) rather
+// than be handed to kube-scheduler.
+var migProbeDevice = dracel.Device{Driver: driver.Name, AllowMultipleAllocations: ptr.To(false),
+	Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{driver.AttrMIGProfile: {StringValue: ptr.To("1g.5gb")}}}
+
 // classSelectsGpulink tells whether a DeviceClass selects gpulink devices:
 // it must have at least one selector (a class without selectors matches
 // every driver's devices, so it is not gpulink's), and its selectors must
@@ -110,7 +117,7 @@ func (e *selectorEvaluator) classSelectsGpulink(ctx context.Context, class *reso
 	matched, known := e.probe[probeKey]
 	e.probeMu.Unlock()
 	if !known {
-		matched = all(probeDevice)
+		matched = all(probeDevice) || all(migProbeDevice)
 		e.probeMu.Lock()
 		if e.probe == nil || len(e.probe) > 1024 {
 			e.probe = map[string]bool{}
@@ -129,8 +136,70 @@ func (e *selectorEvaluator) classSelectsGpulink(ctx context.Context, class *reso
 		if slices.Contains(elig, true) {
 			return true, nil
 		}
+		migElig, _, err := e.eligibleMIG(ctx, n, exprs)
+		if err != nil {
+			return false, err
+		}
+		if slices.Contains(migElig, true) {
+			return true, nil
+		}
 	}
 	return false, nil
+}
+
+// migMemoPrefix keeps the MIG rows of a node's selector memo apart from
+// its GPU rows: both are indexed by position, in different lists.
+const migMemoPrefix = "mig\x00"
+
+// matchesMIGOnNode is matchesOnNode for the node's MIG devices, indexed
+// as nodeInventory.MIG.
+func (e *selectorEvaluator) matchesMIGOnNode(ctx context.Context, n *nodeInventory, expr string) ([]selectorOutcome, error) {
+	n.memoMu.Lock()
+	row, ok := n.memo.get(migMemoPrefix + expr)
+	n.memoMu.Unlock()
+	if ok {
+		return row, nil
+	}
+	prog, err := e.compile(expr)
+	if err != nil {
+		return nil, err
+	}
+	row = make([]selectorOutcome, len(n.MIG))
+	for i, d := range n.MIG {
+		m, _, err := prog.DeviceMatches(ctx, d.CEL)
+		if err != nil {
+			err = fmt.Errorf("CEL selector %q on device %s/%s: %w", expr, n.Pool, d.Name, err)
+		}
+		row[i] = selectorOutcome{match: m && err == nil, err: err}
+	}
+	n.memoMu.Lock()
+	n.memo.put(migMemoPrefix+expr, row)
+	n.memoMu.Unlock()
+	return row, nil
+}
+
+// eligibleMIG is eligibleBySelectors for the node's MIG devices.
+func (e *selectorEvaluator) eligibleMIG(ctx context.Context, n *nodeInventory, exprs []string) ([]bool, error, error) {
+	out := make([]bool, len(n.MIG))
+	for i := range out {
+		out[i] = true
+	}
+	var firstRuntime error
+	for _, x := range exprs {
+		row, err := e.matchesMIGOnNode(ctx, n, x)
+		if err != nil {
+			return nil, nil, err
+		}
+		for i, o := range row {
+			if !o.match {
+				out[i] = false
+				if o.err != nil && firstRuntime == nil {
+					firstRuntime = o.err
+				}
+			}
+		}
+	}
+	return out, firstRuntime, nil
 }
 
 // eligibleBySelectors returns, per position, whether a device matches all

@@ -66,6 +66,9 @@ type alternative struct {
 	Count int
 	// Share: one share of Count distinct GPUs each.
 	Share bool
+	// MIG: Count MIG devices (or all matching ones), each exclusively,
+	// drawn from the nodes' MIG devices only (allocate_mig.go).
+	MIG bool
 	// Capacity holds requested capacities by fully qualified name.
 	Capacity map[resourceapi.FullyQualifiedName]resource.Quantity
 	// Config is the effective (merged, defaulted, validated) config.
@@ -378,6 +381,18 @@ func (ip *interpreter) alternative(claim *resourceapi.ResourceClaim, class *reso
 			alt.Capacity[fq] = q
 		}
 	}
+	if isMIGClass(class) {
+		// A MIG device is a fixed slice of a GPU given out whole: there
+		// is no capacity to consume from it, and no way to share it.
+		if len(alt.Capacity) > 0 {
+			return nil, field.Forbidden(s.path.Child("capacity", "requests"), fmt.Sprintf("DeviceClass %s gives out MIG devices, each whole; select a profile (device.attributes[%q].%s) or a minimum memory (device.capacity[%q].%s) with a CEL selector instead",
+				class.Name, driver.Name, driver.AttrMIGProfile, driver.Name, driver.CapacityMemory))
+		}
+		if isShareClass(class) {
+			return nil, field.Invalid(s.path.Child("deviceClassName"), class.Name, fmt.Sprintf("the DeviceClass carries both %s=true and %s=true; MIG devices cannot be shared", MIGLabel, SharingLabel))
+		}
+		alt.MIG = true
+	}
 	alt.Share = isShareClass(class) || len(alt.Capacity) > 0
 	if alt.Share && alt.All {
 		return nil, field.Invalid(s.path.Child("allocationMode"), s.mode, "allocationMode All cannot be combined with a share (share class or capacity requests)")
@@ -436,6 +451,9 @@ func tolerates(tols []resourceapi.DeviceToleration, taint resourceapi.DeviceTain
 // or better (policy Required)", "a share of 8Gi memory, 30% cores".
 func (a *alternative) describe() string {
 	var b strings.Builder
+	if a.MIG {
+		return a.describeMIG()
+	}
 	switch {
 	case a.Share:
 		if a.Count > 1 {
@@ -471,4 +489,32 @@ func (a *alternative) describe() string {
 		b.WriteString(" matching the request's selectors")
 	}
 	return b.String()
+}
+
+// describeMIG renders a MIG alternative for events, naming the request's
+// own selectors (the profile or memory it asks for): "1 free MIG device
+// matching device.attributes["gpu.gpulink.dev"].profile == "1g.10gb"".
+func (a *alternative) describeMIG() string {
+	var b strings.Builder
+	switch {
+	case a.All:
+		b.WriteString("all matching MIG devices of a node")
+	case a.Count == 1:
+		b.WriteString("1 free MIG device")
+	default:
+		fmt.Fprintf(&b, "%d free MIG devices", a.Count)
+	}
+	if own := a.Selectors[len(a.Class.Spec.Selectors):]; len(own) > 0 {
+		b.WriteString(" matching " + a.migSelectors())
+	}
+	return b.String()
+}
+
+// migSelectors names what a MIG alternative selects: the request's own
+// selectors (a profile, a minimum memory), else its class's.
+func (a *alternative) migSelectors() string {
+	if own := a.Selectors[len(a.Class.Spec.Selectors):]; len(own) > 0 {
+		return strings.Join(own, " && ")
+	}
+	return "DeviceClass " + a.Class.Name
 }

@@ -20,6 +20,12 @@ import (
 // gpulink request is for whole GPUs, given out exclusively.
 const SharingLabel = "gpu.gpulink.dev/sharing"
 
+// MIGLabel marks a DeviceClass whose requests are MIG devices (value
+// "true"). Such requests are matched against the nodes' MIG devices only,
+// every other request against whole GPUs only, so neither kind is ever
+// handed out as the other whatever a class's selectors say.
+const MIGLabel = "gpu.gpulink.dev/mig"
+
 // Selector expressions of the shipped classes. The whole class leaves
 // out MIG devices (those with a profile attribute): a GPU in MIG mode is
 // only ever given out as its MIG devices, and they are no whole GPUs. The
@@ -29,10 +35,12 @@ const SharingLabel = "gpu.gpulink.dev/sharing"
 const (
 	wholeClassSelector = `device.driver == "` + driver.Name + `" && !("` + driver.AttrMIGProfile + `" in device.attributes["` + driver.Name + `"])`
 	shareClassSelector = `device.driver == "` + driver.Name + `" && device.allowMultipleAllocations`
+	migClassSelector   = `device.driver == "` + driver.Name + `" && "` + driver.AttrMIGProfile + `" in device.attributes["` + driver.Name + `"]`
 )
 
-// DeviceClasses returns the two DeviceClasses gpulink ships: whole GPUs
-// (driver.DeviceClassWhole) and shares (driver.DeviceClassShare). The YAML
+// DeviceClasses returns the three DeviceClasses gpulink ships: whole GPUs
+// (driver.DeviceClassWhole), shares (driver.DeviceClassShare) and MIG
+// devices (driver.DeviceClassMIG). The YAML
 // in deployments/deviceclasses/ and the Helm chart carry the same content.
 func DeviceClasses() []*resourceapi.DeviceClass {
 	return []*resourceapi.DeviceClass{
@@ -63,10 +71,25 @@ func DeviceClasses() []*resourceapi.DeviceClass {
 				}},
 			},
 		},
+		{
+			TypeMeta: metav1.TypeMeta{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "DeviceClass"},
+			ObjectMeta: metav1.ObjectMeta{
+				Name:   driver.DeviceClassMIG,
+				Labels: map[string]string{MIGLabel: "true"},
+			},
+			Spec: resourceapi.DeviceClassSpec{
+				Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: migClassSelector}}},
+			},
+		},
 	}
 }
 
 // isShareClass reports whether requests on the class are shares.
 func isShareClass(class *resourceapi.DeviceClass) bool {
 	return class.Labels[SharingLabel] == "true"
+}
+
+// isMIGClass reports whether requests on the class are MIG devices.
+func isMIGClass(class *resourceapi.DeviceClass) bool {
+	return class.Labels[MIGLabel] == "true"
 }

@@ -28,6 +28,17 @@
 // does) or when it asks for capacity; otherwise it gets whole GPUs. See
 // DeviceClasses and deployments/deviceclasses/.
 //
+// A request is for MIG devices when its class carries the label
+// gpu.gpulink.dev/mig=true (the shipped mig.gpulink.dev class does, and
+// selects the devices with a profile attribute). Its selectors are
+// evaluated against the nodes' MIG devices only, every other request's
+// against whole GPUs only, so a GPU in MIG mode is never given out whole
+// or in shares and a MIG device never to a whole-GPU or share request,
+// whatever a class's selectors say. A MIG request asking for capacity, a
+// class labelled both MIG and sharing, and a pod whose pending claims mix
+// MIG requests with whole-GPU or share requests get a Warning event and
+// stay unallocated (one pod is decided by one allocator).
+//
 // # Inventory
 //
 // Every node's topology is rebuilt from its ResourceSlices (pool = node,
@@ -104,6 +115,22 @@
 // in bound order only until no bound can beat the best plan found
 // (TestBoundChoiceMatchesExhaustive). When the requests do not get in each
 // other's way on the best nodes, the first node planned is the answer.
+//
+// Pods whose pending claims ask for MIG devices (allocate_mig.go) are
+// filtered as above and planned on every candidate node: requests in
+// order, firstAvailable alternatives in order, matchAttribute groups with
+// backtracking, count N or allocationMode All (every matching device,
+// none in use). A MIG device is one claim's: the ledger counts it as a
+// dedicated result. Among the free devices that match, one at a time:
+// those on GPUs that already have allocated MIG devices first (pack, so
+// idle GPUs keep their large instances), then the smallest placement and
+// memory (a request a 1g device satisfies never takes a 3g one), then GPU
+// index, placement start and name. Nodes: fewest fallbacks, then most
+// devices packed onto busy GPUs, then fewest memory slices, then name.
+// The waiting event names the request's selectors (the profile or
+// minimum memory) and whether no device matches them or every match is
+// in use. The MIG devices are the ones the kubelet plugin found (static
+// MIG); creating instances on demand is not done yet.
 //
 // Node fit, as kube-scheduler's NodeResourcesFit: the node's allocatable
 // pods, cpu, memory, ephemeral-storage, hugepages and extended resources

@@ -18,7 +18,14 @@ import (
 // migSlice is the slice of a simulated DGX A100 (40GB) with a MIG layout.
 func migSlice(t *testing.T, node string, layout map[int][]string) *resourceapi.ResourceSlice {
 	t.Helper()
-	d, err := discovery.NewMockWith("dgxa100", discovery.MockOptions{MIG: layout})
+	return mockMIGSlice(t, "dgxa100", node, layout)
+}
+
+// mockMIGSlice is the slice of a simulated node of a go-nvml mock server
+// (dgxa100, dgxh100, ...) with a MIG layout.
+func mockMIGSlice(t *testing.T, server, node string, layout map[int][]string) *resourceapi.ResourceSlice {
+	t.Helper()
+	d, err := discovery.NewMockWith(server, discovery.MockOptions{MIG: layout})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +140,8 @@ func TestWholeGPUClaimSkipsMIGGPUs(t *testing.T) {
 }
 
 // The whole-GPU class never selects a MIG device; the share class neither
-// (MIG devices do not allow multiple allocations).
+// (MIG devices do not allow multiple allocations); the MIG class selects
+// MIG devices only.
 func TestShippedClassesLeaveOutMIGDevices(t *testing.T) {
 	s := migSlice(t, "a100", map[int][]string{0: {"1g.5gb"}})
 	compiler := dracel.GetCompiler(dracel.Features{})
@@ -148,7 +156,11 @@ func TestShippedClassesLeaveOutMIGDevices(t *testing.T) {
 			if err != nil {
 				t.Fatalf("class %s on %s: %v", c.Name, d.Name, err)
 			}
-			if want := !driver.IsMIGDeviceName(d.Name); match != want {
+			want := !driver.IsMIGDeviceName(d.Name)
+			if isMIGClass(c) {
+				want = !want
+			}
+			if match != want {
 				t.Errorf("class %s selects %s: %v, want %v", c.Name, d.Name, match, want)
 			}
 		}

@@ -14,7 +14,8 @@ type Metrics struct {
 	// without waiting for the lock and without API writes.
 	PlanLatency prometheus.Histogram
 	// Allocations counts allocated requests by the weakest link of their
-	// GPU set ("none" for one GPU, "share" for shares).
+	// GPU set ("none" for one GPU, "share" for shares, "mig" for MIG
+	// devices).
 	Allocations *prometheus.CounterVec
 	// PendingPods is the number of pods waiting for gpulink devices.
 	PendingPods prometheus.Gauge

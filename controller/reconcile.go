@@ -225,6 +225,14 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 		c.explain.event(pod, pending[0].Claim, corev1.EventTypeWarning, ReasonUninterpretable, actionAllocate, err.Error())
 		return nil
 	}
+	if err := migMixError(pending); err != nil {
+		c.setWaiting(key, true)
+		c.metrics.Errors.WithLabelValues(errReasonUninterpretable).Inc()
+		c.metrics.Decisions.WithLabelValues(OutcomeInvalid).Inc()
+		logger.Info("Pod's claims cannot be allocated together", "err", err)
+		c.explain.event(pod, pending[0].Claim, corev1.EventTypeWarning, ReasonUninterpretable, actionAllocate, err.Error())
+		return nil
+	}
 	var allocated []*resourceapi.ResourceClaim
 	for _, cl := range pc.all {
 		if cl.Status.Allocation != nil {
@@ -254,56 +262,60 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	var why []string
 	var rej *rejections
 	unexamined := 0
-	pf := c.filter.forPod(logger, pod, allocated, excluded)
-	q, verdict := quickChoice(ctx, c.sel, pol, all, c.ledger, c.scores, pf.admit, pending, rank)
-	var bounded *nodePlan
-	if verdict == quickUnsure {
-		// Pods with several device sets keep podScore's ranking.
-		podPol := pol
-		podPol.Demand = nil
-		bounded, verdict = boundChoice(ctx, c.sel, podPol, all, c.ledger, c.scores, pf.admit, pending)
-	}
-	quickWait := false
-	if verdict == quickNoFit && excluded.Len() == 0 {
-		// Nothing fits: count every node by filter as the exhaustive
-		// path does (the nodes admitted fit no GPUs), planning only a
-		// few of them for the reasons.
-		var cands []*nodeInventory
-		cands, rej = c.filter.candidates(logger, pod, all, allocated, nil)
-		why, quickWait = explainNoFit(ctx, c.sel, pol, cands, c.ledger, pending)
-		if quickWait {
-			noFit := "no " + wantedDevices(pending)
-			for range cands {
-				rej.add(noFit)
+	if wantsMIG(pending) {
+		chosen, plans, why, rej = c.decideMIG(ctx, logger, pod, all, allocated, excluded, pending)
+	} else {
+		pf := c.filter.forPod(logger, pod, allocated, excluded)
+		q, verdict := quickChoice(ctx, c.sel, pol, all, c.ledger, c.scores, pf.admit, pending, rank)
+		var bounded *nodePlan
+		if verdict == quickUnsure {
+			// Pods with several device sets keep podScore's ranking.
+			podPol := pol
+			podPol.Demand = nil
+			bounded, verdict = boundChoice(ctx, c.sel, podPol, all, c.ledger, c.scores, pf.admit, pending)
+		}
+		quickWait := false
+		if verdict == quickNoFit && excluded.Len() == 0 {
+			// Nothing fits: count every node by filter as the exhaustive
+			// path does (the nodes admitted fit no GPUs), planning only a
+			// few of them for the reasons.
+			var cands []*nodeInventory
+			cands, rej = c.filter.candidates(logger, pod, all, allocated, nil)
+			why, quickWait = explainNoFit(ctx, c.sel, pol, cands, c.ledger, pending)
+			if quickWait {
+				noFit := "no " + wantedDevices(pending)
+				for range cands {
+					rej.add(noFit)
+				}
 			}
 		}
-	}
-	switch {
-	case verdict == quickChosen && q != nil:
-		chosen = q.plan
-		// The event names a few nodes that also fit (gpulink explain):
-		// plan a bounded number of the next-best ones for it.
-		plans, why, unexamined = q.alternatives(ctx, c.sel, pol, c.ledger, pf.admit, pending)
-		rej = pf.rej
-	case verdict == quickChosen:
-		chosen, plans, rej = bounded, []*nodePlan{bounded}, pf.rej
-	case !quickWait:
-		var cands []*nodeInventory
-		cands, rej = c.filter.candidates(logger, pod, all, allocated, excluded)
-		if len(cands) == 0 && excluded.Len() > 0 && rej.count(rejectExcluded) > 0 {
-			// Every node was ruled out, some by earlier failures: start
-			// over rather than wait forever for a condition that may
-			// have cleared.
-			c.resetExcluded(ctx, pod)
-			cands, rej = c.filter.candidates(logger, pod, all, allocated, nil)
+		switch {
+		case verdict == quickChosen && q != nil:
+			chosen = q.plan
+			// The event names a few nodes that also fit (gpulink explain):
+			// plan a bounded number of the next-best ones for it.
+			plans, why, unexamined = q.alternatives(ctx, c.sel, pol, c.ledger, pf.admit, pending)
+			rej = pf.rej
+		case verdict == quickChosen:
+			chosen, plans, rej = bounded, []*nodePlan{bounded}, pf.rej
+		case !quickWait:
+			var cands []*nodeInventory
+			cands, rej = c.filter.candidates(logger, pod, all, allocated, excluded)
+			if len(cands) == 0 && excluded.Len() > 0 && rej.count(rejectExcluded) > 0 {
+				// Every node was ruled out, some by earlier failures: start
+				// over rather than wait forever for a condition that may
+				// have cleared.
+				c.resetExcluded(ctx, pod)
+				cands, rej = c.filter.candidates(logger, pod, all, allocated, nil)
+			}
+			var failed int
+			plans, failed, why = exhaustivePlans(ctx, c.sel, pol, cands, c.ledger.nodeUsage, pending)
+			noFit := "no " + wantedDevices(pending)
+			for range failed {
+				rej.add(noFit)
+			}
+			chosen = choosePlan(plans, pol, rank)
 		}
-		var failed int
-		plans, failed, why = exhaustivePlans(ctx, c.sel, pol, cands, c.ledger.nodeUsage, pending)
-		noFit := "no " + wantedDevices(pending)
-		for range failed {
-			rej.add(noFit)
-		}
-		chosen = choosePlan(plans, pol, rank)
 	}
 	if chosen == nil {
 		c.decideMu.Unlock()
@@ -350,7 +362,10 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	for _, claim := range chosen.Claims {
 		for _, r := range claim {
 			label := "share"
-			if r.Share == nil {
+			switch {
+			case len(r.MIG) > 0:
+				label = "mig"
+			case r.Share == nil:
 				label = r.Weakest.String()
 			}
 			c.metrics.Allocations.WithLabelValues(label).Inc()
@@ -382,7 +397,9 @@ func alternativesNote(chosen *nodePlan, plans []*nodePlan, why, skipped []string
 		}
 		r := pl.Claims[0][0]
 		how := "a share"
-		if r.Share == nil {
+		if len(r.MIG) > 0 {
+			how = fmt.Sprintf("%d MIG devices", len(r.MIG))
+		} else if r.Share == nil {
 			how = fmt.Sprintf("%d GPUs", len(r.Positions))
 			if len(r.Positions) > 1 {
 				how += " weakest link " + r.Weakest.String()

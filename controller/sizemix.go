@@ -71,7 +71,8 @@ func (r *mixRecorder) policy(ctx context.Context, base allocate.Policy, pending 
 			if len(rs.Alternatives) == 0 {
 				continue
 			}
-			if a := rs.Alternatives[0]; !a.Share && !a.All {
+			// MIG requests are no whole-GPU sizes: they never take a GPU.
+			if a := rs.Alternatives[0]; !a.Share && !a.All && !a.MIG {
 				r.hist.Record(a.Count)
 			}
 		}

@@ -56,6 +56,17 @@ func buildAllocation(ic *interpretedClaim, n *nodeInventory, placed []placedResu
 			alloc.Devices.Results = append(alloc.Devices.Results, res)
 			uses = append(uses, use)
 		}
+		// MIG devices are always dedicated results: each is one claim's.
+		for _, m := range r.MIG {
+			alloc.Devices.Results = append(alloc.Devices.Results, resourceapi.DeviceRequestAllocationResult{
+				Request:     r.Alt.ResultName,
+				Driver:      driver.Name,
+				Pool:        n.Pool,
+				Device:      m.Name,
+				Tolerations: slices.Clone(r.Alt.Tolerations),
+			})
+			uses = append(uses, deviceUse{Key: deviceKey{Pool: n.Pool, Device: m.Name}, Exclusive: true})
+		}
 		cls := r.Alt.Class
 		if _, seen := classRequests[cls.Name]; !seen {
 			classOrder = append(classOrder, cls)

@@ -1,0 +1,442 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
+	dracel "k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/klog/v2"
+)
+
+// MIG placement. A pod whose pending claims ask for MIG devices (requests
+// on a class labelled MIGLabel) is placed here, apart from the whole-GPU
+// and share allocator: MIG devices have no position in a node's link
+// topology and are only ever given out each whole, to one claim. The
+// ledger counts them like any exclusive device (by pool and device name),
+// so a MIG device is given once, whoever allocated it.
+//
+// Among the free MIG devices that match a request, one at a time:
+//  1. those whose GPU already has allocated MIG devices (this plan's
+//     included) first: packing keeps other GPUs' devices, and with them
+//     the large profiles, free;
+//  2. then the smallest placement (memory slices), then the least memory:
+//     a request that a 1g device satisfies never takes a 3g one;
+//  3. then GPU index, placement start and device name, so that equal
+//     decisions are reproducible.
+//
+// Nodes are ranked by fewest firstAvailable fallbacks, then the devices
+// placed on already busy GPUs (more first), then the memory slices taken
+// (fewer first), then node name.
+
+// migMixError explains a pod whose claims mix MIG requests with whole
+// GPUs or shares; each kind has its own allocator and one pod is decided
+// by one of them.
+func migMixError(pending []*interpretedClaim) error {
+	var migReqs, other []string
+	for _, ic := range pending {
+		for _, r := range ic.Requests {
+			hasMIG, hasOther := false, false
+			for _, alt := range r.Alternatives {
+				if alt.MIG {
+					hasMIG = true
+				} else {
+					hasOther = true
+				}
+			}
+			name := ic.Claim.Name + "/" + r.Name
+			switch {
+			case hasMIG && hasOther:
+				return fmt.Errorf("claim %s/%s, request %s: its firstAvailable alternatives mix MIG device classes with whole-GPU or share classes; gpulink places MIG devices apart from whole GPUs, so put them in separate requests of separate pods",
+					ic.Claim.Namespace, ic.Claim.Name, r.Name)
+			case hasMIG:
+				migReqs = append(migReqs, name)
+			default:
+				other = append(other, name)
+			}
+		}
+	}
+	if len(migReqs) > 0 && len(other) > 0 {
+		return fmt.Errorf("the pod's claims ask for MIG devices (requests %s) and for whole GPUs or shares (requests %s) together; gpulink does not place both kinds for one pod yet, so put them in separate pods",
+			strings.Join(migReqs, ","), strings.Join(other, ","))
+	}
+	return nil
+}
+
+// wantsMIG tells whether the pending claims ask for MIG devices.
+func wantsMIG(pending []*interpretedClaim) bool {
+	for _, ic := range pending {
+		for _, r := range ic.Requests {
+			for _, alt := range r.Alternatives {
+				if alt.MIG {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// migPlan is a nodePlan of MIG devices with what ranks it.
+type migPlan struct {
+	plan *nodePlan
+	// packed counts the devices placed on GPUs that already had
+	// allocated MIG devices; slices sums their memory slices.
+	packed, slices int
+}
+
+// migPlacer places MIG requests on one node.
+type migPlacer struct {
+	ctx  context.Context
+	sel  *selectorEvaluator
+	node *nodeInventory
+	// used marks the node's MIG devices (by position in node.MIG) held by
+	// the ledger or by this plan; busy counts them per parent GPU index.
+	used     []bool
+	busy     map[int]int
+	packed   int
+	slices   int
+	attempts int
+	why      []string
+}
+
+func (p *migPlacer) note(format string, args ...any) {
+	if len(p.why) < 8 {
+		p.why = append(p.why, fmt.Sprintf(format, args...))
+	}
+}
+
+// planMIGNode places every pending claim on one node's MIG devices, or
+// explains why not. used is the node's MIG usage from the ledger.
+func planMIGNode(ctx context.Context, sel *selectorEvaluator, n *nodeInventory, used []bool, claims []*interpretedClaim) (*migPlan, []string) {
+	if len(n.MIG) == 0 {
+		return nil, []string{fmt.Sprintf("node %s has no MIG devices", n.Node)}
+	}
+	p := &migPlacer{ctx: ctx, sel: sel, node: n, used: slices.Clone(used), busy: map[int]int{}}
+	for i, u := range p.used {
+		if u {
+			p.busy[n.MIG[i].Parent]++
+		}
+	}
+	plan := &nodePlan{Node: n}
+	for _, ic := range claims {
+		res, ok := p.place(ic, 0, make([]string, len(ic.Constraints)), nil)
+		if !ok {
+			return nil, p.why
+		}
+		for _, r := range res {
+			plan.RankSum += r.Alt.Rank
+		}
+		plan.Claims = append(plan.Claims, res)
+	}
+	return &migPlan{plan: plan, packed: p.packed, slices: p.slices}, nil
+}
+
+// place places requests i.. of a claim, backtracking over alternatives and
+// matchAttribute groups as placer.placeFrom does.
+func (p *migPlacer) place(ic *interpretedClaim, i int, bound []string, placed []placedResult) ([]placedResult, bool) {
+	if i == len(ic.Requests) {
+		return placed, true
+	}
+	for _, alt := range ic.Requests[i].Alternatives {
+		if !alt.MIG {
+			// migMixError keeps such claims out; never hand a whole-GPU
+			// or share request a MIG device.
+			p.note("request %s: not a MIG request", alt.ResultName)
+			continue
+		}
+		matching, free := p.eligible(alt)
+		if matching == nil {
+			continue
+		}
+		if alt.All {
+			for _, m := range matching {
+				if p.used[m] {
+					p.note("request %s: allocationMode All, but MIG device %s on node %s is in use", alt.ResultName, p.node.MIG[m].Name, p.node.Node)
+					free = nil
+					break
+				}
+			}
+			if free == nil {
+				continue
+			}
+		}
+		for _, g := range p.groups(ic, alt, free, bound) {
+			if p.attempts >= maxAttemptsPerNode {
+				p.note("gave up after %d placement attempts on node %s", maxAttemptsPerNode, p.node.Node)
+				return nil, false
+			}
+			p.attempts++
+			want := alt.Count
+			if alt.All {
+				want = len(g.devs)
+			}
+			if len(g.devs) < want {
+				p.note("request %s: %d free MIG devices on node %s match it%s, it wants %d", alt.ResultName, len(g.devs), p.node.Node, g.label, want)
+				continue
+			}
+			savedPacked, savedSlices := p.packed, p.slices
+			picked := p.pick(g.devs, want)
+			if all, ok := p.place(ic, i+1, g.bound, append(slices.Clip(placed), placedResult{Alt: alt, MIG: picked})); ok {
+				return all, true
+			}
+			for _, d := range picked {
+				p.release(d)
+			}
+			p.packed, p.slices = savedPacked, savedSlices
+		}
+	}
+	return nil, false
+}
+
+// eligible returns the positions of the node's MIG devices that match the
+// alternative's selectors and whose taints it tolerates, and of those the
+// free ones; nil (after noting why, naming the request's selectors) when
+// none matches.
+func (p *migPlacer) eligible(alt *alternative) (matching, free []int) {
+	elig, runtimeErr, err := p.sel.eligibleMIG(p.ctx, p.node, alt.Selectors)
+	if err != nil {
+		p.note("request %s: %v", alt.ResultName, err)
+		return nil, nil
+	}
+	for i, d := range p.node.MIG {
+		if !elig[i] {
+			continue
+		}
+		if t, bad := untoleratedTaint(&deviceInfo{Taints: d.Taints}, alt.Tolerations); bad {
+			p.note("request %s: MIG device %s on node %s has taint %s=%s:%s, which the request does not tolerate", alt.ResultName, d.Name, p.node.Node, t.Key, t.Value, t.Effect)
+			continue
+		}
+		matching = append(matching, i)
+		if !p.used[i] {
+			free = append(free, i)
+		}
+	}
+	switch {
+	case len(matching) == 0:
+		msg := fmt.Sprintf("request %s: no MIG device on node %s matches %s", alt.ResultName, p.node.Node, alt.migSelectors())
+		if runtimeErr != nil {
+			msg += fmt.Sprintf(" (%v)", runtimeErr)
+		}
+		p.note("%s", msg)
+		return nil, nil
+	case len(free) == 0 && !alt.All:
+		p.note("request %s: every MIG device on node %s that matches it is in use (%d)", alt.ResultName, p.node.Node, len(matching))
+	}
+	return matching, free
+}
+
+// migGroup is a set of free MIG devices an alternative may draw from: the
+// devices with one value of each unbound matchAttribute constraint.
+type migGroup struct {
+	devs  []int
+	bound []string
+	label string
+}
+
+// groups splits the free devices by the claim's matchAttribute values,
+// keeping only those that agree with the values bound so far.
+func (p *migPlacer) groups(ic *interpretedClaim, alt *alternative, free []int, bound []string) []migGroup {
+	byKey := map[string]*migGroup{}
+	var order []string
+	for _, i := range free {
+		d := p.node.MIG[i]
+		nb := slices.Clone(bound)
+		key := ""
+		ok := true
+		for ci, c := range ic.Constraints {
+			if !c.appliesTo(alt.ResultName) {
+				continue
+			}
+			a, has := celAttr(d.CEL, c.Attr)
+			val, scalar := attrKey(a)
+			if !has || !scalar || (nb[ci] != "" && nb[ci] != val) {
+				ok = false
+				break
+			}
+			nb[ci] = val
+			key += string(c.Attr) + "=" + val + ";"
+		}
+		if !ok {
+			continue
+		}
+		g := byKey[key]
+		if g == nil {
+			label := ""
+			if key != "" {
+				label = " with " + key
+			}
+			g = &migGroup{bound: nb, label: label}
+			byKey[key] = g
+			order = append(order, key)
+		}
+		g.devs = append(g.devs, i)
+	}
+	if len(order) == 0 && len(ic.Constraints) > 0 {
+		p.note("request %s: no free MIG device on node %s satisfies the claim's matchAttribute constraints together with the devices already chosen", alt.ResultName, p.node.Node)
+	}
+	sort.Strings(order)
+	out := make([]migGroup, len(order))
+	for i, k := range order {
+		out[i] = *byKey[k]
+	}
+	return out
+}
+
+// pick takes want devices of devs, one at a time by the package's order
+// (each pick makes its GPU busy for the next), and marks them used.
+func (p *migPlacer) pick(devs []int, want int) []*migDevice {
+	left := slices.Clone(devs)
+	out := make([]*migDevice, 0, want)
+	for range want {
+		best := 0
+		for j := 1; j < len(left); j++ {
+			if p.better(left[j], left[best]) {
+				best = j
+			}
+		}
+		i := left[best]
+		left = slices.Delete(left, best, best+1)
+		d := p.node.MIG[i]
+		if p.busy[d.Parent] > 0 {
+			p.packed++
+		}
+		p.slices += d.Placement.Size
+		p.used[i] = true
+		p.busy[d.Parent]++
+		out = append(out, d)
+	}
+	return out
+}
+
+// release undoes pick for one device.
+func (p *migPlacer) release(d *migDevice) {
+	for i, m := range p.node.MIG {
+		if m == d {
+			p.used[i] = false
+			p.busy[d.Parent]--
+			return
+		}
+	}
+}
+
+// better tells whether MIG device a ranks before b (see the package order
+// above).
+func (p *migPlacer) better(a, b int) bool {
+	x, y := p.node.MIG[a], p.node.MIG[b]
+	if bx, by := p.busy[x.Parent] > 0, p.busy[y.Parent] > 0; bx != by {
+		return bx
+	}
+	if x.Placement.Size != y.Placement.Size {
+		return x.Placement.Size < y.Placement.Size
+	}
+	if x.MemoryBytes != y.MemoryBytes {
+		return x.MemoryBytes < y.MemoryBytes
+	}
+	if x.Parent != y.Parent {
+		return x.Parent < y.Parent
+	}
+	if x.Placement.Start != y.Placement.Start {
+		return x.Placement.Start < y.Placement.Start
+	}
+	return x.Name < y.Name
+}
+
+// chooseMIGPlan ranks feasible MIG plans (see the package order above).
+func chooseMIGPlan(plans []*migPlan) *nodePlan {
+	if len(plans) == 0 {
+		return nil
+	}
+	best := plans[0]
+	for _, pl := range plans[1:] {
+		a, b := pl, best
+		switch {
+		case a.plan.RankSum != b.plan.RankSum:
+			if a.plan.RankSum < b.plan.RankSum {
+				best = pl
+			}
+		case a.packed != b.packed:
+			if a.packed > b.packed {
+				best = pl
+			}
+		case a.slices != b.slices:
+			if a.slices < b.slices {
+				best = pl
+			}
+		case a.plan.Node.Node < b.plan.Node.Node:
+			best = pl
+		}
+	}
+	return best.plan
+}
+
+// planMIG plans the pending claims on every candidate node; it returns
+// the feasible plans, how many nodes failed, and why (a few reasons).
+func planMIG(ctx context.Context, sel *selectorEvaluator, cands []*nodeInventory, l *ledger, pending []*interpretedClaim) ([]*migPlan, int, []string) {
+	var plans []*migPlan
+	var why []string
+	failed := 0
+	for _, n := range cands {
+		pl, reasons := planMIGNode(ctx, sel, n, l.migUsage(n), pending)
+		if pl == nil {
+			failed++
+			if len(why) < 8 {
+				why = append(why, reasons...)
+			}
+			continue
+		}
+		plans = append(plans, pl)
+	}
+	return plans, failed, why
+}
+
+// decideMIG chooses the node and MIG devices for a pod whose pending
+// claims ask for MIG devices only, under the decision lock. It returns the
+// chosen plan (nil when nothing fits), the feasible plans, why nodes
+// failed and which filters rejected nodes, as allocatePod's other paths do.
+func (c *Controller) decideMIG(ctx context.Context, logger klog.Logger, pod *corev1.Pod, all []*nodeInventory, allocated []*resourceapi.ResourceClaim, excluded sets.Set[string], pending []*interpretedClaim) (*nodePlan, []*nodePlan, []string, *rejections) {
+	cands, rej := c.filter.candidates(logger, pod, all, allocated, excluded)
+	if len(cands) == 0 && excluded.Len() > 0 && rej.count(rejectExcluded) > 0 {
+		// As the exhaustive path: every node was ruled out, some by
+		// earlier failures; start over rather than wait forever.
+		c.resetExcluded(ctx, pod)
+		cands, rej = c.filter.candidates(logger, pod, all, allocated, nil)
+	}
+	mps, failed, why := planMIG(ctx, c.sel, cands, c.ledger, pending)
+	noFit := "no " + wantedDevices(pending)
+	for range failed {
+		rej.add(noFit)
+	}
+	plans := make([]*nodePlan, len(mps))
+	for i, m := range mps {
+		plans[i] = m.plan
+	}
+	return chooseMIGPlan(mps), plans, why, rej
+}
+
+// migUsage tells, per MIG device of the node, whether any claim holds it.
+func (l *ledger) migUsage(n *nodeInventory) []bool {
+	out := make([]bool, len(n.MIG))
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, d := range n.MIG {
+		out[i] = l.usage[deviceKey{Pool: n.Pool, Device: d.Name}] != nil
+	}
+	return out
+}
+
+// celAttr is deviceInfo.attr for any CEL device input.
+func celAttr(d dracel.Device, fq resourceapi.FullyQualifiedName) (resourceapi.DeviceAttribute, bool) {
+	if short, ok := strings.CutPrefix(string(fq), d.Driver+"/"); ok {
+		if a, ok := d.Attributes[resourceapi.QualifiedName(short)]; ok {
+			return a, true
+		}
+	}
+	a, ok := d.Attributes[resourceapi.QualifiedName(fq)]
+	return a, ok
+}
