@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -18,9 +21,10 @@ import (
 // operator who still runs a device plugin for one family leaves it alone.
 type Config struct {
 	// WholeClass is the DeviceClass of whole GPUs, ShareClass the one of
-	// shares.
+	// shares, MIGClass the one of MIG devices.
 	WholeClass string `json:"wholeClass,omitempty"`
 	ShareClass string `json:"shareClass,omitempty"`
+	MIGClass   string `json:"migClass,omitempty"`
 	// NVIDIA: the NVIDIA device plugin's nvidia.com/gpu and HAMi's
 	// memory/core names and pod annotations.
 	NVIDIA NVIDIAFamily `json:"nvidia"`
@@ -51,6 +55,12 @@ type NVIDIAFamily struct {
 	// Annotations turns HAMi's pod annotations on (use-gputype,
 	// use-gpuuuid, scheduler policies); off, they are not looked at.
 	Annotations bool `json:"annotations"`
+	// MIG turns on the NVIDIA device plugin's mixed-strategy MIG
+	// resources, MIGPrefix followed by a profile name
+	// (nvidia.com/mig-1g.10gb: N): N MIG devices of that profile from
+	// MIGClass.
+	MIG       bool   `json:"mig"`
+	MIGPrefix string `json:"migPrefix,omitempty"`
 }
 
 // AliyunFamily is the gputopology extender's name.
@@ -69,10 +79,10 @@ type TencentFamily struct {
 }
 
 // DefaultConfig is what the chart ships: the nvidia.com/* family on,
-// with HAMi's annotations; the others off.
+// with HAMi's annotations and MIG resources; the others off.
 func DefaultConfig() Config {
 	c := Config{
-		NVIDIA:  NVIDIAFamily{Enabled: true, Annotations: true},
+		NVIDIA:  NVIDIAFamily{Enabled: true, Annotations: true, MIG: true},
 		Aliyun:  AliyunFamily{},
 		Tencent: TencentFamily{},
 	}
@@ -90,6 +100,8 @@ func (c *Config) Default() {
 	}
 	def(&c.WholeClass, driver.DeviceClassWhole)
 	def(&c.ShareClass, driver.DeviceClassShare)
+	def(&c.MIGClass, driver.DeviceClassMIG)
+	def(&c.NVIDIA.MIGPrefix, "nvidia.com/mig-")
 	def(&c.NVIDIA.GPU, "nvidia.com/gpu")
 	def(&c.NVIDIA.Memory, "nvidia.com/gpumem")
 	def(&c.NVIDIA.MemoryPercentage, "nvidia.com/gpumem-percentage")
@@ -112,7 +124,7 @@ func (c *Config) Default() {
 // resource name, no name is used twice, units are positive.
 func (c *Config) Validate() error {
 	var errs []error
-	for _, cl := range []struct{ field, v string }{{"wholeClass", c.WholeClass}, {"shareClass", c.ShareClass}} {
+	for _, cl := range []struct{ field, v string }{{"wholeClass", c.WholeClass}, {"shareClass", c.ShareClass}, {"migClass", c.MIGClass}} {
 		for _, m := range validation.IsDNS1123Subdomain(cl.v) {
 			errs = append(errs, fmt.Errorf("%s %q: %s", cl.field, cl.v, m))
 		}
@@ -141,6 +153,13 @@ func (c *Config) Validate() error {
 		name("nvidia.priority", c.NVIDIA.Priority)
 		unit("nvidia.memoryUnit", c.NVIDIA.MemoryUnit)
 	}
+	if c.NVIDIA.Enabled && c.NVIDIA.MIG {
+		// The prefix names a resource once a profile follows it.
+		p := c.NVIDIA.MIGPrefix
+		if msgs := extendedResourceNameErrors(p + "1g.10gb"); len(msgs) > 0 {
+			errs = append(errs, fmt.Errorf("nvidia.migPrefix %q followed by a profile (%q) is not an extended resource name: %s", p, p+"1g.10gb", msgs))
+		}
+	}
 	if c.Aliyun.Enabled {
 		name("aliyun.gpu", c.Aliyun.GPU)
 	}
@@ -148,6 +167,13 @@ func (c *Config) Validate() error {
 		name("tencent.cores", c.Tencent.Cores)
 		name("tencent.memory", c.Tencent.Memory)
 		unit("tencent.memoryUnit", c.Tencent.MemoryUnit)
+	}
+	if c.NVIDIA.Enabled && c.NVIDIA.MIG {
+		for _, v := range slices.Sorted(maps.Keys(seen)) {
+			if field := seen[v]; strings.HasPrefix(v, c.NVIDIA.MIGPrefix) {
+				errs = append(errs, fmt.Errorf("%s %q starts with nvidia.migPrefix %q, so it would be read as a MIG profile", field, v, c.NVIDIA.MIGPrefix))
+			}
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -32,9 +32,17 @@
 // class's default size (HAMi gives the whole GPU's memory / unlimited
 // cores instead): shares are accounted, never unbounded.
 //
+// The NVIDIA device plugin's mixed-strategy MIG resources
+// (NVIDIAFamily.MIGPrefix + profile, nvidia.com/mig-1g.10gb: N) become N
+// MIG devices of the MIG class selected by profile, one request per
+// profile of the container (named "gpu", "gpu-1", ... in profile order).
+// A pod asks for MIG devices or for whole GPUs and shares, never both: the
+// controller decides one kind per pod.
+//
 // Bad values (a count of 0 with memory, negative or fractional values,
 // cores outside 1..100, a priority other than 0 or 1 or without a GPU,
-// memory larger than any known GPU, requests
+// memory larger than any known GPU, a MIG resource whose profile is not
+// a MIG profile name or beside other GPU resources, requests
 // differing from limits, two families in one container, unknown or
 // malformed HAMi annotations) are errors naming the container, the
 // resource and the value; nothing is translated then. Resource names and

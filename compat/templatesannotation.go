@@ -92,9 +92,19 @@ func (c *Config) CheckTemplateEntry(name string, spec resourceapi.ResourceClaimS
 	default:
 		errs = append(errs, fmt.Errorf("devices.config has %d entries, want at most 1 (a task priority)", len(d.Config)))
 	}
-	if len(d.Requests) != 1 {
+	switch {
+	case c.isMIGSpec(spec):
+		// One request per MIG profile, named as migRequestName names
+		// them, each exactly of the MIG class; no config.
+		if len(d.Config) > 0 {
+			errs = append(errs, fmt.Errorf("devices.config has %d entries, want none for MIG devices", len(d.Config)))
+		}
+		for i, r := range d.Requests {
+			errs = append(errs, c.checkMIGRequest(i, r))
+		}
+	case len(d.Requests) != 1:
 		errs = append(errs, fmt.Errorf("devices.requests has %d entries, want 1", len(d.Requests)))
-	} else {
+	default:
 		errs = append(errs, c.checkRequest(d.Requests[0]))
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -145,6 +155,37 @@ func (c *Config) checkRequest(r resourceapi.DeviceRequest) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// isMIGSpec tells whether a template asks for MIG devices: its first
+// request is of the MIG class.
+func (c *Config) isMIGSpec(spec resourceapi.ResourceClaimSpec) bool {
+	r := spec.Devices.Requests
+	return len(r) > 0 && r[0].Exactly != nil && r[0].Exactly.DeviceClassName == c.MIGClass
+}
+
+// checkMIGRequest checks request i of a MIG template.
+func (c *Config) checkMIGRequest(i int, r resourceapi.DeviceRequest) error {
+	path := fmt.Sprintf("devices.requests[%d]", i)
+	if want := migRequestName(i); r.Name != want {
+		return fmt.Errorf("%s.name %q, want %q", path, r.Name, want)
+	}
+	e := r.Exactly
+	switch {
+	case e == nil || len(r.FirstAvailable) > 0:
+		return fmt.Errorf("%s: want exactly, without firstAvailable", path)
+	case e.DeviceClassName != c.MIGClass:
+		return fmt.Errorf("%s.exactly.deviceClassName %q, want %q", path, e.DeviceClassName, c.MIGClass)
+	case e.AllocationMode != "" && e.AllocationMode != resourceapi.DeviceAllocationModeExactCount:
+		return fmt.Errorf("%s.exactly.allocationMode %q, want %q", path, e.AllocationMode, resourceapi.DeviceAllocationModeExactCount)
+	case e.AdminAccess != nil && *e.AdminAccess:
+		return fmt.Errorf("%s.exactly.adminAccess true, want unset", path)
+	case len(e.Tolerations) > 0:
+		return fmt.Errorf("%s.exactly.tolerations has %d entries, want none", path, len(e.Tolerations))
+	case e.Capacity != nil:
+		return fmt.Errorf("%s.exactly.capacity is set, want unset for MIG devices", path)
+	}
+	return nil
 }
 
 // checkPriorityConfig accepts the one config entry the translation

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,6 +19,7 @@ import (
 
 	v1alpha1 "github.com/gpulink/gpulink/api/v1alpha1"
 	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/driver/topology"
 )
 
 // Names gpulink puts on what it translates.
@@ -60,6 +63,10 @@ type Shape struct {
 	Memory        int64
 	MemoryPercent int64
 	Cores         int64
+	// MIG, when set, asks for MIG devices instead: "<profile>=<count>"
+	// per profile, sorted by profile, comma-separated (a string, so that
+	// Shape stays comparable); Count is then their total.
+	MIG string
 	// Priority is HAMi's task priority (0 high, 1 low) when HasPriority;
 	// it goes into the claim's opaque config as sharing.priority.
 	Priority    int
@@ -72,6 +79,13 @@ func (s Shape) String() string {
 	prio := ""
 	if s.HasPriority {
 		prio = ", " + priorityName(s.Priority)
+	}
+	if s.MIG != "" {
+		var parts []string
+		for _, p := range migProfiles(s.MIG) {
+			parts = append(parts, fmt.Sprintf("%d %s", p.count, p.profile))
+		}
+		return "MIG devices " + strings.Join(parts, " + ")
 	}
 	if !s.Share {
 		return fmt.Sprintf("%d whole GPU(s)%s", s.Count, prio)
@@ -163,6 +177,20 @@ func (t *Translator) Translate(pod *corev1.Pod) (*Result, error) {
 	visit(false, pod.Spec.Containers)
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
+	}
+	// gpulink's controller decides a pod's MIG devices apart from its
+	// whole GPUs and shares, and one pod by one of them.
+	var migFrom, gpuFrom string
+	for _, a := range asks {
+		if a.shape.MIG != "" && migFrom == "" {
+			migFrom = fmt.Sprintf("container %q: %s", a.name, a.shape.From)
+		}
+		if a.shape.MIG == "" && gpuFrom == "" {
+			gpuFrom = fmt.Sprintf("container %q: %s", a.name, a.shape.From)
+		}
+	}
+	if migFrom != "" && gpuFrom != "" {
+		return nil, fmt.Errorf("the pod asks for MIG devices (%s) and for whole GPUs or shares (%s); gpulink places one kind per pod, so put them in separate pods", migFrom, gpuFrom)
 	}
 	// A pod without any translated resource is none of our business, even
 	// if it carries HAMi annotations.
@@ -341,9 +369,30 @@ func claimName(init bool, index int, container string, taken map[string]bool) st
 }
 
 // ResourceNames returns the extended resource names the translation takes
-// off pods (those of the enabled families).
+// off pods (those of the enabled families), besides those starting with
+// one of ResourcePrefixes.
 func (t *Translator) ResourceNames() []corev1.ResourceName {
 	return t.names()
+}
+
+// ResourcePrefixes returns the prefixes of the resource names the
+// translation takes off pods: the MIG resources' (nvidia.com/mig-), when on.
+func (t *Translator) ResourcePrefixes() []string {
+	if t.Config.NVIDIA.Enabled && t.Config.NVIDIA.MIG {
+		return []string{t.Config.NVIDIA.MIGPrefix}
+	}
+	return nil
+}
+
+// isMIGName tells whether a resource name is a MIG resource the
+// translation takes.
+func (t *Translator) isMIGName(n corev1.ResourceName) bool {
+	for _, p := range t.ResourcePrefixes() {
+		if strings.HasPrefix(string(n), p) {
+			return true
+		}
+	}
+	return false
 }
 
 // names returns the enabled resource names.
@@ -377,6 +426,13 @@ func (t *Translator) usesAny(pod *corev1.Pod) bool {
 					return true
 				}
 			}
+			for _, l := range []corev1.ResourceList{cs[i].Resources.Limits, cs[i].Resources.Requests} {
+				for n := range l {
+					if t.isMIGName(n) {
+						return true
+					}
+				}
+			}
 		}
 	}
 	return false
@@ -386,6 +442,13 @@ func (t *Translator) strip(r *corev1.ResourceRequirements) {
 	for _, n := range t.names() {
 		delete(r.Limits, n)
 		delete(r.Requests, n)
+	}
+	for _, l := range []corev1.ResourceList{r.Limits, r.Requests} {
+		for n := range l {
+			if t.isMIGName(n) {
+				delete(l, n)
+			}
+		}
 	}
 	if len(r.Limits) == 0 {
 		r.Limits = nil
@@ -443,9 +506,24 @@ func (t *Translator) shape(c *corev1.Container) (Shape, bool, error) {
 	if cfg.NVIDIA.Enabled {
 		gpu, mem, pct, cores := read(cfg.NVIDIA.GPU), read(cfg.NVIDIA.Memory), read(cfg.NVIDIA.MemoryPercentage), read(cfg.NVIDIA.Cores)
 		prio := read(cfg.NVIDIA.Priority)
+		var mig Shape
+		var migOK bool
+		if cfg.NVIDIA.MIG {
+			var err error
+			if mig, migOK, err = t.migShape(c); err != nil {
+				errs = append(errs, err)
+			}
+		}
 		if len(errs) == 0 {
 			s, ok, err := t.nvidia(gpu.v, gpu.set, mem.v, mem.set, pct.v, pct.set, cores.v, cores.set)
-			if err == nil && prio.set {
+			switch {
+			case err == nil && migOK && ok:
+				err = fmt.Errorf("asks for MIG devices (%s) and for whole GPUs or shares (%s) together; a container gets one kind", mig.From, s.From)
+			case err == nil && migOK && prio.set:
+				err = fmt.Errorf("%s: %d with MIG devices (%s): a task priority orders the work of a shared GPU and a MIG device is never shared; drop it", cfg.NVIDIA.Priority, prio.v, mig.From)
+			case err == nil && migOK:
+				s, ok = mig, true
+			case err == nil && prio.set:
 				s, ok, err = t.withPriority(s, ok, prio.v)
 			}
 			if err != nil {
@@ -661,7 +739,21 @@ func (t *Translator) template(s Shape, selectors []string) (resourceapi.Resource
 		sels = append(sels, resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{Expression: e}})
 	}
 	req := resourceapi.DeviceRequest{Name: RequestName}
+	var more []resourceapi.DeviceRequest
 	switch {
+	case s.MIG != "":
+		// One request per profile: "gpu", then "gpu-1", "gpu-2", ...
+		for i, p := range migProfiles(s.MIG) {
+			r := resourceapi.DeviceRequest{Name: migRequestName(i), Exactly: &resourceapi.ExactDeviceRequest{
+				DeviceClassName: t.Config.MIGClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: p.count,
+				Selectors: append(slices.Clone(sels), resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{Expression: MIGProfileSelector(p.profile)}}),
+			}}
+			if i == 0 {
+				req = r
+			} else {
+				more = append(more, r)
+			}
+		}
 	case !s.Share:
 		req.Exactly = &resourceapi.ExactDeviceRequest{DeviceClassName: t.Config.WholeClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: s.Count, Selectors: sels}
 	case s.MemoryPercent > 0:
@@ -684,7 +776,7 @@ func (t *Translator) template(s Shape, selectors []string) (resourceapi.Resource
 	}
 	spec := resourceapi.ResourceClaimTemplateSpec{
 		ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{LabelManaged: "true"}},
-		Spec:       resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req}}},
+		Spec:       resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: append([]resourceapi.DeviceRequest{req}, more...)}},
 	}
 	if s.HasPriority {
 		raw, err := json.Marshal(priorityConfig(s.Priority))
@@ -725,4 +817,90 @@ func capacity(mem, cores int64) *resourceapi.CapacityRequirements {
 		r[driver.CapacityCores] = *resource.NewQuantity(cores, resource.DecimalSI)
 	}
 	return &resourceapi.CapacityRequirements{Requests: r}
+}
+
+// migProfileName is what a MIG resource may name after its prefix: the
+// profile as nvidia-smi names it, "<n>g.<m>gb", with a compute-instance
+// prefix "<n>c." and the suffix "-me" where nvidia-smi has them. Profiles
+// whose names carry "+" (+me, +gfx) cannot be resource names.
+var migProfileName = regexp.MustCompile(`^([1-7]c\.)?[1-8]g\.[1-9][0-9]{0,3}gb(-me)?$`)
+
+// migShape reads a container's MIG resources (MIGPrefix<profile>: N);
+// ok is false when it has none (or only zero counts). Bad profile names
+// and values are errors naming the resource and the value.
+func (t *Translator) migShape(c *corev1.Container) (Shape, bool, error) {
+	names := map[corev1.ResourceName]bool{}
+	for _, l := range []corev1.ResourceList{c.Resources.Limits, c.Resources.Requests} {
+		for n := range l {
+			if t.isMIGName(n) {
+				names[n] = true
+			}
+		}
+	}
+	var errs []error
+	var parts, from []string
+	var total int64
+	for _, n := range slices.Sorted(maps.Keys(names)) {
+		v, _, err := value(&c.Resources, string(n))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		profile := strings.TrimPrefix(string(n), t.Config.NVIDIA.MIGPrefix)
+		if !migProfileName.MatchString(profile) {
+			errs = append(errs, fmt.Errorf("%s: %d: %q is not a MIG profile name (want <compute slices>g.<memory>gb as nvidia-smi names it, e.g. %s1g.10gb, optionally <n>c. before it or -me after it)",
+				n, v, profile, t.Config.NVIDIA.MIGPrefix))
+			continue
+		}
+		if v == 0 {
+			continue
+		}
+		if v > maxMIGDevices {
+			errs = append(errs, fmt.Errorf("%s: %d is more MIG devices than one request may ask for (at most %d)", n, v, maxMIGDevices))
+			continue
+		}
+		parts = append(parts, profile+"="+strconv.FormatInt(v, 10))
+		from = append(from, fmt.Sprintf("%s: %d", n, v))
+		total += v
+	}
+	if err := errors.Join(errs...); err != nil {
+		return Shape{}, false, err
+	}
+	if len(parts) == 0 {
+		return Shape{}, false, nil
+	}
+	return Shape{Count: total, MIG: strings.Join(parts, ","), From: strings.Join(from, ", ")}, true, nil
+}
+
+// maxMIGDevices bounds one resource's count as the controller bounds a
+// request's: refused here, the pod is not created to wait forever.
+const maxMIGDevices = topology.MaxGPUs
+
+type migProfileCount struct {
+	profile string
+	count   int64
+}
+
+// migProfiles decodes Shape.MIG.
+func migProfiles(enc string) []migProfileCount {
+	var out []migProfileCount
+	for _, part := range strings.Split(enc, ",") {
+		p, n, _ := strings.Cut(part, "=")
+		c, _ := strconv.ParseInt(n, 10, 64)
+		out = append(out, migProfileCount{profile: p, count: c})
+	}
+	return out
+}
+
+// migRequestName names the i-th request of a MIG template.
+func migRequestName(i int) string {
+	if i == 0 {
+		return RequestName
+	}
+	return RequestName + "-" + strconv.Itoa(i)
+}
+
+// MIGProfileSelector is the CEL selector of a translated MIG request.
+func MIGProfileSelector(profile string) string {
+	return fmt.Sprintf(`device.attributes[%q].%s == %q`, driver.Name, driver.AttrMIGProfile, profile)
 }

@@ -3,6 +3,7 @@ package admission
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -60,8 +61,10 @@ func classQuotaNames(classes []string) []string {
 // a quota created a moment before a pod may not be seen yet.
 type QuotaGuard struct {
 	Lister corelisters.ResourceQuotaLister
-	// Names are the resource names the translation takes off pods.
-	Names []corev1.ResourceName
+	// Names are the resource names the translation takes off pods, and
+	// Prefixes the prefixes of those it takes by prefix (nvidia.com/mig-).
+	Names    []corev1.ResourceName
+	Prefixes []string
 }
 
 // Check returns a *QuotaError when namespace has a quota on one of the
@@ -71,11 +74,11 @@ func (g *QuotaGuard) Check(namespace string, classes []string) error {
 	if err != nil {
 		return fmt.Errorf("listing the ResourceQuotas of namespace %s: %w", namespace, err)
 	}
-	return checkQuotas(namespace, quotas, g.Names, classes)
+	return checkQuotas(namespace, quotas, g.Names, g.Prefixes, classes)
 }
 
 // checkQuotas is Check on a given list of quotas.
-func checkQuotas(namespace string, quotas []*corev1.ResourceQuota, names []corev1.ResourceName, classes []string) error {
+func checkQuotas(namespace string, quotas []*corev1.ResourceQuota, names []corev1.ResourceName, prefixes []string, classes []string) error {
 	quotas = slices.Clone(quotas)
 	sort.Slice(quotas, func(i, j int) bool { return quotas[i].Name < quotas[j].Name })
 	var limiting *QuotaError
@@ -95,6 +98,21 @@ func checkQuotas(namespace string, quotas []*corev1.ResourceQuota, names []corev
 			}
 			if limiting != nil {
 				break
+			}
+		}
+		// A quota on one MIG profile (requests.nvidia.com/mig-1g.10gb)
+		// limits a name the translation takes too.
+		for _, key := range slices.Sorted(maps.Keys(q.Spec.Hard)) {
+			if limiting != nil {
+				break
+			}
+			bare := strings.TrimPrefix(strings.TrimPrefix(string(key), corev1.DefaultResourceRequestsPrefix), "limits.")
+			for _, p := range prefixes {
+				if strings.HasPrefix(bare, p) {
+					v := q.Spec.Hard[key]
+					limiting = &QuotaError{Namespace: namespace, Quota: q.Name, Resource: string(key), Limit: v.String()}
+					break
+				}
 			}
 		}
 	}

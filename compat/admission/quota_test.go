@@ -53,9 +53,12 @@ func TestCheckQuotas(t *testing.T) {
 		{"scoped class quota", []*corev1.ResourceQuota{quota("a", "ns", map[string]string{"requests.nvidia.com/gpu": "1"}), scoped}, "requests.nvidia.com/gpu"},
 		{"quota of another class", []*corev1.ResourceQuota{quota("a", "ns", map[string]string{"requests.nvidia.com/gpu": "1",
 			driver.DeviceClassShare + corev1.ResourceClaimsPerClass: "1"})}, "requests.nvidia.com/gpu"},
+		// A MIG profile's name is taken by prefix; a quota on it limits too.
+		{"MIG profile by prefix", []*corev1.ResourceQuota{quota("q", "ns", map[string]string{"requests.nvidia.com/mig-1g.10gb": "1"})}, "requests.nvidia.com/mig-1g.10gb"},
+		{"other prefix", []*corev1.ResourceQuota{quota("q", "ns", map[string]string{"requests.example.com/mig-1g.10gb": "1"})}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := checkQuotas("ns", tc.quotas, names, whole)
+			err := checkQuotas("ns", tc.quotas, names, []string{"nvidia.com/mig-"}, whole)
 			if tc.refused == "" {
 				if err != nil {
 					t.Fatalf("refused: %v", err)

@@ -51,7 +51,7 @@ func Serve(ctx context.Context, client kubernetes.Interface, o Options) error {
 	// puts off the checks that need it (the controller reports those).
 	wh := &Webhook{
 		Translator: tr,
-		Quota:      &QuotaGuard{Lister: quotas.Lister(), Names: tr.ResourceNames()},
+		Quota:      &QuotaGuard{Lister: quotas.Lister(), Names: tr.ResourceNames(), Prefixes: tr.ResourcePrefixes()},
 		Metrics:    NewMetrics(o.Metrics),
 	}
 	return ServeTLS(ctx, o.Address, o.CertDir, o.ReusePort, wh)
@@ -77,7 +77,7 @@ func Lead(ctx context.Context, client kubernetes.Interface, o Options) error {
 	tr := &compat.Translator{Config: o.Config}
 	maker, err := NewTemplateMaker(TemplateMakerConfig{
 		Client: client, Config: o.Config, Recorder: o.Recorder, Grace: o.Grace,
-		Quota: &QuotaGuard{Lister: quotas.Lister(), Names: tr.ResourceNames()},
+		Quota: &QuotaGuard{Lister: quotas.Lister(), Names: tr.ResourceNames(), Prefixes: tr.ResourcePrefixes()},
 	}, pods, templates)
 	if err != nil {
 		return err

@@ -136,6 +136,15 @@ service variables. Nothing when apiServer is unset.
 The extended resource names the translation webhook handles, as a JSON list
 (for the webhook's matchConditions): the enabled families' names.
 */}}
+{{- /* The MIG resources are taken by prefix (nvidia.com/mig-<profile>):
+a CEL clause for the webhook's matchConditions, empty when off. */ -}}
+{{- define "gpulink.compat.migMatch" -}}
+{{- $n := .Values.compat.families.nvidia -}}
+{{- if and $n.enabled $n.mig -}}
+{{- printf " || k.startsWith(%s)" (toJson $n.migPrefix) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "gpulink.compat.resourceNames" -}}
 {{- $f := .Values.compat.families -}}
 {{- $names := list -}}
