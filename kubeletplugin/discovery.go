@@ -24,6 +24,10 @@ type DiscoveryOptions struct {
 	Backend string
 	// MockServer names the simulated server of the mock backend ("dgxa100", ...).
 	MockServer string
+	// MockMIG puts GPUs of the mock backend in MIG mode with instances
+	// (discovery.ParseMockMIG: "0:1g.5gb,3g.20gb;1:7g.40gb"), so that MIG
+	// nodes can be simulated; empty: no GPU in MIG mode.
+	MockMIG string
 	// TopologyFile is the `nvidia-smi topo -m` output of the topology-file backend.
 	TopologyFile string
 	// NodeName seeds the topology-file backend's synthetic UUIDs.
@@ -90,6 +94,10 @@ func (o DiscoveryOptions) RealGPUs() bool { return o.Backend == DiscoveryNVML }
 
 // NewDiscoverer builds the discovery backend the options select.
 func NewDiscoverer(o DiscoveryOptions) (discovery.Discoverer, error) {
+	if o.MockMIG != "" && o.Backend != DiscoveryMock {
+		// MIG mode is only ever read from real GPUs, never set.
+		return nil, fmt.Errorf("--mock-mig=%q needs --discovery=%s (it is %q)", o.MockMIG, DiscoveryMock, o.Backend)
+	}
 	switch o.Backend {
 	case DiscoveryNVML:
 		lib, err := NVMLLibrary(o.DriverRoot)
@@ -101,9 +109,13 @@ func NewDiscoverer(o DiscoveryOptions) (discovery.Discoverer, error) {
 		if o.MockServer == "" {
 			return nil, fmt.Errorf("--discovery=%s needs --mock-server", DiscoveryMock)
 		}
-		d, err := discovery.NewMock(o.MockServer)
+		layout, err := discovery.ParseMockMIG(o.MockMIG)
 		if err != nil {
-			return nil, fmt.Errorf("--mock-server: %w", err)
+			return nil, fmt.Errorf("--mock-mig=%q: %w", o.MockMIG, err)
+		}
+		d, err := discovery.NewMockWith(o.MockServer, discovery.MockOptions{MIG: layout})
+		if err != nil {
+			return nil, fmt.Errorf("--mock-server=%s --mock-mig=%q: %w", o.MockServer, o.MockMIG, err)
 		}
 		return d, nil
 	case DiscoveryTopologyFile:

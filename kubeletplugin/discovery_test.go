@@ -3,6 +3,7 @@ package kubeletplugin
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -18,6 +19,9 @@ func TestNewDiscoverer(t *testing.T) {
 		"mock without server":    {DiscoveryOptions{Backend: DiscoveryMock}, "--mock-server"},
 		"unknown mock server":    {DiscoveryOptions{Backend: DiscoveryMock, MockServer: "dgx9000"}, "dgx9000"},
 		"topology-file, no file": {DiscoveryOptions{Backend: DiscoveryTopologyFile}, "--topology-file"},
+		"MIG without mock":       {DiscoveryOptions{Backend: DiscoveryNVML, MockMIG: "0:1g.5gb"}, `--mock-mig="0:1g.5gb" needs --discovery=mock`},
+		"malformed MIG layout":   {DiscoveryOptions{Backend: DiscoveryMock, MockServer: "dgxa100", MockMIG: "zero:1g.5gb"}, `--mock-mig="zero:1g.5gb"`},
+		"unknown MIG profile":    {DiscoveryOptions{Backend: DiscoveryMock, MockServer: "dgxa100", MockMIG: "0:2g.80gb"}, `"2g.80gb"`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			if _, err := NewDiscoverer(tc.opts); err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -59,6 +63,27 @@ func TestNewDiscoverer(t *testing.T) {
 	}
 	if n := len(res.Pools[testNode].Slices[0].Devices); n != 8 {
 		t.Errorf("dgxa100 mock: %d devices, want 8", n)
+	}
+
+	// --mock-mig: GPU 0 in MIG mode is published as its two MIG devices.
+	mock, err = NewDiscoverer(DiscoveryOptions{Backend: DiscoveryMock, MockServer: "dgxa100", MockMIG: "0:1g.5gb,3g.20gb"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if topo, err = mock.Discover(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if res, err = BuildDriverResources(testLogger(t), testNode, topo, defaultSliceOptions()); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range res.Pools[testNode].Slices {
+		for _, d := range s.Devices {
+			names = append(names, d.Name)
+		}
+	}
+	if len(names) != 9 || !slices.Contains(names, "gpu-0-mig-0-0") || !slices.Contains(names, "gpu-0-mig-1-0") || slices.Contains(names, "gpu-0") {
+		t.Errorf("dgxa100 mock with GPU 0 in MIG mode: devices %v, want gpu-1..7 and gpu-0's two MIG devices", names)
 	}
 }
 
