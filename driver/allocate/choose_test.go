@@ -108,7 +108,10 @@ func TestChooseNode(t *testing.T) {
 				"a": {false, false, false, false, true, true, false, true},
 				"b": {true, true, true, true},
 			}},
-			wantNode: "a", wantGPUs: []int{4, 5},
+			// 4-5 and 4-7 are both NV2; 4-7 leaves 5-6, an NV2 pair, for
+			// when the node's other GPUs are free again (criterion 3d),
+			// where 4-5 would leave 6 and 7 with NV2 links across only.
+			wantNode: "a", wantGPUs: []int{4, 7},
 		},
 		{
 			name: "no node has enough GPUs eligible per node",

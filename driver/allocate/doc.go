@@ -33,14 +33,31 @@
 //  3. (2) larger agg(S): more fast pairs help all-to-all traffic;
 //  4. (3b) the same sum counting only sizes whose best remaining set
 //     keeps its whole (weak, agg) quality, then (3c) best_j(R), the best
-//     (weak, agg) of a j-subset of R, compared largest j first;
+//     (weak, agg) of a j-subset of R, compared largest j first, then
+//     (3d) the long run, on searches over fewer than 12 free GPUs of
+//     nodes of at most 16: let U be all the node's GPUs but S (as if every
+//     other job had ended) and, for each size j of the mix, I_j the
+//     j-sets of the node on its ideal class for j (the best weakest link
+//     an idle node gives j GPUs), left out when every j-set is on it or
+//     when there are more than 64; score sum_j w_j * 2^20 when U holds a
+//     set of I_j, plus w_j * w_j2 for each size j2 when U holds a set of
+//     I_j and one of I_j2 with no GPU in common. Larger is better: of two
+//     sets equal on the rest, take the one that breaks fewer ideal sets
+//     of the sizes asked for, together, once the node's current jobs end
+//     (on the DGX-1's NVLink mesh, the end of an NV2 path within a quad,
+//     which leaves an NV2 pair, not its middle, which leaves two GPUs with
+//     NV2 links into the other quad only);
 //  5. (4) larger agg(R): with the rest equal, take the GPUs least
 //     connected to the rest. agg(free) = agg(S) + agg(R) + links between
 //     S and R, so this minimizes the fast links lost, which prefers GPUs
 //     whose group is already partly used;
 //  6. (5) lowest positions: compare the ascending position lists.
 //
-// The numbers in parentheses are the names the code uses. Why the future
+// The numbers in parentheses are the names the code uses. Criterion 3d
+// is what the churn families of issue 21 measured a look-ahead to gain
+// beyond 3a-3c on meshes (docs/performance/churn.md); where 12 or more
+// GPUs are free most of the node is free, the long run is close to now,
+// and the memo and the node kinds' tables answer without it. Why the future
 // comes before the aggregate: the aggregate differs between almost any
 // two sets of one link class on mixed topologies, so when it came first
 // (as it did before) the fragmentation criteria were hardly ever
@@ -97,7 +114,9 @@
 // sets, and no more than all free GPUs hold) and either the next
 // candidate has a smaller aggregate or the incumbent keeps every future
 // size's best quality, as nothing after it can win then (on uniform
-// NVLink nodes, the first candidate). The result is exact: it equals
+// NVLink nodes, the first candidate; the second stop is not taken when
+// criterion 3d is weighed, on fewer than 12 free GPUs). Criterion 3d's
+// ideal sets are listed once per topology. The result is exact: it equals
 // exhaustive enumeration of the objective (the tests check this on every
 // usage pattern of the 8-GPU topologies and under random mixes). The
 // table is 256 KiB and is kept between searches.

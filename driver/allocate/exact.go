@@ -155,6 +155,13 @@ func exactPick(sc *scratch, t *topology.Topology, free, cand uint64, k int, requ
 	}
 	p.found = true
 	tb := tieBreaker{q: q, levels: levels, mix: mix, full: full, top: &top, loc: l}
+	if f < memoMinFree {
+		// Criterion 3d: where most of the node is busy, what its jobs
+		// leave when they end matters as much as what is free now.
+		if lt := longRunFor(t); lt != nil {
+			tb.long, tb.longAll = lt, fullMask(t.Len())
+		}
+	}
 	for i := range f {
 		for j := range f {
 			tb.row[i] += uint32(l.link[(i<<4|j)&0xFF])

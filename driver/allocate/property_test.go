@@ -19,6 +19,7 @@ func bruteForce(n *NodeState, req Request, mix *SizeMix) (uint64, bool) {
 	k := req.GPUs
 	sizes := bruteSizes(mix, bits.OnesCount64(free)-k)
 	top := bruteFuture(t, free, sizes)
+	long := bits.OnesCount64(free) < memoMinFree && t.Len() <= exactMaxFree
 	var best bruteCand
 	found := false
 	for s := cand; ; s = (s - 1) & cand {
@@ -27,6 +28,9 @@ func bruteForce(n *NodeState, req Request, mix *SizeMix) (uint64, bool) {
 			if kk.qualifies(k, req.RequiredLink) {
 				rest := free &^ s
 				c := bruteCand{set: s, key: kk, fut: bruteFuture(t, rest, sizes), rest: setKey(t, rest).agg()}
+				if long {
+					c.long = bruteLongRun(t, fullMask(t.Len())&^s, mix)
+				}
 				for i, j := range sizes {
 					w := uint64(mix.orDefault().w[j])
 					c.kept += w * bruteCapacity(t, rest, j, top[i].link(), c.fut[i].weak() == top[i].weak())
@@ -66,12 +70,70 @@ type bruteCand struct {
 	key         key
 	kept, exact uint64
 	fut         []key
+	long        uint64
 	rest        uint32
+}
+
+// bruteLongRun is doc.go's criterion 3d for u, the node's GPUs outside
+// the set, by plain enumeration: per size j of the mix whose ideal class
+// (best weakest link of a j-set of the idle node) is above the node's
+// weakest link and has at most longRunMaxSets sets, w_j * 2^20 when u holds one, and per size j2
+// w_j * w_j2 when u holds one of each with no GPU in common.
+func bruteLongRun(t *topology.Topology, u uint64, mix *SizeMix) uint64 {
+	all := fullMask(t.Len())
+	floor := setKey(t, all).weak()
+	ideal := map[int][]uint64{}
+	for j := 2; j <= t.Len(); j++ {
+		var best uint8
+		for s := all; s != 0; s = (s - 1) & all {
+			if bits.OnesCount64(s) == j {
+				best = max(best, setKey(t, s).weak())
+			}
+		}
+		for s := all; s != 0; s = (s - 1) & all {
+			if bits.OnesCount64(s) == j && setKey(t, s).weak() == best {
+				ideal[j] = append(ideal[j], s)
+			}
+		}
+		if len(ideal[j]) > longRunMaxSets || best == floor {
+			delete(ideal, j)
+		}
+	}
+	w := mix.orDefault().w
+	var v uint64
+	for j1 := 2; j1 <= t.Len(); j1++ {
+		in := 0
+		for _, a := range ideal[j1] {
+			if a&^u == 0 {
+				in++
+			}
+		}
+		if w[j1] == 0 || in == 0 {
+			continue
+		}
+		v += uint64(w[j1]) << 20
+		for j2 := 2; j2 <= t.Len(); j2++ {
+			if w[j2] == 0 {
+				continue
+			}
+		pairs:
+			for _, a := range ideal[j1] {
+				for _, b := range ideal[j2] {
+					if a&^u == 0 && b&^u == 0 && a&b == 0 {
+						v += uint64(w[j1]) * uint64(w[j2])
+						break pairs
+					}
+				}
+			}
+		}
+	}
+	return v
 }
 
 // better is doc.go's order: 1 weakest link, 3a classes kept for the
 // future, 2 aggregate, 3b qualities kept, 3c remaining qualities largest
-// size first, 4 aggregate of the rest, 5 lowest positions.
+// size first, 3d the long run, 4 aggregate of the rest, 5 lowest
+// positions.
 func (c bruteCand) better(b bruteCand) bool {
 	switch {
 	case c.key.weak() != b.key.weak():
@@ -87,6 +149,9 @@ func (c bruteCand) better(b bruteCand) bool {
 		if c.fut[i] != b.fut[i] {
 			return c.fut[i] > b.fut[i]
 		}
+	}
+	if c.long != b.long {
+		return c.long > b.long
 	}
 	if c.rest != b.rest {
 		return c.rest > b.rest

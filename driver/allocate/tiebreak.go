@@ -18,6 +18,10 @@ type tieBreaker struct {
 	// within, when set, holds the best quality per size within every
 	// subset (kindTable.within): future() becomes a lookup.
 	within [][exactMaxFree + 1]key
+	// long, when set, is the node's table for criterion 3d (the long
+	// run), with all the node's GPUs in position numbering.
+	long    *longRunTable
+	longAll uint64
 }
 
 // capacity is how many size-j requests the rest could still serve at link
@@ -91,6 +95,7 @@ func (a tied) before(b tied) bool {
 type futureScore struct {
 	kept, exact uint64
 	v           [exactMaxFree + 1]key // best remaining quality per future size
+	long        uint64                // criterion 3d, 0 when not weighed
 }
 
 func (tb *tieBreaker) score(rest uint32, s *futureScore) {
@@ -114,12 +119,17 @@ func (tb *tieBreaker) score(rest uint32, s *futureScore) {
 			s.exact += uint64(m.w[j])
 		}
 	}
+	s.long = 0
+	if tb.long != nil {
+		s.long = tb.long.value(tb.longAll&^tb.loc.toPositions(tb.full^rest), tb.mix)
+	}
 }
 
 // choose picks among sets equal on criterion 1 by criteria 3a (classes
 // kept for the future, weighted by the mix), 2 (aggregate of the set), 3b
-// (qualities kept), 3c (the best remaining sets, larger sizes first), 4
-// (aggregate of the rest) and 5 (lowest positions).
+// (qualities kept), 3c (the best remaining sets, larger sizes first), 3d
+// (ideal sets kept in the long run, when weighed), 4 (aggregate of the
+// rest) and 5 (lowest positions).
 func (tb *tieBreaker) choose(sc *scratch, ties []uint32) uint32 {
 	if len(ties) == 1 {
 		return ties[0]
@@ -139,7 +149,7 @@ func (tb *tieBreaker) chooseFrom(sc *scratch, cands []tied, sorted bool) uint32 
 	if len(cands) == 1 {
 		return cands[0].set
 	}
-	if tb.levels == 0 {
+	if tb.levels == 0 && tb.long == nil {
 		if sorted {
 			return cands[0].set
 		}
@@ -156,7 +166,9 @@ func (tb *tieBreaker) chooseFrom(sc *scratch, cands []tied, sorted bool) uint32 
 	bound := maxKept(tb, bits.OnesCount32(best.set))
 	bs, cs := &sc.fut[0], &sc.fut[1]
 	tb.score(tb.full^best.set, bs)
-	if bs.kept >= bound && bs.v == *tb.top {
+	// With the long run weighed (3d, after 3c), a later candidate that
+	// keeps every quality too may still win on it.
+	if bs.kept >= bound && bs.v == *tb.top && tb.long == nil {
 		return best.set
 	}
 	if !sorted {
@@ -166,7 +178,7 @@ func (tb *tieBreaker) chooseFrom(sc *scratch, cands []tied, sorted bool) uint32 
 		// Candidates come in criterion-2 order: once the incumbent keeps
 		// every class, only an equal aggregate could still beat it, and
 		// once it keeps everything exactly, nothing after it can.
-		if bs.kept >= bound && (c.agg < best.agg || bs.v == *tb.top) {
+		if bs.kept >= bound && (c.agg < best.agg || (bs.v == *tb.top && tb.long == nil)) {
 			break
 		}
 		tb.score(tb.full^c.set, cs)
@@ -202,6 +214,9 @@ func (s *futureScore) beats(o *futureScore, a, b tied) bool {
 	}
 	if s.v != o.v {
 		return greaterFuture(&s.v, &o.v)
+	}
+	if s.long != o.long {
+		return s.long > o.long
 	}
 	return a.before(b)
 }
