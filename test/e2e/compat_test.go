@@ -93,34 +93,7 @@ func TestCompatE2E(t *testing.T) {
 	begin := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
-	port := localcluster.FreePort(t)
-	chart := renderCompat(ctx, t, port)
-	files := t.TempDir()
-	for name, data := range map[string][]byte{
-		"tls.crt":     chart.secret.Data["tls.crt"],
-		"tls.key":     chart.secret.Data["tls.key"],
-		"compat.yaml": []byte(chart.config.Data["compat.yaml"]),
-	} {
-		if err := os.WriteFile(filepath.Join(files, name), data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := compat.Load(filepath.Join(files, "compat.yaml")); err != nil {
-		t.Fatalf("the chart's compat ConfigMap: %v", err)
-	}
-	if ca := chart.webhook.Webhooks[0].ClientConfig.CABundle; !bytes.Equal(ca, chart.secret.Data["ca.crt"]) {
-		t.Fatalf("webhook caBundle %q is not the Secret's ca.crt", base64.StdEncoding.EncodeToString(ca))
-	}
-	s := setupWith(ctx, t,
-		fmt.Sprintf("--webhook-address=127.0.0.1:%d", port),
-		"--webhook-cert-dir="+files,
-		"--compat-config="+filepath.Join(files, "compat.yaml"),
-		"--compat-template-grace=10s",
-	)
-	if _, err := s.client.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(ctx, &chart.webhook, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	waitWebhook(ctx, t, s)
+	s := setupCompat(ctx, t, setupOptions{})
 	t.Logf("gpulink and the translation webhook deployed %.1fs after the start", time.Since(begin).Seconds())
 	s.template(ctx, t, "compat-user", resourceapi.ExactDeviceRequest{DeviceClassName: driver.DeviceClassWhole, Count: 1}, nil)
 
@@ -228,6 +201,44 @@ func TestCompatE2E(t *testing.T) {
 		}
 	})
 	t.Logf("compat e2e took %.1fs", time.Since(begin).Seconds())
+}
+
+// setupCompat is setupOpts with the chart's translation webhook: the
+// controller serves it (by URL: the local cluster has no kube-proxy) with
+// the chart's certificate and compat ConfigMap, and the webhook is in
+// effect when it returns.
+func setupCompat(ctx context.Context, t *testing.T, o setupOptions) *suite {
+	t.Helper()
+	port := localcluster.FreePort(t)
+	chart := renderCompat(ctx, t, port)
+	files := t.TempDir()
+	for name, data := range map[string][]byte{
+		"tls.crt":     chart.secret.Data["tls.crt"],
+		"tls.key":     chart.secret.Data["tls.key"],
+		"compat.yaml": []byte(chart.config.Data["compat.yaml"]),
+	} {
+		if err := os.WriteFile(filepath.Join(files, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := compat.Load(filepath.Join(files, "compat.yaml")); err != nil {
+		t.Fatalf("the chart's compat ConfigMap: %v", err)
+	}
+	if ca := chart.webhook.Webhooks[0].ClientConfig.CABundle; !bytes.Equal(ca, chart.secret.Data["ca.crt"]) {
+		t.Fatalf("webhook caBundle %q is not the Secret's ca.crt", base64.StdEncoding.EncodeToString(ca))
+	}
+	o.controllerArgs = append(o.controllerArgs,
+		fmt.Sprintf("--webhook-address=127.0.0.1:%d", port),
+		"--webhook-cert-dir="+files,
+		"--compat-config="+filepath.Join(files, "compat.yaml"),
+		"--compat-template-grace=10s",
+	)
+	s := setupOpts(ctx, t, o)
+	if _, err := s.client.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(ctx, &chart.webhook, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitWebhook(ctx, t, s)
+	return s
 }
 
 // hamiShareClass switches the share class to HAMi-core. The controller

@@ -165,6 +165,11 @@ type setupOptions struct {
 	// mpsDevicePlugin makes the real node's plugin serve the MPS daemon
 	// device plugin to its kubelet (simulated GPUs do not by default).
 	mpsDevicePlugin bool
+	// realDevices, when not zero, is how many devices the real node
+	// publishes (realPluginArgs may change its GPUs); migCapMinors are
+	// the /dev/nvidia-caps stand-ins its MIG devices need.
+	realDevices  int
+	migCapMinors []int
 }
 
 // setupOpts is setup with extra flags.
@@ -242,9 +247,16 @@ func setupOpts(ctx context.Context, t *testing.T, o setupOptions) *suite {
 
 	driverRoot := filepath.Join(dir, "driver")
 	s.devNodes = localcluster.MkDeviceNodes(t, driverRoot, 8)
+	if len(o.migCapMinors) > 0 {
+		s.devNodes = localcluster.MkMIGCapNodes(t, driverRoot, o.migCapMinors...) && s.devNodes
+	}
 	testdata := filepath.Join(root, "driver", "topology", "testdata")
+	realDevices := 8
+	if o.realDevices > 0 {
+		realDevices = o.realDevices
+	}
 	nodes := []nodeSpec{
-		{s.realNode, "pcie-nvbridge-8.txt", "NVIDIA A40", "48Gi", "8.6", 8},
+		{s.realNode, "pcie-nvbridge-8.txt", "NVIDIA A40", "48Gi", "8.6", realDevices},
 		{v100Node, "v100-sxm2-8-aliyun-sccgn6.txt", "Tesla V100-SXM2-16GB", "16Gi", "7.0", 8},
 		{p40Node, "p40-pcie-7.txt", "Tesla P40", "24Gi", "6.1", 7},
 	}

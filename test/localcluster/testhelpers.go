@@ -54,6 +54,28 @@ func MkDeviceNodes(t testing.TB, root string, gpus int) bool {
 	return true
 }
 
+// MkMIGCapNodes creates stand-ins for the MIG capability device nodes
+// root/dev/nvidia-caps/nvidia-cap<minor> that grant access to GPU and
+// compute instances (what a MIG device's CDI spec adds besides its GPU's
+// node), as MkDeviceNodes does, and reports whether mknod was permitted.
+func MkMIGCapNodes(t testing.TB, root string, minors ...int) bool {
+	t.Helper()
+	dir := filepath.Join(root, "dev", "nvidia-caps")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range minors {
+		if err := unix.Mknod(filepath.Join(dir, fmt.Sprintf("nvidia-cap%d", m)), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
+			if errors.Is(err, unix.EPERM) {
+				t.Logf("mknod not permitted (%v): checking the environment only, not /dev/nvidia-caps entries", err)
+				return false
+			}
+			t.Fatal(err)
+		}
+	}
+	return true
+}
+
 // ReadPodLogFile returns what container of pod wrote, read from the
 // kubelet's pod log directory podLogDir (<podLogDir>/<ns>_<pod>_<uid>/
 // <container>/N.log, the newest file, in CRI format "<time> <stream> <tag>
