@@ -7,10 +7,11 @@ package conformance_test
 // does instead.
 func notApplicable(na func(reason string, files ...string)) {
 	const nv, ex, k = "dra-driver-nvidia-gpu/", "dra-example-driver/", "kubernetes-e2e-dra/"
-	const mig = "MIG: none in gpulink yet; it shares a GPU by memory/cores with MPS or HAMi-core limits"
+	const mig = "MIG: gpulink gives out the MIG devices that exist (`mig.gpulink.dev`; `nvidia.com/mig-<profile>` through its webhook), but this suite's node simulates GPUs without MIG mode; test/e2e TestMIGE2E runs such pods on a simulated A100 in MIG mode"
 	na(mig, nv+"quickstart-v1/gpu-test4.yaml", nv+"extended-resources/mig-1g-12gb.yaml",
-		nv+"bats/gpu-anymig.yaml", nv+"bats/gpu-simple-mig.yaml",
-		"hami/examples-nvidia/mig_example.yaml", "hami/examples-nvidia/dynamic_mig_example.yaml")
+		nv+"bats/gpu-anymig.yaml", nv+"bats/gpu-simple-mig.yaml", "hami/examples-nvidia/mig_example.yaml")
+	na("dynamic MIG: gpulink creates no MIG instances on demand yet; it shares a GPU by memory/cores with MPS or HAMi-core limits",
+		"hami/examples-nvidia/dynamic_mig_example.yaml")
 	const ts = "time-slicing: gpulink shares through `gpu-share.gpulink.dev` capacity (memory, cores) with MPS or HAMi-core limits"
 	na(ts, nv+"bats/gpu-timeslicing.yaml",
 		nv+"e2e-templates/timeslicing.yaml.tmpl", ex+"basic-resourceclaim-opaque-config/basic-resourceclaim-opaque-config.yaml")
