@@ -16,14 +16,14 @@ import (
 )
 
 // migSlice is the slice of a simulated DGX A100 (40GB) with a MIG layout.
-func migSlice(t *testing.T, node string, layout map[int][]string) *resourceapi.ResourceSlice {
+func migSlice(t testing.TB, node string, layout map[int][]string) *resourceapi.ResourceSlice {
 	t.Helper()
 	return mockMIGSlice(t, "dgxa100", node, layout)
 }
 
 // mockMIGSlice is the slice of a simulated node of a go-nvml mock server
 // (dgxa100, dgxh100, ...) with a MIG layout.
-func mockMIGSlice(t *testing.T, server, node string, layout map[int][]string) *resourceapi.ResourceSlice {
+func mockMIGSlice(t testing.TB, server, node string, layout map[int][]string) *resourceapi.ResourceSlice {
 	t.Helper()
 	d, err := discovery.NewMockWith(server, discovery.MockOptions{MIG: layout})
 	if err != nil {
