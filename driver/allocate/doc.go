@@ -116,7 +116,8 @@
 // size's best quality, as nothing after it can win then (on uniform
 // NVLink nodes, the first candidate; the second stop is not taken when
 // criterion 3d is weighed, on fewer than 12 free GPUs). Criterion 3d's
-// ideal sets are listed once per topology. The result is exact: it equals
+// ideal sets are listed once per node kind (its link matrix; Prepare
+// lists them). The result is exact: it equals
 // exhaustive enumeration of the objective (the tests check this on every
 // usage pattern of the 8-GPU topologies and under random mixes). The
 // table is 256 KiB and is kept between searches.

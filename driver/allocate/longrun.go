@@ -23,26 +23,55 @@ type longRunTable struct {
 	sets [exactMaxFree + 1][]uint64
 }
 
+// longRunMemo keeps the tables by topology and, so that nodes of one
+// kind share one (a controller may hold a topology per node), by link
+// matrix. Both are emptied when full.
 var longRunMemo = struct {
-	mu sync.Mutex
-	m  map[*topology.Topology]*longRunTable
-}{m: map[*topology.Topology]*longRunTable{}}
+	mu     sync.Mutex
+	byTopo map[*topology.Topology]*longRunTable
+	byKind map[kindKey]*longRunTable
+}{byTopo: map[*topology.Topology]*longRunTable{}, byKind: map[kindKey]*longRunTable{}}
 
-// longRunFor returns t's table, building it on first use; nil for nodes
-// of more than exactMaxFree GPUs and for nodes where no size has sets in
-// the table (every pair on one link class: NVSwitch systems).
+// longRunFor returns t's table, building it on first use for t's link
+// matrix; nil for nodes of more than exactMaxFree GPUs and for nodes where
+// no size has sets in the table (every pair on one link class: NVSwitch
+// systems).
 func longRunFor(t *topology.Topology) *longRunTable {
 	n := t.Len()
 	if n > exactMaxFree {
 		return nil
 	}
 	longRunMemo.mu.Lock()
-	lt, ok := longRunMemo.m[t]
+	lt, ok := longRunMemo.byTopo[t]
 	longRunMemo.mu.Unlock()
 	if ok {
 		return lt
 	}
-	lt = &longRunTable{}
+	var l local
+	l.load(t, fullMask(n))
+	kk := makeKindKey(&l)
+	longRunMemo.mu.Lock()
+	lt, ok = longRunMemo.byKind[kk]
+	longRunMemo.mu.Unlock()
+	if !ok {
+		lt = buildLongRun(t)
+	}
+	longRunMemo.mu.Lock()
+	if len(longRunMemo.byTopo) >= memoMaxEntries {
+		clear(longRunMemo.byTopo)
+	}
+	if len(longRunMemo.byKind) >= memoMaxEntries {
+		clear(longRunMemo.byKind)
+	}
+	longRunMemo.byTopo[t] = lt
+	longRunMemo.byKind[kk] = lt
+	longRunMemo.mu.Unlock()
+	return lt
+}
+
+func buildLongRun(t *topology.Topology) *longRunTable {
+	n := t.Len()
+	lt := &longRunTable{}
 	var best [exactMaxFree + 1]uint8
 	all := fullMask(n)
 	floor := setKey(t, all).weak()
@@ -69,14 +98,8 @@ func longRunFor(t *topology.Topology) *longRunTable {
 		empty = empty && len(lt.sets[j]) == 0
 	}
 	if empty {
-		lt = nil
+		return nil
 	}
-	longRunMemo.mu.Lock()
-	if len(longRunMemo.m) >= memoMaxEntries {
-		clear(longRunMemo.m)
-	}
-	longRunMemo.m[t] = lt
-	longRunMemo.mu.Unlock()
 	return lt
 }
 
