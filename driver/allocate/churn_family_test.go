@@ -325,7 +325,7 @@ func rolloutFuture(tb testing.TB, node *NodeState, open []Result, w workload, id
 // (churnNoiseSE standard errors of the paired difference); the rollout
 // reference on the family; the lead per family and topology; and
 // each policy's mean over the topologies where myopic and first fit
-// differ. The figures are the same on every run (about two minutes on
+// differ. The figures are the same on every run (three to four minutes on
 // two cores). CHURN_TABLE=path writes them there too.
 func BenchmarkChurnFamilies(b *testing.B) {
 	var sb strings.Builder
