@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"reflect"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
@@ -278,5 +280,47 @@ func BenchmarkMIGPlanNode(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		planMIGNode(ctx, sel, n, used, claims)
+	}
+}
+
+// The report (gpulink inspect) shows each GPU's MIG layout and who holds
+// each MIG device; a MIG device held twice or shared is a problem.
+func TestBuildReportMIG(t *testing.T) {
+	s := migSlice(t, "a100", map[int][]string{0: {"1g.5gb", "3g.20gb"}, 1: {"7g.40gb"}})
+	held := func(name, dev string, share bool) *resourceapi.ResourceClaim {
+		r := resourceapi.DeviceRequestAllocationResult{Request: "mig", Driver: driver.Name, Pool: "a100", Device: dev}
+		if share {
+			id := types.UID("s1")
+			r.ShareID = &id
+		}
+		return &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Status: resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{r}}}}}
+	}
+	reports := BuildReport([]*resourceapi.ResourceSlice{s}, []*resourceapi.ResourceClaim{
+		held("small", "gpu-0-mig-0-0", false), held("twice-a", "gpu-1-mig-0-0", false), held("twice-b", "gpu-1-mig-0-0", false),
+		held("shared", "gpu-0-mig-1-0", true),
+	})
+	if len(reports) != 1 {
+		t.Fatalf("%d reports", len(reports))
+	}
+	r := reports[0]
+	if len(r.GPUs) != 6 || len(r.UnknownDevices) != 0 {
+		t.Errorf("%d GPUs, unknown devices %+v; want 6 whole GPUs and every MIG device known", len(r.GPUs), r.UnknownDevices)
+	}
+	var got []string
+	for _, m := range r.MIG {
+		var holders []string
+		for _, h := range m.Holders {
+			holders = append(holders, h.Name)
+		}
+		got = append(got, fmt.Sprintf("%s %s gpu%d %d+%d free=%v holders=%v problems=%d", m.Device, m.Profile, m.Parent, m.PlacementStart, m.PlacementSize, m.Free, holders, len(m.Problems)))
+	}
+	want := []string{
+		"gpu-0-mig-0-0 1g.5gb gpu0 0+1 free=false holders=[small] problems=0",
+		"gpu-0-mig-1-0 3g.20gb gpu0 4+4 free=false holders=[] problems=1",
+		"gpu-1-mig-0-0 7g.40gb gpu1 0+8 free=false holders=[twice-a twice-b] problems=1",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("MIG report:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }

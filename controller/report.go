@@ -27,6 +27,9 @@ type NodeReport struct {
 	Topology *topology.Topology `json:"-"`
 	// GPUs are the node's devices in ascending GPU index.
 	GPUs []GPUReport `json:"gpus"`
+	// MIG are the MIG devices of the node's GPUs in MIG mode, by parent
+	// GPU index then placement: the GPUs' MIG layout.
+	MIG []MIGReport `json:"mig,omitempty"`
 	// Problem says why the pool could not be decoded (incomplete
 	// generation, conflicting indices, bad links rows, ...); the
 	// controller allocates nothing on such a node.
@@ -66,6 +69,30 @@ type GPUReport struct {
 	Tainted bool `json:"tainted,omitempty"`
 	// Problems are accounting inconsistencies: double whole allocations,
 	// whole plus shares, shares beyond the capacity.
+	Problems []string `json:"problems,omitempty"`
+}
+
+// MIGReport is one MIG device (an instance of a GPU in MIG mode) and who
+// holds it. A MIG device is given out whole, to one claim.
+type MIGReport struct {
+	// Device is the ResourceSlice device name, gpu-<parent>-mig-<gi>-<ci>.
+	Device string `json:"device"`
+	// Parent is the index of the GPU the device is part of.
+	Parent  int    `json:"parentIndex"`
+	Profile string `json:"profile"`
+	// PlacementStart and PlacementSize are the memory slices of the GPU
+	// the device's GPU instance takes.
+	PlacementStart int   `json:"placementStart"`
+	PlacementSize  int   `json:"placementSize"`
+	MemoryBytes    int64 `json:"memoryBytes"`
+	// Holders are the claims holding the device; more than one, or a
+	// share of it, is named in Problems.
+	Holders []ClaimRef `json:"holders,omitempty"`
+	// Free tells whether the device can still be given out.
+	Free    bool     `json:"free"`
+	Taints  []string `json:"taints,omitempty"`
+	Tainted bool     `json:"tainted,omitempty"`
+	// Problems are accounting inconsistencies.
 	Problems []string `json:"problems,omitempty"`
 }
 
@@ -195,14 +222,29 @@ func poolReport(pool string, ps []*resourceapi.ResourceSlice, holds []hold) Node
 		for _, d := range n.Devices {
 			r.GPUs = append(r.GPUs, gpuReport(n, d))
 		}
+		for _, m := range n.MIG {
+			r.MIG = append(r.MIG, migReport(m))
+		}
+		slices.SortFunc(r.MIG, func(a, b MIGReport) int {
+			return cmp.Or(cmp.Compare(a.Parent, b.Parent), cmp.Compare(a.PlacementStart, b.PlacementStart), cmp.Compare(a.Device, b.Device))
+		})
 	}
 	byDevice := make(map[string]*GPUReport, len(r.GPUs))
 	for i := range r.GPUs {
 		byDevice[r.GPUs[i].Device] = &r.GPUs[i]
 	}
+	byMIG := make(map[string]*MIGReport, len(r.MIG))
+	for i := range r.MIG {
+		byMIG[r.MIG[i].Device] = &r.MIG[i]
+	}
 	for _, h := range holds {
 		g := byDevice[h.use.Key.Device]
+		m := byMIG[h.use.Key.Device]
 		switch {
+		case m != nil && h.use.Exclusive:
+			m.Holders = append(m.Holders, h.claim)
+		case m != nil:
+			m.Problems = append(m.Problems, fmt.Sprintf("shared with claim %s (share %s); a MIG device is given out whole", h.claim, h.shareID))
 		case g == nil:
 			r.UnknownDevices = append(r.UnknownDevices, DeviceHold{
 				Device: h.use.Key.Device, Claim: h.claim, Share: !h.use.Exclusive,
@@ -216,6 +258,14 @@ func poolReport(pool string, ps []*resourceapi.ResourceSlice, holds []hold) Node
 	}
 	for i := range r.GPUs {
 		settle(&r.GPUs[i])
+	}
+	for i := range r.MIG {
+		m := &r.MIG[i]
+		slices.SortFunc(m.Holders, compareClaims)
+		if len(m.Holders) > 1 {
+			m.Problems = append(m.Problems, fmt.Sprintf("held by %d claims", len(m.Holders)))
+		}
+		m.Free = len(m.Holders) == 0 && len(m.Problems) == 0 && !m.Tainted
 	}
 	slices.SortFunc(r.UnknownDevices, func(a, b DeviceHold) int {
 		return cmp.Or(compareDevices(a.Device, b.Device), compareClaims(a.Claim, b.Claim))
@@ -263,6 +313,19 @@ func gpuReport(n *nodeInventory, d *deviceInfo) GPUReport {
 	}
 	g.Tainted = blockingTaint(d)
 	return g
+}
+
+func migReport(m *migDevice) MIGReport {
+	r := MIGReport{Device: m.Name, Parent: m.Parent, Profile: m.Profile,
+		PlacementStart: m.Placement.Start, PlacementSize: m.Placement.Size, MemoryBytes: m.MemoryBytes}
+	for _, t := range m.Taints {
+		if t.Key == driver.ManagedTaintKey {
+			continue
+		}
+		r.Taints = append(r.Taints, fmt.Sprintf("%s=%s:%s", t.Key, t.Value, t.Effect))
+	}
+	r.Tainted = blockingTaint(&deviceInfo{Taints: m.Taints})
+	return r
 }
 
 // settle sorts a GPU's holders and derives its free capacity and problems,

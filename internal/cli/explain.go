@@ -366,6 +366,8 @@ func writeClaim(p *errWriter, ex *explanation, ce claimExplanation) {
 		}
 		line := fmt.Sprintf("    request %s: %s", req, strings.Join(names, ", "))
 		switch {
+		case slices.ContainsFunc(rs, func(r resourceapi.DeviceRequestAllocationResult) bool { return driver.IsMIGDeviceName(r.Device) }):
+			line += " (" + migVerdict(report, rs) + ")"
 		case shares > 0:
 			for _, r := range rs {
 				mem, cores := r.ConsumedCapacity[driver.CapacityMemory], r.ConsumedCapacity[driver.CapacityCores]
@@ -380,6 +382,21 @@ func writeClaim(p *errWriter, ex *explanation, ce claimExplanation) {
 		}
 		p.printf("%s\n", line)
 	}
+}
+
+// migVerdict names the MIG devices of a request by profile and parent GPU,
+// as the node's report knows them: "MIG device 1g.5gb of gpu-0".
+func migVerdict(r controller.NodeReport, rs []resourceapi.DeviceRequestAllocationResult) string {
+	parts := make([]string, 0, len(rs))
+	for _, res := range rs {
+		i := slices.IndexFunc(r.MIG, func(m controller.MIGReport) bool { return m.Device == res.Device })
+		if i < 0 {
+			parts = append(parts, "MIG device "+res.Device+" the node does not publish")
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("MIG device %s of gpu-%d", printable(r.MIG[i].Profile), r.MIG[i].Parent))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // linkVerdict says how the set's weakest link compares with the best the

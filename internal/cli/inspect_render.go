@@ -62,6 +62,10 @@ func writeInspectTable(w io.Writer, nodes []inspectNodeView) error {
 			p.printf("\n")
 			writeGPURows(p, n.GPUs)
 		}
+		if len(n.MIG) > 0 {
+			p.printf("\n")
+			writeMIGRows(p, n.MIG)
+		}
 		writeNotes(p, n.NodeReport)
 		p.flush()
 		if n.view != nil {
@@ -82,7 +86,7 @@ func nodeSummary(r controller.NodeReport) string {
 	switch {
 	case r.Problem != "":
 		b.WriteString(": unusable, the controller allocates nothing here")
-	case len(r.GPUs) == 0:
+	case len(r.GPUs) == 0 && len(r.MIG) == 0:
 		b.WriteString(": no GPUs (the kubelet plugin publishes an empty pool)")
 	default:
 		var free, shared, whole, tainted int
@@ -101,6 +105,17 @@ func nodeSummary(r controller.NodeReport) string {
 		fmt.Fprintf(&b, ": %d GPUs, %d free, %d shared, %d held whole", len(r.GPUs), free, shared, whole)
 		if tainted > 0 {
 			fmt.Fprintf(&b, ", %d tainted", tainted)
+		}
+		if len(r.MIG) > 0 {
+			parents := map[int]bool{}
+			freeMIG := 0
+			for _, m := range r.MIG {
+				parents[m.Parent] = true
+				if m.Free {
+					freeMIG++
+				}
+			}
+			fmt.Fprintf(&b, "; %d GPUs in MIG mode, %d MIG devices, %d free", len(parents), len(r.MIG), freeMIG)
 		}
 	}
 	return b.String()
@@ -131,6 +146,38 @@ func writeGPURows(p *errWriter, gpus []controller.GPUReport) {
 	}
 }
 
+// writeMIGRows prints the MIG devices, by parent GPU and placement: the
+// GPUs' MIG layout (SLICES are the memory slices the GPU instance takes)
+// and who holds each device.
+func writeMIGRows(p *errWriter, devs []controller.MIGReport) {
+	p.printf("MIG DEVICE\tGPU\tPROFILE\tSLICES\tMEMORY\tFREE\tCLAIM\tRESERVED FOR\n")
+	for _, m := range devs {
+		free := "no"
+		switch {
+		case m.Tainted:
+			free = "no (tainted)"
+		case m.Free:
+			free = "yes"
+		}
+		span := strconv.Itoa(m.PlacementStart)
+		if m.PlacementSize > 1 {
+			span += "-" + strconv.Itoa(m.PlacementStart+m.PlacementSize-1)
+		}
+		p.printf("%s\tgpu-%d\t%s\t%s\t%s\t%s", m.Device, m.Parent, orDash(printable(m.Profile)), span, bytesString(m.MemoryBytes), free)
+		holders := m.Holders
+		if len(holders) == 0 {
+			p.printf("\t-\t-\n")
+			continue
+		}
+		for i, h := range holders {
+			if i > 0 {
+				p.printf("\t\t\t\t\t") // below the device's own six cells
+			}
+			p.printf("\t%s\t%s\n", h, reservedString(h))
+		}
+	}
+}
+
 // writeNotes lists what the GPU rows cannot hold: taints, accounting
 // problems, and allocations of devices the node does not publish.
 func writeNotes(p *errWriter, r controller.NodeReport) {
@@ -141,6 +188,14 @@ func writeNotes(p *errWriter, r controller.NodeReport) {
 		}
 		for _, pr := range g.Problems {
 			notes = append(notes, fmt.Sprintf("%s: problem: %s", g.Device, pr))
+		}
+	}
+	for _, m := range r.MIG {
+		for _, t := range m.Taints {
+			notes = append(notes, fmt.Sprintf("%s: tainted %s", m.Device, t))
+		}
+		for _, pr := range m.Problems {
+			notes = append(notes, fmt.Sprintf("%s: problem: %s", m.Device, pr))
 		}
 	}
 	for _, h := range r.UnknownDevices {
