@@ -36,8 +36,9 @@
 // (NVIDIAFamily.MIGPrefix + profile, nvidia.com/mig-1g.10gb: N) become N
 // MIG devices of the MIG class selected by profile, one request per
 // profile of the container (named "gpu", "gpu-1", ... in profile order).
-// A pod asks for MIG devices or for whole GPUs and shares, never both: the
-// controller decides one kind per pod.
+// A container asks for MIG devices or for whole GPUs and shares, never
+// both (its one claim is placed by one planner); the containers of a pod
+// may differ.
 //
 // Bad values (a count of 0 with memory, negative or fractional values,
 // cores outside 1..100, a priority other than 0 or 1 or without a GPU,

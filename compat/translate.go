@@ -178,20 +178,6 @@ func (t *Translator) Translate(pod *corev1.Pod) (*Result, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	// gpulink's controller decides a pod's MIG devices apart from its
-	// whole GPUs and shares, and one pod by one of them.
-	var migFrom, gpuFrom string
-	for _, a := range asks {
-		if a.shape.MIG != "" && migFrom == "" {
-			migFrom = fmt.Sprintf("container %q: %s", a.name, a.shape.From)
-		}
-		if a.shape.MIG == "" && gpuFrom == "" {
-			gpuFrom = fmt.Sprintf("container %q: %s", a.name, a.shape.From)
-		}
-	}
-	if migFrom != "" && gpuFrom != "" {
-		return nil, fmt.Errorf("the pod asks for MIG devices (%s) and for whole GPUs or shares (%s); gpulink places one kind per pod, so put them in separate pods", migFrom, gpuFrom)
-	}
 	// A pod without any translated resource is none of our business, even
 	// if it carries HAMi annotations.
 	if len(asks) == 0 && !t.usesAny(pod) {

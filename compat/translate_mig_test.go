@@ -106,7 +106,6 @@ func TestTranslateMIGRefused(t *testing.T) {
 		"too many":         {podWith(ctr("a", map[string]string{"nvidia.com/mig-1g.10gb": "65"})), []string{"nvidia.com/mig-1g.10gb: 65"}},
 		"with whole GPUs":  {podWith(ctr("a", map[string]string{"nvidia.com/mig-1g.10gb": "1", "nvidia.com/gpu": "1"})), []string{"nvidia.com/mig-1g.10gb: 1", "nvidia.com/gpu: 1", "one kind"}},
 		"with a priority":  {podWith(ctr("a", map[string]string{"nvidia.com/mig-1g.10gb": "1", "nvidia.com/priority": "0"})), []string{"nvidia.com/priority: 0", "nvidia.com/mig-1g.10gb: 1"}},
-		"pod mixes kinds":  {podWith(ctr("a", map[string]string{"nvidia.com/mig-1g.10gb": "1"}), ctr("b", map[string]string{"nvidia.com/gpu": "1"})), []string{`container "a": nvidia.com/mig-1g.10gb: 1`, `container "b": nvidia.com/gpu: 1`}},
 		"bad profile zero": {podWith(ctr("a", map[string]string{"nvidia.com/mig-x": "0"})), []string{"nvidia.com/mig-x", `"x"`}},
 	} {
 		r, err := tr.Translate(tc.pod)
@@ -120,8 +119,16 @@ func TestTranslateMIGRefused(t *testing.T) {
 			}
 		}
 	}
+	// Containers of one pod may differ: each gets its own claim of its kind.
+	r, err := tr.Translate(podWith(ctr("a", map[string]string{"nvidia.com/mig-1g.10gb": "1"}), ctr("b", map[string]string{"nvidia.com/gpu": "1"})))
+	if err != nil || len(r.Claims) != 2 {
+		t.Fatalf("MIG and whole-GPU containers: %+v %v", r, err)
+	}
+	if a, b := request(t, r, "a"), request(t, r, "b"); a.Exactly.DeviceClassName != driver.DeviceClassMIG || b.Exactly.DeviceClassName != driver.DeviceClassWhole {
+		t.Errorf("classes %s and %s, want %s and %s", a.Exactly.DeviceClassName, b.Exactly.DeviceClassName, driver.DeviceClassMIG, driver.DeviceClassWhole)
+	}
 	// A zero count of a valid profile asks for nothing, as nvidia.com/gpu: 0.
-	r, err := tr.Translate(podWith(ctr("a", map[string]string{"nvidia.com/mig-1g.10gb": "0"})))
+	r, err = tr.Translate(podWith(ctr("a", map[string]string{"nvidia.com/mig-1g.10gb": "0"})))
 	if err != nil || len(r.Claims) != 0 {
 		t.Fatalf("zero count: %+v %v", r, err)
 	}

@@ -12,11 +12,13 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	dracel "k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/klog/v2"
+
+	"github.com/gpulink/gpulink/driver/allocate"
 )
 
 // MIG placement. A pod whose pending claims ask for MIG devices (requests
-// on a class labelled MIGLabel) is placed here, apart from the whole-GPU
-// and share allocator: MIG devices have no position in a node's link
+// on a class labelled MIGLabel) is placed here, its MIG claims apart from
+// the whole-GPU and share allocator: MIG devices have no position in a node's link
 // topology and are only ever given out each whole, to one claim. The
 // ledger counts them like any exclusive device (by pool and device name),
 // so a MIG device is given once, whoever allocated it.
@@ -32,14 +34,17 @@ import (
 //
 // Nodes are ranked by fewest firstAvailable fallbacks, then the devices
 // placed on already busy GPUs (more first), then the memory slices taken
-// (fewer first), then node name.
+// (fewer first), then node name. A pod that also has claims of whole GPUs
+// or shares gets them on the same node from planNode, and its nodes are
+// ranked by those (choosePlan).
 
-// migMixError explains a pod whose claims mix MIG requests with whole
-// GPUs or shares; each kind has its own allocator and one pod is decided
-// by one of them.
+// migMixError refuses a claim whose requests (or a request whose
+// firstAvailable alternatives) mix MIG device classes with whole-GPU or
+// share classes: MIG devices and GPUs are placed by different planners,
+// claim by claim. A pod may have claims of both kinds.
 func migMixError(pending []*interpretedClaim) error {
-	var migReqs, other []string
 	for _, ic := range pending {
+		var migReqs, other []string
 		for _, r := range ic.Requests {
 			hasMIG, hasOther := false, false
 			for _, alt := range r.Alternatives {
@@ -49,23 +54,35 @@ func migMixError(pending []*interpretedClaim) error {
 					hasOther = true
 				}
 			}
-			name := ic.Claim.Name + "/" + r.Name
 			switch {
 			case hasMIG && hasOther:
-				return fmt.Errorf("claim %s/%s, request %s: its firstAvailable alternatives mix MIG device classes with whole-GPU or share classes; gpulink places MIG devices apart from whole GPUs, so put them in separate requests of separate pods",
+				return fmt.Errorf("claim %s/%s, request %s: its firstAvailable alternatives mix MIG device classes with whole-GPU or share classes; gpulink places MIG devices apart from whole GPUs, so put them in separate claims",
 					ic.Claim.Namespace, ic.Claim.Name, r.Name)
 			case hasMIG:
-				migReqs = append(migReqs, name)
+				migReqs = append(migReqs, r.Name)
 			default:
-				other = append(other, name)
+				other = append(other, r.Name)
+			}
+		}
+		if len(migReqs) > 0 && len(other) > 0 {
+			return fmt.Errorf("claim %s/%s asks for MIG devices (requests %s) and for whole GPUs or shares (requests %s) together; gpulink places MIG devices apart from whole GPUs, so put them in separate claims (one pod may use both)",
+				ic.Claim.Namespace, ic.Claim.Name, strings.Join(migReqs, ","), strings.Join(other, ","))
+		}
+	}
+	return nil
+}
+
+// isMIGClaim tells whether a claim asks for MIG devices (after
+// migMixError: all its requests do).
+func isMIGClaim(ic *interpretedClaim) bool {
+	for _, r := range ic.Requests {
+		for _, alt := range r.Alternatives {
+			if alt.MIG {
+				return true
 			}
 		}
 	}
-	if len(migReqs) > 0 && len(other) > 0 {
-		return fmt.Errorf("the pod's claims ask for MIG devices (requests %s) and for whole GPUs or shares (requests %s) together; gpulink does not place both kinds for one pod yet, so put them in separate pods",
-			strings.Join(migReqs, ","), strings.Join(other, ","))
-	}
-	return nil
+	return false
 }
 
 // wantsMIG tells whether the pending claims ask for MIG devices.
@@ -375,31 +392,16 @@ func chooseMIGPlan(plans []*migPlan) *nodePlan {
 	return best.plan
 }
 
-// planMIG plans the pending claims on every candidate node; it returns
-// the feasible plans, how many nodes failed, and why (a few reasons).
-func planMIG(ctx context.Context, sel *selectorEvaluator, cands []*nodeInventory, l *ledger, pending []*interpretedClaim) ([]*migPlan, int, []string) {
-	var plans []*migPlan
-	var why []string
-	failed := 0
-	for _, n := range cands {
-		pl, reasons := planMIGNode(ctx, sel, n, l.migUsage(n), pending)
-		if pl == nil {
-			failed++
-			if len(why) < 8 {
-				why = append(why, reasons...)
-			}
-			continue
-		}
-		plans = append(plans, pl)
-	}
-	return plans, failed, why
-}
-
-// decideMIG chooses the node and MIG devices for a pod whose pending
-// claims ask for MIG devices only, under the decision lock. It returns the
-// chosen plan (nil when nothing fits), the feasible plans, why nodes
-// failed and which filters rejected nodes, as allocatePod's other paths do.
-func (c *Controller) decideMIG(ctx context.Context, logger klog.Logger, pod *corev1.Pod, all []*nodeInventory, allocated []*resourceapi.ResourceClaim, excluded sets.Set[string], pending []*interpretedClaim) (*nodePlan, []*nodePlan, []string, *rejections) {
+// decideMIG chooses the node and devices for a pod whose pending claims
+// ask for MIG devices, under the decision lock: every candidate node is
+// planned, its MIG claims by planMIGNode and its other claims (whole GPUs,
+// shares) by planNode on the same node. A pod with MIG claims only is
+// ranked by chooseMIGPlan; one with both by choosePlan over its GPU
+// placements (its MIG devices are packed within the node either way). It
+// returns the chosen plan (nil when nothing fits), the feasible plans, why
+// nodes failed and which filters rejected nodes, as allocatePod's other
+// paths do.
+func (c *Controller) decideMIG(ctx context.Context, logger klog.Logger, pod *corev1.Pod, all []*nodeInventory, allocated []*resourceapi.ResourceClaim, excluded sets.Set[string], pending []*interpretedClaim, pol allocate.Policy, rank *hostRanking) (*nodePlan, []*nodePlan, []string, *rejections) {
 	cands, rej := c.filter.candidates(logger, pod, all, allocated, excluded)
 	if len(cands) == 0 && excluded.Len() > 0 && rej.count(rejectExcluded) > 0 {
 		// As the exhaustive path: every node was ruled out, some by
@@ -407,7 +409,36 @@ func (c *Controller) decideMIG(ctx context.Context, logger klog.Logger, pod *cor
 		c.resetExcluded(ctx, pod)
 		cands, rej = c.filter.candidates(logger, pod, all, allocated, nil)
 	}
-	mps, failed, why := planMIG(ctx, c.sel, cands, c.ledger, pending)
+	var migClaims, gpuClaims []*interpretedClaim
+	for _, ic := range pending {
+		if isMIGClaim(ic) {
+			migClaims = append(migClaims, ic)
+		} else {
+			gpuClaims = append(gpuClaims, ic)
+		}
+	}
+	var mps []*migPlan
+	var why []string
+	failed := 0
+	for _, n := range cands {
+		mp, reasons := planMIGNode(ctx, c.sel, n, c.ledger.migUsage(n), migClaims)
+		if mp != nil && len(gpuClaims) > 0 {
+			var gp *nodePlan
+			if gp, reasons = planNode(ctx, c.sel, pol, n, c.ledger.nodeUsage(n), gpuClaims); gp == nil {
+				mp = nil
+			} else {
+				mp.plan = mergePlans(pending, mp.plan, migClaims, gp, gpuClaims)
+			}
+		}
+		if mp == nil {
+			failed++
+			if len(why) < 8 {
+				why = append(why, reasons...)
+			}
+			continue
+		}
+		mps = append(mps, mp)
+	}
 	noFit := "no " + wantedDevices(pending)
 	for range failed {
 		rej.add(noFit)
@@ -416,7 +447,28 @@ func (c *Controller) decideMIG(ctx context.Context, logger klog.Logger, pod *cor
 	for i, m := range mps {
 		plans[i] = m.plan
 	}
+	if len(gpuClaims) > 0 {
+		return choosePlan(plans, pol, rank), plans, why, rej
+	}
 	return chooseMIGPlan(mps), plans, why, rej
+}
+
+// mergePlans is the plan of all pending claims on one node from the plan
+// of its MIG claims and the plan of its other claims, with Claims in
+// pending's order (buildAllocation takes them in that order).
+func mergePlans(pending []*interpretedClaim, mig *nodePlan, migClaims []*interpretedClaim, gpu *nodePlan, gpuClaims []*interpretedClaim) *nodePlan {
+	out := &nodePlan{Node: gpu.Node, base: gpu.base, RankSum: mig.RankSum + gpu.RankSum}
+	of := map[*interpretedClaim][]placedResult{}
+	for i, ic := range migClaims {
+		of[ic] = mig.Claims[i]
+	}
+	for i, ic := range gpuClaims {
+		of[ic] = gpu.Claims[i]
+	}
+	for _, ic := range pending {
+		out.Claims = append(out.Claims, of[ic])
+	}
+	return out
 }
 
 // migUsage tells, per MIG device of the node, whether any claim holds it.

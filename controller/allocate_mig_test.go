@@ -182,14 +182,14 @@ func TestMIGAndWholeNeverMix(t *testing.T) {
 	h.checkInvariants()
 }
 
-// A pod whose claims mix MIG devices and whole GPUs, and a MIG request
-// asking for capacity, are refused naming what is wrong.
+// A claim mixing MIG devices and whole GPUs, and a MIG request asking for
+// capacity, are refused naming what is wrong.
 func TestMIGRefusals(t *testing.T) {
 	h := newHarness(t, objs(classes(), []runtime.Object{controllertest.Node("a100"),
 		migSlice(t, "a100", map[int][]string{0: {"1g.5gb"}})})...).start()
 	h.migClaim("mixed", migRequest("mig", 1), controllertest.WholeRequest("gpu", 1))
-	if e := h.waitEvent(ns+"/p-mixed", ReasonUninterpretable); !strings.Contains(e.Note, "MIG devices (requests mixed/mig)") {
-		t.Errorf("event %q does not name the MIG request", e.Note)
+	if e := h.waitEvent(ns+"/p-mixed", ReasonUninterpretable); !strings.Contains(e.Note, "claim default/mixed asks for MIG devices (requests mig) and for whole GPUs or shares (requests gpu)") {
+		t.Errorf("event %q does not name the claim and its requests", e.Note)
 	}
 	capReq := migRequest("mig", 1)
 	capReq.Exactly.Capacity = controllertest.ShareRequest("x", "1Gi", "").Exactly.Capacity
@@ -197,6 +197,36 @@ func TestMIGRefusals(t *testing.T) {
 	if e := h.waitEvent(ns+"/p-capacity", ReasonUninterpretable); !strings.Contains(e.Note, "capacity.requests") || !strings.Contains(e.Note, driver.DeviceClassMIG) {
 		t.Errorf("event %q does not name the field and the class", e.Note)
 	}
+}
+
+// A pod with a MIG claim, a whole-GPU claim and a share claim gets all
+// three on the one node that has both kinds, a GPU in MIG mode given out
+// as its MIG device only.
+func TestMIGWithWholeAndShareClaimsInOnePod(t *testing.T) {
+	h := newHarness(t, objs(classes(), []runtime.Object{
+		controllertest.Node("a100"), migSlice(t, "a100", map[int][]string{0: {"1g.5gb"}}),
+		controllertest.Node("plain"), migSlice(t, "plain", nil),
+	})...).start()
+	h.claim("m", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{migRequest("mig", 1, profileSelector("1g.5gb"))}})
+	h.claim("w", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("gpu", 1)}})
+	h.claim("s", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.ShareRequest("gpu", "1Gi", "10")}})
+	h.pod("p", true, "w", "m", "s")
+	h.waitUngated("p")
+	m, w, s := h.getClaim("m"), h.getClaim("w"), h.getClaim("s")
+	for _, c := range []*resourceapi.ResourceClaim{m, w, s} {
+		if c.Status.Allocation == nil || c.Status.Allocation.Devices.Results[0].Pool != "a100" {
+			t.Fatalf("claim %s: allocation %+v, want one on node a100", c.Name, c.Status.Allocation)
+		}
+	}
+	if got := devicesOf(m); len(got) != 1 || got[0] != "gpu-0-mig-0-0" {
+		t.Errorf("MIG claim got %v, want gpu-0-mig-0-0", got)
+	}
+	for _, c := range []*resourceapi.ResourceClaim{w, s} {
+		if got := devicesOf(c); len(got) != 1 || got[0] == "gpu-0" || driver.IsMIGDeviceName(got[0]) {
+			t.Errorf("claim %s got %v, want one GPU not in MIG mode", c.Name, got)
+		}
+	}
+	h.checkInvariants()
 }
 
 // Before any slice exists, a MIG claim is gpulink's (it waits) and not

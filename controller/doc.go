@@ -35,9 +35,11 @@
 // against whole GPUs only, so a GPU in MIG mode is never given out whole
 // or in shares and a MIG device never to a whole-GPU or share request,
 // whatever a class's selectors say. A MIG request asking for capacity, a
-// class labelled both MIG and sharing, and a pod whose pending claims mix
-// MIG requests with whole-GPU or share requests get a Warning event and
-// stay unallocated (one pod is decided by one allocator).
+// class labelled both MIG and sharing, and a claim that mixes MIG requests
+// (or firstAvailable alternatives) with whole-GPU or share ones get a
+// Warning event and stay unallocated: MIG devices and GPUs are planned by
+// different planners, claim by claim. One pod may have claims of both
+// kinds; they are placed on one node.
 //
 // # Inventory
 //
@@ -126,8 +128,10 @@
 // idle GPUs keep their large instances), then the smallest placement and
 // memory (a request a 1g device satisfies never takes a 3g one), then GPU
 // index, placement start and name. Nodes: fewest fallbacks, then most
-// devices packed onto busy GPUs, then fewest memory slices, then name.
-// The waiting event names the request's selectors (the profile or
+// devices packed onto busy GPUs, then fewest memory slices, then name. The
+// pod's other claims (whole GPUs, shares) are planned on the same node as
+// above (planNode, no shortcut), and such a pod's nodes are ranked by them
+// (choosePlan). The waiting event names the request's selectors (the profile or
 // minimum memory) and whether no device matches them or every match is
 // in use. The MIG devices are the ones the kubelet plugin found (static
 // MIG); creating instances on demand is not done yet.

@@ -229,7 +229,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 		c.setWaiting(key, true)
 		c.metrics.Errors.WithLabelValues(errReasonUninterpretable).Inc()
 		c.metrics.Decisions.WithLabelValues(OutcomeInvalid).Inc()
-		logger.Info("Pod's claims cannot be allocated together", "err", err)
+		logger.Info("Claim mixes MIG devices with whole GPUs or shares", "err", err)
 		c.explain.event(pod, pending[0].Claim, corev1.EventTypeWarning, ReasonUninterpretable, actionAllocate, err.Error())
 		return nil
 	}
@@ -263,7 +263,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	var rej *rejections
 	unexamined := 0
 	if wantsMIG(pending) {
-		chosen, plans, why, rej = c.decideMIG(ctx, logger, pod, all, allocated, excluded, pending)
+		chosen, plans, why, rej = c.decideMIG(ctx, logger, pod, all, allocated, excluded, pending, pol, rank)
 	} else {
 		pf := c.filter.forPod(logger, pod, allocated, excluded)
 		q, verdict := quickChoice(ctx, c.sel, pol, all, c.ledger, c.scores, pf.admit, pending, rank)
