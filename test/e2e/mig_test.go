@@ -4,6 +4,7 @@ package e2e_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"slices"
 	"sort"
@@ -12,11 +13,14 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/gpulink/gpulink/compat"
 	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/test/localcluster"
 )
 
 // migLayout is the simulated DGX A100 (40GB) of TestMIGE2E's real node:
@@ -42,8 +46,9 @@ var migCapMinors = map[string][]int{
 // the webhook) gets a 1g and a 3g instance and a native claim on
 // mig.gpulink.dev the 7g one; each container sees its MIG devices' UUIDs,
 // its parent GPU's device node and its /dev/nvidia-caps nodes, and no
-// whole GPU; whole GPUs go to the GPUs not in MIG mode only; a bad profile
-// is refused at admission.
+// whole GPU; whole GPUs go to the GPUs not in MIG mode only; one pod with
+// a MIG container and a whole-GPU container runs both; a bad profile is
+// refused at admission.
 func TestMIGE2E(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("the e2e tests run a real node (containerd, kubelet) and need root")
@@ -120,7 +125,75 @@ func TestMIGE2E(t *testing.T) {
 		}
 	})
 	s.deletePodsAndWait(ctx, t)
+
+	t.Run("one pod, a MIG container and a whole-GPU container: both run on the node", func(t *testing.T) {
+		pod := s.compatPod("mixed", []compatContainer{
+			{name: "workload", limits: map[string]string{"nvidia.com/mig-3g.20gb": "1"}},
+			{name: "second", limits: map[string]string{"nvidia.com/gpu": "1"}},
+		})
+		if _, err := s.client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		logs := s.waitContainersReady(ctx, t, "mixed", "workload", "second")
+		if v, _ := env(logs["workload"], "NVIDIA_VISIBLE_DEVICES"); v != uuids["gpu-0-mig-1-0"] {
+			t.Errorf("MIG container: NVIDIA_VISIBLE_DEVICES=%q, want the 3g.20gb device's %s", v, uuids["gpu-0-mig-1-0"])
+		}
+		v, _ := env(logs["second"], "NVIDIA_VISIBLE_DEVICES")
+		var whole string
+		for dev, u := range uuids {
+			if u == v {
+				whole = dev
+			}
+		}
+		if whole == "" || driver.IsMIGDeviceName(whole) || whole == "gpu-0" || whole == "gpu-1" {
+			t.Errorf("whole-GPU container: NVIDIA_VISIBLE_DEVICES=%q (device %q), want one GPU not in MIG mode", v, whole)
+		}
+	})
+	s.deletePodsAndWait(ctx, t)
 	t.Logf("MIG e2e took %.1fs", time.Since(begin).Seconds())
+}
+
+// waitContainersReady waits until the pod runs and each named container
+// printed READY, and returns their logs.
+func (s *suite) waitContainersReady(ctx context.Context, t *testing.T, name string, containers ...string) map[string]string {
+	t.Helper()
+	pods := s.client.CoreV1().Pods(ns)
+	logs := map[string]string{}
+	var state string
+	err := wait.PollUntilContextTimeout(ctx, time.Second, allocTimeout+runTimeout, true, func(ctx context.Context) (bool, error) {
+		if err := s.alive(); err != nil {
+			return false, err
+		}
+		p, err := pods.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		if p.Status.Phase != corev1.PodRunning {
+			state = fmt.Sprintf("phase %s, gates %v", p.Status.Phase, p.Spec.SchedulingGates)
+			return false, nil
+		}
+		for _, c := range containers {
+			raw, err := pods.GetLogs(name, &corev1.PodLogOptions{Container: c}).DoRaw(ctx)
+			if err != nil {
+				log, ferr := localcluster.ReadPodLogFile(s.cluster.PodLogDir(), p, c)
+				if ferr != nil {
+					state = fmt.Sprintf("log of %s: %v", c, err)
+					return false, nil
+				}
+				raw = []byte(log)
+			}
+			logs[c] = string(raw)
+			if !strings.Contains(logs[c], "\nREADY") {
+				state = "container " + c + " not READY"
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("pod %s: %s: %v\n%s", name, state, err, describePod(ctx, s.client, ns, name))
+	}
+	return logs
 }
 
 // deviceUUIDs reads the uuid attribute of every gpulink device a node
