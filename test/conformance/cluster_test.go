@@ -41,7 +41,7 @@ type env struct {
 	cluster  *localcluster.Cluster
 	client   kubernetes.Interface
 	node     string
-	procs    []*proc
+	procs    []*localcluster.Binary
 	stateDir string
 	// devNodes: the stand-in /dev/nvidia* nodes exist, so containers see
 	// their GPUs' device nodes.
@@ -121,7 +121,7 @@ func startEnv(ctx context.Context, t *testing.T) *env {
 			t.Fatal(err)
 		}
 	}
-	plugin := startProc(t, logDir, "kubeletplugin", filepath.Join(binDir, "gpulink-kubeletplugin"),
+	plugin := localcluster.StartBinary(t, logDir, "kubeletplugin", filepath.Join(binDir, "gpulink-kubeletplugin"),
 		"--node-name="+e.node,
 		"--kubeconfig="+cluster.Kubeconfig(),
 		"--discovery=topology-file",
@@ -140,7 +140,7 @@ func startEnv(ctx context.Context, t *testing.T) *env {
 	)
 	e.procs = append(e.procs, plugin)
 	healthPort := localcluster.FreePort(t)
-	ctrl := startProc(t, logDir, "controller", filepath.Join(binDir, "gpulink-controller"),
+	ctrl := localcluster.StartBinary(t, logDir, "controller", filepath.Join(binDir, "gpulink-controller"),
 		"--kubeconfig="+cluster.Kubeconfig(),
 		"--leader-elect=false",
 		fmt.Sprintf("--health-address=127.0.0.1:%d", healthPort),
@@ -154,7 +154,7 @@ func startEnv(ctx context.Context, t *testing.T) *env {
 	if err := e.waitDevices(ctx, plugin); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitHTTP(ctx, ctrl, fmt.Sprintf("http://127.0.0.1:%d/readyz", healthPort)); err != nil {
+	if err := ctrl.WaitHTTP(ctx, fmt.Sprintf("http://127.0.0.1:%d/readyz", healthPort), 2*time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.client.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(ctx, &chart.webhook, metav1.CreateOptions{}); err != nil {
@@ -167,7 +167,7 @@ func startEnv(ctx context.Context, t *testing.T) *env {
 // alive fails once a gpulink process has exited.
 func (e *env) alive() error {
 	for _, p := range e.procs {
-		if err := p.alive(); err != nil {
+		if err := p.Alive(); err != nil {
 			return err
 		}
 	}
@@ -175,10 +175,10 @@ func (e *env) alive() error {
 }
 
 // waitDevices waits until the real node's pool has all its GPUs.
-func (e *env) waitDevices(ctx context.Context, p *proc) error {
+func (e *env) waitDevices(ctx context.Context, p *localcluster.Binary) error {
 	have := 0
 	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		if err := p.alive(); err != nil {
+		if err := p.Alive(); err != nil {
 			return false, err
 		}
 		list, err := e.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{

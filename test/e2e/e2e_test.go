@@ -89,8 +89,8 @@ type suite struct {
 	realNode   string
 	mpsRoot    string
 	devNodes   bool
-	controller *proc
-	plugins    []*proc
+	controller *localcluster.Binary
+	plugins    []*localcluster.Binary
 	// controllerMetrics and pluginMetrics are the /metrics URLs of the
 	// controller and of the real node's kubelet plugin.
 	controllerMetrics, pluginMetrics string
@@ -306,7 +306,7 @@ func setupOpts(ctx context.Context, t *testing.T, o setupOptions) *suite {
 				args = append(args, "--mps-device-plugin")
 			}
 		}
-		p := startProc(t, logDir, "kubeletplugin-"+n.name, pluginBin, args...)
+		p := localcluster.StartBinary(t, logDir, "kubeletplugin-"+n.name, pluginBin, args...)
 		s.plugins = append(s.plugins, p)
 		if err := waitForDevices(ctx, s.client, n.name, n.gpus, p); err != nil {
 			t.Fatal(err)
@@ -315,14 +315,14 @@ func setupOpts(ctx context.Context, t *testing.T, o setupOptions) *suite {
 	healthPort := localcluster.FreePort(t)
 	metricsPort := localcluster.FreePort(t)
 	s.controllerMetrics = fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort)
-	s.controller = startProc(t, logDir, "controller", controllerBin, append([]string{
+	s.controller = localcluster.StartBinary(t, logDir, "controller", controllerBin, append([]string{
 		"--kubeconfig=" + cluster.Kubeconfig(),
 		"--leader-elect=false",
 		fmt.Sprintf("--metrics-address=127.0.0.1:%d", metricsPort),
 		fmt.Sprintf("--health-address=127.0.0.1:%d", healthPort),
 		"--v=2",
 	}, controllerArgs...)...)
-	if err := waitHTTP(ctx, s.controller, fmt.Sprintf("http://127.0.0.1:%d/readyz", healthPort), 2*time.Minute); err != nil {
+	if err := s.controller.WaitHTTP(ctx, fmt.Sprintf("http://127.0.0.1:%d/readyz", healthPort), 2*time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	return s
@@ -330,11 +330,11 @@ func setupOpts(ctx context.Context, t *testing.T, o setupOptions) *suite {
 
 // alive fails when a gpulink process has exited.
 func (s *suite) alive() error {
-	for _, p := range append([]*proc{s.controller}, s.plugins...) {
+	for _, p := range append([]*localcluster.Binary{s.controller}, s.plugins...) {
 		if p == nil {
 			continue // the chart runs it as a pod
 		}
-		if err := p.alive(); err != nil {
+		if err := p.Alive(); err != nil {
 			return err
 		}
 	}

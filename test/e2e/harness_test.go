@@ -5,12 +5,9 @@ package e2e_test
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -24,105 +21,6 @@ import (
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/test/localcluster"
 )
-
-// proc is a gpulink binary running for the test, its output in a log file.
-type proc struct {
-	name, log string
-	cmd       *exec.Cmd
-	done      chan struct{}
-	err       error
-}
-
-// startProc runs bin with args, output to <logDir>/<name>.log. Cleanup
-// stops it (SIGTERM, then SIGKILL after 15 s) and, when the test failed,
-// prints the log's tail.
-func startProc(t *testing.T, logDir, name, bin string, args ...string) *proc {
-	t.Helper()
-	logPath := filepath.Join(logDir, name+".log")
-	f, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		t.Fatalf("starting %s: %v", name, err)
-	}
-	p := &proc{name: name, log: logPath, cmd: cmd, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		f.Close()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		p.stop(t)
-		if t.Failed() {
-			t.Logf("last lines of %s (%s):\n%s", name, logPath, localcluster.TailFile(logPath, 40))
-		}
-	})
-	t.Logf("started %s (pid %d, log %s)", name, cmd.Process.Pid, logPath)
-	return p
-}
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-func (p *proc) stop(t *testing.T) {
-	if p.exited() {
-		return
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(15 * time.Second):
-		t.Errorf("%s did not stop within 15 s of SIGTERM; killing it", p.name)
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
-}
-
-// alive fails the test with the log's tail when the process has exited.
-func (p *proc) alive() error {
-	if p.exited() {
-		return fmt.Errorf("%s exited (%v); last lines of %s:\n%s", p.name, p.err, p.log, localcluster.TailFile(p.log, 30))
-	}
-	return nil
-}
-
-// waitHTTP waits until url answers 200 while p runs.
-func waitHTTP(ctx context.Context, p *proc, url string, timeout time.Duration) error {
-	hc := &http.Client{Timeout: 2 * time.Second}
-	var last error
-	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		if err := p.alive(); err != nil {
-			return false, err
-		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return false, err
-		}
-		resp, err := hc.Do(req)
-		if err != nil {
-			last = err
-			return false, nil
-		}
-		resp.Body.Close()
-		last = fmt.Errorf("GET %s: %s", url, resp.Status)
-		return resp.StatusCode == http.StatusOK, nil
-	})
-	if err != nil {
-		return fmt.Errorf("waiting for %s: %w (last: %v)", url, err, last)
-	}
-	return nil
-}
 
 // readDeviceClasses parses the DeviceClasses of a multi-document YAML file.
 func readDeviceClasses(path string) ([]resourceapi.DeviceClass, error) {
@@ -167,10 +65,10 @@ func stripComments(doc string) string {
 }
 
 // waitForDevices waits until node's gpulink pool has n devices.
-func waitForDevices(ctx context.Context, client kubernetes.Interface, node string, n int, p *proc) error {
+func waitForDevices(ctx context.Context, client kubernetes.Interface, node string, n int, p *localcluster.Binary) error {
 	have := 0
 	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		if err := p.alive(); err != nil {
+		if err := p.Alive(); err != nil {
 			return false, err
 		}
 		list, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{

@@ -210,7 +210,7 @@ compat:
 			t.Fatal(err)
 		}
 	}
-	p := startProc(t, logDir, "kubeletplugin-"+v100Node, pluginBin,
+	p := localcluster.StartBinary(t, logDir, "kubeletplugin-"+v100Node, pluginBin,
 		"--node-name="+v100Node,
 		"--kubeconfig="+cluster.Kubeconfig(),
 		"--discovery=topology-file",
