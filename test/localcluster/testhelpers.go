@@ -14,6 +14,9 @@ import (
 
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 )
 
@@ -168,4 +171,26 @@ func KlogVerbosityFromEnv() {
 	if v := os.Getenv("GPULINK_V"); v != "" {
 		_ = fs.Set("v", v)
 	}
+}
+
+// DeleteClaims deletes the namespace's ResourceClaims for a test's
+// teardown, stripping their finalizers (gpulink's stays until a controller
+// releases the claim, and the test's controller may be gone), and waits up
+// to 30 s for them to go. Errors are ignored: it is cleanup.
+func DeleteClaims(ctx context.Context, client kubernetes.Interface, ns string) {
+	_ = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		l, err := client.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for i := range l.Items {
+			c := &l.Items[i]
+			if len(c.Finalizers) > 0 {
+				c.Finalizers = nil
+				_, _ = client.ResourceV1().ResourceClaims(ns).Update(ctx, c, metav1.UpdateOptions{})
+			}
+			_ = client.ResourceV1().ResourceClaims(ns).Delete(ctx, c.Name, metav1.DeleteOptions{})
+		}
+		return len(l.Items) == 0, nil
+	})
 }

@@ -190,23 +190,7 @@ func (e *env) teardown() {
 	ctx := context.Background()
 	_ = e.client.AdmissionregistrationV1().MutatingWebhookConfigurations().Delete(ctx, e.ns, metav1.DeleteOptions{})
 	_ = e.client.CoreV1().Pods(e.ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, metav1.ListOptions{})
-	// Claims keep gpulink's finalizer until the controller releases them;
-	// strip it so the namespace goes.
-	_ = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		l, err := e.client.ResourceV1().ResourceClaims(e.ns).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return false, nil
-		}
-		for i := range l.Items {
-			c := &l.Items[i]
-			if len(c.Finalizers) > 0 {
-				c.Finalizers = nil
-				_, _ = e.client.ResourceV1().ResourceClaims(e.ns).Update(ctx, c, metav1.UpdateOptions{})
-			}
-			_ = e.client.ResourceV1().ResourceClaims(e.ns).Delete(ctx, c.Name, metav1.DeleteOptions{})
-		}
-		return len(l.Items) == 0, nil
-	})
+	localcluster.DeleteClaims(ctx, e.client, e.ns)
 	_ = e.client.ResourceV1().ResourceSlices().Delete(ctx, e.node+"-gpu.gpulink.dev", metav1.DeleteOptions{})
 	_ = e.client.CoreV1().Nodes().Delete(ctx, e.node, metav1.DeleteOptions{})
 	_ = e.client.CoreV1().Namespaces().Delete(ctx, e.ns, metav1.DeleteOptions{})

@@ -26,6 +26,7 @@ import (
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/allocate"
 	"github.com/gpulink/gpulink/driver/topology"
+	"github.com/gpulink/gpulink/test/localcluster"
 )
 
 // env is one test's namespace and GPU nodes on the shared cluster.
@@ -124,23 +125,7 @@ func (e *env) addNodeWith(name string, topo *topology.Topology, node *corev1.Nod
 func (e *env) teardown() {
 	ctx := context.Background()
 	_ = e.client.CoreV1().Pods(e.ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, metav1.ListOptions{})
-	// Claims keep gpulink's finalizer until a controller releases them;
-	// the test's controller is gone by now, so strip it.
-	_ = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		l, err := e.client.ResourceV1().ResourceClaims(e.ns).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return false, nil
-		}
-		for i := range l.Items {
-			c := &l.Items[i]
-			if len(c.Finalizers) > 0 {
-				c.Finalizers = nil
-				_, _ = e.client.ResourceV1().ResourceClaims(e.ns).Update(ctx, c, metav1.UpdateOptions{})
-			}
-			_ = e.client.ResourceV1().ResourceClaims(e.ns).Delete(ctx, c.Name, metav1.DeleteOptions{})
-		}
-		return len(l.Items) == 0, nil
-	})
+	localcluster.DeleteClaims(ctx, e.client, e.ns)
 	for name := range e.topo {
 		_ = e.client.ResourceV1().ResourceSlices().Delete(ctx, name+"-gpu.gpulink.dev", metav1.DeleteOptions{})
 		_ = e.client.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{})
