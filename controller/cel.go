@@ -180,44 +180,32 @@ func (e *selectorEvaluator) matchesMIGOnNode(ctx context.Context, n *nodeInvento
 
 // eligibleMIG is eligibleBySelectors for the node's MIG devices.
 func (e *selectorEvaluator) eligibleMIG(ctx context.Context, n *nodeInventory, exprs []string) ([]bool, error, error) {
-	out := make([]bool, len(n.MIG))
+	return eligibleByAll(len(n.MIG), exprs, func(x string) ([]selectorOutcome, error) { return e.matchesMIGOnNode(ctx, n, x) })
+}
+
+// eligibleBySelectors returns, per position, whether a device matches all
+// selectors, plus the first runtime error seen (for messages).
+func (e *selectorEvaluator) eligibleBySelectors(ctx context.Context, n *nodeInventory, exprs []string) ([]bool, error, error) {
+	return eligibleByAll(len(n.Devices), exprs, func(x string) ([]selectorOutcome, error) { return e.matchesOnNode(ctx, n, x) })
+}
+
+// eligibleByAll ANDs the rows of n devices that match gives for each
+// selector, and returns the first runtime error of a device that did not
+// match (for messages); an error of match itself is returned as is.
+func eligibleByAll(n int, exprs []string, match func(string) ([]selectorOutcome, error)) ([]bool, error, error) {
+	out := make([]bool, n)
 	for i := range out {
 		out[i] = true
 	}
 	var firstRuntime error
 	for _, x := range exprs {
-		row, err := e.matchesMIGOnNode(ctx, n, x)
+		row, err := match(x)
 		if err != nil {
 			return nil, nil, err
 		}
 		for i, o := range row {
 			if !o.match {
 				out[i] = false
-				if o.err != nil && firstRuntime == nil {
-					firstRuntime = o.err
-				}
-			}
-		}
-	}
-	return out, firstRuntime, nil
-}
-
-// eligibleBySelectors returns, per position, whether a device matches all
-// selectors, plus the first runtime error seen (for messages).
-func (e *selectorEvaluator) eligibleBySelectors(ctx context.Context, n *nodeInventory, exprs []string) ([]bool, error, error) {
-	out := make([]bool, len(n.Devices))
-	for p := range out {
-		out[p] = true
-	}
-	var firstRuntime error
-	for _, x := range exprs {
-		row, err := e.matchesOnNode(ctx, n, x)
-		if err != nil {
-			return nil, nil, err
-		}
-		for p, o := range row {
-			if !o.match {
-				out[p] = false
 				if o.err != nil && firstRuntime == nil {
 					firstRuntime = o.err
 				}
