@@ -164,3 +164,9 @@ func ParseDeviceName(name string) (int, error) {
 	}
 	return i, nil
 }
+
+// ControlDeviceNodes are the NVIDIA device nodes every CUDA process needs
+// besides the per-GPU /dev/nvidia<minor>.
+func ControlDeviceNodes() []string {
+	return []string{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
+}

@@ -19,6 +19,7 @@ import (
 
 	apiv1alpha1 "github.com/gpulink/gpulink/api/v1alpha1"
 	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/kubeletplugin/mps"
 )
 
 // CDI names: one transient spec per claim, holding one device named after
@@ -31,10 +32,6 @@ const (
 	CDIClass  = "claim"
 	CDIKind   = CDIVendor + "/" + CDIClass
 )
-
-// controlDeviceNodes are the NVIDIA device nodes every CUDA process needs
-// besides the per-GPU /dev/nvidia<minor>.
-var controlDeviceNodes = []string{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
 
 // CDIDeviceID returns the qualified CDI device name of a claim.
 func CDIDeviceID(claimUID types.UID) string {
@@ -172,7 +169,7 @@ type cdiOptions struct {
 	// other missing node.
 	UVM *UVMNodeCreator
 	// MPSDirs locates a GPU's MPS daemon directories.
-	MPSDirs func(MPSShare) MPSDirs
+	MPSDirs func(mps.Share) mps.Dirs
 }
 
 // claimGPU is one GPU of a claim with everything its container edits need.
@@ -258,7 +255,7 @@ func buildClaimSpec(logger klog.Logger, c *PreparedClaim, o cdiOptions) (*cdispe
 	perGPU := c.perGPUCDI()
 	views := perGPU && c.needsRequestViews()
 	edits := cdispec.ContainerEdits{}
-	devMount, devHost := o.Root.devRoots()
+	devMount, devHost := o.Root.DevRoots()
 	addNode := func(edits *cdispec.ContainerEdits, path string) error {
 		host := filepath.Join(devHost, path)
 		seen := filepath.Join(devMount, path)
@@ -301,7 +298,7 @@ func buildClaimSpec(logger klog.Logger, c *PreparedClaim, o cdiOptions) (*cdispe
 			return nil, err
 		}
 	}
-	for _, p := range controlDeviceNodes {
+	for _, p := range driver.ControlDeviceNodes() {
 		if err := addNode(&edits, p); err != nil {
 			return nil, err
 		}

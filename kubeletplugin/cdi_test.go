@@ -15,6 +15,7 @@ import (
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/kubeletplugin/mps"
 )
 
 // injected prepares a claim, loads the spec directory with the CDI
@@ -134,7 +135,7 @@ func TestCDISpecWholeGPUs(t *testing.T) {
 	}
 	uid := string(c.UID)
 	wantDevs := []layout{
-		{name: uid, nodes: controlDeviceNodes, env: []string{
+		{name: uid, nodes: driver.ControlDeviceNodes(), env: []string{
 			"NVIDIA_VISIBLE_DEVICES=GPU-00000002-0000-0000-0000-000000000000,GPU-00000006-0000-0000-0000-000000000000",
 			"CUDA_DEVICE_ORDER=PCI_BUS_ID",
 		}},
@@ -254,7 +255,7 @@ func TestCDIListAndRemove(t *testing.T) {
 	}
 	pc := &PreparedClaim{UID: "1f0e4a2c-1111-4222-8333-444455556666", Namespace: "ns", Name: "n",
 		Devices: []PreparedDevice{{Index: 0, Minor: 0}}}
-	spec, err := buildClaimSpec(testLogger(t), pc, cdiOptions{Stat: os.Stat, Root: DriverRoot{Host: "/"}, RequireDeviceNodes: false, MPSDirs: func(MPSShare) MPSDirs { return MPSDirs{} }})
+	spec, err := buildClaimSpec(testLogger(t), pc, cdiOptions{Stat: os.Stat, Root: DriverRoot{Host: "/"}, RequireDeviceNodes: false, MPSDirs: func(mps.Share) mps.Dirs { return mps.Dirs{} }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,7 +338,7 @@ func TestCDIRequestViews(t *testing.T) {
 		}
 	}
 	// The claim's daemon serves its MPS GPU only.
-	share := e.daemon.shares[string(c.UID)]
+	share := e.daemon.Shares[string(c.UID)]
 	if len(share.GPUs) != 1 || share.GPUs[0].Index != 1 || share.Cores != 50 {
 		t.Errorf("MPS daemon share %+v, want GPU 1 only at 50%%", share)
 	}

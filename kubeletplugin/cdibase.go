@@ -16,6 +16,7 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/kubeletplugin/mps"
 )
 
 // The base spec: one per node, holding the driver's files (libraries,
@@ -51,11 +52,11 @@ func (r DriverRoot) mount() string {
 	return r.Mount
 }
 
-// devRoots returns the directory containing dev/ as seen by this process
+// DevRoots returns the directory containing dev/ as seen by this process
 // and on the host: the driver root when it has a dev directory (a driver
 // container's root), else "/" (a host install, or the GPU Operator's root
 // without its own /dev), as the NVIDIA container toolkit decides.
-func (r DriverRoot) devRoots() (mount, host string) {
+func (r DriverRoot) DevRoots() (mount, host string) {
 	if fi, err := os.Stat(filepath.Join(r.mount(), "dev")); err == nil && fi.IsDir() {
 		return r.mount(), r.Host
 	}
@@ -131,7 +132,7 @@ func BuildBaseSpec(logger klog.Logger, o BaseSpecOptions) (*cdispec.Spec, error)
 	if lib == nil {
 		lib = noNVML{}
 	}
-	devMount, devHost := o.Root.devRoots()
+	devMount, devHost := o.Root.DevRoots()
 	cdilib, err := nvcdi.New(
 		nvcdi.WithLogger(nvcdiLogger{logger.WithName("nvcdi")}),
 		nvcdi.WithMode(nvcdi.ModeNvml),
@@ -156,16 +157,16 @@ func BuildBaseSpec(logger klog.Logger, o BaseSpecOptions) (*cdispec.Spec, error)
 	ce := *edits.ContainerEdits
 	ce.Env = slices.DeleteFunc(ce.Env, func(kv string) bool { return strings.HasPrefix(kv, "NVIDIA_VISIBLE_DEVICES=") })
 	ce.DeviceNodes = slices.DeleteFunc(ce.DeviceNodes, func(n *cdispec.DeviceNode) bool {
-		return slices.Contains(controlDeviceNodes, n.Path)
+		return slices.Contains(driver.ControlDeviceNodes(), n.Path)
 	})
 	// Containers talk to their claim's MPS daemon through the pipe
 	// directory, which MPS clients need; the control program would only
 	// give them a ready tool to change the daemon's limits. Leaving it out
 	// does not make that impossible (the protocol is plain text on a pipe),
 	// which is why the plugin also sets the limits again periodically
-	// (LimitEnforcer, README.md "What MPS guarantees").
+	// (mps.LimitEnforcer, README.md "What MPS guarantees").
 	ce.Mounts = slices.DeleteFunc(ce.Mounts, func(m *cdispec.Mount) bool {
-		return filepath.Base(m.ContainerPath) == mpsControlName
+		return filepath.Base(m.ContainerPath) == mps.ControlBinary
 	})
 	if !hasMountOf(ce.Mounts, "libcuda.so.") {
 		return nil, fmt.Errorf("driver root %s (host path %s): libcuda.so.<version> not found in its lib directories; is the NVIDIA driver installed there?", mount, o.Root.Host)

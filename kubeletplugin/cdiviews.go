@@ -33,15 +33,15 @@ import (
 // outside MPS. It depends on the devices only, so a restarted plugin
 // answers the kubelet with the same CDI IDs from the checkpoint.
 func (pc *PreparedClaim) needsRequestViews() bool {
-	mps, other := false, false
+	hasMPS, other := false, false
 	for _, d := range pc.Devices {
 		if d.Share != nil && d.Share.Strategy == apiv1alpha1.SharingMPS {
-			mps = true
+			hasMPS = true
 		} else {
 			other = true
 		}
 	}
-	return mps && other
+	return hasMPS && other
 }
 
 // viewRequest is the request a result's containers name: the parent of a

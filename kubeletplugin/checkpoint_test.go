@@ -13,6 +13,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	apiv1alpha1 "github.com/gpulink/gpulink/api/v1alpha1"
+	"github.com/gpulink/gpulink/kubeletplugin/mps"
 )
 
 func testLogger(t *testing.T) klog.Logger {
@@ -143,17 +144,17 @@ func TestCheckpointMPSSharesOldAndNew(t *testing.T) {
 	if old == nil {
 		t.Fatalf("old claim missing: %+v", cp.Claims)
 	}
-	wantOld := MPSShare{Claim: "old", Cores: 20, GPUs: []MPSDevice{{MPSGPU: MPSGPU{Index: 1, UUID: "GPU-1"}, MemoryBytes: 1 << 30}}}
+	wantOld := mps.Share{Claim: "old", Cores: 20, GPUs: []mps.Device{{GPU: mps.GPU{Index: 1, UUID: "GPU-1"}, MemoryBytes: 1 << 30}}}
 	if got := old.mpsShare(); !reflect.DeepEqual(got, wantOld) {
 		t.Errorf("old claim's share %+v, want %+v", got, wantOld)
 	}
 
-	mps := func(index int, mem int64) PreparedDevice {
+	mpsResult := func(index int, mem int64) PreparedDevice {
 		return PreparedDevice{Request: "s", Pool: "node", Device: "gpu-" + string(rune('0'+index)), Index: index, Minor: index, UUID: "GPU-" + string(rune('0'+index)),
 			Share: &PreparedShare{MemoryBytes: mem, Cores: 40, Strategy: apiv1alpha1.SharingMPS, MPSRef: true}}
 	}
 	cp.Claims["new"] = &PreparedClaim{UID: "new", Namespace: "ns", Name: "d", State: PrepareCompleted, CDIDeviceID: CDIDeviceID("new"),
-		Devices: []PreparedDevice{mps(2, 2<<30), mps(0, 3<<30)}}
+		Devices: []PreparedDevice{mpsResult(2, 2<<30), mpsResult(0, 3<<30)}}
 	if err := s.Store(cp); err != nil {
 		t.Fatal(err)
 	}
@@ -164,9 +165,9 @@ func TestCheckpointMPSSharesOldAndNew(t *testing.T) {
 	if !reflect.DeepEqual(got, cp) {
 		t.Errorf("round trip:\n got %+v\nwant %+v", got, cp)
 	}
-	wantNew := MPSShare{Claim: "new", Cores: 40, GPUs: []MPSDevice{
-		{MPSGPU: MPSGPU{Index: 0, UUID: "GPU-0"}, MemoryBytes: 3 << 30},
-		{MPSGPU: MPSGPU{Index: 2, UUID: "GPU-2"}, MemoryBytes: 2 << 30},
+	wantNew := mps.Share{Claim: "new", Cores: 40, GPUs: []mps.Device{
+		{GPU: mps.GPU{Index: 0, UUID: "GPU-0"}, MemoryBytes: 3 << 30},
+		{GPU: mps.GPU{Index: 2, UUID: "GPU-2"}, MemoryBytes: 2 << 30},
 	}}
 	if share := got.Claims["new"].mpsShare(); !reflect.DeepEqual(share, wantNew) {
 		t.Errorf("two-GPU claim's share %+v, want %+v", share, wantNew)

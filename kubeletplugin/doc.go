@@ -212,7 +212,7 @@
 // With mock or topology-file discovery, nodes without GPUs, missing device
 // nodes are left out of the spec and logged, so that the spec stays usable
 // by containerd, and MPS shares get their directories but no daemon
-// (DirOnlyMPSDaemon).
+// (mps.DirOnlyDaemon).
 //
 // A CUDA process talks to one MPS control daemon, which sees only the
 // claim's MPS GPUs, so a claim with MPS shares must not contain whole GPUs
@@ -227,7 +227,7 @@
 // # MPS daemons
 //
 // Every claim with an MPS share gets an MPS control daemon of its own
-// (MPSManager counts references per claim, one per MPS result; MPSDaemon
+// (mps.Manager counts references per claim, one per MPS result; mps.Daemon
 // is the seam tests fake). Why per claim and not per GPU: MPS limits are
 // per server. The control daemon spawns one server per client UID and
 // gives each new server its defaults (set_default_device_pinned_mem_limit,
@@ -247,7 +247,7 @@
 //
 // A claim with MPS shares on several GPUs (HAMi's nvidia.com/gpu: 2 with
 // gpumem, translated into one request of count 2) still has one daemon,
-// serving all its MPS GPUs (MPSShare.GPUs). It is started with
+// serving all its MPS GPUs (mps.Share.GPUs). It is started with
 // CUDA_VISIBLE_DEVICES listing them in the order the claim's containers
 // number them (claimGPUs: PCI bus order, as CUDA_DEVICE_ORDER=PCI_BUS_ID
 // makes CUDA number NVIDIA_VISIBLE_DEVICES). NVIDIA's MPS guide
@@ -280,7 +280,7 @@
 // the server's GPUs only, and each request numbers its GPUs from 0.
 //
 // Where it runs: in a pod per claim that the plugin creates through the API
-// (PodMPSDaemon): gpulink-mps-<claim UID> in the plugin's namespace
+// (mps.PodDaemon): gpulink-mps-<claim UID> in the plugin's namespace
 // (--mps-daemon-namespace, the chart passes the downward API's namespace),
 // bound to the node with spec.nodeName, tolerating every taint, restart
 // policy Never, unprivileged (device nodes from the MPS daemon device
@@ -317,11 +317,11 @@
 // container host device nodes only through a device plugin or a DRA claim
 // of its own (the claim is the user's pods'; a second consumer would show
 // up in its reservedFor and the controller's accounting), so the plugin
-// also serves a kubelet device plugin (MPSDevicePlugin, v1beta1 API)
+// also serves a kubelet device plugin (mps.DevicePlugin, v1beta1 API)
 // wherever daemon pods run (nvml discovery; --mps-device-plugin turns it
 // on with simulated GPUs for tests): one extended resource per GPU,
 // mps-daemon.gpu.gpulink.dev/gpu-<index>, so that a pod can ask for
-// exactly its claim's GPUs, with DefaultMPSDaemonSlots (64) device IDs
+// exactly its claim's GPUs, with mps.DefaultDaemonSlots (64) device IDs
 // each, since the daemons of several claims share a GPU. Allocate returns
 // the GPU's /dev/nvidia<minor> and the three control nodes (permissions
 // rw, host paths under the driver root's dev directory as in the CDI
@@ -354,7 +354,7 @@
 // adopted: prepare fails and the kubelet's retry succeeds once it is gone.
 // A pod that existed before the call (adoption after a plugin restart) and
 // then fails the checks is kept, not deleted, because it may serve running
-// containers (ErrMPSDaemonKept); its reference is kept too, so the claim's
+// containers (mps.ErrDaemonKept); its reference is kept too, so the claim's
 // unprepare (or the rollback of a failed prepare) deletes it.
 // Stop deletes the pod (the daemon and the server die with it) and the
 // directories.

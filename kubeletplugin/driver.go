@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/discovery"
 	"github.com/gpulink/gpulink/driver/topology"
+	"github.com/gpulink/gpulink/kubeletplugin/mps"
 )
 
 // Options configure the plugin.
@@ -77,7 +79,7 @@ type Options struct {
 type Dependencies struct {
 	Discoverer discovery.Discoverer
 	CDI        CDIWriter
-	MPS        MPSManager
+	MPS        mps.Manager
 	BootID     BootIDReader
 	// Clock defaults to the real clock.
 	Clock clock.WithTicker
@@ -104,7 +106,7 @@ type Driver struct {
 	opts       Options
 	discoverer discovery.Discoverer
 	cdi        CDIWriter
-	mps        MPSManager
+	mps        mps.Manager
 	bootID     BootIDReader
 	clock      clock.WithTicker
 	metrics    *Metrics
@@ -450,4 +452,12 @@ func (d *Driver) cdiOptions() cdiOptions {
 		UVM:                d.uvm,
 		MPSDirs:            d.mps.Dirs,
 	}
+}
+
+// GPUs returns the GPUs of the last discovery, for the MPS daemon device
+// plugin (mps.DevicePluginConfig.GPUs).
+func (d *Driver) GPUs() []topology.GPU {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.topo.GPUs)
 }

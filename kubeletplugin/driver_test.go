@@ -17,6 +17,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/kubeletplugin/mps"
 )
 
 type fakePublisher struct {
@@ -48,7 +49,7 @@ func TestRunPublisherRediscovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	d, err := New(e.ctx, e.opts, Dependencies{
-		Discoverer: e.disc, CDI: cdi, MPS: NewMPSManager(e.mpsRoot, e.daemon),
+		Discoverer: e.disc, CDI: cdi, MPS: mps.NewManager(e.mpsRoot, e.daemon),
 		BootID: func() (string, error) { return "b", nil }, Clock: fc,
 	})
 	if err != nil {

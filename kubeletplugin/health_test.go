@@ -19,6 +19,7 @@ import (
 
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/health"
+	"github.com/gpulink/gpulink/kubeletplugin/mps"
 )
 
 // healthEnv is a Driver with health handling on, its recorder and metrics.
@@ -42,7 +43,7 @@ func (h *healthEnv) start(t *testing.T) *Driver {
 		t.Fatal(err)
 	}
 	d, err := New(h.ctx, h.opts, Dependencies{
-		Discoverer: h.disc, CDI: cdi, MPS: NewMPSManager(h.mpsRoot, h.daemon),
+		Discoverer: h.disc, CDI: cdi, MPS: mps.NewManager(h.mpsRoot, h.daemon),
 		BootID: func() (string, error) { return h.bootID, nil },
 		Events: h.rec, Metrics: h.metrics,
 	})
@@ -375,7 +376,7 @@ func TestHealthEventsOnePerGPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	d, err := New(h.ctx, h.opts, Dependencies{
-		Discoverer: h.disc, CDI: cdi, MPS: NewMPSManager(h.mpsRoot, h.daemon),
+		Discoverer: h.disc, CDI: cdi, MPS: mps.NewManager(h.mpsRoot, h.daemon),
 		BootID: func() (string, error) { return h.bootID, nil },
 		Events: broadcaster.NewRecorder(scheme.Scheme, "gpulink-kubeletplugin"), Metrics: h.metrics,
 	})

@@ -18,6 +18,8 @@ import (
 
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/topology"
+	"github.com/gpulink/gpulink/kubeletplugin/mps"
+	"github.com/gpulink/gpulink/kubeletplugin/mps/mpstest"
 )
 
 const testNode = "node-a"
@@ -74,47 +76,6 @@ func (f *fakeDiscoverer) set(t *topology.Topology, err error) {
 	f.topo, f.err = t, err
 }
 
-// fakeDaemon records MPS daemon starts and stops per claim, and the
-// share (GPU and limits) each was started with.
-type fakeDaemon struct {
-	mu       sync.Mutex
-	running  map[string]bool
-	starts   map[string]int
-	stops    map[string]int
-	shares   map[string]MPSShare
-	startErr error
-}
-
-func newFakeDaemon() *fakeDaemon {
-	return &fakeDaemon{running: map[string]bool{}, starts: map[string]int{}, stops: map[string]int{}, shares: map[string]MPSShare{}}
-}
-
-func (f *fakeDaemon) Start(_ context.Context, share MPSShare, _ MPSDirs) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.startErr != nil {
-		return f.startErr
-	}
-	f.starts[share.ID()]++
-	f.running[share.ID()] = true
-	f.shares[share.ID()] = share
-	return nil
-}
-
-func (f *fakeDaemon) Stop(_ context.Context, share MPSShare, _ MPSDirs) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.stops[share.ID()]++
-	delete(f.running, share.ID())
-	return nil
-}
-
-func (f *fakeDaemon) isRunning(id string) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.running[id]
-}
-
 // env is one simulated node: directories and seams shared by successive
 // Driver instances (restarts).
 type env struct {
@@ -127,7 +88,7 @@ type env struct {
 	mpsRoot    string
 	bootID     string
 	disc       *fakeDiscoverer
-	daemon     *fakeDaemon
+	daemon     *mpstest.FakeDaemon
 	opts       Options
 }
 
@@ -143,7 +104,7 @@ func newEnv(t testing.TB, topo *topology.Topology) *env {
 		mpsRoot:    filepath.Join(dir, "mps"),
 		bootID:     "boot-1",
 		disc:       &fakeDiscoverer{topo: topo},
-		daemon:     newFakeDaemon(),
+		daemon:     mpstest.NewFakeDaemon(),
 	}
 	e.opts = Options{
 		NodeName:            testNode,
@@ -189,7 +150,7 @@ func (e *env) newDriver() (*Driver, error) {
 	return New(e.ctx, e.opts, Dependencies{
 		Discoverer: e.disc,
 		CDI:        cdi,
-		MPS:        NewMPSManager(e.mpsRoot, e.daemon),
+		MPS:        mps.NewManager(e.mpsRoot, e.daemon),
 		BootID:     func() (string, error) { return e.bootID, nil },
 	})
 }

@@ -7,7 +7,7 @@ import (
 )
 
 // runMPSLimits sets every MPS daemon's limits again every
-// Options.MPSLimitInterval until ctx ends (see LimitEnforcer for why).
+// Options.MPSLimitInterval until ctx ends (see mps.LimitEnforcer for why).
 func (d *Driver) runMPSLimits(ctx context.Context) {
 	if d.opts.MPSLimitInterval <= 0 {
 		return

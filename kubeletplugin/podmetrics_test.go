@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpulink/gpulink/kubeletplugin/mps"
 	"github.com/prometheus/client_golang/prometheus"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -23,7 +24,7 @@ func startWithRegistry(t *testing.T, e *env) (*Driver, *prometheus.Registry) {
 	d, err := New(e.ctx, e.opts, Dependencies{
 		Discoverer: e.disc,
 		CDI:        cdi,
-		MPS:        NewMPSManager(e.mpsRoot, e.daemon),
+		MPS:        mps.NewManager(e.mpsRoot, e.daemon),
 		BootID:     func() (string, error) { return e.bootID, nil },
 		Metrics:    NewMetrics(reg),
 	})

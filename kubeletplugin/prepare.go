@@ -15,6 +15,7 @@ import (
 	apiv1alpha1 "github.com/gpulink/gpulink/api/v1alpha1"
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/topology"
+	"github.com/gpulink/gpulink/kubeletplugin/mps"
 )
 
 // claimError is a per-claim failure; its message names the claim and the
@@ -550,9 +551,9 @@ func (d *Driver) apply(ctx context.Context, pc *PreparedClaim) error {
 			continue
 		}
 		if err := d.mps.EnsureDaemon(ctx, pc.mpsShare()); err != nil {
-			// A kept daemon (ErrMPSDaemonKept) holds a reference; this
+			// A kept daemon (mps.ErrDaemonKept) holds a reference; this
 			// prepare fails, so releasing it stops that daemon.
-			dev.Share.MPSRef = errors.Is(err, ErrMPSDaemonKept)
+			dev.Share.MPSRef = errors.Is(err, mps.ErrDaemonKept)
 			return errors.Join(fmt.Errorf("%s: %w", dev.Device, err), d.releaseMPS(ctx, pc))
 		}
 		dev.Share.MPSRef = true
@@ -594,13 +595,13 @@ func (d *Driver) releaseMPS(ctx context.Context, pc *PreparedClaim) error {
 // claim's MPS results on each GPU (like the container's GPULINK_SHARE_*
 // values). The cores are the same on every GPU (checkClaimShape); the
 // smallest is taken should a checkpoint say otherwise.
-func (pc *PreparedClaim) mpsShare() MPSShare {
-	s := MPSShare{Claim: pc.UID}
+func (pc *PreparedClaim) mpsShare() mps.Share {
+	s := mps.Share{Claim: pc.UID}
 	for _, g := range claimGPUs(pc) {
 		if g.share == nil || g.share.Strategy != apiv1alpha1.SharingMPS {
 			continue
 		}
-		s.GPUs = append(s.GPUs, MPSDevice{MPSGPU: MPSGPU{Index: g.index, UUID: g.uuid}, MemoryBytes: g.share.MemoryBytes})
+		s.GPUs = append(s.GPUs, mps.Device{GPU: mps.GPU{Index: g.index, UUID: g.uuid}, MemoryBytes: g.share.MemoryBytes})
 		if s.Cores == 0 || g.share.Cores < s.Cores {
 			s.Cores = g.share.Cores
 		}

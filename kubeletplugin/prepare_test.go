@@ -18,6 +18,7 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/kubeletplugin/mps"
 )
 
 func prepare(t *testing.T, d *Driver, claims ...*resourceapi.ResourceClaim) map[types.UID]kubeletplugin.PrepareResult {
@@ -139,12 +140,12 @@ func TestPrepareSharesAndMPSRefcount(t *testing.T) {
 	}
 	// One daemon per claim, each started once with its claim's limits on
 	// GPU 1.
-	for uid, want := range map[types.UID]MPSShare{
-		a.UID: {Claim: a.UID, GPUs: []MPSDevice{{MPSGPU: MPSGPU{Index: 1, UUID: gpu1}, MemoryBytes: 4 * gib}}, Cores: 30},
-		b.UID: {Claim: b.UID, GPUs: []MPSDevice{{MPSGPU: MPSGPU{Index: 1, UUID: gpu1}, MemoryBytes: 2 * gib}}, Cores: 20},
+	for uid, want := range map[types.UID]mps.Share{
+		a.UID: {Claim: a.UID, GPUs: []mps.Device{{GPU: mps.GPU{Index: 1, UUID: gpu1}, MemoryBytes: 4 * gib}}, Cores: 30},
+		b.UID: {Claim: b.UID, GPUs: []mps.Device{{GPU: mps.GPU{Index: 1, UUID: gpu1}, MemoryBytes: 2 * gib}}, Cores: 20},
 	} {
-		if n := e.daemon.starts[string(uid)]; n != 1 || !e.daemon.isRunning(string(uid)) || !reflect.DeepEqual(e.daemon.shares[string(uid)], want) {
-			t.Fatalf("daemon of %s started %d times, running %v, share %+v; want once, running, %+v", uid, n, e.daemon.isRunning(string(uid)), e.daemon.shares[string(uid)], want)
+		if n := e.daemon.Starts[string(uid)]; n != 1 || !e.daemon.IsRunning(string(uid)) || !reflect.DeepEqual(e.daemon.Shares[string(uid)], want) {
+			t.Fatalf("daemon of %s started %d times, running %v, share %+v; want once, running, %+v", uid, n, e.daemon.IsRunning(string(uid)), e.daemon.Shares[string(uid)], want)
 		}
 	}
 	share := readCheckpoint(t, e).Claims[a.UID].Devices[0].Share
@@ -155,19 +156,19 @@ func TestPrepareSharesAndMPSRefcount(t *testing.T) {
 		t.Errorf("mps_daemons = %v with two MPS claims, want 2", n)
 	}
 	mustUnprepare(t, d, a)
-	if e.daemon.isRunning(string(a.UID)) || !e.daemon.isRunning(string(b.UID)) {
+	if e.daemon.IsRunning(string(a.UID)) || !e.daemon.IsRunning(string(b.UID)) {
 		t.Fatal("unprepare of a must stop a's daemon and only it")
 	}
 	if n := testutil.ToFloat64(d.metrics.MPSDaemons); n != 1 {
 		t.Errorf("mps_daemons = %v after unpreparing one, want 1", n)
 	}
 	mustUnprepare(t, d, a) // idempotent: must not touch b's daemon
-	if !e.daemon.isRunning(string(b.UID)) || e.daemon.stops[string(a.UID)] != 1 {
+	if !e.daemon.IsRunning(string(b.UID)) || e.daemon.Stops[string(a.UID)] != 1 {
 		t.Fatal("repeated unprepare stopped a daemon again")
 	}
 	mustUnprepare(t, d, b)
-	if e.daemon.isRunning(string(b.UID)) || e.daemon.stops[string(b.UID)] != 1 {
-		t.Fatalf("daemon running %v, stopped %d times; want stopped once", e.daemon.isRunning(string(b.UID)), e.daemon.stops[string(b.UID)])
+	if e.daemon.IsRunning(string(b.UID)) || e.daemon.Stops[string(b.UID)] != 1 {
+		t.Fatalf("daemon running %v, stopped %d times; want stopped once", e.daemon.IsRunning(string(b.UID)), e.daemon.Stops[string(b.UID)])
 	}
 }
 
@@ -179,12 +180,12 @@ func TestPrepareMPSLimitsAddUp(t *testing.T) {
 	c := newClaim("two", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 2, "1Gi", 10), shareOf("t", 2, "3Gi", 15)})
 	mustPrepare(t, d, c)
 	id := string(c.UID)
-	if got := e.daemon.shares[id]; e.daemon.starts[id] != 1 || len(got.GPUs) != 1 || got.GPUs[0].MemoryBytes != 4*gib || got.Cores != 25 {
-		t.Fatalf("daemon started %d times with %+v, want once with 4Gi and 25%%", e.daemon.starts[id], got)
+	if got := e.daemon.Shares[id]; e.daemon.Starts[id] != 1 || len(got.GPUs) != 1 || got.GPUs[0].MemoryBytes != 4*gib || got.Cores != 25 {
+		t.Fatalf("daemon started %d times with %+v, want once with 4Gi and 25%%", e.daemon.Starts[id], got)
 	}
 	mustUnprepare(t, d, c)
-	if e.daemon.isRunning(id) || e.daemon.stops[id] != 1 {
-		t.Fatalf("daemon running %v, stopped %d times after unprepare", e.daemon.isRunning(id), e.daemon.stops[id])
+	if e.daemon.IsRunning(id) || e.daemon.Stops[id] != 1 {
+		t.Fatalf("daemon running %v, stopped %d times after unprepare", e.daemon.IsRunning(id), e.daemon.Stops[id])
 	}
 }
 
@@ -200,12 +201,12 @@ func TestPrepareMPSSharesOnTwoGPUs(t *testing.T) {
 	c := newClaim("pair", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 3, "8000Mi", 30), shareOf("s", 1, "6000Mi", 30)})
 	mustPrepare(t, d, c)
 	id := string(c.UID)
-	want := MPSShare{Claim: c.UID, Cores: 30, GPUs: []MPSDevice{
-		{MPSGPU: MPSGPU{Index: 1, UUID: gpu(1)}, MemoryBytes: 6000 << 20},
-		{MPSGPU: MPSGPU{Index: 3, UUID: gpu(3)}, MemoryBytes: 8000 << 20},
+	want := mps.Share{Claim: c.UID, Cores: 30, GPUs: []mps.Device{
+		{GPU: mps.GPU{Index: 1, UUID: gpu(1)}, MemoryBytes: 6000 << 20},
+		{GPU: mps.GPU{Index: 3, UUID: gpu(3)}, MemoryBytes: 8000 << 20},
 	}}
-	if got := e.daemon.shares[id]; e.daemon.starts[id] != 1 || !reflect.DeepEqual(got, want) {
-		t.Fatalf("daemon started %d times with %+v, want once with %+v", e.daemon.starts[id], got, want)
+	if got := e.daemon.Shares[id]; e.daemon.Starts[id] != 1 || !reflect.DeepEqual(got, want) {
+		t.Fatalf("daemon started %d times with %+v, want once with %+v", e.daemon.Starts[id], got, want)
 	}
 	raw, err := os.ReadFile(e.specPath(c.UID))
 	if err != nil {
@@ -243,8 +244,8 @@ func TestPrepareMPSSharesOnTwoGPUs(t *testing.T) {
 	// Two references (one per result), one daemon: the second is no
 	// start, and unprepare stops it once.
 	mustUnprepare(t, d, c)
-	if e.daemon.isRunning(id) || e.daemon.stops[id] != 1 {
-		t.Fatalf("daemon running %v, stopped %d times after unprepare", e.daemon.isRunning(id), e.daemon.stops[id])
+	if e.daemon.IsRunning(id) || e.daemon.Stops[id] != 1 {
+		t.Fatalf("daemon running %v, stopped %d times after unprepare", e.daemon.IsRunning(id), e.daemon.Stops[id])
 	}
 }
 
@@ -253,19 +254,19 @@ func TestPrepareMPSSharesOnTwoGPUs(t *testing.T) {
 func TestPrepareMPSTwoGPUsStartFailureRollsBack(t *testing.T) {
 	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
 	d := e.start()
-	e.daemon.startErr = os.ErrPermission
+	e.daemon.StartErr = os.ErrPermission
 	c := newClaim("pair", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10), shareOf("s", 2, "1Gi", 10)})
 	r := prepare(t, d, c)[c.UID]
 	if r.Err == nil || !strings.Contains(r.Err.Error(), "starting MPS control daemon") {
 		t.Fatalf("error %v", r.Err)
 	}
-	if e.specExists(c.UID) || len(readCheckpoint(t, e).Claims) != 0 || len(e.daemon.running) != 0 {
+	if e.specExists(c.UID) || len(readCheckpoint(t, e).Claims) != 0 || len(e.daemon.Running) != 0 {
 		t.Error("state left behind after a failed MPS start")
 	}
-	e.daemon.startErr = nil
+	e.daemon.StartErr = nil
 	mustPrepare(t, d, c)
-	if id := string(c.UID); e.daemon.starts[id] != 1 || len(e.daemon.shares[id].GPUs) != 2 {
-		t.Errorf("retry started the daemon %d times with %+v", e.daemon.starts[id], e.daemon.shares[id])
+	if id := string(c.UID); e.daemon.Starts[id] != 1 || len(e.daemon.Shares[id].GPUs) != 2 {
+		t.Errorf("retry started the daemon %d times with %+v", e.daemon.Starts[id], e.daemon.Shares[id])
 	}
 }
 
@@ -279,8 +280,8 @@ func TestPrepareSharingStrategies(t *testing.T) {
 		opaqueEntry(resourceapi.AllocationConfigSourceClass, driver.Name, []string{"g"}, sharingConfig("None")))
 	mustPrepare(t, d, hami)
 	mustPrepare(t, d, none)
-	if len(e.daemon.starts) != 0 {
-		t.Errorf("MPS daemons started for non-MPS shares: %v", e.daemon.starts)
+	if len(e.daemon.Starts) != 0 {
+		t.Errorf("MPS daemons started for non-MPS shares: %v", e.daemon.Starts)
 	}
 	envOf := func(uid types.UID) string {
 		raw, err := os.ReadFile(e.specPath(uid))
@@ -433,8 +434,8 @@ func TestPrepareBadInput(t *testing.T) {
 			if n := len(readCheckpoint(t, e).Claims); n != 0 {
 				t.Errorf("%d checkpoint entries left behind", n)
 			}
-			if len(e.daemon.running) != 0 {
-				t.Errorf("MPS daemons left running: %v", e.daemon.running)
+			if len(e.daemon.Running) != 0 {
+				t.Errorf("MPS daemons left running: %v", e.daemon.Running)
 			}
 		})
 	}
@@ -530,11 +531,11 @@ func TestPrepareClaimListedTwice(t *testing.T) {
 	if err != nil || len(res) != 1 || res[c.UID].Err != nil || len(res[c.UID].Devices) != 1 {
 		t.Fatalf("PrepareResourceClaims = %+v, %v", res, err)
 	}
-	if got := e.daemon.starts[string(c.UID)]; got != 1 {
+	if got := e.daemon.Starts[string(c.UID)]; got != 1 {
 		t.Errorf("MPS daemon started %d times, want 1", got)
 	}
 	mustUnprepare(t, d, c)
-	if e.daemon.isRunning(string(c.UID)) {
+	if e.daemon.IsRunning(string(c.UID)) {
 		t.Error("MPS daemon still running after its only claim was unprepared")
 	}
 }
@@ -542,7 +543,7 @@ func TestPrepareClaimListedTwice(t *testing.T) {
 func TestPrepareMPSStartFailureRollsBack(t *testing.T) {
 	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
 	d := e.start()
-	e.daemon.startErr = os.ErrPermission
+	e.daemon.StartErr = os.ErrPermission
 	c := newClaim("mps", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10)})
 	r := prepare(t, d, c)[c.UID]
 	if r.Err == nil || !strings.Contains(r.Err.Error(), "starting MPS control daemon") {
@@ -551,7 +552,7 @@ func TestPrepareMPSStartFailureRollsBack(t *testing.T) {
 	if e.specExists(c.UID) || len(readCheckpoint(t, e).Claims) != 0 {
 		t.Error("state left behind after a failed MPS start")
 	}
-	e.daemon.startErr = nil
+	e.daemon.StartErr = nil
 	mustPrepare(t, d, c)
 }
 
@@ -606,11 +607,11 @@ func TestRestartRecovery(t *testing.T) {
 	}
 	// MPS references were rebuilt: each claim holds its own daemon.
 	mustUnprepare(t, d2, kept)
-	if !e.daemon.isRunning(string(kept2.UID)) {
+	if !e.daemon.IsRunning(string(kept2.UID)) {
 		t.Fatal("kept2's daemon stopped by another claim's unprepare")
 	}
 	mustUnprepare(t, d2, kept2)
-	if e.daemon.isRunning(string(kept.UID)) || e.daemon.isRunning(string(kept2.UID)) {
+	if e.daemon.IsRunning(string(kept.UID)) || e.daemon.IsRunning(string(kept2.UID)) {
 		t.Fatal("daemon still running after its last claim")
 	}
 	// GPU 3 is free again.
@@ -626,7 +627,7 @@ func TestRestartRollsBackInterruptedMPSStart(t *testing.T) {
 	d := e.start()
 	c := newClaim("mps", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10)})
 	mustPrepare(t, d, c)
-	if !e.daemon.isRunning(string(c.UID)) {
+	if !e.daemon.IsRunning(string(c.UID)) {
 		t.Fatal("MPS daemon not started")
 	}
 	cp := readCheckpoint(t, e)
@@ -638,7 +639,7 @@ func TestRestartRollsBackInterruptedMPSStart(t *testing.T) {
 	}
 
 	d2 := e.start()
-	if e.daemon.isRunning(string(c.UID)) {
+	if e.daemon.IsRunning(string(c.UID)) {
 		t.Error("MPS daemon of the rolled-back claim still running")
 	}
 	if e.specExists(c.UID) || len(readCheckpoint(t, e).Claims) != 0 {
@@ -646,7 +647,7 @@ func TestRestartRollsBackInterruptedMPSStart(t *testing.T) {
 	}
 	mustPrepare(t, d2, c)
 	mustUnprepare(t, d2, c)
-	if e.daemon.isRunning(string(c.UID)) {
+	if e.daemon.IsRunning(string(c.UID)) {
 		t.Error("MPS daemon still running after its last claim")
 	}
 }
@@ -656,7 +657,7 @@ func TestRestartAfterReboot(t *testing.T) {
 	d := e.start()
 	c := newClaim("c", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10)})
 	mustPrepare(t, d, c)
-	starts := e.daemon.starts[string(c.UID)]
+	starts := e.daemon.Starts[string(c.UID)]
 	e.bootID = "boot-2"
 	e.start()
 	cp := readCheckpoint(t, e)
@@ -666,7 +667,7 @@ func TestRestartAfterReboot(t *testing.T) {
 	if e.specExists(c.UID) {
 		t.Error("spec of a claim from the previous boot survived")
 	}
-	if got := e.daemon.starts[string(c.UID)]; got != starts {
+	if got := e.daemon.Starts[string(c.UID)]; got != starts {
 		t.Errorf("daemon restarted for a claim of the previous boot")
 	}
 }
@@ -738,7 +739,7 @@ func TestPrepareCheckpointWriteFailure(t *testing.T) {
 	if r.Err == nil || !strings.Contains(r.Err.Error(), "recording PrepareStarted") || !strings.Contains(r.Err.Error(), "claim default/c") {
 		t.Fatalf("error %v", r.Err)
 	}
-	if e.specExists(c.UID) || len(e.daemon.running) != 0 {
+	if e.specExists(c.UID) || len(e.daemon.Running) != 0 {
 		t.Error("side effects despite the failed checkpoint write")
 	}
 	if err := os.RemoveAll(path); err != nil {
@@ -779,7 +780,7 @@ func TestPrepareRefusesClaimConfigBeyondTheClass(t *testing.T) {
 					t.Errorf("error %q does not mention %q", r.Err, w)
 				}
 			}
-			if e.specExists(c.UID) || len(e.daemon.starts) != 0 {
+			if e.specExists(c.UID) || len(e.daemon.Starts) != 0 {
 				t.Error("CDI spec or MPS daemon left behind")
 			}
 		})
@@ -799,15 +800,15 @@ func TestRestartKeptMPSDaemonStoppedAtUnprepare(t *testing.T) {
 	d := e.start()
 	c := newClaim("mps", []resourceapi.DeviceRequestAllocationResult{shareOf("s", 0, "1Gi", 10)})
 	mustPrepare(t, d, c)
-	e.daemon.startErr = fmt.Errorf("did not answer (%w)", ErrMPSDaemonKept)
+	e.daemon.StartErr = fmt.Errorf("did not answer (%w)", mps.ErrDaemonKept)
 	d2 := e.start()
-	e.daemon.startErr = nil
-	if !e.daemon.isRunning(string(c.UID)) {
+	e.daemon.StartErr = nil
+	if !e.daemon.IsRunning(string(c.UID)) {
 		t.Fatal("kept daemon stopped at restart")
 	}
 	mustUnprepare(t, d2, c)
-	if e.daemon.isRunning(string(c.UID)) || e.daemon.stops[string(c.UID)] != 1 {
-		t.Errorf("kept daemon running %v, stopped %d times after unprepare; want stopped once", e.daemon.isRunning(string(c.UID)), e.daemon.stops[string(c.UID)])
+	if e.daemon.IsRunning(string(c.UID)) || e.daemon.Stops[string(c.UID)] != 1 {
+		t.Errorf("kept daemon running %v, stopped %d times after unprepare; want stopped once", e.daemon.IsRunning(string(c.UID)), e.daemon.Stops[string(c.UID)])
 	}
 }
 

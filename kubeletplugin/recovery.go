@@ -9,6 +9,7 @@ import (
 	"k8s.io/klog/v2"
 
 	apiv1alpha1 "github.com/gpulink/gpulink/api/v1alpha1"
+	"github.com/gpulink/gpulink/kubeletplugin/mps"
 )
 
 // recoverState loads the checkpoint and makes the node match it:
@@ -79,7 +80,7 @@ func (d *Driver) recoverState(ctx context.Context) error {
 				logger.Error(err, "Restoring MPS daemon reference failed; the claim's containers may not be able to use MPS", "claim", klog.KRef(pc.Namespace, pc.Name), "device", dev.Device)
 				// A kept daemon still holds its reference, so that the
 				// claim's unprepare stops it.
-				dev.Share.MPSRef = errors.Is(err, ErrMPSDaemonKept)
+				dev.Share.MPSRef = errors.Is(err, mps.ErrDaemonKept)
 			}
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"k8s.io/klog/v2"
 
 	apiv1alpha1 "github.com/gpulink/gpulink/api/v1alpha1"
+	"github.com/gpulink/gpulink/kubeletplugin/mps"
 )
 
 // Rolling updates.
@@ -187,7 +188,7 @@ func (d *Driver) syncCheckpoint(ctx context.Context) error {
 // another instance's prepares and unprepares without starting or stopping
 // a daemon.
 type refAdjuster interface {
-	adjustRefs(share MPSShare, delta int)
+	AdjustRefs(share mps.Share, delta int)
 }
 
 // followMPSRefs makes this instance's MPS references match cp: each
@@ -214,7 +215,7 @@ func (d *Driver) followMPSRefs(logger klog.Logger, old, cp *Checkpoint) {
 			had = count(o)
 		}
 		if delta := count(pc) - had; delta != 0 {
-			adj.adjustRefs(pc.mpsShare(), delta)
+			adj.AdjustRefs(pc.mpsShare(), delta)
 			logger.V(3).Info("Following another instance's MPS daemon references", "claim", klog.KRef(pc.Namespace, pc.Name), "delta", delta)
 		}
 	}
@@ -223,25 +224,9 @@ func (d *Driver) followMPSRefs(logger klog.Logger, old, cp *Checkpoint) {
 			continue
 		}
 		if n := count(o); n > 0 {
-			adj.adjustRefs(o.mpsShare(), -n)
+			adj.AdjustRefs(o.mpsShare(), -n)
 		}
 	}
-}
-
-// adjustRefs changes the reference count of a share's daemon without
-// starting or stopping it: another instance did.
-func (m *mpsManager) adjustRefs(share MPSShare, delta int) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	id := share.ID()
-	n := m.refs[id] + delta
-	if n <= 0 {
-		delete(m.refs, id)
-		delete(m.shares, id)
-		return
-	}
-	m.refs[id] = n
-	m.shares[id] = share
 }
 
 // syncMPSRefs brings the MPS references up to date before the limit loop

@@ -57,7 +57,7 @@ func TestTwoInstancesShareTheCheckpoint(t *testing.T) {
 		if !e.specExists(c.UID) {
 			t.Errorf("claim %s: no CDI spec", c.Name)
 		}
-		if n := e.daemon.starts[string(c.UID)]; n != 1 {
+		if n := e.daemon.Starts[string(c.UID)]; n != 1 {
 			t.Errorf("claim %s: MPS daemon started %d times, want once", c.Name, n)
 		}
 	}
@@ -72,8 +72,8 @@ func TestTwoInstancesShareTheCheckpoint(t *testing.T) {
 	}
 	// The kubelet asks the other instance for a claim already prepared:
 	// answered from the checkpoint, nothing done twice.
-	if devs := mustPrepare(t, d2, claims[0]); len(devs) != 1 || e.daemon.starts[string(claims[0].UID)] != 1 {
-		t.Errorf("claim prepared by the other instance: devices %v, MPS daemon starts %d", devs, e.daemon.starts[string(claims[0].UID)])
+	if devs := mustPrepare(t, d2, claims[0]); len(devs) != 1 || e.daemon.Starts[string(claims[0].UID)] != 1 {
+		t.Errorf("claim prepared by the other instance: devices %v, MPS daemon starts %d", devs, e.daemon.Starts[string(claims[0].UID)])
 	}
 
 	// A third instance starting now recovers without rolling back or
@@ -99,7 +99,7 @@ func TestTwoInstancesShareTheCheckpoint(t *testing.T) {
 		if e.specExists(c.UID) {
 			t.Errorf("claim %s: CDI spec left", c.Name)
 		}
-		if n := e.daemon.stops[string(c.UID)]; n != 1 {
+		if n := e.daemon.Stops[string(c.UID)]; n != 1 {
 			t.Errorf("claim %s: MPS daemon stopped %d times, want once", c.Name, n)
 		}
 	}
@@ -239,8 +239,8 @@ func TestInterruptedPrepareOfTheOtherInstance(t *testing.T) {
 	if got := readCheckpoint(t, e).Claims[c.UID]; got == nil || got.State != PrepareCompleted {
 		t.Fatalf("checkpoint entry %+v, want PrepareCompleted", got)
 	}
-	if e.daemon.stops[string(c.UID)] != 1 || e.daemon.starts[string(c.UID)] != 2 || !e.daemon.isRunning(string(c.UID)) {
+	if e.daemon.Stops[string(c.UID)] != 1 || e.daemon.Starts[string(c.UID)] != 2 || !e.daemon.IsRunning(string(c.UID)) {
 		t.Errorf("MPS daemon starts %d, stops %d, running %t: want the dead instance's stopped and one started again",
-			e.daemon.starts[string(c.UID)], e.daemon.stops[string(c.UID)], e.daemon.isRunning(string(c.UID)))
+			e.daemon.Starts[string(c.UID)], e.daemon.Stops[string(c.UID)], e.daemon.IsRunning(string(c.UID)))
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpulink/gpulink/kubeletplugin/mps"
 	resourceapi "k8s.io/api/resource/v1"
 )
 
@@ -43,7 +44,7 @@ func TestUVMNodesCreatedAtPrepare(t *testing.T) {
 	fm := &fakeMknod{made: map[string]int{}}
 	e.opts.RequireDeviceNodes = true
 	d, err := New(e.ctx, e.opts, Dependencies{
-		Discoverer: e.disc, CDI: mustCDIDir(t, e.cdiDir), MPS: NewMPSManager(e.mpsRoot, e.daemon),
+		Discoverer: e.disc, CDI: mustCDIDir(t, e.cdiDir), MPS: mps.NewManager(e.mpsRoot, e.daemon),
 		BootID: func() (string, error) { return e.bootID, nil },
 		UVM:    &UVMNodeCreator{ProcDevices: proc, Mknod: fm.mknod},
 	})

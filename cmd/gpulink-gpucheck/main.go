@@ -24,6 +24,7 @@ import (
 	"github.com/gpulink/gpulink/driver/discovery"
 	"github.com/gpulink/gpulink/internal/gpucheck"
 	"github.com/gpulink/gpulink/kubeletplugin"
+	"github.com/gpulink/gpulink/kubeletplugin/mps"
 )
 
 type flags struct {
@@ -144,17 +145,17 @@ func wire(f *flags) (gpucheck.Deps, error) {
 		if err != nil {
 			return gpucheck.Deps{}, fmt.Errorf("--mock-server: %w", err)
 		}
-		popts.Discoverer, popts.MPSDaemon, popts.Stat = d, kubeletplugin.DirOnlyMPSDaemon{}, gpucheck.DryRunStat
+		popts.Discoverer, popts.MPSDaemon, popts.Stat = d, mps.DirOnlyDaemon{}, gpucheck.DryRunStat
 	} else {
 		d, err := kubeletplugin.NewDiscoverer(kubeletplugin.DiscoveryOptions{Backend: kubeletplugin.DiscoveryNVML, DriverRoot: "/"})
 		if err != nil {
 			return gpucheck.Deps{}, err
 		}
-		mps, err := kubeletplugin.NewHostMPSDaemon("/", nil)
+		daemon, err := mps.NewHostDaemon("/", nil)
 		if err != nil {
 			return gpucheck.Deps{}, fmt.Errorf("MPS: %w", err)
 		}
-		popts.Discoverer, popts.MPSDaemon, popts.RealGPUs = d, mps, true
+		popts.Discoverer, popts.MPSDaemon, popts.RealGPUs = d, daemon, true
 		// The driver's files reach the containers through the base CDI
 		// spec, with the hooks run by the nvidia-cdi-hook of the bundle.
 		hook, err := filepath.Abs(bundledBinary("nvidia-cdi-hook"))

@@ -33,6 +33,7 @@ import (
 	"github.com/gpulink/gpulink/driver/health"
 	pprofhttp "github.com/gpulink/gpulink/internal/profiling"
 	"github.com/gpulink/gpulink/kubeletplugin"
+	"github.com/gpulink/gpulink/kubeletplugin/mps"
 )
 
 type flags struct {
@@ -92,8 +93,8 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.mpsRoot, "mps-root", "/run/gpulink/mps", "Directory of the MPS control daemons' pipe and log directories.")
 	fs.StringVar(&f.mpsDaemonImage, "mps-daemon-image", "", "Image of the per-claim MPS control daemon pods (the plugin's own image; the daemon binary comes from the driver root). Required for MPS sharing on real GPUs.")
 	fs.StringVar(&f.mpsDaemonNamespace, "mps-daemon-namespace", os.Getenv("POD_NAMESPACE"), "Namespace of the MPS control daemon pods (default: $POD_NAMESPACE, the plugin's own).")
-	fs.BoolVar(&f.mpsDevicePlugin, "mps-device-plugin", false, "Serve the kubelet device plugin that gives MPS control daemon pods their GPUs' device nodes (resources "+kubeletplugin.MPSDaemonResourceDomain+"/gpu-<index>) also with simulated GPUs, for tests. With --discovery=nvml it is always served when MPS daemon pods can run: their pods ask for those resources.")
-	fs.StringVar(&f.devicePluginDir, "kubelet-device-plugin-dir", kubeletplugin.KubeletDevicePluginDir, "The kubelet's device plugin directory (kubelet.sock), where the MPS daemon device plugin registers. The kubelet keeps it at this path whatever its --root-dir.")
+	fs.BoolVar(&f.mpsDevicePlugin, "mps-device-plugin", false, "Serve the kubelet device plugin that gives MPS control daemon pods their GPUs' device nodes (resources "+mps.DaemonResourceDomain+"/gpu-<index>) also with simulated GPUs, for tests. With --discovery=nvml it is always served when MPS daemon pods can run: their pods ask for those resources.")
+	fs.StringVar(&f.devicePluginDir, "kubelet-device-plugin-dir", mps.KubeletDevicePluginDir, "The kubelet's device plugin directory (kubelet.sock), where the MPS daemon device plugin registers. The kubelet keeps it at this path whatever its --root-dir.")
 	fs.StringVar(&f.driverRoot, "driver-root", "/", "Root of the NVIDIA driver installation on the host (host paths in CDI specs are under it; device nodes only when it has a dev directory).")
 	fs.StringVar(&f.driverRootMount, "driver-root-mount", "", "Where --driver-root is visible to this process (e.g. /driver-root in a container); libnvidia-ml is loaded from there. Default: --driver-root.")
 	fs.StringVar(&f.cdiHookPath, "cdi-hook-path", "", "Host path of nvidia-cdi-hook written into the CDI hooks. Empty: --cdi-hook-source is copied to <kubelet-plugin-dir>/bin/nvidia-cdi-hook at start and that path is used.")
@@ -278,12 +279,12 @@ func run(ctx context.Context, f *flags) error {
 	if f.discovery.RealGPUs() {
 		uvm = kubeletplugin.NewUVMNodeCreator()
 	}
-	var daemon kubeletplugin.MPSDaemon = kubeletplugin.DirOnlyMPSDaemon{}
+	var daemon mps.Daemon = mps.DirOnlyDaemon{}
 	// The daemon pods ask for the MPS daemon device plugin's resources, so
 	// it is served wherever they run; tests turn it on with simulated GPUs.
 	devicePlugin := f.mpsDevicePlugin
 	if f.discovery.RealGPUs() {
-		pd, err := kubeletplugin.NewPodMPSDaemon(kubeletplugin.PodMPSDaemonConfig{
+		pd, err := mps.NewPodDaemon(mps.PodDaemonConfig{
 			Pods:            client.CoreV1(),
 			Nodes:           client.CoreV1(),
 			Namespace:       f.mpsDaemonNamespace,
@@ -296,7 +297,7 @@ func run(ctx context.Context, f *flags) error {
 			// Whole GPUs and other sharing strategies still work; MPS
 			// claims fail with this error.
 			logger.Error(err, "MPS sharing is unavailable on this node")
-			daemon = kubeletplugin.UnavailableMPSDaemon{Err: err}
+			daemon = mps.UnavailableDaemon{Err: err}
 		} else {
 			daemon = pd
 			devicePlugin = true
@@ -348,7 +349,7 @@ func run(ctx context.Context, f *flags) error {
 	}, kubeletplugin.Dependencies{
 		Discoverer: discoverer,
 		CDI:        cdi,
-		MPS:        kubeletplugin.NewMPSManager(f.mpsRoot, daemon),
+		MPS:        mps.NewManager(f.mpsRoot, daemon),
 		BootID:     kubeletplugin.FileBootID(f.bootIDFile),
 		UVM:        uvm,
 		Metrics:    metrics,
@@ -374,10 +375,10 @@ func run(ctx context.Context, f *flags) error {
 		}()
 	}
 	if devicePlugin {
-		dp, err := kubeletplugin.NewMPSDevicePlugin(kubeletplugin.MPSDevicePluginConfig{
-			Dir:  f.devicePluginDir,
-			GPUs: d.GPUs,
-			Root: kubeletplugin.DriverRoot{Host: f.driverRoot, Mount: f.driverRootMount},
+		dp, err := mps.NewDevicePlugin(mps.DevicePluginConfig{
+			Dir:      f.devicePluginDir,
+			GPUs:     d.GPUs,
+			DevRoots: kubeletplugin.DriverRoot{Host: f.driverRoot, Mount: f.driverRootMount}.DevRoots,
 		})
 		if err != nil {
 			return err

@@ -13,7 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2/ktesting"
 
-	"github.com/gpulink/gpulink/kubeletplugin"
+	"github.com/gpulink/gpulink/kubeletplugin/mps"
 )
 
 // preparedSpec prepares claim with the plugin's code on the h100-1 fixture
@@ -25,7 +25,7 @@ func preparedSpec(t *testing.T, share bool) (*specs.Spec, Preparer, []string) {
 	work := t.TempDir()
 	prep, err := NewPluginPreparer(ctx, PluginPreparerOptions{
 		WorkDir: work, NodeName: "node", Discoverer: fakeDiscoverer{h.discovered(t, nil)},
-		MPSDaemon: kubeletplugin.DirOnlyMPSDaemon{}, Stat: DryRunStat, RealGPUs: true,
+		MPSDaemon: mps.DirOnlyDaemon{}, Stat: DryRunStat, RealGPUs: true,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -134,7 +134,7 @@ func TestPreparerFailsOnMissingDeviceNodes(t *testing.T) {
 	h := loadHost(t, "h100-1")
 	prep, err := NewPluginPreparer(ctx, PluginPreparerOptions{
 		WorkDir: t.TempDir(), NodeName: "node", Discoverer: fakeDiscoverer{h.discovered(t, nil)},
-		MPSDaemon: kubeletplugin.DirOnlyMPSDaemon{}, RealGPUs: true,
+		MPSDaemon: mps.DirOnlyDaemon{}, RealGPUs: true,
 		Stat: func(p string) (os.FileInfo, error) {
 			return nil, &os.PathError{Op: "stat", Path: p, Err: os.ErrNotExist}
 		},

@@ -17,6 +17,7 @@ import (
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/discovery"
 	"github.com/gpulink/gpulink/kubeletplugin"
+	"github.com/gpulink/gpulink/kubeletplugin/mps"
 )
 
 // Preparer prepares claims the way the kubelet asks the plugin to, and
@@ -44,9 +45,9 @@ type PluginPreparerOptions struct {
 	// RealGPUs makes a missing device node a prepare error, as the plugin
 	// does with --discovery=nvml.
 	RealGPUs bool
-	// MPSDaemon starts the MPS control daemons (kubeletplugin.NewHostMPSDaemon
+	// MPSDaemon starts the MPS control daemons (mps.NewHostDaemon
 	// on a GPU host).
-	MPSDaemon kubeletplugin.MPSDaemon
+	MPSDaemon mps.Daemon
 	// Stat stats device nodes; nil is os.Stat.
 	Stat func(string) (os.FileInfo, error)
 	// BaseSpec makes the plugin write the node's base CDI spec (driver
@@ -89,7 +90,7 @@ func NewPluginPreparer(ctx context.Context, o PluginPreparerOptions) (*PluginPre
 	}, kubeletplugin.Dependencies{
 		Discoverer: o.Discoverer,
 		CDI:        cdi,
-		MPS:        kubeletplugin.NewMPSManager(filepath.Join(o.WorkDir, "mps"), o.MPSDaemon),
+		MPS:        mps.NewManager(filepath.Join(o.WorkDir, "mps"), o.MPSDaemon),
 		BootID:     kubeletplugin.FileBootID("/proc/sys/kernel/random/boot_id"),
 		Stat:       o.Stat,
 	})

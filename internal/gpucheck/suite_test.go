@@ -13,6 +13,7 @@ import (
 
 	"github.com/gpulink/gpulink/driver/discovery"
 	"github.com/gpulink/gpulink/kubeletplugin"
+	"github.com/gpulink/gpulink/kubeletplugin/mps"
 )
 
 // suiteDeps wires the real plugin prepare code over a fake host's GPUs.
@@ -23,7 +24,7 @@ func suiteDeps(t *testing.T, d discovery.Discoverer, run Runner, workDir string)
 		NewPreparer: func(ctx context.Context) (Preparer, error) {
 			return NewPluginPreparer(ctx, PluginPreparerOptions{
 				WorkDir: workDir, NodeName: "gpucheck", Discoverer: d,
-				MPSDaemon: kubeletplugin.DirOnlyMPSDaemon{}, Stat: DryRunStat,
+				MPSDaemon: mps.DirOnlyDaemon{}, Stat: DryRunStat,
 			})
 		},
 	}
@@ -195,7 +196,7 @@ func TestBaseSpecGivesCDIOnlyContainerTheDriver(t *testing.T) {
 	deps := Deps{Run: host.run, Discoverer: d, NewPreparer: func(ctx context.Context) (Preparer, error) {
 		return NewPluginPreparer(ctx, PluginPreparerOptions{
 			WorkDir: cfg.WorkDir, NodeName: "gpucheck", Discoverer: d,
-			MPSDaemon: kubeletplugin.DirOnlyMPSDaemon{}, Stat: DryRunStat,
+			MPSDaemon: mps.DirOnlyDaemon{}, Stat: DryRunStat,
 			DriverRoot: driverRoot, BaseSpec: &kubeletplugin.BaseSpecOptions{HookPath: "/usr/local/bin/nvidia-cdi-hook"},
 		})
 	}}

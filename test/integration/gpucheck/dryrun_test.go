@@ -21,7 +21,7 @@ import (
 
 	"github.com/gpulink/gpulink/driver/discovery"
 	"github.com/gpulink/gpulink/internal/gpucheck"
-	"github.com/gpulink/gpulink/kubeletplugin"
+	"github.com/gpulink/gpulink/kubeletplugin/mps"
 )
 
 func TestDryRunWithRunc(t *testing.T) {
@@ -57,7 +57,7 @@ func TestDryRunWithRunc(t *testing.T) {
 		NewPreparer: func(ctx context.Context) (gpucheck.Preparer, error) {
 			return gpucheck.NewPluginPreparer(ctx, gpucheck.PluginPreparerOptions{
 				WorkDir: work, NodeName: "gpucheck", Discoverer: d,
-				MPSDaemon: kubeletplugin.DirOnlyMPSDaemon{}, Stat: gpucheck.DryRunStat,
+				MPSDaemon: mps.DirOnlyDaemon{}, Stat: gpucheck.DryRunStat,
 			})
 		},
 	})

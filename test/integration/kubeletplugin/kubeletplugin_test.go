@@ -35,6 +35,7 @@ import (
 
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/kubeletplugin"
+	"github.com/gpulink/gpulink/kubeletplugin/mps"
 	"github.com/gpulink/gpulink/test/localcluster"
 )
 
@@ -85,7 +86,7 @@ func startPlugin(ctx context.Context, t *testing.T, client kubernetes.Interface,
 	}, kubeletplugin.Dependencies{
 		Discoverer: disc,
 		CDI:        cdi,
-		MPS:        kubeletplugin.NewMPSManager(s.mpsRoot, kubeletplugin.DirOnlyMPSDaemon{}),
+		MPS:        mps.NewManager(s.mpsRoot, mps.DirOnlyDaemon{}),
 		BootID:     func() (string, error) { return "integration-boot", nil },
 	})
 	if err != nil {

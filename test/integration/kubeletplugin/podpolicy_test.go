@@ -26,7 +26,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
-	"github.com/gpulink/gpulink/kubeletplugin"
+	"github.com/gpulink/gpulink/kubeletplugin/mps"
 	"github.com/gpulink/gpulink/test/localcluster"
 )
 
@@ -181,7 +181,7 @@ func TestMPSDaemonPodPolicy(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	daemon, err := kubeletplugin.NewPodMPSDaemon(kubeletplugin.PodMPSDaemonConfig{
+	daemon, err := mps.NewPodDaemon(mps.PodDaemonConfig{
 		Pods: plugin.CoreV1(), Nodes: plugin.CoreV1(), Namespace: policyNS, Image: policyImage, NodeName: "node-a",
 		DriverRoot: policyDriverRoot, DriverRootMount: mount,
 		Run: func(context.Context, string, []string, []string, string) ([]byte, error) {
@@ -192,15 +192,15 @@ func TestMPSDaemonPodPolicy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mps := kubeletplugin.NewMPSManager(mpsRoot, daemon)
-	share := kubeletplugin.MPSShare{Claim: types.UID("0b4c2a38-5a7e-4b0e-9d0a-6f1c2d3e4f50"),
-		GPUs: []kubeletplugin.MPSDevice{{MPSGPU: kubeletplugin.MPSGPU{Index: 0, UUID: "GPU-0"}, MemoryBytes: 1 << 30}}, Cores: 30}
-	dirs := mps.Dirs(share)
+	manager := mps.NewManager(mpsRoot, daemon)
+	share := mps.Share{Claim: types.UID("0b4c2a38-5a7e-4b0e-9d0a-6f1c2d3e4f50"),
+		GPUs: []mps.Device{{GPU: mps.GPU{Index: 0, UUID: "GPU-0"}, MemoryBytes: 1 << 30}}, Cores: 30}
+	dirs := manager.Dirs(share)
 	// The shape checks below use another claim: dry runs of share's own
 	// pod would meet it, still terminating after EnsureDaemon.
 	checked := share
 	checked.Claim = "0b4c2a38-5a7e-4b0e-9d0a-6f1c2d3e4f52"
-	good := func() *corev1.Pod { return daemon.DaemonPod(checked, mps.Dirs(checked)) }
+	good := func() *corev1.Pod { return daemon.DaemonPod(checked, manager.Dirs(checked)) }
 
 	// The policy takes effect shortly after it is created.
 	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
@@ -215,7 +215,7 @@ func TestMPSDaemonPodPolicy(t *testing.T) {
 	// Start, through the plugin's token, creates the daemon pod (allowed),
 	// waits for a daemon that never answers on an API-only node and
 	// deletes the pod again (allowed): both writes went through.
-	err = mps.EnsureDaemon(ctx, share)
+	err = manager.EnsureDaemon(ctx, share)
 	if err == nil || !strings.Contains(err.Error(), "did not answer") {
 		t.Fatalf("EnsureDaemon: %v; want the daemon's start timeout after a successful create", err)
 	}
@@ -395,7 +395,7 @@ func TestMPSDaemonPodPolicy(t *testing.T) {
 	}
 	share2 := share
 	share2.Claim = "0b4c2a38-5a7e-4b0e-9d0a-6f1c2d3e4f51"
-	own := daemon.DaemonPod(share2, mps.Dirs(share2))
+	own := daemon.DaemonPod(share2, manager.Dirs(share2))
 	// Created with the plugin's token: only the plugin may ask for the
 	// MPS daemon resources.
 	if _, err := plugin.CoreV1().Pods(policyNS).Create(ctx, own, metav1.CreateOptions{}); err != nil {
@@ -430,7 +430,7 @@ func TestMPSDaemonPodPolicy(t *testing.T) {
 	}
 	// Orphan cleanup lists this node's daemon pods in its namespace and
 	// deletes the ones whose claim is not prepared: with the real code.
-	removed, err := mps.RemoveOrphans(ctx, map[string]bool{})
+	removed, err := manager.RemoveOrphans(ctx, map[string]bool{})
 	if err != nil {
 		t.Fatalf("RemoveOrphans with the plugin's token: %v", err)
 	}

@@ -1,11 +1,10 @@
-package kubeletplugin
+package mps
 
 import (
 	"context"
 	"errors"
 	"os"
 	"path/filepath"
-	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -17,86 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 )
-
-func TestMPSManagerRefcount(t *testing.T) {
-	ctx := t.Context()
-	daemon := newFakeDaemon()
-	m := NewMPSManager("/run/mps", daemon)
-	a := MPSShare{Claim: "claim-a", GPUs: []MPSDevice{{MPSGPU: MPSGPU{Index: 0, UUID: "GPU-a"}, MemoryBytes: gib}}, Cores: 10}
-	b := MPSShare{Claim: "claim-b", GPUs: []MPSDevice{{MPSGPU: MPSGPU{Index: 0, UUID: "GPU-a"}, MemoryBytes: 2 * gib}}, Cores: 20}
-
-	for range 3 {
-		if err := m.EnsureDaemon(ctx, a); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := m.EnsureDaemon(ctx, b); err != nil {
-		t.Fatal(err)
-	}
-	// Two claims on one GPU: two daemons, each with its own limits.
-	if daemon.starts["claim-a"] != 1 || daemon.starts["claim-b"] != 1 || !reflect.DeepEqual(daemon.shares["claim-b"], b) {
-		t.Fatalf("starts %v shares %v, want one per claim", daemon.starts, daemon.shares)
-	}
-	if got := m.Dirs(a); got != (MPSDirs{Base: "/run/mps/claim-a", Pipe: "/run/mps/claim-a/pipe", Log: "/run/mps/claim-a/log", Shm: "/run/mps/claim-a/shm"}) {
-		t.Errorf("dirs %+v", got)
-	}
-	for i := range 2 {
-		if err := m.ReleaseDaemon(ctx, a); err != nil {
-			t.Fatal(err)
-		}
-		if !daemon.isRunning("claim-a") {
-			t.Fatalf("daemon stopped after release %d of 3", i+1)
-		}
-	}
-	if err := m.ReleaseDaemon(ctx, a); err != nil {
-		t.Fatal(err)
-	}
-	if daemon.isRunning("claim-a") || daemon.stops["claim-a"] != 1 || !daemon.isRunning("claim-b") {
-		t.Fatalf("after last release of a: running %v, stops %v", daemon.running, daemon.stops)
-	}
-	if err := m.ReleaseDaemon(ctx, a); err == nil {
-		t.Error("releasing without a reference succeeded")
-	}
-	// A failed start holds no reference.
-	daemon.startErr = errors.New("boom")
-	if err := m.EnsureDaemon(ctx, a); err == nil || !strings.Contains(err.Error(), "claim-a") || !strings.Contains(err.Error(), "GPU-a") {
-		t.Fatalf("error %v", err)
-	}
-	daemon.startErr = nil
-	if err := m.ReleaseDaemon(ctx, a); err == nil {
-		t.Error("failed start left a reference")
-	}
-	if err := m.EnsureDaemon(ctx, MPSShare{GPUs: []MPSDevice{{MPSGPU: MPSGPU{Index: 1}}}}); err == nil {
-		t.Error("a share without a claim UID started a daemon")
-	}
-}
-
-func TestMPSManagerConcurrent(t *testing.T) {
-	ctx := t.Context()
-	daemon := newFakeDaemon()
-	m := NewMPSManager(t.TempDir(), daemon)
-	s := MPSShare{Claim: "c", GPUs: []MPSDevice{{MPSGPU: MPSGPU{Index: 0, UUID: "GPU-c"}, MemoryBytes: gib}}, Cores: 10}
-	var wg sync.WaitGroup
-	for range 16 {
-		wg.Go(func() {
-			if err := m.EnsureDaemon(ctx, s); err != nil {
-				t.Error(err)
-			}
-		})
-	}
-	wg.Wait()
-	for range 16 {
-		wg.Go(func() {
-			if err := m.ReleaseDaemon(ctx, s); err != nil {
-				t.Error(err)
-			}
-		})
-	}
-	wg.Wait()
-	if daemon.starts["c"] != 1 || daemon.stops["c"] != 1 {
-		t.Errorf("starts %d stops %d, want 1 and 1", daemon.starts["c"], daemon.stops["c"])
-	}
-}
 
 // fakeMPSDriverRoot is a driver install with the MPS control binary and
 // libcuda where Debian puts them.
@@ -116,11 +35,11 @@ func fakeMPSDriverRoot(t *testing.T) string {
 }
 
 func TestNewPodMPSDaemonErrors(t *testing.T) {
-	good := PodMPSDaemonConfig{
+	good := PodDaemonConfig{
 		Pods: fake.NewClientset().CoreV1(), Namespace: "gpulink", Image: "gpulink:dev", NodeName: "n1",
 		DriverRoot: "/run/nvidia/driver", DriverRootMount: fakeMPSDriverRoot(t),
 	}
-	if _, err := NewPodMPSDaemon(good); err != nil {
+	if _, err := NewPodDaemon(good); err != nil {
 		t.Fatal(err)
 	}
 	noLib := fakeMPSDriverRoot(t)
@@ -128,18 +47,18 @@ func TestNewPodMPSDaemonErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, tc := range map[string]struct {
-		mod  func(*PodMPSDaemonConfig)
+		mod  func(*PodDaemonConfig)
 		want string
 	}{
-		"no image":     {func(c *PodMPSDaemonConfig) { c.Image = "" }, "--mps-daemon-image"},
-		"no namespace": {func(c *PodMPSDaemonConfig) { c.Namespace = "" }, "--mps-daemon-namespace"},
-		"no binary":    {func(c *PodMPSDaemonConfig) { c.DriverRootMount = t.TempDir() }, "no nvidia-cuda-mps-control"},
-		"no libcuda":   {func(c *PodMPSDaemonConfig) { c.DriverRootMount = noLib }, "no libcuda.so.1"},
+		"no image":     {func(c *PodDaemonConfig) { c.Image = "" }, "--mps-daemon-image"},
+		"no namespace": {func(c *PodDaemonConfig) { c.Namespace = "" }, "--mps-daemon-namespace"},
+		"no binary":    {func(c *PodDaemonConfig) { c.DriverRootMount = t.TempDir() }, "no nvidia-cuda-mps-control"},
+		"no libcuda":   {func(c *PodDaemonConfig) { c.DriverRootMount = noLib }, "no libcuda.so.1"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := good
 			tc.mod(&c)
-			if _, err := NewPodMPSDaemon(c); err == nil || !strings.Contains(err.Error(), tc.want) {
+			if _, err := NewPodDaemon(c); err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("error %v, want it to mention %q", err, tc.want)
 			}
 		})
@@ -193,10 +112,10 @@ func setPodPhase(t *testing.T, cs *fake.Clientset, ns, name string, phase corev1
 	}
 }
 
-func newTestPodDaemon(t *testing.T, cs *fake.Clientset, ctl *fakeControl) (*PodMPSDaemon, string) {
+func newTestPodDaemon(t *testing.T, cs *fake.Clientset, ctl *fakeControl) (*PodDaemon, string) {
 	t.Helper()
 	mount := fakeMPSDriverRoot(t)
-	d, err := NewPodMPSDaemon(PodMPSDaemonConfig{
+	d, err := NewPodDaemon(PodDaemonConfig{
 		Pods: cs.CoreV1(), Nodes: cs.CoreV1(), Namespace: "gpulink", Image: "gpulink:dev", NodeName: "n1",
 		DriverRoot: "/run/nvidia/driver", DriverRootMount: mount, Run: ctl.run,
 		PollInterval: time.Millisecond, StartTimeout: 200 * time.Millisecond,
@@ -214,8 +133,8 @@ func TestPodMPSDaemonStartStopAdopt(t *testing.T) {
 	// The daemon answers once the goroutine below saw the pod; under load
 	// that can take longer than the 200ms the timeout tests use.
 	d.cfg.StartTimeout = time.Minute
-	m := NewMPSManager(t.TempDir(), d)
-	share := MPSShare{Claim: types.UID("11111111-2222-3333-4444-555555555555"), GPUs: []MPSDevice{{MPSGPU: MPSGPU{Index: 1, UUID: "GPU-1"}, MemoryBytes: 5 * gib}}, Cores: 30}
+	m := NewManager(t.TempDir(), d)
+	share := Share{Claim: types.UID("11111111-2222-3333-4444-555555555555"), GPUs: []Device{{GPU: GPU{Index: 1, UUID: "GPU-1"}, MemoryBytes: 5 * gib}}, Cores: 30}
 	dirs := m.Dirs(share)
 	name := "gpulink-mps-" + string(share.Claim)
 
@@ -294,7 +213,7 @@ func TestPodMPSDaemonStartStopAdopt(t *testing.T) {
 	// A restarted plugin adopts the pod and sets the limits again.
 	d2, _ := newTestPodDaemon(t, cs, ctl)
 	ctl.commands = nil
-	m2 := NewMPSManager(filepath.Dir(dirs.Base), d2)
+	m2 := NewManager(filepath.Dir(dirs.Base), d2)
 	if err := m2.EnsureDaemon(t.Context(), share); err != nil {
 		t.Fatal(err)
 	}
@@ -317,7 +236,7 @@ func TestPodMPSDaemonStartStopAdopt(t *testing.T) {
 }
 
 func TestPodMPSDaemonStartFailures(t *testing.T) {
-	share := MPSShare{Claim: "c1", GPUs: []MPSDevice{{MPSGPU: MPSGPU{Index: 0, UUID: "GPU-0"}, MemoryBytes: gib}}, Cores: 10}
+	share := Share{Claim: "c1", GPUs: []Device{{GPU: GPU{Index: 0, UUID: "GPU-0"}, MemoryBytes: gib}}, Cores: 10}
 	name := "gpulink-mps-c1"
 	for tn, tc := range map[string]struct {
 		// node plays the kubelet once the pod exists.
@@ -353,7 +272,7 @@ func TestPodMPSDaemonStartFailures(t *testing.T) {
 			cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
 			ctl := &fakeControl{}
 			d, _ := newTestPodDaemon(t, cs, ctl)
-			m := NewMPSManager(t.TempDir(), d)
+			m := NewManager(t.TempDir(), d)
 			dirs := m.Dirs(share)
 			done := make(chan struct{})
 			go func() {
@@ -396,8 +315,8 @@ func TestPodMPSDaemonTerminatingPod(t *testing.T) {
 	old := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "gpulink-mps-c1", Namespace: "gpulink", DeletionTimestamp: &now, Finalizers: []string{"x"}}, Spec: corev1.PodSpec{NodeName: "n1"}}
 	cs := fake.NewClientset(old, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
 	d, _ := newTestPodDaemon(t, cs, &fakeControl{up: true})
-	m := NewMPSManager(t.TempDir(), d)
-	err := m.EnsureDaemon(t.Context(), MPSShare{Claim: "c1", GPUs: []MPSDevice{{MPSGPU: MPSGPU{UUID: "GPU-0"}, MemoryBytes: gib}}, Cores: 10})
+	m := NewManager(t.TempDir(), d)
+	err := m.EnsureDaemon(t.Context(), Share{Claim: "c1", GPUs: []Device{{GPU: GPU{UUID: "GPU-0"}, MemoryBytes: gib}}, Cores: 10})
 	if err == nil || !strings.Contains(err.Error(), "still terminating") {
 		t.Fatalf("error %v", err)
 	}
@@ -405,8 +324,8 @@ func TestPodMPSDaemonTerminatingPod(t *testing.T) {
 
 func TestDirOnlyMPSDaemon(t *testing.T) {
 	root := t.TempDir()
-	m := NewMPSManager(root, DirOnlyMPSDaemon{})
-	s := MPSShare{Claim: "c2", GPUs: []MPSDevice{{MPSGPU: MPSGPU{Index: 2}, MemoryBytes: gib}}, Cores: 5}
+	m := NewManager(root, DirOnlyDaemon{})
+	s := Share{Claim: "c2", GPUs: []Device{{GPU: GPU{Index: 2}, MemoryBytes: gib}}, Cores: 5}
 	if err := m.EnsureDaemon(t.Context(), s); err != nil {
 		t.Fatal(err)
 	}
@@ -427,8 +346,8 @@ func TestDirOnlyMPSDaemon(t *testing.T) {
 }
 
 func TestUnavailableMPSDaemon(t *testing.T) {
-	m := NewMPSManager(t.TempDir(), UnavailableMPSDaemon{Err: errors.New("no nvidia-cuda-mps-control")})
-	err := m.EnsureDaemon(t.Context(), MPSShare{Claim: "c", GPUs: []MPSDevice{{MPSGPU: MPSGPU{UUID: "GPU-0"}, MemoryBytes: gib}}, Cores: 5})
+	m := NewManager(t.TempDir(), UnavailableDaemon{Err: errors.New("no nvidia-cuda-mps-control")})
+	err := m.EnsureDaemon(t.Context(), Share{Claim: "c", GPUs: []Device{{GPU: GPU{UUID: "GPU-0"}, MemoryBytes: gib}}, Cores: 5})
 	if err == nil || !strings.Contains(err.Error(), "MPS sharing is unavailable") || !strings.Contains(err.Error(), "no nvidia-cuda-mps-control") {
 		t.Fatalf("error %v", err)
 	}
@@ -445,10 +364,10 @@ func TestPodMPSDaemonAdoptionFailureKeepsDaemon(t *testing.T) {
 	}
 	cs := fake.NewClientset(running, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
 	d, _ := newTestPodDaemon(t, cs, &fakeControl{}) // never answers
-	m := NewMPSManager(t.TempDir(), d)
-	share := MPSShare{Claim: "c1", GPUs: []MPSDevice{{MPSGPU: MPSGPU{UUID: "GPU-0"}, MemoryBytes: gib}}, Cores: 10}
+	m := NewManager(t.TempDir(), d)
+	share := Share{Claim: "c1", GPUs: []Device{{GPU: GPU{UUID: "GPU-0"}, MemoryBytes: gib}}, Cores: 10}
 	err := m.EnsureDaemon(t.Context(), share)
-	if err == nil || !errors.Is(err, ErrMPSDaemonKept) || !strings.Contains(err.Error(), "did not answer") {
+	if err == nil || !errors.Is(err, ErrDaemonKept) || !strings.Contains(err.Error(), "did not answer") {
 		t.Fatalf("error %v, want a kept daemon that did not answer", err)
 	}
 	if _, err := cs.CoreV1().Pods("gpulink").Get(t.Context(), running.Name, metav1.GetOptions{}); err != nil {
@@ -469,10 +388,10 @@ func TestPodMPSDaemonTwoGPUs(t *testing.T) {
 	cs := fake.NewClientset()
 	ctl := &fakeControl{up: true}
 	d, _ := newTestPodDaemon(t, cs, ctl)
-	m := NewMPSManager(t.TempDir(), d)
-	share := MPSShare{Claim: "pair", Cores: 50, GPUs: []MPSDevice{
-		{MPSGPU: MPSGPU{Index: 3, UUID: "GPU-3"}, MemoryBytes: 8000 << 20},
-		{MPSGPU: MPSGPU{Index: 1, UUID: "GPU-1"}, MemoryBytes: 2 * gib},
+	m := NewManager(t.TempDir(), d)
+	share := Share{Claim: "pair", Cores: 50, GPUs: []Device{
+		{GPU: GPU{Index: 3, UUID: "GPU-3"}, MemoryBytes: 8000 << 20},
+		{GPU: GPU{Index: 1, UUID: "GPU-1"}, MemoryBytes: 2 * gib},
 	}}
 	dirs := m.Dirs(share)
 	pod := d.pod(share, dirs, nil)
@@ -500,14 +419,14 @@ func TestPodMPSDaemonTwoGPUs(t *testing.T) {
 	// A GPU whose limit is under 1Mi is refused before any command.
 	ctl.commands = nil
 	bad := share
-	bad.GPUs = []MPSDevice{share.GPUs[0], {MPSGPU: MPSGPU{Index: 1, UUID: "GPU-1"}, MemoryBytes: 1000}}
+	bad.GPUs = []Device{share.GPUs[0], {GPU: GPU{Index: 1, UUID: "GPU-1"}, MemoryBytes: 1000}}
 	if err := d.setLimits(t.Context(), bad, dirs); err == nil || !strings.Contains(err.Error(), "GPU-1") {
 		t.Errorf("error %v, want GPU-1's limit refused", err)
 	}
 	if len(ctl.commands) != 0 {
 		t.Errorf("commands sent before the refusal: %q", ctl.commands)
 	}
-	if err := m.EnsureDaemon(t.Context(), MPSShare{Claim: "none", Cores: 10}); err == nil || !strings.Contains(err.Error(), "no GPU") {
+	if err := m.EnsureDaemon(t.Context(), Share{Claim: "none", Cores: 10}); err == nil || !strings.Contains(err.Error(), "no GPU") {
 		t.Errorf("share without GPUs: error %v", err)
 	}
 }
@@ -541,9 +460,9 @@ func TestRemoveOrphans(t *testing.T) {
 	)
 	d, _ := newTestPodDaemon(t, cs, &fakeControl{})
 	root := t.TempDir()
-	m := NewMPSManager(root, d)
+	m := NewManager(root, d)
 	for _, id := range []string{kept, orphan, dirOnly} {
-		if err := m.Dirs(MPSShare{Claim: types.UID(id)}).create(); err != nil {
+		if err := m.Dirs(Share{Claim: types.UID(id)}).create(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -584,9 +503,9 @@ func TestRemoveOrphans(t *testing.T) {
 func TestReassertLimits(t *testing.T) {
 	ctl := &fakeControl{up: true, servers: "4242\n4243\n"}
 	d, _ := newTestPodDaemon(t, fake.NewClientset(), ctl)
-	m := NewMPSManager(t.TempDir(), d).(*mpsManager)
-	share := MPSShare{Claim: "33333333-2222-3333-4444-555555555555", Cores: 30,
-		GPUs: []MPSDevice{{MPSGPU: MPSGPU{Index: 0, UUID: "GPU-0"}, MemoryBytes: 5 * gib}, {MPSGPU: MPSGPU{Index: 1, UUID: "GPU-1"}, MemoryBytes: 3 * gib}}}
+	m := NewManager(t.TempDir(), d).(*mpsManager)
+	share := Share{Claim: "33333333-2222-3333-4444-555555555555", Cores: 30,
+		GPUs: []Device{{GPU: GPU{Index: 0, UUID: "GPU-0"}, MemoryBytes: 5 * gib}, {GPU: GPU{Index: 1, UUID: "GPU-1"}, MemoryBytes: 3 * gib}}}
 	// Held as after a prepare (Start itself is tested above).
 	m.refs[share.ID()] = 1
 	m.shares[share.ID()] = share

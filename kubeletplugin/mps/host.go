@@ -1,4 +1,4 @@
-package kubeletplugin
+package mps
 
 import (
 	"context"
@@ -10,21 +10,21 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
-// HostMPSDaemon runs each claim's MPS control daemon as a process of this
+// HostDaemon runs each claim's MPS control daemon as a process of this
 // host (nvidia-cuda-mps-control -d from the driver root), with the same
 // per-claim pipe, log and shm directories and the same server-side limits
-// as PodMPSDaemon. It is for hosts without Kubernetes, such as the GPU
+// as PodDaemon. It is for hosts without Kubernetes, such as the GPU
 // acceptance suite (make gpu-check): in the kubelet plugin's container a
 // daemon started so would die with the container, which is why the plugin
 // uses pods (doc.go, "MPS daemons").
-type HostMPSDaemon struct {
-	ctl PodMPSDaemon
+type HostDaemon struct {
+	ctl PodDaemon
 }
 
-// NewHostMPSDaemon finds nvidia-cuda-mps-control and libcuda under
+// NewHostDaemon finds nvidia-cuda-mps-control and libcuda under
 // driverRoot (a path of this host; "/" for a host install). run is
 // ExecCommand when nil.
-func NewHostMPSDaemon(driverRoot string, run CommandRunner) (*HostMPSDaemon, error) {
+func NewHostDaemon(driverRoot string, run CommandRunner) (*HostDaemon, error) {
 	if driverRoot == "" {
 		return nil, errors.New("MPS host daemon: driver root is empty")
 	}
@@ -35,8 +35,8 @@ func NewHostMPSDaemon(driverRoot string, run CommandRunner) (*HostMPSDaemon, err
 	if run == nil {
 		run = ExecCommand
 	}
-	return &HostMPSDaemon{ctl: PodMPSDaemon{
-		cfg:     PodMPSDaemonConfig{DriverRoot: driverRoot, DriverRootMount: driverRoot, Run: run, PollInterval: 200 * time.Millisecond, StartTimeout: 30 * time.Second},
+	return &HostDaemon{ctl: PodDaemon{
+		cfg:     PodDaemonConfig{DriverRoot: driverRoot, DriverRootMount: driverRoot, Run: run, PollInterval: 200 * time.Millisecond, StartTimeout: 30 * time.Second},
 		binDir:  binDir,
 		libDirs: libDirs,
 	}}, nil
@@ -45,7 +45,7 @@ func NewHostMPSDaemon(driverRoot string, run CommandRunner) (*HostMPSDaemon, err
 // Start launches the claim's daemon unless one already answers on its pipe
 // directory, waits until it answers, and sets the claim's limits on it. A
 // daemon that fails is stopped and its directories removed.
-func (h *HostMPSDaemon) Start(ctx context.Context, share MPSShare, dirs MPSDirs) error {
+func (h *HostDaemon) Start(ctx context.Context, share Share, dirs Dirs) error {
 	if err := dirs.create(); err != nil {
 		return errors.Join(err, dirs.remove())
 	}
@@ -56,7 +56,7 @@ func (h *HostMPSDaemon) Start(ctx context.Context, share MPSShare, dirs MPSDirs)
 	return nil
 }
 
-func (h *HostMPSDaemon) start(ctx context.Context, share MPSShare, dirs MPSDirs) error {
+func (h *HostDaemon) start(ctx context.Context, share Share, dirs Dirs) error {
 	d := &h.ctl
 	root := d.cfg.DriverRootMount
 	if _, err := d.control(ctx, share, dirs, "get_server_list"); err != nil {
@@ -76,14 +76,14 @@ func (h *HostMPSDaemon) start(ctx context.Context, share MPSShare, dirs MPSDirs)
 	return d.setLimits(ctx, share, dirs)
 }
 
-// ReassertLimits: see PodMPSDaemon.ReassertLimits.
-func (h *HostMPSDaemon) ReassertLimits(ctx context.Context, share MPSShare, dirs MPSDirs) error {
+// ReassertLimits: see PodDaemon.ReassertLimits.
+func (h *HostDaemon) ReassertLimits(ctx context.Context, share Share, dirs Dirs) error {
 	return h.ctl.ReassertLimits(ctx, share, dirs)
 }
 
 // Stop sends quit to the claim's daemon (one that no longer answers counts
 // as stopped) and removes its directories.
-func (h *HostMPSDaemon) Stop(ctx context.Context, share MPSShare, dirs MPSDirs) error {
+func (h *HostDaemon) Stop(ctx context.Context, share Share, dirs Dirs) error {
 	d := &h.ctl
 	var quitErr error
 	if _, err := d.control(ctx, share, dirs, "get_server_list"); err == nil {

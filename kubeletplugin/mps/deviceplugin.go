@@ -1,4 +1,4 @@
-package kubeletplugin
+package mps
 
 import (
 	"context"
@@ -26,27 +26,27 @@ import (
 	"github.com/gpulink/gpulink/driver/topology"
 )
 
-// MPSDaemonResourceDomain prefixes the extended resources the MPS daemon
+// DaemonResourceDomain prefixes the extended resources the MPS daemon
 // device plugin advertises, one per GPU: mps-daemon.gpu.gpulink.dev/gpu-<index>.
 // Extended resource names must be domain-prefixed outside kubernetes.io;
 // one resource per GPU (rather than one for all GPUs) lets a daemon pod ask
 // for exactly its claim's GPUs, since the kubelet picks the device IDs of
 // a resource and the plugin could not steer it to a particular GPU.
-const MPSDaemonResourceDomain = "mps-daemon." + driver.Name
+const DaemonResourceDomain = "mps-daemon." + driver.Name
 
-// MPSDaemonResourceName is the extended resource of the GPU with that
+// DaemonResourceName is the extended resource of the GPU with that
 // index: an MPS daemon pod asks for one of it to get the GPU's device
 // nodes.
-func MPSDaemonResourceName(index int) corev1.ResourceName {
-	return corev1.ResourceName(MPSDaemonResourceDomain + "/" + driver.DeviceName(index))
+func DaemonResourceName(index int) corev1.ResourceName {
+	return corev1.ResourceName(DaemonResourceDomain + "/" + driver.DeviceName(index))
 }
 
-// DefaultMPSDaemonSlots is how many daemon pods may hold one GPU's
+// DefaultDaemonSlots is how many daemon pods may hold one GPU's
 // resource at a time: one per claim with an MPS share on it. Shares are
 // at least 1 % of the cores and a few MiB of memory, so more than 64 on one
 // GPU would be useless anyway; the count only has to exceed what the
 // controller ever places there.
-const DefaultMPSDaemonSlots = 64
+const DefaultDaemonSlots = 64
 
 // KubeletDevicePluginDir is the kubelet's device plugin directory:
 // kubelet.sock and the plugins' sockets. The kubelet (1.37) uses this
@@ -57,52 +57,55 @@ const KubeletDevicePluginDir = "/var/lib/kubelet/device-plugins"
 // device plugin directory, so that stale ones can be told from others'.
 const mpsSocketPrefix = "gpulink-mps-"
 
-// MPSDevicePluginConfig configures MPSDevicePlugin.
-type MPSDevicePluginConfig struct {
+// DevicePluginConfig configures DevicePlugin.
+type DevicePluginConfig struct {
 	// Dir is the kubelet's device plugin directory (kubelet.sock).
 	Dir string
 	// GPUs returns the node's GPUs; read at every (re)start, so that a
 	// rediscovery that changes the GPUs restarts the servers.
 	GPUs func() []topology.GPU
-	// Root locates the device nodes (on the host and for this process),
-	// as in the claims' CDI specs.
-	Root DriverRoot
-	// Slots per GPU (DefaultMPSDaemonSlots when zero).
+	// DevRoots returns the directory holding dev/ as this process sees it
+	// and on the host, as the claims' CDI specs locate device nodes
+	// (kubeletplugin.DriverRoot.DevRoots); asked at every (re)start.
+	DevRoots func() (mount, host string)
+	// Slots per GPU (DefaultDaemonSlots when zero).
 	Slots int
 	// PollInterval is how often kubelet.sock, the plugin's sockets and the
 	// GPUs are checked for a change (1s when zero).
 	PollInterval time.Duration
 }
 
-// MPSDevicePlugin is a kubelet device plugin that hands the MPS control
+// DevicePlugin is a kubelet device plugin that hands the MPS control
 // daemon pods their GPUs' device nodes, so that they need not be
 // privileged: Kubernetes gives an unprivileged container host device nodes
 // only through a device plugin or a DRA claim, and a daemon pod cannot
 // hold its claim's DRA allocation (that would make it a second consumer of
 // the claim the controller allocated for the user's pods). It serves one
-// resource per GPU (MPSDaemonResourceName), each with Slots interchangeable
+// resource per GPU (DaemonResourceName), each with Slots interchangeable
 // device IDs, and its Allocate returns that GPU's /dev/nvidia<minor>,
 // /dev/nvidiactl, /dev/nvidia-uvm and /dev/nvidia-uvm-tools, nothing else.
-// The resources are only requested by PodMPSDaemon's pods; a user's pod
+// The resources are only requested by PodDaemon's pods; a user's pod
 // asking for one gets device nodes it could get from a claim anyway, but
 // no limits: the controller does not count these, so see docs/security.md.
-type MPSDevicePlugin struct {
-	cfg MPSDevicePluginConfig
+type DevicePlugin struct {
+	cfg DevicePluginConfig
 
 	mu      sync.Mutex
 	servers []*mpsGPUServer
 }
 
-// NewMPSDevicePlugin checks the configuration; Run serves.
-func NewMPSDevicePlugin(cfg MPSDevicePluginConfig) (*MPSDevicePlugin, error) {
+// NewDevicePlugin checks the configuration; Run serves.
+func NewDevicePlugin(cfg DevicePluginConfig) (*DevicePlugin, error) {
 	switch {
 	case cfg.Dir == "":
 		return nil, errors.New("MPS daemon device plugin: the kubelet's device plugin directory is empty")
 	case cfg.GPUs == nil:
 		return nil, errors.New("MPS daemon device plugin: no GPU source")
+	case cfg.DevRoots == nil:
+		return nil, errors.New("MPS daemon device plugin: no device node root")
 	}
 	if cfg.Slots == 0 {
-		cfg.Slots = DefaultMPSDaemonSlots
+		cfg.Slots = DefaultDaemonSlots
 	}
 	if cfg.Slots < 1 {
 		return nil, fmt.Errorf("MPS daemon device plugin: %d slots per GPU, want at least 1", cfg.Slots)
@@ -110,11 +113,11 @@ func NewMPSDevicePlugin(cfg MPSDevicePluginConfig) (*MPSDevicePlugin, error) {
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = time.Second
 	}
-	return &MPSDevicePlugin{cfg: cfg}, nil
+	return &DevicePlugin{cfg: cfg}, nil
 }
 
 // kubeletSocket is the kubelet's registration socket.
-func (p *MPSDevicePlugin) kubeletSocket() string {
+func (p *DevicePlugin) kubeletSocket() string {
 	return filepath.Join(p.cfg.Dir, filepath.Base(pluginapi.KubeletSocket))
 }
 
@@ -124,7 +127,7 @@ func (p *MPSDevicePlugin) kubeletSocket() string {
 // every plugin socket in the directory), one of its sockets disappears,
 // registration failed, or the GPUs changed. Failures are logged and
 // retried at the next poll: the kubelet may start after the plugin.
-func (p *MPSDevicePlugin) Run(ctx context.Context) error {
+func (p *DevicePlugin) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx).WithName("mps-device-plugin")
 	ctx = klog.NewContext(ctx, logger)
 	defer p.stopServers()
@@ -202,7 +205,7 @@ func sameGPUs(a, b []topology.GPU) bool {
 
 // removeStaleSockets removes sockets a previous process left behind: the
 // kubelet would otherwise keep dialling them until it notices.
-func (p *MPSDevicePlugin) removeStaleSockets() error {
+func (p *DevicePlugin) removeStaleSockets() error {
 	entries, err := os.ReadDir(p.cfg.Dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -222,7 +225,7 @@ func (p *MPSDevicePlugin) removeStaleSockets() error {
 
 // socketsPresent reports whether every server's socket is still there
 // (the kubelet removes them all when it starts).
-func (p *MPSDevicePlugin) socketsPresent() bool {
+func (p *DevicePlugin) socketsPresent() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, s := range p.servers {
@@ -234,8 +237,8 @@ func (p *MPSDevicePlugin) socketsPresent() bool {
 }
 
 // startAndRegister starts a server for each GPU and registers it.
-func (p *MPSDevicePlugin) startAndRegister(ctx context.Context, gpus []topology.GPU) error {
-	devMount, devHost := p.cfg.Root.devRoots()
+func (p *DevicePlugin) startAndRegister(ctx context.Context, gpus []topology.GPU) error {
+	devMount, devHost := p.cfg.DevRoots()
 	for _, g := range gpus {
 		s := newMPSGPUServer(g, p.cfg.Slots, devMount, devHost, filepath.Join(p.cfg.Dir, mpsSocketPrefix+driver.DeviceName(g.Index)+".sock"))
 		if err := s.serve(klog.FromContext(ctx)); err != nil {
@@ -252,7 +255,7 @@ func (p *MPSDevicePlugin) startAndRegister(ctx context.Context, gpus []topology.
 }
 
 // register announces one server to the kubelet.
-func (p *MPSDevicePlugin) register(ctx context.Context, s *mpsGPUServer) error {
+func (p *DevicePlugin) register(ctx context.Context, s *mpsGPUServer) error {
 	conn, err := grpc.NewClient("unix://"+p.kubeletSocket(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return fmt.Errorf("connecting to the kubelet at %s: %w", p.kubeletSocket(), err)
@@ -273,7 +276,7 @@ func (p *MPSDevicePlugin) register(ctx context.Context, s *mpsGPUServer) error {
 }
 
 // stopServers stops every server and removes its socket.
-func (p *MPSDevicePlugin) stopServers() {
+func (p *DevicePlugin) stopServers() {
 	p.mu.Lock()
 	servers := p.servers
 	p.servers = nil
@@ -302,14 +305,14 @@ type mpsDeviceNode struct{ path, seen, host string }
 
 func newMPSGPUServer(g topology.GPU, slots int, devMount, devHost, socket string) *mpsGPUServer {
 	s := &mpsGPUServer{
-		resource: string(MPSDaemonResourceName(g.Index)),
+		resource: string(DaemonResourceName(g.Index)),
 		socket:   socket,
 		done:     make(chan struct{}),
 	}
 	for i := range slots {
 		s.ids = append(s.ids, mpsSlotID(g.Index, i))
 	}
-	for _, path := range append([]string{"/dev/nvidia" + strconv.Itoa(g.Minor)}, controlDeviceNodes...) {
+	for _, path := range append([]string{"/dev/nvidia" + strconv.Itoa(g.Minor)}, driver.ControlDeviceNodes()...) {
 		s.nodes = append(s.nodes, mpsDeviceNode{path: path, seen: filepath.Join(devMount, path), host: filepath.Join(devHost, path)})
 	}
 	return s
@@ -393,12 +396,4 @@ func (s *mpsGPUServer) Allocate(_ context.Context, req *pluginapi.AllocateReques
 		resp.ContainerResponses = append(resp.ContainerResponses, cr)
 	}
 	return resp, nil
-}
-
-// GPUs returns the GPUs of the last discovery, for the MPS daemon device
-// plugin.
-func (d *Driver) GPUs() []topology.GPU {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return slices.Clone(d.topo.GPUs)
 }

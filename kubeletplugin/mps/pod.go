@@ -1,4 +1,4 @@
-package kubeletplugin
+package mps
 
 import (
 	"context"
@@ -22,8 +22,15 @@ import (
 	"github.com/gpulink/gpulink/driver"
 )
 
-// mpsControlName is the MPS control program in the driver root.
-const mpsControlName = "nvidia-cuda-mps-control"
+// mib is the unit of MPS pinned memory limits ("<n>M"), maxThreadPercentage
+// the largest active thread percentage.
+const (
+	mib                 = 1 << 20
+	maxThreadPercentage = 100
+)
+
+// ControlBinary is the MPS control program in the driver root.
+const ControlBinary = "nvidia-cuda-mps-control"
 
 // Where driver installs keep the MPS binaries and libcuda, relative to the
 // driver root (host installs of Debian/Ubuntu and RHEL, the GPU
@@ -41,8 +48,8 @@ const (
 	mpsNodeLabel      = driver.Name + "/node"
 )
 
-// PodMPSDaemonConfig configures PodMPSDaemon.
-type PodMPSDaemonConfig struct {
+// PodDaemonConfig configures PodDaemon.
+type PodDaemonConfig struct {
 	Pods  corev1client.PodsGetter
 	Nodes corev1client.NodesGetter // optional: the Node becomes the pods' owner
 	// Namespace and Image of the daemon pods: the plugin's own namespace
@@ -62,12 +69,12 @@ type PodMPSDaemonConfig struct {
 	PollInterval, StartTimeout time.Duration
 }
 
-// PodMPSDaemon runs each claim's MPS control daemon
+// PodDaemon runs each claim's MPS control daemon
 // (nvidia-cuda-mps-control -f from the driver root) in a pod of its own,
 // bound to this node, so that the daemon outlives plugin restarts and
 // upgrades; see doc.go for why a pod.
-type PodMPSDaemon struct {
-	cfg PodMPSDaemonConfig
+type PodDaemon struct {
+	cfg PodDaemonConfig
 	// binDir holds nvidia-cuda-mps-control and libDirs are the driver's
 	// library directories, relative to the driver root.
 	binDir  string
@@ -79,10 +86,10 @@ type PodMPSDaemon struct {
 // driver root at "/", which a container cannot mount it over.
 const mpsPodDriverRoot = "/driver-root"
 
-// NewPodMPSDaemon finds nvidia-cuda-mps-control and the driver's library
+// NewPodDaemon finds nvidia-cuda-mps-control and the driver's library
 // directories under the driver root mount, so that a node without them
 // fails at plugin start and not at the first MPS claim.
-func NewPodMPSDaemon(cfg PodMPSDaemonConfig) (*PodMPSDaemon, error) {
+func NewPodDaemon(cfg PodDaemonConfig) (*PodDaemon, error) {
 	switch {
 	case cfg.Pods == nil:
 		return nil, errors.New("MPS daemon pods: no API client")
@@ -95,7 +102,7 @@ func NewPodMPSDaemon(cfg PodMPSDaemonConfig) (*PodMPSDaemon, error) {
 	case cfg.DriverRoot == "" || cfg.DriverRootMount == "":
 		return nil, fmt.Errorf("MPS daemon pods: --driver-root %q and --driver-root-mount %q must both be set", cfg.DriverRoot, cfg.DriverRootMount)
 	}
-	d := &PodMPSDaemon{cfg: cfg}
+	d := &PodDaemon{cfg: cfg}
 	var err error
 	if d.binDir, d.libDirs, err = findMPSDriver(cfg.DriverRootMount); err != nil {
 		return nil, err
@@ -117,14 +124,14 @@ func NewPodMPSDaemon(cfg PodMPSDaemonConfig) (*PodMPSDaemon, error) {
 // relative to the driver root.
 func findMPSDriver(mount string) (binDir string, libDirs []string, err error) {
 	for _, dir := range mpsBinDirs {
-		p := filepath.Join(mount, dir, mpsControlName)
+		p := filepath.Join(mount, dir, ControlBinary)
 		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
 			binDir = dir
 			break
 		}
 	}
 	if binDir == "" {
-		return "", nil, fmt.Errorf("--driver-root-mount %s: no %s in %s; MPS sharing needs the driver's compute utilities", mount, mpsControlName, strings.Join(mpsBinDirs, ", "))
+		return "", nil, fmt.Errorf("--driver-root-mount %s: no %s in %s; MPS sharing needs the driver's compute utilities", mount, ControlBinary, strings.Join(mpsBinDirs, ", "))
 	}
 	for _, dir := range mpsLibDirs {
 		if _, err := os.Stat(filepath.Join(mount, dir, "libcuda.so.1")); err == nil {
@@ -139,7 +146,7 @@ func findMPSDriver(mount string) (binDir string, libDirs []string, err error) {
 
 // mpsPodName is the name of a claim's daemon pod (claim UIDs are 36
 // characters, well within the 63 a name may have).
-func mpsPodName(share MPSShare) string { return mpsPodPrefix + share.ID() }
+func mpsPodName(share Share) string { return mpsPodPrefix + share.ID() }
 
 // mpsPodPrefix starts every daemon pod's name; the chart's admission
 // policy (kubeletplugin-pod-admission.yaml) holds the plugin to it.
@@ -147,15 +154,15 @@ const mpsPodPrefix = "gpulink-mps-"
 
 // controlBin is nvidia-cuda-mps-control under the driver root mounted at
 // root.
-func (d *PodMPSDaemon) controlBin(root string) string {
-	return filepath.Join(root, d.binDir, mpsControlName)
+func (d *PodDaemon) controlBin(root string) string {
+	return filepath.Join(root, d.binDir, ControlBinary)
 }
 
 // env is the environment of the daemon and of the control client, with
 // the driver root mounted at root: both find the daemon by its pipe
 // directory, and the binary needs the driver's libraries (and the daemon
 // finds nvidia-cuda-mps-server next to it through PATH).
-func (d *PodMPSDaemon) env(root string, share MPSShare, dirs MPSDirs) []string {
+func (d *PodDaemon) env(root string, share Share, dirs Dirs) []string {
 	libs := make([]string, len(d.libDirs))
 	for i, l := range d.libDirs {
 		libs[i] = filepath.Join(root, l)
@@ -172,7 +179,7 @@ func (d *PodMPSDaemon) env(root string, share MPSShare, dirs MPSDirs) []string {
 // pod is the daemon pod of a share. The pipe and log directories are
 // mounted at their host paths (the same paths the plugin and the claim's
 // containers use), the share's shm directory as /dev/shm.
-func (d *PodMPSDaemon) pod(share MPSShare, dirs MPSDirs, owner *metav1.OwnerReference) *corev1.Pod {
+func (d *PodDaemon) pod(share Share, dirs Dirs, owner *metav1.OwnerReference) *corev1.Pod {
 	var env []corev1.EnvVar
 	for _, kv := range d.env(mpsPodDriverRoot, share, dirs) {
 		k, v, _ := strings.Cut(kv, "=")
@@ -209,7 +216,7 @@ func (d *PodMPSDaemon) pod(share MPSShare, dirs MPSDirs, owner *metav1.OwnerRefe
 				Env:             env,
 				// The daemon and the server it spawns open the claim's
 				// GPUs' device nodes, /dev/nvidiactl and the uvm nodes:
-				// the MPS daemon device plugin (mps_deviceplugin.go)
+				// the MPS daemon device plugin (deviceplugin.go)
 				// hands exactly those to a pod asking for its GPUs'
 				// resources, so the container needs no privilege. The
 				// image runs as a non-root user, which had no effective
@@ -239,11 +246,11 @@ func (d *PodMPSDaemon) pod(share MPSShare, dirs MPSDirs, owner *metav1.OwnerRefe
 }
 
 // resources asks for one slot of each of the share's GPUs'
-// MPSDaemonResourceName; the API server copies limits to requests.
-func (d *PodMPSDaemon) resources(share MPSShare) corev1.ResourceRequirements {
+// DaemonResourceName; the API server copies limits to requests.
+func (d *PodDaemon) resources(share Share) corev1.ResourceRequirements {
 	limits := corev1.ResourceList{}
 	for _, g := range share.GPUs {
-		limits[MPSDaemonResourceName(g.Index)] = resource.MustParse("1")
+		limits[DaemonResourceName(g.Index)] = resource.MustParse("1")
 	}
 	return corev1.ResourceRequirements{Limits: limits}
 }
@@ -259,14 +266,14 @@ func mpsDaemonSecurityContext() *corev1.SecurityContext {
 
 // DaemonPod is the pod Start creates for the share, without its owner:
 // for tests that check it against the chart's admission policy.
-func (d *PodMPSDaemon) DaemonPod(share MPSShare, dirs MPSDirs) *corev1.Pod {
+func (d *PodDaemon) DaemonPod(share Share, dirs Dirs) *corev1.Pod {
 	return d.pod(share, dirs, nil)
 }
 
 // nodeOwner makes the Node the owner of the daemon pods, so that the
 // garbage collector removes them with the Node. Not the plugin's pod: an
 // upgrade replaces it, and the daemons must survive that.
-func (d *PodMPSDaemon) nodeOwner(ctx context.Context) (*metav1.OwnerReference, error) {
+func (d *PodDaemon) nodeOwner(ctx context.Context) (*metav1.OwnerReference, error) {
 	if d.cfg.Nodes == nil {
 		return nil, nil
 	}
@@ -281,7 +288,7 @@ func (d *PodMPSDaemon) nodeOwner(ctx context.Context) (*metav1.OwnerReference, e
 // plugin process created), waits until the daemon answers on its pipe and
 // sets the share's limits as the daemon's defaults. On failure it deletes
 // the pod and the directories and returns the daemon's log tail.
-func (d *PodMPSDaemon) Start(ctx context.Context, share MPSShare, dirs MPSDirs) error {
+func (d *PodDaemon) Start(ctx context.Context, share Share, dirs Dirs) error {
 	if err := dirs.create(); err != nil {
 		return errors.Join(err, dirs.remove())
 	}
@@ -293,13 +300,13 @@ func (d *PodMPSDaemon) Start(ctx context.Context, share MPSShare, dirs MPSDirs) 
 	if adopted {
 		// The pod predates this call and may serve running containers
 		// (a plugin restart while the API or the daemon hiccups): keep it.
-		return fmt.Errorf("%w%s (%w)", err, tail, ErrMPSDaemonKept)
+		return fmt.Errorf("%w%s (%w)", err, tail, ErrDaemonKept)
 	}
 	return errors.Join(fmt.Errorf("%w%s", err, tail), d.Stop(ctx, share, dirs))
 }
 
 // start reports whether it adopted an existing pod.
-func (d *PodMPSDaemon) start(ctx context.Context, share MPSShare, dirs MPSDirs) (adopted bool, err error) {
+func (d *PodDaemon) start(ctx context.Context, share Share, dirs Dirs) (adopted bool, err error) {
 	logger := klog.FromContext(ctx)
 	pods := d.cfg.Pods.Pods(d.cfg.Namespace)
 	name := mpsPodName(share)
@@ -371,16 +378,16 @@ func (d *PodMPSDaemon) start(ctx context.Context, share MPSShare, dirs MPSDirs) 
 // that ordinal; the active thread percentage is one per server.
 // Sent on adoption too: it is idempotent, and a daemon restarted by hand
 // would otherwise run without limits.
-func (d *PodMPSDaemon) setLimits(ctx context.Context, share MPSShare, dirs MPSDirs) error {
+func (d *PodDaemon) setLimits(ctx context.Context, share Share, dirs Dirs) error {
 	if len(share.GPUs) == 0 {
 		return fmt.Errorf("MPS share of claim %s: no GPU", share.ID())
 	}
-	if share.Cores < 1 || share.Cores > coresTotal {
-		return fmt.Errorf("MPS share of claim %s: active thread percentage %d is not within 1..%d", share.ID(), share.Cores, coresTotal)
+	if share.Cores < 1 || share.Cores > maxThreadPercentage {
+		return fmt.Errorf("MPS share of claim %s: active thread percentage %d is not within 1..%d", share.ID(), share.Cores, maxThreadPercentage)
 	}
 	cmds := []string{"set_default_active_thread_percentage " + strconv.FormatInt(share.Cores, 10)}
 	for i, g := range share.GPUs {
-		mib := g.MemoryBytes / memoryStep
+		mib := g.MemoryBytes / mib
 		if mib < 1 {
 			return fmt.Errorf("MPS share of claim %s on GPU %s: pinned memory limit %d bytes is less than 1Mi", share.ID(), g.ID(), g.MemoryBytes)
 		}
@@ -401,7 +408,7 @@ func (d *PodMPSDaemon) setLimits(ctx context.Context, share MPSShare, dirs MPSDi
 // shares with the daemon. Pinned memory limits reach a running server's
 // clients when they connect; a client connected under raised limits keeps
 // them until it exits, which the README says ("What MPS guarantees").
-func (d *PodMPSDaemon) ReassertLimits(ctx context.Context, share MPSShare, dirs MPSDirs) error {
+func (d *PodDaemon) ReassertLimits(ctx context.Context, share Share, dirs Dirs) error {
 	if err := d.setLimits(ctx, share, dirs); err != nil {
 		return err
 	}
@@ -421,7 +428,7 @@ func (d *PodMPSDaemon) ReassertLimits(ctx context.Context, share MPSShare, dirs 
 }
 
 // control sends one command to the share's daemon.
-func (d *PodMPSDaemon) control(ctx context.Context, share MPSShare, dirs MPSDirs, cmd string) (string, error) {
+func (d *PodDaemon) control(ctx context.Context, share Share, dirs Dirs, cmd string) (string, error) {
 	bin := d.controlBin(d.cfg.DriverRootMount)
 	out, err := d.cfg.Run(ctx, bin, nil, d.env(d.cfg.DriverRootMount, share, dirs), cmd+"\n")
 	text := strings.TrimSpace(string(out))
@@ -436,7 +443,7 @@ func (d *PodMPSDaemon) control(ctx context.Context, share MPSShare, dirs MPSDirs
 }
 
 // ListDaemons lists the claim UIDs of this node's daemon pods, by label.
-func (d *PodMPSDaemon) ListDaemons(ctx context.Context) ([]string, error) {
+func (d *PodDaemon) ListDaemons(ctx context.Context) ([]string, error) {
 	sel := mpsComponentLabel + "=" + mpsComponentValue + "," + mpsNodeLabel + "=" + d.cfg.NodeName
 	list, err := d.cfg.Pods.Pods(d.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
 	if err != nil {
@@ -455,7 +462,7 @@ func (d *PodMPSDaemon) ListDaemons(ctx context.Context) ([]string, error) {
 
 // Stop deletes the daemon pod (killing the daemon and its server) and the
 // share's directories. A pod that is already gone is fine.
-func (d *PodMPSDaemon) Stop(ctx context.Context, share MPSShare, dirs MPSDirs) error {
+func (d *PodDaemon) Stop(ctx context.Context, share Share, dirs Dirs) error {
 	name := mpsPodName(share)
 	err := d.cfg.Pods.Pods(d.cfg.Namespace).Delete(ctx, name, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {

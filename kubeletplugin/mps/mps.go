@@ -1,4 +1,4 @@
-package kubeletplugin
+package mps
 
 import (
 	"bytes"
@@ -18,8 +18,8 @@ import (
 	"github.com/gpulink/gpulink/driver"
 )
 
-// MPSGPU identifies a GPU an MPS control daemon serves.
-type MPSGPU struct {
+// GPU identifies a GPU an MPS control daemon serves.
+type GPU struct {
 	Index int
 	// UUID is the GPU's UUID; empty when discovery does not know it
 	// (topology-file and mock discovery), in which case the index is used.
@@ -27,7 +27,7 @@ type MPSGPU struct {
 }
 
 // ID names the GPU: the UUID, or the device name when the UUID is unknown.
-func (g MPSGPU) ID() string {
+func (g GPU) ID() string {
 	if g.UUID != "" {
 		return g.UUID
 	}
@@ -35,34 +35,34 @@ func (g MPSGPU) ID() string {
 }
 
 // visibleDevice is what CUDA_VISIBLE_DEVICES names the GPU by.
-func (g MPSGPU) visibleDevice() string {
+func (g GPU) visibleDevice() string {
 	if g.UUID != "" {
 		return g.UUID
 	}
 	return fmt.Sprint(g.Index)
 }
 
-// MPSDevice is one GPU of an MPS share with the claim's pinned memory
+// Device is one GPU of an MPS share with the claim's pinned memory
 // limit on it (the sum of the claim's MPS results on that GPU).
-type MPSDevice struct {
-	MPSGPU
+type Device struct {
+	GPU
 	MemoryBytes int64
 }
 
-// MPSShare is what one MPS control daemon serves: the MPS shares of one
+// Share is what one MPS control daemon serves: the MPS shares of one
 // claim, on one GPU or several, with the claim's limits. There is one
 // daemon per claim, not per GPU, because MPS applies limits per server and
 // a daemon's defaults to every server it spawns; only a daemon of its own
 // gives a claim limits that its containers cannot raise (see doc.go, "MPS
 // daemons").
-type MPSShare struct {
+type Share struct {
 	Claim types.UID
 	// GPUs are in the order the claim's containers number them (claimGPUs:
 	// PCI bus order). The daemon gets them in that order in
 	// CUDA_VISIBLE_DEVICES, and MPS renumbers a daemon's visible devices
 	// from 0 in list order for its server and clients, so GPUs[i] is
 	// device ordinal i for the daemon's limits and for the containers.
-	GPUs []MPSDevice
+	GPUs []Device
 	// Cores is the active thread percentage, 1..100. MPS has one per
 	// server, for all its GPUs, so a claim's MPS shares must ask the same
 	// percentage on each GPU (checkClaimShape).
@@ -70,7 +70,7 @@ type MPSShare struct {
 }
 
 // gpuIDs names the share's GPUs for logs and errors.
-func (s MPSShare) gpuIDs() string {
+func (s Share) gpuIDs() string {
 	ids := make([]string, len(s.GPUs))
 	for i, g := range s.GPUs {
 		ids[i] = g.ID()
@@ -79,7 +79,7 @@ func (s MPSShare) gpuIDs() string {
 }
 
 // memoryBytes lists the per-GPU limits, in GPUs order, for logs.
-func (s MPSShare) memoryBytes() []int64 {
+func (s Share) memoryBytes() []int64 {
 	m := make([]int64, len(s.GPUs))
 	for i, g := range s.GPUs {
 		m[i] = g.MemoryBytes
@@ -88,7 +88,7 @@ func (s MPSShare) memoryBytes() []int64 {
 }
 
 // visibleDevices is the daemon's CUDA_VISIBLE_DEVICES.
-func (s MPSShare) visibleDevices() string {
+func (s Share) visibleDevices() string {
 	v := make([]string, len(s.GPUs))
 	for i, g := range s.GPUs {
 		v[i] = g.visibleDevice()
@@ -97,10 +97,10 @@ func (s MPSShare) visibleDevices() string {
 }
 
 // ID is the name of the share's MPS directory and daemon.
-func (s MPSShare) ID() string { return string(s.Claim) }
+func (s Share) ID() string { return string(s.Claim) }
 
-// MPSDirs are the host directories of one claim's MPS control daemon.
-type MPSDirs struct {
+// Dirs are the host directories of one claim's MPS control daemon.
+type Dirs struct {
 	// Base holds the three below; removing it removes everything.
 	Base string
 	Pipe string
@@ -113,7 +113,7 @@ type MPSDirs struct {
 // create makes the directories. /dev/shm must be writable by the claim's
 // containers whatever their UID, hence sticky and world-writable like the
 // real one; it is reachable only by the containers it is mounted into.
-func (d MPSDirs) create() error {
+func (d Dirs) create() error {
 	for _, dir := range []string{d.Pipe, d.Log, d.Shm} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return fmt.Errorf("creating MPS directory: %w", err)
@@ -126,7 +126,7 @@ func (d MPSDirs) create() error {
 }
 
 // remove deletes the directories; missing ones are fine.
-func (d MPSDirs) remove() error {
+func (d Dirs) remove() error {
 	if d.Base == "" {
 		return nil
 	}
@@ -136,15 +136,15 @@ func (d MPSDirs) remove() error {
 	return nil
 }
 
-// MPSManager hands out references to per-claim MPS control daemons: the
+// Manager hands out references to per-claim MPS control daemons: the
 // first reference starts the claim's daemon, releasing the last stops it.
 // A claim with several MPS results on its GPU holds one reference per
 // result.
-type MPSManager interface {
-	EnsureDaemon(ctx context.Context, share MPSShare) error
-	ReleaseDaemon(ctx context.Context, share MPSShare) error
+type Manager interface {
+	EnsureDaemon(ctx context.Context, share Share) error
+	ReleaseDaemon(ctx context.Context, share Share) error
 	// Dirs returns where the share's daemon keeps its pipes, logs and shm.
-	Dirs(share MPSShare) MPSDirs
+	Dirs(share Share) Dirs
 	// RemoveOrphans stops the daemons and removes the directories of
 	// claims that are not in keep (claim UIDs) and hold no reference: what
 	// a reboot, a lost checkpoint or a failed stop left behind. It returns
@@ -163,52 +163,52 @@ type MPSManager interface {
 // no way to refuse that, so the plugin sets the limits again periodically
 // (README.md, "What MPS guarantees").
 type LimitEnforcer interface {
-	ReassertLimits(ctx context.Context, share MPSShare, dirs MPSDirs) error
+	ReassertLimits(ctx context.Context, share Share, dirs Dirs) error
 }
 
 // OrphanLister is implemented by daemons that outlive the plugin process
-// (PodMPSDaemon): it lists the claim UIDs whose daemons run on this node,
+// (PodDaemon): it lists the claim UIDs whose daemons run on this node,
 // so that RemoveOrphans finds daemons whose directories are gone too.
 type OrphanLister interface {
 	ListDaemons(ctx context.Context) ([]string, error)
 }
 
-// MPSDaemon starts and stops one claim's control daemon; MPSManager does
+// Daemon starts and stops one claim's control daemon; Manager does
 // the reference counting on top. Start must succeed when the daemon is
 // already running (started before a plugin restart: it is adopted), must
 // apply the share's limits on the daemon every time, and must leave
 // nothing behind when it fails. Stop removes the daemon and its dirs.
-type MPSDaemon interface {
-	Start(ctx context.Context, share MPSShare, dirs MPSDirs) error
-	Stop(ctx context.Context, share MPSShare, dirs MPSDirs) error
+type Daemon interface {
+	Start(ctx context.Context, share Share, dirs Dirs) error
+	Stop(ctx context.Context, share Share, dirs Dirs) error
 }
 
-// ErrMPSDaemonKept marks a Start that failed on a daemon that was already
+// ErrDaemonKept marks a Start that failed on a daemon that was already
 // running (adopted after a plugin restart): it may serve running
-// containers, so it is not stopped, and MPSManager keeps the reference so
+// containers, so it is not stopped, and Manager keeps the reference so
 // that the claim's unprepare stops it.
-var ErrMPSDaemonKept = errors.New("the daemon was already running and is kept for the claim's running containers")
+var ErrDaemonKept = errors.New("the daemon was already running and is kept for the claim's running containers")
 
 type mpsManager struct {
 	root   string
-	daemon MPSDaemon
+	daemon Daemon
 
 	mu   sync.Mutex
 	refs map[string]int
 	// shares are the referenced shares, for ReassertLimits.
-	shares map[string]MPSShare
+	shares map[string]Share
 }
 
-// NewMPSManager counts references to the daemons under root
+// NewManager counts references to the daemons under root
 // (<root>/<claim UID>/{pipe,log,shm}) and starts and stops them with
 // daemon.
-func NewMPSManager(root string, daemon MPSDaemon) MPSManager {
-	return &mpsManager{root: root, daemon: daemon, refs: map[string]int{}, shares: map[string]MPSShare{}}
+func NewManager(root string, daemon Daemon) Manager {
+	return &mpsManager{root: root, daemon: daemon, refs: map[string]int{}, shares: map[string]Share{}}
 }
 
-func (m *mpsManager) Dirs(share MPSShare) MPSDirs {
+func (m *mpsManager) Dirs(share Share) Dirs {
 	base := filepath.Join(m.root, share.ID())
-	return MPSDirs{
+	return Dirs{
 		Base: base,
 		Pipe: filepath.Join(base, "pipe"),
 		Log:  filepath.Join(base, "log"),
@@ -216,7 +216,7 @@ func (m *mpsManager) Dirs(share MPSShare) MPSDirs {
 	}
 }
 
-func (m *mpsManager) EnsureDaemon(ctx context.Context, share MPSShare) error {
+func (m *mpsManager) EnsureDaemon(ctx context.Context, share Share) error {
 	if share.Claim == "" {
 		return fmt.Errorf("MPS share on GPU %s: no claim UID", share.gpuIDs())
 	}
@@ -228,7 +228,7 @@ func (m *mpsManager) EnsureDaemon(ctx context.Context, share MPSShare) error {
 	id := share.ID()
 	if m.refs[id] == 0 {
 		if err := m.daemon.Start(ctx, share, m.Dirs(share)); err != nil {
-			if errors.Is(err, ErrMPSDaemonKept) {
+			if errors.Is(err, ErrDaemonKept) {
 				m.refs[id]++
 			}
 			return fmt.Errorf("starting MPS control daemon of claim %s on GPU %s: %w", id, share.gpuIDs(), err)
@@ -248,7 +248,7 @@ func (m *mpsManager) ReassertLimits(ctx context.Context) ([]string, error) {
 	// Not under the lock: the commands run processes, and prepares must
 	// not wait for them. A daemon stopped meanwhile is not reported.
 	m.mu.Lock()
-	shares := make([]MPSShare, 0, len(m.shares))
+	shares := make([]Share, 0, len(m.shares))
 	for _, s := range m.shares {
 		shares = append(shares, s)
 	}
@@ -302,7 +302,7 @@ func (m *mpsManager) RemoveOrphans(ctx context.Context, keep map[string]bool) ([
 		}
 		// A share with only its claim set names the daemon and its
 		// directories; Stop needs nothing else.
-		share := MPSShare{Claim: types.UID(id)}
+		share := Share{Claim: types.UID(id)}
 		if err := m.daemon.Stop(ctx, share, m.Dirs(share)); err != nil {
 			errs = append(errs, fmt.Errorf("removing orphaned MPS daemon of claim %s: %w", id, err))
 			continue
@@ -320,7 +320,7 @@ func (m *mpsManager) Daemons() int {
 	return len(m.refs)
 }
 
-func (m *mpsManager) ReleaseDaemon(ctx context.Context, share MPSShare) error {
+func (m *mpsManager) ReleaseDaemon(ctx context.Context, share Share) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	id := share.ID()
@@ -361,12 +361,12 @@ func ExecCommand(ctx context.Context, name string, args, env []string, stdin str
 	return out.Bytes(), err
 }
 
-// DirOnlyMPSDaemon is used on nodes without NVIDIA drivers (mock and
+// DirOnlyDaemon is used on nodes without NVIDIA drivers (mock and
 // topology-file discovery): it creates the directories a daemon would use,
 // so CDI mounts stay valid, and logs that no daemon runs.
-type DirOnlyMPSDaemon struct{}
+type DirOnlyDaemon struct{}
 
-func (DirOnlyMPSDaemon) Start(ctx context.Context, share MPSShare, dirs MPSDirs) error {
+func (DirOnlyDaemon) Start(ctx context.Context, share Share, dirs Dirs) error {
 	if err := dirs.create(); err != nil {
 		return err
 	}
@@ -374,20 +374,37 @@ func (DirOnlyMPSDaemon) Start(ctx context.Context, share MPSShare, dirs MPSDirs)
 	return nil
 }
 
-func (DirOnlyMPSDaemon) Stop(_ context.Context, _ MPSShare, dirs MPSDirs) error {
+func (DirOnlyDaemon) Stop(_ context.Context, _ Share, dirs Dirs) error {
 	return dirs.remove()
 }
 
-// UnavailableMPSDaemon stands in when the node cannot run MPS daemons
+// UnavailableDaemon stands in when the node cannot run MPS daemons
 // (no nvidia-cuda-mps-control in the driver root, no daemon image): the
 // plugin serves whole GPUs and other strategies, and every MPS claim fails
 // with Err.
-type UnavailableMPSDaemon struct{ Err error }
+type UnavailableDaemon struct{ Err error }
 
-func (u UnavailableMPSDaemon) Start(context.Context, MPSShare, MPSDirs) error {
+func (u UnavailableDaemon) Start(context.Context, Share, Dirs) error {
 	return fmt.Errorf("MPS sharing is unavailable on this node: %w", u.Err)
 }
 
-func (UnavailableMPSDaemon) Stop(_ context.Context, _ MPSShare, dirs MPSDirs) error {
+func (UnavailableDaemon) Stop(_ context.Context, _ Share, dirs Dirs) error {
 	return dirs.remove()
+}
+
+// AdjustRefs changes the reference count of a share's daemon without
+// starting or stopping it: another instance of the plugin did, sharing
+// the plugin directory during a rolling update (kubeletplugin/rolling.go).
+func (m *mpsManager) AdjustRefs(share Share, delta int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	id := share.ID()
+	n := m.refs[id] + delta
+	if n <= 0 {
+		delete(m.refs, id)
+		delete(m.shares, id)
+		return
+	}
+	m.refs[id] = n
+	m.shares[id] = share
 }

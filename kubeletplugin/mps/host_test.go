@@ -1,4 +1,4 @@
-package kubeletplugin
+package mps
 
 import (
 	"context"
@@ -29,12 +29,12 @@ func TestHostMPSDaemonSetsClaimLimitsAndCleansUp(t *testing.T) {
 	root := fakeMPSDriverRoot(t)
 	ctl := &fakeControl{}
 	starts := 0
-	d, err := NewHostMPSDaemon(root, hostControl(ctl, &starts))
+	d, err := NewHostDaemon(root, hostControl(ctl, &starts))
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := NewMPSManager(t.TempDir(), d)
-	share := MPSShare{Claim: types.UID("11111111-2222-3333-4444-555555555555"), GPUs: []MPSDevice{{MPSGPU: MPSGPU{Index: 0, UUID: "GPU-0"}, MemoryBytes: 3 * gib}}, Cores: 40}
+	m := NewManager(t.TempDir(), d)
+	share := Share{Claim: types.UID("11111111-2222-3333-4444-555555555555"), GPUs: []Device{{GPU: GPU{Index: 0, UUID: "GPU-0"}, MemoryBytes: 3 * gib}}, Cores: 40}
 	if err := m.EnsureDaemon(t.Context(), share); err != nil {
 		t.Fatal(err)
 	}
@@ -66,12 +66,12 @@ func TestHostMPSDaemonSetsClaimLimitsAndCleansUp(t *testing.T) {
 func TestHostMPSDaemonRefusedLimitStopsDaemon(t *testing.T) {
 	ctl := &fakeControl{failCmd: "set_default_device_pinned_mem_limit"}
 	starts := 0
-	d, err := NewHostMPSDaemon(fakeMPSDriverRoot(t), hostControl(ctl, &starts))
+	d, err := NewHostDaemon(fakeMPSDriverRoot(t), hostControl(ctl, &starts))
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := NewMPSManager(t.TempDir(), d)
-	share := MPSShare{Claim: "c", GPUs: []MPSDevice{{MPSGPU: MPSGPU{Index: 0}, MemoryBytes: gib}}, Cores: 10}
+	m := NewManager(t.TempDir(), d)
+	share := Share{Claim: "c", GPUs: []Device{{GPU: GPU{Index: 0}, MemoryBytes: gib}}, Cores: 10}
 	err = m.EnsureDaemon(t.Context(), share)
 	if err == nil || !strings.Contains(err.Error(), "set_default_device_pinned_mem_limit") {
 		t.Fatalf("error %v, want the refused limit named", err)
@@ -85,7 +85,7 @@ func TestHostMPSDaemonRefusedLimitStopsDaemon(t *testing.T) {
 }
 
 func TestNewHostMPSDaemonNeedsTheDriver(t *testing.T) {
-	if _, err := NewHostMPSDaemon(t.TempDir(), nil); err == nil || !strings.Contains(err.Error(), "nvidia-cuda-mps-control") {
+	if _, err := NewHostDaemon(t.TempDir(), nil); err == nil || !strings.Contains(err.Error(), "nvidia-cuda-mps-control") {
 		t.Errorf("error %v, want the missing control binary named", err)
 	}
 }
@@ -97,14 +97,14 @@ func TestHostMPSDaemonTwoGPUs(t *testing.T) {
 	root := fakeMPSDriverRoot(t)
 	ctl := &fakeControl{}
 	starts := 0
-	d, err := NewHostMPSDaemon(root, hostControl(ctl, &starts))
+	d, err := NewHostDaemon(root, hostControl(ctl, &starts))
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := NewMPSManager(t.TempDir(), d)
-	share := MPSShare{Claim: "pair", Cores: 25, GPUs: []MPSDevice{
-		{MPSGPU: MPSGPU{Index: 2, UUID: "GPU-2"}, MemoryBytes: 8000 << 20},
-		{MPSGPU: MPSGPU{Index: 5, UUID: "GPU-5"}, MemoryBytes: 4000 << 20},
+	m := NewManager(t.TempDir(), d)
+	share := Share{Claim: "pair", Cores: 25, GPUs: []Device{
+		{GPU: GPU{Index: 2, UUID: "GPU-2"}, MemoryBytes: 8000 << 20},
+		{GPU: GPU{Index: 5, UUID: "GPU-5"}, MemoryBytes: 4000 << 20},
 	}}
 	if err := m.EnsureDaemon(t.Context(), share); err != nil {
 		t.Fatal(err)
@@ -128,12 +128,12 @@ func TestHostMPSDaemonTwoGPUs(t *testing.T) {
 
 	// Without UUIDs the daemon gets the indices.
 	ctl2 := &fakeControl{failCmd: "set_default_device_pinned_mem_limit 1"}
-	d2, err := NewHostMPSDaemon(root, hostControl(ctl2, &starts))
+	d2, err := NewHostDaemon(root, hostControl(ctl2, &starts))
 	if err != nil {
 		t.Fatal(err)
 	}
-	m2 := NewMPSManager(t.TempDir(), d2)
-	noUUID := MPSShare{Claim: "pair2", Cores: 25, GPUs: []MPSDevice{{MPSGPU: MPSGPU{Index: 0}, MemoryBytes: gib}, {MPSGPU: MPSGPU{Index: 1}, MemoryBytes: gib}}}
+	m2 := NewManager(t.TempDir(), d2)
+	noUUID := Share{Claim: "pair2", Cores: 25, GPUs: []Device{{GPU: GPU{Index: 0}, MemoryBytes: gib}, {GPU: GPU{Index: 1}, MemoryBytes: gib}}}
 	err = m2.EnsureDaemon(t.Context(), noUUID)
 	if err == nil || !strings.Contains(err.Error(), "set_default_device_pinned_mem_limit 1 1024M") {
 		t.Fatalf("error %v, want the refused second limit named", err)

@@ -1,4 +1,4 @@
-package kubeletplugin
+package mps
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/topology"
 )
 
@@ -101,7 +102,7 @@ func shortTempDir(t *testing.T) string {
 func fakeDevRoot(t *testing.T, minors ...int) string {
 	t.Helper()
 	root := t.TempDir()
-	names := append([]string{}, controlDeviceNodes...)
+	names := driver.ControlDeviceNodes()
 	for _, m := range minors {
 		names = append(names, "/dev/nvidia"+strconv.Itoa(m))
 	}
@@ -117,12 +118,12 @@ func fakeDevRoot(t *testing.T, minors ...int) string {
 	return root
 }
 
-func runDevicePlugin(t *testing.T, cfg MPSDevicePluginConfig) {
+func runDevicePlugin(t *testing.T, cfg DevicePluginConfig) {
 	t.Helper()
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = 20 * time.Millisecond
 	}
-	p, err := NewMPSDevicePlugin(cfg)
+	p, err := NewDevicePlugin(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +149,7 @@ func TestMPSDevicePluginServes(t *testing.T) {
 	}
 	kubelet := startFakeKubelet(t, dir)
 	gpus := []topology.GPU{{Index: 0, Minor: 3}, {Index: 1, Minor: 5}}
-	runDevicePlugin(t, MPSDevicePluginConfig{Dir: dir, GPUs: func() []topology.GPU { return gpus }, Root: DriverRoot{Host: "/host/driver", Mount: root}, Slots: 4})
+	runDevicePlugin(t, DevicePluginConfig{Dir: dir, GPUs: func() []topology.GPU { return gpus }, DevRoots: func() (string, string) { return root, "/host/driver" }, Slots: 4})
 
 	regs := kubelet.waitRegistrations(t, 2)
 	if _, err := os.Stat(filepath.Join(dir, "gpulink-mps-gpu-9.sock")); !os.IsNotExist(err) {
@@ -225,7 +226,7 @@ func TestMPSDevicePluginMissingNode(t *testing.T) {
 	dir := shortTempDir(t)
 	root := fakeDevRoot(t) // control nodes only: no /dev/nvidia0
 	kubelet := startFakeKubelet(t, dir)
-	runDevicePlugin(t, MPSDevicePluginConfig{Dir: dir, GPUs: func() []topology.GPU { return []topology.GPU{{Index: 0, Minor: 0}} }, Root: DriverRoot{Host: root}})
+	runDevicePlugin(t, DevicePluginConfig{Dir: dir, GPUs: func() []topology.GPU { return []topology.GPU{{Index: 0, Minor: 0}} }, DevRoots: func() (string, string) { return root, root }})
 	c := dial(t, dir, kubelet.waitRegistrations(t, 1)[0])
 	_, err := c.Allocate(t.Context(), &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"gpu-0-slot-00"}}}})
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), filepath.Join(root, "dev/nvidia0")) {
@@ -239,7 +240,7 @@ func TestMPSDevicePluginMissingNode(t *testing.T) {
 func TestMPSDevicePluginReregisters(t *testing.T) {
 	dir := shortTempDir(t)
 	root := fakeDevRoot(t, 0)
-	runDevicePlugin(t, MPSDevicePluginConfig{Dir: dir, GPUs: func() []topology.GPU { return []topology.GPU{{Index: 0, Minor: 0}} }, Root: DriverRoot{Host: root}})
+	runDevicePlugin(t, DevicePluginConfig{Dir: dir, GPUs: func() []topology.GPU { return []topology.GPU{{Index: 0, Minor: 0}} }, DevRoots: func() (string, string) { return root, root }})
 	time.Sleep(100 * time.Millisecond) // polls without a kubelet
 	first := startFakeKubelet(t, dir)
 	first.waitRegistrations(t, 1)
@@ -266,8 +267,8 @@ func TestMPSDevicePluginReregisters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l, err := stream.Recv(); err != nil || len(l.Devices) != DefaultMPSDaemonSlots {
-		t.Fatalf("after re-registration: %v devices, %v; want %d", l, err, DefaultMPSDaemonSlots)
+	if l, err := stream.Recv(); err != nil || len(l.Devices) != DefaultDaemonSlots {
+		t.Fatalf("after re-registration: %v devices, %v; want %d", l, err, DefaultDaemonSlots)
 	}
 	if len(first.registered()) != 1 {
 		t.Errorf("the old kubelet got %d registrations", len(first.registered()))
@@ -275,7 +276,7 @@ func TestMPSDevicePluginReregisters(t *testing.T) {
 }
 
 func TestMPSDaemonResourceName(t *testing.T) {
-	got := MPSDaemonResourceName(12)
+	got := DaemonResourceName(12)
 	if got != "mps-daemon.gpu.gpulink.dev/gpu-12" {
 		t.Errorf("got %s", got)
 	}

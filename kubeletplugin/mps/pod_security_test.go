@@ -1,4 +1,4 @@
-package kubeletplugin
+package mps
 
 import (
 	"reflect"
@@ -16,10 +16,10 @@ import (
 // plugin gives it the device nodes.
 func TestPodMPSDaemonUnprivileged(t *testing.T) {
 	d, _ := newTestPodDaemon(t, fake.NewClientset(), &fakeControl{})
-	m := NewMPSManager(t.TempDir(), d)
-	share := MPSShare{Claim: "pair", Cores: 50, GPUs: []MPSDevice{
-		{MPSGPU: MPSGPU{Index: 3, UUID: "GPU-3"}, MemoryBytes: gib},
-		{MPSGPU: MPSGPU{Index: 1, UUID: "GPU-1"}, MemoryBytes: gib},
+	m := NewManager(t.TempDir(), d)
+	share := Share{Claim: "pair", Cores: 50, GPUs: []Device{
+		{GPU: GPU{Index: 3, UUID: "GPU-3"}, MemoryBytes: gib},
+		{GPU: GPU{Index: 1, UUID: "GPU-1"}, MemoryBytes: gib},
 	}}
 	pod := d.DaemonPod(share, m.Dirs(share))
 	c := pod.Spec.Containers[0]

@@ -1,0 +1,3 @@
+package mps
+
+const gib = int64(1) << 30
