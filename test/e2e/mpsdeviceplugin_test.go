@@ -17,7 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
-	"github.com/gpulink/gpulink/kubeletplugin"
+	"github.com/gpulink/gpulink/kubeletplugin/mps"
 	"github.com/gpulink/gpulink/test/localcluster"
 )
 
@@ -55,16 +55,16 @@ func TestE2EMPSDaemonDevicePlugin(t *testing.T) {
 		}
 		capacity = node.Status.Capacity
 		for i := range 8 {
-			if q, ok := capacity[kubeletplugin.MPSDaemonResourceName(i)]; !ok || q.Value() != kubeletplugin.DefaultMPSDaemonSlots {
+			if q, ok := capacity[mps.DaemonResourceName(i)]; !ok || q.Value() != mps.DefaultDaemonSlots {
 				return false, nil
 			}
 		}
 		return true, nil
 	})
 	if err != nil {
-		t.Fatalf("node %s capacity %v: want %d of each %s/gpu-0..7: %v", s.realNode, capacity, kubeletplugin.DefaultMPSDaemonSlots, kubeletplugin.MPSDaemonResourceDomain, err)
+		t.Fatalf("node %s capacity %v: want %d of each %s/gpu-0..7: %v", s.realNode, capacity, mps.DefaultDaemonSlots, mps.DaemonResourceDomain, err)
 	}
-	t.Logf("node capacity shows %s/gpu-0..7, %d slots each", kubeletplugin.MPSDaemonResourceDomain, kubeletplugin.DefaultMPSDaemonSlots)
+	t.Logf("node capacity shows %s/gpu-0..7, %d slots each", mps.DaemonResourceDomain, mps.DefaultDaemonSlots)
 
 	for _, gpu := range []int{0, 5} {
 		name := fmt.Sprintf("mps-daemon-like-%d", gpu)
@@ -81,7 +81,7 @@ func TestE2EMPSDaemonDevicePlugin(t *testing.T) {
 					Image:           localcluster.WorkloadImage,
 					ImagePullPolicy: corev1.PullNever,
 					Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{
-						kubeletplugin.MPSDaemonResourceName(gpu): resource.MustParse("1"),
+						mps.DaemonResourceName(gpu): resource.MustParse("1"),
 					}},
 					SecurityContext: &corev1.SecurityContext{
 						AllowPrivilegeEscalation: ptr.To(false),
@@ -120,9 +120,9 @@ func TestE2EMPSDaemonDevicePlugin(t *testing.T) {
 		want := []string{fmt.Sprintf("/dev/nvidia%d", gpu), "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidiactl"}
 		slices.Sort(want)
 		if !slices.Equal(devs, want) {
-			t.Errorf("unprivileged pod asking for %s sees %v, want exactly %v", kubeletplugin.MPSDaemonResourceName(gpu), devs, want)
+			t.Errorf("unprivileged pod asking for %s sees %v, want exactly %v", mps.DaemonResourceName(gpu), devs, want)
 		} else {
-			t.Logf("unprivileged pod asking for %s admitted by the kubelet, sees %v", kubeletplugin.MPSDaemonResourceName(gpu), devs)
+			t.Logf("unprivileged pod asking for %s admitted by the kubelet, sees %v", mps.DaemonResourceName(gpu), devs)
 		}
 	}
 	for _, gpu := range []int{0, 5} {
