@@ -27,6 +27,7 @@ import (
 	"github.com/gpulink/gpulink/compat/admission"
 	"github.com/gpulink/gpulink/controller"
 	"github.com/gpulink/gpulink/driver/allocate"
+	"github.com/gpulink/gpulink/internal/serve"
 )
 
 type options struct {
@@ -179,12 +180,12 @@ func run(ctx context.Context, o options) error {
 	watchdog := leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
 	var wg sync.WaitGroup
 	errs := make(chan error, 5)
-	serve := func(addr string, h http.Handler) {
+	run := func(name, addr string, h http.Handler) {
 		if addr == "" {
 			return
 		}
 		wg.Go(func() {
-			if err := controller.Serve(ctx, addr, h); err != nil {
+			if err := serve.Serve(ctx, addr, h, serve.Options{Name: name}); err != nil {
 				errs <- err
 				cancel()
 			}
@@ -198,8 +199,8 @@ func run(ctx context.Context, o options) error {
 			}
 		})
 	}
-	serve(o.metricsAddress, controller.MetricsHandler(reg, o.profiling))
-	serve(o.healthAddress, controller.HealthHandler(watchdog.Check, func() bool { return !leading.Load() || ctrl.Ready() }))
+	run("metrics", o.metricsAddress, serve.Metrics(reg, o.profiling))
+	run("health", o.healthAddress, serve.Health(watchdog.Check, func() bool { return !leading.Load() || ctrl.Ready() }))
 
 	lead := func(ctx context.Context) {
 		leading.Store(true)

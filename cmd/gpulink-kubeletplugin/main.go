@@ -18,7 +18,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
@@ -31,7 +30,7 @@ import (
 
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/health"
-	pprofhttp "github.com/gpulink/gpulink/internal/profiling"
+	"github.com/gpulink/gpulink/internal/serve"
 	"github.com/gpulink/gpulink/kubeletplugin"
 	"github.com/gpulink/gpulink/kubeletplugin/mps"
 )
@@ -160,8 +159,7 @@ func (f *flags) healthOptions() (*kubeletplugin.HealthOptions, error) {
 // metricsHandler serves the metrics port: /metrics, /healthz and, with
 // --profiling, Go's runtime profiles under /debug/pprof/.
 func metricsHandler(reg *prometheus.Registry, healthErr func() error, profiling bool) http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux := serve.Metrics(reg, profiling)
 	// Liveness: fails while a health source cannot read the GPUs (NVML
 	// broken), so the plugin restarts instead of showing them healthy.
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -171,9 +169,6 @@ func metricsHandler(reg *prometheus.Registry, healthErr func() error, profiling 
 		}
 		_, _ = w.Write([]byte("ok\n"))
 	})
-	if profiling {
-		pprofhttp.Register(mux)
-	}
 	return mux
 }
 
@@ -362,16 +357,10 @@ func run(ctx context.Context, f *flags) error {
 	}
 
 	if f.metricsAddress != "" {
-		srv := &http.Server{Addr: f.metricsAddress, Handler: metricsHandler(reg, d.HealthError, f.profiling), ReadHeaderTimeout: 10 * time.Second}
 		go func() {
-			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := serve.Serve(ctx, f.metricsAddress, metricsHandler(reg, d.HealthError, f.profiling), serve.Options{Name: "metrics"}); err != nil {
 				logger.Error(err, "Metrics server failed", "address", f.metricsAddress)
 			}
-		}()
-		defer func() {
-			shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = srv.Shutdown(shutdownCtx)
 		}()
 	}
 	if devicePlugin {

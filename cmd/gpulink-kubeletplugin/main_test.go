@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpulink/gpulink/internal/profiling/profilingtest"
+	"github.com/gpulink/gpulink/internal/serve/servetest"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -112,7 +112,7 @@ func TestMetricsHandlerProfiling(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "gpulink_test_total"}))
 	var healthErr error
-	get := profilingtest.Get
+	get := servetest.Get
 	for _, profiling := range []bool{false, true} {
 		h := metricsHandler(reg, func() error { return healthErr }, profiling)
 		if code, body := get(h, "/metrics"); code != http.StatusOK || !strings.Contains(body, "gpulink_test_total") {
@@ -126,6 +126,6 @@ func TestMetricsHandlerProfiling(t *testing.T) {
 		if code, _ := get(h, "/healthz"); code != http.StatusServiceUnavailable {
 			t.Errorf("profiling=%v: /healthz with a broken health source = %d, want 503", profiling, code)
 		}
-		profilingtest.CheckServed(t, h, profiling)
+		servetest.CheckServed(t, h, profiling)
 	}
 }

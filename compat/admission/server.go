@@ -3,17 +3,14 @@ package admission
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/gpulink/gpulink/internal/serve"
 	"k8s.io/klog/v2"
 )
 
@@ -59,38 +56,9 @@ func ServeTLS(ctx context.Context, addr, certDir string, reusePort bool, h http.
 	if _, err := cr.get(nil); err != nil {
 		return err
 	}
-	var lc net.ListenConfig
-	if reusePort {
-		lc.Control = func(_, _ string, c syscall.RawConn) error {
-			var serr error
-			if err := c.Control(func(fd uintptr) {
-				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
-			}); err != nil {
-				return err
-			}
-			return serr
-		}
-	}
-	ln, err := lc.Listen(ctx, "tcp", addr)
-	if err != nil {
-		return fmt.Errorf("webhook: listening on %s: %w", addr, err)
-	}
 	mux := http.NewServeMux()
 	mux.Handle(Path, h)
-	srv := &http.Server{
-		Handler:           mux,
-		ReadHeaderTimeout: 10 * time.Second,
-		TLSConfig:         &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: cr.get},
-	}
-	go func() {
-		<-ctx.Done()
-		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(shutdown)
-	}()
-	klog.FromContext(ctx).Info("Serving the translation webhook", "address", ln.Addr().String(), "path", Path)
-	if err := srv.ServeTLS(ln, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("webhook: serving on %s: %w", addr, err)
-	}
-	return nil
+	klog.FromContext(ctx).Info("Serving the translation webhook", "address", addr, "path", Path)
+	return serve.Serve(ctx, addr, mux, serve.Options{Name: "webhook", ReusePort: reusePort,
+		TLS: &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: cr.get}})
 }

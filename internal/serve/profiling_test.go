@@ -1,4 +1,4 @@
-package profiling
+package serve
 
 import (
 	"net/http"
@@ -7,9 +7,9 @@ import (
 	"testing"
 )
 
-func TestRegister(t *testing.T) {
+func TestRegisterProfiling(t *testing.T) {
 	mux := http.NewServeMux()
-	Register(mux)
+	RegisterProfiling(mux)
 	for path, want := range map[string]string{
 		"/debug/pprof/":                  "goroutine",
 		"/debug/pprof/goroutine?debug=1": "goroutine profile",

@@ -1,7 +1,7 @@
-// Package profilingtest checks, in the tests of gpulink's binaries, that
+// Package servetest checks, in the tests of gpulink's binaries, that
 // a server's handler serves the runtime profiles exactly when --profiling
 // is on.
-package profilingtest
+package servetest
 
 import (
 	"net/http"

@@ -1,20 +1,18 @@
-// Package profiling serves Go's runtime profiles (net/http/pprof) on a
-// component's own HTTP mux, for the --profiling flag of gpulink's binaries
-// (as Kubernetes components have it).
-package profiling
+package serve
 
 import (
 	"net/http"
 	"net/http/pprof"
 )
 
-// Register adds net/http/pprof's handlers to mux under /debug/pprof/: the
+// RegisterProfiling adds net/http/pprof's handlers to mux under /debug/pprof/: the
 // index and named profiles (heap, goroutine, allocs, block, mutex,
 // threadcreate), cmdline, a CPU profile (profile?seconds=N), symbol and an
 // execution trace (trace?seconds=N). They are registered explicitly:
 // importing net/http/pprof also registers them on http.DefaultServeMux,
-// which no gpulink server uses.
-func Register(mux *http.ServeMux) {
+// which no gpulink server uses. For the --profiling flag of gpulink's
+// binaries (as Kubernetes components have it).
+func RegisterProfiling(mux *http.ServeMux) {
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
