@@ -105,7 +105,7 @@ func tokenClient(t *testing.T, cfg *rest.Config, token string) kubernetes.Interf
 // API server with real tokens of its service account, one bound to a
 // plugin pod on node-a (the API server puts the node into the token) and
 // one bound to nothing: the plugin creates and deletes exactly the MPS
-// daemon pods it builds (the real PodMPSDaemon code) on its own node, and
+// daemon pods it builds (the real mps.PodDaemon code) on its own node, and
 // nothing else; it reads no pod outside its namespace.
 func TestMPSDaemonPodPolicy(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
