@@ -44,28 +44,7 @@ func (e *selectorEvaluator) compile(expr string) (dracel.CompilationResult, erro
 // Runtime errors (e.g. a missing attribute) count as no match for that
 // device; they are kept so that a request matching nothing can say why.
 func (e *selectorEvaluator) matchesOnNode(ctx context.Context, n *nodeInventory, expr string) ([]selectorOutcome, error) {
-	n.memoMu.Lock()
-	row, ok := n.memo.get(expr)
-	n.memoMu.Unlock()
-	if ok {
-		return row, nil
-	}
-	prog, err := e.compile(expr)
-	if err != nil {
-		return nil, err
-	}
-	row = make([]selectorOutcome, len(n.Devices))
-	for p, d := range n.Devices {
-		m, _, err := prog.DeviceMatches(ctx, d.CEL)
-		if err != nil {
-			err = fmt.Errorf("CEL selector %q on device %s/%s: %w", expr, n.Pool, d.Name, err)
-		}
-		row[p] = selectorOutcome{match: m && err == nil, err: err}
-	}
-	n.memoMu.Lock()
-	n.memo.put(expr, row)
-	n.memoMu.Unlock()
-	return row, nil
+	return e.matchesMemoised(ctx, n, expr, expr, len(n.Devices), func(i int) (string, dracel.Device) { return n.Devices[i].Name, n.Devices[i].CEL })
 }
 
 // probeDevice stands for "a gpulink device" before any slice exists: it
@@ -154,8 +133,14 @@ const migMemoPrefix = "mig\x00"
 // matchesMIGOnNode is matchesOnNode for the node's MIG devices, indexed
 // as nodeInventory.MIG.
 func (e *selectorEvaluator) matchesMIGOnNode(ctx context.Context, n *nodeInventory, expr string) ([]selectorOutcome, error) {
+	return e.matchesMemoised(ctx, n, migMemoPrefix+expr, expr, len(n.MIG), func(i int) (string, dracel.Device) { return n.MIG[i].Name, n.MIG[i].CEL })
+}
+
+// matchesMemoised evaluates expr on the count devices device gives, the
+// row kept in the node's memo under key.
+func (e *selectorEvaluator) matchesMemoised(ctx context.Context, n *nodeInventory, key, expr string, count int, device func(int) (string, dracel.Device)) ([]selectorOutcome, error) {
 	n.memoMu.Lock()
-	row, ok := n.memo.get(migMemoPrefix + expr)
+	row, ok := n.memo.get(key)
 	n.memoMu.Unlock()
 	if ok {
 		return row, nil
@@ -164,16 +149,17 @@ func (e *selectorEvaluator) matchesMIGOnNode(ctx context.Context, n *nodeInvento
 	if err != nil {
 		return nil, err
 	}
-	row = make([]selectorOutcome, len(n.MIG))
-	for i, d := range n.MIG {
-		m, _, err := prog.DeviceMatches(ctx, d.CEL)
+	row = make([]selectorOutcome, count)
+	for i := range count {
+		name, dev := device(i)
+		m, _, err := prog.DeviceMatches(ctx, dev)
 		if err != nil {
-			err = fmt.Errorf("CEL selector %q on device %s/%s: %w", expr, n.Pool, d.Name, err)
+			err = fmt.Errorf("CEL selector %q on device %s/%s: %w", expr, n.Pool, name, err)
 		}
 		row[i] = selectorOutcome{match: m && err == nil, err: err}
 	}
 	n.memoMu.Lock()
-	n.memo.put(migMemoPrefix+expr, row)
+	n.memo.put(key, row)
 	n.memoMu.Unlock()
 	return row, nil
 }
