@@ -204,40 +204,9 @@ func rolloutShares(tb testing.TB, topo *topology.Topology, w workload, samples, 
 	g := gpulinkMix(w.sizeMix())
 	out := make([]float64, churnSeeds)
 	for seed := range out {
-		node := nodeWith("node-a", topo)
-		live := map[int]Result{}
-		var st churnStats
-		for id, o := range churnOps(w, topo.Len(), uint64(seed+1), w.steps) {
-			if o.size == 0 {
-				if r, ok := live[o.free]; ok {
-					if err := node.Release(Request{GPUs: len(r.GPUs)}, r); err != nil {
-						tb.Fatal(err)
-					}
-					delete(live, o.free)
-				}
-				continue
-			}
-			k := o.size
-			if k >= 2 {
-				st.multi++
-			}
-			if o.full {
-				continue
-			}
-			set := rolloutPick(tb, node, live, w, ideal, g, k, samples, horizon)
-			r := Result{Node: "node-a", GPUs: positions(set), WeakestLink: setKey(topo, set).link()}
-			if o.strict && k >= 2 && r.WeakestLink < ideal[k] {
-				continue
-			}
-			if k >= 2 && r.WeakestLink >= ideal[k] {
-				st.ideal++
-			}
-			if err := node.Commit(Request{GPUs: k}, r); err != nil {
-				tb.Fatal(err)
-			}
-			live[id] = r
-		}
-		out[seed] = st.share()
+		out[seed] = playChurnLive(tb, topo, func(n *NodeState, live map[int]Result, k int) []int {
+			return positions(rolloutPick(tb, n, live, w, ideal, g, k, samples, horizon))
+		}, w, uint64(seed+1), w.steps).share()
 	}
 	return out
 }

@@ -173,6 +173,14 @@ func churnOps(w workload, n int, seed uint64, steps int) []churnOp {
 // requests placed on their ideal class and the failures.
 func playChurn(tb testing.TB, topo *topology.Topology, pick func(*NodeState, int) []int, w workload, seed uint64, steps int) churnStats {
 	tb.Helper()
+	return playChurnLive(tb, topo, func(n *NodeState, _ map[int]Result, k int) []int { return pick(n, k) }, w, seed, steps)
+}
+
+// playChurnLive is playChurn for a pick that also sees the running jobs
+// (by the id of the step that placed them), as a look-ahead simulating
+// their ends does (rolloutShares).
+func playChurnLive(tb testing.TB, topo *topology.Topology, pick func(*NodeState, map[int]Result, int) []int, w workload, seed uint64, steps int) churnStats {
+	tb.Helper()
 	ideal := idealClasses(topo)
 	node := nodeWith("node-a", topo)
 	live := map[int]Result{}
@@ -195,7 +203,7 @@ func playChurn(tb testing.TB, topo *topology.Topology, pick func(*NodeState, int
 			st.failed++
 			continue
 		}
-		set := pick(node, k)
+		set := pick(node, live, k)
 		if len(set) != k {
 			tb.Fatalf("no %d GPUs with %d free", k, node.FreeGPUs())
 		}
