@@ -138,14 +138,22 @@ func buildDevice(logger klog.Logger, t *topology.Topology, p int, groupSizes []i
 		Capacity:                 capacity,
 		AllowMultipleAllocations: ptr.To(true),
 	}
-	if opts.ManagedByController {
-		dev.Taints = []resourceapi.DeviceTaint{{
-			Key:    driver.ManagedTaintKey,
-			Value:  "true",
-			Effect: resourceapi.DeviceTaintEffectNoSchedule,
-		}}
-	}
+	dev.Taints = managedTaints(opts)
 	return dev, nil
+}
+
+// managedTaints are the taints every published device carries: gpulink's
+// managed taint when the controller allocates the node's devices, so that
+// kube-scheduler's own allocator leaves them alone.
+func managedTaints(opts SliceOptions) []resourceapi.DeviceTaint {
+	if !opts.ManagedByController {
+		return nil
+	}
+	return []resourceapi.DeviceTaint{{
+		Key:    driver.ManagedTaintKey,
+		Value:  "true",
+		Effect: resourceapi.DeviceTaintEffectNoSchedule,
+	}}
 }
 
 // identityAttributes are the attributes a GPU and its MIG devices share:

@@ -95,12 +95,6 @@ func buildMIGDevice(logger klog.Logger, g topology.GPU, in mig.Instance, opts Sl
 			driver.CapacityMemory: {Value: *resource.NewQuantity(in.Profile.MemoryBytes, resource.BinarySI)},
 		},
 	}
-	if opts.ManagedByController {
-		dev.Taints = []resourceapi.DeviceTaint{{
-			Key:    driver.ManagedTaintKey,
-			Value:  "true",
-			Effect: resourceapi.DeviceTaintEffectNoSchedule,
-		}}
-	}
+	dev.Taints = managedTaints(opts)
 	return dev, nil
 }
