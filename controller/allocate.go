@@ -242,27 +242,7 @@ func (p *placer) variants(ic *interpretedClaim, alt *alternative, base []bool, b
 		if !base[pos] {
 			continue
 		}
-		nb := slices.Clone(bound)
-		key := ""
-		ok := true
-		for ci, c := range ic.Constraints {
-			if !c.appliesTo(alt.ResultName) {
-				continue
-			}
-			a, has := d.attr(c.Attr)
-			val, scalar := attrKey(a)
-			if !has || !scalar {
-				ok = false
-				break
-			}
-			if nb[ci] == "" {
-				nb[ci] = val
-			} else if nb[ci] != val {
-				ok = false
-				break
-			}
-			key += string(c.Attr) + "=" + val + ";"
-		}
+		nb, key, ok := bindConstraints(ic.Constraints, alt.ResultName, bound, d.attr)
 		if !ok {
 			continue
 		}
@@ -711,4 +691,27 @@ func (n *nodeInventory) shareCons(alt *alternative, pos int) *shareCons {
 	row[pos] = sc
 	n.memoMu.Unlock()
 	return sc
+}
+
+// bindConstraints checks one device against the claim's matchAttribute
+// constraints that apply to the request resultName, given the values
+// bound so far (one per constraint, "" while unbound): ok when the device
+// has every constrained attribute as a scalar equal to the bound value. It
+// returns the values bound with the device and a key naming them, which
+// groups the devices that agree.
+func bindConstraints(constraints []matchConstraint, resultName string, bound []string, attr func(resourceapi.FullyQualifiedName) (resourceapi.DeviceAttribute, bool)) (nb []string, key string, ok bool) {
+	nb = slices.Clone(bound)
+	for ci, c := range constraints {
+		if !c.appliesTo(resultName) {
+			continue
+		}
+		a, has := attr(c.Attr)
+		val, scalar := attrKey(a)
+		if !has || !scalar || (nb[ci] != "" && nb[ci] != val) {
+			return nil, "", false
+		}
+		nb[ci] = val
+		key += string(c.Attr) + "=" + val + ";"
+	}
+	return nb, key, true
 }

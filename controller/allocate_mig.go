@@ -263,22 +263,9 @@ func (p *migPlacer) groups(ic *interpretedClaim, alt *alternative, free []int, b
 	var order []string
 	for _, i := range free {
 		d := p.node.MIG[i]
-		nb := slices.Clone(bound)
-		key := ""
-		ok := true
-		for ci, c := range ic.Constraints {
-			if !c.appliesTo(alt.ResultName) {
-				continue
-			}
-			a, has := celAttr(d.CEL, c.Attr)
-			val, scalar := attrKey(a)
-			if !has || !scalar || (nb[ci] != "" && nb[ci] != val) {
-				ok = false
-				break
-			}
-			nb[ci] = val
-			key += string(c.Attr) + "=" + val + ";"
-		}
+		nb, key, ok := bindConstraints(ic.Constraints, alt.ResultName, bound, func(fq resourceapi.FullyQualifiedName) (resourceapi.DeviceAttribute, bool) {
+			return celAttr(d.CEL, fq)
+		})
 		if !ok {
 			continue
 		}
