@@ -7,20 +7,18 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
-	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
-	"sigs.k8s.io/yaml"
 
 	"github.com/gpulink/gpulink/compat/admission"
 	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/test/e2e/gpuview"
 	"github.com/gpulink/gpulink/test/localcluster"
 )
 
@@ -94,7 +92,9 @@ func startEnv(ctx context.Context, t *testing.T) *env {
 		}
 	})
 	e := &env{cluster: cluster, client: cluster.Client(), node: cluster.NodeName(), stateDir: dir}
-	chart.install(ctx, t, e.client)
+	if err := chart.InstallClusterScoped(ctx, e.client); err != nil {
+		t.Fatal(err)
+	}
 
 	// The webhook's TLS and families come from the chart's Secret and
 	// ConfigMap, as the chart mounts them into the controller.
@@ -151,7 +151,7 @@ func startEnv(ctx context.Context, t *testing.T) *env {
 		"--v=2",
 	)
 	e.procs = append(e.procs, ctrl)
-	if err := e.waitDevices(ctx, plugin); err != nil {
+	if err := gpuview.WaitDevices(ctx, e.client, e.node, realGPUs, plugin.Alive); err != nil {
 		t.Fatal(err)
 	}
 	if err := ctrl.WaitHTTP(ctx, fmt.Sprintf("http://127.0.0.1:%d/readyz", healthPort), 2*time.Minute); err != nil {
@@ -170,33 +170,6 @@ func (e *env) alive() error {
 		if err := p.Alive(); err != nil {
 			return err
 		}
-	}
-	return nil
-}
-
-// waitDevices waits until the real node's pool has all its GPUs.
-func (e *env) waitDevices(ctx context.Context, p *localcluster.Binary) error {
-	have := 0
-	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		if err := p.Alive(); err != nil {
-			return false, err
-		}
-		list, err := e.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
-			FieldSelector: resourceapi.ResourceSliceSelectorNodeName + "=" + e.node,
-		})
-		if err != nil {
-			return false, err
-		}
-		have = 0
-		for _, s := range list.Items {
-			if s.Spec.Driver == driver.Name {
-				have += len(s.Spec.Devices)
-			}
-		}
-		return have == realGPUs, nil
-	})
-	if err != nil {
-		return fmt.Errorf("waiting for %d published devices of node %s (have %d): %w", realGPUs, e.node, have, err)
 	}
 	return nil
 }
@@ -232,12 +205,10 @@ func (e *env) waitAdmission(ctx context.Context, t *testing.T) {
 // DeviceClasses, the scheduling-gate policy and the translation webhook
 // (reached by URL: the local cluster has no kube-proxy).
 type chartObjects struct {
-	classes  []resourceapi.DeviceClass
-	policies []admissionv1.MutatingAdmissionPolicy
-	bindings []admissionv1.MutatingAdmissionPolicyBinding
-	secret   corev1.Secret
-	config   corev1.ConfigMap
-	webhook  admissionv1.MutatingWebhookConfiguration
+	*localcluster.ChartObjects
+	secret  corev1.Secret
+	config  corev1.ConfigMap
+	webhook admissionv1.MutatingWebhookConfiguration
 }
 
 // renderChart runs `helm template` as a user would, with the webhook at
@@ -253,61 +224,12 @@ func renderChart(ctx context.Context, t *testing.T, port int) *chartObjects {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &chartObjects{}
-	for _, doc := range strings.Split("\n"+string(out), "\n---") {
-		var meta metav1.TypeMeta
-		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
-			t.Fatalf("chart rendering: %v", err)
-		}
-		var target any
-		switch meta.Kind {
-		case "":
-			continue // a document of comments only
-		case "DeviceClass":
-			c.classes = append(c.classes, resourceapi.DeviceClass{})
-			target = &c.classes[len(c.classes)-1]
-		case "MutatingAdmissionPolicy":
-			c.policies = append(c.policies, admissionv1.MutatingAdmissionPolicy{})
-			target = &c.policies[len(c.policies)-1]
-		case "MutatingAdmissionPolicyBinding":
-			c.bindings = append(c.bindings, admissionv1.MutatingAdmissionPolicyBinding{})
-			target = &c.bindings[len(c.bindings)-1]
-		case "Secret":
-			target = &c.secret
-		case "ConfigMap":
-			target = &c.config
-		case "MutatingWebhookConfiguration":
-			target = &c.webhook
-		default:
-			t.Fatalf("chart rendering: unexpected %s", meta.Kind)
-		}
-		if err := yaml.UnmarshalStrict([]byte(doc), target); err != nil {
-			t.Fatalf("chart rendering, %s: %v", meta.Kind, err)
-		}
+	objs, err := localcluster.DecodeChart(out)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if len(c.classes) == 0 || len(c.policies) != 1 || c.webhook.Name == "" {
-		t.Fatalf("chart rendering holds %d DeviceClasses, %d gate policies, webhook %q", len(c.classes), len(c.policies), c.webhook.Name)
+	if len(objs.DeviceClasses) == 0 || len(objs.Policies) != 1 || len(objs.Webhooks) != 1 || len(objs.Secrets) != 1 || len(objs.ConfigMaps) != 1 {
+		t.Fatalf("chart rendering holds %d DeviceClasses, %d gate policies, %d webhooks, %d Secrets, %d ConfigMaps", len(objs.DeviceClasses), len(objs.Policies), len(objs.Webhooks), len(objs.Secrets), len(objs.ConfigMaps))
 	}
-	return c
-}
-
-// install creates the cluster-scoped objects (the webhook comes later,
-// once the controller serves it: its failurePolicy would refuse pods).
-func (c *chartObjects) install(ctx context.Context, t *testing.T, client kubernetes.Interface) {
-	t.Helper()
-	for i := range c.classes {
-		if _, err := client.ResourceV1().DeviceClasses().Create(ctx, &c.classes[i], metav1.CreateOptions{}); err != nil {
-			t.Fatalf("creating DeviceClass %s: %v", c.classes[i].Name, err)
-		}
-	}
-	for i := range c.policies {
-		if _, err := client.AdmissionregistrationV1().MutatingAdmissionPolicies().Create(ctx, &c.policies[i], metav1.CreateOptions{}); err != nil {
-			t.Fatalf("creating MutatingAdmissionPolicy %s: %v", c.policies[i].Name, err)
-		}
-	}
-	for i := range c.bindings {
-		if _, err := client.AdmissionregistrationV1().MutatingAdmissionPolicyBindings().Create(ctx, &c.bindings[i], metav1.CreateOptions{}); err != nil {
-			t.Fatalf("creating MutatingAdmissionPolicyBinding %s: %v", c.bindings[i].Name, err)
-		}
-	}
+	return &chartObjects{ChartObjects: objs, secret: objs.Secrets[0], config: objs.ConfigMaps[0], webhook: objs.Webhooks[0]}
 }

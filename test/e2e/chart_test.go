@@ -3,15 +3,10 @@
 package e2e_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"time"
 
-	admissionv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
@@ -29,8 +24,6 @@ const (
 	// chartNamespace is the namespace the chart is rendered for; the
 	// objects the test applies are cluster-scoped.
 	chartNamespace = "gpulink-system"
-	// chartKubeVersion is what hack/helm.sh renders the chart for.
-	chartKubeVersion = "v1.37.0"
 	// ungatedLabel on a namespace keeps the scheduling-gate policy away
 	// from its pods: the test renders the chart with a
 	// gate.namespaceSelector that excludes such namespaces.
@@ -38,60 +31,27 @@ const (
 	ungatedValue = "off"
 )
 
-// chartObjects are the cluster-scoped objects of one chart rendering.
-type chartObjects struct {
-	deviceClasses []resourceapi.DeviceClass
-	policies      []admissionv1.MutatingAdmissionPolicy
-	bindings      []admissionv1.MutatingAdmissionPolicyBinding
-}
-
 // renderChart renders the DeviceClasses and the scheduling-gate policy of
-// the Helm chart with binDir/helm, as `helm template` would for a user,
-// with the extra helm arguments.
-func renderChart(ctx context.Context, root, binDir string, extra ...string) (*chartObjects, error) {
-	helm := filepath.Join(binDir, "helm")
-	if _, err := os.Stat(helm); err != nil {
-		return nil, fmt.Errorf("%w: build helm first: `hack/helm.sh --build` (`make helm`, `make helm-lint`; `make test` and `make test-integration` do it before the e2e tests)", err)
-	}
-	args := append([]string{"template", "gpulink", filepath.Join(root, "deployments", "helm", "gpulink"),
-		"--namespace", chartNamespace, "--kube-version", chartKubeVersion,
+// the Helm chart as `helm template` would for a user, with the extra helm
+// arguments.
+func renderChart(ctx context.Context, extra ...string) (*localcluster.ChartObjects, error) {
+	out, err := localcluster.HelmTemplate(ctx, "gpulink", chartNamespace, append([]string{
 		"--show-only", "templates/deviceclasses.yaml",
 		"--show-only", "templates/scheduling-gate.yaml",
-	}, extra...)
-	cmd := exec.CommandContext(ctx, helm, args...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
+	}, extra...)...)
 	if err != nil {
-		return nil, fmt.Errorf("helm %v: %w\n%s", args, err, stderr.String())
+		return nil, err
 	}
-	objs := &chartObjects{}
-	for _, doc := range yamlDocs(out) {
-		var meta metav1.TypeMeta
-		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
-			return nil, fmt.Errorf("chart rendering: %w", err)
-		}
-		var target any
-		switch meta.Kind {
-		case "DeviceClass":
-			objs.deviceClasses = append(objs.deviceClasses, resourceapi.DeviceClass{})
-			target = &objs.deviceClasses[len(objs.deviceClasses)-1]
-		case "MutatingAdmissionPolicy":
-			objs.policies = append(objs.policies, admissionv1.MutatingAdmissionPolicy{})
-			target = &objs.policies[len(objs.policies)-1]
-		case "MutatingAdmissionPolicyBinding":
-			objs.bindings = append(objs.bindings, admissionv1.MutatingAdmissionPolicyBinding{})
-			target = &objs.bindings[len(objs.bindings)-1]
-		default:
-			return nil, fmt.Errorf("chart rendering: unexpected %s %s", meta.APIVersion, meta.Kind)
-		}
-		if err := yaml.UnmarshalStrict([]byte(doc), target); err != nil {
-			return nil, fmt.Errorf("chart rendering, %s: %w", meta.Kind, err)
-		}
+	objs, err := localcluster.DecodeChart(out)
+	if err != nil {
+		return nil, err
 	}
-	if len(objs.deviceClasses) == 0 || len(objs.policies) != 1 || len(objs.bindings) != 1 {
+	if n := len(objs.Secrets) + len(objs.ConfigMaps) + len(objs.Webhooks); n > 0 {
+		return nil, fmt.Errorf("chart rendering: %d objects besides the DeviceClasses and the gate policy", n)
+	}
+	if len(objs.DeviceClasses) == 0 || len(objs.Policies) != 1 || len(objs.Bindings) != 1 {
 		return nil, fmt.Errorf("chart rendering holds %d DeviceClasses, %d MutatingAdmissionPolicies and %d bindings; want the classes and one policy with its binding (gate.enabled, deviceClasses.enabled)",
-			len(objs.deviceClasses), len(objs.policies), len(objs.bindings))
+			len(objs.DeviceClasses), len(objs.Policies), len(objs.Bindings))
 	}
 	return objs, nil
 }
@@ -116,26 +76,6 @@ func sameDeviceClasses(chart, file []resourceapi.DeviceClass) error {
 			chartSpec, _ := yaml.Marshal(c.Spec)
 			fileSpec, _ := yaml.Marshal(f.Spec)
 			return fmt.Errorf("DeviceClass %s: spec differs between the chart and the manifest\nchart:\n%s\nmanifest:\n%s", f.Name, chartSpec, fileSpec)
-		}
-	}
-	return nil
-}
-
-// install creates the rendered objects.
-func (o *chartObjects) install(ctx context.Context, client kubernetes.Interface) error {
-	for i := range o.deviceClasses {
-		if _, err := client.ResourceV1().DeviceClasses().Create(ctx, &o.deviceClasses[i], metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("creating DeviceClass %s: %w", o.deviceClasses[i].Name, err)
-		}
-	}
-	for i := range o.policies {
-		if _, err := client.AdmissionregistrationV1().MutatingAdmissionPolicies().Create(ctx, &o.policies[i], metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("creating MutatingAdmissionPolicy %s: %w", o.policies[i].Name, err)
-		}
-	}
-	for i := range o.bindings {
-		if _, err := client.AdmissionregistrationV1().MutatingAdmissionPolicyBindings().Create(ctx, &o.bindings[i], metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("creating MutatingAdmissionPolicyBinding %s: %w", o.bindings[i].Name, err)
 		}
 	}
 	return nil

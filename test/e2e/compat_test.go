@@ -22,7 +22,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/yaml"
 
 	"github.com/gpulink/gpulink/compat"
 	"github.com/gpulink/gpulink/compat/admission"
@@ -50,32 +49,16 @@ func renderCompat(ctx context.Context, t *testing.T, port int) *compatChart {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &compatChart{}
-	kinds := map[string]bool{}
-	for _, doc := range yamlDocs(out) {
-		var meta metav1.TypeMeta
-		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
-			t.Fatal(err)
-		}
-		var target any
-		switch meta.Kind {
-		case "Secret":
-			target = &c.secret
-		case "ConfigMap":
-			target = &c.config
-		case "MutatingWebhookConfiguration":
-			target = &c.webhook
-		default:
-			t.Fatalf("compat-webhook.yaml renders a %s", meta.Kind)
-		}
-		if err := yaml.UnmarshalStrict([]byte(doc), target); err != nil {
-			t.Fatalf("%s: %v", meta.Kind, err)
-		}
-		kinds[meta.Kind] = true
+	objs, err := localcluster.DecodeChart(out)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if len(kinds) != 3 {
-		t.Fatalf("compat-webhook.yaml rendered %v; want a Secret, a ConfigMap and a MutatingWebhookConfiguration (no Service in url mode)", kinds)
+	if len(objs.Secrets) != 1 || len(objs.ConfigMaps) != 1 || len(objs.Webhooks) != 1 ||
+		len(objs.DeviceClasses)+len(objs.Policies)+len(objs.Bindings) > 0 {
+		t.Fatalf("compat-webhook.yaml rendered %d Secrets, %d ConfigMaps, %d MutatingWebhookConfigurations and %d other objects; want one Secret, one ConfigMap and one MutatingWebhookConfiguration (no Service in url mode)",
+			len(objs.Secrets), len(objs.ConfigMaps), len(objs.Webhooks), len(objs.DeviceClasses)+len(objs.Policies)+len(objs.Bindings))
 	}
+	c := &compatChart{secret: objs.Secrets[0], config: objs.ConfigMaps[0], webhook: objs.Webhooks[0]}
 	return c
 }
 

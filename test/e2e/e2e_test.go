@@ -195,7 +195,7 @@ func setupOpts(ctx context.Context, t *testing.T, o setupOptions) *suite {
 	// DeviceClasses and the MutatingAdmissionPolicy that gates pods with
 	// claims. Its namespaceSelector leaves out namespaces labelled
 	// ungatedLabel=ungatedValue, where the test runs a pod without the gate.
-	chart, err := renderChart(ctx, root, binDir, "--set-json",
+	chart, err := renderChart(ctx, "--set-json",
 		fmt.Sprintf(`gate.namespaceSelector={"matchExpressions":[{"key":%q,"operator":"NotIn","values":[%q]}]}`, ungatedLabel, ungatedValue))
 	if err != nil {
 		t.Fatal(err)
@@ -204,7 +204,7 @@ func setupOpts(ctx context.Context, t *testing.T, o setupOptions) *suite {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := sameDeviceClasses(chart.deviceClasses, manifest); err != nil {
+	if err := sameDeviceClasses(chart.DeviceClasses, manifest); err != nil {
 		t.Fatalf("the chart's DeviceClasses differ from deployments/deviceclasses/deviceclasses.yaml: %v", err)
 	}
 	// Unix socket paths must stay below 108 bytes: keep the tree short.
@@ -226,7 +226,7 @@ func setupOpts(ctx context.Context, t *testing.T, o setupOptions) *suite {
 		}
 	}
 	policyStart := time.Now()
-	if err := chart.install(ctx, s.client); err != nil {
+	if err := chart.InstallClusterScoped(ctx, s.client); err != nil {
 		t.Fatal(err)
 	}
 	if err := ungatedNamespace(ctx, s.client, ungatedNS); err != nil {
@@ -243,7 +243,7 @@ func setupOpts(ctx context.Context, t *testing.T, o setupOptions) *suite {
 		t.Fatalf("dry-run pod in namespace %s got gates %v; the policy's namespaceSelector should leave it alone", ungatedNS, probe.Spec.SchedulingGates)
 	}
 	t.Logf("chart objects applied: %d DeviceClasses; the scheduling-gate policy took effect after %.1fs",
-		len(chart.deviceClasses), time.Since(policyStart).Seconds())
+		len(chart.DeviceClasses), time.Since(policyStart).Seconds())
 
 	driverRoot := filepath.Join(dir, "driver")
 	s.devNodes = localcluster.MkDeviceNodes(t, driverRoot, 8)
@@ -308,7 +308,7 @@ func setupOpts(ctx context.Context, t *testing.T, o setupOptions) *suite {
 		}
 		p := localcluster.StartBinary(t, logDir, "kubeletplugin-"+n.name, pluginBin, args...)
 		s.plugins = append(s.plugins, p)
-		if err := waitForDevices(ctx, s.client, n.name, n.gpus, p); err != nil {
+		if err := gpuview.WaitDevices(ctx, s.client, n.name, n.gpus, p.Alive); err != nil {
 			t.Fatal(err)
 		}
 	}

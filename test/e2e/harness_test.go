@@ -9,16 +9,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
-	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/test/localcluster"
 )
 
@@ -62,33 +59,6 @@ func stripComments(doc string) string {
 		}
 	}
 	return b.String()
-}
-
-// waitForDevices waits until node's gpulink pool has n devices.
-func waitForDevices(ctx context.Context, client kubernetes.Interface, node string, n int, p *localcluster.Binary) error {
-	have := 0
-	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		if err := p.Alive(); err != nil {
-			return false, err
-		}
-		list, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
-			FieldSelector: resourceapi.ResourceSliceSelectorNodeName + "=" + node,
-		})
-		if err != nil {
-			return false, err
-		}
-		have = 0
-		for _, s := range list.Items {
-			if s.Spec.Driver == driver.Name {
-				have += len(s.Spec.Devices)
-			}
-		}
-		return have == n, nil
-	})
-	if err != nil {
-		return fmt.Errorf("waiting for %d published devices of node %s (have %d): %w", n, node, have, err)
-	}
-	return nil
 }
 
 // podLog returns the workload container's log once it printed READY,

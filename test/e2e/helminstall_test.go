@@ -30,6 +30,7 @@ import (
 
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/kubeletplugin"
+	"github.com/gpulink/gpulink/test/e2e/gpuview"
 	"github.com/gpulink/gpulink/test/localcluster"
 )
 
@@ -236,7 +237,7 @@ compat:
 		}
 		checkDaemonSetNodes(ctx, t, client, 1)
 		waitSlices(ctx, t, client, node, 8)
-		if err := waitForDevices(ctx, client, v100Node, 8, p); err != nil {
+		if err := gpuview.WaitDevices(ctx, client, v100Node, 8, p.Alive); err != nil {
 			t.Fatal(err)
 		}
 		if err := waitGatePolicy(ctx, client, ns); err != nil {
