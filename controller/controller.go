@@ -30,6 +30,7 @@ import (
 
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/allocate"
+	"github.com/gpulink/gpulink/internal/sliceformat"
 )
 
 // fieldManager names the controller in managedFields.
@@ -495,7 +496,7 @@ func (c *Controller) onSlice(obj any) {
 	}
 	if err := c.inv.upsert(slice); err != nil {
 		c.metrics.Errors.WithLabelValues(errReasonInventory).Inc()
-		var foreign *foreignPoolError
+		var foreign *sliceformat.ForeignPoolError
 		if errors.As(err, &foreign) {
 			// Someone with write access to slices (a node's kubelet plugin
 			// where the chart's admission policy is missing) tries to

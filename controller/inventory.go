@@ -13,6 +13,7 @@ import (
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/allocate"
 	"github.com/gpulink/gpulink/driver/topology"
+	"github.com/gpulink/gpulink/internal/sliceformat"
 )
 
 // deviceInfo is one gpulink device as a ResourceSlice publishes it.
@@ -141,7 +142,7 @@ func (inv *inventory) upsert(slice *resourceapi.ResourceSlice) error {
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
 	old, had := inv.slices[slice.Name]
-	if err := checkPoolNode(slice); err != nil {
+	if err := sliceformat.CheckPoolNode(slice); err != nil {
 		// Not even stored: a stored slice would take part in its pool's
 		// newest-generation-wins rebuild. An earlier, acceptable version
 		// of it goes, and its pool is rebuilt without it.
@@ -187,32 +188,6 @@ func (inv *inventory) forgetLocked(stored *resourceapi.ResourceSlice) {
 	}
 }
 
-// foreignPoolError reports a node-local slice whose pool is named after
-// another node.
-type foreignPoolError struct {
-	Slice, Pool, Node string
-}
-
-func (e *foreignPoolError) Error() string {
-	return fmt.Sprintf("ResourceSlice %q of node %q names pool %q: a gpulink pool must be named after the node that publishes it (spec.pool.name == spec.nodeName), so the slice is ignored",
-		e.Slice, e.Node, e.Pool)
-}
-
-// checkPoolNode refuses a slice that names a node but puts its devices in a
-// pool named otherwise. Pools are keyed by name and the newest generation
-// wins, so without this check the kubelet plugin of one node (whose
-// credentials only vouch for spec.nodeName) could publish pool "node-b" at
-// a high generation and hide node-b's GPUs, or split a pool across nodes.
-// The chart's ValidatingAdmissionPolicy enforces the same rule at the API
-// server; this keeps the controller safe where the policy is not installed.
-// Slices without spec.nodeName are left to buildNode, which refuses them.
-func checkPoolNode(slice *resourceapi.ResourceSlice) error {
-	if slice.Spec.NodeName == nil || *slice.Spec.NodeName == "" || *slice.Spec.NodeName == slice.Spec.Pool.Name {
-		return nil
-	}
-	return &foreignPoolError{Slice: slice.Name, Pool: slice.Spec.Pool.Name, Node: *slice.Spec.NodeName}
-}
-
 // remove forgets a slice and rebuilds its pool.
 func (inv *inventory) remove(slice *resourceapi.ResourceSlice) {
 	if slice.Spec.Driver != driver.Name {
@@ -226,7 +201,7 @@ func (inv *inventory) remove(slice *resourceapi.ResourceSlice) {
 		// object carry another.
 		pool = stored.Spec.Pool.Name
 		inv.forgetLocked(stored)
-	} else if checkPoolNode(slice) != nil {
+	} else if sliceformat.CheckPoolNode(slice) != nil {
 		// Never stored, so nothing to rebuild.
 		return
 	}
@@ -298,121 +273,45 @@ func (inv *inventory) rebuildLocked(pool string) error {
 	return nil
 }
 
-// buildNode builds a node from the slices of one pool: only the newest
-// generation counts, and the pool must be complete and node-local.
+// buildNode builds a node from the slices of one pool, decoded by
+// sliceformat (the newest generation, complete and node-local).
 func buildNode(pool string, slices []*resourceapi.ResourceSlice) (*nodeInventory, error) {
-	var gen int64
-	for _, s := range slices {
-		gen = max(gen, s.Spec.Pool.Generation)
-	}
-	var current []*resourceapi.ResourceSlice
-	for _, s := range slices {
-		if s.Spec.Pool.Generation == gen {
-			current = append(current, s)
-		}
-	}
-	sort.Slice(current, func(i, j int) bool { return current[i].Name < current[j].Name })
-	want := current[0].Spec.Pool.ResourceSliceCount
-	if int64(len(current)) < want {
-		return nil, fmt.Errorf("pool %q generation %d is incomplete: %d of %d slices published", pool, gen, len(current), want)
-	}
-	nodeName := ""
-	var devices []resourceapi.Device
-	for _, s := range current {
-		if s.Spec.NodeName == nil || *s.Spec.NodeName == "" {
-			return nil, fmt.Errorf("pool %q: slice %q has no spec.nodeName; gpulink pools are node-local", pool, s.Name)
-		}
-		if nodeName != "" && *s.Spec.NodeName != nodeName {
-			return nil, fmt.Errorf("pool %q: slices name nodes %q and %q", pool, nodeName, *s.Spec.NodeName)
-		}
-		nodeName = *s.Spec.NodeName
-		devices = append(devices, s.Spec.Devices...)
-	}
-	infos := make([]*deviceInfo, 0, len(devices))
-	seen := map[int]string{}
-	var migs []*migDevice
-	for i := range devices {
-		if driver.IsMIGDeviceName(devices[i].Name) {
-			m, err := buildMIGDevice(&devices[i])
-			if err != nil {
-				return nil, fmt.Errorf("pool %q: %w", pool, err)
-			}
-			migs = append(migs, m)
-			continue
-		}
-		d, err := buildDevice(&devices[i])
-		if err != nil {
-			return nil, fmt.Errorf("pool %q: %w", pool, err)
-		}
-		if other, dup := seen[d.Index]; dup {
-			return nil, fmt.Errorf("pool %q: devices %q and %q both have index %d", pool, other, d.Name, d.Index)
-		}
-		seen[d.Index] = d.Name
-		infos = append(infos, d)
-	}
-	sort.Slice(infos, func(i, j int) bool { return infos[i].Index < infos[j].Index })
-	gpus := make([]topology.GPU, len(infos))
-	rows := make(map[int]string, len(infos))
-	for i, d := range infos {
-		gpus[i] = gpuFromDevice(d)
-		if a, ok := d.attr(qualify(driver.AttrLinks, driver.Name)); ok && a.StringValue != nil {
-			rows[d.Index] = *a.StringValue
-		}
-	}
-	var topo *topology.Topology
-	var err error
-	if len(infos) == 0 && len(migs) > 0 {
-		// Every GPU of the node is in MIG mode: no whole GPU, no links.
-		topo, err = topology.New(nil, nil)
-	} else {
-		topo, err = topology.DecodeLinkRows(gpus, rows)
-	}
+	decoded, err := sliceformat.DecodePool(pool, slices)
 	if err != nil {
-		return nil, fmt.Errorf("pool %q: decoding link rows: %w", pool, err)
+		return nil, err
 	}
-	for _, m := range migs {
-		if _, whole := seen[m.Parent]; whole {
-			return nil, fmt.Errorf("pool %q: device %q is a MIG device of GPU %d, which is also published whole as %q; a GPU in MIG mode is given out only as its MIG devices", pool, m.Name, m.Parent, seen[m.Parent])
-		}
-	}
+	topo := decoded.Topology
 	// Outside any decision: the first decision on a node of a new kind
 	// (12-16 GPUs) then costs what later ones do.
 	allocate.Prepare(topo)
 	n := &nodeInventory{
-		Node:      nodeName,
+		Node:      decoded.Node,
 		Pool:      pool,
 		Topo:      topo,
 		Devices:   make([]*deviceInfo, topo.Len()),
-		byName:    make(map[string]*deviceInfo, len(infos)),
+		byName:    make(map[string]*deviceInfo, topo.Len()),
 		memo:      newLRU[[]selectorOutcome](memoEntriesPerNode),
 		shareMemo: newLRU[[]*shareCons](memoEntriesPerNode),
-		MIG:       migs,
 	}
-	for _, d := range infos {
-		p, ok := topo.Position(d.Index)
-		if !ok {
-			return nil, fmt.Errorf("pool %q: device %q (index %d) is missing from the decoded topology", pool, d.Name, d.Index)
-		}
-		d.Pos = p
+	for p, g := range decoded.GPUs {
+		d := newDeviceInfo(g)
 		n.Devices[p] = d
 		n.byName[d.Name] = d
 	}
-	for p, d := range n.Devices {
-		if d == nil {
-			return nil, fmt.Errorf("pool %q: topology position %d has no device", pool, p)
-		}
+	for _, m := range decoded.MIG {
+		n.MIG = append(n.MIG, newMIGDevice(m))
 	}
 	return n, nil
 }
 
-func buildDevice(dev *resourceapi.Device) (*deviceInfo, error) {
-	idx, err := driver.ParseDeviceName(dev.Name)
-	if err != nil {
-		return nil, err
-	}
-	d := &deviceInfo{
+// newDeviceInfo keeps what decisions read of a decoded GPU; its CEL maps
+// are the slice's own.
+func newDeviceInfo(g sliceformat.GPU) *deviceInfo {
+	dev := g.Device
+	return &deviceInfo{
 		Name:          dev.Name,
-		Index:         idx,
+		Index:         g.Index,
+		Pos:           g.Pos,
 		Taints:        dev.Taints,
 		AllowMultiple: dev.AllowMultipleAllocations != nil && *dev.AllowMultipleAllocations,
 		CEL: dracel.Device{
@@ -421,64 +320,6 @@ func buildDevice(dev *resourceapi.Device) (*deviceInfo, error) {
 			Attributes:               dev.Attributes,
 			Capacity:                 dev.Capacity,
 		},
-	}
-	if a, ok := d.attr(qualify(driver.AttrIndex, driver.Name)); ok {
-		if a.IntValue == nil || *a.IntValue != int64(idx) {
-			return nil, fmt.Errorf("device %q: attribute %s=%v does not match the index in its name", dev.Name, driver.AttrIndex, attrString(a))
-		}
-	}
-	return d, nil
-}
-
-func gpuFromDevice(d *deviceInfo) topology.GPU {
-	str := func(name string) string {
-		if a, ok := d.attr(qualify(name, driver.Name)); ok {
-			switch {
-			case a.StringValue != nil:
-				return *a.StringValue
-			case a.VersionValue != nil:
-				return *a.VersionValue
-			}
-		}
-		return ""
-	}
-	g := topology.GPU{
-		Index:                 d.Index,
-		Minor:                 d.Index,
-		UUID:                  str(driver.AttrUUID),
-		ProductName:           str(driver.AttrProductName),
-		Architecture:          str(driver.AttrArchitecture),
-		CUDAComputeCapability: str(driver.AttrCUDAComputeCapability),
-		DriverVersion:         str(driver.AttrDriverVersion),
-		PCIBusID:              str(driver.AttrPCIBusID),
-		PCIeRoot:              str(driver.AttrPCIeRoot),
-		NUMANode:              -1,
-	}
-	if a, ok := d.attr(qualify(driver.AttrMinor, driver.Name)); ok && a.IntValue != nil {
-		g.Minor = int(*a.IntValue)
-	}
-	if a, ok := d.attr(qualify(driver.AttrNUMANode, driver.Name)); ok && a.IntValue != nil {
-		g.NUMANode = int(*a.IntValue)
-	}
-	if c, ok := d.capacity(capMemory); ok {
-		g.MemoryBytes = c.Value.Value()
-	}
-	return g
-}
-
-// attrString renders an attribute value for messages.
-func attrString(a resourceapi.DeviceAttribute) string {
-	switch {
-	case a.IntValue != nil:
-		return fmt.Sprint(*a.IntValue)
-	case a.BoolValue != nil:
-		return fmt.Sprint(*a.BoolValue)
-	case a.StringValue != nil:
-		return *a.StringValue
-	case a.VersionValue != nil:
-		return *a.VersionValue
-	default:
-		return "<unset>"
 	}
 }
 

@@ -1,13 +1,12 @@
 package controller
 
 import (
-	"fmt"
-
 	resourceapi "k8s.io/api/resource/v1"
 	dracel "k8s.io/dynamic-resource-allocation/cel"
 
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/mig"
+	"github.com/gpulink/gpulink/internal/sliceformat"
 )
 
 // migDevice is one MIG device as a node's slice publishes it. MIG devices
@@ -26,17 +25,16 @@ type migDevice struct {
 	Taints      []resourceapi.DeviceTaint
 }
 
-// buildMIGDevice reads a MIG device of a slice. Its name carries the
-// parent's index, which the parentIndex attribute must repeat.
-func buildMIGDevice(dev *resourceapi.Device) (*migDevice, error) {
-	parent, _, _, err := driver.ParseMIGDeviceName(dev.Name)
-	if err != nil {
-		return nil, err
-	}
-	m := &migDevice{
-		Name:   dev.Name,
-		Parent: parent,
-		Taints: dev.Taints,
+// newMIGDevice keeps what decisions read of a decoded MIG device.
+func newMIGDevice(m sliceformat.MIGDevice) *migDevice {
+	dev := m.Device
+	return &migDevice{
+		Name:        dev.Name,
+		Parent:      m.Parent,
+		Profile:     m.Profile,
+		Placement:   m.Placement,
+		MemoryBytes: m.MemoryBytes,
+		Taints:      dev.Taints,
 		CEL: dracel.Device{
 			Driver:                   driver.Name,
 			AllowMultipleAllocations: dev.AllowMultipleAllocations,
@@ -44,32 +42,4 @@ func buildMIGDevice(dev *resourceapi.Device) (*migDevice, error) {
 			Capacity:                 dev.Capacity,
 		},
 	}
-	intAttr := func(name string) (int, bool) {
-		a, ok := dev.Attributes[resourceapi.QualifiedName(name)]
-		if !ok || a.IntValue == nil {
-			return 0, false
-		}
-		return int(*a.IntValue), true
-	}
-	if p, ok := intAttr(driver.AttrParentIndex); !ok || p != parent {
-		return nil, fmt.Errorf("device %q: attribute %s must be the int %d of its name", dev.Name, driver.AttrParentIndex, parent)
-	}
-	if a, ok := dev.Attributes[driver.AttrMIGProfile]; ok && a.StringValue != nil {
-		m.Profile = *a.StringValue
-	} else {
-		return nil, fmt.Errorf("device %q: attribute %s (string) is missing", dev.Name, driver.AttrMIGProfile)
-	}
-	start, okStart := intAttr(driver.AttrPlacementStart)
-	size, okSize := intAttr(driver.AttrPlacementSize)
-	if !okStart || !okSize || start < 0 || size <= 0 {
-		return nil, fmt.Errorf("device %q: attributes %s and %s must be ints, start >= 0 and size > 0", dev.Name, driver.AttrPlacementStart, driver.AttrPlacementSize)
-	}
-	m.Placement = mig.Placement{Start: start, Size: size}
-	if c, ok := dev.Capacity[driver.CapacityMemory]; ok {
-		m.MemoryBytes = c.Value.Value()
-	}
-	if dev.AllowMultipleAllocations != nil && *dev.AllowMultipleAllocations {
-		return nil, fmt.Errorf("device %q: a MIG device must not allow multiple allocations", dev.Name)
-	}
-	return m, nil
 }

@@ -25,11 +25,7 @@ func migSlice(t testing.TB, node string, layout map[int][]string) *resourceapi.R
 // (dgxa100, dgxh100, ...) with a MIG layout.
 func mockMIGSlice(t testing.TB, server, node string, layout map[int][]string) *resourceapi.ResourceSlice {
 	t.Helper()
-	d, err := discovery.NewMockWith(server, discovery.MockOptions{MIG: layout})
-	if err != nil {
-		t.Fatal(err)
-	}
-	topo, err := d.Discover(context.Background())
+	topo, err := discovery.MockTopology(server, discovery.MockOptions{MIG: layout})
 	if err != nil {
 		t.Fatal(err)
 	}

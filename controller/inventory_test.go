@@ -19,6 +19,7 @@ import (
 
 	"github.com/gpulink/gpulink/controller/controllertest"
 	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/internal/sliceformat"
 )
 
 func v100Slice(t *testing.T, node string) *resourceapi.ResourceSlice {
@@ -270,9 +271,9 @@ func TestInventoryRefusesPoolSplitAcrossNodes(t *testing.T) {
 	if err := inv.upsert(first); err == nil || !strings.Contains(err.Error(), "incomplete") {
 		t.Errorf("first half of pool n: error %v, want the pool reported incomplete", err)
 	}
-	var foreign *foreignPoolError
+	var foreign *sliceformat.ForeignPoolError
 	if err := inv.upsert(second); !errors.As(err, &foreign) {
-		t.Errorf("slice of pool n on node m: error %v, want a foreignPoolError", err)
+		t.Errorf("slice of pool n on node m: error %v, want a sliceformat.ForeignPoolError", err)
 	}
 	if n := inv.node("n"); n != nil {
 		t.Errorf("pool n split across nodes became node %s's inventory", n.Node)

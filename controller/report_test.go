@@ -21,7 +21,7 @@ import (
 const gib = int64(1) << 30
 
 // reportSlice publishes a topology fixture for node the way the kubelet
-// plugin does (kubeletplugin.BuildDriverResources via controllertest),
+// plugin does (sliceformat.Encode via controllertest),
 // with 32Gi GPUs named product.
 func reportSlice(t *testing.T, node, fixture, product string) *resourceapi.ResourceSlice {
 	t.Helper()

@@ -19,6 +19,7 @@ import (
 
 	apiv1alpha1 "github.com/gpulink/gpulink/api/v1alpha1"
 	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/internal/sliceformat"
 	"github.com/gpulink/gpulink/kubeletplugin/mps"
 )
 
@@ -212,7 +213,7 @@ func foldGPUs(devices []PreparedDevice) []claimGPU {
 			continue
 		}
 		g.share.MemoryBytes += d.Share.MemoryBytes
-		g.share.Cores = min(g.share.Cores+d.Share.Cores, coresTotal)
+		g.share.Cores = min(g.share.Cores+d.Share.Cores, sliceformat.CoresTotal)
 	}
 	out := make([]claimGPU, 0, len(order))
 	for _, name := range order {
@@ -361,7 +362,7 @@ func addShareEdits(edits *cdispec.ContainerEdits, c *PreparedClaim, gpus []claim
 		if g.share == nil {
 			continue
 		}
-		mib := g.share.MemoryBytes / memoryStep
+		mib := g.share.MemoryBytes / sliceformat.MemoryStep
 		ord := strconv.Itoa(ordinal)
 		edits.Env = append(edits.Env,
 			"GPULINK_SHARE_MEMORY_"+ord+"="+strconv.FormatInt(g.share.MemoryBytes, 10),

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpulink/gpulink/internal/sliceformat"
 	"k8s.io/apimachinery/pkg/api/resource"
 )
 
@@ -45,7 +46,7 @@ func TestNewDiscoverer(t *testing.T) {
 		t.Errorf("topology-file discovery: %+v", topo.GPUs)
 	}
 	// Its slices pass the API limits as they are.
-	if _, err := BuildDriverResources(testLogger(t), testNode, topo, defaultSliceOptions()); err != nil {
+	if _, err := driverResources(testLogger(t), testNode, topo, defaultSliceOptions()); err != nil {
 		t.Fatal(err)
 	}
 
@@ -57,7 +58,7 @@ func TestNewDiscoverer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := BuildDriverResources(testLogger(t), testNode, topo, defaultSliceOptions())
+	res, err := driverResources(testLogger(t), testNode, topo, defaultSliceOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +74,7 @@ func TestNewDiscoverer(t *testing.T) {
 	if topo, err = mock.Discover(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if res, err = BuildDriverResources(testLogger(t), testNode, topo, defaultSliceOptions()); err != nil {
+	if res, err = driverResources(testLogger(t), testNode, topo, defaultSliceOptions()); err != nil {
 		t.Fatal(err)
 	}
 	var names []string
@@ -111,4 +112,8 @@ func TestNVMLLibraryUnderDriverRoot(t *testing.T) {
 	if err != nil || d == nil {
 		t.Fatalf("NewDiscoverer(nvml, driver root with library): %v", err)
 	}
+}
+
+func defaultSliceOptions() sliceformat.Options {
+	return sliceformat.Options{ManagedByController: true, DefaultShareMemory: resource.MustParse("4Gi"), DefaultShareCores: 25}
 }

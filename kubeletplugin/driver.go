@@ -23,6 +23,7 @@ import (
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/discovery"
 	"github.com/gpulink/gpulink/driver/topology"
+	"github.com/gpulink/gpulink/internal/sliceformat"
 	"github.com/gpulink/gpulink/kubeletplugin/mps"
 )
 
@@ -215,7 +216,7 @@ func (d *Driver) discover(ctx context.Context) (*topology.Topology, resourceslic
 	if err != nil {
 		return nil, resourceslice.DriverResources{}, fmt.Errorf("discovering GPUs: %w", err)
 	}
-	res, err := BuildDriverResources(klog.FromContext(ctx), d.opts.NodeName, t, SliceOptions{
+	res, err := driverResources(klog.FromContext(ctx), d.opts.NodeName, t, sliceformat.Options{
 		ManagedByController: d.opts.ManagedByController,
 		DefaultShareMemory:  d.opts.DefaultShareMemory,
 		DefaultShareCores:   d.opts.DefaultShareCores,

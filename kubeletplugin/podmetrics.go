@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/gpulink/gpulink/internal/sliceformat"
 	"github.com/prometheus/client_golang/prometheus"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -182,7 +183,7 @@ func foldClaimGPUs(devices []PreparedDevice) []infoGPU {
 			out[i].share = &PreparedShare{Strategy: d.Share.Strategy}
 		}
 		out[i].share.MemoryBytes += d.Share.MemoryBytes
-		out[i].share.Cores = min(out[i].share.Cores+d.Share.Cores, coresTotal)
+		out[i].share.Cores = min(out[i].share.Cores+d.Share.Cores, sliceformat.CoresTotal)
 	}
 	return out
 }

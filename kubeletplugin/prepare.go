@@ -15,6 +15,7 @@ import (
 	apiv1alpha1 "github.com/gpulink/gpulink/api/v1alpha1"
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/topology"
+	"github.com/gpulink/gpulink/internal/sliceformat"
 	"github.com/gpulink/gpulink/kubeletplugin/mps"
 )
 
@@ -365,14 +366,14 @@ func (d *Driver) planShare(field string, r resourceapi.DeviceRequestAllocationRe
 	memBytes := mem.Value()
 	memField := field + ".consumedCapacity." + driver.CapacityMemory
 	switch {
-	case memBytes < memoryStep:
+	case memBytes < sliceformat.MemoryStep:
 		return nil, fmt.Errorf("%s: %s: a share needs at least 1Mi of memory", memField, mem.String())
 	case gpu.MemoryBytes > 0 && memBytes > gpu.MemoryBytes:
 		return nil, fmt.Errorf("%s: %s is larger than GPU %d's %s", memField, mem.String(), gpu.Index,
 			resource.NewQuantity(gpu.MemoryBytes, resource.BinarySI).String())
 	}
-	if cores < 1 || cores > coresTotal {
-		return nil, fmt.Errorf("%s.consumedCapacity.%s: %d: must be between 1 and %d", field, driver.CapacityCores, cores, coresTotal)
+	if cores < 1 || cores > sliceformat.CoresTotal {
+		return nil, fmt.Errorf("%s.consumedCapacity.%s: %d: must be between 1 and %d", field, driver.CapacityCores, cores, sliceformat.CoresTotal)
 	}
 	ps := &PreparedShare{MemoryBytes: memBytes, Cores: cores, Strategy: strategy}
 	if v := rc.resolved.Sharing.MemoryOvercommitPercent; v != nil {
@@ -528,8 +529,8 @@ func (d *Driver) checkConflicts(pc *PreparedClaim, resultIdx []int) error {
 				return fmt.Errorf("%s.consumedCapacity.%s: shares of %q would use %d bytes, more than the GPU's %d", field, driver.CapacityMemory, dev.Device, u.mem, total)
 			}
 		}
-		if u.cores > coresTotal {
-			return fmt.Errorf("%s.consumedCapacity.%s: shares of %q would use %d%% of the cores, more than the GPU's %d%%", field, driver.CapacityCores, dev.Device, u.cores, coresTotal)
+		if u.cores > sliceformat.CoresTotal {
+			return fmt.Errorf("%s.consumedCapacity.%s: shares of %q would use %d%% of the cores, more than the GPU's %d%%", field, driver.CapacityCores, dev.Device, u.cores, sliceformat.CoresTotal)
 		}
 	}
 	return nil

@@ -14,6 +14,8 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/driver/discovery"
+	"github.com/gpulink/gpulink/driver/topology"
 )
 
 func migResult(request, device string) resourceapi.DeviceRequestAllocationResult {
@@ -154,4 +156,14 @@ func TestPrepareMIGRefusesBadResults(t *testing.T) {
 			t.Errorf("results %v: a refused claim left a CDI spec", c.results)
 		}
 	}
+}
+
+// migTopology discovers a simulated DGX A100 (40GB) with a MIG layout.
+func migTopology(t *testing.T, layout map[int][]string) *topology.Topology {
+	t.Helper()
+	topo, err := discovery.MockTopology("dgxa100", discovery.MockOptions{MIG: layout})
+	if err != nil {
+		t.Fatalf("MockTopology: %v", err)
+	}
+	return topo
 }

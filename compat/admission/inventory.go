@@ -4,15 +4,15 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/gpulink/gpulink/internal/sliceformat"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/client-go/tools/cache"
-
-	"github.com/gpulink/gpulink/driver"
 )
 
 // Inventory keeps the distinct GPU memory sizes that gpulink's
-// ResourceSlices publish (whole GPUs, not MIG devices), for the checks and the gpumem-percentage
-// alternatives of the translation (compat.Inventory).
+// ResourceSlices publish (whole GPUs, not MIG devices; read with
+// sliceformat), for the checks and the gpumem-percentage alternatives of
+// the translation (compat.Inventory).
 type Inventory struct {
 	mu    sync.Mutex
 	slice map[string][]int64 // slice name -> memory sizes
@@ -42,19 +42,7 @@ func (inv *Inventory) set(o any) {
 	if !ok {
 		return
 	}
-	var sizes []int64
-	if s.Spec.Driver == driver.Name {
-		for _, d := range s.Spec.Devices {
-			if driver.IsMIGDeviceName(d.Name) {
-				// A MIG device is no GPU a share or a percentage of
-				// GPU memory could be taken from.
-				continue
-			}
-			if c, ok := d.Capacity[driver.CapacityMemory]; ok {
-				sizes = append(sizes, c.Value.Value())
-			}
-		}
-	}
+	sizes := sliceformat.WholeGPUMemory(s)
 	inv.update(s.Name, sizes)
 }
 

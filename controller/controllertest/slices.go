@@ -18,7 +18,7 @@ import (
 
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/topology"
-	"github.com/gpulink/gpulink/kubeletplugin"
+	"github.com/gpulink/gpulink/internal/sliceformat"
 )
 
 // SliceOptions shape the published devices.
@@ -34,8 +34,8 @@ type SliceOptions struct {
 }
 
 // Slice returns the ResourceSlice the kubelet plugin publishes for a node
-// with the given topology, built by the plugin's own
-// kubeletplugin.BuildDriverResources (pool = node name, one device
+// with the given topology, encoded as the plugin encodes it
+// (sliceformat.Encode: pool = node name, one device
 // gpu-<index> per GPU, consumable memory and cores, the managed taint).
 // GPUs of t without a memory size get o.MemoryBytes (t is modified).
 func Slice(node string, t *topology.Topology, o SliceOptions) (*resourceapi.ResourceSlice, error) {
@@ -56,7 +56,7 @@ func Slice(node string, t *topology.Topology, o SliceOptions) (*resourceapi.Reso
 			t.GPUs[i].MemoryBytes = o.MemoryBytes
 		}
 	}
-	res, err := kubeletplugin.BuildDriverResources(klog.Background(), node, t, kubeletplugin.SliceOptions{
+	slices, err := sliceformat.Encode(klog.Background(), node, t, sliceformat.Options{
 		ManagedByController: true,
 		DefaultShareMemory:  *resource.NewQuantity(o.DefaultShareMemory, resource.BinarySI),
 		DefaultShareCores:   o.DefaultShareCores,
@@ -64,9 +64,8 @@ func Slice(node string, t *topology.Topology, o SliceOptions) (*resourceapi.Reso
 	if err != nil {
 		return nil, fmt.Errorf("node %s: %w", node, err)
 	}
-	pool, ok := res.Pools[node]
-	if !ok || len(pool.Slices) != 1 {
-		return nil, fmt.Errorf("node %s: want one pool with one slice, got %d pools", node, len(res.Pools))
+	if len(slices) != 1 {
+		return nil, fmt.Errorf("node %s: want one slice, got %d", node, len(slices))
 	}
 	return &resourceapi.ResourceSlice{
 		ObjectMeta: metav1.ObjectMeta{Name: node + "-" + driverSliceSuffix},
@@ -74,7 +73,7 @@ func Slice(node string, t *topology.Topology, o SliceOptions) (*resourceapi.Reso
 			Driver:   driver.Name,
 			Pool:     resourceapi.ResourcePool{Name: node, Generation: o.Generation, ResourceSliceCount: 1},
 			NodeName: ptr.To(node),
-			Devices:  pool.Slices[0].Devices,
+			Devices:  slices[0],
 		},
 	}, nil
 }

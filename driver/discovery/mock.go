@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"context"
 	"fmt"
 	"io/fs"
 	"maps"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+	"github.com/gpulink/gpulink/driver/topology"
 )
 
 // MockServers lists the names NewMock accepts, sorted.
@@ -52,6 +54,17 @@ func NewMockWith(name string, o MockOptions) (Discoverer, error) {
 	d := newNVML(s, m.sysfs())
 	d.proc = mockProc(len(s.Devices))
 	return d, nil
+}
+
+// MockTopology is what NVML discovery finds on the named go-nvml mock
+// server with the MIG layout of o: the topology tests and simulations
+// start from.
+func MockTopology(name string, o MockOptions) (*topology.Topology, error) {
+	d, err := NewMockWith(name, o)
+	if err != nil {
+		return nil, err
+	}
+	return d.Discover(context.Background())
 }
 
 // install completes the server's devices with the machine's topology.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/topology"
+	"github.com/gpulink/gpulink/internal/sliceformat"
 )
 
 // GPU is one published device.
@@ -45,97 +46,56 @@ func (n *Node) GPU(device string) (GPU, bool) {
 	return g, ok
 }
 
-// Nodes reads every node's gpulink pool: the devices of the newest
-// generation of each pool named after its node.
+// Nodes reads every node's gpulink pool as the controller does
+// (sliceformat.DecodePool: the newest generation of each pool named after
+// its node). A pool whose newest generation is still being published is
+// left out until it is complete.
 func Nodes(ctx context.Context, client kubernetes.Interface) (map[string]*Node, error) {
 	list, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("listing ResourceSlices: %w", err)
 	}
-	newest := map[string]int64{}
-	for _, s := range list.Items {
+	pools := map[string][]*resourceapi.ResourceSlice{}
+	for i := range list.Items {
+		s := &list.Items[i]
 		if s.Spec.Driver != driver.Name || s.Spec.NodeName == nil {
 			continue
 		}
-		if g, ok := newest[s.Spec.Pool.Name]; !ok || s.Spec.Pool.Generation > g {
-			newest[s.Spec.Pool.Name] = s.Spec.Pool.Generation
+		if err := sliceformat.CheckPoolNode(s); err != nil {
+			return nil, err
 		}
-	}
-	devices := map[string][]resourceapi.Device{}
-	for _, s := range list.Items {
-		if s.Spec.Driver != driver.Name || s.Spec.NodeName == nil || s.Spec.Pool.Generation != newest[s.Spec.Pool.Name] {
-			continue
-		}
-		devices[*s.Spec.NodeName] = append(devices[*s.Spec.NodeName], s.Spec.Devices...)
+		pools[s.Spec.Pool.Name] = append(pools[s.Spec.Pool.Name], s)
 	}
 	nodes := map[string]*Node{}
-	for name, devs := range devices {
-		n, err := newNode(name, devs)
+	for pool, slices := range pools {
+		decoded, err := sliceformat.DecodePool(pool, slices)
+		if sliceformat.IsIncomplete(err) {
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}
-		nodes[name] = n
+		nodes[decoded.Node] = newNode(decoded)
 	}
 	return nodes, nil
 }
 
-func newNode(name string, devs []resourceapi.Device) (*Node, error) {
-	n := &Node{Name: name, byDevice: map[string]GPU{}}
-	var tgpus []topology.GPU
-	rows := map[int]string{}
-	for _, d := range devs {
-		if driver.IsMIGDeviceName(d.Name) {
-			// MIG devices are not GPUs of the node's link matrix.
-			continue
+func newNode(pool *sliceformat.Pool) *Node {
+	n := &Node{Name: pool.Node, Topology: pool.Topology, byDevice: map[string]GPU{}}
+	for _, g := range pool.GPUs {
+		tg := pool.Topology.GPUs[g.Pos]
+		if n.Product == "" {
+			n.Product = tg.ProductName
 		}
-		idx, err := driver.ParseDeviceName(d.Name)
-		if err != nil {
-			return nil, fmt.Errorf("node %s: %w", name, err)
+		gpu := GPU{Device: g.Device.Name, Index: g.Index, Minor: tg.Minor, UUID: tg.UUID, Position: g.Pos, Memory: tg.MemoryBytes}
+		if c, ok := sliceformat.Capacity(g.Device, driver.CapacityCores); ok {
+			gpu.Cores = c.Value.Value()
 		}
-		g := GPU{Device: d.Name, Index: idx, Minor: idx}
-		if a, ok := d.Attributes[driver.AttrMinor]; ok && a.IntValue != nil {
-			g.Minor = int(*a.IntValue)
-		}
-		if a, ok := d.Attributes[driver.AttrUUID]; ok && a.StringValue != nil {
-			g.UUID = *a.StringValue
-		}
-		if a, ok := d.Attributes[driver.AttrProductName]; ok && a.StringValue != nil {
-			n.Product = *a.StringValue
-		}
-		g.Memory = capacity(d, driver.CapacityMemory)
-		g.Cores = capacity(d, driver.CapacityCores)
-		a, ok := d.Attributes[driver.AttrLinks]
-		if !ok || a.StringValue == nil {
-			return nil, fmt.Errorf("node %s: device %s has no %s attribute", name, d.Name, driver.AttrLinks)
-		}
-		rows[idx] = *a.StringValue
-		tgpus = append(tgpus, topology.GPU{Index: idx, Minor: g.Minor, UUID: g.UUID, NUMANode: -1})
-		n.GPUs = append(n.GPUs, g)
+		n.GPUs = append(n.GPUs, gpu)
+		n.byDevice[gpu.Device] = gpu
 	}
-	topo, err := topology.DecodeLinkRows(tgpus, rows)
-	if err != nil {
-		return nil, fmt.Errorf("node %s: %w", name, err)
-	}
-	n.Topology = topo
 	sort.Slice(n.GPUs, func(i, j int) bool { return n.GPUs[i].Index < n.GPUs[j].Index })
-	for i := range n.GPUs {
-		p, ok := topo.Position(n.GPUs[i].Index)
-		if !ok {
-			return nil, fmt.Errorf("node %s: GPU %d missing from the decoded topology", name, n.GPUs[i].Index)
-		}
-		n.GPUs[i].Position = p
-		n.byDevice[n.GPUs[i].Device] = n.GPUs[i]
-	}
-	return n, nil
-}
-
-func capacity(d resourceapi.Device, name string) int64 {
-	for _, key := range []string{name, driver.Name + "/" + name} {
-		if c, ok := d.Capacity[resourceapi.QualifiedName(key)]; ok {
-			return c.Value.Value()
-		}
-	}
-	return 0
+	return n
 }
 
 // Consumed returns a share's consumed capacity (0 when absent).

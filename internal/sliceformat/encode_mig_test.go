@@ -1,7 +1,6 @@
-package kubeletplugin
+package sliceformat
 
 import (
-	"context"
 	"testing"
 
 	"github.com/gpulink/gpulink/driver"
@@ -12,20 +11,16 @@ import (
 // migTopology discovers a simulated DGX A100 (40GB) with a MIG layout.
 func migTopology(t *testing.T, layout map[int][]string) *topology.Topology {
 	t.Helper()
-	d, err := discovery.NewMockWith("dgxa100", discovery.MockOptions{MIG: layout})
+	topo, err := discovery.MockTopology("dgxa100", discovery.MockOptions{MIG: layout})
 	if err != nil {
-		t.Fatalf("NewMockWith: %v", err)
-	}
-	topo, err := d.Discover(context.Background())
-	if err != nil {
-		t.Fatalf("Discover: %v", err)
+		t.Fatalf("MockTopology: %v", err)
 	}
 	return topo
 }
 
-func TestBuildDriverResourcesMIG(t *testing.T) {
+func TestEncodeMIG(t *testing.T) {
 	topo := migTopology(t, map[int][]string{0: {"1g.5gb", "3g.20gb"}, 1: {"7g.40gb"}})
-	devs := buildOne(t, topo, defaultSliceOptions())
+	devs := buildOne(t, topo, defaultOptions())
 	byName := map[string]int{}
 	for i, d := range devs {
 		byName[d.Name] = i
@@ -111,13 +106,13 @@ func TestBuildDriverResourcesMIG(t *testing.T) {
 
 // A node whose GPUs are all in MIG mode publishes MIG devices only; one in
 // MIG mode without instances publishes nothing for that GPU.
-func TestBuildDriverResourcesAllMIG(t *testing.T) {
+func TestEncodeAllMIG(t *testing.T) {
 	layout := map[int][]string{}
 	for i := range 8 {
 		layout[i] = []string{"4g.20gb", "3g.20gb"}
 	}
 	layout[7] = nil
-	devs := buildOne(t, migTopology(t, layout), defaultSliceOptions())
+	devs := buildOne(t, migTopology(t, layout), defaultOptions())
 	if len(devs) != 14 {
 		t.Fatalf("%d devices, want 14 MIG devices", len(devs))
 	}

@@ -1,4 +1,4 @@
-package kubeletplugin
+package sliceformat
 
 import (
 	"fmt"
@@ -33,15 +33,15 @@ func wholeGPUs(t *topology.Topology) (*topology.Topology, error) {
 // MIG mode: one device per compute instance, named
 // driver.MIGDeviceName(parent index, GI, CI), exclusive (no
 // allowMultipleAllocations), with the parent's identity attributes and
-// the instance's own (see doc.go, "MIG devices").
-func buildMIGDevices(logger klog.Logger, t *topology.Topology, opts SliceOptions) ([]resourceapi.Device, error) {
+// the instance's own (placement, profile, engines; driver/names.go).
+func encodeMIGDevices(logger klog.Logger, t *topology.Topology, opts Options) ([]resourceapi.Device, error) {
 	var out []resourceapi.Device
 	for _, g := range t.GPUs {
 		if !g.MIGEnabled() {
 			continue
 		}
 		for _, in := range g.MIG.Instances {
-			dev, err := buildMIGDevice(logger, g, in, opts)
+			dev, err := encodeMIGDevice(logger, g, in, opts)
 			if err != nil {
 				return nil, fmt.Errorf("MIG device %s (profile %s) of GPU %d: %w", driver.MIGDeviceName(g.Index, in.GI, in.CI), in.Profile.Name, g.Index, err)
 			}
@@ -51,7 +51,7 @@ func buildMIGDevices(logger klog.Logger, t *topology.Topology, opts SliceOptions
 	return out, nil
 }
 
-func buildMIGDevice(logger klog.Logger, g topology.GPU, in mig.Instance, opts SliceOptions) (resourceapi.Device, error) {
+func encodeMIGDevice(logger klog.Logger, g topology.GPU, in mig.Instance, opts Options) (resourceapi.Device, error) {
 	if in.Profile.MemoryBytes <= 0 {
 		return resourceapi.Device{}, fmt.Errorf("capacity %s: profile memory %d bytes is unknown", driver.CapacityMemory, in.Profile.MemoryBytes)
 	}

@@ -1,4 +1,4 @@
-package kubeletplugin
+package sliceformat
 
 import (
 	"strings"
@@ -7,32 +7,27 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
-	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/topology"
 )
 
-func defaultSliceOptions() SliceOptions {
-	return SliceOptions{ManagedByController: true, DefaultShareMemory: resource.MustParse("4Gi"), DefaultShareCores: 25}
+func defaultOptions() Options {
+	return Options{ManagedByController: true, DefaultShareMemory: resource.MustParse("4Gi"), DefaultShareCores: 25}
 }
 
-func buildOne(t *testing.T, topo *topology.Topology, opts SliceOptions) []resourceapi.Device {
+func buildOne(t *testing.T, topo *topology.Topology, opts Options) []resourceapi.Device {
 	t.Helper()
 	logger, _ := ktesting.NewTestContext(t)
-	res, err := BuildDriverResources(logger, testNode, topo, opts)
+	slices, err := Encode(logger, testNode, topo, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool, ok := res.Pools[testNode]
-	if !ok || len(res.Pools) != 1 {
-		t.Fatalf("pools %v: want exactly pool %s", res.Pools, testNode)
+	if len(slices) != 1 {
+		t.Fatalf("%d slices, want 1", len(slices))
 	}
-	if len(pool.Slices) != 1 {
-		t.Fatalf("%d slices, want 1", len(pool.Slices))
-	}
-	return pool.Slices[0].Devices
+	return slices[0]
 }
 
 func attr(t *testing.T, d resourceapi.Device, name string) resourceapi.DeviceAttribute {
@@ -44,9 +39,9 @@ func attr(t *testing.T, d resourceapi.Device, name string) resourceapi.DeviceAtt
 	return a
 }
 
-func TestBuildDriverResourcesAttributes(t *testing.T) {
+func TestEncodeAttributes(t *testing.T) {
 	topo := loadTopology(t, "v100-sxm2-8-aliyun-sccgn6.txt")
-	devs := buildOne(t, topo, defaultSliceOptions())
+	devs := buildOne(t, topo, defaultOptions())
 	if len(devs) != 8 {
 		t.Fatalf("%d devices, want 8", len(devs))
 	}
@@ -133,9 +128,9 @@ func TestBuildDriverResourcesAttributes(t *testing.T) {
 	}
 }
 
-func TestBuildDriverResourcesCapacityAndTaints(t *testing.T) {
+func TestEncodeCapacityAndTaints(t *testing.T) {
 	topo := loadTopology(t, "pcie-4.txt")
-	devs := buildOne(t, topo, defaultSliceOptions())
+	devs := buildOne(t, topo, defaultOptions())
 	d := devs[2]
 	if d.AllowMultipleAllocations == nil || !*d.AllowMultipleAllocations {
 		t.Errorf("allowMultipleAllocations not set")
@@ -182,7 +177,7 @@ func TestBuildDriverResourcesCapacityAndTaints(t *testing.T) {
 
 	// Without the controller: no taints. A default share larger than the
 	// GPU is clamped to it.
-	opts := defaultSliceOptions()
+	opts := defaultOptions()
 	opts.ManagedByController = false
 	opts.DefaultShareMemory = resource.MustParse("64Gi")
 	opts.DefaultShareCores = 500
@@ -198,7 +193,7 @@ func TestBuildDriverResourcesCapacityAndTaints(t *testing.T) {
 	}
 }
 
-func TestBuildDriverResourcesErrors(t *testing.T) {
+func TestEncodeErrors(t *testing.T) {
 	logger, _ := ktesting.NewTestContext(t)
 	for name, tc := range map[string]struct {
 		mutate func(t *topology.Topology) *topology.Topology
@@ -255,7 +250,7 @@ func TestBuildDriverResourcesErrors(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			topo := tc.mutate(loadTopology(t, "pcie-4.txt"))
-			_, err := BuildDriverResources(logger, testNode, topo, defaultSliceOptions())
+			_, err := Encode(logger, testNode, topo, defaultOptions())
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %v, want one containing %q", err, tc.want)
 			}
@@ -285,16 +280,16 @@ func TestValidateSliceLimits(t *testing.T) {
 		return out
 	}
 	for name, tc := range map[string]struct {
-		slice    resourceslice.Slice
+		slice    []resourceapi.Device
 		perSlice int
 		want     string
 	}{
-		"33 attributes":       {resourceslice.Slice{Devices: []resourceapi.Device{dev("gpu-0", 33, false)}}, 128, "33 attributes and capacities, at most 32"},
-		"129 devices":         {resourceslice.Slice{Devices: many(129, false)}, 128, "129 devices, at most 128"},
-		"65 tainted devices":  {resourceslice.Slice{Devices: many(65, true)}, 128, "65 devices with taints, at most 64"},
-		"long attribute name": {resourceslice.Slice{Devices: []resourceapi.Device{{Name: "gpu-0", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{resourceapi.QualifiedName(strings.Repeat("n", 33)): intAttr(1)}}}}, 128, "C identifier of at most 32"},
-		"ok: 64 tainted":      {resourceslice.Slice{Devices: many(64, true)}, 64, ""},
-		"ok: 32 attributes":   {resourceslice.Slice{Devices: []resourceapi.Device{dev("gpu-0", 32, false)}}, 128, ""},
+		"33 attributes":       {[]resourceapi.Device{dev("gpu-0", 33, false)}, 128, "33 attributes and capacities, at most 32"},
+		"129 devices":         {many(129, false), 128, "129 devices, at most 128"},
+		"65 tainted devices":  {many(65, true), 128, "65 devices with taints, at most 64"},
+		"long attribute name": {[]resourceapi.Device{{Name: "gpu-0", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{resourceapi.QualifiedName(strings.Repeat("n", 33)): intAttr(1)}}}, 128, "C identifier of at most 32"},
+		"ok: 64 tainted":      {many(64, true), 64, ""},
+		"ok: 32 attributes":   {[]resourceapi.Device{dev("gpu-0", 32, false)}, 128, ""},
 	} {
 		t.Run(name, func(t *testing.T) {
 			err := validateSlice(tc.slice, tc.perSlice)
