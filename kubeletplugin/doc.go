@@ -29,7 +29,8 @@
 // gpu.gpulink.dev/managed-by-controller:NoSchedule so that only the
 // gpulink controller allocates it; an unhealthy GPU also carries
 // gpu.gpulink.dev/unhealthy. Nothing is truncated to fit the API's
-// limits: a node that cannot be published fails the plugin's start.
+// limits: a node that cannot be published fails the plugin's start. The
+// format is internal/sliceformat's (Encode here, DecodePool for readers).
 //
 // Prepare (Driver.PrepareResourceClaims) takes the claim's results in this
 // node's pool and the driver's opaque configs (api/v1alpha1) and returns
@@ -67,14 +68,14 @@
 //
 // # Where to start reading
 //
-// driver.go: Options, New, Run (registration, publishing). discovery.go:
-// the GPUs. prepare.go: prepare and unprepare; cdi.go, cdibase.go,
-// cdiviews.go, containergroup.go: the specs; claimconfig.go and
-// priority.go: configs and their checks; prepare_mig.go: MIG devices;
-// mps_limits.go: the MPS limits loop. checkpoint.go, recovery.go,
-// rolling.go: state across restarts. health.go, health_nvml.go,
-// health_file.go: device health (policy in driver/health). metrics.go,
-// podmetrics.go: the metrics.
+// driver.go: Options, New, Run (registration, publishing); slices.go: the
+// slices, from sliceformat.Encode. discovery.go: the GPUs. prepare.go:
+// prepare and unprepare; cdi.go, cdibase.go, cdiviews.go,
+// containergroup.go: the specs; claimconfig.go and priority.go: configs
+// and their checks; prepare_mig.go: MIG devices; mps_limits.go: the MPS
+// limits loop. checkpoint.go, recovery.go, rolling.go: state across
+// restarts. health.go, health_nvml.go, health_file.go: device health
+// (policy in driver/health). metrics.go, podmetrics.go: the metrics.
 //
 // See docs/design/kubeletplugin.md for the reasoning: the ResourceSlice
 // format and the links encoding, why devices are tainted, what each CDI
