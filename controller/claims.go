@@ -67,7 +67,7 @@ type alternative struct {
 	// Share: one share of Count distinct GPUs each.
 	Share bool
 	// MIG: Count MIG devices (or all matching ones), each exclusively,
-	// drawn from the nodes' MIG devices only (allocate_mig.go).
+	// drawn from the nodes' MIG devices only (nodeplan_mig.go).
 	MIG bool
 	// Capacity holds requested capacities by fully qualified name.
 	Capacity map[resourceapi.FullyQualifiedName]resource.Quantity

@@ -76,12 +76,13 @@
 //
 // controller.go: Config, New, Run, the informers and workers.
 // reconcile.go: one pod from the queue to its writes (syncPod).
-// claims.go: what a claim asks for (interpretedClaim). allocate.go and
-// allocate_mig.go: a pod's claims planned on one node; prune.go
-// (quickChoice) and bound.go (boundChoice): the exact fast paths over many
-// nodes; nodes.go and fit.go: the node filter and node fit. ledger.go and
-// inventory.go: the state. status.go, gate.go, unreserve.go: the writes
-// and their rollback. gc.go, holds.go, exclude.go: claims without pods,
+// claims.go: what a claim asks for (interpretedClaim). nodeplan.go and
+// nodeplan_mig.go: a pod's claims planned on one node (planNode);
+// choice_quick.go (quickChoice) and choice_bound.go (boundChoice): the
+// exact fast paths that choose the node among many; nodes.go and fit.go:
+// the node filter and node fit. ledger.go and inventory.go (decoding
+// through internal/sliceformat): the state. write.go, status.go, gate.go:
+// the writes and their rollback (unreserve). gc.go, holds.go, exclude.go: claims without pods,
 // deleted claims in use, released nodes. metrics.go, metrics_inventory.go:
 // the metrics. Tests build a fake cluster with harness_test.go; fixtures
 // shared with other packages are in controllertest.

@@ -21,7 +21,7 @@ import (
 type placedResult struct {
 	Alt       *alternative
 	Positions []int
-	// MIG holds the MIG devices of a MIG request (allocate_mig.go); such
+	// MIG holds the MIG devices of a MIG request (nodeplan_mig.go); such
 	// a result has no Positions.
 	MIG []*migDevice
 	// Share is non-nil for a share; Consumed is then what the result's
