@@ -82,10 +82,11 @@
 // exact fast paths that choose the node among many; nodes.go and fit.go:
 // the node filter and node fit. ledger.go and inventory.go (decoding
 // through internal/sliceformat): the state. write.go, status.go, gate.go:
-// the writes and their rollback (unreserve). gc.go, holds.go, exclude.go: claims without pods,
-// deleted claims in use, released nodes. metrics.go, metrics_inventory.go:
-// the metrics. Tests build a fake cluster with harness_test.go; fixtures
-// shared with other packages are in controllertest.
+// the writes and their rollback (unreserve). gc.go, holds.go, exclude.go:
+// claims without pods, deleted claims in use, released nodes. metrics.go,
+// metrics_inventory.go: the metrics. Tests build a fake cluster with
+// harness_test.go; fixtures shared with other packages are in
+// controllertest.
 //
 // See docs/design/controller.md for the reasoning: which claims are
 // gpulink's and why, the shortcut and branch-and-bound choices, MIG
