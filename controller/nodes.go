@@ -36,6 +36,8 @@ type nodeFilter struct {
 	nodes   corelisters.NodeLister
 	classes resourcelisters.DeviceClassLister
 	fit     *fitTracker
+	// allocatable is read by ranking by stranding (stranding.go).
+	allocatable allocatableMemo
 }
 
 // labelsOf returns a node's labels, nil when the node is unknown.

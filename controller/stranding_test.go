@@ -8,6 +8,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/uuid"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
@@ -67,5 +69,55 @@ func (h *harness) podAsking(name, cpu, claim string) {
 	}
 	if _, err := h.client.CoreV1().Pods(ns).Create(h.ctx, p, metav1.CreateOptions{}); err != nil {
 		h.t.Fatal(err)
+	}
+}
+
+// hostLeft follows the Node object: a new allocatable counts at once (the
+// informer replaces the object), pods counted on the node are subtracted,
+// and a deleted node is unknown and forgotten.
+func TestHostLeftFollowsNodeObject(t *testing.T) {
+	indexer := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	fit := newFitTracker()
+	f := &nodeFilter{nodes: corelisters.NewNodeLister(indexer), fit: fit}
+	node := controllertest.Node("n")
+	node.Status.Allocatable[corev1.ResourceCPU] = resource.MustParse("8")
+	node.Status.Allocatable[corev1.ResourceMemory] = resource.MustParse("64Gi")
+	if err := indexer.Add(node); err != nil {
+		t.Fatal(err)
+	}
+	want := func(step string, cpu, mem int64) {
+		t.Helper()
+		got := f.hostLeft("n")
+		if got == nil || *got != (allocate.Host{CPUMilli: cpu, MemoryBytes: mem}) {
+			t.Fatalf("%s: hostLeft = %+v, want %d mCPU and %d bytes", step, got, cpu, mem)
+		}
+	}
+	want("first read", 8000, 64<<30)
+	fit.observe(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "d", UID: "p"},
+		Spec: corev1.PodSpec{NodeName: "n", Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("3"), corev1.ResourceMemory: resource.MustParse("4Gi")}}}}}})
+	want("a pod counted", 5000, 60<<30)
+	grown := node.DeepCopy()
+	grown.Status.Allocatable[corev1.ResourceCPU] = resource.MustParse("16")
+	if err := indexer.Update(grown); err != nil {
+		t.Fatal(err)
+	}
+	want("allocatable grown", 13000, 60<<30)
+	noMemory := grown.DeepCopy()
+	delete(noMemory.Status.Allocatable, corev1.ResourceMemory)
+	if err := indexer.Update(noMemory); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.hostLeft("n"); got != nil {
+		t.Errorf("no allocatable memory: hostLeft = %+v, want nil (unknown)", got)
+	}
+	if err := indexer.Delete(noMemory); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.hostLeft("n"); got != nil {
+		t.Errorf("deleted node: hostLeft = %+v, want nil", got)
+	}
+	if _, kept := f.allocatable.byNode["n"]; kept {
+		t.Error("deleted node's allocatable is still kept")
 	}
 }
