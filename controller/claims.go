@@ -518,3 +518,42 @@ func (a *alternative) migSelectors() string {
 	}
 	return "DeviceClass " + a.Class.Name
 }
+
+// wantedDevices names what the pending claims ask for ("4 free GPUs with
+// every pair NVLink plus a share of 4Gi memory").
+func wantedDevices(pending []*interpretedClaim) string {
+	var wants []string
+	for _, ic := range pending {
+		for _, r := range ic.Requests {
+			if len(r.Alternatives) > 0 {
+				wants = append(wants, r.Alternatives[0].describe())
+			}
+		}
+	}
+	return strings.Join(wants, " plus ")
+}
+
+func dedupe(in []string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, s := range in {
+		if !seen[s] {
+			seen[s] = true
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// usesMPS says whether any alternative of the claim is a share served by
+// MPS (the configuration is defaulted, so an unset strategy reads MPS).
+func (ic *interpretedClaim) usesMPS() bool {
+	for _, r := range ic.Requests {
+		for _, alt := range r.Alternatives {
+			if alt.Share && alt.Config != nil && alt.Config.Sharing != nil && alt.Config.Sharing.Strategy == v1alpha1.SharingMPS {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -513,3 +513,7 @@ func (r *rejections) summary(total int) string {
 	}
 	return fmt.Sprintf("0/%d nodes: %s", total, strings.Join(parts, ", "))
 }
+
+func podDone(pod *corev1.Pod) bool {
+	return pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
+}

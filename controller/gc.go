@@ -107,10 +107,6 @@ func (c *Controller) consumerGone(ctx context.Context, ns string, r resourceapi.
 	return pod.UID != r.UID || podDone(pod), nil
 }
 
-func podDone(pod *corev1.Pod) bool {
-	return pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
-}
-
 // claimWanted tells whether a live, unfinished pod references the claim,
 // or owns it (a claim from a template exists before its pod's status
 // names it).

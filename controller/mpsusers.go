@@ -8,8 +8,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
-
-	v1alpha1 "github.com/gpulink/gpulink/api/v1alpha1"
 )
 
 // ReasonMPSUsersDiffer is recorded on a pod kept gated because its
@@ -70,19 +68,6 @@ func (c *Controller) mpsUserConflict(pod *corev1.Pod, ours []*interpretedClaim) 
 			ic.Claim.Name, strings.Join(parts, " and "))
 	}
 	return ""
-}
-
-// usesMPS says whether any alternative of the claim is a share served by
-// MPS (the configuration is defaulted, so an unset strategy reads MPS).
-func (ic *interpretedClaim) usesMPS() bool {
-	for _, r := range ic.Requests {
-		for _, alt := range r.Alternatives {
-			if alt.Share && alt.Config != nil && alt.Config.Sharing != nil && alt.Config.Sharing.Strategy == v1alpha1.SharingMPS {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // containersUsing lists the pod's containers (init containers included)

@@ -7,11 +7,8 @@ import (
 	"sort"
 	"strings"
 
-	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/util/sets"
 	dracel "k8s.io/dynamic-resource-allocation/cel"
-	"k8s.io/klog/v2"
 
 	"github.com/gpulink/gpulink/driver/allocate"
 )
@@ -379,23 +376,15 @@ func chooseMIGPlan(plans []*migPlan) *nodePlan {
 	return best.plan
 }
 
-// decideMIG chooses the node and devices for a pod whose pending claims
-// ask for MIG devices, under the decision lock: every candidate node is
+// chooseMIG chooses the node and devices for a pod whose pending claims
+// ask for MIG devices among the candidate nodes: every candidate is
 // planned, its MIG claims by planMIGNode and its other claims (whole GPUs,
 // shares) by planNode on the same node. A pod with MIG claims only is
 // ranked by chooseMIGPlan; one with both by choosePlan over its GPU
 // placements (its MIG devices are packed within the node either way). It
 // returns the chosen plan (nil when nothing fits), the feasible plans, why
-// nodes failed and which filters rejected nodes, as allocatePod's other
-// paths do.
-func (c *Controller) decideMIG(ctx context.Context, logger klog.Logger, pod *corev1.Pod, all []*nodeInventory, allocated []*resourceapi.ResourceClaim, excluded sets.Set[string], pending []*interpretedClaim, pol allocate.Policy, rank *hostRanking) (*nodePlan, []*nodePlan, []string, *rejections) {
-	cands, rej := c.filter.candidates(logger, pod, all, allocated, excluded)
-	if len(cands) == 0 && excluded.Len() > 0 && rej.count(rejectExcluded) > 0 {
-		// As the exhaustive path: every node was ruled out, some by
-		// earlier failures; start over rather than wait forever.
-		c.resetExcluded(ctx, pod)
-		cands, rej = c.filter.candidates(logger, pod, all, allocated, nil)
-	}
+// nodes failed (a sample) and how many failed.
+func chooseMIG(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, cands []*nodeInventory, l *ledger, pending []*interpretedClaim, rank *hostRanking) (*nodePlan, []*nodePlan, []string, int) {
 	var migClaims, gpuClaims []*interpretedClaim
 	for _, ic := range pending {
 		if isMIGClaim(ic) {
@@ -408,10 +397,10 @@ func (c *Controller) decideMIG(ctx context.Context, logger klog.Logger, pod *cor
 	var why []string
 	failed := 0
 	for _, n := range cands {
-		mp, reasons := planMIGNode(ctx, c.sel, n, c.ledger.migUsage(n), migClaims)
+		mp, reasons := planMIGNode(ctx, sel, n, l.migUsage(n), migClaims)
 		if mp != nil && len(gpuClaims) > 0 {
 			var gp *nodePlan
-			if gp, reasons = planNode(ctx, c.sel, pol, n, c.ledger.nodeUsage(n), gpuClaims); gp == nil {
+			if gp, reasons = planNode(ctx, sel, pol, n, l.nodeUsage(n), gpuClaims); gp == nil {
 				mp = nil
 			} else {
 				mp.plan = mergePlans(pending, mp.plan, migClaims, gp, gpuClaims)
@@ -426,18 +415,14 @@ func (c *Controller) decideMIG(ctx context.Context, logger klog.Logger, pod *cor
 		}
 		mps = append(mps, mp)
 	}
-	noFit := "no " + wantedDevices(pending)
-	for range failed {
-		rej.add(noFit)
-	}
 	plans := make([]*nodePlan, len(mps))
 	for i, m := range mps {
 		plans[i] = m.plan
 	}
 	if len(gpuClaims) > 0 {
-		return choosePlan(plans, pol, rank), plans, why, rej
+		return choosePlan(plans, pol, rank), plans, why, failed
 	}
-	return chooseMIGPlan(mps), plans, why, rej
+	return chooseMIGPlan(mps), plans, why, failed
 }
 
 // mergePlans is the plan of all pending claims on one node from the plan

@@ -152,7 +152,7 @@ func BenchmarkDecision5000Nodes(b *testing.B) {
 		cache := newScoreCache()
 		run(b, func(pending []*interpretedClaim) *nodePlan {
 			pf := filter.forPod(logger, pod, nil, nil)
-			q, verdict := quickChoice(ctx, pc.sel, rec.policy(pol), nodes, pc, cache, pf.admit, pending, rec.ranking(filter, pod))
+			q, verdict := quickChoice(ctx, pc.sel, rec.policy(pol), nodes, pc, cache, pf.admit, pending, rec.ranking(filter.hostLeft, pod))
 			if verdict != quickChosen {
 				b.Fatal("shortcut did not apply")
 			}

@@ -256,7 +256,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	excluded := c.excludedNodes(pod)
 	all := c.inv.all()
 	pol := own.apply(c.demand.policy(c.mix.policy(ctx, c.policy, pending)))
-	rank := c.demand.ranking(c.filter, pod)
+	rank := c.demand.ranking(c.filter.hostLeft, pod)
 	var chosen *nodePlan
 	var plans []*nodePlan
 	var why []string
@@ -443,20 +443,6 @@ func (c *Controller) countBelowBest(n *nodeInventory, r placedResult) {
 	}
 }
 
-// wantedDevices names what the pending claims ask for ("4 free GPUs with
-// every pair NVLink plus a share of 4Gi memory").
-func wantedDevices(pending []*interpretedClaim) string {
-	var wants []string
-	for _, ic := range pending {
-		for _, r := range ic.Requests {
-			if len(r.Alternatives) > 0 {
-				wants = append(wants, r.Alternatives[0].describe())
-			}
-		}
-	}
-	return strings.Join(wants, " plus ")
-}
-
 // waitingMessage explains why nothing fits: which filter rejected how
 // many of the nodes with gpulink devices, as kube-scheduler's
 // FailedScheduling message does, then a few per-node details.
@@ -488,18 +474,6 @@ func (c *Controller) waitingMessage(pending []*interpretedClaim, nodesWithGPUs i
 		msg += " (" + strings.Join(details, "; ") + ")"
 	}
 	return msg
-}
-
-func dedupe(in []string) []string {
-	seen := map[string]bool{}
-	var out []string
-	for _, s := range in {
-		if !seen[s] {
-			seen[s] = true
-			out = append(out, s)
-		}
-	}
-	return out
 }
 
 // checkUnschedulable releases the allocation of a pod that kube-scheduler

@@ -379,3 +379,11 @@ func compareDevices(a, b string) int {
 	}
 	return cmp.Compare(a, b)
 }
+
+// blockingTaint tells whether a device carries a NoSchedule or NoExecute
+// taint other than gpulink's managed one, which only steers requests to
+// the controller.
+func blockingTaint(d *deviceInfo) bool {
+	_, ok := untoleratedTaint(d, nil)
+	return ok
+}

@@ -208,7 +208,7 @@ func TestScale(t *testing.T) {
 	heapBefore := ctrl.metric(t, "go_memstats_heap_inuse_bytes")
 
 	// Publish: nodes and their slices, built by the kubelet plugin's own
-	// BuildDriverResources (controllertest.Slice), from this one process.
+	// sliceformat.Encode (controllertest.Slice), from this one process.
 	start := time.Now()
 	nodeNames := make([]string, cfg.Nodes)
 	for i := range nodeNames {
