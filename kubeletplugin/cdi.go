@@ -355,7 +355,8 @@ func visibleDevices(gpus []claimGPU) string {
 // addShareEdits adds the share variables of gpus, numbered in their order,
 // and the strategies' limits: for MPS shares the claim's daemon (whose
 // GPUs are numbered in the same order: the MPS GPUs of the claim, or of
-// its MPS request when it has views).
+// its MPS request when it has views; a Concurrent share's one GPU is 0 in
+// both) and the client's limits.
 func addShareEdits(edits *cdispec.ContainerEdits, c *PreparedClaim, gpus []claimGPU, o cdiOptions) error {
 	var mpsLimits []string
 	for ordinal, g := range gpus {
@@ -385,12 +386,18 @@ func addShareEdits(edits *cdispec.ContainerEdits, c *PreparedClaim, gpus []claim
 	if len(mpsLimits) == 0 {
 		return nil
 	}
-	// The claim's own daemon (see doc.go, "MPS daemons"), serving all its
-	// MPS GPUs: its pipe directory, where the container finds it, and the
-	// shm directory its server shares with the container as /dev/shm. The
-	// limits are set on the daemon; the env below only repeats them (a
-	// client may lower them, not raise them). The cores are one
-	// percentage for all GPUs (checkClaimShape).
+	// The claim's MPS daemon: its pipe directory, where the container
+	// finds it, and the shm directory its server shares with the
+	// container as /dev/shm. Isolated: the claim's own daemon (see doc.go,
+	// "MPS daemons"), serving all its MPS GPUs; the limits are set on the
+	// daemon and the env below only repeats them (a client may lower
+	// them, not raise them). Concurrent: the daemon of the claim's
+	// namespace on its one GPU (checkClaimShape), which serves the
+	// namespace's other claims there too and has no limits of its own;
+	// the env below is what limits this claim's clients (MPS reads it per
+	// client), and CUDA_MPS_CLIENT_PRIORITY (priority.go) orders them
+	// against the other claims' clients of that server. Either way the
+	// cores are one percentage for all GPUs (checkClaimShape).
 	share := c.mpsShare()
 	dirs := o.MPSDirs(share)
 	edits.Env = append(edits.Env,

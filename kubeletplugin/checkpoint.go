@@ -117,9 +117,23 @@ type PreparedShare struct {
 	// Priority is the share's task priority (sharing.priority, 0 or 1);
 	// nil: unset. Checkpoints written before it existed read as unset.
 	Priority *int `json:"priority,omitempty"`
-	// MPSRef is true while the claim holds a reference to the GPU's MPS
-	// control daemon (strategy MPS); refcounts are rebuilt from it.
+	// MPSMode is Concurrent for a share under strategy MPS whose class
+	// chose sharing.mpsMode Concurrent: it references its namespace's MPS
+	// daemon on its GPU, not a daemon of its claim's own. Empty means
+	// Isolated (written so, a checkpoint of Isolated claims stays readable
+	// by versions without the field).
+	MPSMode apiv1alpha1.MPSMode `json:"mpsMode,omitempty"`
+	// MPSRef is true while the claim holds a reference to its MPS control
+	// daemon (strategy MPS): the claim's own, or its group's on the GPU
+	// (Concurrent). Refcounts are rebuilt from it, so the references of a
+	// group's daemon are the MPSRefs of all the group's claims on the GPU.
 	MPSRef bool `json:"mpsRef,omitempty"`
+}
+
+// concurrentMPS tells whether the share is served by its group's MPS
+// daemon on its GPU (sharing.mpsMode Concurrent).
+func (s *PreparedShare) concurrentMPS() bool {
+	return s != nil && s.Strategy == apiv1alpha1.SharingMPS && s.MPSMode == apiv1alpha1.MPSConcurrent
 }
 
 // checkpointFile is the on-disk envelope: the checksum covers the exact

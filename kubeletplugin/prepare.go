@@ -383,6 +383,9 @@ func (d *Driver) planShare(field string, r resourceapi.DeviceRequestAllocationRe
 		p := *v
 		ps.Priority = &p
 	}
+	if rc.resolved.ConcurrentMPS() {
+		ps.MPSMode = apiv1alpha1.MPSConcurrent
+	}
 	return ps, nil
 }
 
@@ -398,16 +401,21 @@ func consumed(r resourceapi.DeviceRequestAllocationResult, name string) (resourc
 
 // checkClaimShape rejects combinations the claim's containers cannot be
 // set up for: a GPU given whole and in shares (or whole twice) in one
-// claim, shares of one GPU with different strategies, and MPS shares
-// asking different core percentages on different GPUs (one MPS server has
-// one active thread percentage). MPS shares beside GPUs outside MPS are
-// fine: each request's containers get their own view (cdiviews.go).
+// claim, shares of one GPU with different strategies, MPS shares asking
+// different core percentages on different GPUs (one MPS server has one
+// active thread percentage), MPS shares of both modes, and Concurrent MPS
+// shares on more than one GPU (each GPU has its group's daemon, and a
+// container reaches one). MPS shares beside GPUs outside MPS are fine:
+// each request's containers get their own view (cdiviews.go).
 func checkClaimShape(pc *PreparedClaim, resultIdx []int) error {
 	field := func(j int) string { return resultField(resultIdx[j]) }
 	whole := map[int]int{}
 	shared := map[int]int{}
 	strategy := map[int]apiv1alpha1.SharingStrategy{}
 	mpsGPU := -1
+	if err := checkClaimMPSMode(pc, field); err != nil {
+		return err
+	}
 	for j, dev := range pc.Devices {
 		if dev.MIG != nil {
 			continue // exclusive devices of their own: checkMIGConflicts
@@ -458,15 +466,58 @@ func checkClaimShape(pc *PreparedClaim, resultIdx []int) error {
 	return nil
 }
 
+// checkClaimMPSMode refuses a claim whose MPS shares mix the two modes
+// (its containers reach one MPS daemon, the claim's own or its group's)
+// and a claim with Concurrent MPS shares on more than one GPU (its group
+// has a daemon per GPU, and a client reaches one daemon).
+func checkClaimMPSMode(pc *PreparedClaim, field func(int) string) error {
+	first, firstGPU := -1, -1
+	for j, dev := range pc.Devices {
+		if dev.Share == nil || dev.Share.Strategy != apiv1alpha1.SharingMPS {
+			continue
+		}
+		if first < 0 {
+			first = j
+			if dev.Share.concurrentMPS() {
+				firstGPU = dev.Index
+			}
+			continue
+		}
+		if a, b := pc.Devices[first].Share.concurrentMPS(), dev.Share.concurrentMPS(); a != b {
+			return fmt.Errorf("%s: sharing.mpsMode %s, but %s has %s; a container reaches one MPS daemon, so a claim's MPS shares must all come from classes of one MPS mode",
+				field(j), mpsModeName(b), field(first), mpsModeName(a))
+		}
+		if dev.Share.concurrentMPS() && dev.Index != firstGPU {
+			return fmt.Errorf("%s.device: %q, but %s is on GPU %d: Concurrent MPS shares are served by their namespace's MPS daemon on their GPU and a container reaches one daemon, so a claim's Concurrent MPS shares must all be on one GPU (sharing.mpsMode %s)",
+				field(j), dev.Device, field(first), firstGPU, apiv1alpha1.MPSConcurrent)
+		}
+	}
+	if first >= 0 && firstGPU >= 0 && pc.Namespace == "" {
+		return fmt.Errorf("%s: a Concurrent MPS share of a claim without a namespace: its namespace is its sharing group", field(first))
+	}
+	return nil
+}
+
+// mpsModeName names a share's MPS mode in messages.
+func mpsModeName(concurrent bool) apiv1alpha1.MPSMode {
+	if concurrent {
+		return apiv1alpha1.MPSConcurrent
+	}
+	return apiv1alpha1.MPSIsolated
+}
+
 // checkConflicts is the last line of defense against double allocation:
-// a GPU given whole must not be in any other prepared claim, and shares of
+// a GPU given whole must not be in any other prepared claim, shares of
 // one GPU must fit into it together, in memory and in cores (as the
-// controller counts them). Admin-access results are exempt.
+// controller counts them), and a GPU with Concurrent MPS shares carries
+// only Concurrent MPS shares of one namespace (checkMPSGroups).
+// Admin-access results are exempt.
 func (d *Driver) checkConflicts(pc *PreparedClaim, resultIdx []int) error {
 	type usage struct {
 		wholeBy     types.UID
 		mem, cores  int64
 		shareClaims int
+		mpsGroups
 	}
 	used := map[int]*usage{}
 	for uid, other := range d.cp.Claims {
@@ -489,6 +540,7 @@ func (d *Driver) checkConflicts(pc *PreparedClaim, resultIdx []int) error {
 			u.mem += dev.Share.MemoryBytes
 			u.cores += dev.Share.Cores
 			u.shareClaims++
+			u.add(other, dev.Share)
 		}
 	}
 	for j, dev := range pc.Devices {
@@ -509,6 +561,9 @@ func (d *Driver) checkConflicts(pc *PreparedClaim, resultIdx []int) error {
 				return fmt.Errorf("%s.device: %q is allocated whole but %d share(s) of it are prepared for other claims", field, dev.Device, u.shareClaims)
 			}
 			continue
+		}
+		if err := u.check(pc, dev); err != nil {
+			return fmt.Errorf("%s.device: %w", field, err)
 		}
 		u.mem += dev.Share.MemoryBytes
 		u.cores += dev.Share.Cores
@@ -591,16 +646,21 @@ func (d *Driver) releaseMPS(ctx context.Context, pc *PreparedClaim) error {
 	return errors.Join(errs...)
 }
 
-// mpsShare is the claim's MPS share: its own daemon's identity, its GPUs
-// in the order its containers number them, and its limits, the sum of the
-// claim's MPS results on each GPU (like the container's GPULINK_SHARE_*
-// values). The cores are the same on every GPU (checkClaimShape); the
-// smallest is taken should a checkpoint say otherwise.
+// mpsShare is the claim's MPS share: its daemon's identity (the claim's
+// own daemon, or for Concurrent shares its namespace's on their one GPU),
+// its GPUs in the order its containers number them, and its limits, the
+// sum of the claim's MPS results on each GPU (like the container's
+// GPULINK_SHARE_* values). The cores are the same on every GPU
+// (checkClaimShape); the smallest is taken should a checkpoint say
+// otherwise.
 func (pc *PreparedClaim) mpsShare() mps.Share {
 	s := mps.Share{Claim: pc.UID}
 	for _, g := range claimGPUs(pc) {
 		if g.share == nil || g.share.Strategy != apiv1alpha1.SharingMPS {
 			continue
+		}
+		if g.share.concurrentMPS() {
+			s.Group = pc.Namespace
 		}
 		s.GPUs = append(s.GPUs, mps.Device{GPU: mps.GPU{Index: g.index, UUID: g.uuid}, MemoryBytes: g.share.MemoryBytes})
 		if s.Cores == 0 || g.share.Cores < s.Cores {
@@ -608,4 +668,57 @@ func (pc *PreparedClaim) mpsShare() mps.Share {
 		}
 	}
 	return s
+}
+
+// mpsGroups is what checkConflicts knows of a GPU's shares for the MPS
+// modes: a Concurrent MPS share's limits are set by its own clients, in
+// their environment, and the clients of its namespace on the GPU share
+// one server, so a GPU with Concurrent shares may carry only Concurrent
+// shares of that one namespace. A share of another namespace would need a
+// second server (which the GPU time-slices against the first) and would
+// not be protected from the group's clients raising their own limits; an
+// Isolated MPS, HAMi-core or unlimited share no more. The controller
+// places shares by the same rule.
+type mpsGroups struct {
+	// group is the namespace of the GPU's Concurrent MPS shares, groupBy
+	// one of their claims; otherBy is a claim with a share of the GPU that
+	// is not a Concurrent MPS share, other that share's kind.
+	group            string
+	groupBy, otherBy types.UID
+	other            string
+}
+
+// add records another prepared claim's share.
+func (g *mpsGroups) add(claim *PreparedClaim, s *PreparedShare) {
+	if s.concurrentMPS() {
+		g.group, g.groupBy = claim.Namespace, claim.UID
+		return
+	}
+	g.otherBy, g.other = claim.UID, shareKind(s)
+}
+
+// check refuses dev, a share of pc, on a GPU whose shares it cannot join.
+func (g *mpsGroups) check(pc *PreparedClaim, dev PreparedDevice) error {
+	s := dev.Share
+	switch {
+	case s.concurrentMPS() && g.group != "" && g.group != pc.Namespace:
+		return fmt.Errorf("%q carries Concurrent MPS shares of namespace %s (claim UID %s), whose MPS server serves that namespace only: a Concurrent MPS share of namespace %s cannot join it",
+			dev.Device, g.group, g.groupBy, pc.Namespace)
+	case s.concurrentMPS() && g.otherBy != "":
+		return fmt.Errorf("%q carries a share that is not a Concurrent MPS share (%s, claim UID %s): a Concurrent MPS share's limits are set by its own clients, which that share would not be protected from, so it needs a GPU without other kinds of shares",
+			dev.Device, g.other, g.otherBy)
+	case !s.concurrentMPS() && g.group != "":
+		return fmt.Errorf("%q carries Concurrent MPS shares of namespace %s (claim UID %s), whose clients set their own limits: this share (%s) would not be protected from them, so it cannot join the GPU",
+			dev.Device, g.group, g.groupBy, shareKind(s))
+	}
+	return nil
+}
+
+// shareKind names a share's mechanism in messages: "Isolated MPS",
+// "Concurrent MPS", "HAMiCore" or "None".
+func shareKind(s *PreparedShare) string {
+	if s.Strategy != apiv1alpha1.SharingMPS {
+		return string(s.Strategy)
+	}
+	return string(mpsModeName(s.concurrentMPS())) + " MPS"
 }

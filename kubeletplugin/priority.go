@@ -17,13 +17,16 @@ import (
 // priority for all its shares (checkClaimPriority), and it goes into the
 // claim device's edits, which every container using the claim gets.
 //
-// What it orders: under MPS, the clients of one MPS server, and every MPS
-// claim has a server of its own (doc.go, "MPS daemons"), so the priority
-// orders the claim's own processes among themselves; it cannot order this
-// claim against another claim on the same GPU, whose server the GPU
-// time-slices with this one. The controller says so in an event on the pod
-// (controller/priority.go). Under HAMi-core the library itself decides what
-// the variable means. Neither has been observed on a GPU here.
+// What it orders: under MPS, the clients of one MPS server. Under
+// sharing.mpsMode Isolated every MPS claim has a server of its own
+// (doc.go, "MPS daemons"), so the priority orders the claim's own
+// processes among themselves; it cannot order this claim against another
+// claim on the same GPU, whose server the GPU time-slices with this one.
+// Under Concurrent the claims of one namespace on a GPU share its server,
+// so it orders the clients of all of them. The controller says which in
+// an event on the pod (controller/priority.go). Under HAMi-core the
+// library itself decides what the variable means. Neither has been
+// observed on a GPU here.
 
 // Environment variables the priority is passed in.
 const (

@@ -98,8 +98,13 @@ func (d *Driver) recoverState(ctx context.Context) error {
 	// their pods sit Failed, after a lost checkpoint or a failed stop they
 	// keep running. Not fatal: the next start tries again.
 	keep := make(map[string]bool, len(cp.Claims))
-	for uid := range cp.Claims {
+	for uid, pc := range cp.Claims {
 		keep[string(uid)] = true
+		// A group's daemon is kept while any claim of the group on its
+		// GPU is prepared, even where restoring its reference failed.
+		if s := pc.mpsShare(); len(s.GPUs) > 0 {
+			keep[s.ID()] = true
+		}
 	}
 	if removed, err := d.mps.RemoveOrphans(ctx, keep); err != nil {
 		logger.Error(err, "Removing orphaned MPS control daemons failed; the next plugin start tries again", "removed", removed)

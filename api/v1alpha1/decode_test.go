@@ -26,6 +26,7 @@ sharing:
   defaultCores: 30
   maxSharesPerGPU: 8
   priority: 1
+  mpsMode: Concurrent
 `,
 			want: GpuConfig{
 				Topology: &TopologyConfig{Policy: TopologyRequired, MinLink: "NV2"},
@@ -35,6 +36,7 @@ sharing:
 					DefaultCores:    ptr(int64(30)),
 					MaxSharesPerGPU: ptr(8),
 					Priority:        ptr(PriorityLow),
+					MPSMode:         MPSConcurrent,
 				},
 			},
 		},
@@ -108,6 +110,9 @@ func TestDecodeErrors(t *testing.T) {
 		{"fractional cores", header + "sharing:\n  defaultCores: 2.5\n", []string{"sharing.defaultCores", "2.5"}},
 		{"fractional priority", header + "sharing:\n  priority: 0.5\n", []string{"sharing.priority: Invalid value: 0.5: must be 0 (high) or 1 (low)"}},
 		{"priority as a string", header + "sharing:\n  priority: high\n", []string{`sharing.priority: Invalid value: "high": must be 0 (high) or 1 (low)`}},
+		{"mpsMode as a number", header + "sharing:\n  mpsMode: 1\n", []string{`sharing.mpsMode: Invalid value: 1: must be "Isolated" or "Concurrent", got a number`}},
+		{"mpsMode as a boolean", header + "sharing:\n  mpsMode: true\n", []string{`sharing.mpsMode: Invalid value: true: must be "Isolated" or "Concurrent", got a boolean`}},
+		{"mpsMode misspelt key", header + "sharing:\n  mpsmode: Concurrent\n", []string{`unknown field "sharing.mpsmode"`}},
 		{"object where string expected", header + "topology:\n  policy: {a: 1}\n", []string{"topology.policy"}},
 	}
 	for _, tt := range tests {
@@ -162,6 +167,9 @@ func assertConfigEqual(t *testing.T, got, want *GpuConfig) {
 	assertPtrEqual(t, "sharing.maxSharesPerGPU", g.MaxSharesPerGPU, w.MaxSharesPerGPU)
 	assertPtrEqual(t, "sharing.memoryOvercommitPercent", g.MemoryOvercommitPercent, w.MemoryOvercommitPercent)
 	assertPtrEqual(t, "sharing.priority", g.Priority, w.Priority)
+	if g.MPSMode != w.MPSMode {
+		t.Errorf("sharing.mpsMode = %q, want %q", g.MPSMode, w.MPSMode)
+	}
 }
 
 func assertPtrEqual[T comparable](t *testing.T, name string, got, want *T) {

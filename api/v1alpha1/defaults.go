@@ -18,12 +18,16 @@ const (
 	DefaultShareMemory     = "4Gi"
 	DefaultShareCores      = int64(25)
 	DefaultMaxSharesPerGPU = allocate.DefaultMaxSharesPerGPU
+	// DefaultMPSMode keeps a server per claim: limits a container cannot
+	// raise for long, the behaviour of every release before the setting.
+	DefaultMPSMode = MPSIsolated
 )
 
 // Default fills every unset field with its default, so consumers need no
 // nil checks after Normalize. Share sizes are left unset under strategy
-// None, where no shares exist. It sets apiVersion and kind as well, which
-// lets a config built in code round-trip through Decode.
+// None, where no shares exist, and mpsMode under any strategy but MPS. It
+// sets apiVersion and kind as well, which lets a config built in code
+// round-trip through Decode.
 func (c *GpuConfig) Default() {
 	if c == nil {
 		return
@@ -45,6 +49,9 @@ func (c *GpuConfig) Default() {
 	}
 	if s.Strategy == SharingNone {
 		return
+	}
+	if s.Strategy == SharingMPS && s.MPSMode == "" {
+		s.MPSMode = DefaultMPSMode
 	}
 	if s.DefaultMemory == nil {
 		q := resource.MustParse(DefaultShareMemory)

@@ -21,6 +21,7 @@ func TestDefault(t *testing.T) {
 					DefaultMemory:   quantity("4Gi"),
 					DefaultCores:    ptr(int64(25)),
 					MaxSharesPerGPU: ptr(16),
+					MPSMode:         MPSIsolated,
 				},
 			},
 		},
@@ -40,7 +41,23 @@ func TestDefault(t *testing.T) {
 			in:   &GpuConfig{Sharing: &SharingConfig{DefaultCores: ptr(int64(10))}},
 			want: &GpuConfig{
 				Topology: &TopologyConfig{Policy: TopologyBestEffort},
-				Sharing:  &SharingConfig{Strategy: SharingMPS, DefaultMemory: quantity("4Gi"), DefaultCores: ptr(int64(10)), MaxSharesPerGPU: ptr(16)},
+				Sharing:  &SharingConfig{Strategy: SharingMPS, DefaultMemory: quantity("4Gi"), DefaultCores: ptr(int64(10)), MaxSharesPerGPU: ptr(16), MPSMode: MPSIsolated},
+			},
+		},
+		{
+			name: "Concurrent MPS is kept",
+			in:   &GpuConfig{Sharing: &SharingConfig{MPSMode: MPSConcurrent}},
+			want: &GpuConfig{
+				Topology: &TopologyConfig{Policy: TopologyBestEffort},
+				Sharing:  &SharingConfig{Strategy: SharingMPS, DefaultMemory: quantity("4Gi"), DefaultCores: ptr(int64(25)), MaxSharesPerGPU: ptr(16), MPSMode: MPSConcurrent},
+			},
+		},
+		{
+			name: "HAMiCore gets no MPS mode",
+			in:   &GpuConfig{Sharing: &SharingConfig{Strategy: SharingHAMiCore}},
+			want: &GpuConfig{
+				Topology: &TopologyConfig{Policy: TopologyBestEffort},
+				Sharing:  &SharingConfig{Strategy: SharingHAMiCore, DefaultMemory: quantity("4Gi"), DefaultCores: ptr(int64(25)), MaxSharesPerGPU: ptr(16)},
 			},
 		},
 		{
@@ -86,7 +103,7 @@ func TestNormalize(t *testing.T) {
 			raw:  "apiVersion: gpu.gpulink.dev/v1alpha1\nkind: GpuConfig\nsharing:\n  defaultMemory: 8Gi\n",
 			want: &GpuConfig{
 				Topology: &TopologyConfig{Policy: TopologyBestEffort},
-				Sharing:  &SharingConfig{Strategy: SharingMPS, DefaultMemory: quantity("8Gi"), DefaultCores: ptr(int64(25)), MaxSharesPerGPU: ptr(16)},
+				Sharing:  &SharingConfig{Strategy: SharingMPS, DefaultMemory: quantity("8Gi"), DefaultCores: ptr(int64(25)), MaxSharesPerGPU: ptr(16), MPSMode: MPSIsolated},
 			},
 		},
 		{

@@ -49,6 +49,9 @@ func Merge(configs ...*GpuConfig) *GpuConfig {
 			if s.Priority != nil {
 				out.Sharing.Priority = s.Priority
 			}
+			if s.MPSMode != "" {
+				out.Sharing.MPSMode = s.MPSMode
+			}
 		}
 		if p := c.Placement; p != nil {
 			if out.Placement == nil {

@@ -62,6 +62,16 @@ func TestMerge(t *testing.T) {
 			want:    &GpuConfig{Sharing: &SharingConfig{Priority: ptr(PriorityLow), DefaultCores: ptr(int64(5))}},
 		},
 		{
+			name:    "class's mpsMode falls through a claim layer without one",
+			configs: []*GpuConfig{{Sharing: &SharingConfig{MPSMode: MPSConcurrent}}, {Sharing: &SharingConfig{Priority: ptr(PriorityLow)}}},
+			want:    &GpuConfig{Sharing: &SharingConfig{MPSMode: MPSConcurrent, Priority: ptr(PriorityLow)}},
+		},
+		{
+			name:    "a later mpsMode replaces an earlier one",
+			configs: []*GpuConfig{{Sharing: &SharingConfig{MPSMode: MPSConcurrent}}, {Sharing: &SharingConfig{MPSMode: MPSIsolated}}},
+			want:    &GpuConfig{Sharing: &SharingConfig{MPSMode: MPSIsolated}},
+		},
+		{
 			name:    "last of three wins",
 			configs: []*GpuConfig{{Sharing: &SharingConfig{DefaultCores: ptr(int64(1))}}, {Sharing: &SharingConfig{DefaultCores: ptr(int64(2))}}, {Sharing: &SharingConfig{DefaultCores: ptr(int64(3))}}},
 			want:    &GpuConfig{Sharing: &SharingConfig{DefaultCores: ptr(int64(3))}},

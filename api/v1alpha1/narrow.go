@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	"fmt"
+	"slices"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
@@ -21,13 +22,19 @@ import (
 //   - sharing.memoryOvercommitPercent lets shares of a GPU add up past its
 //     memory. A claim may lower it, never raise it above the class's
 //     (default 100: none).
+//   - sharing.mpsMode decides whether the server enforces a share's limits
+//     (Isolated) or its clients set them, sharing one server with the
+//     claims of their namespace (Concurrent), and so which shares a GPU may
+//     carry together. A claim may only repeat the class's effective mode.
 //
 // Everything else a claim may set freely: the topology policy and minLink
 // only decide where the claim's own GPUs go, and the share sizes
 // (defaultMemory, defaultCores) are what the claim's own shares are
 // accounted for, so a larger one takes capacity from no one. So is
 // sharing.priority: HAMi lets every pod choose its task priority, and MPS
-// orders with it only the clients of one server, which are the claim's own.
+// orders with it only the clients of one server, which are the claim's own
+// (Isolated) or those of its namespace's claims on the GPU (Concurrent),
+// whose priorities are that namespace's to choose.
 //
 // The error is an aggregate of field errors naming the field, the claim's
 // value and the class's.
@@ -57,6 +64,16 @@ func CheckClaimNarrows(class, claim []*GpuConfig) error {
 		errs = append(errs, field.Forbidden(path.Child("strategy"), fmt.Sprintf(
 			"the claim sets %s but the sharing strategy is %s (%s); it protects the other tenants of a GPU, so only the DeviceClass chooses it and a claim may only repeat it",
 			s, allowed.Sharing.Strategy, origin(set.Sharing != nil && set.Sharing.Strategy != ""))))
+	}
+	// An unknown mode is left to validation, which lists the known ones.
+	if m := want.MPSMode; slices.Contains(supportedMPSModes, m) && m != allowed.Sharing.MPSMode {
+		effective := string(allowed.Sharing.MPSMode)
+		if effective == "" {
+			effective = "unset (sharing.strategy " + string(allowed.Sharing.Strategy) + " has no MPS mode)"
+		}
+		errs = append(errs, field.Forbidden(path.Child("mpsMode"), fmt.Sprintf(
+			"the claim sets %s but the MPS mode is %s (%s); it decides which shares of a GPU share an MPS server and whether the server enforces their limits, so only the DeviceClass chooses it and a claim may only repeat it",
+			m, effective, origin(set.Sharing != nil && set.Sharing.MPSMode != ""))))
 	}
 	if n, limit := want.MaxSharesPerGPU, allowed.Sharing.MaxSharesPerGPU; n != nil && limit != nil && *n > *limit {
 		errs = append(errs, field.Forbidden(path.Child("maxSharesPerGPU"), fmt.Sprintf(

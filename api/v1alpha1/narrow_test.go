@@ -116,3 +116,83 @@ func TestCheckClaimNarrowsTrustsTheClass(t *testing.T) {
 		t.Error("the same settings accepted from a claim")
 	}
 }
+
+// Only a DeviceClass chooses the MPS mode: a claim may repeat its class's
+// effective mode (the default Isolated included) and nothing else, and the
+// resolved configuration says which mode the request's shares get.
+func TestClaimMayOnlyRepeatTheMPSMode(t *testing.T) {
+	const head = "apiVersion: gpu.gpulink.dev/v1alpha1\nkind: GpuConfig\n"
+	sharing := func(s string) string { return head + "sharing: " + s + "\n" }
+	concurrent := sharing("{strategy: MPS, mpsMode: Concurrent}")
+	tests := []struct {
+		name         string
+		class, claim []string
+		wantErr      []string
+		want         MPSMode
+	}{
+		{name: "default class is Isolated", want: MPSIsolated},
+		{name: "Concurrent class", class: []string{concurrent}, want: MPSConcurrent},
+		{name: "mode alone implies MPS", class: []string{sharing("{mpsMode: Concurrent}")}, want: MPSConcurrent},
+		{name: "claim repeats Concurrent", class: []string{concurrent}, claim: []string{sharing("{mpsMode: Concurrent}")}, want: MPSConcurrent},
+		{name: "claim repeats the default", claim: []string{sharing("{mpsMode: Isolated}")}, want: MPSIsolated},
+		{name: "later class layer turns it back", class: []string{concurrent, sharing("{mpsMode: Isolated}")}, want: MPSIsolated},
+		{name: "HAMiCore class has no mode", class: []string{sharing("{strategy: HAMiCore}")}},
+
+		{name: "claim asks Concurrent of an Isolated class", class: []string{sharing("{mpsMode: Isolated}")}, claim: []string{sharing("{mpsMode: Concurrent}")},
+			wantErr: []string{"sharing.mpsMode", "Forbidden", "claim sets Concurrent", "MPS mode is Isolated (the DeviceClass's)"}},
+		{name: "claim asks Concurrent of the default", claim: []string{sharing("{mpsMode: Concurrent}")},
+			wantErr: []string{"sharing.mpsMode", "claim sets Concurrent", "MPS mode is Isolated (the default)", "only the DeviceClass chooses it"}},
+		{name: "claim asks Isolated of a Concurrent class", class: []string{concurrent}, claim: []string{sharing("{mpsMode: Isolated}")},
+			wantErr: []string{"sharing.mpsMode", "claim sets Isolated", "MPS mode is Concurrent (the DeviceClass's)"}},
+		{name: "claim sets a mode under HAMiCore", class: []string{sharing("{strategy: HAMiCore}")}, claim: []string{sharing("{mpsMode: Isolated}")},
+			wantErr: []string{"sharing.mpsMode", "claim sets Isolated", "sharing.strategy HAMiCore has no MPS mode"}},
+		{name: "claim's unknown mode is named with the known ones", claim: []string{sharing("{mpsMode: Shared}")},
+			wantErr: []string{`sharing.mpsMode: Unsupported value: "Shared": supported values: "Isolated", "Concurrent"`}},
+		{name: "class sets a mode under HAMiCore", class: []string{sharing("{strategy: HAMiCore, mpsMode: Concurrent}")},
+			wantErr: []string{`sharing.mpsMode: Invalid value: "Concurrent": applies to sharing.strategy MPS only, not HAMiCore`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Resolve(raw(tt.class), raw(tt.claim))
+			if len(tt.wantErr) > 0 {
+				if err == nil {
+					t.Fatalf("Resolve accepted it: %+v", got.Sharing)
+				}
+				for _, w := range tt.wantErr {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error %q does not mention %q", err, w)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Resolve: %v", err)
+			}
+			if got.Sharing.MPSMode != tt.want {
+				t.Errorf("mpsMode %q, want %q", got.Sharing.MPSMode, tt.want)
+			}
+			if c := got.ConcurrentMPS(); c != (tt.want == MPSConcurrent) {
+				t.Errorf("ConcurrentMPS() = %v with mode %q", c, got.Sharing.MPSMode)
+			}
+		})
+	}
+}
+
+func TestConcurrentMPS(t *testing.T) {
+	for _, tt := range []struct {
+		cfg  *GpuConfig
+		want bool
+	}{
+		{nil, false},
+		{&GpuConfig{}, false},
+		{&GpuConfig{Sharing: &SharingConfig{Strategy: SharingMPS, MPSMode: MPSConcurrent}}, true},
+		{&GpuConfig{Sharing: &SharingConfig{Strategy: SharingMPS, MPSMode: MPSIsolated}}, false},
+		// Not defaulted: the strategy is unknown, so not (yet) Concurrent.
+		{&GpuConfig{Sharing: &SharingConfig{MPSMode: MPSConcurrent}}, false},
+		{&GpuConfig{Sharing: &SharingConfig{Strategy: SharingHAMiCore, MPSMode: MPSConcurrent}}, false},
+	} {
+		if got := tt.cfg.ConcurrentMPS(); got != tt.want {
+			t.Errorf("ConcurrentMPS(%+v) = %v, want %v", tt.cfg, got, tt.want)
+		}
+	}
+}

@@ -40,6 +40,13 @@ func precheck(raw []byte) error {
 		}
 		// A fraction would otherwise fail in the JSON decoder with a
 		// message about Go types; name the field and the values instead.
+		// A number or an object would fail in the JSON decoder naming a
+		// Go type; name the values instead.
+		if v, set := sharing["mpsMode"]; set && v != nil {
+			if _, ok := v.(string); !ok {
+				errs = append(errs, field.Invalid(field.NewPath("sharing", "mpsMode"), v, mpsModeValues+", got "+describe(v)))
+			}
+		}
 		if v, set := sharing["priority"]; set && v != nil {
 			if f, ok := v.(float64); !ok || (f != PriorityHigh && f != PriorityLow) {
 				errs = append(errs, field.Invalid(field.NewPath("sharing", "priority"), v, priorityRange))

@@ -26,7 +26,7 @@ sharing: {strategy: HAMiCore, defaultMemory: 8Gi}
 			wantLink: topology.LinkNone,
 			want: &GpuConfig{
 				Topology: &TopologyConfig{Policy: TopologyBestEffort},
-				Sharing:  &SharingConfig{Strategy: SharingMPS, DefaultMemory: quantity("4Gi"), DefaultCores: ptr(int64(25)), MaxSharesPerGPU: ptr(16)},
+				Sharing:  &SharingConfig{Strategy: SharingMPS, DefaultMemory: quantity("4Gi"), DefaultCores: ptr(int64(25)), MaxSharesPerGPU: ptr(16), MPSMode: MPSIsolated},
 			},
 		},
 		{

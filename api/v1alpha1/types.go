@@ -109,10 +109,54 @@ type SharingConfig struct {
 	// nvidia.com/priority: 0 (PriorityHigh) or 1 (PriorityLow). Under MPS it
 	// becomes CUDA_MPS_CLIENT_PRIORITY (0 normal, 1 below normal), under
 	// HAMi-core CUDA_TASK_PRIORITY. Unset leaves the mechanism's own default
-	// (MPS: normal). MPS orders only the clients of one server, and every
-	// MPS claim has a server of its own, so it orders a claim's processes
-	// among themselves, not against other claims on the GPU.
+	// (MPS: normal). MPS orders only the clients of one server: under
+	// mpsMode Isolated every MPS claim has a server of its own, so it orders
+	// a claim's processes among themselves, not against other claims on the
+	// GPU; under mpsMode Concurrent it orders the clients of every claim of
+	// the claim's group (its namespace) on the GPU.
 	Priority *int `json:"priority,omitempty"`
+	// MPSMode says which MPS shares of a GPU share an MPS server (strategy
+	// MPS only; DefaultMPSMode, Isolated, when unset). Only a DeviceClass
+	// chooses it: a claim may set it only to its class's effective mode.
+	// See the MPSMode values and docs/mps.md.
+	MPSMode MPSMode `json:"mpsMode,omitempty"`
+}
+
+// MPSMode chooses between isolation and concurrency for the MPS shares of
+// one GPU. The contexts of different MPS servers are time-sliced by the
+// GPU; the clients of one server run at the same time.
+type MPSMode string
+
+const (
+	// MPSIsolated gives every claim an MPS control daemon (and so a
+	// server) of its own, whose limits the plugin sets on the daemon and
+	// sets again periodically: a container cannot raise them for long, and
+	// a claim's shares run time-sliced against other claims' on the GPU.
+	MPSIsolated MPSMode = "Isolated"
+	// MPSConcurrent gives the claims of one sharing group on one GPU one
+	// MPS control daemon, so their kernels run at the same time. The group
+	// is the claim's namespace. The limits are each client's own
+	// (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
+	// in its environment), which a container of the group can raise: the
+	// group shares the GPU as one tenant. So a GPU with Concurrent shares
+	// carries no other share than Concurrent MPS shares of the same group,
+	// a claim's Concurrent shares sit on one GPU (an MPS client reaches one
+	// server), and the group's containers on a GPU must run as one UID (MPS
+	// runs one server per user).
+	MPSConcurrent MPSMode = "Concurrent"
+)
+
+// ConcurrentMPS tells whether a resolved (defaulted) sharing configuration
+// gives MPS shares whose group shares one MPS server per GPU: strategy MPS
+// and mpsMode Concurrent. False for nil.
+func (s *SharingConfig) ConcurrentMPS() bool {
+	return s != nil && s.Strategy == SharingMPS && s.MPSMode == MPSConcurrent
+}
+
+// ConcurrentMPS tells whether a resolved configuration (Resolve,
+// ResolveDecoded) gives Concurrent MPS shares; see SharingConfig.ConcurrentMPS.
+func (c *GpuConfig) ConcurrentMPS() bool {
+	return c != nil && c.Sharing.ConcurrentMPS()
 }
 
 // The two task priorities HAMi knows, and the values

@@ -15,12 +15,16 @@ const maxSharesPerGPULimit = 100
 // priorityRange says which priorities exist, for error messages.
 const priorityRange = "must be 0 (high) or 1 (low)"
 
+// mpsModeValues says which MPS modes exist, for error messages.
+const mpsModeValues = `must be "Isolated" or "Concurrent"`
+
 // MaxMemoryOvercommitPercent bounds SharingConfig.MemoryOvercommitPercent.
 const MaxMemoryOvercommitPercent = 400
 
 var (
 	supportedPolicies   = []TopologyPolicy{TopologyBestEffort, TopologyRequired}
 	supportedStrategies = []SharingStrategy{SharingMPS, SharingHAMiCore, SharingNone}
+	supportedMPSModes   = []MPSMode{MPSIsolated, MPSConcurrent}
 )
 
 // Validate checks every field and returns all problems at once as an
@@ -106,6 +110,17 @@ func validateSharing(s *SharingConfig, path *field.Path) field.ErrorList {
 	}
 	if v := s.Priority; v != nil && *v != PriorityHigh && *v != PriorityLow {
 		errs = append(errs, field.Invalid(path.Child("priority"), *v, priorityRange))
+	}
+	switch s.MPSMode {
+	case "":
+	case MPSIsolated, MPSConcurrent:
+		// An empty strategy is MPS, the default.
+		if s.Strategy != "" && s.Strategy != SharingMPS {
+			errs = append(errs, field.Invalid(path.Child("mpsMode"), s.MPSMode, fmt.Sprintf(
+				"applies to sharing.strategy %s only, not %s; leave it unset", SharingMPS, s.Strategy)))
+		}
+	default:
+		errs = append(errs, field.NotSupported(path.Child("mpsMode"), s.MPSMode, supportedMPSModes))
 	}
 	return errs
 }

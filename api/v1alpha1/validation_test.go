@@ -100,6 +100,24 @@ func TestValidate(t *testing.T) {
 			cfg:  &GpuConfig{Sharing: &SharingConfig{Priority: ptr(-1)}},
 			want: []string{"sharing.priority: Invalid value: -1: must be 0 (high) or 1 (low)"},
 		},
+		{name: "Concurrent MPS", cfg: &GpuConfig{Sharing: &SharingConfig{Strategy: SharingMPS, MPSMode: MPSConcurrent}}},
+		{name: "Isolated MPS", cfg: &GpuConfig{Sharing: &SharingConfig{Strategy: SharingMPS, MPSMode: MPSIsolated}}},
+		{name: "mpsMode with the default strategy", cfg: &GpuConfig{Sharing: &SharingConfig{MPSMode: MPSConcurrent}}},
+		{
+			name: "unknown mpsMode",
+			cfg:  &GpuConfig{Sharing: &SharingConfig{MPSMode: "concurrent"}},
+			want: []string{`sharing.mpsMode: Unsupported value: "concurrent": supported values: "Isolated", "Concurrent"`},
+		},
+		{
+			name: "mpsMode under HAMiCore",
+			cfg:  &GpuConfig{Sharing: &SharingConfig{Strategy: SharingHAMiCore, MPSMode: MPSConcurrent}},
+			want: []string{`sharing.mpsMode: Invalid value: "Concurrent": applies to sharing.strategy MPS only, not HAMiCore`},
+		},
+		{
+			name: "mpsMode under None",
+			cfg:  &GpuConfig{Sharing: &SharingConfig{Strategy: SharingNone, MPSMode: MPSIsolated}},
+			want: []string{`sharing.mpsMode: Invalid value: "Isolated": applies to sharing.strategy MPS only, not None`},
+		},
 		{
 			name: "every problem is reported at once",
 			cfg: &GpuConfig{

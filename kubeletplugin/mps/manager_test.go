@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/types"
+
 	"github.com/gpulink/gpulink/kubeletplugin/mps"
 	"github.com/gpulink/gpulink/kubeletplugin/mps/mpstest"
 )
@@ -90,5 +92,63 @@ func TestMPSManagerConcurrent(t *testing.T) {
 	wg.Wait()
 	if daemon.Starts["c"] != 1 || daemon.Stops["c"] != 1 {
 		t.Errorf("starts %d stops %d, want 1 and 1", daemon.Starts["c"], daemon.Stops["c"])
+	}
+}
+
+// Concurrent shares reference their group's daemon on their GPU: claims of
+// one group on one GPU share a daemon, which stops with the last of their
+// references; another group, or the same group on another GPU, has a
+// daemon of its own. A Concurrent share on two GPUs is refused.
+func TestMPSManagerGroupRefcount(t *testing.T) {
+	ctx := t.Context()
+	daemon := mpstest.NewFakeDaemon()
+	m := mps.NewManager("/run/mps", daemon)
+	gpu := func(i int) mps.Device {
+		return mps.Device{GPU: mps.GPU{Index: i, UUID: "GPU-0000000" + string(rune('0'+i)) + "-0000-0000-0000-000000000000"}, MemoryBytes: gib}
+	}
+	share := func(claim, group string, dev mps.Device) mps.Share {
+		return mps.Share{Claim: types.UID(claim), Group: group, GPUs: []mps.Device{dev}, Cores: 10}
+	}
+	a := share("claim-a", "team-a", gpu(0))
+	b := share("claim-b", "team-a", gpu(0))
+	c := share("claim-c", "team-b", gpu(0))
+	d := share("claim-d", "team-a", gpu(1))
+	id := a.ID()
+	if id != "team-a-gpu-00000000-0000-0000-0000-000000000000" || b.ID() != id || c.ID() == id || d.ID() == id {
+		t.Fatalf("IDs a %s b %s c %s d %s", a.ID(), b.ID(), c.ID(), d.ID())
+	}
+	// a holds two references (two results on the GPU), b one.
+	for _, s := range []mps.Share{a, a, b, c, d} {
+		if err := m.EnsureDaemon(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(daemon.Starts) != 3 || daemon.Starts[id] != 1 || daemon.Starts[c.ID()] != 1 || daemon.Starts[d.ID()] != 1 {
+		t.Fatalf("starts %v, want one per group and GPU", daemon.Starts)
+	}
+	if got := m.Dirs(b); got.Base != "/run/mps/"+id {
+		t.Errorf("dirs of b %+v, want the group's", got)
+	}
+	for _, s := range []mps.Share{a, a} {
+		if err := m.ReleaseDaemon(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !daemon.IsRunning(id) || daemon.Stops[id] != 0 {
+		t.Fatal("the group's daemon stopped while claim b still references it")
+	}
+	if err := m.ReleaseDaemon(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	if daemon.IsRunning(id) || daemon.Stops[id] != 1 || !daemon.IsRunning(c.ID()) || !daemon.IsRunning(d.ID()) {
+		t.Fatalf("after the group's last release on GPU 0: running %v stops %v", daemon.Running, daemon.Stops)
+	}
+	if err := m.ReleaseDaemon(ctx, b); err == nil {
+		t.Error("releasing a group's daemon without a reference succeeded")
+	}
+	two := a
+	two.GPUs = []mps.Device{gpu(0), gpu(1)}
+	if err := m.EnsureDaemon(ctx, two); err == nil || !strings.Contains(err.Error(), "one GPU") {
+		t.Errorf("Concurrent share on two GPUs: %v", err)
 	}
 }

@@ -49,14 +49,26 @@ type Device struct {
 	MemoryBytes int64
 }
 
-// Share is what one MPS control daemon serves: the MPS shares of one
-// claim, on one GPU or several, with the claim's limits. There is one
-// daemon per claim, not per GPU, because MPS applies limits per server and
-// a daemon's defaults to every server it spawns; only a daemon of its own
-// gives a claim limits that its containers cannot raise (see doc.go, "MPS
-// daemons").
+// Share is one claim's part of an MPS control daemon: the MPS shares of
+// the claim, on one GPU or several, with the claim's limits.
+//
+// Isolated (Group empty, the default): the daemon is the claim's own,
+// because MPS applies limits per server and a daemon's defaults to every
+// server it spawns; only a daemon of its own gives a claim limits that its
+// containers cannot raise (see doc.go, "MPS daemons").
+//
+// Concurrent (Group set): the daemon is the group's on the share's one
+// GPU, and serves every claim of the group there, so their clients run in
+// one server at the same time instead of time-sliced. It sets no limits of
+// its own: each client's limits come from its environment (the claim's CDI
+// edits), which the group's containers could raise, so the group shares
+// the GPU as one tenant.
 type Share struct {
 	Claim types.UID
+	// Group is the sharing group of a Concurrent share (the claim's
+	// namespace); empty for an Isolated share. A Concurrent share has
+	// exactly one GPU.
+	Group string
 	// GPUs are in the order the claim's containers number them (claimGPUs:
 	// PCI bus order). The daemon gets them in that order in
 	// CUDA_VISIBLE_DEVICES, and MPS renumbers a daemon's visible devices
@@ -96,8 +108,29 @@ func (s Share) visibleDevices() string {
 	return strings.Join(v, ",")
 }
 
-// ID is the name of the share's MPS directory and daemon.
-func (s Share) ID() string { return string(s.Claim) }
+// ID is the name of the share's MPS directory and daemon: the claim UID
+// of an Isolated share, GroupID of a Concurrent one.
+func (s Share) ID() string {
+	if s.Group != "" && len(s.GPUs) == 1 {
+		return GroupID(s.Group, s.GPUs[0].GPU)
+	}
+	return string(s.Claim)
+}
+
+// Concurrent tells whether the share's daemon is its group's (Group set).
+func (s Share) Concurrent() bool { return s.Group != "" }
+
+// GroupID names the daemon of a sharing group on a GPU:
+// <group>-gpu-<UUID without its GPU- prefix>, in lower case, e.g.
+// team-a-gpu-8f6e1a2b-0c3d-4e5f-8a9b-0c1d2e3f4a5b; where discovery knows no
+// UUID, <group>-gpu-<index>. The UUID makes the daemon pod's name unique in
+// the cluster (the pods of every node share one namespace), and the chart's
+// admission policy reads the group and the GPU back from it. A claim UID
+// never takes this form ("g", "p", "u" are not hexadecimal), and a group is
+// a namespace name, a DNS label, so the name stays one too.
+func GroupID(group string, gpu GPU) string {
+	return group + "-" + strings.ToLower(gpu.ID())
+}
 
 // Dirs are the host directories of one claim's MPS control daemon.
 type Dirs struct {
@@ -136,22 +169,25 @@ func (d Dirs) remove() error {
 	return nil
 }
 
-// Manager hands out references to per-claim MPS control daemons: the
-// first reference starts the claim's daemon, releasing the last stops it.
-// A claim with several MPS results on its GPU holds one reference per
-// result.
+// Manager hands out references to MPS control daemons: the first
+// reference starts a daemon, releasing the last stops it. A claim with
+// several MPS results on its GPU holds one reference per result. Isolated
+// shares reference their claim's daemon, Concurrent ones their group's
+// daemon on their GPU (Share.ID), so the references of every claim of a
+// group on a GPU add up and the daemon stops with the group's last share.
 type Manager interface {
 	EnsureDaemon(ctx context.Context, share Share) error
 	ReleaseDaemon(ctx context.Context, share Share) error
 	// Dirs returns where the share's daemon keeps its pipes, logs and shm.
 	Dirs(share Share) Dirs
-	// RemoveOrphans stops the daemons and removes the directories of
-	// claims that are not in keep (claim UIDs) and hold no reference: what
-	// a reboot, a lost checkpoint or a failed stop left behind. It returns
-	// the claim UIDs it cleaned up.
+	// RemoveOrphans stops the daemons and removes the directories that are
+	// not in keep (Share.ID: claim UIDs and group daemons) and hold no
+	// reference: what a reboot, a lost checkpoint or a failed stop left
+	// behind. It returns the IDs it cleaned up.
 	RemoveOrphans(ctx context.Context, keep map[string]bool) ([]string, error)
-	// ReassertLimits sets every running daemon's limits again (see
-	// LimitEnforcer) and returns the claim UIDs it could not reach.
+	// ReassertLimits sets every running Isolated daemon's limits again
+	// (see LimitEnforcer) and returns the claim UIDs it could not reach.
+	// Concurrent daemons have no limits of their own.
 	ReassertLimits(ctx context.Context) ([]string, error)
 }
 
@@ -167,8 +203,8 @@ type LimitEnforcer interface {
 }
 
 // OrphanLister is implemented by daemons that outlive the plugin process
-// (PodDaemon): it lists the claim UIDs whose daemons run on this node,
-// so that RemoveOrphans finds daemons whose directories are gone too.
+// (PodDaemon): it lists the IDs (Share.ID) of the daemons that run on this
+// node, so that RemoveOrphans finds daemons whose directories are gone too.
 type OrphanLister interface {
 	ListDaemons(ctx context.Context) ([]string, error)
 }
@@ -223,6 +259,10 @@ func (m *mpsManager) EnsureDaemon(ctx context.Context, share Share) error {
 	if len(share.GPUs) == 0 {
 		return fmt.Errorf("MPS share of claim %s: no GPU", share.ID())
 	}
+	if share.Concurrent() && len(share.GPUs) != 1 {
+		// One daemon per group and GPU, and a client reaches one daemon.
+		return fmt.Errorf("Concurrent MPS share of claim %s on GPUs %s: a Concurrent share has one GPU", share.Claim, share.gpuIDs())
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	id := share.ID()
@@ -233,7 +273,11 @@ func (m *mpsManager) EnsureDaemon(ctx context.Context, share Share) error {
 			}
 			return fmt.Errorf("starting MPS control daemon of claim %s on GPU %s: %w", id, share.gpuIDs(), err)
 		}
-		klog.FromContext(ctx).Info("MPS control daemon up", "claimUID", id, "gpus", share.gpuIDs(), "memoryBytes", share.memoryBytes(), "cores", share.Cores)
+		if share.Concurrent() {
+			klog.FromContext(ctx).Info("MPS control daemon of a sharing group up", "daemon", id, "group", share.Group, "gpus", share.gpuIDs(), "firstClaimUID", share.Claim)
+		} else {
+			klog.FromContext(ctx).Info("MPS control daemon up", "claimUID", id, "gpus", share.gpuIDs(), "memoryBytes", share.memoryBytes(), "cores", share.Cores)
+		}
 	}
 	m.refs[id]++
 	m.shares[id] = share
@@ -247,10 +291,14 @@ func (m *mpsManager) ReassertLimits(ctx context.Context) ([]string, error) {
 	}
 	// Not under the lock: the commands run processes, and prepares must
 	// not wait for them. A daemon stopped meanwhile is not reported.
+	// A group's daemon has no limits of its own to set again: its
+	// clients' limits are in their environment.
 	m.mu.Lock()
 	shares := make([]Share, 0, len(m.shares))
 	for _, s := range m.shares {
-		shares = append(shares, s)
+		if !s.Concurrent() {
+			shares = append(shares, s)
+		}
 	}
 	m.mu.Unlock()
 	var failed []string
@@ -301,7 +349,8 @@ func (m *mpsManager) RemoveOrphans(ctx context.Context, keep map[string]bool) ([
 			continue
 		}
 		// A share with only its claim set names the daemon and its
-		// directories; Stop needs nothing else.
+		// directories (its ID is the claim's, or the group daemon's ID
+		// read back); Stop needs nothing else.
 		share := Share{Claim: types.UID(id)}
 		if err := m.daemon.Stop(ctx, share, m.Dirs(share)); err != nil {
 			errs = append(errs, fmt.Errorf("removing orphaned MPS daemon of claim %s: %w", id, err))
@@ -336,7 +385,7 @@ func (m *mpsManager) ReleaseDaemon(ctx context.Context, share Share) error {
 		}
 		delete(m.refs, id)
 		delete(m.shares, id)
-		klog.FromContext(ctx).Info("MPS control daemon stopped", "claimUID", id, "gpus", share.gpuIDs())
+		klog.FromContext(ctx).Info("MPS control daemon stopped", "daemon", id, "group", share.Group, "gpus", share.gpuIDs())
 		return nil
 	}
 	m.refs[id] = n - 1
@@ -407,4 +456,12 @@ func (m *mpsManager) AdjustRefs(share Share, delta int) {
 	}
 	m.refs[id] = n
 	m.shares[id] = share
+}
+
+// Refs is the number of references the daemon with this ID (Share.ID)
+// holds: for a group's daemon, those of every claim of the group on its GPU.
+func (m *mpsManager) Refs(id string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.refs[id]
 }

@@ -46,6 +46,9 @@ const (
 	mpsComponentValue = "mps-control-daemon"
 	mpsClaimLabel     = driver.Name + "/claim-uid"
 	mpsNodeLabel      = driver.Name + "/node"
+	// mpsGroupLabel marks a Concurrent daemon pod (instead of
+	// mpsClaimLabel) with its sharing group, the claims' namespace.
+	mpsGroupLabel = driver.Name + "/mps-group"
 )
 
 // PodDaemonConfig configures PodDaemon.
@@ -69,10 +72,10 @@ type PodDaemonConfig struct {
 	PollInterval, StartTimeout time.Duration
 }
 
-// PodDaemon runs each claim's MPS control daemon
-// (nvidia-cuda-mps-control -f from the driver root) in a pod of its own,
-// bound to this node, so that the daemon outlives plugin restarts and
-// upgrades; see doc.go for why a pod.
+// PodDaemon runs each MPS control daemon (nvidia-cuda-mps-control -f
+// from the driver root: an Isolated claim's, or a sharing group's on one
+// GPU) in a pod of its own, bound to this node, so that the daemon
+// outlives plugin restarts and upgrades; see doc.go for why a pod.
 type PodDaemon struct {
 	cfg PodDaemonConfig
 	// binDir holds nvidia-cuda-mps-control and libDirs are the driver's
@@ -144,8 +147,10 @@ func findMPSDriver(mount string) (binDir string, libDirs []string, err error) {
 	return binDir, libDirs, nil
 }
 
-// mpsPodName is the name of a claim's daemon pod (claim UIDs are 36
-// characters, well within the 63 a name may have).
+// mpsPodName is the name of a share's daemon pod: gpulink-mps-<claim UID>
+// for an Isolated share, gpulink-mps-<group>-gpu-<GPU UUID> for a
+// Concurrent one (GroupID; at most 12+63+41 = 116 characters of the 253 a
+// pod name may have; the kubelet cuts the pod's hostname to 63).
 func mpsPodName(share Share) string { return mpsPodPrefix + share.ID() }
 
 // mpsPodPrefix starts every daemon pod's name; the chart's admission
@@ -193,7 +198,6 @@ func (d *PodDaemon) pod(share Share, dirs Dirs, owner *metav1.OwnerReference) *c
 			Labels: map[string]string{
 				"app.kubernetes.io/name": "gpulink",
 				mpsComponentLabel:        mpsComponentValue,
-				mpsClaimLabel:            share.ID(),
 				mpsNodeLabel:             d.cfg.NodeName,
 			},
 		},
@@ -238,6 +242,11 @@ func (d *PodDaemon) pod(share Share, dirs Dirs, owner *metav1.OwnerReference) *c
 				{Name: "shm", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dirs.Shm, Type: &dir}}},
 			},
 		},
+	}
+	if share.Concurrent() {
+		pod.Labels[mpsGroupLabel] = share.Group
+	} else {
+		pod.Labels[mpsClaimLabel] = share.ID()
 	}
 	if owner != nil {
 		pod.OwnerReferences = []metav1.OwnerReference{*owner}
@@ -289,6 +298,11 @@ func (d *PodDaemon) nodeOwner(ctx context.Context) (*metav1.OwnerReference, erro
 // sets the share's limits as the daemon's defaults. On failure it deletes
 // the pod and the directories and returns the daemon's log tail.
 func (d *PodDaemon) Start(ctx context.Context, share Share, dirs Dirs) error {
+	if share.Concurrent() && (len(share.GPUs) != 1 || share.GPUs[0].UUID == "") {
+		// The pod name must be unique among every node's daemon pods,
+		// which only the GPU's UUID makes it.
+		return fmt.Errorf("Concurrent MPS daemon of group %s on GPU %s: needs exactly one GPU with a known UUID", share.Group, share.gpuIDs())
+	}
 	if err := dirs.create(); err != nil {
 		return errors.Join(err, dirs.remove())
 	}
@@ -379,6 +393,11 @@ func (d *PodDaemon) start(ctx context.Context, share Share, dirs Dirs) (adopted 
 // Sent on adoption too: it is idempotent, and a daemon restarted by hand
 // would otherwise run without limits.
 func (d *PodDaemon) setLimits(ctx context.Context, share Share, dirs Dirs) error {
+	if share.Concurrent() {
+		// The group's daemon serves claims of different sizes: each
+		// client's limits are in its own environment (CDI edits).
+		return nil
+	}
 	if len(share.GPUs) == 0 {
 		return fmt.Errorf("MPS share of claim %s: no GPU", share.ID())
 	}
@@ -409,6 +428,9 @@ func (d *PodDaemon) setLimits(ctx context.Context, share Share, dirs Dirs) error
 // clients when they connect; a client connected under raised limits keeps
 // them until it exits, which the README says ("What MPS guarantees").
 func (d *PodDaemon) ReassertLimits(ctx context.Context, share Share, dirs Dirs) error {
+	if share.Concurrent() {
+		return nil // no limits of its own (setLimits)
+	}
 	if err := d.setLimits(ctx, share, dirs); err != nil {
 		return err
 	}
@@ -442,7 +464,8 @@ func (d *PodDaemon) control(ctx context.Context, share Share, dirs Dirs, cmd str
 	return text, nil
 }
 
-// ListDaemons lists the claim UIDs of this node's daemon pods, by label.
+// ListDaemons lists the IDs (Share.ID) of this node's daemon pods, by
+// label: claim UIDs of Isolated daemons, group daemon IDs of Concurrent ones.
 func (d *PodDaemon) ListDaemons(ctx context.Context) ([]string, error) {
 	sel := mpsComponentLabel + "=" + mpsComponentValue + "," + mpsNodeLabel + "=" + d.cfg.NodeName
 	list, err := d.cfg.Pods.Pods(d.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
@@ -453,8 +476,16 @@ func (d *PodDaemon) ListDaemons(ctx context.Context) ([]string, error) {
 	for _, p := range list.Items {
 		// Pods named otherwise are not ours to delete (the admission
 		// policy would refuse it anyway).
-		if id := p.Labels[mpsClaimLabel]; id != "" && p.Name == mpsPodPrefix+id && p.Spec.NodeName == d.cfg.NodeName {
+		if p.Spec.NodeName != d.cfg.NodeName {
+			continue
+		}
+		if id := p.Labels[mpsClaimLabel]; id != "" && p.Name == mpsPodPrefix+id {
 			ids = append(ids, id)
+			continue
+		}
+		// A group's daemon: its name starts with the group's.
+		if g := p.Labels[mpsGroupLabel]; g != "" && strings.HasPrefix(p.Name, mpsPodPrefix+g+"-gpu-") {
+			ids = append(ids, strings.TrimPrefix(p.Name, mpsPodPrefix))
 		}
 	}
 	return ids, nil

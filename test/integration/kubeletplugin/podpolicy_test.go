@@ -358,6 +358,85 @@ func TestMPSDaemonPodPolicy(t *testing.T) {
 		expectDenied(v.what, create(plugin, p), v.wantIn)
 	}
 	expectDenied("token bound to no pod (no node) creates the daemon pod", create(unbound, good()), "names its node")
+	expectDenied("daemon pod named after no claim UID, labelled so", create(plugin, func() *corev1.Pod {
+		p := good()
+		p.Name, p.Labels["gpu.gpulink.dev/claim-uid"] = "gpulink-mps-evil", "evil"
+		return p
+	}()), "gpulink-mps-<claim UID> or gpulink-mps-<namespace>-gpu-<GPU UUID>")
+
+	// The daemon of a namespace's Concurrent MPS shares on one GPU
+	// (sharing.mpsMode Concurrent): named after the namespace and the
+	// GPU's UUID, serving that GPU only, on the plugin's own node.
+	const gpuA, gpuB = "GPU-8f6e1a2b-0c3d-4e5f-8a9b-0c1d2e3f4a5b", "GPU-11111111-0c3d-4e5f-8a9b-0c1d2e3f4a5b"
+	groupShare := mps.Share{Claim: "0b4c2a38-5a7e-4b0e-9d0a-6f1c2d3e4f53", Group: "tenant",
+		GPUs: []mps.Device{{GPU: mps.GPU{Index: 0, UUID: gpuA}, MemoryBytes: 1 << 30}}, Cores: 30}
+	goodGroup := func() *corev1.Pod { return daemon.DaemonPod(groupShare, manager.Dirs(groupShare)) }
+	if name := goodGroup().Name; name != "gpulink-mps-tenant-gpu-8f6e1a2b-0c3d-4e5f-8a9b-0c1d2e3f4a5b" {
+		t.Fatalf("group daemon pod name %s", name)
+	}
+	if err := create(plugin, goodGroup()); err != nil {
+		t.Fatalf("the group daemon pod the plugin builds is denied: %v", err)
+	}
+	setEnv := func(p *corev1.Pod, name, value string) {
+		for i := range p.Spec.Containers[0].Env {
+			if p.Spec.Containers[0].Env[i].Name == name {
+				p.Spec.Containers[0].Env[i].Value = value
+			}
+		}
+	}
+	for _, v := range []struct {
+		what, wantIn string
+		change       func(p *corev1.Pod)
+	}{
+		{"group daemon pod for another node", "bound to that node", func(p *corev1.Pod) { p.Spec.NodeName = "node-b" }},
+		{"group daemon pod labelled for another node", "labels", func(p *corev1.Pod) { p.Labels["gpu.gpulink.dev/node"] = "node-b" }},
+		{"group daemon pod labelled with another namespace", "labels", func(p *corev1.Pod) { p.Labels["gpu.gpulink.dev/mps-group"] = "other" }},
+		{"group daemon pod labelled with a claim as well", "labels", func(p *corev1.Pod) { p.Labels["gpu.gpulink.dev/claim-uid"] = string(groupShare.Claim) }},
+		{"group daemon pod with a made-up GPU in its name (no UUID)", "gpulink-mps-<namespace>-gpu-<GPU UUID>", func(p *corev1.Pod) {
+			p.Name = "gpulink-mps-tenant-gpu-0"
+		}},
+		{"group daemon pod serving a GPU other than its name's", "serves the one GPU its name ends with", func(p *corev1.Pod) {
+			setEnv(p, "CUDA_VISIBLE_DEVICES", gpuB)
+		}},
+		{"group daemon pod serving two GPUs", "serves the one GPU its name ends with", func(p *corev1.Pod) {
+			setEnv(p, "CUDA_VISIBLE_DEVICES", gpuA+","+gpuB)
+		}},
+		{"group daemon pod serving every GPU", "serves the one GPU its name ends with", func(p *corev1.Pod) {
+			var env []corev1.EnvVar
+			for _, e := range p.Spec.Containers[0].Env {
+				if e.Name != "CUDA_VISIBLE_DEVICES" {
+					env = append(env, e)
+				}
+			}
+			p.Spec.Containers[0].Env = env
+		}},
+		{"group daemon pod asking for two GPUs' resources", "one GPU's resource", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Resources.Limits["mps-daemon.gpu.gpulink.dev/gpu-1"] = resource.MustParse("1")
+		}},
+		{"group daemon pod mounting another group's MPS directory", "hostPath", func(p *corev1.Pod) {
+			for i := range p.Spec.Volumes {
+				if p.Spec.Volumes[i].Name == "mps" {
+					p.Spec.Volumes[i].HostPath.Path = filepath.Join(mpsRoot, "other-gpu-8f6e1a2b-0c3d-4e5f-8a9b-0c1d2e3f4a5b")
+				}
+			}
+		}},
+		{"group daemon pod with the host's / mounted", "hostPath", func(p *corev1.Pod) {
+			p.Spec.Volumes = append(p.Spec.Volumes, privilegedRoot)
+			p.Spec.Containers[0].VolumeMounts = append(p.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "host", MountPath: "/host"})
+		}},
+		{"group daemon pod running another command", "nvidia-cuda-mps-control -f", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Command = []string{"/bin/sh", "-c", "cat /host/etc/shadow"}
+		}},
+	} {
+		p := goodGroup()
+		v.change(p)
+		expectDenied(v.what, create(plugin, p), v.wantIn)
+	}
+	// The real code creates and deletes a group's daemon pod with the
+	// plugin's token (it never answers on an API-only node).
+	if err := manager.EnsureDaemon(ctx, groupShare); err == nil || !strings.Contains(err.Error(), "did not answer") {
+		t.Fatalf("EnsureDaemon of a group: %v; want the daemon's start timeout after a successful create", err)
+	}
 	// The good pod asked for the GPU's MPS daemon resource, and the
 	// shape the plugin builds carries nothing else.
 	if c := good().Spec.Containers[0]; c.Resources.Limits.Name("mps-daemon.gpu.gpulink.dev/gpu-0", resource.DecimalSI).Value() != 1 || c.SecurityContext.Privileged != nil {
@@ -411,13 +490,31 @@ func TestMPSDaemonPodPolicy(t *testing.T) {
 	theirs.Spec.NodeName = "node-b"
 	mustCreate(theirs)
 	mustCreate(pause("gpulink-controller-0", policyNS, "node-a"))
+	// The same group's daemon on a GPU of node-b, and one on node-a whose
+	// plugin may create it.
+	theirsGroup := goodGroup()
+	theirsGroup.Spec.Containers[0].Resources = corev1.ResourceRequirements{}
+	theirsGroup.Name = "gpulink-mps-tenant-gpu-22222222-0c3d-4e5f-8a9b-0c1d2e3f4a5b"
+	theirsGroup.Labels["gpu.gpulink.dev/node"] = "node-b"
+	theirsGroup.Spec.NodeName = "node-b"
+	mustCreate(theirsGroup)
+	ownGroupShare := groupShare
+	ownGroupShare.GPUs = []mps.Device{{GPU: mps.GPU{Index: 1, UUID: gpuB}, MemoryBytes: 1 << 30}}
+	ownGroup := daemon.DaemonPod(ownGroupShare, manager.Dirs(ownGroupShare))
+	if _, err := plugin.CoreV1().Pods(policyNS).Create(ctx, ownGroup, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	del := func(name string) error {
 		return plugin.CoreV1().Pods(policyNS).Delete(ctx, name, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
 	}
 	expectDenied("plugin deletes another node's daemon pod", del(theirs.Name), "bound to that node")
+	expectDenied("plugin deletes another node's group daemon pod", del(theirsGroup.Name), "bound to that node")
 	expectDenied("plugin deletes the controller's pod", del("gpulink-controller-0"), "gpulink-mps-")
 	if err := del(own.Name); err != nil {
 		t.Errorf("plugin deleting its own node's daemon pod: %v", err)
+	}
+	if err := del(ownGroup.Name); err != nil {
+		t.Errorf("plugin deleting its own node's group daemon pod: %v", err)
 	}
 
 	// Reads: its own namespace only (hole: a node read every tenant's pods).
@@ -436,10 +533,12 @@ func TestMPSDaemonPodPolicy(t *testing.T) {
 	}
 	// The first daemon pod is still terminating (no kubelet confirms it):
 	// deleting it again is harmless.
-	if want := []string{string(share.Claim), string(share2.Claim)}; !slices.Equal(removed, want) {
+	want := []string{string(share.Claim), string(share2.Claim), groupShare.ID(), ownGroupShare.ID()}
+	slices.Sort(want)
+	if !slices.Equal(removed, want) {
 		t.Errorf("RemoveOrphans removed %v, want only this node's daemons %v", removed, want)
 	}
-	for name, wantGone := range map[string]bool{own.Name: true, theirs.Name: false, "gpulink-controller-0": false} {
+	for name, wantGone := range map[string]bool{own.Name: true, ownGroup.Name: true, theirs.Name: false, theirsGroup.Name: false, "gpulink-controller-0": false} {
 		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 			p, err := admin.CoreV1().Pods(policyNS).Get(ctx, name, metav1.GetOptions{})
 			gone := apierrors.IsNotFound(err) || (err == nil && p.DeletionTimestamp != nil)
