@@ -51,6 +51,24 @@ func (l *local) toPositions(m uint32) uint64 {
 	return set
 }
 
+// pairsKey is the quality of m, a set of two GPUs or more (local
+// numbering) whose lowest GPU is a, with r = m\{a}, from the qualities
+// of r, of m\{b} (b its second lowest GPU) and of m\{a,b}, which the pass
+// in mask order has put in q before m: the pairs of m are those of m\{a},
+// of m\{b} and {a,b}, so the weakest link is the least of three and the
+// aggregate follows by inclusion-exclusion. The exact search's pass and a
+// node kind's tables (buildKind) both fill their tables with it, which is
+// what makes a kind's values the search's. It works on the packed keys
+// (the least key holds the weakest link in its high bits; aggregates add
+// in the low 16 bits, which never carry, see key) to stay within the
+// compiler's inlining budget: the pass runs it for every subset.
+func (l *local) pairsKey(q *table, m, r uint32) key {
+	lb := r & -r // {b}
+	qa, qb := q[uint16(r)], q[uint16(m^lb)]
+	ab := key(l.link[uint8(bits.TrailingZeros32(m)<<4|bits.TrailingZeros32(r))])
+	return min(qa, qb, ab<<16)&^0xFFFF | (qa+qb-q[uint16(r^lb)]+ab)&0xFFFF
+}
+
 // exactPick finds the best set of k GPUs in cand (a subset of free) with
 // every subset of the free GPUs evaluated; see doc.go for the objective.
 // Without tieBreak it only establishes the best quality (ChooseNode's node
@@ -113,18 +131,9 @@ func exactPick(sc *scratch, t *topology.Topology, free, cand uint64, k int, requ
 		if pc > maxSize {
 			continue
 		}
-		r := m & (m - 1) // m without its lowest GPU a
 		kk := singleKey
-		if r != 0 {
-			// Pairs of m are the pairs of m\{a}, of m\{b} and {a,b}, so
-			// the weakest link takes O(1) and the aggregate follows by
-			// inclusion-exclusion.
-			a := bits.TrailingZeros32(m)
-			b := bits.TrailingZeros32(r)
-			lb := uint32(1) << b
-			ab := l.link[(a<<4|b)&0xFF]
-			qa, qb := q[r&0xFFFF], q[(m&^lb)&0xFFFF]
-			kk = makeKey(min(qa.weak(), qb.weak(), ab), qa.agg()+qb.agg()-q[(r&^lb)&0xFFFF].agg()+uint32(ab))
+		if r := m & (m - 1); r != 0 { // r: m without its lowest GPU
+			kk = l.pairsKey(q, m, r)
 		}
 		q[m&0xFFFF] = kk
 		if pc == k && m&^lcand == 0 {

@@ -95,8 +95,8 @@ func (s *kindStore) get(l *local, build bool) *kindTable {
 	return kt
 }
 
-// buildKind computes a kind's tables with the search's own arithmetic, so
-// that every value equals what the search computes.
+// buildKind computes a kind's tables with the search's own arithmetic
+// (pairsKey), so that every value equals what the search computes.
 func buildKind(l *local) *kindTable {
 	n := l.f
 	full := uint32(1)<<n - 1
@@ -104,20 +104,15 @@ func buildKind(l *local) *kindTable {
 	q := &kt.q
 	q[0] = singleKey
 	for m := uint32(1); m <= full; m++ {
-		r := m & (m - 1)
+		r := m & (m - 1) // m without its lowest GPU
 		kk := singleKey
 		if r != 0 {
-			a := bits.TrailingZeros32(m)
-			b := bits.TrailingZeros32(r)
-			lb := uint32(1) << b
-			ab := l.link[(a<<4|b)&0xFF]
-			qa, qb := q[r&0xFFFF], q[(m&^lb)&0xFFFF]
-			kk = makeKey(min(qa.weak(), qb.weak(), ab), qa.agg()+qb.agg()-q[(r&^lb)&0xFFFF].agg()+uint32(ab))
+			kk = l.pairsKey(q, m, r)
 		}
 		q[m&0xFFFF] = kk
 		pc := bits.OnesCount32(m)
 		w := &kt.within[m]
-		*w = kt.within[r] // m without its lowest GPU
+		*w = kt.within[r]
 		for x := m; x != 0; x &= x - 1 {
 			sub := &kt.within[m&^(1<<bits.TrailingZeros32(x))]
 			for j := 2; j < pc; j++ {
