@@ -43,7 +43,7 @@ image: ## container image without Docker: _output/image/gpulink-$(IMAGE_TAG).tar
 	IMAGE_TAG=$(IMAGE_TAG) hack/image.sh
 
 .PHONY: test
-test: verify lint test-unit gpu-check-bundle cluster-build helm-lint test-integration ## run every check CI runs (cluster-build first: helm-lint also checks the chart's policies on a live API server; the GPU suite's bundle is built and size-checked, its dry run runs with the bundle's runc)
+test: verify lint test-unit gpu-check-bundle cluster-build helm-lint test-integration ## run every check CI runs (the chart's policies are checked on a live API server by test-integration's test/integration/chartpolicies; the GPU suite's bundle is built and size-checked, its dry run runs with the bundle's runc)
 
 .PHONY: verify
 verify: ## gofmt, go vet, go.mod tidiness

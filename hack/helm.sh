@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Lints and renders the gpulink Helm chart (make helm-lint; part of make test).
 #
-#   hack/helm.sh            build $GPULINK_BIN_DIR/helm (default _output/bin) if needed, lint, render
-#   hack/helm.sh --build    only build it
+#   hack/helm.sh               build $GPULINK_BIN_DIR/helm (default _output/bin) if needed, lint, render
+#   hack/helm.sh --build       only build it
+#   hack/helm.sh --render DIR  the same as without arguments, leaving the renderings in DIR
 #
 # Helm is built from source (hack/tools/helm, a Go module of its own pinned by
 # go.sum) because only the Go module proxy is reachable from CI; no prebuilt
@@ -10,13 +11,12 @@
 # longer matches hack/tools/helm/go.mod.
 #
 # Every rendering is checked by helm itself (templates, values.schema.json,
-# and a YAML parse of each document) and for apiVersion/kind. When
-# `hack/cluster.sh build` has built etcd, kube-apiserver and kubectl,
-# deployments/helm/test-policies.sh then starts a throw-away API server,
-# dry-runs every rendering against it (full server-side validation, CEL
-# compilation included) and tests the admission policies and RBAC for real.
-# kubectl's client-side dry run is no substitute: it needs a server for
-# discovery too. Set HELM_SKIP_APISERVER=1 to skip that step.
+# and a YAML parse of each document) and for apiVersion/kind. The checks
+# that need a live API server (a server-side dry run of every rendering,
+# CEL compilation included, and the admission policies and RBAC tested for
+# real) are the integration test test/integration/chartpolicies (make
+# test-integration), which reads this script's renderings through
+# --render, so that the list of renderings lives here only.
 set -o errexit -o nounset -o pipefail
 
 LOG_TAG=helm.sh
@@ -107,12 +107,19 @@ expect_failure() {
 }
 
 build_helm
-if [[ "${1:-}" == "--build" ]]; then
-	exit 0
-fi
-
-WORK=$(mktemp -d)
-trap 'rm -rf "${WORK}"' EXIT
+case "${1:-}" in
+--build) exit 0 ;;
+--render)
+	[[ -n "${2:-}" ]] || die "--render needs a directory"
+	mkdir -p "$2"
+	WORK=$(cd "$2" && pwd)
+	;;
+"")
+	WORK=$(mktemp -d)
+	trap 'rm -rf "${WORK}"' EXIT
+	;;
+*) die "unknown argument $1 (want --build or --render DIR)" ;;
+esac
 
 # The values demo/kind/run.sh installs with.
 KIND_DEMO=(--set image.repository=gpulink.local/gpulink --set image.tag=kind-demo --set image.pullPolicy=Never
@@ -174,10 +181,11 @@ checksum() { grep -m1 'checksum/compat-config:' "${WORK}/$1.yaml" | awk '{print 
 	"$(checksum defaults)" == "$(checksum size-mix-off)" ]] ||
 	die "checksum/compat-config does not follow compat.families alone: defaults $(checksum defaults), aliyun on $(checksum aliyun-on), size-mix-off $(checksum size-mix-off)"
 
-# The ServiceMonitor needs the Prometheus Operator's CRDs, which the
-# throw-away API server of test-policies.sh lacks: rendered into a
-# subdirectory it does not read, and checked here.
-mkdir "${WORK}/crd"
+# The ServiceMonitor needs the Prometheus Operator's CRDs, which the API
+# server of test/integration/chartpolicies lacks: rendered into a
+# subdirectory it does not read, and checked here (and against the CRD by
+# test/integration/monitoring).
+mkdir -p "${WORK}/crd"
 render crd/service-monitor --set serviceMonitor.enabled=true --set-string serviceMonitor.labels.release=prom
 grep -q '^kind: ServiceMonitor' "${WORK}/crd/service-monitor.yaml" || die "serviceMonitor.enabled=true rendered no ServiceMonitor"
 [[ $(grep -c '^  name: gpulink-.*-metrics$' "${WORK}/crd/service-monitor.yaml") == 2 ]] ||
@@ -229,12 +237,4 @@ expect_failure "an API server host without a port" "apiServer.host .* and apiSer
 expect_failure "an unknown health taint effect" "/kubeletPlugin/health/taintEffect" --set kubeletPlugin.health.taintEffect=PreferNoSchedule
 expect_failure "a fatal XID that is not a number" "/kubeletPlugin/health/fatalXIDs" --set-json 'kubeletPlugin.health.fatalXIDs=["x"]'
 expect_failure "an API server port out of range" "/apiServer/port" --set apiServer.host=127.0.0.1 --set apiServer.port=70000
-if [[ "${HELM_SKIP_APISERVER:-}" == 1 ]]; then
-	log "skipping the API server checks (HELM_SKIP_APISERVER=1)"
-elif [[ -x "${BIN_DIR}/etcd" && -x "${BIN_DIR}/kube-apiserver" && -x "${BIN_DIR}/kubectl" ]]; then
-	# The kind demo's claims and pods go through the same server checks.
-	"${REPO_ROOT}/deployments/helm/test-policies.sh" "${WORK}"/*.yaml "${REPO_ROOT}"/demo/kind/examples/*.yaml
-else
-	log "skipping the API server checks: run hack/cluster.sh build for ${BIN_DIR}/{etcd,kube-apiserver,kubectl}"
-fi
 log "chart OK"

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Shared by the gpulink scripts (hack/*.sh, deployments/helm/test-policies.sh).
+# Shared by the gpulink scripts (hack/*.sh).
 # Source it after setting LOG_TAG, the name log lines start with.
 #
 # Environment: GPULINK_OUTPUT_DIR (default <repo>/_output), GPULINK_BIN_DIR
