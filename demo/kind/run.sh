@@ -8,7 +8,8 @@
 #   demo/kind/run.sh down   delete the cluster
 #
 # Needs docker, kind (a release that can run Kubernetes 1.37 node images),
-# kubectl and Go (to build helm from hack/tools/helm unless HELM is set).
+# kubectl and Go (to build helm from hack/tools/helm unless HELM is set, and
+# the gpulink CLI unless GPULINK is set).
 # Settings (environment):
 #   CLUSTER_NAME     kind cluster name                  (gpulink)
 #   K8S_VERSION      Kubernetes release of the nodes    (v1.37.1)
@@ -22,6 +23,9 @@
 #                                                       (make-image on Debian/Ubuntu, else docker)
 #   DISCOVERY        topology-file or mock              (topology-file)
 #   HELM, KUBECTL    client binaries                    (_output/bin/helm, kubectl)
+#   GPULINK          the gpulink CLI, which shows the published GPUs
+#                    (gpulink inspect) and why a pod waits (gpulink
+#                    explain)                           (built into _output/bin/gpulink)
 #   TIMEOUT          wait per step                      (180s)
 set -o errexit -o nounset -o pipefail
 
@@ -39,6 +43,11 @@ fi
 DISCOVERY=${DISCOVERY:-topology-file}
 HELM=${HELM:-${ROOT}/_output/bin/helm}
 KUBECTL=${KUBECTL:-kubectl}
+GPULINK_BUILD=0
+if [[ -z "${GPULINK:-}" ]]; then
+	GPULINK=${ROOT}/_output/bin/gpulink
+	GPULINK_BUILD=1
+fi
 TIMEOUT=${TIMEOUT:-180s}
 
 SYSTEM_NS=gpulink-system
@@ -56,6 +65,8 @@ EXAMPLES=(
 log() { printf '\n=== %s\n' "$*" >&2; }
 die() { printf 'demo/kind/run.sh: %s\n' "$*" >&2; exit 1; }
 kc() { "${KUBECTL}" --context "kind-${CLUSTER_NAME}" "$@"; }
+# gl COMMAND ARGS... runs a gpulink CLI command against the cluster.
+gl() { "${GPULINK}" "$1" --context "kind-${CLUSTER_NAME}" "${@:2}"; }
 
 need() {
 	local tool
@@ -64,7 +75,39 @@ need() {
 	done
 }
 
-node_# image builds the gpulink image as an archive and loads it into the nodes
+node_image() {
+	if docker image inspect "${KIND_NODE_IMAGE}" >/dev/null 2>&1; then
+		return
+	fi
+	log "pulling ${KIND_NODE_IMAGE}"
+	if docker pull "${KIND_NODE_IMAGE}"; then
+		return
+	fi
+	# No published image for this release (yet): build one from the
+	# official release binaries.
+	log "building ${KIND_NODE_IMAGE} from the ${K8S_VERSION} release"
+	kind build node-image --type release "${K8S_VERSION}" --image "${KIND_NODE_IMAGE}"
+}
+
+cluster() {
+	if kind get clusters 2>/dev/null | grep -qx "${CLUSTER_NAME}"; then
+		log "reusing kind cluster ${CLUSTER_NAME}"
+		return
+	fi
+	log "creating kind cluster ${CLUSTER_NAME} (${KIND_NODE_IMAGE})"
+	kind create cluster --name "${CLUSTER_NAME}" --image "${KIND_NODE_IMAGE}" \
+		--config "${DEMO}/kind-config.yaml" --wait 120s
+}
+
+# cli builds the gpulink CLI (unless GPULINK names one): the demo shows
+# the GPUs and explains a waiting pod with the project's own commands.
+cli() {
+	((GPULINK_BUILD)) || return 0
+	log "building the gpulink CLI into ${GPULINK}"
+	(cd "${ROOT}" && go build -o "${GPULINK}" ./cmd/gpulink)
+}
+
+# image builds the gpulink image as an archive and loads it into the nodes
 # with `kind load image-archive`: by default the archive `make image` builds
 # (hack/image.sh), the image the local e2e test runs; with IMAGE_BUILD=docker
 # the Dockerfile's build of the same contents (a static test keeps the two
@@ -124,26 +167,29 @@ install() {
 		"${args[@]}" --wait --timeout "${TIMEOUT}"
 }
 
+# wait_for_slices waits until a node publishes gpulink GPUs, which is when
+# `gpulink inspect` has a node to show (it prints nothing before), and
+# shows them.
 wait_for_slices() {
 	log "waiting for the kubelet plugin to publish its GPUs"
-	local deadline=$((SECONDS + ${TIMEOUT%s}))
-	until [[ -n "$(kc get resourceslices --field-selector spec.driver=gpu.gpulink.dev -o name)" ]]; do
+	local deadline=$((SECONDS + ${TIMEOUT%s})) gpus=""
+	until gpus=$(gl inspect 2>/dev/null) && [[ -n "${gpus}" ]]; do
 		((SECONDS < deadline)) || {
+			gl inspect || true
 			kc -n "${SYSTEM_NS}" logs -l app.kubernetes.io/component=kubelet-plugin --tail=50 || true
-			die "no ResourceSlice of driver gpu.gpulink.dev after ${TIMEOUT}"
+			die "no node publishes gpulink GPUs after ${TIMEOUT}"
 		}
 		sleep 2
 	done
-	kc get resourceslices --field-selector spec.driver=gpu.gpulink.dev \
-		-o custom-columns='SLICE:.metadata.name,NODE:.spec.nodeName,DEVICES:.spec.devices[*].name'
+	printf '%s\n' "${gpus}"
 }
 
-# explain prints why a pod is not running: its gate, events and claims.
+# explain prints why a pod is not running (gpulink explain: its claims,
+# the controller's decision, its events) and the controller's latest log
+# lines, for what no event records (a controller that cannot start).
 explain() {
 	local pod=$1
-	kc -n "${DEMO_NS}" get pod "${pod}" -o jsonpath='{.spec.schedulingGates}{"\n"}' || true
-	kc -n "${DEMO_NS}" describe pod "${pod}" | tail -n 20 || true
-	kc -n "${DEMO_NS}" get resourceclaims -o wide || true
+	gl explain -n "${DEMO_NS}" "${pod}" || true
 	kc -n "${SYSTEM_NS}" logs -l app.kubernetes.io/component=controller --tail=30 || true
 }
 
@@ -184,8 +230,10 @@ up() {
 	[[ "${TIMEOUT}" =~ ^[0-9]+s$ ]] || die "TIMEOUT must be seconds with an s suffix, e.g. 300s"
 	need docker kind "${KUBECTL}"
 	[[ "${IMAGE_BUILD}" != make-image ]] || need go apt-get dpkg-deb
+	((GPULINK_BUILD == 0)) || need go
 	node_image
 	cluster
+	cli
 	image
 	install
 	wait_for_slices
