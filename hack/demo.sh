@@ -49,7 +49,6 @@ CHART_NAMESPACE=gpulink-system
 IMAGE_TAG=demo
 CLUSTER_SH="${REPO_ROOT}/hack/cluster.sh"
 CHART="${REPO_ROOT}/deployments/helm/gpulink"
-GATE=gpu.gpulink.dev/allocation
 TOPOLOGIES="${REPO_ROOT}/demo/topologies"
 WORKLOADS="${REPO_ROOT}/demo/workloads"
 NAMESPACE=gpulink-demo
@@ -153,29 +152,21 @@ cmd_down() {
 	log "demo stopped (logs stay in ${RUN_DIR#"${REPO_ROOT}"/} and ${CLUSTER_DIR#"${REPO_ROOT}"/}/logs)"
 }
 
-# mk_driver_root lays out a stand-in driver install under _output/demo/driver:
-# the files nvcdi looks for (libcuda, libnvidia-ml, nvidia-smi, firmware)
-# and /dev/nvidia* stand-ins (character devices with /dev/null's numbers),
-# so that containers of the real node get driver files and device nodes
-# through CDI as they would on a GPU machine. The chart mounts the driver
-# root with HostToContainer propagation, which needs a shared mount (as on
-# systemd hosts and under the GPU Operator's /run/nvidia/driver).
+# mk_driver_root lays out a stand-in driver install under _output/demo/driver,
+# the one the e2e tests use (demoreport driver-root): the files nvcdi looks
+# for (libcuda, libnvidia-ml, nvidia-smi, firmware) and /dev/nvidia*
+# stand-ins for the real node's GPUs (character devices with /dev/null's
+# numbers), so that containers of the real node get driver files and device
+# nodes through CDI as they would on a GPU machine. The chart mounts the
+# driver root with HostToContainer propagation, which needs a shared mount
+# (as on systemd hosts and under the GPU Operator's /run/nvidia/driver).
 mk_driver_root() {
-	local root="${DEMO_DIR}/driver" n f v=580.95.05
-	mkdir -p "${root}/dev"
-	for f in "usr/lib/x86_64-linux-gnu/libcuda.so.${v}" "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.${v}" \
-		usr/bin/nvidia-smi "lib/firmware/nvidia/${v}/gsp_ga10x.bin"; do
-		mkdir -p "$(dirname "${root}/${f}")"
-		echo "stand-in driver file" >"${root}/${f}"
-		chmod 755 "${root}/${f}"
+	local root="${DEMO_DIR}/driver" entry node file=""
+	for entry in "${GPU_NODES[@]}"; do
+		IFS=: read -r node file _ <<<"${entry}"
+		[[ "${node}" == "${REAL_NODE}" ]] && break
 	done
-	for n in nvidiactl nvidia-uvm nvidia-uvm-tools nvidia{0..7}; do
-		[[ -e "${root}/dev/${n}" ]] && continue
-		if ! mknod -m 666 "${root}/dev/${n}" c 1 3 2>/dev/null; then
-			log "mknod not permitted: containers get the GPU environment but no /dev/nvidia* stand-ins"
-			break
-		fi
-	done
+	"${BIN_DIR}/demoreport" driver-root -dir "${root}" -gpus "$(grep -c '^GPU[0-9]' "${TOPOLOGIES}/${file}")"
 	if ! mountpoint -q "${root}"; then
 		mount --bind "${root}" "${root}"
 		mount --make-rshared "${root}"
@@ -234,10 +225,8 @@ start_plugins() {
 # cluster has no pod network or kube-proxy, so the pods use the host
 # network and reach the API server at its loopback address (the chart's
 # apiServer value); its kubelet root and CDI directory are under
-# _output/cluster. Then it waits until the
-# API server applies the scheduling-gate policy: it picks up new policies
-# asynchronously, so a server-side dry run of a pod with a claim is
-# repeated until it comes back gated.
+# _output/cluster. Then it waits until the API server applies the
+# scheduling-gate policy (demoreport wait-gate).
 install_chart() {
 	local api host port entry node="" file product memory cc
 	api="$(kc config view --minify -o jsonpath='{.clusters[0].cluster.server}')"
@@ -296,16 +285,7 @@ VALUES
 	log "waiting for the chart's kubelet plugin and controller pods"
 	kc -n "${CHART_NAMESPACE}" rollout status "daemonset/${RELEASE}-kubelet-plugin" --timeout="${WAIT_TIMEOUT}" >&2
 	kc -n "${CHART_NAMESPACE}" rollout status "deployment/${RELEASE}-controller" --timeout="${WAIT_TIMEOUT}" >&2
-	local probe='{"apiVersion":"v1","kind":"Pod","metadata":{"name":"gate-probe","namespace":"default"},
-		"spec":{"resourceClaims":[{"name":"gpus","resourceClaimTemplateName":"gate-probe"}],
-		"containers":[{"name":"probe","image":"gpulink.local/test/workload:v1","resources":{"claims":[{"name":"gpus"}]}}]}}'
-	local gates="" deadline=$((SECONDS + 60))
-	until [[ "${gates}" == "${GATE}" ]]; do
-		((SECONDS < deadline)) || die "the scheduling-gate policy did not take effect within 60 s (a dry-run pod got gates '${gates}')"
-		sleep 0.2
-		gates="$(kc create --dry-run=server -o jsonpath='{.spec.schedulingGates[*].name}' -f - <<<"${probe}" 2>/dev/null || true)"
-	done
-	log "the scheduling-gate policy is in effect"
+	report_bin wait-gate
 }
 
 cmd_up() {

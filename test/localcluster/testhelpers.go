@@ -37,24 +37,34 @@ func FreePort(t testing.TB) int {
 // can create them in containers) and reports whether mknod was permitted.
 func MkDeviceNodes(t testing.TB, root string, gpus int) bool {
 	t.Helper()
+	if err := MakeDeviceNodes(root, gpus); err != nil {
+		if errors.Is(err, unix.EPERM) {
+			t.Logf("mknod not permitted (%v): checking the environment only, not /dev entries", err)
+			return false
+		}
+		t.Fatal(err)
+	}
+	return true
+}
+
+// MakeDeviceNodes is MkDeviceNodes for a program (hack/demo.sh's driver
+// root, through test/e2e/cmd/demoreport): an error wrapping unix.EPERM
+// says mknod is not permitted. Nodes that exist already are kept.
+func MakeDeviceNodes(root string, gpus int) error {
 	dev := filepath.Join(root, "dev")
 	if err := os.MkdirAll(dev, 0o755); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	names := []string{"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"}
 	for i := range gpus {
 		names = append(names, fmt.Sprintf("nvidia%d", i))
 	}
 	for _, n := range names {
-		if err := unix.Mknod(filepath.Join(dev, n), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
-			if errors.Is(err, unix.EPERM) {
-				t.Logf("mknod not permitted (%v): checking the environment only, not /dev entries", err)
-				return false
-			}
-			t.Fatal(err)
+		if err := unix.Mknod(filepath.Join(dev, n), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("mknod %s: %w", filepath.Join(dev, n), err)
 		}
 	}
-	return true
+	return nil
 }
 
 // MkMIGCapNodes creates stand-ins for the MIG capability device nodes
@@ -112,6 +122,16 @@ const FakeDriverVersion = "580.95.05"
 // them at.
 func WriteFakeDriver(t testing.TB, root string) []string {
 	t.Helper()
+	files, err := WriteFakeDriverFiles(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
+
+// WriteFakeDriverFiles is WriteFakeDriver for a program (hack/demo.sh's
+// driver root, through test/e2e/cmd/demoreport).
+func WriteFakeDriverFiles(root string) ([]string, error) {
 	lib := "/usr/lib/x86_64-linux-gnu/"
 	files := []string{
 		lib + "libcuda.so." + FakeDriverVersion,
@@ -122,13 +142,13 @@ func WriteFakeDriver(t testing.TB, root string) []string {
 	for _, f := range files {
 		p := filepath.Join(root, f)
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 		if err := os.WriteFile(p, []byte("fake driver file\n"), 0o755); err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 	}
-	return files
+	return files, nil
 }
 
 // RunShared is a TestMain body for a package whose tests share one

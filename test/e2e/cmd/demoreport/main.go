@@ -7,10 +7,16 @@
 //	                                                  Running when bound to the real node)
 //	demoreport report -pods a,b [-real-node NAME]     print a table: pod, node, GPUs, weakest link,
 //	                                                  share limits, and what first fit would have given
+//	demoreport wait-gate                              until the chart's policy gives a pod with a claim
+//	                                                  gpulink's scheduling gate (a server-side dry run)
+//	demoreport driver-root -dir DIR -gpus N           lay out the stand-in driver install of the real
+//	                                                  node under DIR, as the e2e tests do
+//	                                                  (localcluster.WriteFakeDriverFiles, MakeDeviceNodes)
 //
 // Common flags: -kubeconfig, -namespace, -run-dir (a directory of NAME.pid
 // and NAME.log files of the gpulink processes; waiting fails with the log's
-// tail as soon as one of them has exited), -timeout.
+// tail as soon as one of them has exited), -timeout. driver-root takes
+// only its own and needs no cluster.
 package main
 
 import (
@@ -44,13 +50,14 @@ import (
 type options struct {
 	kubeconfig, namespace, runDir, realNode, node, podLogDir string
 	pods                                                     []string
-	devices                                                  int
+	devices, gpus                                            int
+	driverRoot                                               string
 	timeout                                                  time.Duration
 }
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: demoreport wait-slices|wait|report [flags]")
+		fmt.Fprintln(os.Stderr, "usage: demoreport wait-slices|wait|report|wait-gate|driver-root [flags]")
 		os.Exit(2)
 	}
 	cmd := os.Args[1]
@@ -66,9 +73,17 @@ func main() {
 	fs.StringVar(&pods, "pods", "", "comma-separated pod names, in the order they were created")
 	fs.StringVar(&o.podLogDir, "pod-log-dir", "", "the kubelet's pod log directory, read when the API cannot fetch a log")
 	fs.DurationVar(&o.timeout, "timeout", 4*time.Minute, "how long to wait")
+	fs.StringVar(&o.driverRoot, "dir", "", "driver-root: the directory to lay the driver install out in")
+	fs.IntVar(&o.gpus, "gpus", 0, "driver-root: number of GPUs (/dev/nvidiaN stand-ins)")
 	_ = fs.Parse(os.Args[2:])
 	if pods != "" {
 		o.pods = strings.Split(pods, ",")
+	}
+	if cmd == "driver-root" {
+		if err := driverRoot(o); err != nil {
+			fatal(err)
+		}
+		return
 	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", o.kubeconfig)
 	if err != nil {
@@ -87,8 +102,10 @@ func main() {
 		err = waitPods(ctx, client, o)
 	case "report":
 		err = report(ctx, client, o)
+	case "wait-gate":
+		err = waitGate(ctx, client, o)
 	default:
-		err = fmt.Errorf("unknown command %q (want wait-slices, wait or report)", cmd)
+		err = fmt.Errorf("unknown command %q (want wait-slices, wait, report, wait-gate or driver-root)", cmd)
 	}
 	if err != nil {
 		fatal(err)
@@ -128,6 +145,58 @@ func processesAlive(runDir string) error {
 			return fmt.Errorf("%s (pid %d) is not running; last lines of %s:\n%s", filepath.Base(strings.TrimSuffix(f, ".pid")), pid, log, localcluster.TailFile(log, 20))
 		}
 	}
+	return nil
+}
+
+// driverRoot lays out the stand-in driver install the real node's kubelet
+// plugin reads (nvcdi finds the driver's files; containers get the
+// /dev/nvidia* stand-ins through CDI), the layout the e2e tests use.
+func driverRoot(o options) error {
+	if o.driverRoot == "" || o.gpus <= 0 {
+		return fmt.Errorf("driver-root needs -dir and -gpus > 0, got -dir %q -gpus %d", o.driverRoot, o.gpus)
+	}
+	if _, err := localcluster.WriteFakeDriverFiles(o.driverRoot); err != nil {
+		return fmt.Errorf("driver files under %s: %w", o.driverRoot, err)
+	}
+	if err := localcluster.MakeDeviceNodes(o.driverRoot, o.gpus); err != nil {
+		if !errors.Is(err, syscall.EPERM) {
+			return fmt.Errorf("device nodes under %s: %w", o.driverRoot, err)
+		}
+		progress("mknod not permitted (%v): containers get the GPU environment but no /dev/nvidia* stand-ins", err)
+	}
+	return nil
+}
+
+// waitGate waits until the API server applies the chart's scheduling-gate
+// policy, which it picks up asynchronously: a server-side dry run of a pod
+// with a claim is repeated until it comes back with gpulink's gate. The
+// pod is in namespace default, which exists before the demo's own.
+func waitGate(ctx context.Context, client kubernetes.Interface, o options) error {
+	template := "gate-probe"
+	probe := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "gate-probe", Namespace: metav1.NamespaceDefault},
+		Spec: corev1.PodSpec{
+			ResourceClaims: []corev1.PodResourceClaim{{Name: "gpus", ResourceClaimTemplateName: &template}},
+			Containers: []corev1.Container{{Name: "probe", Image: localcluster.WorkloadImage,
+				Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpus"}}}}},
+		},
+	}
+	var gates []string
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, o.timeout, true, func(ctx context.Context) (bool, error) {
+		p, err := client.CoreV1().Pods(probe.Namespace).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if err != nil {
+			return false, nil // the policy's API objects may not be served yet
+		}
+		gates = gates[:0]
+		for _, g := range p.Spec.SchedulingGates {
+			gates = append(gates, g.Name)
+		}
+		return slices.Equal(gates, []string{driver.SchedulingGate}), nil
+	})
+	if err != nil {
+		return fmt.Errorf("the scheduling-gate policy did not take effect within %s (a dry-run pod got gates %q, want %q): %w", o.timeout, gates, driver.SchedulingGate, err)
+	}
+	progress("the scheduling-gate policy is in effect")
 	return nil
 }
 
