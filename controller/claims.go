@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -79,6 +80,9 @@ type alternative struct {
 	ConfigCores  *int64
 	RequiredLink topology.Link
 	Tolerations  []resourceapi.DeviceToleration
+	// ShareGroup is the sharing group of a share (allocate.ShareRequest.Group):
+	// concurrentGroup(namespace) for a concurrent MPS share, "" otherwise.
+	ShareGroup string
 	// shareSig identifies what a share asks for, to memoise per-device
 	// consumption on node inventories.
 	shareSig string
@@ -103,10 +107,19 @@ func shareSignature(a *alternative) string {
 		b.WriteString("cfgcores=" + strconv.FormatInt(*a.ConfigCores, 10) + ";")
 	}
 	if a.Config != nil && a.Config.Sharing != nil && a.Config.Sharing.DefaultCores != nil {
-		b.WriteString("dfltcores=" + strconv.FormatInt(*a.Config.Sharing.DefaultCores, 10))
+		b.WriteString("dfltcores=" + strconv.FormatInt(*a.Config.Sharing.DefaultCores, 10) + ";")
+	}
+	if a.ShareGroup != "" {
+		b.WriteString("group=" + a.ShareGroup)
 	}
 	return b.String()
 }
+
+// concurrentGroup is the sharing group of the concurrent MPS shares of a
+// namespace: they share one MPS server per GPU (sharing.mpsMode
+// Concurrent), so no share of another namespace, and no share of another
+// kind, may join their GPU.
+func concurrentGroup(namespace string) string { return "mps-concurrent/" + namespace }
 
 // matchConstraint is a matchAttribute constraint over some requests.
 type matchConstraint struct {
@@ -291,6 +304,9 @@ func (ip *interpreter) interpret(ctx context.Context, claim *resourceapi.Resourc
 		return fail(fmt.Errorf("requests %s select gpulink devices but requests %s select other drivers' devices; one claim is allocated as a whole, so put them in separate claims",
 			strings.Join(ours, ","), strings.Join(foreign, ",")))
 	}
+	if err := checkMPSModes(out); err != nil {
+		return fail(err)
+	}
 	out.Tolerating = true
 	for _, rs := range out.Requests {
 		for _, alt := range rs.Alternatives {
@@ -428,6 +444,15 @@ func (ip *interpreter) alternative(claim *resourceapi.ResourceClaim, class *reso
 	alt.RequiredLink = cfg.RequiredLink()
 	alt.ConfigMemory = rc.mem
 	alt.ConfigCores = rc.cores
+	if alt.Share && cfg.ConcurrentMPS() {
+		// The clients of a concurrent share reach one MPS server, which
+		// serves one GPU.
+		if alt.Count > 1 {
+			return nil, field.Invalid(s.path.Child("count"), s.count, fmt.Sprintf("DeviceClass %s sets sharing.mpsMode=%s, whose share is served by one GPU's MPS server; ask for one share per request (or use a class with sharing.mpsMode=%s)",
+				class.Name, v1alpha1.MPSConcurrent, v1alpha1.MPSIsolated))
+		}
+		alt.ShareGroup = concurrentGroup(claim.Namespace)
+	}
 	if alt.Share {
 		alt.shareSig = shareSignature(alt)
 	}
@@ -551,6 +576,42 @@ func (ic *interpretedClaim) usesMPS() bool {
 	for _, r := range ic.Requests {
 		for _, alt := range r.Alternatives {
 			if alt.Share && alt.Config != nil && alt.Config.Sharing != nil && alt.Config.Sharing.Strategy == v1alpha1.SharingMPS {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// checkMPSModes refuses a claim whose MPS shares take both MPS modes: the
+// kubelet plugin serves a claim's MPS shares from one kind of server (a
+// daemon of the claim's own, or its namespace's daemon of one GPU).
+func checkMPSModes(ic *interpretedClaim) error {
+	var isolated, concurrent string
+	for _, rs := range ic.Requests {
+		for _, alt := range rs.Alternatives {
+			switch {
+			case !alt.Share || shareStrategy(alt) != v1alpha1.SharingMPS:
+			case alt.ShareGroup != "":
+				concurrent = cmp.Or(concurrent, alt.ResultName+" (DeviceClass "+alt.Class.Name+")")
+			default:
+				isolated = cmp.Or(isolated, alt.ResultName+" (DeviceClass "+alt.Class.Name+")")
+			}
+		}
+	}
+	if isolated != "" && concurrent != "" {
+		return fmt.Errorf("request %s asks for an MPS share with sharing.mpsMode=%s and request %s one with sharing.mpsMode=%s; one claim's MPS shares take one mode, so put them in separate claims",
+			isolated, v1alpha1.MPSIsolated, concurrent, v1alpha1.MPSConcurrent)
+	}
+	return nil
+}
+
+// usesConcurrentMPS tells whether any alternative of the claim is a
+// concurrent MPS share.
+func (ic *interpretedClaim) usesConcurrentMPS() bool {
+	for _, rs := range ic.Requests {
+		for _, alt := range rs.Alternatives {
+			if alt.ShareGroup != "" {
 				return true
 			}
 		}

@@ -38,10 +38,12 @@ const (
 	migClassSelector   = `device.driver == "` + driver.Name + `" && "` + driver.AttrMIGProfile + `" in device.attributes["` + driver.Name + `"]`
 )
 
-// DeviceClasses returns the three DeviceClasses gpulink ships: whole GPUs
-// (driver.DeviceClassWhole), shares (driver.DeviceClassShare) and MIG
-// devices (driver.DeviceClassMIG). The YAML
-// in deployments/deviceclasses/ and the Helm chart carry the same content.
+// DeviceClasses returns the DeviceClasses gpulink ships: whole GPUs
+// (driver.DeviceClassWhole), shares (driver.DeviceClassShare, MPS with a
+// server per claim), MIG devices (driver.DeviceClassMIG) and concurrent
+// shares (driver.DeviceClassShareConcurrent, MPS with one server per
+// namespace and GPU). The YAML in deployments/deviceclasses/ and the Helm
+// chart carry the same content.
 func DeviceClasses() []*resourceapi.DeviceClass {
 	return []*resourceapi.DeviceClass{
 		{
@@ -79,6 +81,23 @@ func DeviceClasses() []*resourceapi.DeviceClass {
 			},
 			Spec: resourceapi.DeviceClassSpec{
 				Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: migClassSelector}}},
+			},
+		},
+		{
+			TypeMeta: metav1.TypeMeta{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "DeviceClass"},
+			ObjectMeta: metav1.ObjectMeta{
+				Name:   driver.DeviceClassShareConcurrent,
+				Labels: map[string]string{SharingLabel: "true"},
+			},
+			Spec: resourceapi.DeviceClassSpec{
+				Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: shareClassSelector}}},
+				Config: []resourceapi.DeviceClassConfiguration{{
+					DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+						Driver: driver.Name,
+						Parameters: runtime.RawExtension{Raw: []byte(fmt.Sprintf(
+							`{"apiVersion":%q,"kind":%q,"sharing":{"mpsMode":"Concurrent","strategy":"MPS"}}`, v1alpha1.APIVersion, v1alpha1.Kind))},
+					}},
+				}},
 			},
 		},
 	}

@@ -2,12 +2,15 @@ package controller
 
 import (
 	"maps"
+	"slices"
 	"strconv"
 	"sync"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
 
+	"github.com/gpulink/gpulink/api/v1alpha1"
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/allocate"
 )
@@ -25,6 +28,8 @@ type deviceUse struct {
 	Exclusive   bool
 	MemoryBytes int64
 	Cores       int64
+	// Group is a share's sharing group (alternative.ShareGroup).
+	Group string
 }
 
 // claimUse is everything one claim holds.
@@ -65,13 +70,45 @@ type ledger struct {
 type devTotals struct {
 	exclusive, shares int
 	memory, cores     int64
+	// groups counts the device's shares per sharing group ("" included).
+	groups map[string]int
 }
 
 func (t *devTotals) gpuUsage() allocate.GPUUsage {
 	if t == nil {
 		return allocate.GPUUsage{}
 	}
-	return allocate.GPUUsage{Exclusive: t.exclusive > 0, Shares: t.shares, MemoryBytes: t.memory, Cores: t.cores}
+	u := allocate.GPUUsage{Exclusive: t.exclusive > 0, Shares: t.shares, MemoryBytes: t.memory, Cores: t.cores}
+	if t.shares > 0 {
+		u.Group = t.group()
+	}
+	return u
+}
+
+// group is the sharing group of the device's shares: MixedShareGroups
+// when they belong to several (only allocations made elsewhere, e.g. by
+// kube-scheduler for a tolerating claim, produce that).
+func (t *devTotals) group() string {
+	if len(t.groups) > 1 {
+		return allocate.MixedShareGroups
+	}
+	for g := range t.groups {
+		return g
+	}
+	return ""
+}
+
+// countGroup adds sign shares of group g.
+func (t *devTotals) countGroup(g string, sign int) {
+	if t.groups == nil {
+		t.groups = map[string]int{}
+	}
+	if t.groups[g] += sign; t.groups[g] == 0 {
+		delete(t.groups, g)
+	}
+	if len(t.groups) == 0 {
+		t.groups = nil
+	}
 }
 
 func newLedger() *ledger {
@@ -84,12 +121,62 @@ func usesOf(claim *resourceapi.ResourceClaim) []deviceUse {
 		return nil
 	}
 	var out []deviceUse
+	var groups map[string]string // by request, for shares
 	for i := range claim.Status.Allocation.Devices.Results {
-		if u, ok := resultUse(&claim.Status.Allocation.Devices.Results[i]); ok {
-			out = append(out, u)
+		r := &claim.Status.Allocation.Devices.Results[i]
+		u, ok := resultUse(r)
+		if !ok {
+			continue
 		}
+		if !u.Exclusive {
+			g, known := groups[r.Request]
+			if !known {
+				g = allocatedShareGroup(claim, r.Request)
+				if groups == nil {
+					groups = map[string]string{}
+				}
+				groups[r.Request] = g
+			}
+			u.Group = g
+		}
+		out = append(out, u)
 	}
 	return out
+}
+
+// allocatedShareGroup is the sharing group of an allocated share of the
+// request, from the configuration its allocation carries (the classes'
+// layers, then the claim's, as the kubelet plugin reads them), so that
+// claims allocated before a restart, or by kube-scheduler, count in their
+// group too. A configuration that does not decode is not a concurrent MPS
+// share: the kubelet plugin refuses to prepare it anyway. A hold record
+// (holds.go) lives in another namespace than the claim it stands for, so
+// its concurrent shares form a group of their own until it goes: no share
+// joins their GPU meanwhile, which errs on the safe side.
+func allocatedShareGroup(claim *resourceapi.ResourceClaim, request string) string {
+	base := resourceclaim.BaseRequestRef(request)
+	var classLayers, claimLayers [][]byte
+	for _, c := range claim.Status.Allocation.Devices.Config {
+		if c.Opaque == nil || c.Opaque.Driver != driver.Name {
+			continue
+		}
+		if len(c.Requests) > 0 && !slices.Contains(c.Requests, request) && !slices.Contains(c.Requests, base) {
+			continue
+		}
+		if c.Source == resourceapi.AllocationConfigSourceClass {
+			classLayers = append(classLayers, c.Opaque.Parameters.Raw)
+		} else {
+			claimLayers = append(claimLayers, c.Opaque.Parameters.Raw)
+		}
+	}
+	if len(classLayers)+len(claimLayers) == 0 {
+		return ""
+	}
+	cfg, err := v1alpha1.Resolve(classLayers, claimLayers)
+	if err != nil || !cfg.ConcurrentMPS() {
+		return ""
+	}
+	return concurrentGroup(claim.Namespace)
 }
 
 // resultUse is what one allocation result takes from a gpulink device;
@@ -126,8 +213,9 @@ func (l *ledger) addLocked(uses []deviceUse, sign int) {
 			t.shares += sign
 			t.memory += int64(sign) * u.MemoryBytes
 			t.cores += int64(sign) * u.Cores
+			t.countGroup(u.Group, sign)
 		}
-		if *t == (devTotals{}) {
+		if t.exclusive == 0 && t.shares == 0 && t.memory == 0 && t.cores == 0 && t.groups == nil {
 			delete(l.usage, u.Key)
 		}
 	}

@@ -6,7 +6,10 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/gpulink/gpulink/api/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 )
 
@@ -100,4 +103,111 @@ func runAsUser(pod *corev1.Pod, c *corev1.Container) *int64 {
 		return pod.Spec.SecurityContext.RunAsUser
 	}
 	return nil
+}
+
+// concurrentDevices are the devices of the claims' concurrent MPS shares
+// (sharing.mpsMode Concurrent) as allocated.
+func concurrentDevices(claims []*interpretedClaim) []deviceKey {
+	var out []deviceKey
+	for _, ic := range claims {
+		for _, u := range usesOf(ic.Claim) {
+			if u.Group != "" && !slices.Contains(out, u.Key) {
+				out = append(out, u.Key)
+			}
+		}
+	}
+	return out
+}
+
+// plannedConcurrentDevices are the devices the plan puts the pending
+// claims' concurrent MPS shares on.
+func plannedConcurrentDevices(plan *nodePlan) []deviceKey {
+	var out []deviceKey
+	for _, claim := range plan.Claims {
+		for _, r := range claim {
+			if r.Share == nil || r.Alt.ShareGroup == "" {
+				continue
+			}
+			for _, pos := range r.Positions {
+				k := deviceKey{Pool: plan.Node.Pool, Device: plan.Node.Devices[pos].Name}
+				if !slices.Contains(out, k) {
+					out = append(out, k)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// mpsGroupUserConflict explains why the pod must not join the concurrent
+// MPS servers of devices (where its concurrent MPS shares are, or would
+// be), or returns "" when it may. The concurrent MPS shares of a
+// namespace on one GPU are clients of one MPS server, and MPS serves one
+// user at a time: a pod running as another user than the live pods
+// already using that GPU's server would wait until they finish. As in
+// mpsUserConflict, only users set in pod specs are known.
+func (c *Controller) mpsGroupUserConflict(pod *corev1.Pod, ours []*interpretedClaim, devices []deviceKey) string {
+	if len(devices) == 0 {
+		return ""
+	}
+	users := map[int64][]string{}
+	addPod := func(p *corev1.Pod, claimName string) {
+		for _, ctr := range containersUsing(p, claimName) {
+			if uid := runAsUser(p, ctr); uid != nil && !slices.Contains(users[*uid], p.Name+"/"+ctr.Name) {
+				users[*uid] = append(users[*uid], p.Name+"/"+ctr.Name)
+			}
+		}
+	}
+	own := map[types.UID]bool{}
+	for _, ic := range ours {
+		own[ic.Claim.UID] = true
+		if ic.usesConcurrentMPS() {
+			addPod(pod, ic.Claim.Name)
+		}
+	}
+	on := map[deviceKey]bool{}
+	for _, d := range devices {
+		on[d] = true
+	}
+	claims, err := c.claims.ResourceClaims(pod.Namespace).List(labels.Everything())
+	if err != nil {
+		return ""
+	}
+	for _, claim := range claims {
+		if own[claim.UID] || claim.Status.Allocation == nil {
+			continue
+		}
+		if !slices.ContainsFunc(usesOf(claim), func(u deviceUse) bool { return u.Group != "" && on[u.Key] }) {
+			continue
+		}
+		for _, ref := range claim.Status.ReservedFor {
+			if ref.APIGroup != "" || ref.Resource != "pods" || ref.UID == pod.UID {
+				continue
+			}
+			other, err := c.pods.Pods(claim.Namespace).Get(ref.Name)
+			if err != nil || other.UID != ref.UID || podDone(other) {
+				continue
+			}
+			addPod(other, claim.Name)
+		}
+	}
+	if len(users) < 2 {
+		return ""
+	}
+	ids := make([]int64, 0, len(users))
+	for id := range users {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	parts := make([]string, len(ids))
+	for i, id := range ids {
+		slices.Sort(users[id])
+		parts[i] = fmt.Sprintf("user %s (%s)", strconv.FormatInt(id, 10), strings.Join(users[id], ", "))
+	}
+	names := make([]string, len(devices))
+	for i, d := range devices {
+		names[i] = d.Pool + "/" + d.Device
+	}
+	return fmt.Sprintf("the pod's MPS shares (sharing.mpsMode=%s) would be clients of the MPS server of namespace %s on %s, whose clients would run as %s; MPS serves one user at a time and makes the others wait, so run the namespace's pods on that GPU as one user (securityContext.runAsUser); the pod stays gated until then",
+		v1alpha1.MPSConcurrent, pod.Namespace, strings.Join(names, ", "), strings.Join(parts, " and "))
 }

@@ -109,7 +109,7 @@ func sanitizeUsage(in []allocate.GPUUsage) []allocate.GPUUsage {
 		if u.Cores > 100 {
 			u.Cores = 100
 		}
-		if u.Shares < 0 || u.MemoryBytes < 0 || u.Cores < 0 || (u.Shares == 0 && (u.MemoryBytes != 0 || u.Cores != 0)) {
+		if u.Shares < 0 || u.MemoryBytes < 0 || u.Cores < 0 || (u.Shares == 0 && (u.MemoryBytes != 0 || u.Cores != 0 || u.Group != "")) {
 			*u = allocate.GPUUsage{Exclusive: true}
 		}
 	}
@@ -389,7 +389,7 @@ func (p *placer) placeAlt(alt *alternative, v variant) ([]placedResult, error) {
 // it), and the memory/cores the allocator accounts.
 func shareConsumption(d *deviceInfo, alt *alternative) (*allocate.ShareRequest, map[resourceapi.QualifiedName]resource.Quantity, error) {
 	consumed := map[resourceapi.QualifiedName]resource.Quantity{}
-	share := &allocate.ShareRequest{}
+	share := &allocate.ShareRequest{Group: alt.ShareGroup}
 	haveMem := false
 	for name, c := range d.CEL.Capacity {
 		fq := qualify(string(name), d.CEL.Driver)

@@ -65,7 +65,7 @@ func priorityScope(pl *nodePlan, claims []*interpretedClaim) (note string, crowd
 		if i >= len(claims) {
 			break
 		}
-		prio, gpus := (*int)(nil), map[int]bool{}
+		prio, gpus, concurrent := (*int)(nil), map[int]bool{}, false
 		var order []int
 		for _, r := range results {
 			if r.Share == nil || r.Alt == nil || r.Alt.Config == nil || r.Alt.Config.Sharing == nil {
@@ -76,6 +76,7 @@ func priorityScope(pl *nodePlan, claims []*interpretedClaim) (note string, crowd
 				continue
 			}
 			prio = s.Priority
+			concurrent = concurrent || r.Alt.ShareGroup != ""
 			for _, pos := range r.Positions {
 				if !gpus[pos] {
 					gpus[pos] = true
@@ -109,6 +110,27 @@ func priorityScope(pl *nodePlan, claims []*interpretedClaim) (note string, crowd
 				unit = "shares"
 			}
 			busy = append(busy, fmt.Sprintf("%s (%d %s)", deviceName(pl, pos), others, unit))
+		}
+		if concurrent {
+			// One server serves the namespace's concurrent shares of
+			// the GPU, and no other share may join it: the priority
+			// orders them all.
+			var where []string
+			for _, pos := range order {
+				others := 0
+				if pos < len(pl.base) {
+					others = pl.base[pos].Shares
+				}
+				for j := range planned {
+					if j != i {
+						others += planned[j][pos]
+					}
+				}
+				where = append(where, fmt.Sprintf("%s (%d other shares there now)", deviceName(pl, pos), others))
+			}
+			notes = append(notes, fmt.Sprintf("claim %s: sharing.priority %d (CUDA_MPS_CLIENT_PRIORITY=%d) orders the clients of namespace %s's MPS server on %s (sharing.mpsMode=%s): this claim's processes and those of the namespace's other concurrent shares of that GPU",
+				claims[i].Claim.Name, *prio, *prio, claims[i].Claim.Namespace, strings.Join(where, ", "), v1alpha1.MPSConcurrent))
+			continue
 		}
 		head := fmt.Sprintf("claim %s: sharing.priority %d (CUDA_MPS_CLIENT_PRIORITY=%d) orders only the clients of the claim's own MPS server, its own processes", claims[i].Claim.Name, *prio, *prio)
 		if len(busy) == 0 {

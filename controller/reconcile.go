@@ -106,7 +106,11 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 
 	gated := gateIndex(pod) >= 0
 	if gated {
-		if msg := c.mpsUserConflict(pod, pc.ours); msg != "" {
+		msg := c.mpsUserConflict(pod, pc.ours)
+		if msg == "" {
+			msg = c.mpsGroupUserConflict(pod, pc.ours, concurrentDevices(pc.ours))
+		}
+		if msg != "" {
 			c.setWaiting(key, true)
 			c.metrics.Decisions.WithLabelValues(OutcomeNotReady).Inc()
 			logger.Info("Pod kept gated: its MPS claim would serve several users", "reason", msg)
@@ -325,6 +329,14 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 		msg := c.waitingMessage(pending, len(all), rej, why)
 		logger.V(2).Info("Waiting for devices", "reason", msg)
 		c.explain.event(pod, pending[0].Claim, corev1.EventTypeWarning, ReasonWaiting, actionWait, msg)
+		return nil
+	}
+	if msg := c.mpsGroupUserConflict(pod, pc.ours, plannedConcurrentDevices(chosen)); msg != "" {
+		c.decideMu.Unlock()
+		c.setWaiting(key, true)
+		c.metrics.Decisions.WithLabelValues(OutcomeNotReady).Inc()
+		logger.Info("Pod kept gated: its MPS shares would join another user's MPS server", "reason", msg)
+		c.explain.event(pod, pending[0].Claim, corev1.EventTypeWarning, ReasonMPSUsersDiffer, actionWait, msg)
 		return nil
 	}
 	now := metav1.Now()

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/gpulink/gpulink/api/v1alpha1"
 )
@@ -14,7 +15,9 @@ import (
 //     GPU, because the claim's one MPS server applies one active thread
 //     percentage to all its GPUs (HAMi's DRA demo double-gpu-0 asks 30 %
 //     and 60 %: both on one GPU is 90 % there and fine, on two GPUs it is
-//     not).
+//     not);
+//   - a claim's concurrent MPS shares (sharing.mpsMode Concurrent) come out
+//     on one GPU: their clients reach one MPS server, which serves one GPU.
 //
 // MPS shares beside whole GPUs or other shares are fine: the plugin gives
 // each request its own view.
@@ -43,6 +46,20 @@ func (p *placer) checkShape(placed []placedResult) error {
 			}
 			g.cores += r.Share.Cores
 		}
+	}
+	var concurrent []int
+	for _, r := range placed {
+		if r.Share != nil && r.Alt.ShareGroup != "" {
+			for _, pos := range r.Positions {
+				if !slices.Contains(concurrent, pos) {
+					concurrent = append(concurrent, pos)
+				}
+			}
+		}
+	}
+	if len(concurrent) > 1 {
+		return fmt.Errorf("the claim's MPS shares (sharing.mpsMode=%s) would go to devices %s and %s on node %s; their clients reach one MPS server, which serves one GPU, so they must fit one GPU together",
+			v1alpha1.MPSConcurrent, p.node.Devices[concurrent[0]].Name, p.node.Devices[concurrent[1]].Name, p.node.Node)
 	}
 	first := -1
 	for _, pos := range order {

@@ -52,6 +52,7 @@ func buildAllocation(ic *interpretedClaim, n *nodeInventory, placed []placedResu
 				}
 				use.MemoryBytes = r.Share.MemoryBytes
 				use.Cores = r.Share.Cores
+				use.Group = r.Share.Group
 			}
 			alloc.Devices.Results = append(alloc.Devices.Results, res)
 			uses = append(uses, use)

@@ -21,6 +21,10 @@ const (
 	DeviceClassShare = "gpu-share.gpulink.dev"
 	// DeviceClassMIG selects MIG devices (instances of a GPU in MIG mode).
 	DeviceClassMIG = "mig.gpulink.dev"
+	// DeviceClassShareConcurrent selects a share of one GPU whose clients
+	// run side by side with the other concurrent shares of its namespace
+	// on that GPU, under one MPS server (sharing.mpsMode Concurrent).
+	DeviceClassShareConcurrent = "gpu-share-concurrent.gpulink.dev"
 	// ManagedTaintKey is the device taint (effect NoSchedule) the kubelet
 	// plugin puts on every device when the controller allocates them, so
 	// kube-scheduler never allocates a gpulink device itself.

@@ -20,6 +20,9 @@ func (n *NodeState) Commit(req Request, r Result) error {
 		}
 		n.ensureUsage()
 		u := &n.Usage[p]
+		if u.Shares == 0 {
+			u.Group = req.Share.Group
+		}
 		u.Shares++
 		u.MemoryBytes += req.Share.MemoryBytes
 		u.Cores += req.Share.Cores
@@ -57,6 +60,9 @@ func (n *NodeState) Release(req Request, r Result) error {
 		pu.Shares--
 		pu.MemoryBytes -= req.Share.MemoryBytes
 		pu.Cores -= req.Share.Cores
+		if pu.Shares == 0 {
+			pu.Group = ""
+		}
 		return nil
 	}
 	for _, p := range r.GPUs {

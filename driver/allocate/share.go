@@ -17,6 +17,7 @@ const (
 	exclusive
 	memoryUnknown
 	shareLimit
+	otherGroup
 	shortOfMemory
 	shortOfCores
 	numMisfits
@@ -27,6 +28,7 @@ var misfitWords = [numMisfits]string{
 	exclusive:     "given out whole",
 	memoryUnknown: "memory size unknown",
 	shareLimit:    "at the share limit",
+	otherGroup:    "holding shares of another sharing group",
 	shortOfMemory: "short of memory",
 	shortOfCores:  "short of cores",
 }
@@ -67,6 +69,8 @@ func (n *NodeState) shareFit(p int, s *ShareRequest) misfit {
 		return memoryUnknown
 	case u.Shares >= n.maxShares():
 		return shareLimit
+	case u.Shares > 0 && u.Group != s.Group:
+		return otherGroup
 	case u.MemoryBytes > n.memoryLimit(p)-s.MemoryBytes:
 		return shortOfMemory
 	case u.Cores+s.Cores > maxShareCores:

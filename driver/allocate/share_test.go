@@ -186,3 +186,83 @@ func TestFormatBytes(t *testing.T) {
 		}
 	}
 }
+
+// Shares of different sharing groups never meet on a GPU: a grouped share
+// goes to a GPU of its own group or a fresh one, an ungrouped share never
+// joins a grouped GPU, a GPU of mixed groups takes nothing, and the group
+// follows Commit and Release.
+func TestShareGroups(t *testing.T) {
+	grouped := func(u GPUUsage, g string) GPUUsage { u.Group = g; return u }
+	in := func(r Request, g string) Request {
+		s := *r.Share
+		s.Group = g
+		r.Share = &s
+		return r
+	}
+	for _, tc := range []struct {
+		name    string
+		usage   map[int]GPUUsage
+		req     Request
+		want    int // -1: a fresh GPU, whichever
+		wantErr string
+	}{
+		{
+			name:  "a grouped share packs onto its group's GPU",
+			usage: map[int]GPUUsage{2: shared(1, 4, 20), 5: grouped(shared(2, 10, 50), "mps:a")},
+			req:   in(share(4, 20), "mps:a"), want: 5,
+		},
+		{
+			name:  "a grouped share skips another group's GPU and ungrouped shares for a fresh GPU",
+			usage: map[int]GPUUsage{2: shared(1, 4, 20), 5: grouped(shared(2, 10, 50), "mps:a")},
+			req:   in(share(4, 20), "mps:b"), want: -1,
+		},
+		{
+			name:  "an ungrouped share skips a grouped GPU",
+			usage: map[int]GPUUsage{5: grouped(shared(2, 10, 50), "mps:a")},
+			req:   share(4, 20), want: -1,
+		},
+		{
+			name: "no GPU fits when every GPU holds another group's shares",
+			usage: map[int]GPUUsage{0: shared(1, 1, 10), 1: shared(1, 1, 10), 2: shared(1, 1, 10), 3: shared(1, 1, 10),
+				4: grouped(shared(1, 1, 10), "mps:a"), 5: grouped(shared(1, 1, 10), "mps:a"), 6: grouped(shared(1, 1, 10), MixedShareGroups), 7: shared(1, 1, 10)},
+			req: in(share(1, 10), "mps:b"), wantErr: "8 holding shares of another sharing group",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			node := nodeWith("node-a", v100(t))
+			for p, u := range tc.usage {
+				node.Usage[p] = u
+			}
+			got, err := Allocate(node, tc.req, Policy{})
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error = %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Allocate() error = %v", err)
+			}
+			p := got.GPUs[0]
+			if tc.want >= 0 && p != tc.want || tc.want < 0 && node.Usage[p].Shares != 0 {
+				t.Fatalf("Allocate() = GPU %d (usage %+v), want %d (-1: a fresh GPU)", p, node.Usage[p], tc.want)
+			}
+			before := node.Usage[p]
+			if err := node.Commit(tc.req, got); err != nil {
+				t.Fatal(err)
+			}
+			if g := node.Usage[p].Group; g != tc.req.Share.Group {
+				t.Errorf("group after Commit = %q, want %q", g, tc.req.Share.Group)
+			}
+			if err := node.Release(tc.req, got); err != nil {
+				t.Fatal(err)
+			}
+			if node.Usage[p] != before {
+				t.Errorf("usage after Release = %+v, want %+v", node.Usage[p], before)
+			}
+		})
+	}
+	if err := (GPUUsage{Group: "mps:a"}).validate(); err == nil || !strings.Contains(err.Error(), `no shares but sharing group "mps:a"`) {
+		t.Errorf("validate of a group without shares: %v", err)
+	}
+}

@@ -40,7 +40,16 @@ type GPUUsage struct {
 	// (cores: 100 = the whole GPU).
 	MemoryBytes int64
 	Cores       int64
+	// Group is the sharing group of the GPU's shares while it holds any
+	// (ShareRequest.Group); MixedShareGroups when they belong to several,
+	// which no share may join.
+	Group string
 }
+
+// MixedShareGroups is GPUUsage.Group for a GPU whose shares belong to
+// several sharing groups: only allocations made elsewhere produce it, and
+// no further share may join it.
+const MixedShareGroups = "\x00mixed"
 
 // NodeState is one node as the allocator sees it.
 type NodeState struct {
@@ -71,6 +80,12 @@ type ShareRequest struct {
 	MemoryBytes int64
 	// Cores is the percentage of the GPU's compute (1..100).
 	Cores int64
+	// Group is the share's sharing group: shares of different groups
+	// never share a GPU. The empty group is every share that names none;
+	// concurrent MPS shares are grouped by the one MPS server of their
+	// namespace (clients of one server run side by side, and limits a
+	// client sets for itself must not reach shares of other users).
+	Group string
 }
 
 // Request is one allocation request: N whole GPUs, or one share.

@@ -114,6 +114,8 @@ func (u GPUUsage) validate() error {
 		return fmt.Errorf("exclusive GPU also holds %d shares (%d bytes, %d cores)", u.Shares, u.MemoryBytes, u.Cores)
 	case u.Shares == 0 && (u.MemoryBytes != 0 || u.Cores != 0):
 		return fmt.Errorf("no shares but %d bytes and %d cores consumed", u.MemoryBytes, u.Cores)
+	case u.Shares == 0 && u.Group != "":
+		return fmt.Errorf("no shares but sharing group %q", u.Group)
 	}
 	return nil
 }
