@@ -11,7 +11,7 @@ import (
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	draplugin "k8s.io/dynamic-resource-allocation/kubeletplugin"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/gpulink/gpulink/driver"
@@ -37,7 +37,7 @@ func injected(t *testing.T, e *env, d *Driver, c *resourceapi.ResourceClaim) *oc
 // the CDI devices of devs into an empty OCI spec, in the order and with
 // the repetitions the kubelet passes them on to the runtime (it
 // concatenates the IDs of a claim's devices).
-func injectDevices(t *testing.T, e *env, devs []kubeletplugin.Device) *oci.Spec {
+func injectDevices(t *testing.T, e *env, devs []draplugin.Device) *oci.Spec {
 	t.Helper()
 	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(e.cdiDir), cdiapi.WithAutoRefresh(false))
 	if err != nil {
@@ -279,8 +279,8 @@ func TestCDIListAndRemove(t *testing.T) {
 
 // devicesOfRequest is what the kubelet passes on for a container that
 // names one request of the claim.
-func devicesOfRequest(devs []kubeletplugin.Device, request string) []kubeletplugin.Device {
-	var out []kubeletplugin.Device
+func devicesOfRequest(devs []draplugin.Device, request string) []draplugin.Device {
+	var out []draplugin.Device
 	for _, d := range devs {
 		if slices.Contains(d.Requests, request) {
 			out = append(out, d)

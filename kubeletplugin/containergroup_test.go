@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	draplugin "k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/gpulink/gpulink/driver"
 )
@@ -88,7 +88,7 @@ func TestContainerGroupEachClaimAlone(t *testing.T) {
 	a := newClaim("a", []resourceapi.DeviceRequestAllocationResult{wholeGPU("gpu", 0), wholeGPU("gpu", 2)})
 	b := newClaim("b", []resourceapi.DeviceRequestAllocationResult{wholeGPU("gpu", 1)})
 	res := prepare(t, d, a, b)
-	for c, devs := range map[*resourceapi.ResourceClaim][]kubeletplugin.Device{a: res[a.UID].Devices, b: res[b.UID].Devices} {
+	for c, devs := range map[*resourceapi.ResourceClaim][]draplugin.Device{a: res[a.UID].Devices, b: res[b.UID].Devices} {
 		env := envMap(injectDevices(t, e, devs))
 		n := 0
 		for k := range env {

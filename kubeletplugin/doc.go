@@ -51,9 +51,13 @@
 //     and the values, and leaves nothing behind.
 //   - A container gets the device nodes of its claim's GPUs only (device
 //     nodes are never in the base spec).
-//   - Each MPS claim has its own control daemon, started with the claim's
-//     limits before any of its containers exists; its pipe and shm
-//     directories are mounted into that claim's containers only.
+//   - Each MPS claim of mode Isolated has its own control daemon, started
+//     with the claim's limits before any of its containers exists; its
+//     pipe and shm directories are mounted into that claim's containers
+//     only. The Concurrent shares of one namespace on one GPU share one
+//     daemon (limits in each client's environment), counted per claim in
+//     the checkpoint and stopped with the group's last claim
+//     (docs/mps.md, "Isolated and Concurrent MPS").
 //   - The checkpoint (checkpoint.json: checksummed, written atomically,
 //     dropped on a new boot) records a claim as PrepareStarted before any
 //     side effect and PrepareCompleted after its CDI spec; at start,

@@ -15,7 +15,7 @@ import (
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	draplugin "k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
@@ -97,7 +97,7 @@ type Dependencies struct {
 	Events events.EventRecorder
 }
 
-// Publisher publishes ResourceSlices; *kubeletplugin.Helper is one.
+// Publisher publishes ResourceSlices; *draplugin.Helper is one.
 type Publisher interface {
 	PublishResources(ctx context.Context, resources resourceslice.DriverResources) error
 }
@@ -137,7 +137,7 @@ type Driver struct {
 	rolling rollingState
 }
 
-var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
+var _ draplugin.DRAPlugin = (*Driver)(nil)
 
 // New discovers the GPUs, builds the ResourceSlices (failing on any API
 // limit violation) and recovers the prepared claims from the checkpoint.
@@ -243,22 +243,22 @@ func (d *Driver) Resources() resourceslice.DriverResources {
 // ResourceSlices, rediscovers periodically until ctx ends or a fatal
 // background error occurs, and then stops the helper. extra options are
 // appended to the helper's (tests use them).
-func (d *Driver) Run(ctx context.Context, kubeClient kubernetes.Interface, extra ...kubeletplugin.Option) error {
+func (d *Driver) Run(ctx context.Context, kubeClient kubernetes.Interface, extra ...draplugin.Option) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	d.fatalMu.Lock()
 	d.fatal = cancel
 	d.fatalMu.Unlock()
 
-	opts := []kubeletplugin.Option{
-		kubeletplugin.DriverName(driver.Name),
-		kubeletplugin.KubeClient(kubeClient),
-		kubeletplugin.NodeName(d.opts.NodeName),
-		kubeletplugin.PluginDataDirectoryPath(d.opts.PluginDataDir),
-		kubeletplugin.Serialize(true),
+	opts := []draplugin.Option{
+		draplugin.DriverName(driver.Name),
+		draplugin.KubeClient(kubeClient),
+		draplugin.NodeName(d.opts.NodeName),
+		draplugin.PluginDataDirectoryPath(d.opts.PluginDataDir),
+		draplugin.Serialize(true),
 	}
 	if d.opts.RollingUpdateUID != "" {
-		opts = append(opts, kubeletplugin.RollingUpdate(d.opts.RollingUpdateUID))
+		opts = append(opts, draplugin.RollingUpdate(d.opts.RollingUpdateUID))
 	}
 	if d.opts.RegistrarDir != "" {
 		// kubelet creates its registry on start; creating it here too lets
@@ -267,9 +267,9 @@ func (d *Driver) Run(ctx context.Context, kubeClient kubernetes.Interface, extra
 		if err := os.MkdirAll(d.opts.RegistrarDir, 0o750); err != nil {
 			return fmt.Errorf("creating kubelet plugin registry %s: %w", d.opts.RegistrarDir, err)
 		}
-		opts = append(opts, kubeletplugin.RegistrarDirectoryPath(d.opts.RegistrarDir))
+		opts = append(opts, draplugin.RegistrarDirectoryPath(d.opts.RegistrarDir))
 	}
-	helper, err := kubeletplugin.Start(ctx, d, append(opts, extra...)...)
+	helper, err := draplugin.Start(ctx, d, append(opts, extra...)...)
 	if err != nil {
 		return fmt.Errorf("starting kubelet plugin helper: %w", err)
 	}
@@ -364,7 +364,7 @@ func (d *Driver) Rediscover(ctx context.Context) (bool, error) {
 	return true, nil
 }
 
-// HandleError implements kubeletplugin.DRAPlugin. Errors the helper marks
+// HandleError implements draplugin.DRAPlugin. Errors the helper marks
 // recoverable are logged and counted, except dropped fields: when the API
 // server drops the devices' taints or allowMultipleAllocations (feature
 // gates off), kube-scheduler could hand out devices the controller
@@ -377,7 +377,7 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 	switch {
 	case errors.As(err, &dropped):
 		d.stop(fmt.Errorf("%s: the API server dropped fields of the ResourceSlices (disabled features: %v); refusing to run with slices that kube-scheduler would misread: %w", msg, dropped.DisabledFeatures(), err))
-	case !errors.Is(err, kubeletplugin.ErrRecoverable):
+	case !errors.Is(err, draplugin.ErrRecoverable):
 		d.stop(fmt.Errorf("%s: %w", msg, err))
 	}
 }

@@ -11,7 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	draplugin "k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -152,7 +152,7 @@ func TestHandleError(t *testing.T) {
 	if got := testutil.ToFloat64(d.metrics.BackgroundErrors); got != 2 {
 		t.Errorf("background errors %v, want 2", got)
 	}
-	if err := d.WatchHealthStatus(ctx, nil); !errors.Is(err, kubeletplugin.ErrHealthNotSupported) {
+	if err := d.WatchHealthStatus(ctx, nil); !errors.Is(err, draplugin.ErrHealthNotSupported) {
 		t.Errorf("WatchHealthStatus = %v", err)
 	}
 }
@@ -160,7 +160,7 @@ func TestHandleError(t *testing.T) {
 // recoverable marks an error recoverable the way the helper does.
 type recoverable struct{ error }
 
-func (r recoverable) Is(target error) bool { return target == kubeletplugin.ErrRecoverable }
+func (r recoverable) Is(target error) bool { return target == draplugin.ErrRecoverable }
 func (r recoverable) Unwrap() error        { return r.error }
 
 func BenchmarkPrepare(b *testing.B) {
@@ -185,7 +185,7 @@ func BenchmarkPrepare(b *testing.B) {
 			b.Fatal(err, res[c.UID].Err)
 		}
 		b.StopTimer()
-		if errs, err := d.UnprepareResourceClaims(ctx, []kubeletplugin.NamespacedObject{{UID: c.UID}}); err != nil || errs[c.UID] != nil {
+		if errs, err := d.UnprepareResourceClaims(ctx, []draplugin.NamespacedObject{{UID: c.UID}}); err != nil || errs[c.UID] != nil {
 			b.Fatal(err, errs[c.UID])
 		}
 		b.StartTimer()

@@ -17,7 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	draplugin "k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 
@@ -392,7 +392,7 @@ func (d *Driver) applyHealthTaints(res *resourceslice.DriverResources) {
 }
 
 // healthReport is the kubelet's view of every GPU now.
-func (d *Driver) healthReport() (kubeletplugin.DeviceHealthReport, <-chan struct{}) {
+func (d *Driver) healthReport() (draplugin.DeviceHealthReport, <-chan struct{}) {
 	d.mu.Lock()
 	gpus := slices.Clone(d.topo.GPUs)
 	d.mu.Unlock()
@@ -404,13 +404,13 @@ func (d *Driver) healthReport() (kubeletplugin.DeviceHealthReport, <-chan struct
 	if len(m.failing) > 0 {
 		unknown = "health sources failing: " + slices.Sorted(maps.Keys(m.failing))[0]
 	}
-	r := kubeletplugin.DeviceHealthReport{Devices: make([]kubeletplugin.DeviceHealth, 0, len(gpus))}
+	r := draplugin.DeviceHealthReport{Devices: make([]draplugin.DeviceHealth, 0, len(gpus))}
 	for _, g := range gpus {
 		name := driver.DeviceName(g.Index)
-		h := kubeletplugin.DeviceHealth{
+		h := draplugin.DeviceHealth{
 			PoolName:           d.opts.NodeName,
 			DeviceName:         name,
-			Health:             kubeletplugin.HealthStatusHealthy,
+			Health:             draplugin.HealthStatusHealthy,
 			LastUpdated:        now,
 			HealthCheckTimeout: 3 * m.opts.ResendInterval,
 		}
@@ -418,22 +418,22 @@ func (d *Driver) healthReport() (kubeletplugin.DeviceHealthReport, <-chan struct
 		switch {
 		case !st.Healthy():
 			reason, _ := st.Reason()
-			h.Health, h.Message = kubeletplugin.HealthStatusUnhealthy, reason
+			h.Health, h.Message = draplugin.HealthStatusUnhealthy, reason
 		case unknown != "":
-			h.Health, h.Message = kubeletplugin.HealthStatusUnknown, unknown
+			h.Health, h.Message = draplugin.HealthStatusUnknown, unknown
 		}
 		r.Devices = append(r.Devices, h)
 	}
 	return r, m.changed
 }
 
-// WatchHealthStatus implements kubeletplugin.DRAPlugin: a report of every
+// WatchHealthStatus implements draplugin.DRAPlugin: a report of every
 // GPU now, again whenever a GPU's health changes, and every
 // ResendInterval so the kubelet's lease does not expire. Without health
 // options the helper tells the kubelet it is not supported.
-func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
+func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- draplugin.DeviceHealthReport) error {
 	if d.health == nil {
-		return kubeletplugin.ErrHealthNotSupported
+		return draplugin.ErrHealthNotSupported
 	}
 	for {
 		report, changed := d.healthReport()

@@ -14,7 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	draplugin "k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 
 	"github.com/gpulink/gpulink/driver"
@@ -230,11 +230,11 @@ func TestHealthOptionsValidated(t *testing.T) {
 	}
 }
 
-func receiveReport(t *testing.T, ch <-chan kubeletplugin.DeviceHealthReport) map[string]kubeletplugin.DeviceHealth {
+func receiveReport(t *testing.T, ch <-chan draplugin.DeviceHealthReport) map[string]draplugin.DeviceHealth {
 	t.Helper()
 	select {
 	case r := <-ch:
-		out := map[string]kubeletplugin.DeviceHealth{}
+		out := map[string]draplugin.DeviceHealth{}
 		for _, d := range r.Devices {
 			if d.PoolName != testNode {
 				t.Errorf("device %s in pool %q, want %q", d.DeviceName, d.PoolName, testNode)
@@ -252,7 +252,7 @@ func TestWatchHealthStatus(t *testing.T) {
 	h := newHealthEnv(t, HealthOptions{Policy: health.DefaultPolicy(), ResendInterval: time.Hour})
 	d := h.start(t)
 	ctx, cancel := context.WithCancel(h.ctx)
-	ch := make(chan kubeletplugin.DeviceHealthReport)
+	ch := make(chan draplugin.DeviceHealthReport)
 	done := make(chan error, 1)
 	go func() { done <- d.WatchHealthStatus(ctx, ch) }()
 
@@ -261,16 +261,16 @@ func TestWatchHealthStatus(t *testing.T) {
 		t.Fatalf("first report covers %d GPUs, want 4", len(r))
 	}
 	for name, dh := range r {
-		if dh.Health != kubeletplugin.HealthStatusHealthy || dh.HealthCheckTimeout != 3*time.Hour {
+		if dh.Health != draplugin.HealthStatusHealthy || dh.HealthCheckTimeout != 3*time.Hour {
 			t.Errorf("%s: %+v, want healthy with a 3h timeout", name, dh)
 		}
 	}
 	d.HandleHealthEvent(h.ctx, health.Event{Device: "gpu-2", Kind: health.KindGPULost})
 	r = receiveReport(t, ch)
-	if dh := r["gpu-2"]; dh.Health != kubeletplugin.HealthStatusUnhealthy || dh.Message != "gpu-lost" {
+	if dh := r["gpu-2"]; dh.Health != draplugin.HealthStatusUnhealthy || dh.Message != "gpu-lost" {
 		t.Errorf("gpu-2 after GPU lost: %+v", dh)
 	}
-	if dh := r["gpu-0"]; dh.Health != kubeletplugin.HealthStatusHealthy {
+	if dh := r["gpu-0"]; dh.Health != draplugin.HealthStatusHealthy {
 		t.Errorf("gpu-0: %+v", dh)
 	}
 	if err := d.HealthError(); err != nil {
@@ -282,10 +282,10 @@ func TestWatchHealthStatus(t *testing.T) {
 	sink := healthSink{d: d, ctx: h.ctx, source: "nvml"}
 	sink.SourceFailing(errors.New("NVML: driver not loaded"))
 	r = receiveReport(t, ch)
-	if dh := r["gpu-0"]; dh.Health != kubeletplugin.HealthStatusUnknown {
+	if dh := r["gpu-0"]; dh.Health != draplugin.HealthStatusUnknown {
 		t.Errorf("gpu-0 with NVML failing: %+v, want unknown", dh)
 	}
-	if dh := r["gpu-2"]; dh.Health != kubeletplugin.HealthStatusUnhealthy {
+	if dh := r["gpu-2"]; dh.Health != draplugin.HealthStatusUnhealthy {
 		t.Errorf("gpu-2 with NVML failing: %+v, want still unhealthy", dh)
 	}
 	if err := d.HealthError(); err == nil || !strings.Contains(err.Error(), "driver not loaded") {
@@ -293,7 +293,7 @@ func TestWatchHealthStatus(t *testing.T) {
 	}
 	sink.SourceFailing(nil)
 	r = receiveReport(t, ch)
-	if dh := r["gpu-0"]; dh.Health != kubeletplugin.HealthStatusHealthy {
+	if dh := r["gpu-0"]; dh.Health != draplugin.HealthStatusHealthy {
 		t.Errorf("gpu-0 after NVML works again: %+v", dh)
 	}
 	if err := d.HealthError(); err != nil {
@@ -310,7 +310,7 @@ func TestWatchHealthStatusResends(t *testing.T) {
 	d := h.start(t)
 	ctx, cancel := context.WithCancel(h.ctx)
 	defer cancel()
-	ch := make(chan kubeletplugin.DeviceHealthReport)
+	ch := make(chan draplugin.DeviceHealthReport)
 	go func() { _ = d.WatchHealthStatus(ctx, ch) }()
 	// Nothing changes, reports keep coming.
 	for range 3 {
@@ -323,7 +323,7 @@ func TestWatchHealthStatusResends(t *testing.T) {
 func TestWatchHealthStatusOff(t *testing.T) {
 	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
 	d := e.start()
-	if err := d.WatchHealthStatus(e.ctx, make(chan kubeletplugin.DeviceHealthReport)); !errors.Is(err, kubeletplugin.ErrHealthNotSupported) {
+	if err := d.WatchHealthStatus(e.ctx, make(chan draplugin.DeviceHealthReport)); !errors.Is(err, draplugin.ErrHealthNotSupported) {
 		t.Fatalf("WatchHealthStatus without health options = %v, want ErrHealthNotSupported", err)
 	}
 	if err := d.HealthError(); err != nil {

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	draplugin "k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	apiv1alpha1 "github.com/gpulink/gpulink/api/v1alpha1"
 	"github.com/gpulink/gpulink/driver"
@@ -62,7 +62,7 @@ func TestPrepareConcurrentMPSOneDaemonPerGroup(t *testing.T) {
 	shm := filepath.Join(e.mpsRoot, id, "shm")
 	for _, tc := range []struct {
 		name string
-		devs []kubeletplugin.Device
+		devs []draplugin.Device
 		want map[string]string
 		none []string
 	}{

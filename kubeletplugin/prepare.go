@@ -9,7 +9,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	draplugin "k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
 	apiv1alpha1 "github.com/gpulink/gpulink/api/v1alpha1"
@@ -25,12 +25,12 @@ func claimError(ns, name string, uid types.UID, err error) error {
 	return fmt.Errorf("claim %s/%s (UID %s): %w", ns, name, uid, err)
 }
 
-// PrepareResourceClaims implements kubeletplugin.DRAPlugin. Each claim is
+// PrepareResourceClaims implements draplugin.DRAPlugin. Each claim is
 // prepared at most once: a claim already in the checkpoint is answered from
 // it. Side effects happen only after the claim is recorded as
 // PrepareStarted, and a failure rolls them back, so a bad claim leaves
 // neither a CDI spec nor a checkpoint entry behind.
-func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]draplugin.PrepareResult, error) {
 	logger := klog.FromContext(ctx)
 	// The checkpoint as every instance of the plugin left it (rolling.go).
 	unlock, err := d.lockState(ctx)
@@ -40,9 +40,9 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	defer unlock()
 
 	start := d.clock.Now()
-	results := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	results := make(map[types.UID]draplugin.PrepareResult, len(claims))
 	fail := func(uid types.UID, err error) {
-		results[uid] = kubeletplugin.PrepareResult{Err: err}
+		results[uid] = draplugin.PrepareResult{Err: err}
 		d.metrics.ClaimErrors.WithLabelValues(opPrepare).Inc()
 		logger.Error(err, "Preparing claim failed")
 	}
@@ -55,7 +55,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 				if pc.notePods(claim) {
 					d.dirty = true
 				}
-				results[claim.UID] = kubeletplugin.PrepareResult{Devices: pc.kubeletDevices(d.baseID)}
+				results[claim.UID] = draplugin.PrepareResult{Devices: pc.kubeletDevices(d.baseID)}
 				continue
 			}
 			// PrepareStarted: planned earlier in this call (the claim is
@@ -127,16 +127,16 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		return results, nil
 	}
 	for _, pc := range done {
-		results[pc.UID] = kubeletplugin.PrepareResult{Devices: pc.kubeletDevices(d.baseID)}
+		results[pc.UID] = draplugin.PrepareResult{Devices: pc.kubeletDevices(d.baseID)}
 		logger.V(2).Info("Prepared claim", "claim", klog.KRef(pc.Namespace, pc.Name), "uid", pc.UID, "devices", len(pc.Devices), "cdiDevice", pc.CDIDeviceID)
 	}
 	d.observe(opPrepare, start, len(claims))
 	return results, nil
 }
 
-// UnprepareResourceClaims implements kubeletplugin.DRAPlugin. Claims that
+// UnprepareResourceClaims implements draplugin.DRAPlugin. Claims that
 // are not prepared succeed (after removing a stray CDI spec, if any).
-func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []draplugin.NamespacedObject) (map[types.UID]error, error) {
 	logger := klog.FromContext(ctx)
 	unlock, err := d.lockState(ctx)
 	if err != nil {
@@ -146,7 +146,7 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 
 	start := d.clock.Now()
 	results := make(map[types.UID]error, len(claims))
-	var removed []kubeletplugin.NamespacedObject
+	var removed []draplugin.NamespacedObject
 	for _, c := range claims {
 		pc := d.cp.Claims[c.UID]
 		if pc == nil {
@@ -213,8 +213,8 @@ func (d *Driver) observe(op string, start time.Time, n int) {
 // CDI device ID, so each GPU reports its own health; the shares of one GPU
 // name the same device, which the kubelet lists once. Claims recorded by
 // a version without per-GPU devices get their old IDs (base, claim).
-func (pc *PreparedClaim) kubeletDevices(baseID string) []kubeletplugin.Device {
-	out := make([]kubeletplugin.Device, 0, len(pc.Devices))
+func (pc *PreparedClaim) kubeletDevices(baseID string) []draplugin.Device {
+	out := make([]draplugin.Device, 0, len(pc.Devices))
 	perGPU := pc.perGPUCDI()
 	views := perGPU && pc.needsRequestViews()
 	for _, dev := range pc.Devices {
@@ -229,7 +229,7 @@ func (pc *PreparedClaim) kubeletDevices(baseID string) []kubeletplugin.Device {
 		if views {
 			ids = append(ids, CDIDeviceIDForRequest(pc.UID, viewRequest(dev.Request)))
 		}
-		out = append(out, kubeletplugin.Device{
+		out = append(out, draplugin.Device{
 			Requests:     []string{dev.Request},
 			PoolName:     dev.Pool,
 			DeviceName:   dev.Device,

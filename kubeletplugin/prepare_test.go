@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	draplugin "k8s.io/dynamic-resource-allocation/kubeletplugin"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
@@ -21,7 +21,7 @@ import (
 	"github.com/gpulink/gpulink/kubeletplugin/mps"
 )
 
-func prepare(t *testing.T, d *Driver, claims ...*resourceapi.ResourceClaim) map[types.UID]kubeletplugin.PrepareResult {
+func prepare(t *testing.T, d *Driver, claims ...*resourceapi.ResourceClaim) map[types.UID]draplugin.PrepareResult {
 	t.Helper()
 	res, err := d.PrepareResourceClaims(t.Context(), claims)
 	if err != nil {
@@ -35,9 +35,9 @@ func prepare(t *testing.T, d *Driver, claims ...*resourceapi.ResourceClaim) map[
 
 func unprepare(t *testing.T, d *Driver, claims ...*resourceapi.ResourceClaim) map[types.UID]error {
 	t.Helper()
-	objs := make([]kubeletplugin.NamespacedObject, 0, len(claims))
+	objs := make([]draplugin.NamespacedObject, 0, len(claims))
 	for _, c := range claims {
-		objs = append(objs, kubeletplugin.NamespacedObject{UID: c.UID, NamespacedName: types.NamespacedName{Namespace: c.Namespace, Name: c.Name}})
+		objs = append(objs, draplugin.NamespacedObject{UID: c.UID, NamespacedName: types.NamespacedName{Namespace: c.Namespace, Name: c.Name}})
 	}
 	res, err := d.UnprepareResourceClaims(t.Context(), objs)
 	if err != nil {
@@ -49,7 +49,7 @@ func unprepare(t *testing.T, d *Driver, claims ...*resourceapi.ResourceClaim) ma
 	return res
 }
 
-func mustPrepare(t *testing.T, d *Driver, c *resourceapi.ResourceClaim) []kubeletplugin.Device {
+func mustPrepare(t *testing.T, d *Driver, c *resourceapi.ResourceClaim) []draplugin.Device {
 	t.Helper()
 	r := prepare(t, d, c)[c.UID]
 	if r.Err != nil {
