@@ -479,7 +479,8 @@ func (s *suite) waitBoundIn(ctx context.Context, t *testing.T, namespace, name s
 	return h
 }
 
-// waitRunning waits until the pod runs and its workload printed READY.
+// waitRunning waits until the pod (in its namespace) runs and its
+// workload printed READY.
 func (s *suite) waitRunning(ctx context.Context, t *testing.T, h *holding) {
 	t.Helper()
 	var lastErr error
@@ -487,7 +488,7 @@ func (s *suite) waitRunning(ctx context.Context, t *testing.T, h *holding) {
 		if err := s.alive(); err != nil {
 			return false, err
 		}
-		pod, err := s.client.CoreV1().Pods(ns).Get(ctx, h.pod.Name, metav1.GetOptions{})
+		pod, err := s.client.CoreV1().Pods(h.pod.Namespace).Get(ctx, h.pod.Name, metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -513,7 +514,7 @@ func (s *suite) waitRunning(ctx context.Context, t *testing.T, h *holding) {
 		t.Logf("pod %s runs; its container sees:\n%s", h.pod.Name, strings.Join(seen, "\n"))
 	}
 	if err != nil {
-		t.Fatalf("pod %s never printed READY: %v (last log error: %v)\nlog so far:\n%s\n%s", h.pod.Name, err, lastErr, h.log, describePod(ctx, s.client, ns, h.pod.Name))
+		t.Fatalf("pod %s never printed READY: %v (last log error: %v)\nlog so far:\n%s\n%s", h.pod.Name, err, lastErr, h.log, describePod(ctx, s.client, h.pod.Namespace, h.pod.Name))
 	}
 }
 
