@@ -3,6 +3,8 @@ package controller
 import (
 	"testing"
 
+	"github.com/gpulink/gpulink/controller/report"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 
@@ -43,7 +45,7 @@ func TestClaimConfigMayOnlyNarrowTheClass(t *testing.T) {
 	h.pod("pod-fewer", true, "fewer")
 	h.waitAllocated("fewer")
 	for name, tc := range refused {
-		e := h.waitEvent(ns+"/pod-"+name, ReasonUninterpretable)
+		e := h.waitEvent(ns+"/pod-"+name, report.ReasonUninterpretable)
 		if e.Type != corev1.EventTypeWarning {
 			t.Errorf("%s: event %+v, want a warning", name, e)
 		}

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpulink/gpulink/controller/report"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -98,7 +100,7 @@ func TestControllerRefusesSquattedCompatClaim(t *testing.T) {
 	templatePod("victim", "victim-gpulink-main-abcde", two)
 	templatePod("honest", "honest-gpulink-main-fghij", one)
 	h.waitAllocated("honest-gpulink-main-fghij")
-	e := h.waitEvent(ns+"/victim", ReasonUninterpretable)
+	e := h.waitEvent(ns+"/victim", report.ReasonUninterpretable)
 	if e.Type != corev1.EventTypeWarning || !contains(e.Note, oneName) || !contains(e.Note, "Delete the template") {
 		t.Errorf("event %+v", e)
 	}

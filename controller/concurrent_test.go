@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpulink/gpulink/controller/report"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -93,7 +95,7 @@ func TestConcurrentSharesKeepToTheirNamespace(t *testing.T) {
 	}
 	// Every GPU now holds one group: team-d finds none.
 	h.shareIn("team-d", "d1", driver.DeviceClassShareConcurrent, 1, nil)
-	e := h.waitEvent("team-d/d1", ReasonWaiting)
+	e := h.waitEvent("team-d/d1", report.ReasonWaiting)
 	if !strings.Contains(e.Note, "holding shares of another sharing group") {
 		t.Errorf("waiting event %q does not say the GPUs hold other groups' shares", e.Note)
 	}
@@ -105,7 +107,7 @@ func TestConcurrentSharesKeepToTheirNamespace(t *testing.T) {
 func TestConcurrentShareInterpretation(t *testing.T) {
 	h := newHarness(t, objs(classes(), gpuNode(t, "a", "pcie-4.txt"))...).start()
 	h.shareIn(ns, "two", driver.DeviceClassShareConcurrent, 2, nil)
-	e := h.waitEvent(ns+"/two", ReasonUninterpretable)
+	e := h.waitEvent(ns+"/two", report.ReasonUninterpretable)
 	for _, want := range []string{"spec.devices.requests[0].exactly.count", "sharing.mpsMode=Concurrent", driver.DeviceClassShareConcurrent} {
 		if !strings.Contains(e.Note, want) {
 			t.Errorf("event %q lacks %q", e.Note, want)
@@ -116,7 +118,7 @@ func TestConcurrentShareInterpretation(t *testing.T) {
 	}
 	h.claim("mixed", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{share("iso", driver.DeviceClassShare), share("conc", driver.DeviceClassShareConcurrent)}})
 	h.pod("mixed", true, "mixed")
-	e = h.waitEvent(ns+"/mixed", ReasonUninterpretable)
+	e = h.waitEvent(ns+"/mixed", report.ReasonUninterpretable)
 	for _, want := range []string{"request iso (DeviceClass gpu-share.gpulink.dev)", "request conc (DeviceClass gpu-share-concurrent.gpulink.dev)", "one claim's MPS shares take one mode"} {
 		if !strings.Contains(e.Note, want) {
 			t.Errorf("event %q lacks %q", e.Note, want)
@@ -139,7 +141,7 @@ func TestConcurrentSharesOfOtherUsersWait(t *testing.T) {
 	}
 	h.waitUngated("same")
 	h.shareIn(ns, "other", driver.DeviceClassShareConcurrent, 1, ptr.To[int64](0))
-	e := h.waitEvent(ns+"/other", ReasonMPSUsersDiffer)
+	e := h.waitEvent(ns+"/other", report.ReasonMPSUsersDiffer)
 	for _, want := range []string{"user 0 (other/main)", "user 1000 (first/main, same/main)", "a/" + dev, "sharing.mpsMode=Concurrent"} {
 		if !strings.Contains(e.Note, want) {
 			t.Errorf("event %q lacks %q", e.Note, want)
@@ -227,7 +229,7 @@ func TestConcurrentSharesOfAClaimOnOneGPU(t *testing.T) {
 	}
 	h.claim("pinned", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{onDevice(concurrent("a"), 2), onDevice(concurrent("b"), 3)}})
 	h.pod("pod-pinned", true, "pinned")
-	e := h.waitEvent(ns+"/pod-pinned", ReasonWaiting)
+	e := h.waitEvent(ns+"/pod-pinned", report.ReasonWaiting)
 	for _, want := range []string{"sharing.mpsMode=Concurrent", "devices gpu-2 and gpu-3", "one MPS server, which serves one GPU"} {
 		if !strings.Contains(e.Note, want) {
 			t.Errorf("waiting event %q lacks %q", e.Note, want)
@@ -242,7 +244,7 @@ func TestConcurrentSharesOfAClaimOnOneGPU(t *testing.T) {
 	if err != nil || !ok || len(held.Devices) != 2 || held.Devices[0] != held.Devices[1] {
 		t.Fatalf("concurrent shares of one claim on %v (%v, %v), want one GPU", held.Devices, ok, err)
 	}
-	e = h.waitEvent(ns+"/pod-free", ReasonPriorityScope)
+	e = h.waitEvent(ns+"/pod-free", report.ReasonPriorityScope)
 	if e.Type != corev1.EventTypeNormal || !strings.Contains(e.Note, "orders the clients of namespace default's MPS server on "+held.Devices[0]) {
 		t.Errorf("priority note %s %q, want a Normal note on the namespace's server", e.Type, e.Note)
 	}

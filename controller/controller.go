@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpulink/gpulink/controller/report"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
@@ -503,7 +505,7 @@ func (c *Controller) onSlice(obj any) {
 			// speak for another node: worth an event an administrator
 			// sees, not only a log line.
 			klog.Background().Error(err, "Ignoring ResourceSlice whose pool is named after another node", "pool", slice.Spec.Pool.Name, "slice", klog.KObj(slice))
-			c.explain.rec.Eventf(slice, nil, corev1.EventTypeWarning, ReasonSliceIgnored, actionInventory, "%s", err.Error())
+			c.explain.rec.Eventf(slice, nil, corev1.EventTypeWarning, report.ReasonSliceIgnored, actionInventory, "%s", err.Error())
 		} else {
 			klog.Background().Error(err, "Ignoring unusable gpulink pool", "pool", slice.Spec.Pool.Name, "slice", klog.KObj(slice))
 		}
@@ -584,7 +586,7 @@ func (c *Controller) onDeallocated(old *resourceapi.ResourceClaim) {
 		if podUnschedulable(pod) {
 			why += ": " + unschedulableMessage(pod)
 		}
-		c.explain.event(pod, old, corev1.EventTypeWarning, ReasonReleased, actionRelease,
+		c.explain.event(pod, old, corev1.EventTypeWarning, report.ReasonReleased, actionRelease,
 			fmt.Sprintf("allocation on node %s was released (%s); trying other nodes", node, why))
 		c.metrics.Released.WithLabelValues("scheduler").Inc()
 		c.podQueue.Add(pod.Namespace + "/" + pod.Name)

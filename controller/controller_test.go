@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpulink/gpulink/controller/report"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -72,7 +74,7 @@ func TestAllocatesNVLinkQuadOnV100(t *testing.T) {
 	if len(a.Devices.Config) != 1 || a.Devices.Config[0].Source != resourceapi.AllocationConfigSourceClaim {
 		t.Errorf("config = %+v, want the claim's opaque config", a.Devices.Config)
 	}
-	e := h.waitEvent(ns+"/trainer", ReasonAllocated)
+	e := h.waitEvent(ns+"/trainer", report.ReasonAllocated)
 	if !contains(e.Note, "on v100") || !contains(e.Note, "NV") {
 		t.Errorf("event note %q does not explain the allocation", e.Note)
 	}
@@ -219,7 +221,7 @@ func TestUninterpretableClaimsWarnAndStayGated(t *testing.T) {
 		h.pod("pod-"+name, true, name)
 	}
 	for name, tc := range cases {
-		e := h.waitEvent(ns+"/pod-"+name, ReasonUninterpretable)
+		e := h.waitEvent(ns+"/pod-"+name, report.ReasonUninterpretable)
 		if e.Type != corev1.EventTypeWarning || !contains(e.Note, tc.want) {
 			t.Errorf("%s: event %+v, want a warning mentioning %q", name, e, tc.want)
 		}
@@ -283,7 +285,7 @@ func TestToleratingRequestsAllocatedByController(t *testing.T) {
 		}
 	}
 	h.waitUngated("p")
-	e := h.waitEvent(ns+"/r", ReasonUninterpretable)
+	e := h.waitEvent(ns+"/r", report.ReasonUninterpretable)
 	if !contains(e.Note, "sharing.strategy") || !contains(e.Note, "None") {
 		t.Errorf("event %+v, want the strategy None refusal", e)
 	}
@@ -325,7 +327,7 @@ func TestWaitingExplainsAndRetriesWhenFreed(t *testing.T) {
 		Config:   []resourceapi.DeviceClaimConfiguration{controllertest.RequiredNVLinkConfig()},
 	})
 	h.pod("second", true, "quad")
-	e := h.waitEvent(ns+"/second", ReasonWaiting)
+	e := h.waitEvent(ns+"/second", report.ReasonWaiting)
 	if !contains(e.Note, "4 free GPUs with every pair NVLink (policy Required)") {
 		t.Errorf("waiting event %q does not say what is missing", e.Note)
 	}
@@ -480,7 +482,7 @@ func TestUnschedulablePodIsMovedToAnotherNode(t *testing.T) {
 	if _, err := h.client.CoreV1().Pods(ns).UpdateStatus(h.ctx, pod, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	e := h.waitEvent(ns+"/p", ReasonReleased)
+	e := h.waitEvent(ns+"/p", report.ReasonReleased)
 	if !contains(e.Note, first) || !contains(e.Note, "Insufficient cpu") {
 		t.Errorf("release event %q does not name the node and the scheduler's reason", e.Note)
 	}
@@ -508,7 +510,7 @@ func TestSchedulerDeallocationExcludesNode(t *testing.T) {
 		c := h.getClaim("c")
 		return c.Status.Allocation != nil && allocatedNode(c) != first
 	})
-	if e := h.waitEvent(ns+"/p", ReasonReleased); !contains(e.Note, first) {
+	if e := h.waitEvent(ns+"/p", report.ReasonReleased); !contains(e.Note, first) {
 		t.Errorf("release event %q does not name node %s", e.Note, first)
 	}
 }
@@ -524,7 +526,7 @@ func TestDeviceTaintRuleIsHonoured(t *testing.T) {
 	h := newHarness(t, objs(classes(), gpuNode(t, "v100", "v100-sxm2-8-aliyun-sccgn6.txt"), []runtime.Object{rule})...).start()
 	h.claim("eight", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 8)}})
 	h.pod("big", true, "eight")
-	e := h.waitEvent(ns+"/big", ReasonWaiting)
+	e := h.waitEvent(ns+"/big", report.ReasonWaiting)
 	if !contains(e.Note, "example.com/maintenance") {
 		t.Errorf("waiting event %q does not name the taint", e.Note)
 	}
@@ -619,7 +621,7 @@ func TestHealthTaintWhileHeld(t *testing.T) {
 	// Six GPUs are free but only five are healthy: six waits, naming the taint.
 	h.claim("six", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 6)}})
 	h.pod("p6", true, "six")
-	if e := h.waitEvent(ns+"/p6", ReasonWaiting); !contains(e.Note, driver.UnhealthyTaintKey) {
+	if e := h.waitEvent(ns+"/p6", report.ReasonWaiting); !contains(e.Note, driver.UnhealthyTaintKey) {
 		t.Errorf("waiting event %q does not name the unhealthy taint", e.Note)
 	}
 	// Five get exactly the healthy free GPUs.

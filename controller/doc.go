@@ -33,8 +33,8 @@
 // and the pod in reservedFor (after adding driver.ClaimFinalizer when the
 // admission policy did not), then the scheduling gate removed with a JSON
 // patch; kube-scheduler binds the pod to the node the allocation names.
-// Each decision is an event on the pod (ReasonAllocated and the other
-// Reason constants): the devices and their weakest link, the nodes that
+// Each decision is an event on the pod (report.ReasonAllocated and the other
+// report.Reason constants): the devices and their weakest link, the nodes that
 // also fit, or, when nothing fits, how many nodes each filter rejected.
 // `gpulink explain` shows it. Metrics: NewMetrics (gpulink_controller_*).
 //
@@ -84,9 +84,12 @@
 // through internal/sliceformat): the state. write.go, status.go, gate.go:
 // the writes and their rollback (unreserve). gc.go, holds.go, exclude.go:
 // claims without pods, deleted claims in use, released nodes. metrics.go,
-// metrics_inventory.go: the metrics. Tests build a fake cluster with
-// harness_test.go; fixtures shared with other packages are in
-// controllertest.
+// metrics_inventory.go: the metrics. Package report (controller/report)
+// holds what users read back: the per-node report `gpulink inspect`
+// prints and the event reasons `gpulink explain` reads, with no client
+// code, so the CLI does not link the controller. Tests build a fake
+// cluster with harness_test.go; fixtures shared with other packages are
+// in controllertest.
 //
 // See docs/design/controller.md for the reasoning: which claims are
 // gpulink's and why, the shortcut and branch-and-bound choices, MIG

@@ -9,21 +9,8 @@ import (
 	"k8s.io/client-go/tools/events"
 )
 
-// Event reasons (events/v1 reason and action).
+// Event actions (events/v1 action); the reasons are report.Reason*.
 const (
-	ReasonAllocated       = "GPUsAllocated"
-	ReasonWaiting         = "WaitingForGPUs"
-	ReasonUninterpretable = "ClaimNotAllocatable"
-	ReasonReleased        = "AllocationReleased"
-	ReasonGateRemoved     = "SchedulingGateRemoved"
-	ReasonAllocateFailed  = "AllocationFailed"
-	// ReasonSliceIgnored is recorded on a ResourceSlice the inventory
-	// refuses to use because its pool is named after another node.
-	ReasonSliceIgnored = "ResourceSliceIgnored"
-	// ReasonClaimDeletedInUse is recorded on a pod whose claim was deleted
-	// while the pod may still use its GPUs (holds.go).
-	ReasonClaimDeletedInUse = "ClaimDeletedInUse"
-
 	actionAllocate  = "Allocate"
 	actionWait      = "Wait"
 	actionRelease   = "Release"

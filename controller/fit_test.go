@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpulink/gpulink/controller/report"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -257,11 +259,11 @@ func TestNodeFitSkipsNodeWithoutCPU(t *testing.T) {
 	if _, err := h.client.CoreV1().Pods(ns).Create(h.ctx, p, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	e := h.waitEvent(ns+"/huge", ReasonWaiting)
+	e := h.waitEvent(ns+"/huge", report.ReasonWaiting)
 	if !contains(e.Note, "0/2 nodes: 2 Insufficient memory") || !contains(e.Note, "node a100: Insufficient memory") {
 		t.Errorf("waiting event %q does not count the nodes the fit filter rejected", e.Note)
 	}
-	if _, released := h.rec.find(ns+"/cpu", ReasonReleased); released {
+	if _, released := h.rec.find(ns+"/cpu", report.ReasonReleased); released {
 		t.Error("the pod asking for CPU was released and retried instead of placed on v100 at once")
 	}
 }

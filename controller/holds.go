@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/gpulink/gpulink/controller/report"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -202,7 +204,7 @@ func (c *Controller) keepDeletedClaim(claim *resourceapi.ResourceClaim) bool {
 		"claim", klog.KObj(claim), "claimUID", claim.UID, "devices", devices, "pods", sortedValues(pods))
 	for uid, name := range pods {
 		if pod, err := c.pods.Pods(claim.Namespace).Get(name); err == nil && pod.UID == uid {
-			c.explain.rec.Eventf(pod, nil, corev1.EventTypeWarning, ReasonClaimDeletedInUse, actionHold,
+			c.explain.rec.Eventf(pod, nil, corev1.EventTypeWarning, report.ReasonClaimDeletedInUse, actionHold,
 				"ResourceClaim %s was deleted while this pod uses it; its GPUs (%s) stay counted as in use until the pod ends and are not given to other claims",
 				claim.Name, strings.Join(devices, ", "))
 		}

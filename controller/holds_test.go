@@ -6,6 +6,8 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/gpulink/gpulink/controller/report"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -92,7 +94,7 @@ func (h *harness) waitDecided(pod, claim string, held []string) {
 	var c *resourceapi.ResourceClaim
 	h.eventually("pod "+pod+" decided", func() bool {
 		c = h.getClaim(claim)
-		_, waiting := h.rec.find(ns+"/"+pod, ReasonWaiting)
+		_, waiting := h.rec.find(ns+"/"+pod, report.ReasonWaiting)
 		return waiting || c.Status.Allocation != nil
 	})
 	if c.Status.Allocation != nil {
@@ -133,7 +135,7 @@ func TestDeletedClaimKeepsGPUsWhilePodRuns(t *testing.T) {
 	h.claim("next", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}})
 	h.pod("b", true, "next")
 	h.waitDecided("b", "next", held)
-	if e := h.waitEvent(ns+"/a", ReasonClaimDeletedInUse); !contains(e.Note, "stay counted") {
+	if e := h.waitEvent(ns+"/a", report.ReasonClaimDeletedInUse); !contains(e.Note, "stay counted") {
 		t.Errorf("event on the pod: %q", e.Note)
 	}
 	var records []resourceapi.ResourceClaim
@@ -165,9 +167,9 @@ func TestDeletedClaimKeepsGPUsWhilePodRuns(t *testing.T) {
 	}
 
 	// A restarted controller knows only what the API holds: the records.
-	before := h.countEvents(ns+"/b", ReasonWaiting)
+	before := h.countEvents(ns+"/b", report.ReasonWaiting)
 	h.restart(cfg)
-	h.eventually("pod b decided again after the restart", func() bool { return h.countEvents(ns+"/b", ReasonWaiting) > before })
+	h.eventually("pod b decided again after the restart", func() bool { return h.countEvents(ns+"/b", report.ReasonWaiting) > before })
 	if c := h.getClaim("next"); c.Status.Allocation != nil {
 		t.Fatalf("after a restart the next tenant got %v while pod a still uses %v", devicesOf(c), held)
 	}
@@ -198,7 +200,7 @@ func TestDeletedClaimKeptInMemoryUntilPodDeleted(t *testing.T) {
 	h.claim("next", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 4)}})
 	h.pod("b", true, "next")
 	h.waitDecided("b", "next", devicesOf(four))
-	h.waitEvent(ns+"/a", ReasonClaimDeletedInUse)
+	h.waitEvent(ns+"/a", report.ReasonClaimDeletedInUse)
 	if err := h.client.CoreV1().Pods(ns).Delete(h.ctx, "a", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -251,7 +253,7 @@ func TestHoldRecordCompletedAfterRestart(t *testing.T) {
 	h.restart(cfg)
 	h.claim("next", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}})
 	h.pod("b", true, "next")
-	h.waitEvent(ns+"/b", ReasonWaiting)
+	h.waitEvent(ns+"/b", report.ReasonWaiting)
 	h.eventually("record's allocation written", func() bool {
 		r := h.holdRecords()
 		return len(r) == 1 && r[0].Status.Allocation != nil && slices.Equal(devicesOf(&r[0]), devicesOf(four))

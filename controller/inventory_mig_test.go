@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpulink/gpulink/controller/report"
+
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	dracel "k8s.io/dynamic-resource-allocation/cel"
@@ -129,7 +131,7 @@ func TestWholeGPUClaimSkipsMIGGPUs(t *testing.T) {
 	}
 	h.claim("two", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("gpus", 1)}})
 	h.pod("p2", true, "two")
-	h.waitEvent(ns+"/p2", ReasonWaiting)
+	h.waitEvent(ns+"/p2", report.ReasonWaiting)
 	if a := h.getClaim("two").Status.Allocation; a != nil {
 		t.Errorf("second whole GPU claim allocated %+v on a node with one GPU not in MIG mode", a.Devices.Results)
 	}

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpulink/gpulink/controller/report"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -297,7 +299,7 @@ func TestControllerWarnsAboutForeignPoolSlice(t *testing.T) {
 	forged.Name = "forged"
 	forged.Spec.Pool.Name = "node-b"
 	h := newHarness(t, objs(classes(), gpuNode(t, "node-b", "v100-sxm2-8-aliyun-sccgn6.txt"), []runtime.Object{forged})...).start()
-	e := h.waitEvent("/forged", ReasonSliceIgnored)
+	e := h.waitEvent("/forged", report.ReasonSliceIgnored)
 	if e.Type != corev1.EventTypeWarning || !strings.Contains(e.Note, `pool "node-b"`) || !strings.Contains(e.Note, `node "node-a"`) {
 		t.Errorf("event %+v, want a warning naming pool node-b and node node-a", e)
 	}

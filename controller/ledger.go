@@ -13,6 +13,7 @@ import (
 	"github.com/gpulink/gpulink/api/v1alpha1"
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/allocate"
+	"github.com/gpulink/gpulink/internal/sliceformat"
 )
 
 // deviceKey names one gpulink device cluster-wide.
@@ -179,24 +180,15 @@ func allocatedShareGroup(claim *resourceapi.ResourceClaim, request string) strin
 	return concurrentGroup(claim.Namespace)
 }
 
-// resultUse is what one allocation result takes from a gpulink device;
-// false for other drivers' results and admin access, which take nothing.
+// resultUse is what one allocation result takes from a gpulink device
+// (sliceformat.ResultUse); false for other drivers' results and admin
+// access, which take nothing.
 func resultUse(r *resourceapi.DeviceRequestAllocationResult) (deviceUse, bool) {
-	if r.Driver != driver.Name || (r.AdminAccess != nil && *r.AdminAccess) {
+	u, ok := sliceformat.ResultUse(r)
+	if !ok {
 		return deviceUse{}, false
 	}
-	u := deviceUse{Key: deviceKey{Pool: r.Pool, Device: r.Device}, Exclusive: r.ShareID == nil}
-	if !u.Exclusive {
-		for name, q := range r.ConsumedCapacity {
-			switch qualify(string(name), driver.Name) {
-			case capMemory:
-				u.MemoryBytes = q.Value()
-			case capCores:
-				u.Cores = q.Value()
-			}
-		}
-	}
-	return u, true
+	return deviceUse{Key: deviceKey{Pool: u.Pool, Device: u.Device}, Exclusive: u.Exclusive, MemoryBytes: u.MemoryBytes, Cores: u.Cores}, true
 }
 
 func (l *ledger) addLocked(uses []deviceUse, sign int) {

@@ -166,3 +166,11 @@ func fragmentation(n *nodeInventory, free uint64) *fragEntry {
 	}
 	return fe
 }
+
+// blockingTaint tells whether a device carries a NoSchedule or NoExecute
+// taint other than gpulink's managed one, which only steers requests to
+// the controller.
+func blockingTaint(d *deviceInfo) bool {
+	_, ok := untoleratedTaint(d, nil)
+	return ok
+}

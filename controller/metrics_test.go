@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpulink/gpulink/controller/report"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	resourceapi "k8s.io/api/resource/v1"
@@ -227,7 +229,7 @@ func TestDecisionMetrics(t *testing.T) {
 	h.waitUngated("p")
 	h.claim("eight", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("gpus", 8)}})
 	h.pod("big", true, "eight")
-	h.waitEvent(ns+"/big", ReasonWaiting)
+	h.waitEvent(ns+"/big", report.ReasonWaiting)
 
 	if got := testutil.ToFloat64(m.Decisions.WithLabelValues(OutcomeAllocated)); got != 1 {
 		t.Errorf("allocated decisions = %v, want 1", got)
@@ -274,7 +276,7 @@ func TestAllocatedEventNamesAlternatives(t *testing.T) {
 	if chosen == "p40" {
 		other = "nb"
 	}
-	e := h.waitEvent(ns+"/p", ReasonAllocated)
+	e := h.waitEvent(ns+"/p", report.ReasonAllocated)
 	if !contains(e.Note, "on "+chosen+"; also fit: "+other+" (2 GPUs weakest link ") {
 		t.Errorf("event note %q does not name %s as an alternative", e.Note, other)
 	}

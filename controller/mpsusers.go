@@ -13,10 +13,6 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 )
 
-// ReasonMPSUsersDiffer is recorded on a pod kept gated because its
-// containers would share an MPS claim with containers of another user.
-const ReasonMPSUsersDiffer = "MPSUsersDiffer"
-
 // mpsUserConflict explains why the gated pod must not join its MPS
 // claims, or returns "" when it may. MPS starts one server per user ID
 // and makes a second user's clients wait until every client of the first

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpulink/gpulink/controller/report"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -60,7 +62,7 @@ func TestMPSClaimOfSeveralUsersStaysGated(t *testing.T) {
 	h.waitAllocated("mixed")
 	h.waitUngated("a")
 	h.mpsPod("b", "mixed", ptr.To[int64](0), nil)
-	e := h.waitEvent(ns+"/b", ReasonMPSUsersDiffer)
+	e := h.waitEvent(ns+"/b", report.ReasonMPSUsersDiffer)
 	for _, want := range []string{"user 0 (b/main)", "user 1000 (a/main)", "runAsUser", "claim mixed"} {
 		if !strings.Contains(e.Note, want) {
 			t.Errorf("event %q lacks %q", e.Note, want)
@@ -85,7 +87,7 @@ func TestMPSClaimOfSeveralUsersStaysGated(t *testing.T) {
 	h.mpsPod("d", "init-mixed", ptr.To[int64](1000), nil)
 	h.waitUngated("d")
 	h.mpsPod("e", "init-mixed", ptr.To[int64](1000), ptr.To[int64](2000))
-	if e := h.waitEvent(ns+"/e", ReasonMPSUsersDiffer); !strings.Contains(e.Note, "e/init") {
+	if e := h.waitEvent(ns+"/e", report.ReasonMPSUsersDiffer); !strings.Contains(e.Note, "e/init") {
 		t.Errorf("event %q does not name the init container", e.Note)
 	}
 
@@ -93,7 +95,7 @@ func TestMPSClaimOfSeveralUsersStaysGated(t *testing.T) {
 	// anything is allocated.
 	share("self-mixed")
 	h.mpsPod("f", "self-mixed", ptr.To[int64](1), ptr.To[int64](2))
-	h.waitEvent(ns+"/f", ReasonMPSUsersDiffer)
+	h.waitEvent(ns+"/f", report.ReasonMPSUsersDiffer)
 	if c := h.getClaim("self-mixed"); c.Status.Allocation != nil {
 		t.Error("claim of a pod whose containers run as two users was allocated")
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/gpulink/gpulink/api/v1alpha1"
 	"github.com/gpulink/gpulink/driver/allocate"
 	"github.com/gpulink/gpulink/driver/topology"
+	"github.com/gpulink/gpulink/internal/sliceformat"
 )
 
 // placedResult is one allocation decision for one alternative on a node:
@@ -204,13 +205,7 @@ func (p *placer) baseEligible(alt *alternative) []bool {
 // untoleratedTaint returns a NoSchedule or NoExecute device taint, other
 // than gpulink's own managed taint, that the tolerations do not tolerate.
 func untoleratedTaint(d *deviceInfo, tols []resourceapi.DeviceToleration) (resourceapi.DeviceTaint, bool) {
-	for _, t := range d.Taints {
-		if t.Key == managedTaint.Key && t.Effect == managedTaint.Effect {
-			continue
-		}
-		if t.Effect != resourceapi.DeviceTaintEffectNoSchedule && t.Effect != resourceapi.DeviceTaintEffectNoExecute {
-			continue
-		}
+	for _, t := range sliceformat.SchedulingTaints(d.Taints) {
 		if !tolerates(tols, t) {
 			return t, true
 		}

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpulink/gpulink/controller/report"
+
 	resourceapi "k8s.io/api/resource/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -68,18 +70,18 @@ func TestMIGClaimByProfile(t *testing.T) {
 		t.Errorf("result %+v, want a dedicated result of request mig in pool a100", r)
 	}
 	h.waitUngated("p-small")
-	if e := h.waitEvent(ns+"/p-small", ReasonAllocated); !strings.Contains(e.Note, "gpu-0-mig-0-0 (1g.5gb)") {
+	if e := h.waitEvent(ns+"/p-small", report.ReasonAllocated); !strings.Contains(e.Note, "gpu-0-mig-0-0 (1g.5gb)") {
 		t.Errorf("allocated event %q does not name the MIG device and its profile", e.Note)
 	}
 
 	h.migClaim("again", migRequest("mig", 1, profileSelector("1g.5gb")))
-	e := h.waitEvent(ns+"/p-again", ReasonWaiting)
+	e := h.waitEvent(ns+"/p-again", report.ReasonWaiting)
 	if !strings.Contains(e.Note, `profile == "1g.5gb"`) || !strings.Contains(e.Note, "in use") {
 		t.Errorf("waiting event %q does not say the matching 1g.5gb device is in use", e.Note)
 	}
 	// A profile the node does not have: the event names it.
 	h.migClaim("absent", migRequest("mig", 1, profileSelector("1g.10gb")))
-	e = h.waitEvent(ns+"/p-absent", ReasonWaiting)
+	e = h.waitEvent(ns+"/p-absent", report.ReasonWaiting)
 	if !strings.Contains(e.Note, `profile == "1g.10gb"`) || !strings.Contains(e.Note, "no MIG device on node a100 matches") {
 		t.Errorf("waiting event %q does not name the missing profile", e.Note)
 	}
@@ -128,7 +130,7 @@ func TestMIGPacksOntoBusyGPUs(t *testing.T) {
 		t.Fatalf("pair got %v, want GPU 0's two 1g.5gb devices", got)
 	}
 	h.migClaim("none", migRequest("mig", 1))
-	h.waitEvent(ns+"/p-none", ReasonWaiting)
+	h.waitEvent(ns+"/p-none", report.ReasonWaiting)
 	h.checkInvariants()
 }
 
@@ -163,9 +165,9 @@ func TestMIGAndWholeNeverMix(t *testing.T) {
 		t.Fatalf("8 whole GPUs on pool %s, want node whole", c.Status.Allocation.Devices.Results[0].Pool)
 	}
 	h.migClaim("share", controllertest.ShareRequest("gpu", "1Gi", ""))
-	h.waitEvent(ns+"/p-share", ReasonWaiting)
+	h.waitEvent(ns+"/p-share", report.ReasonWaiting)
 	h.migClaim("more", controllertest.WholeRequest("gpu", 1))
-	h.waitEvent(ns+"/p-more", ReasonWaiting)
+	h.waitEvent(ns+"/p-more", report.ReasonWaiting)
 	h.migClaim("mig", migRequest("mig", 8))
 	for _, d := range devicesOf(h.waitAllocated("mig")) {
 		if !driver.IsMIGDeviceName(d) {
@@ -173,7 +175,7 @@ func TestMIGAndWholeNeverMix(t *testing.T) {
 		}
 	}
 	h.migClaim("mig9", migRequest("mig", 1))
-	h.waitEvent(ns+"/p-mig9", ReasonWaiting)
+	h.waitEvent(ns+"/p-mig9", report.ReasonWaiting)
 	for _, n := range []string{"share", "more", "mig9"} {
 		if a := h.getClaim(n).Status.Allocation; a != nil {
 			t.Errorf("claim %s allocated %+v", n, a.Devices.Results)
@@ -188,13 +190,13 @@ func TestMIGRefusals(t *testing.T) {
 	h := newHarness(t, objs(classes(), []runtime.Object{controllertest.Node("a100"),
 		migSlice(t, "a100", map[int][]string{0: {"1g.5gb"}})})...).start()
 	h.migClaim("mixed", migRequest("mig", 1), controllertest.WholeRequest("gpu", 1))
-	if e := h.waitEvent(ns+"/p-mixed", ReasonUninterpretable); !strings.Contains(e.Note, "claim default/mixed asks for MIG devices (requests mig) and for whole GPUs or shares (requests gpu)") {
+	if e := h.waitEvent(ns+"/p-mixed", report.ReasonUninterpretable); !strings.Contains(e.Note, "claim default/mixed asks for MIG devices (requests mig) and for whole GPUs or shares (requests gpu)") {
 		t.Errorf("event %q does not name the claim and its requests", e.Note)
 	}
 	capReq := migRequest("mig", 1)
 	capReq.Exactly.Capacity = controllertest.ShareRequest("x", "1Gi", "").Exactly.Capacity
 	h.migClaim("capacity", capReq)
-	if e := h.waitEvent(ns+"/p-capacity", ReasonUninterpretable); !strings.Contains(e.Note, "capacity.requests") || !strings.Contains(e.Note, driver.DeviceClassMIG) {
+	if e := h.waitEvent(ns+"/p-capacity", report.ReasonUninterpretable); !strings.Contains(e.Note, "capacity.requests") || !strings.Contains(e.Note, driver.DeviceClassMIG) {
 		t.Errorf("event %q does not name the field and the class", e.Note)
 	}
 }
@@ -326,7 +328,7 @@ func TestBuildReportMIG(t *testing.T) {
 		return &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 			Status: resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{r}}}}}
 	}
-	reports := BuildReport([]*resourceapi.ResourceSlice{s}, []*resourceapi.ResourceClaim{
+	reports := report.Build([]*resourceapi.ResourceSlice{s}, []*resourceapi.ResourceClaim{
 		held("small", "gpu-0-mig-0-0", false), held("twice-a", "gpu-1-mig-0-0", false), held("twice-b", "gpu-1-mig-0-0", false),
 		held("shared", "gpu-0-mig-1-0", true),
 	})

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/gpulink/gpulink/controller/report"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -82,7 +84,7 @@ func TestCoreSharesNeverPast100Percent(t *testing.T) {
 	for i := range n {
 		c := h.getClaim(fmt.Sprintf("c%02d", i))
 		if c.Status.Allocation == nil {
-			if e := h.waitEvent(ns+"/pod-"+c.Name, ReasonWaiting); e.Type != corev1.EventTypeWarning {
+			if e := h.waitEvent(ns+"/pod-"+c.Name, report.ReasonWaiting); e.Type != corev1.EventTypeWarning {
 				t.Errorf("claim %s waits with event %+v, want a warning", c.Name, e)
 			}
 			continue

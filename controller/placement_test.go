@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpulink/gpulink/controller/report"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -61,7 +63,7 @@ func TestPodPlacementPolicy(t *testing.T) {
 	if got := nodeOf("spread"); got == busy {
 		t.Errorf("annotation %s=spread: placed on the busy node %s", compat.AnnotationNodePolicy, got)
 	}
-	if e := h.waitEvent(ns+"/spread", ReasonAllocated); !strings.Contains(e.Note, "nodes spread (annotation hami.io/node-scheduler-policy)") {
+	if e := h.waitEvent(ns+"/spread", report.ReasonAllocated); !strings.Contains(e.Note, "nodes spread (annotation hami.io/node-scheduler-policy)") {
 		t.Errorf("allocation event %q does not say the pod's own policy placed it", e.Note)
 	}
 
@@ -85,7 +87,7 @@ func TestPodPlacementPolicy(t *testing.T) {
 	h.claim("y", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)},
 		Config: []resourceapi.DeviceClaimConfiguration{controllertest.OpaqueConfig(`{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","placement":{"node":"Binpack"}}`)}})
 	h.pod("both", true, "x", "y")
-	e := h.waitEvent(ns+"/both", ReasonUninterpretable)
+	e := h.waitEvent(ns+"/both", report.ReasonUninterpretable)
 	for _, want := range []string{"placement.node", "Spread (claim x)", "Binpack (claim y)", compat.AnnotationNodePolicy} {
 		if !strings.Contains(e.Note, want) {
 			t.Errorf("event %q lacks %q", e.Note, want)

@@ -4,16 +4,12 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/gpulink/gpulink/controller/report"
+
 	corev1 "k8s.io/api/core/v1"
 
 	v1alpha1 "github.com/gpulink/gpulink/api/v1alpha1"
 )
-
-// ReasonPriorityScope is recorded on a pod whose claim has an MPS share
-// with a task priority (sharing.priority, HAMi's nvidia.com/priority), to
-// say what that priority can order: a Warning when the share's GPU already
-// carries shares of other claims, which it cannot be ordered against.
-const ReasonPriorityScope = "PriorityScope"
 
 // maxPriorityGPUs bounds the GPUs one note names.
 const maxPriorityGPUs = 3
@@ -29,7 +25,7 @@ func (c *Controller) explainPriority(pod *corev1.Pod, chosen *nodePlan, claims [
 	if crowded {
 		eventType = corev1.EventTypeWarning
 	}
-	c.explain.event(pod, claims[0].Claim, eventType, ReasonPriorityScope, actionAllocate, note)
+	c.explain.event(pod, claims[0].Claim, eventType, report.ReasonPriorityScope, actionAllocate, note)
 }
 
 // priorityScope says, for each of the planned claims with an MPS share

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpulink/gpulink/controller/report"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -34,7 +36,7 @@ func TestPriorityScopeEvents(t *testing.T) {
 	h.claim("low", prioritizedShare("1"))
 	h.mpsPod("a", "low", nil, nil)
 	h.waitAllocated("low")
-	e := h.waitEvent(ns+"/a", ReasonPriorityScope)
+	e := h.waitEvent(ns+"/a", report.ReasonPriorityScope)
 	if e.Type != corev1.EventTypeNormal {
 		t.Errorf("alone on its GPU: event type %s, want Normal: %s", e.Type, e.Note)
 	}
@@ -47,7 +49,7 @@ func TestPriorityScopeEvents(t *testing.T) {
 	h.claim("high", prioritizedShare("0"))
 	h.mpsPod("b", "high", nil, nil)
 	h.waitAllocated("high")
-	e = h.waitEvent(ns+"/b", ReasonPriorityScope)
+	e = h.waitEvent(ns+"/b", report.ReasonPriorityScope)
 	t.Logf("%s %s: %s", e.Type, e.Reason, e.Note)
 	if e.Type != corev1.EventTypeWarning {
 		t.Errorf("beside another claim's share: event type %s, want Warning: %s", e.Type, e.Note)
@@ -61,9 +63,9 @@ func TestPriorityScopeEvents(t *testing.T) {
 	h.claim("plain", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.ShareRequest("s", "1Gi", "10")}})
 	h.mpsPod("c", "plain", nil, nil)
 	h.waitAllocated("plain")
-	h.waitEvent(ns+"/c", ReasonAllocated)
-	if e, ok := h.rec.find(ns+"/c", ReasonPriorityScope); ok {
-		t.Errorf("share without a priority got %s: %s", ReasonPriorityScope, e.Note)
+	h.waitEvent(ns+"/c", report.ReasonAllocated)
+	if e, ok := h.rec.find(ns+"/c", report.ReasonPriorityScope); ok {
+		t.Errorf("share without a priority got %s: %s", report.ReasonPriorityScope, e.Note)
 	}
 }
 

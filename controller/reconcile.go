@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpulink/gpulink/controller/report"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -81,14 +83,14 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 		c.metrics.Errors.WithLabelValues(errReasonUninterpretable).Inc()
 		c.metrics.Decisions.WithLabelValues(OutcomeInvalid).Inc()
 		logger.Info("Claim cannot be allocated by gpulink", "err", pc.broken)
-		c.explain.event(pod, nil, corev1.EventTypeWarning, ReasonUninterpretable, actionAllocate, pc.broken.Error())
+		c.explain.event(pod, nil, corev1.EventTypeWarning, report.ReasonUninterpretable, actionAllocate, pc.broken.Error())
 		return nil
 	case pc.notReady != "":
 		c.setWaiting(key, true)
 		c.metrics.Decisions.WithLabelValues(OutcomeNotReady).Inc()
 		logger.V(4).Info("Pod not ready for allocation", "reason", pc.notReady)
 		if pc.missingClass {
-			c.explain.event(pod, nil, corev1.EventTypeWarning, ReasonWaiting, actionWait, "waiting: "+pc.notReady)
+			c.explain.event(pod, nil, corev1.EventTypeWarning, report.ReasonWaiting, actionWait, "waiting: "+pc.notReady)
 		}
 		return nil
 	}
@@ -99,7 +101,7 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 				return err
 			}
 			logger.V(2).Info("Removed scheduling gate from pod without gpulink claims")
-			c.explain.event(pod, nil, corev1.EventTypeNormal, ReasonGateRemoved, actionUngate, "no gpulink claims: handed to kube-scheduler")
+			c.explain.event(pod, nil, corev1.EventTypeNormal, report.ReasonGateRemoved, actionUngate, "no gpulink claims: handed to kube-scheduler")
 		}
 		return nil
 	}
@@ -114,7 +116,7 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 			c.setWaiting(key, true)
 			c.metrics.Decisions.WithLabelValues(OutcomeNotReady).Inc()
 			logger.Info("Pod kept gated: its MPS claim would serve several users", "reason", msg)
-			c.explain.event(pod, nil, corev1.EventTypeWarning, ReasonMPSUsersDiffer, actionWait, msg)
+			c.explain.event(pod, nil, corev1.EventTypeWarning, report.ReasonMPSUsersDiffer, actionWait, msg)
 			return nil
 		}
 	}
@@ -226,7 +228,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 		c.metrics.Errors.WithLabelValues(errReasonUninterpretable).Inc()
 		c.metrics.Decisions.WithLabelValues(OutcomeInvalid).Inc()
 		logger.Info("Pod's placement policy cannot be applied", "err", err)
-		c.explain.event(pod, pending[0].Claim, corev1.EventTypeWarning, ReasonUninterpretable, actionAllocate, err.Error())
+		c.explain.event(pod, pending[0].Claim, corev1.EventTypeWarning, report.ReasonUninterpretable, actionAllocate, err.Error())
 		return nil
 	}
 	if err := migMixError(pending); err != nil {
@@ -234,7 +236,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 		c.metrics.Errors.WithLabelValues(errReasonUninterpretable).Inc()
 		c.metrics.Decisions.WithLabelValues(OutcomeInvalid).Inc()
 		logger.Info("Claim mixes MIG devices with whole GPUs or shares", "err", err)
-		c.explain.event(pod, pending[0].Claim, corev1.EventTypeWarning, ReasonUninterpretable, actionAllocate, err.Error())
+		c.explain.event(pod, pending[0].Claim, corev1.EventTypeWarning, report.ReasonUninterpretable, actionAllocate, err.Error())
 		return nil
 	}
 	var allocated []*resourceapi.ResourceClaim
@@ -328,7 +330,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 		c.metrics.Decisions.WithLabelValues(OutcomeWaiting).Inc()
 		msg := c.waitingMessage(pending, len(all), rej, why)
 		logger.V(2).Info("Waiting for devices", "reason", msg)
-		c.explain.event(pod, pending[0].Claim, corev1.EventTypeWarning, ReasonWaiting, actionWait, msg)
+		c.explain.event(pod, pending[0].Claim, corev1.EventTypeWarning, report.ReasonWaiting, actionWait, msg)
 		return nil
 	}
 	if msg := c.mpsGroupUserConflict(pod, pc.ours, plannedConcurrentDevices(chosen)); msg != "" {
@@ -336,7 +338,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 		c.setWaiting(key, true)
 		c.metrics.Decisions.WithLabelValues(OutcomeNotReady).Inc()
 		logger.Info("Pod kept gated: its MPS shares would join another user's MPS server", "reason", msg)
-		c.explain.event(pod, pending[0].Claim, corev1.EventTypeWarning, ReasonMPSUsersDiffer, actionWait, msg)
+		c.explain.event(pod, pending[0].Claim, corev1.EventTypeWarning, report.ReasonMPSUsersDiffer, actionWait, msg)
 		return nil
 	}
 	now := metav1.Now()
@@ -386,7 +388,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	}
 	summary := chosen.summarize()
 	logger.Info("Allocated", "node", chosen.Node.Node, "devices", summary, "duration", time.Since(start))
-	c.explain.event(pod, pending[0].Claim, corev1.EventTypeNormal, ReasonAllocated, actionAllocate, "allocated "+summary+own.note()+alternativesNote(chosen, plans, why, rej.details, unexamined))
+	c.explain.event(pod, pending[0].Claim, corev1.EventTypeNormal, report.ReasonAllocated, actionAllocate, "allocated "+summary+own.note()+alternativesNote(chosen, plans, why, rej.details, unexamined))
 	c.explainPriority(pod, chosen, pending)
 	if err := c.ungate(ctx, pod); err != nil {
 		return err
@@ -549,7 +551,7 @@ func (c *Controller) checkUnschedulable(ctx context.Context, pod *corev1.Pod, pc
 	c.fit.unassume(pod.UID)
 	note := fmt.Sprintf("released allocation on node %s: kube-scheduler could not place the pod there (%s); trying other nodes", node, msg)
 	klog.FromContext(ctx).Info("Released allocation of unschedulable pod", "node", node, "reason", msg)
-	c.explain.event(pod, release[0], corev1.EventTypeWarning, ReasonReleased, actionRelease, note)
+	c.explain.event(pod, release[0], corev1.EventTypeWarning, report.ReasonReleased, actionRelease, note)
 	c.podQueue.Add(pod.Namespace + "/" + pod.Name)
 	return nil
 }

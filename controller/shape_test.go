@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpulink/gpulink/controller/report"
+
 	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
@@ -42,7 +44,7 @@ func TestMPSSharesOfDifferentCoresStayPreparable(t *testing.T) {
 	h.claim("pinned", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{
 		onDevice(controllertest.ShareRequest("a", "1Gi", "30"), 2), onDevice(controllertest.ShareRequest("b", "1Gi", "60"), 3)}})
 	h.pod("pod-pinned", true, "pinned")
-	e := h.waitEvent(ns+"/pod-pinned", ReasonWaiting)
+	e := h.waitEvent(ns+"/pod-pinned", report.ReasonWaiting)
 	for _, want := range []string{"30% of the cores of device gpu-2", "60% of device gpu-3", "one active thread percentage", "HAMiCore"} {
 		if !strings.Contains(e.Note, want) {
 			t.Errorf("waiting event %q lacks %q", e.Note, want)

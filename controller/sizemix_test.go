@@ -6,6 +6,8 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/gpulink/gpulink/controller/report"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -110,7 +112,7 @@ func TestRecentMixChangesDecision(t *testing.T) {
 				h.pod(name, true, name)
 				// Decided (and waiting) before the next one: the order of
 				// the history is the order of decisions.
-				h.waitEvent(ns+"/"+name, ReasonWaiting)
+				h.waitEvent(ns+"/"+name, report.ReasonWaiting)
 			}
 			h.claim("one", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("gpus", 1)}})
 			h.pod("one", true, "one")

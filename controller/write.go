@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/gpulink/gpulink/controller/report"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -56,7 +58,7 @@ func (c *Controller) writeDecision(ctx context.Context, pod *corev1.Pod, writes 
 			}
 			c.metrics.Errors.WithLabelValues(reason).Inc()
 			if !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
-				c.explain.event(pod, w.ic.Claim, corev1.EventTypeWarning, ReasonAllocateFailed, actionAllocate, err.Error())
+				c.explain.event(pod, w.ic.Claim, corev1.EventTypeWarning, report.ReasonAllocateFailed, actionAllocate, err.Error())
 			}
 			if rbErr := c.unreserve(ctx, pod, written); rbErr != nil {
 				err = errors.Join(err, rbErr)

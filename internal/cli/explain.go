@@ -9,6 +9,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/gpulink/gpulink/controller/report"
+
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -20,7 +22,6 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 
-	"github.com/gpulink/gpulink/controller"
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/allocate"
 	"github.com/gpulink/gpulink/driver/topology"
@@ -107,7 +108,7 @@ type explanation struct {
 	Pod    *corev1.Pod
 	Claims []claimExplanation
 	// Nodes are the reports of the nodes the claims are allocated on.
-	Nodes map[string]controller.NodeReport
+	Nodes map[string]report.Node
 	// Events are the pod's events, oldest first.
 	Events []corev1.Event
 }
@@ -129,7 +130,7 @@ func gatherExplanation(ctx context.Context, client kubernetes.Interface, server,
 	if err != nil {
 		return nil, apiError("get pod "+ns+"/"+name, server, err)
 	}
-	ex := &explanation{Pod: pod, Nodes: map[string]controller.NodeReport{}}
+	ex := &explanation{Pod: pod, Nodes: map[string]report.Node{}}
 	pools := map[string]bool{}
 	for i := range pod.Spec.ResourceClaims {
 		pc := &pod.Spec.ResourceClaims[i]
@@ -174,7 +175,7 @@ func gatherExplanation(ctx context.Context, client kubernetes.Interface, server,
 				held = append(held, ce.Claim)
 			}
 		}
-		for _, r := range controller.BuildReport(mine, held) {
+		for _, r := range report.Build(mine, held) {
 			ex.Nodes[r.Pool] = r
 		}
 	}
@@ -255,7 +256,7 @@ func writeExplanation(w io.Writer, ex *explanation, o *explainOptions) error {
 	var decision *corev1.Event
 	for i := range ex.Events {
 		e := ex.Events[i]
-		if isControllerEvent(e) && e.Reason != controller.ReasonGateRemoved {
+		if isControllerEvent(e) && e.Reason != report.ReasonGateRemoved {
 			decision = &ex.Events[i]
 		}
 	}
@@ -386,10 +387,10 @@ func writeClaim(p *errWriter, ex *explanation, ce claimExplanation) {
 
 // migVerdict names the MIG devices of a request by profile and parent GPU,
 // as the node's report knows them: "MIG device 1g.5gb of gpu-0".
-func migVerdict(r controller.NodeReport, rs []resourceapi.DeviceRequestAllocationResult) string {
+func migVerdict(r report.Node, rs []resourceapi.DeviceRequestAllocationResult) string {
 	parts := make([]string, 0, len(rs))
 	for _, res := range rs {
-		i := slices.IndexFunc(r.MIG, func(m controller.MIGReport) bool { return m.Device == res.Device })
+		i := slices.IndexFunc(r.MIG, func(m report.MIG) bool { return m.Device == res.Device })
 		if i < 0 {
 			parts = append(parts, "MIG device "+res.Device+" the node does not publish")
 			continue
@@ -437,7 +438,7 @@ func linkVerdict(t *topology.Topology, rs []resourceapi.DeviceRequestAllocationR
 }
 
 // productsOf lists a node's GPU products with counts.
-func productsOf(r controller.NodeReport) string {
+func productsOf(r report.Node) string {
 	count := map[string]int{}
 	var names []string
 	for _, g := range r.GPUs {

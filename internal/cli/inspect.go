@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gpulink/gpulink/controller/report"
+
 	"github.com/spf13/cobra"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -15,7 +17,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/pager"
 
-	"github.com/gpulink/gpulink/controller"
 	"github.com/gpulink/gpulink/driver"
 )
 
@@ -110,9 +111,9 @@ func runInspect(cmd *cobra.Command, o *inspectOptions, newClient clientFactory) 
 
 // renderInspect shows the report of the slices and claims given.
 func renderInspect(cmd *cobra.Command, o *inspectOptions, server string, published []*resourceapi.ResourceSlice, claims []*resourceapi.ResourceClaim) error {
-	reports := controller.BuildReport(published, claims)
+	reports := report.Build(published, claims)
 	if o.node != "" {
-		var mine []controller.NodeReport
+		var mine []report.Node
 		for _, r := range reports {
 			if r.Name == o.node {
 				mine = append(mine, r)

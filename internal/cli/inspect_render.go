@@ -8,9 +8,9 @@ import (
 	"text/tabwriter"
 	"unicode"
 
-	"k8s.io/apimachinery/pkg/api/resource"
+	"github.com/gpulink/gpulink/controller/report"
 
-	"github.com/gpulink/gpulink/controller"
+	"k8s.io/apimachinery/pkg/api/resource"
 )
 
 // inspectDocument is `inspect --output json`: one document, so that
@@ -22,16 +22,16 @@ type inspectDocument struct {
 // inspectNodeView is a node report plus its link matrix in GPU order ("X"
 // on the diagonal), as `gpulink topology` shows it.
 type inspectNodeView struct {
-	controller.NodeReport
+	report.Node
 	Links [][]string `json:"links,omitempty"`
 
 	view *topologyView // nil when the node has no decoded topology
 }
 
-func newInspectViews(reports []controller.NodeReport) ([]inspectNodeView, error) {
+func newInspectViews(reports []report.Node) ([]inspectNodeView, error) {
 	out := make([]inspectNodeView, 0, len(reports))
 	for _, r := range reports {
-		nv := inspectNodeView{NodeReport: r}
+		nv := inspectNodeView{Node: r}
 		if r.Topology != nil && r.Topology.Len() > 0 {
 			v, err := newTopologyView(r.Topology)
 			if err != nil {
@@ -54,7 +54,7 @@ func writeInspectTable(w io.Writer, nodes []inspectNodeView) error {
 		if i > 0 {
 			p.printf("\n")
 		}
-		p.printf("%s\n", nodeSummary(n.NodeReport))
+		p.printf("%s\n", nodeSummary(n.Node))
 		if n.Problem != "" {
 			p.printf("  problem: %s\n", n.Problem)
 		}
@@ -66,7 +66,7 @@ func writeInspectTable(w io.Writer, nodes []inspectNodeView) error {
 			p.printf("\n")
 			writeMIGRows(p, n.MIG)
 		}
-		writeNotes(p, n.NodeReport)
+		writeNotes(p, n.Node)
 		p.flush()
 		if n.view != nil {
 			p.printf("\n")
@@ -77,7 +77,7 @@ func writeInspectTable(w io.Writer, nodes []inspectNodeView) error {
 	return p.err
 }
 
-func nodeSummary(r controller.NodeReport) string {
+func nodeSummary(r report.Node) string {
 	var b strings.Builder
 	b.WriteString("NODE " + r.Name)
 	if r.Pool != r.Name {
@@ -123,7 +123,7 @@ func nodeSummary(r controller.NodeReport) string {
 
 // writeGPURows prints the GPU table. FREE comes before the holder columns
 // so a GPU's further holders continue on rows of their own.
-func writeGPURows(p *errWriter, gpus []controller.GPUReport) {
+func writeGPURows(p *errWriter, gpus []report.GPU) {
 	p.printf("GPU\tPRODUCT\tMEMORY\tFREE\tHELD\tCLAIM\tSHARE\tRESERVED FOR\n")
 	for _, g := range gpus {
 		p.printf("%s\t%s\t%s\t%s", g.Device, orDash(printable(g.Product)), bytesString(g.MemoryBytes), freeString(g))
@@ -149,7 +149,7 @@ func writeGPURows(p *errWriter, gpus []controller.GPUReport) {
 // writeMIGRows prints the MIG devices, by parent GPU and placement: the
 // GPUs' MIG layout (SLICES are the memory slices the GPU instance takes)
 // and who holds each device.
-func writeMIGRows(p *errWriter, devs []controller.MIGReport) {
+func writeMIGRows(p *errWriter, devs []report.MIG) {
 	p.printf("MIG DEVICE\tGPU\tPROFILE\tSLICES\tMEMORY\tFREE\tCLAIM\tRESERVED FOR\n")
 	for _, m := range devs {
 		free := "no"
@@ -180,7 +180,7 @@ func writeMIGRows(p *errWriter, devs []controller.MIGReport) {
 
 // writeNotes lists what the GPU rows cannot hold: taints, accounting
 // problems, and allocations of devices the node does not publish.
-func writeNotes(p *errWriter, r controller.NodeReport) {
+func writeNotes(p *errWriter, r report.Node) {
 	var notes []string
 	for _, g := range r.GPUs {
 		for _, t := range g.Taints {
@@ -218,7 +218,7 @@ func writeNotes(p *errWriter, r controller.NodeReport) {
 	}
 }
 
-func freeString(g controller.GPUReport) string {
+func freeString(g report.GPU) string {
 	switch {
 	case g.Tainted:
 		return "none (tainted)"
@@ -249,7 +249,7 @@ func bytesString(b int64) string {
 	return resource.NewQuantity(b, resource.BinarySI).String()
 }
 
-func reservedString(c controller.ClaimRef) string {
+func reservedString(c report.ClaimRef) string {
 	if len(c.ReservedFor) == 0 {
 		return "-"
 	}

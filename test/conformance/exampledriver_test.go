@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gpulink/gpulink/controller"
+	"github.com/gpulink/gpulink/controller/report"
 )
 
 // exampleDriverCases run kubernetes-sigs/dra-example-driver's demo specs
@@ -45,8 +45,8 @@ func exampleDriverCases() []*peerCase {
 		na:   "admin access: gpulink does not grant admin access to GPUs (docs/security.md); the claim is refused with a ClaimNotAllocatable event",
 		note: "class; the refusal event checked",
 		check: func(ctx context.Context, t *testing.T, r *run) string {
-			if msg := r.event(ctx, t, "admin-access", "pod0", controller.ReasonUninterpretable); !strings.Contains(msg, "admin access") {
-				t.Errorf("%s: pod0: %s %q does not say why", r.c.files[0], controller.ReasonUninterpretable, msg)
+			if msg := r.event(ctx, t, "admin-access", "pod0", report.ReasonUninterpretable); !strings.Contains(msg, "admin access") {
+				t.Errorf("%s: pod0: %s %q does not say why", r.c.files[0], report.ReasonUninterpretable, msg)
 			}
 			return ""
 		}}

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gpulink/gpulink/controller"
+	"github.com/gpulink/gpulink/controller/report"
 )
 
 // hamiCases run HAMi's examples/nvidia pods unchanged (gpulink's webhook
@@ -63,7 +63,7 @@ func hamiCases() []*peerCase {
 		note: "unchanged: the pod runs on one GPU, its allocation event names its own policy (issue 18 defect 4, fixed)",
 		check: func(ctx context.Context, t *testing.T, r *run) string {
 			eachSees(t, r.c.files[0], r.waitRunning(ctx, t, r.ns, 1), 1)
-			if msg := r.event(ctx, t, r.ns, "gpu-pod", controller.ReasonAllocated); !strings.Contains(msg, "own policy") {
+			if msg := r.event(ctx, t, r.ns, "gpu-pod", report.ReasonAllocated); !strings.Contains(msg, "own policy") {
 				t.Errorf("%s: allocation event %q does not name the pod's own policy", r.c.files[0], msg)
 			}
 			return ""

@@ -11,12 +11,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpulink/gpulink/controller/report"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/gpulink/gpulink/controller"
 	"github.com/gpulink/gpulink/test/localcluster"
 )
 
@@ -128,7 +129,7 @@ func (r *run) waitWaiting(ctx context.Context, t *testing.T, ns, name string) st
 			return false, err
 		}
 		for _, ev := range events.Items {
-			if ev.Reason == controller.ReasonWaiting {
+			if ev.Reason == report.ReasonWaiting {
 				msg = ev.Message
 				return true, nil
 			}
@@ -136,7 +137,7 @@ func (r *run) waitWaiting(ctx context.Context, t *testing.T, ns, name string) st
 		return false, nil
 	})
 	if err != nil {
-		t.Fatalf("%s: pod %s/%s: no %s event: %v\n%s", r.c.files[0], ns, name, controller.ReasonWaiting, err, r.describe(ctx, ns))
+		t.Fatalf("%s: pod %s/%s: no %s event: %v\n%s", r.c.files[0], ns, name, report.ReasonWaiting, err, r.describe(ctx, ns))
 	}
 	pod, err := r.e.client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {

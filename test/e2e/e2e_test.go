@@ -48,6 +48,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpulink/gpulink/controller/report"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -59,7 +61,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpulink/gpulink/compat"
-	"github.com/gpulink/gpulink/controller"
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/topology"
 	"github.com/gpulink/gpulink/test/e2e/gpuview"
@@ -789,7 +790,7 @@ func (s *suite) requiredWaits(ctx context.Context, t *testing.T) {
 			return false, err
 		}
 		for _, e := range events.Items {
-			if e.InvolvedObject.UID == pod.UID && e.Reason == controller.ReasonWaiting {
+			if e.InvolvedObject.UID == pod.UID && e.Reason == report.ReasonWaiting {
 				note = e.Message
 				return true, nil
 			}
@@ -797,7 +798,7 @@ func (s *suite) requiredWaits(ctx context.Context, t *testing.T) {
 		return false, nil
 	})
 	if err != nil {
-		t.Fatalf("no %s event for pod %s: %v\n%s", controller.ReasonWaiting, name, err, describePod(ctx, s.client, ns, name))
+		t.Fatalf("no %s event for pod %s: %v\n%s", report.ReasonWaiting, name, err, describePod(ctx, s.client, ns, name))
 	}
 	t.Logf("pod %s waits: %s", name, note)
 	got, err := s.client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})

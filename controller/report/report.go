@@ -1,4 +1,10 @@
-package controller
+// Package report is what gpulink's controller tells users about
+// allocations: the per-node view of the GPUs and who holds them (Build),
+// which `gpulink inspect` prints and `gpulink explain` reads, built from
+// the same slice decoding (internal/sliceformat) and claim accounting the
+// controller allocates with, and the reasons of the events the controller
+// records (reasons.go). It reads plain API objects and needs no client.
+package report
 
 import (
 	"cmp"
@@ -9,13 +15,14 @@ import (
 
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/topology"
+	"github.com/gpulink/gpulink/internal/sliceformat"
 )
 
-// NodeReport is a point-in-time view of one node's gpulink GPUs and who
+// Node is a point-in-time view of one node's gpulink GPUs and who
 // holds them, built from the same slice decoding and claim accounting the
 // controller allocates with, so `gpulink inspect` shows exactly what the
 // controller would count. The JSON form is the inspect command's output.
-type NodeReport struct {
+type Node struct {
 	// Name is the node the pool's slices name (the pool name when the
 	// slices name none).
 	Name string `json:"name"`
@@ -26,10 +33,10 @@ type NodeReport struct {
 	// the node has no GPUs.
 	Topology *topology.Topology `json:"-"`
 	// GPUs are the node's devices in ascending GPU index.
-	GPUs []GPUReport `json:"gpus"`
+	GPUs []GPU `json:"gpus"`
 	// MIG are the MIG devices of the node's GPUs in MIG mode, by parent
 	// GPU index then placement: the GPUs' MIG layout.
-	MIG []MIGReport `json:"mig,omitempty"`
+	MIG []MIG `json:"mig,omitempty"`
 	// Problem says why the pool could not be decoded (incomplete
 	// generation, conflicting indices, bad links rows, ...); the
 	// controller allocates nothing on such a node.
@@ -40,8 +47,8 @@ type NodeReport struct {
 	UnknownDevices []DeviceHold `json:"unknownDevices,omitempty"`
 }
 
-// GPUReport is one GPU, its holders and what is left of it.
-type GPUReport struct {
+// GPU is one GPU, its holders and what is left of it.
+type GPU struct {
 	// Device is the ResourceSlice device name, gpu-<Index>.
 	Device  string `json:"device"`
 	Index   int    `json:"index"`
@@ -72,9 +79,9 @@ type GPUReport struct {
 	Problems []string `json:"problems,omitempty"`
 }
 
-// MIGReport is one MIG device (an instance of a GPU in MIG mode) and who
+// MIG is one MIG device (an instance of a GPU in MIG mode) and who
 // holds it. A MIG device is given out whole, to one claim.
-type MIGReport struct {
+type MIG struct {
 	// Device is the ResourceSlice device name, gpu-<parent>-mig-<gi>-<ci>.
 	Device string `json:"device"`
 	// Parent is the index of the GPU the device is part of.
@@ -126,14 +133,14 @@ type DeviceHold struct {
 	Cores       int64 `json:"cores,omitempty"`
 }
 
-// BuildReport decodes gpulink's ResourceSlices into per-node reports and
+// Build decodes gpulink's ResourceSlices into per-node reports and
 // attributes every gpulink allocation result of the claims to its GPU.
 // Slices of other drivers and claims without gpulink results are ignored.
 // Reports are sorted by node then pool name. A pool whose slices do not
 // decode gets a report with Problem set rather than failing the whole
 // report; a pool without slices that claims still allocate from gets one
 // too, so no allocation goes unshown.
-func BuildReport(published []*resourceapi.ResourceSlice, claims []*resourceapi.ResourceClaim) []NodeReport {
+func Build(published []*resourceapi.ResourceSlice, claims []*resourceapi.ResourceClaim) []Node {
 	pools := map[string][]*resourceapi.ResourceSlice{}
 	for _, s := range published {
 		if s == nil || s.Spec.Driver != driver.Name {
@@ -148,11 +155,11 @@ func BuildReport(published []*resourceapi.ResourceSlice, claims []*resourceapi.R
 		}
 	}
 
-	reports := make([]NodeReport, 0, len(pools))
+	reports := make([]Node, 0, len(pools))
 	for pool, ps := range pools {
 		reports = append(reports, poolReport(pool, ps, holds[pool]))
 	}
-	slices.SortFunc(reports, func(a, b NodeReport) int {
+	slices.SortFunc(reports, func(a, b Node) int {
 		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Pool, b.Pool))
 	})
 	return reports
@@ -160,7 +167,7 @@ func BuildReport(published []*resourceapi.ResourceSlice, claims []*resourceapi.R
 
 // hold is one gpulink allocation result and the claim it belongs to.
 type hold struct {
-	use     deviceUse
+	use     sliceformat.Use
 	claim   ClaimRef
 	shareID string
 }
@@ -175,7 +182,7 @@ func poolHolds(claims []*resourceapi.ResourceClaim) map[string][]hold {
 		ref := claimRef(c)
 		for i := range c.Status.Allocation.Devices.Results {
 			r := &c.Status.Allocation.Devices.Results[i]
-			u, ok := resultUse(r)
+			u, ok := sliceformat.ResultUse(r)
 			if !ok {
 				continue
 			}
@@ -183,7 +190,7 @@ func poolHolds(claims []*resourceapi.ResourceClaim) map[string][]hold {
 			if r.ShareID != nil {
 				h.shareID = string(*r.ShareID)
 			}
-			out[u.Key.Pool] = append(out[u.Key.Pool], h)
+			out[u.Pool] = append(out[u.Pool], h)
 		}
 	}
 	return out
@@ -203,8 +210,8 @@ func claimRef(c *resourceapi.ResourceClaim) ClaimRef {
 
 // poolReport builds the report of one pool from its slices (possibly none)
 // and the allocations naming it.
-func poolReport(pool string, ps []*resourceapi.ResourceSlice, holds []hold) NodeReport {
-	r := NodeReport{Name: nodeNameOf(pool, ps), Pool: pool, GPUs: []GPUReport{}}
+func poolReport(pool string, ps []*resourceapi.ResourceSlice, holds []hold) Node {
+	r := Node{Name: nodeNameOf(pool, ps), Pool: pool, GPUs: []GPU{}}
 	switch {
 	case len(ps) == 0:
 		r.Problem = fmt.Sprintf("pool %q publishes no ResourceSlices, yet claims hold its devices", pool)
@@ -212,34 +219,34 @@ func poolReport(pool string, ps []*resourceapi.ResourceSlice, holds []hold) Node
 		// The plugin publishes an empty pool on a node without GPUs;
 		// that is a state, not a problem.
 	default:
-		n, err := buildNode(pool, ps)
+		n, err := sliceformat.DecodePool(pool, ps)
 		if err != nil {
 			r.Problem = err.Error()
 			break
 		}
 		r.Name = n.Node
-		r.Topology = n.Topo
-		for _, d := range n.Devices {
-			r.GPUs = append(r.GPUs, gpuReport(n, d))
+		r.Topology = n.Topology
+		for _, g := range n.GPUs {
+			r.GPUs = append(r.GPUs, gpuReport(n, g))
 		}
 		for _, m := range n.MIG {
 			r.MIG = append(r.MIG, migReport(m))
 		}
-		slices.SortFunc(r.MIG, func(a, b MIGReport) int {
+		slices.SortFunc(r.MIG, func(a, b MIG) int {
 			return cmp.Or(cmp.Compare(a.Parent, b.Parent), cmp.Compare(a.PlacementStart, b.PlacementStart), cmp.Compare(a.Device, b.Device))
 		})
 	}
-	byDevice := make(map[string]*GPUReport, len(r.GPUs))
+	byDevice := make(map[string]*GPU, len(r.GPUs))
 	for i := range r.GPUs {
 		byDevice[r.GPUs[i].Device] = &r.GPUs[i]
 	}
-	byMIG := make(map[string]*MIGReport, len(r.MIG))
+	byMIG := make(map[string]*MIG, len(r.MIG))
 	for i := range r.MIG {
 		byMIG[r.MIG[i].Device] = &r.MIG[i]
 	}
 	for _, h := range holds {
-		g := byDevice[h.use.Key.Device]
-		m := byMIG[h.use.Key.Device]
+		g := byDevice[h.use.Device]
+		m := byMIG[h.use.Device]
 		switch {
 		case m != nil && h.use.Exclusive:
 			m.Holders = append(m.Holders, h.claim)
@@ -247,7 +254,7 @@ func poolReport(pool string, ps []*resourceapi.ResourceSlice, holds []hold) Node
 			m.Problems = append(m.Problems, fmt.Sprintf("shared with claim %s (share %s); a MIG device is given out whole", h.claim, h.shareID))
 		case g == nil:
 			r.UnknownDevices = append(r.UnknownDevices, DeviceHold{
-				Device: h.use.Key.Device, Claim: h.claim, Share: !h.use.Exclusive,
+				Device: h.use.Device, Claim: h.claim, Share: !h.use.Exclusive,
 				MemoryBytes: h.use.MemoryBytes, Cores: h.use.Cores,
 			})
 		case h.use.Exclusive:
@@ -295,43 +302,48 @@ func hasDevices(ps []*resourceapi.ResourceSlice) bool {
 	return false
 }
 
-func gpuReport(n *nodeInventory, d *deviceInfo) GPUReport {
-	g := GPUReport{
-		Device:      d.Name,
-		Index:       d.Index,
-		Product:     n.Topo.GPUs[d.Pos].ProductName,
-		MemoryBytes: n.Topo.GPUs[d.Pos].MemoryBytes,
+// gpuReport is one GPU before its holders are counted.
+func gpuReport(n *sliceformat.Pool, g sliceformat.GPU) GPU {
+	t := n.Topology.GPUs[g.Pos]
+	r := GPU{
+		Device:      g.Device.Name,
+		Index:       g.Index,
+		Product:     t.ProductName,
+		MemoryBytes: t.MemoryBytes,
 	}
-	if c, ok := d.capacity(capCores); ok {
-		g.Cores = c.Value.Value()
+	if c, ok := sliceformat.Capacity(g.Device, driver.CapacityCores); ok {
+		r.Cores = c.Value.Value()
 	}
-	for _, t := range d.Taints {
-		if t.Key == driver.ManagedTaintKey {
-			continue
-		}
-		g.Taints = append(g.Taints, fmt.Sprintf("%s=%s:%s", t.Key, t.Value, t.Effect))
-	}
-	g.Tainted = blockingTaint(d)
-	return g
+	r.Taints, r.Tainted = taints(g.Device.Taints)
+	return r
 }
 
-func migReport(m *migDevice) MIGReport {
-	r := MIGReport{Device: m.Name, Parent: m.Parent, Profile: m.Profile,
+// migReport is one MIG device before its holders are counted.
+func migReport(m sliceformat.MIGDevice) MIG {
+	r := MIG{Device: m.Device.Name, Parent: m.Parent, Profile: m.Profile,
 		PlacementStart: m.Placement.Start, PlacementSize: m.Placement.Size, MemoryBytes: m.MemoryBytes}
-	for _, t := range m.Taints {
+	r.Taints, r.Tainted = taints(m.Device.Taints)
+	return r
+}
+
+// taints renders a device's taints but gpulink's managed one, and tells
+// whether any keeps work off the device (NoSchedule, NoExecute) as the
+// controller counts it.
+func taints(ts []resourceapi.DeviceTaint) ([]string, bool) {
+	var out []string
+	for _, t := range ts {
 		if t.Key == driver.ManagedTaintKey {
 			continue
 		}
-		r.Taints = append(r.Taints, fmt.Sprintf("%s=%s:%s", t.Key, t.Value, t.Effect))
+		out = append(out, fmt.Sprintf("%s=%s:%s", t.Key, t.Value, t.Effect))
 	}
-	r.Tainted = blockingTaint(&deviceInfo{Taints: m.Taints})
-	return r
+	return out, len(sliceformat.SchedulingTaints(ts)) > 0
 }
 
 // settle sorts a GPU's holders and derives its free capacity and problems,
 // counting the way the ledger does: any whole holder takes the device, and
 // shares add up their consumed capacity.
-func settle(g *GPUReport) {
+func settle(g *GPU) {
 	slices.SortFunc(g.Whole, compareClaims)
 	slices.SortFunc(g.Shares, func(a, b ShareHolder) int {
 		return cmp.Or(compareClaims(a.Claim, b.Claim), cmp.Compare(a.ShareID, b.ShareID))
@@ -378,12 +390,4 @@ func compareDevices(a, b string) int {
 		return 1
 	}
 	return cmp.Compare(a, b)
-}
-
-// blockingTaint tells whether a device carries a NoSchedule or NoExecute
-// taint other than gpulink's managed one, which only steers requests to
-// the controller.
-func blockingTaint(d *deviceInfo) bool {
-	_, ok := untoleratedTaint(d, nil)
-	return ok
 }

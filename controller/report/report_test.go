@@ -1,4 +1,4 @@
-package controller_test
+package report_test
 
 import (
 	"path/filepath"
@@ -12,8 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
-	"github.com/gpulink/gpulink/controller"
 	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/controller/report"
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/topology"
 )
@@ -25,7 +25,7 @@ const gib = int64(1) << 30
 // with 32Gi GPUs named product.
 func reportSlice(t *testing.T, node, fixture, product string) *resourceapi.ResourceSlice {
 	t.Helper()
-	topo, err := topology.ParseFile(filepath.Join("..", "driver", "topology", "testdata", fixture))
+	topo, err := topology.ParseFile(filepath.Join("..", "..", "driver", "topology", "testdata", fixture))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func allocatedClaim(ns, name string, pods []string, results ...result) *resource
 	return c
 }
 
-func findGPU(t *testing.T, r controller.NodeReport, dev string) controller.GPUReport {
+func findGPU(t *testing.T, r report.Node, dev string) report.GPU {
 	t.Helper()
 	for _, g := range r.GPUs {
 		if g.Device == dev {
@@ -76,7 +76,7 @@ func findGPU(t *testing.T, r controller.NodeReport, dev string) controller.GPURe
 		}
 	}
 	t.Fatalf("node %s has no GPU %s", r.Name, dev)
-	return controller.GPUReport{}
+	return report.GPU{}
 }
 
 func TestBuildReportHoldersAndFreeCapacity(t *testing.T) {
@@ -101,7 +101,7 @@ func TestBuildReportHoldersAndFreeCapacity(t *testing.T) {
 		allocatedClaim("team-c", "foreign", []string{"x"}, otherDriver, admin),
 		nil,
 	}
-	reports := controller.BuildReport([]*resourceapi.ResourceSlice{pcie, foreign, v100}, claims)
+	reports := report.Build([]*resourceapi.ResourceSlice{pcie, foreign, v100}, claims)
 
 	if len(reports) != 2 || reports[0].Name != "node-a" || reports[1].Name != "node-b" {
 		t.Fatalf("reports for %v, want node-a then node-b", reportNames(reports))
@@ -132,10 +132,10 @@ func TestBuildReportHoldersAndFreeCapacity(t *testing.T) {
 		t.Errorf("GPU0-GPU4 link %s, want SYS as in the fixture", got)
 	}
 
-	train := controller.ClaimRef{Namespace: "team-a", Name: "train", ReservedFor: []string{"pods/train-0"}}
+	train := report.ClaimRef{Namespace: "team-a", Name: "train", ReservedFor: []string{"pods/train-0"}}
 	for _, dev := range []string{"gpu-0", "gpu-3"} {
 		g := findGPU(t, a, dev)
-		if !reflect.DeepEqual(g.Whole, []controller.ClaimRef{train}) || len(g.Shares) != 0 {
+		if !reflect.DeepEqual(g.Whole, []report.ClaimRef{train}) || len(g.Shares) != 0 {
 			t.Errorf("%s held whole by %v, shares %v; want only %v", dev, g.Whole, g.Shares, train)
 		}
 		if g.Free || g.FreeMemoryBytes != 0 || g.FreeCores != 0 {
@@ -144,9 +144,9 @@ func TestBuildReportHoldersAndFreeCapacity(t *testing.T) {
 	}
 
 	g1 := findGPU(t, a, "gpu-1")
-	wantShares := []controller.ShareHolder{
-		{Claim: controller.ClaimRef{Namespace: "team-a", Name: "notebook", ReservedFor: []string{"pods/nb"}}, ShareID: "s-1", MemoryBytes: 2 * gib, Cores: 10},
-		{Claim: controller.ClaimRef{Namespace: "team-b", Name: "infer", ReservedFor: []string{"pods/infer-0", "pods/infer-1"}}, ShareID: "s-2", MemoryBytes: 4 * gib, Cores: 25},
+	wantShares := []report.ShareHolder{
+		{Claim: report.ClaimRef{Namespace: "team-a", Name: "notebook", ReservedFor: []string{"pods/nb"}}, ShareID: "s-1", MemoryBytes: 2 * gib, Cores: 10},
+		{Claim: report.ClaimRef{Namespace: "team-b", Name: "infer", ReservedFor: []string{"pods/infer-0", "pods/infer-1"}}, ShareID: "s-2", MemoryBytes: 4 * gib, Cores: 25},
 	}
 	if !reflect.DeepEqual(g1.Shares, wantShares) || len(g1.Whole) != 0 {
 		t.Errorf("gpu-1 shares %+v whole %v, want %+v", g1.Shares, g1.Whole, wantShares)
@@ -199,13 +199,13 @@ func TestBuildReportInconsistencies(t *testing.T) {
 		name   string
 		slices []*resourceapi.ResourceSlice
 		claims []*resourceapi.ResourceClaim
-		check  func(t *testing.T, reports []controller.NodeReport)
+		check  func(t *testing.T, reports []report.Node)
 	}{
 		{
 			name:   "nothing published, nothing allocated",
 			slices: nil,
 			claims: []*resourceapi.ResourceClaim{allocatedClaim("ns", "idle", nil)},
-			check: func(t *testing.T, reports []controller.NodeReport) {
+			check: func(t *testing.T, reports []report.Node) {
 				if len(reports) != 0 {
 					t.Errorf("reports %v, want none", reportNames(reports))
 				}
@@ -214,7 +214,7 @@ func TestBuildReportInconsistencies(t *testing.T) {
 		{
 			name:   "node without GPUs is shown without a problem",
 			slices: []*resourceapi.ResourceSlice{empty},
-			check: func(t *testing.T, reports []controller.NodeReport) {
+			check: func(t *testing.T, reports []report.Node) {
 				if len(reports) != 1 || reports[0].Name != "cpu-node" || reports[0].Problem != "" || len(reports[0].GPUs) != 0 || reports[0].Topology != nil {
 					t.Errorf("reports %+v, want cpu-node with no GPUs and no problem", reports)
 				}
@@ -229,7 +229,7 @@ func TestBuildReportInconsistencies(t *testing.T) {
 				allocatedClaim("ns", "three", nil, wholeResult("node-a", "gpu-1"), shareResult("node-a", "gpu-2", "a", "30Gi", "60")),
 				allocatedClaim("ns", "four", nil, shareResult("node-a", "gpu-1", "b", "1Gi", "1"), shareResult("node-a", "gpu-2", "c", "4Gi", "50")),
 			},
-			check: func(t *testing.T, reports []controller.NodeReport) {
+			check: func(t *testing.T, reports []report.Node) {
 				r := reports[0]
 				if g := findGPU(t, r, "gpu-0"); len(g.Whole) != 2 || g.Whole[0].Name != "one" || !hasProblem(g, "held whole by 2 claims") {
 					t.Errorf("gpu-0 whole %v problems %v, want both claims and a double-allocation problem", g.Whole, g.Problems)
@@ -255,10 +255,10 @@ func TestBuildReportInconsistencies(t *testing.T) {
 			claims: []*resourceapi.ResourceClaim{
 				allocatedClaim("ns", "ghost", []string{"p"}, wholeResult("node-a", "gpu-9"), shareResult("node-a", "gpu-10", "z", "1Gi", "5")),
 			},
-			check: func(t *testing.T, reports []controller.NodeReport) {
-				want := []controller.DeviceHold{
-					{Device: "gpu-9", Claim: controller.ClaimRef{Namespace: "ns", Name: "ghost", ReservedFor: []string{"pods/p"}}},
-					{Device: "gpu-10", Claim: controller.ClaimRef{Namespace: "ns", Name: "ghost", ReservedFor: []string{"pods/p"}}, Share: true, MemoryBytes: gib, Cores: 5},
+			check: func(t *testing.T, reports []report.Node) {
+				want := []report.DeviceHold{
+					{Device: "gpu-9", Claim: report.ClaimRef{Namespace: "ns", Name: "ghost", ReservedFor: []string{"pods/p"}}},
+					{Device: "gpu-10", Claim: report.ClaimRef{Namespace: "ns", Name: "ghost", ReservedFor: []string{"pods/p"}}, Share: true, MemoryBytes: gib, Cores: 5},
 				}
 				if len(reports) != 1 || !reflect.DeepEqual(reports[0].UnknownDevices, want) {
 					t.Errorf("unknown devices %+v, want %+v in device order", reports[0].UnknownDevices, want)
@@ -269,7 +269,7 @@ func TestBuildReportInconsistencies(t *testing.T) {
 			name:   "claims hold devices of a pool without slices",
 			slices: []*resourceapi.ResourceSlice{good()},
 			claims: []*resourceapi.ResourceClaim{allocatedClaim("ns", "gone", nil, wholeResult("node-gone", "gpu-0"))},
-			check: func(t *testing.T, reports []controller.NodeReport) {
+			check: func(t *testing.T, reports []report.Node) {
 				if len(reports) != 2 || reports[1].Name != "node-gone" {
 					t.Fatalf("reports %v, want node-a and node-gone", reportNames(reports))
 				}
@@ -283,7 +283,7 @@ func TestBuildReportInconsistencies(t *testing.T) {
 			name:   "incomplete pool generation",
 			slices: []*resourceapi.ResourceSlice{incomplete},
 			claims: []*resourceapi.ResourceClaim{allocatedClaim("ns", "held", nil, wholeResult("node-a", "gpu-1"))},
-			check: func(t *testing.T, reports []controller.NodeReport) {
+			check: func(t *testing.T, reports []report.Node) {
 				r := reports[0]
 				if r.Name != "node-a" || !strings.Contains(r.Problem, "incomplete: 1 of 2 slices published") || len(r.GPUs) != 0 || r.Topology != nil {
 					t.Errorf("report %+v, want node-a with an incompleteness problem and no GPUs", r)
@@ -296,7 +296,7 @@ func TestBuildReportInconsistencies(t *testing.T) {
 		{
 			name:   "pool split over two nodes",
 			slices: []*resourceapi.ResourceSlice{split2, split},
-			check: func(t *testing.T, reports []controller.NodeReport) {
+			check: func(t *testing.T, reports []report.Node) {
 				if len(reports) != 1 || !strings.Contains(reports[0].Problem, "slices name nodes") {
 					t.Errorf("reports %+v, want one problem naming both nodes", reports)
 				}
@@ -308,7 +308,7 @@ func TestBuildReportInconsistencies(t *testing.T) {
 		{
 			name:   "device taints other than the managed taint are shown",
 			slices: []*resourceapi.ResourceSlice{tainted},
-			check: func(t *testing.T, reports []controller.NodeReport) {
+			check: func(t *testing.T, reports []report.Node) {
 				g := findGPU(t, reports[0], "gpu-2")
 				if want := []string{"gpu.gpulink.dev/unhealthy=xid-79:NoExecute"}; !reflect.DeepEqual(g.Taints, want) {
 					t.Errorf("gpu-2 taints %v, want %v", g.Taints, want)
@@ -326,12 +326,12 @@ func TestBuildReportInconsistencies(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			tt.check(t, controller.BuildReport(tt.slices, tt.claims))
+			tt.check(t, report.Build(tt.slices, tt.claims))
 		})
 	}
 }
 
-func hasProblem(g controller.GPUReport, want string) bool {
+func hasProblem(g report.GPU, want string) bool {
 	for _, p := range g.Problems {
 		if p == want {
 			return true
@@ -340,7 +340,7 @@ func hasProblem(g controller.GPUReport, want string) bool {
 	return false
 }
 
-func reportNames(reports []controller.NodeReport) []string {
+func reportNames(reports []report.Node) []string {
 	var out []string
 	for _, r := range reports {
 		out = append(out, r.Name)

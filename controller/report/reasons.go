@@ -1,0 +1,28 @@
+package report
+
+// Reasons of the events the controller records (events/v1 reason), which
+// `gpulink explain` reads.
+const (
+	ReasonAllocated       = "GPUsAllocated"
+	ReasonWaiting         = "WaitingForGPUs"
+	ReasonUninterpretable = "ClaimNotAllocatable"
+	ReasonReleased        = "AllocationReleased"
+	ReasonGateRemoved     = "SchedulingGateRemoved"
+	ReasonAllocateFailed  = "AllocationFailed"
+	// ReasonSliceIgnored is recorded on a ResourceSlice the controller
+	// refuses to use because its pool is named after another node.
+	ReasonSliceIgnored = "ResourceSliceIgnored"
+	// ReasonClaimDeletedInUse is recorded on a pod whose claim was deleted
+	// while the pod may still use its GPUs.
+	ReasonClaimDeletedInUse = "ClaimDeletedInUse"
+	// ReasonMPSUsersDiffer is recorded on a pod kept gated because its
+	// containers would be clients of an MPS server with containers of
+	// another user.
+	ReasonMPSUsersDiffer = "MPSUsersDiffer"
+	// ReasonPriorityScope is recorded on a pod whose claim has an MPS share
+	// with a task priority (sharing.priority, HAMi's nvidia.com/priority),
+	// to say what that priority can order: a Warning when the share's GPU
+	// already carries shares of other claims, which it cannot be ordered
+	// against.
+	ReasonPriorityScope = "PriorityScope"
+)
