@@ -315,6 +315,20 @@ func newScoreCache() *scoreCache {
 	return &scoreCache{shapes: newLRU[*shapeScores](maxCachedShapes)}
 }
 
+// entries counts the node scores the cache keeps.
+func (c *scoreCache) entries() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for e := c.shapes.order.Front(); e != nil; e = e.Next() {
+		s := e.Value.(*lruEntry[*shapeScores]).val
+		s.mu.Lock()
+		n += len(s.byNode)
+		s.mu.Unlock()
+	}
+	return n
+}
+
 // shape returns the scores kept for a shape; a nil cache keeps nothing.
 func (c *scoreCache) shape(key string, nodes int) *shapeScores {
 	if c == nil {

@@ -94,7 +94,7 @@ func newPruneCluster(t testing.TB, rng *rand.Rand, nodes int, fixtures []string,
 	for _, c := range DeviceClasses() {
 		classes[c.Name] = c
 	}
-	pc.ip = &interpreter{classes: fakeClassLister(classes), cel: pc.sel, inv: pc.inv}
+	pc.ip = newInterpreter(fakeClassLister(classes), pc.sel, pc.inv)
 	// Names in an order unrelated to the inventory's, so that the name
 	// tie-break is exercised.
 	perm := rng.Perm(nodes)
@@ -252,7 +252,7 @@ func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 			admit := func(n *nodeInventory) bool { return !rejected[n.Node] }
 			plans, _, _ := exhaustivePlans(ctx, pc.sel, pol, cands, pc.nodeUsage, pending)
 			ref := choosePlan(plans, pol, rank)
-			before := cacheEntries(cache)
+			before := cache.entries()
 			got, verdict := quickChoice(ctx, pc.sel, pol, nodes, pc, cache, admit, pending, rank)
 			ok := verdict == quickChosen
 			if verdict == quickNoFit {
@@ -315,17 +315,6 @@ func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 	if shortcutShapes == 0 || quick*10 < shortcutShapes*7 || cached*2 < quick || noFit == 0 || bounded < 20 {
 		t.Fatalf("only %d of %d single-placement decisions took the shortcut, %d of them with kept scores, %d found nothing fits; %d by branch and bound", quick, shortcutShapes, cached, noFit, bounded)
 	}
-}
-
-// cacheEntries counts the scores a cache keeps.
-func cacheEntries(c *scoreCache) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := 0
-	for e := c.shapes.order.Front(); e != nil; e = e.Next() {
-		n += len(e.Value.(*lruEntry[*shapeScores]).val.byNode)
-	}
-	return n
 }
 
 // TestScoreCacheFollowsUsage checks that a kept score is not used once the

@@ -13,7 +13,6 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation/field"
-	resourcelisters "k8s.io/client-go/listers/resource/v1"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 
 	"github.com/gpulink/gpulink/api/v1alpha1"
@@ -157,7 +156,7 @@ var managedTaint = resourceapi.DeviceTaint{Key: driver.ManagedTaintKey, Effect: 
 
 // interpreter turns claims into allocation problems.
 type interpreter struct {
-	classes resourcelisters.DeviceClassLister
+	classes classGetter
 	cel     *selectorEvaluator
 	inv     *inventory
 
@@ -166,6 +165,17 @@ type interpreter struct {
 	// part of interpreting a claim.
 	configMu sync.Mutex
 	configs  map[string]*resolvedConfig
+}
+
+// classGetter reads DeviceClasses by name; a DeviceClass lister is one.
+type classGetter interface {
+	Get(name string) (*resourceapi.DeviceClass, error)
+}
+
+// newInterpreter interprets claims with the classes, the selector
+// evaluator and the inventory of nodes (for what a class selects).
+func newInterpreter(classes classGetter, sel *selectorEvaluator, inv *inventory) *interpreter {
+	return &interpreter{classes: classes, cel: sel, inv: inv}
 }
 
 type resolvedConfig struct {

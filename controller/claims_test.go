@@ -35,7 +35,7 @@ func testInterpreter(t *testing.T, extra ...*resourceapi.DeviceClass) (*interpre
 	if err := inv.upsert(s); err != nil {
 		t.Fatal(err)
 	}
-	return &interpreter{classes: classes, cel: newSelectorEvaluator(), inv: inv}, inv
+	return newInterpreter(classes, newSelectorEvaluator(), inv), inv
 }
 
 func claimOf(spec resourceapi.DeviceClaim) *resourceapi.ResourceClaim {

@@ -213,7 +213,7 @@ func New(cfg Config) (*Controller, error) {
 	c.claimIdx = claimInf.Informer().GetIndexer()
 	c.classes = classInf.Lister()
 	c.nodes = nodeInf.Lister()
-	c.interp = &interpreter{classes: c.classes, cel: c.sel, inv: c.inv}
+	c.interp = newInterpreter(c.classes, c.sel, c.inv)
 	cfg.Metrics.inventory.setSource(c.inv, c.ledger)
 	c.filter = &nodeFilter{nodes: c.nodes, classes: c.classes, fit: c.fit}
 

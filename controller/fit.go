@@ -517,3 +517,14 @@ func (r *rejections) summary(total int) string {
 func podDone(pod *corev1.Pod) bool {
 	return pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
 }
+
+// requestedOn is the CPU (millicores) and memory the pods counted on a
+// node request.
+func (f *fitTracker) requestedOn(node string) (cpuMilli, memoryBytes int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if u := f.nodes[node]; u != nil {
+		return u.requested[corev1.ResourceCPU], u.requested[corev1.ResourceMemory]
+	}
+	return 0, 0
+}

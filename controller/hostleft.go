@@ -23,11 +23,7 @@ func (f *nodeFilter) hostLeft(name string) *allocate.Host {
 	}
 	var usedCPU, usedMem int64
 	if f.fit != nil {
-		f.fit.mu.Lock()
-		if u := f.fit.nodes[name]; u != nil {
-			usedCPU, usedMem = u.requested[corev1.ResourceCPU], u.requested[corev1.ResourceMemory]
-		}
-		f.fit.mu.Unlock()
+		usedCPU, usedMem = f.fit.requestedOn(name)
 	}
 	return &allocate.Host{CPUMilli: max(0, alloc.CPUMilli-usedCPU), MemoryBytes: max(0, alloc.MemoryBytes-usedMem)}
 }

@@ -58,7 +58,7 @@ func benchmarkPlan(b *testing.B, req resourceapi.DeviceRequest) {
 	for _, c := range DeviceClasses() {
 		classes[c.Name] = c
 	}
-	ip := &interpreter{classes: fakeClassLister(classes), cel: sel, inv: inv}
+	ip := newInterpreter(fakeClassLister(classes), sel, inv)
 	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "d"},
 		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req}}}}
 	ctx := context.Background()
