@@ -4,20 +4,19 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gpulink/gpulink/controller/report"
-
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/utils/ptr"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/controller/report"
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/allocate"
 	"github.com/gpulink/gpulink/test/e2e/gpuview"
-	"k8s.io/apimachinery/pkg/runtime"
 )
 
 // shareIn creates, in namespace, a claim with one share of class and a

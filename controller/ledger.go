@@ -4,6 +4,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -170,14 +171,46 @@ func allocatedShareGroup(claim *resourceapi.ResourceClaim, request string) strin
 			claimLayers = append(claimLayers, c.Opaque.Parameters.Raw)
 		}
 	}
-	if len(classLayers)+len(claimLayers) == 0 {
-		return ""
-	}
-	cfg, err := v1alpha1.Resolve(classLayers, claimLayers)
-	if err != nil || !cfg.ConcurrentMPS() {
+	if len(classLayers)+len(claimLayers) == 0 || !concurrentLayers(classLayers, claimLayers) {
 		return ""
 	}
 	return concurrentGroup(claim.Namespace)
+}
+
+// concurrentMemo keeps whether configuration layers make a concurrent MPS
+// share, by their bytes: the ledger reads every share claim's allocation
+// on every update, claims of one class carry the same layers, and
+// decoding them is the costly part.
+var concurrentMemo = struct {
+	sync.Mutex
+	*lru[bool]
+}{lru: newLRU[bool](256)}
+
+// concurrentLayers tells whether the layers resolve to a concurrent MPS
+// share; layers that do not decode do not.
+func concurrentLayers(classLayers, claimLayers [][]byte) bool {
+	var key strings.Builder
+	for _, l := range classLayers {
+		key.Write(l)
+		key.WriteByte(0)
+	}
+	key.WriteByte(1)
+	for _, l := range claimLayers {
+		key.Write(l)
+		key.WriteByte(0)
+	}
+	concurrentMemo.Lock()
+	v, ok := concurrentMemo.get(key.String())
+	concurrentMemo.Unlock()
+	if ok {
+		return v
+	}
+	cfg, err := v1alpha1.Resolve(classLayers, claimLayers)
+	v = err == nil && cfg.ConcurrentMPS()
+	concurrentMemo.Lock()
+	concurrentMemo.put(key.String(), v)
+	concurrentMemo.Unlock()
+	return v
 }
 
 // resultUse is what one allocation result takes from a gpulink device

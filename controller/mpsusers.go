@@ -6,11 +6,12 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/gpulink/gpulink/api/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
+
+	"github.com/gpulink/gpulink/api/v1alpha1"
 )
 
 // mpsUserConflict explains why the gated pod must not join its MPS

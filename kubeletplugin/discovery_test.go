@@ -7,8 +7,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gpulink/gpulink/internal/sliceformat"
 	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/gpulink/gpulink/internal/sliceformat"
 )
 
 func TestNewDiscoverer(t *testing.T) {

@@ -5,10 +5,11 @@ import (
 	"strconv"
 	"sync"
 
-	"github.com/gpulink/gpulink/internal/sliceformat"
 	"github.com/prometheus/client_golang/prometheus"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gpulink/gpulink/internal/sliceformat"
 )
 
 // Per-pod GPU metrics.

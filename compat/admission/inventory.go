@@ -4,9 +4,10 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/gpulink/gpulink/internal/sliceformat"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/gpulink/gpulink/internal/sliceformat"
 )
 
 // Inventory keeps the distinct GPU memory sizes that gpulink's
