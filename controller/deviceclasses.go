@@ -56,23 +56,7 @@ func DeviceClasses() []*resourceapi.DeviceClass {
 				Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: wholeClassSelector}}},
 			},
 		},
-		{
-			TypeMeta: metav1.TypeMeta{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "DeviceClass"},
-			ObjectMeta: metav1.ObjectMeta{
-				Name:   driver.DeviceClassShare,
-				Labels: map[string]string{SharingLabel: "true"},
-			},
-			Spec: resourceapi.DeviceClassSpec{
-				Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: shareClassSelector}}},
-				Config: []resourceapi.DeviceClassConfiguration{{
-					DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
-						Driver: driver.Name,
-						Parameters: runtime.RawExtension{Raw: []byte(fmt.Sprintf(
-							`{"apiVersion":%q,"kind":%q,"sharing":{"strategy":"MPS"}}`, v1alpha1.APIVersion, v1alpha1.Kind))},
-					}},
-				}},
-			},
-		},
+		shareClass(driver.DeviceClassShare, `{"strategy":"MPS"}`),
 		{
 			TypeMeta: metav1.TypeMeta{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "DeviceClass"},
 			ObjectMeta: metav1.ObjectMeta{
@@ -83,22 +67,29 @@ func DeviceClasses() []*resourceapi.DeviceClass {
 				Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: migClassSelector}}},
 			},
 		},
-		{
-			TypeMeta: metav1.TypeMeta{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "DeviceClass"},
-			ObjectMeta: metav1.ObjectMeta{
-				Name:   driver.DeviceClassShareConcurrent,
-				Labels: map[string]string{SharingLabel: "true"},
-			},
-			Spec: resourceapi.DeviceClassSpec{
-				Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: shareClassSelector}}},
-				Config: []resourceapi.DeviceClassConfiguration{{
-					DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
-						Driver: driver.Name,
-						Parameters: runtime.RawExtension{Raw: []byte(fmt.Sprintf(
-							`{"apiVersion":%q,"kind":%q,"sharing":{"mpsMode":"Concurrent","strategy":"MPS"}}`, v1alpha1.APIVersion, v1alpha1.Kind))},
-					}},
+		shareClass(driver.DeviceClassShareConcurrent, `{"mpsMode":"Concurrent","strategy":"MPS"}`),
+	}
+}
+
+// shareClass is a class of shares (SharingLabel) whose configuration sets
+// the sharing section given as JSON (keys sorted, as the manifest's YAML
+// decodes to).
+func shareClass(name, sharing string) *resourceapi.DeviceClass {
+	return &resourceapi.DeviceClass{
+		TypeMeta: metav1.TypeMeta{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "DeviceClass"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:   name,
+			Labels: map[string]string{SharingLabel: "true"},
+		},
+		Spec: resourceapi.DeviceClassSpec{
+			Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: shareClassSelector}}},
+			Config: []resourceapi.DeviceClassConfiguration{{
+				DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+					Driver: driver.Name,
+					Parameters: runtime.RawExtension{Raw: []byte(fmt.Sprintf(
+						`{"apiVersion":%q,"kind":%q,"sharing":%s}`, v1alpha1.APIVersion, v1alpha1.Kind, sharing))},
 				}},
-			},
+			}},
 		},
 	}
 }

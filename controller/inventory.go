@@ -314,12 +314,18 @@ func newDeviceInfo(g sliceformat.GPU) *deviceInfo {
 		Pos:           g.Pos,
 		Taints:        dev.Taints,
 		AllowMultiple: dev.AllowMultipleAllocations != nil && *dev.AllowMultipleAllocations,
-		CEL: dracel.Device{
-			Driver:                   driver.Name,
-			AllowMultipleAllocations: dev.AllowMultipleAllocations,
-			Attributes:               dev.Attributes,
-			Capacity:                 dev.Capacity,
-		},
+		CEL:           celDevice(dev),
+	}
+}
+
+// celDevice is a published device as selectors see it, with the slice's
+// own attribute and capacity maps.
+func celDevice(dev *resourceapi.Device) dracel.Device {
+	return dracel.Device{
+		Driver:                   driver.Name,
+		AllowMultipleAllocations: dev.AllowMultipleAllocations,
+		Attributes:               dev.Attributes,
+		Capacity:                 dev.Capacity,
 	}
 }
 

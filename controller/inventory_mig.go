@@ -4,7 +4,6 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	dracel "k8s.io/dynamic-resource-allocation/cel"
 
-	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/mig"
 	"github.com/gpulink/gpulink/internal/sliceformat"
 )
@@ -35,11 +34,6 @@ func newMIGDevice(m sliceformat.MIGDevice) *migDevice {
 		Placement:   m.Placement,
 		MemoryBytes: m.MemoryBytes,
 		Taints:      dev.Taints,
-		CEL: dracel.Device{
-			Driver:                   driver.Name,
-			AllowMultipleAllocations: dev.AllowMultipleAllocations,
-			Attributes:               dev.Attributes,
-			Capacity:                 dev.Capacity,
-		},
+		CEL:         celDevice(dev),
 	}
 }

@@ -2,11 +2,13 @@ package controller
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
@@ -33,41 +35,60 @@ func (c *Controller) mpsUserConflict(pod *corev1.Pod, ours []*interpretedClaim) 
 		if !ic.usesMPS() {
 			continue
 		}
-		users := map[int64][]string{}
-		addPod := func(p *corev1.Pod) {
-			for _, ctr := range containersUsing(p, ic.Claim.Name) {
-				if uid := runAsUser(p, ctr); uid != nil {
-					users[*uid] = append(users[*uid], p.Name+"/"+ctr.Name)
-				}
-			}
-		}
-		addPod(pod)
-		for _, ref := range ic.Claim.Status.ReservedFor {
-			if ref.APIGroup != "" || ref.Resource != "pods" || ref.UID == pod.UID {
-				continue
-			}
-			other, err := c.pods.Pods(ic.Claim.Namespace).Get(ref.Name)
-			if err != nil || other.UID != ref.UID || podDone(other) {
-				continue // gone, replaced by a pod of the same name, or finished
-			}
-			addPod(other)
+		users := mpsUsers{}
+		users.add(pod, ic.Claim.Name)
+		for _, other := range c.otherLivePods(ic.Claim, pod) {
+			users.add(other, ic.Claim.Name)
 		}
 		if len(users) < 2 {
 			continue
 		}
-		ids := make([]int64, 0, len(users))
-		for id := range users {
-			ids = append(ids, id)
-		}
-		slices.Sort(ids)
-		parts := make([]string, len(ids))
-		for i, id := range ids {
-			parts[i] = fmt.Sprintf("user %s (%s)", strconv.FormatInt(id, 10), strings.Join(users[id], ", "))
-		}
 		return fmt.Sprintf("claim %s has an MPS share and the containers sharing it would run as %s; MPS serves one user at a time and makes the others wait, so run them all as one user (securityContext.runAsUser); the pod stays gated until then",
-			ic.Claim.Name, strings.Join(parts, " and "))
+			ic.Claim.Name, users)
 	}
 	return ""
+}
+
+// mpsUsers are the containers using MPS shares by the user they run as.
+type mpsUsers map[int64][]string
+
+// add counts the pod's containers that use the claim and whose user the
+// pod spec sets.
+func (u mpsUsers) add(pod *corev1.Pod, claimName string) {
+	for _, ctr := range containersUsing(pod, claimName) {
+		if uid := runAsUser(pod, ctr); uid != nil && !slices.Contains(u[*uid], pod.Name+"/"+ctr.Name) {
+			u[*uid] = append(u[*uid], pod.Name+"/"+ctr.Name)
+		}
+	}
+}
+
+// String names each user and their containers: "user 0 (b/main) and user
+// 1000 (a/main, c/main)".
+func (u mpsUsers) String() string {
+	ids := slices.Sorted(maps.Keys(u))
+	parts := make([]string, len(ids))
+	for i, id := range ids {
+		parts[i] = fmt.Sprintf("user %s (%s)", strconv.FormatInt(id, 10), strings.Join(slices.Sorted(slices.Values(u[id])), ", "))
+	}
+	return strings.Join(parts, " and ")
+}
+
+// otherLivePods are the pods besides pod the claim is reserved for that
+// still run: a pod that is gone, replaced by a pod of the same name, or
+// finished does not count.
+func (c *Controller) otherLivePods(claim *resourceapi.ResourceClaim, pod *corev1.Pod) []*corev1.Pod {
+	var out []*corev1.Pod
+	for _, ref := range claim.Status.ReservedFor {
+		if ref.APIGroup != "" || ref.Resource != "pods" || ref.UID == pod.UID {
+			continue
+		}
+		other, err := c.pods.Pods(claim.Namespace).Get(ref.Name)
+		if err != nil || other.UID != ref.UID || podDone(other) {
+			continue
+		}
+		out = append(out, other)
+	}
+	return out
 }
 
 // containersUsing lists the pod's containers (init containers included)
@@ -147,19 +168,12 @@ func (c *Controller) mpsGroupUserConflict(pod *corev1.Pod, ours []*interpretedCl
 	if len(devices) == 0 {
 		return ""
 	}
-	users := map[int64][]string{}
-	addPod := func(p *corev1.Pod, claimName string) {
-		for _, ctr := range containersUsing(p, claimName) {
-			if uid := runAsUser(p, ctr); uid != nil && !slices.Contains(users[*uid], p.Name+"/"+ctr.Name) {
-				users[*uid] = append(users[*uid], p.Name+"/"+ctr.Name)
-			}
-		}
-	}
+	users := mpsUsers{}
 	own := map[types.UID]bool{}
 	for _, ic := range ours {
 		own[ic.Claim.UID] = true
 		if ic.usesConcurrentMPS() {
-			addPod(pod, ic.Claim.Name)
+			users.add(pod, ic.Claim.Name)
 		}
 	}
 	on := map[deviceKey]bool{}
@@ -177,34 +191,17 @@ func (c *Controller) mpsGroupUserConflict(pod *corev1.Pod, ours []*interpretedCl
 		if !slices.ContainsFunc(usesOf(claim), func(u deviceUse) bool { return u.Group != "" && on[u.Key] }) {
 			continue
 		}
-		for _, ref := range claim.Status.ReservedFor {
-			if ref.APIGroup != "" || ref.Resource != "pods" || ref.UID == pod.UID {
-				continue
-			}
-			other, err := c.pods.Pods(claim.Namespace).Get(ref.Name)
-			if err != nil || other.UID != ref.UID || podDone(other) {
-				continue
-			}
-			addPod(other, claim.Name)
+		for _, other := range c.otherLivePods(claim, pod) {
+			users.add(other, claim.Name)
 		}
 	}
 	if len(users) < 2 {
 		return ""
-	}
-	ids := make([]int64, 0, len(users))
-	for id := range users {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	parts := make([]string, len(ids))
-	for i, id := range ids {
-		slices.Sort(users[id])
-		parts[i] = fmt.Sprintf("user %s (%s)", strconv.FormatInt(id, 10), strings.Join(users[id], ", "))
 	}
 	names := make([]string, len(devices))
 	for i, d := range devices {
 		names[i] = d.Pool + "/" + d.Device
 	}
 	return fmt.Sprintf("the pod's MPS shares (sharing.mpsMode=%s) would be clients of the MPS server of namespace %s on %s, whose clients would run as %s; MPS serves one user at a time and makes the others wait, so run the namespace's pods on that GPU as one user (securityContext.runAsUser); the pod stays gated until then",
-		v1alpha1.MPSConcurrent, pod.Namespace, strings.Join(names, ", "), strings.Join(parts, " and "))
+		v1alpha1.MPSConcurrent, pod.Namespace, strings.Join(names, ", "), users)
 }

@@ -56,6 +56,20 @@ func priorityScope(pl *nodePlan, claims []*interpretedClaim) (note string, crowd
 			}
 		}
 	}
+	// othersOn counts the shares on GPU pos that are not claim i's: held
+	// already, or planned for the pod's other claims.
+	othersOn := func(i, pos int) int {
+		others := 0
+		if pos < len(pl.base) {
+			others = pl.base[pos].Shares
+		}
+		for j := range planned {
+			if j != i {
+				others += planned[j][pos]
+			}
+		}
+		return others
+	}
 	var notes []string
 	for i, results := range pl.Claims {
 		if i >= len(claims) {
@@ -85,15 +99,7 @@ func priorityScope(pl *nodePlan, claims []*interpretedClaim) (note string, crowd
 		}
 		var busy []string
 		for _, pos := range order {
-			others := 0
-			if pos < len(pl.base) {
-				others = pl.base[pos].Shares
-			}
-			for j := range planned {
-				if j != i {
-					others += planned[j][pos]
-				}
-			}
+			others := othersOn(i, pos)
 			if others == 0 {
 				continue
 			}
@@ -113,16 +119,7 @@ func priorityScope(pl *nodePlan, claims []*interpretedClaim) (note string, crowd
 			// orders them all.
 			var where []string
 			for _, pos := range order {
-				others := 0
-				if pos < len(pl.base) {
-					others = pl.base[pos].Shares
-				}
-				for j := range planned {
-					if j != i {
-						others += planned[j][pos]
-					}
-				}
-				where = append(where, fmt.Sprintf("%s (%d other shares there now)", deviceName(pl, pos), others))
+				where = append(where, fmt.Sprintf("%s (%d other shares there now)", deviceName(pl, pos), othersOn(i, pos)))
 			}
 			notes = append(notes, fmt.Sprintf("claim %s: sharing.priority %d (CUDA_MPS_CLIENT_PRIORITY=%d) orders the clients of namespace %s's MPS server on %s (sharing.mpsMode=%s): this claim's processes and those of the namespace's other concurrent shares of that GPU",
 				claims[i].Claim.Name, *prio, *prio, claims[i].Claim.Namespace, strings.Join(where, ", "), v1alpha1.MPSConcurrent))
