@@ -250,7 +250,7 @@ func New(cfg Config) (*Controller, error) {
 		{claimInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onClaim, UpdateFunc: c.onClaimUpdate, DeleteFunc: c.onClaimDelete}},
 		{slices, cache.ResourceEventHandlerFuncs{AddFunc: c.onSlice, UpdateFunc: func(_, o any) { c.onSlice(o) }, DeleteFunc: c.onSliceDelete}},
 		{classInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onChange, UpdateFunc: func(_, o any) { c.onChange(o) }, DeleteFunc: c.onChange}},
-		{nodeInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onChange, UpdateFunc: c.onNodeUpdate, DeleteFunc: c.onChange}},
+		{nodeInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onNodeAdd, UpdateFunc: c.onNodeUpdate, DeleteFunc: c.onNodeDelete}},
 	}
 	for _, r := range regs {
 		reg, err := r.inf.AddEventHandler(r.h)
@@ -522,17 +522,38 @@ func (c *Controller) onSliceDelete(obj any) {
 	c.enqueueWaiting()
 }
 
+func (c *Controller) onNodeAdd(obj any) {
+	if node, ok := obj.(*corev1.Node); ok {
+		c.filter.allocatable.set(node)
+	}
+	c.onChange(obj)
+}
+
 func (c *Controller) onNodeUpdate(oldObj, newObj any) {
 	old, ok1 := oldObj.(*corev1.Node)
 	cur, ok2 := newObj.(*corev1.Node)
 	if ok1 && ok2 && old.ResourceVersion == cur.ResourceVersion {
 		return
 	}
+	if ok2 {
+		c.filter.allocatable.set(cur)
+	}
 	if ok1 && ok2 && old.Spec.Unschedulable == cur.Spec.Unschedulable && apiequality.Semantic.DeepEqual(old.Spec.Taints, cur.Spec.Taints) && maps.Equal(old.Labels, cur.Labels) {
-		// Status-only updates (heartbeats) change nothing the controller uses.
+		// Other status-only updates (heartbeats) change nothing the
+		// controller uses.
 		return
 	}
 	c.onChange(newObj)
+}
+
+func (c *Controller) onNodeDelete(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	if node, ok := obj.(*corev1.Node); ok {
+		c.filter.allocatable.forget(node.Name)
+	}
+	c.onChange(obj)
 }
 
 // onChange retries waiting pods after a change that may help them.

@@ -72,9 +72,9 @@ func (h *harness) podAsking(name, cpu, claim string) {
 	}
 }
 
-// hostLeft follows the Node object: a new allocatable counts at once (the
-// informer replaces the object), pods counted on the node are subtracted,
-// and a deleted node is unknown and forgotten.
+// hostLeft follows the Node informer: a node it has not seen is read from
+// the lister once, a new allocatable counts once the handler records it,
+// pods counted on the node are subtracted, and a deleted node is unknown.
 func TestHostLeftFollowsNodeObject(t *testing.T) {
 	indexer := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
 	fit := newFitTracker()
@@ -92,32 +92,51 @@ func TestHostLeftFollowsNodeObject(t *testing.T) {
 			t.Fatalf("%s: hostLeft = %+v, want %d mCPU and %d bytes", step, got, cpu, mem)
 		}
 	}
-	want("first read", 8000, 64<<30)
+	want("first read, from the lister", 8000, 64<<30)
 	fit.observe(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "d", UID: "p"},
 		Spec: corev1.PodSpec{NodeName: "n", Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{
 			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("3"), corev1.ResourceMemory: resource.MustParse("4Gi")}}}}}})
 	want("a pod counted", 5000, 60<<30)
 	grown := node.DeepCopy()
 	grown.Status.Allocatable[corev1.ResourceCPU] = resource.MustParse("16")
-	if err := indexer.Update(grown); err != nil {
-		t.Fatal(err)
-	}
+	f.allocatable.set(grown)
 	want("allocatable grown", 13000, 60<<30)
 	noMemory := grown.DeepCopy()
 	delete(noMemory.Status.Allocatable, corev1.ResourceMemory)
-	if err := indexer.Update(noMemory); err != nil {
-		t.Fatal(err)
-	}
+	f.allocatable.set(noMemory)
 	if got := f.hostLeft("n"); got != nil {
 		t.Errorf("no allocatable memory: hostLeft = %+v, want nil (unknown)", got)
 	}
-	if err := indexer.Delete(noMemory); err != nil {
+	if err := indexer.Delete(node); err != nil {
 		t.Fatal(err)
 	}
+	f.allocatable.forget("n")
 	if got := f.hostLeft("n"); got != nil {
 		t.Errorf("deleted node: hostLeft = %+v, want nil", got)
 	}
-	if _, kept := f.allocatable.byNode["n"]; kept {
-		t.Error("deleted node's allocatable is still kept")
+}
+
+// The controller's Node handlers keep the allocatable a decision ranks
+// with current, status-only updates included.
+func TestNodeHandlersKeepAllocatable(t *testing.T) {
+	h := newHarness(t, objs(classes(), gpuNode(t, "a", "pcie-4.txt"))...).start()
+	node, err := h.client.CoreV1().Nodes().Get(h.ctx, "a", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
 	}
+	node.Status.Allocatable[corev1.ResourceCPU] = resource.MustParse("7")
+	if _, err := h.client.CoreV1().Nodes().UpdateStatus(h.ctx, node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually("allocatable CPU 7 recorded", func() bool {
+		got, ok, known := h.ctrl.filter.allocatable.of("a")
+		return known && ok && got.CPUMilli == 7000
+	})
+	if err := h.client.CoreV1().Nodes().Delete(h.ctx, "a", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually("deleted node forgotten", func() bool {
+		_, _, known := h.ctrl.filter.allocatable.of("a")
+		return !known
+	})
 }
