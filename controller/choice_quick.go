@@ -197,11 +197,6 @@ func (h *rankHeap) Pop() any {
 // score with the ineligible devices masked as taken (as choosePlan ranks).
 func scoreNode(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, n *nodeInventory, usage usageSource, alt *alternative, sig string, gen uint64, rank *hostRanking, host *allocate.Host) *scoreEntry {
 	e := &scoreEntry{node: n, gen: gen}
-	if host != nil {
-		// A copy: the entry is valid for these values only.
-		h := *host
-		e.host = &h
-	}
 	u := sanitizeUsage(usage.nodeUsage(n))
 	for _, g := range u {
 		switch {
@@ -266,14 +261,15 @@ func shapeOf(cache *scoreCache, alt *alternative, pol allocate.Policy, nodes int
 // entry returns the node's kept entry for the shape, computing it when
 // none is valid for the node's usage generation.
 //
-// With rank, the entry is also only valid for the node's CPU and memory
-// left and the demand mix it was computed with.
+// With rank, the entry is also only valid for the demand mix it was
+// computed with, and for the node's CPU and memory left: the usage source
+// counts a change of those in the node's generation (ledger.touch), so
+// that a decision reads them only for the nodes it scores again.
 func (s *shapeScores) entry(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, n *nodeInventory, usage usageSource, alt *alternative, sig string, gen uint64, rank *hostRanking) *scoreEntry {
-	host := rank.nodeHost(n.Node)
-	if e := s.get(n, gen, pol.Mix); e != nil && sameHost(e.host, host) && e.demand == pol.Demand {
+	if e := s.get(n, gen, pol.Mix); e != nil && e.demand == pol.Demand {
 		return e
 	}
-	e := scoreNode(ctx, sel, pol, n, usage, alt, sig, gen, rank, host)
+	e := scoreNode(ctx, sel, pol, n, usage, alt, sig, gen, rank, rank.nodeHost(n.Node))
 	s.put(n, e)
 	return e
 }
@@ -285,9 +281,7 @@ type scoreEntry struct {
 	node *nodeInventory
 	gen  uint64
 	mix  *allocate.SizeMix
-	// host is the node's CPU and memory left the score was computed with
-	// (nil: not counted), demand the demand mix (nil: none).
-	host   *allocate.Host
+	// demand is the demand mix the score was computed with (nil: none).
 	demand *allocate.DemandMix
 	// skip: the shape cannot fit (too few GPUs free, no eligible device);
 	// nonUniform: the node's devices take several share sizes.
@@ -494,11 +488,4 @@ func exhaustivePlans(ctx context.Context, sel *selectorEvaluator, pol allocate.P
 		}
 	}
 	return plans, failed, why
-}
-
-func sameHost(a, b *allocate.Host) bool {
-	if a == nil || b == nil {
-		return a == b
-	}
-	return *a == *b
 }

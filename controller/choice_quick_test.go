@@ -538,6 +538,10 @@ func TestScoreCacheFollowsHost(t *testing.T) {
 	}
 	first := q.plan.Node.Node
 	hosts[first] = allocate.Host{CPUMilli: 500, MemoryBytes: 256 << 30}
+	// A change of a node's CPU or memory left counts in its generation,
+	// as the controller's ledger.touch counts it for the fit tracker and
+	// the Node handlers (TestHostChangesTouchTheLedger).
+	pc.gen[first]++
 	q, verdict = quickChoice(ctx, pc.sel, pol, nodes, pc, cache, admitAll, pending, rank)
 	if verdict != quickChosen || q.plan.Node.Node == first {
 		t.Fatalf("after %s ran short of CPU: got %v, verdict %d; want another node", first, q, verdict)

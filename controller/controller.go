@@ -216,6 +216,13 @@ func New(cfg Config) (*Controller, error) {
 	c.interp = newInterpreter(c.classes, c.sel, c.inv)
 	cfg.Metrics.inventory.setSource(c.inv, c.ledger)
 	c.filter = &nodeFilter{nodes: c.nodes, classes: c.classes, fit: c.fit}
+	if cfg.RankByStranding {
+		// A node's kept scores then also depend on its CPU and memory
+		// left: a change of either counts like a change of its devices'
+		// usage (pools are named after their nodes).
+		c.fit.hostChanged = c.ledger.touch
+		c.filter.allocatable.changed = c.ledger.touch
+	}
 
 	type handlerTarget interface {
 		AddEventHandler(cache.ResourceEventHandler) (cache.ResourceEventHandlerRegistration, error)

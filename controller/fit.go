@@ -105,6 +105,10 @@ type fitTracker struct {
 	nodes map[string]*nodeUse
 	// withAnti are the counted pods with required anti-affinity terms.
 	withAnti map[types.UID]*fitPod
+	// hostChanged, when set, is told of every node whose requested CPU or
+	// memory changes (ranking by stranding keeps scores per node until
+	// then). Called with mu held.
+	hostChanged func(node string)
 }
 
 func newFitTracker() *fitTracker {
@@ -126,6 +130,14 @@ func requiredAffinity(pod *corev1.Pod) []corev1.PodAffinityTerm {
 }
 
 func (f *fitTracker) setLocked(uid types.UID, p *fitPod) {
+	if f.hostChanged != nil {
+		if old := f.pods[uid]; old != nil && old.demand.countsOnHost() {
+			defer f.hostChanged(old.node)
+		}
+		if p != nil && p.demand.countsOnHost() {
+			defer f.hostChanged(p.node)
+		}
+	}
 	if old := f.pods[uid]; old != nil {
 		u := f.nodes[old.node]
 		u.pods--
@@ -527,4 +539,10 @@ func (f *fitTracker) requestedOn(node string) (cpuMilli, memoryBytes int64) {
 		return u.requested[corev1.ResourceCPU], u.requested[corev1.ResourceMemory]
 	}
 	return 0, 0
+}
+
+// countsOnHost tells whether the demand takes CPU or memory, which ranking
+// by stranding counts.
+func (d demand) countsOnHost() bool {
+	return d[corev1.ResourceCPU] != 0 || d[corev1.ResourceMemory] != 0
 }

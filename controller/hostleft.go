@@ -40,6 +40,9 @@ func (f *nodeFilter) hostLeft(name string) *allocate.Host {
 type allocatableMemo struct {
 	mu     sync.Mutex
 	byNode map[string]allocatableEntry
+	// changed, when set, is told of every node whose entry changes
+	// (ranking by stranding keeps scores per node until then).
+	changed func(node string)
 }
 
 type allocatableEntry struct {
@@ -69,14 +72,22 @@ func (m *allocatableMemo) set(node *corev1.Node) (allocate.Host, bool) {
 	if m.byNode == nil {
 		m.byNode = map[string]allocatableEntry{}
 	}
+	old, had := m.byNode[node.Name]
 	m.byNode[node.Name] = e
 	m.mu.Unlock()
+	if had && old != e && m.changed != nil {
+		m.changed(node.Name)
+	}
 	return e.host, e.ok
 }
 
 // forget drops a deleted node's entry.
 func (m *allocatableMemo) forget(name string) {
 	m.mu.Lock()
+	_, had := m.byNode[name]
 	delete(m.byNode, name)
 	m.mu.Unlock()
+	if had && m.changed != nil {
+		m.changed(name)
+	}
 }

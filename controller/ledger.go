@@ -356,6 +356,15 @@ func (l *ledger) nodeUsage(n *nodeInventory) []allocate.GPUUsage {
 }
 
 // generations sets out[i] to the usage generation of nodes[i]'s pool.
+// touch counts a change of what decisions rank a pool's node by besides
+// its device usage (its CPU and memory left, with ranking by stranding),
+// so that scores kept for it are computed again.
+func (l *ledger) touch(pool string) {
+	l.mu.Lock()
+	l.poolGen[pool]++
+	l.mu.Unlock()
+}
+
 func (l *ledger) generations(nodes []*nodeInventory, out []uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()

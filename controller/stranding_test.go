@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"fmt"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -139,4 +140,46 @@ func TestNodeHandlersKeepAllocatable(t *testing.T) {
 		_, _, known := h.ctrl.filter.allocatable.of("a")
 		return !known
 	})
+}
+
+// With ranking by stranding, a change of a node's CPU or memory left
+// (a pod with requests counted on it, its allocatable changed) moves the
+// node's generation, so its kept scores are computed again; a pod without
+// requests does not, and without the ranking nothing does.
+func TestHostChangesTouchTheLedger(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		t.Run(fmt.Sprintf("rankByStranding=%t", on), func(t *testing.T) {
+			h := newHarnessWith(t, Config{Workers: 2, DeviceTaintRules: true, RankByStranding: on}, objs(classes(), gpuNode(t, "a", "pcie-4.txt"))...).start()
+			c := h.ctrl
+			n := c.inv.node("a")
+			if n == nil {
+				t.Fatal("node a has no inventory")
+			}
+			gen := func() uint64 {
+				out := make([]uint64, 1)
+				c.ledger.generations([]*nodeInventory{n}, out)
+				return out[0]
+			}
+			before := gen()
+			c.fit.observe(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "bare", Namespace: "d", UID: "bare"},
+				Spec: corev1.PodSpec{NodeName: "a", Containers: []corev1.Container{{Name: "c"}}}})
+			if got := gen(); got != before {
+				t.Errorf("a pod without requests moved the generation %d -> %d", before, got)
+			}
+			c.fit.observe(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "cpu", Namespace: "d", UID: "cpu"},
+				Spec: corev1.PodSpec{NodeName: "a", Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{
+					Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2")}}}}}})
+			afterPod := gen()
+			node := controllertest.Node("a")
+			node.Status.Allocatable[corev1.ResourceCPU] = resource.MustParse("5")
+			c.filter.allocatable.set(node)
+			afterNode := gen()
+			if on && (afterPod == before || afterNode == afterPod) {
+				t.Errorf("generations %d, %d, %d: a pod with CPU and a new allocatable must each move it", before, afterPod, afterNode)
+			}
+			if !on && afterNode != before {
+				t.Errorf("without the ranking the generation moved %d -> %d", before, afterNode)
+			}
+		})
+	}
 }
