@@ -47,6 +47,7 @@ func claimFinalizerPolicy(t testing.TB, ns string) (*admissionv1.MutatingAdmissi
 		"list":   func(v ...any) []any { return v },
 		"dict":   func(...any) map[string]any { return nil },
 		"concat": func(a []any, b []any) []any { return append(append([]any{}, a...), b...) },
+		"append": func(a []any, v any) []any { return append(append([]any{}, a...), v) },
 		"nindent": func(n int, s string) string {
 			return "\n" + strings.Repeat(" ", n) + strings.ReplaceAll(s, "\n", "\n"+strings.Repeat(" ", n))
 		},
@@ -59,6 +60,7 @@ func claimFinalizerPolicy(t testing.TB, ns string) (*admissionv1.MutatingAdmissi
 	values := map[string]any{"Values": map[string]any{
 		"controller":     map[string]any{"enabled": true},
 		"claimFinalizer": map[string]any{"enabled": true, "extraDeviceClasses": []any{}},
+		"deviceClasses":  map[string]any{"enabled": true, "concurrentShareClass": true},
 	}}
 	if err := tpl.Execute(&out, values); err != nil {
 		t.Fatal(err)
