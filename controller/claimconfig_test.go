@@ -3,12 +3,11 @@ package controller
 import (
 	"testing"
 
-	"github.com/gpulink/gpulink/controller/report"
-
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/controller/report"
 )
 
 // A claim's opaque config may narrow the settings that protect other

@@ -4,14 +4,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gpulink/gpulink/controller/report"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/controller/report"
 	"github.com/gpulink/gpulink/driver/topology"
 )
 

@@ -4,11 +4,10 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/gpulink/gpulink/controller/report"
-
 	corev1 "k8s.io/api/core/v1"
 
 	v1alpha1 "github.com/gpulink/gpulink/api/v1alpha1"
+	"github.com/gpulink/gpulink/controller/report"
 )
 
 // maxPriorityGPUs bounds the GPUs one note names.

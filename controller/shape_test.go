@@ -5,11 +5,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gpulink/gpulink/controller/report"
-
 	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/controller/report"
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/test/e2e/gpuview"
 )

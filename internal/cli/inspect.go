@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/gpulink/gpulink/controller/report"
-
 	"github.com/spf13/cobra"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -17,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/pager"
 
+	"github.com/gpulink/gpulink/controller/report"
 	"github.com/gpulink/gpulink/driver"
 )
 

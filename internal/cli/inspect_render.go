@@ -8,9 +8,9 @@ import (
 	"text/tabwriter"
 	"unicode"
 
-	"github.com/gpulink/gpulink/controller/report"
-
 	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/gpulink/gpulink/controller/report"
 )
 
 // inspectDocument is `inspect --output json`: one document, so that

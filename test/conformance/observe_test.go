@@ -11,13 +11,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpulink/gpulink/controller/report"
-
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/gpulink/gpulink/controller/report"
 	"github.com/gpulink/gpulink/test/localcluster"
 )
 

@@ -48,8 +48,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpulink/gpulink/controller/report"
-
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -61,6 +59,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpulink/gpulink/compat"
+	"github.com/gpulink/gpulink/controller/report"
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/topology"
 	"github.com/gpulink/gpulink/test/e2e/gpuview"
