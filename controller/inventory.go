@@ -81,24 +81,12 @@ func qualify(name string, domain string) resourceapi.FullyQualifiedName {
 // attr returns the device's attribute of a fully qualified name; in the
 // slice, the driver's own attributes may also go by their short names.
 func (d *deviceInfo) attr(fq resourceapi.FullyQualifiedName) (resourceapi.DeviceAttribute, bool) {
-	if short, ok := strings.CutPrefix(string(fq), d.CEL.Driver+"/"); ok {
-		if a, ok := d.CEL.Attributes[resourceapi.QualifiedName(short)]; ok {
-			return a, true
-		}
-	}
-	a, ok := d.CEL.Attributes[resourceapi.QualifiedName(fq)]
-	return a, ok
+	return sliceformat.Lookup(d.CEL.Attributes, d.CEL.Driver, fq)
 }
 
 // capacity is attr for capacities.
 func (d *deviceInfo) capacity(fq resourceapi.FullyQualifiedName) (resourceapi.DeviceCapacity, bool) {
-	if short, ok := strings.CutPrefix(string(fq), d.CEL.Driver+"/"); ok {
-		if c, ok := d.CEL.Capacity[resourceapi.QualifiedName(short)]; ok {
-			return c, true
-		}
-	}
-	c, ok := d.CEL.Capacity[resourceapi.QualifiedName(fq)]
-	return c, ok
+	return sliceformat.Lookup(d.CEL.Capacity, d.CEL.Driver, fq)
 }
 
 var (

@@ -8,9 +8,9 @@ import (
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
-	dracel "k8s.io/dynamic-resource-allocation/cel"
 
 	"github.com/gpulink/gpulink/driver/allocate"
+	"github.com/gpulink/gpulink/internal/sliceformat"
 )
 
 // MIG placement. A pod whose pending claims ask for MIG devices (requests
@@ -261,7 +261,7 @@ func (p *migPlacer) groups(ic *interpretedClaim, alt *alternative, free []int, b
 	for _, i := range free {
 		d := p.node.MIG[i]
 		nb, key, ok := bindConstraints(ic.Constraints, alt.ResultName, bound, func(fq resourceapi.FullyQualifiedName) (resourceapi.DeviceAttribute, bool) {
-			return celAttr(d.CEL, fq)
+			return sliceformat.Lookup(d.CEL.Attributes, d.CEL.Driver, fq)
 		})
 		if !ok {
 			continue
@@ -452,15 +452,4 @@ func (l *ledger) migUsage(n *nodeInventory) []bool {
 		out[i] = l.usage[deviceKey{Pool: n.Pool, Device: d.Name}] != nil
 	}
 	return out
-}
-
-// celAttr is deviceInfo.attr for any CEL device input.
-func celAttr(d dracel.Device, fq resourceapi.FullyQualifiedName) (resourceapi.DeviceAttribute, bool) {
-	if short, ok := strings.CutPrefix(string(fq), d.Driver+"/"); ok {
-		if a, ok := d.Attributes[resourceapi.QualifiedName(short)]; ok {
-			return a, true
-		}
-	}
-	a, ok := d.Attributes[resourceapi.QualifiedName(fq)]
-	return a, ok
 }

@@ -132,14 +132,14 @@ func DecodePool(pool string, slices []*resourceapi.ResourceSlice) (*Pool, error)
 	var migs []MIGDevice
 	for _, dev := range devices {
 		if driver.IsMIGDeviceName(dev.Name) {
-			m, err := DecodeMIGDevice(dev)
+			m, err := decodeMIGDevice(dev)
 			if err != nil {
 				return nil, fmt.Errorf("pool %q: %w", pool, err)
 			}
 			migs = append(migs, m)
 			continue
 		}
-		g, err := DecodeGPU(dev)
+		g, err := decodeGPU(dev)
 		if err != nil {
 			return nil, fmt.Errorf("pool %q: %w", pool, err)
 		}
@@ -153,7 +153,7 @@ func DecodePool(pool string, slices []*resourceapi.ResourceSlice) (*Pool, error)
 	tgpus := make([]topology.GPU, len(gpus))
 	rows := make(map[int]string, len(gpus))
 	for i, g := range gpus {
-		tgpus[i] = TopologyGPU(g.Device, g.Index)
+		tgpus[i] = topologyGPU(g.Device, g.Index)
 		if a, ok := Attribute(g.Device, driver.AttrLinks); ok && a.StringValue != nil {
 			rows[g.Index] = *a.StringValue
 		}
@@ -199,24 +199,24 @@ func IsIncomplete(err error) bool {
 	return errors.As(err, &incomplete)
 }
 
-// DecodeGPU reads a whole-GPU device. Its name carries the index, which
+// decodeGPU reads a whole-GPU device. Its name carries the index, which
 // the index attribute, where published, must repeat.
-func DecodeGPU(dev *resourceapi.Device) (GPU, error) {
+func decodeGPU(dev *resourceapi.Device) (GPU, error) {
 	idx, err := driver.ParseDeviceName(dev.Name)
 	if err != nil {
 		return GPU{}, err
 	}
 	if a, ok := Attribute(dev, driver.AttrIndex); ok {
 		if a.IntValue == nil || *a.IntValue != int64(idx) {
-			return GPU{}, fmt.Errorf("device %q: attribute %s=%v does not match the index in its name", dev.Name, driver.AttrIndex, AttributeString(a))
+			return GPU{}, fmt.Errorf("device %q: attribute %s=%v does not match the index in its name", dev.Name, driver.AttrIndex, attributeString(a))
 		}
 	}
 	return GPU{Device: dev, Index: idx, Pos: -1}, nil
 }
 
-// DecodeMIGDevice reads a MIG device. Its name carries the parent's
+// decodeMIGDevice reads a MIG device. Its name carries the parent's
 // index, which the parentIndex attribute must repeat.
-func DecodeMIGDevice(dev *resourceapi.Device) (MIGDevice, error) {
+func decodeMIGDevice(dev *resourceapi.Device) (MIGDevice, error) {
 	parent, _, _, err := driver.ParseMIGDeviceName(dev.Name)
 	if err != nil {
 		return MIGDevice{}, err
@@ -252,9 +252,9 @@ func DecodeMIGDevice(dev *resourceapi.Device) (MIGDevice, error) {
 	return m, nil
 }
 
-// TopologyGPU is the identity a whole-GPU device publishes, as the
+// topologyGPU is the identity a whole-GPU device publishes, as the
 // topology model holds it (NUMANode -1 when unpublished).
-func TopologyGPU(dev *resourceapi.Device, index int) topology.GPU {
+func topologyGPU(dev *resourceapi.Device, index int) topology.GPU {
 	str := func(name string) string {
 		if a, ok := Attribute(dev, name); ok {
 			switch {
@@ -290,9 +290,9 @@ func TopologyGPU(dev *resourceapi.Device, index int) topology.GPU {
 	return g
 }
 
-// Qualify returns the fully qualified form of an attribute or capacity
+// qualify returns the fully qualified form of an attribute or capacity
 // name; names without a domain belong to gpulink's driver.
-func Qualify(name string) resourceapi.FullyQualifiedName {
+func qualify(name string) resourceapi.FullyQualifiedName {
 	if strings.Contains(name, "/") {
 		return resourceapi.FullyQualifiedName(name)
 	}
@@ -303,30 +303,29 @@ func Qualify(name string) resourceapi.FullyQualifiedName {
 // fully qualified name; in a slice, the driver's own attributes may go by
 // either.
 func Attribute(dev *resourceapi.Device, name string) (resourceapi.DeviceAttribute, bool) {
-	fq := string(Qualify(name))
-	if short, ok := strings.CutPrefix(fq, driver.Name+"/"); ok {
-		if a, ok := dev.Attributes[resourceapi.QualifiedName(short)]; ok {
-			return a, true
-		}
-	}
-	a, ok := dev.Attributes[resourceapi.QualifiedName(fq)]
-	return a, ok
+	return Lookup(dev.Attributes, driver.Name, qualify(name))
 }
 
 // Capacity is Attribute for capacities.
 func Capacity(dev *resourceapi.Device, name string) (resourceapi.DeviceCapacity, bool) {
-	fq := string(Qualify(name))
-	if short, ok := strings.CutPrefix(fq, driver.Name+"/"); ok {
-		if c, ok := dev.Capacity[resourceapi.QualifiedName(short)]; ok {
-			return c, true
-		}
-	}
-	c, ok := dev.Capacity[resourceapi.QualifiedName(fq)]
-	return c, ok
+	return Lookup(dev.Capacity, driver.Name, qualify(name))
 }
 
-// AttributeString renders an attribute value for messages.
-func AttributeString(a resourceapi.DeviceAttribute) string {
+// Lookup finds a fully qualified name in a device's attributes or
+// capacities as the publishing driver (driverName) wrote them: its own
+// names may be short.
+func Lookup[V any](m map[resourceapi.QualifiedName]V, driverName string, fq resourceapi.FullyQualifiedName) (V, bool) {
+	if short, ok := strings.CutPrefix(string(fq), driverName+"/"); ok {
+		if v, ok := m[resourceapi.QualifiedName(short)]; ok {
+			return v, true
+		}
+	}
+	v, ok := m[resourceapi.QualifiedName(fq)]
+	return v, ok
+}
+
+// attributeString renders an attribute value for messages.
+func attributeString(a resourceapi.DeviceAttribute) string {
 	switch {
 	case a.IntValue != nil:
 		return fmt.Sprint(*a.IntValue)

@@ -139,11 +139,11 @@ func assertSameTopology(t *testing.T, want *topology.Topology, pool *Pool) {
 			t.Fatalf("decoded GPU index %d was not encoded", dg.Index)
 		}
 		wg := want.GPUs[wp]
-		cc, err := NormalizeVersion(wg.CUDAComputeCapability)
+		cc, err := normalizeVersion(wg.CUDAComputeCapability)
 		if err != nil {
 			t.Fatal(err)
 		}
-		dv, err := NormalizeVersion(wg.DriverVersion)
+		dv, err := normalizeVersion(wg.DriverVersion)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -179,7 +179,7 @@ func identityAttributes(logger klog.Logger, g topology.GPU, opts Options) (map[r
 		if v.value == "" {
 			continue
 		}
-		sv, err := NormalizeVersion(v.value)
+		sv, err := normalizeVersion(v.value)
 		if err != nil {
 			return nil, fmt.Errorf("attribute %s: %w", v.name, err)
 		}
@@ -310,12 +310,12 @@ var (
 	semverRE = regexp.MustCompile(`^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$`)
 )
 
-// NormalizeVersion turns a version as NVIDIA reports it into semver 2.0.0,
+// normalizeVersion turns a version as NVIDIA reports it into semver 2.0.0,
 // which VersionValue requires: missing components are zero ("8.0" becomes
 // "8.0.0", "550" becomes "550.0.0") and leading zeros are dropped
 // ("535.104.05" becomes "535.104.5"). A value that already is valid semver
 // is kept; anything else is an error.
-func NormalizeVersion(v string) (string, error) {
+func normalizeVersion(v string) (string, error) {
 	if numericVersion.MatchString(v) {
 		parts := strings.Split(v, ".")
 		out := make([]string, 3)

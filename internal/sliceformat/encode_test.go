@@ -316,15 +316,15 @@ func TestNormalizeVersion(t *testing.T) {
 		"v550":           "",
 		"550.54.15-01.x": "",
 	} {
-		got, err := NormalizeVersion(in)
+		got, err := normalizeVersion(in)
 		if want == "" {
 			if err == nil {
-				t.Errorf("NormalizeVersion(%q) = %q, want an error", in, got)
+				t.Errorf("normalizeVersion(%q) = %q, want an error", in, got)
 			}
 			continue
 		}
 		if err != nil || got != want {
-			t.Errorf("NormalizeVersion(%q) = %q, %v; want %q", in, got, err, want)
+			t.Errorf("normalizeVersion(%q) = %q, %v; want %q", in, got, err, want)
 		}
 	}
 }

@@ -25,7 +25,7 @@ func ResultUse(r *resourceapi.DeviceRequestAllocationResult) (Use, bool) {
 	u := Use{Pool: r.Pool, Device: r.Device, Exclusive: r.ShareID == nil}
 	if !u.Exclusive {
 		for name, q := range r.ConsumedCapacity {
-			switch Qualify(string(name)) {
+			switch qualify(string(name)) {
 			case capacityMemory:
 				u.MemoryBytes = q.Value()
 			case capacityCores:
@@ -37,8 +37,8 @@ func ResultUse(r *resourceapi.DeviceRequestAllocationResult) (Use, bool) {
 }
 
 var (
-	capacityMemory = Qualify(driver.CapacityMemory)
-	capacityCores  = Qualify(driver.CapacityCores)
+	capacityMemory = qualify(driver.CapacityMemory)
+	capacityCores  = qualify(driver.CapacityCores)
 )
 
 // SchedulingTaints are the device's taints that keep work off it unless
