@@ -9,13 +9,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpulink/gpulink/driver/topology/topologytest"
+
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gpulink/gpulink/driver"
-	"github.com/gpulink/gpulink/driver/discovery"
-	"github.com/gpulink/gpulink/driver/topology"
 )
 
 func migResult(request, device string) resourceapi.DeviceRequestAllocationResult {
@@ -26,7 +26,7 @@ func migResult(request, device string) resourceapi.DeviceRequestAllocationResult
 // 1g.5gb and a 3g.20gb instance and GPU 1 into one 7g.40gb, and the
 // instances' capability nodes in the driver root.
 func migEnv(t *testing.T) *env {
-	topo := migTopology(t, map[int][]string{0: {"1g.5gb", "3g.20gb"}, 1: {"7g.40gb"}})
+	topo := topologytest.MIG(t, map[int][]string{0: {"1g.5gb", "3g.20gb"}, 1: {"7g.40gb"}})
 	e := newEnv(t, topo)
 	caps := filepath.Join(e.driverRoot, "dev", "nvidia-caps")
 	if err := os.MkdirAll(caps, 0o755); err != nil {
@@ -156,14 +156,4 @@ func TestPrepareMIGRefusesBadResults(t *testing.T) {
 			t.Errorf("results %v: a refused claim left a CDI spec", c.results)
 		}
 	}
-}
-
-// migTopology discovers a simulated DGX A100 (40GB) with a MIG layout.
-func migTopology(t *testing.T, layout map[int][]string) *topology.Topology {
-	t.Helper()
-	topo, err := discovery.MockTopology("dgxa100", discovery.MockOptions{MIG: layout})
-	if err != nil {
-		t.Fatalf("MockTopology: %v", err)
-	}
-	return topo
 }

@@ -3,23 +3,13 @@ package sliceformat
 import (
 	"testing"
 
+	"github.com/gpulink/gpulink/driver/topology/topologytest"
+
 	"github.com/gpulink/gpulink/driver"
-	"github.com/gpulink/gpulink/driver/discovery"
-	"github.com/gpulink/gpulink/driver/topology"
 )
 
-// migTopology discovers a simulated DGX A100 (40GB) with a MIG layout.
-func migTopology(t *testing.T, layout map[int][]string) *topology.Topology {
-	t.Helper()
-	topo, err := discovery.MockTopology("dgxa100", discovery.MockOptions{MIG: layout})
-	if err != nil {
-		t.Fatalf("MockTopology: %v", err)
-	}
-	return topo
-}
-
 func TestEncodeMIG(t *testing.T) {
-	topo := migTopology(t, map[int][]string{0: {"1g.5gb", "3g.20gb"}, 1: {"7g.40gb"}})
+	topo := topologytest.MIG(t, map[int][]string{0: {"1g.5gb", "3g.20gb"}, 1: {"7g.40gb"}})
 	devs := buildOne(t, topo, defaultOptions())
 	byName := map[string]int{}
 	for i, d := range devs {
@@ -112,7 +102,7 @@ func TestEncodeAllMIG(t *testing.T) {
 		layout[i] = []string{"4g.20gb", "3g.20gb"}
 	}
 	layout[7] = nil
-	devs := buildOne(t, migTopology(t, layout), defaultOptions())
+	devs := buildOne(t, topologytest.MIG(t, layout), defaultOptions())
 	if len(devs) != 14 {
 		t.Fatalf("%d devices, want 14 MIG devices", len(devs))
 	}

@@ -52,23 +52,17 @@ func DecodeChart(rendered []byte) (*ChartObjects, error) {
 		case "":
 			continue
 		case "DeviceClass":
-			o.DeviceClasses = append(o.DeviceClasses, resourceapi.DeviceClass{})
-			target = &o.DeviceClasses[len(o.DeviceClasses)-1]
+			target = appendNew(&o.DeviceClasses)
 		case "MutatingAdmissionPolicy":
-			o.Policies = append(o.Policies, admissionv1.MutatingAdmissionPolicy{})
-			target = &o.Policies[len(o.Policies)-1]
+			target = appendNew(&o.Policies)
 		case "MutatingAdmissionPolicyBinding":
-			o.Bindings = append(o.Bindings, admissionv1.MutatingAdmissionPolicyBinding{})
-			target = &o.Bindings[len(o.Bindings)-1]
+			target = appendNew(&o.Bindings)
 		case "Secret":
-			o.Secrets = append(o.Secrets, corev1.Secret{})
-			target = &o.Secrets[len(o.Secrets)-1]
+			target = appendNew(&o.Secrets)
 		case "ConfigMap":
-			o.ConfigMaps = append(o.ConfigMaps, corev1.ConfigMap{})
-			target = &o.ConfigMaps[len(o.ConfigMaps)-1]
+			target = appendNew(&o.ConfigMaps)
 		case "MutatingWebhookConfiguration":
-			o.Webhooks = append(o.Webhooks, admissionv1.MutatingWebhookConfiguration{})
-			target = &o.Webhooks[len(o.Webhooks)-1]
+			target = appendNew(&o.Webhooks)
 		default:
 			return nil, fmt.Errorf("localcluster: chart rendering: unexpected %s %s", meta.APIVersion, meta.Kind)
 		}
@@ -76,6 +70,13 @@ func DecodeChart(rendered []byte) (*ChartObjects, error) {
 			return nil, fmt.Errorf("localcluster: chart rendering, %s: %w", meta.Kind, err)
 		}
 	}
+}
+
+// appendNew appends a zero object to list and returns it to decode into.
+func appendNew[T any](list *[]T) *T {
+	var zero T
+	*list = append(*list, zero)
+	return &(*list)[len(*list)-1]
 }
 
 // InstallClusterScoped creates the DeviceClasses, policies and bindings
