@@ -15,7 +15,7 @@ import (
 
 // selectorEvaluator compiles CEL device selectors once (k8s.io/dynamic-resource-allocation/cel)
 // and evaluates them against gpulink devices.
-type selectorEvaluator struct {
+type SelectorEvaluator struct {
 	cache *dracel.Cache
 
 	// probeMu guards probe: whether a class (by name and
@@ -24,14 +24,14 @@ type selectorEvaluator struct {
 	probe   map[string]bool
 }
 
-func newSelectorEvaluator() *selectorEvaluator {
+func NewSelectorEvaluator() *SelectorEvaluator {
 	// The features match Kubernetes 1.37 defaults: consumable capacity is
 	// beta and on, list-typed attributes are alpha and off.
-	return &selectorEvaluator{cache: dracel.NewCache(1024, dracel.Features{EnableConsumableCapacity: true})}
+	return &SelectorEvaluator{cache: dracel.NewCache(1024, dracel.Features{EnableConsumableCapacity: true})}
 }
 
 // compile returns the compiled selector or a field-naming error.
-func (e *selectorEvaluator) compile(expr string) (dracel.CompilationResult, error) {
+func (e *SelectorEvaluator) compile(expr string) (dracel.CompilationResult, error) {
 	r := e.cache.GetOrCompile(expr)
 	if r.Error != nil {
 		return r, fmt.Errorf("CEL selector %q does not compile: %w", expr, r.Error)
@@ -43,7 +43,7 @@ func (e *selectorEvaluator) compile(expr string) (dracel.CompilationResult, erro
 // on the node inventory (which is replaced whenever its slices change).
 // Runtime errors (e.g. a missing attribute) count as no match for that
 // device; they are kept so that a request matching nothing can say why.
-func (e *selectorEvaluator) matchesOnNode(ctx context.Context, n *nodeInventory, expr string) ([]selectorOutcome, error) {
+func (e *SelectorEvaluator) matchesOnNode(ctx context.Context, n *NodeInventory, expr string) ([]selectorOutcome, error) {
 	return e.matchesMemoised(ctx, n, expr, expr, len(n.Devices), func(i int) (string, dracel.Device) { return n.Devices[i].Name, n.Devices[i].CEL })
 }
 
@@ -63,7 +63,7 @@ var migProbeDevice = dracel.Device{Driver: driver.Name, AllowMultipleAllocations
 // every driver's devices, so it is not gpulink's), and its selectors must
 // match the driver-only probe device or at least one published gpulink
 // device.
-func (e *selectorEvaluator) classSelectsGpulink(ctx context.Context, class *resourceapi.DeviceClass, inv *inventory) (bool, error) {
+func (e *SelectorEvaluator) ClassSelectsGpulink(ctx context.Context, class *resourceapi.DeviceClass, inv *Inventory) (bool, error) {
 	var exprs []string
 	for i, s := range class.Spec.Selectors {
 		if s.CEL == nil {
@@ -107,7 +107,7 @@ func (e *selectorEvaluator) classSelectsGpulink(ctx context.Context, class *reso
 	if matched {
 		return true, nil
 	}
-	for _, n := range inv.all() {
+	for _, n := range inv.All() {
 		elig, _, err := e.eligibleBySelectors(ctx, n, exprs)
 		if err != nil {
 			return false, err
@@ -132,13 +132,13 @@ const migMemoPrefix = "mig\x00"
 
 // matchesMIGOnNode is matchesOnNode for the node's MIG devices, indexed
 // as nodeInventory.MIG.
-func (e *selectorEvaluator) matchesMIGOnNode(ctx context.Context, n *nodeInventory, expr string) ([]selectorOutcome, error) {
+func (e *SelectorEvaluator) matchesMIGOnNode(ctx context.Context, n *NodeInventory, expr string) ([]selectorOutcome, error) {
 	return e.matchesMemoised(ctx, n, migMemoPrefix+expr, expr, len(n.MIG), func(i int) (string, dracel.Device) { return n.MIG[i].Name, n.MIG[i].CEL })
 }
 
 // matchesMemoised evaluates expr on the count devices device gives, the
 // row kept in the node's memo under key.
-func (e *selectorEvaluator) matchesMemoised(ctx context.Context, n *nodeInventory, key, expr string, count int, device func(int) (string, dracel.Device)) ([]selectorOutcome, error) {
+func (e *SelectorEvaluator) matchesMemoised(ctx context.Context, n *NodeInventory, key, expr string, count int, device func(int) (string, dracel.Device)) ([]selectorOutcome, error) {
 	n.memoMu.Lock()
 	row, ok := n.memo.get(key)
 	n.memoMu.Unlock()
@@ -165,13 +165,13 @@ func (e *selectorEvaluator) matchesMemoised(ctx context.Context, n *nodeInventor
 }
 
 // eligibleMIG is eligibleBySelectors for the node's MIG devices.
-func (e *selectorEvaluator) eligibleMIG(ctx context.Context, n *nodeInventory, exprs []string) ([]bool, error, error) {
+func (e *SelectorEvaluator) eligibleMIG(ctx context.Context, n *NodeInventory, exprs []string) ([]bool, error, error) {
 	return eligibleByAll(len(n.MIG), exprs, func(x string) ([]selectorOutcome, error) { return e.matchesMIGOnNode(ctx, n, x) })
 }
 
 // eligibleBySelectors returns, per position, whether a device matches all
 // selectors, plus the first runtime error seen (for messages).
-func (e *selectorEvaluator) eligibleBySelectors(ctx context.Context, n *nodeInventory, exprs []string) ([]bool, error, error) {
+func (e *SelectorEvaluator) eligibleBySelectors(ctx context.Context, n *NodeInventory, exprs []string) ([]bool, error, error) {
 	return eligibleByAll(len(n.Devices), exprs, func(x string) ([]selectorOutcome, error) { return e.matchesOnNode(ctx, n, x) })
 }
 

@@ -30,17 +30,17 @@ import (
 // the best nodes (the usual case), the first node planned reaches its
 // bound and the search stops there. When they do on every node, it plans
 // as many nodes as planning every node would.
-func boundChoice(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, nodes []*nodeInventory, usage usageSource, cache *scoreCache, admit func(*nodeInventory) bool, pending []*interpretedClaim) (*nodePlan, quickVerdict) {
-	var alts []*alternative
+func BoundChoice(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, nodes []*NodeInventory, usage usageSource, cache *ScoreCache, admit func(*NodeInventory) bool, pending []*Claim) (*Plan, quickVerdict) {
+	var alts []*Alternative
 	placements := 0
 	for _, ic := range pending {
 		for _, r := range ic.Requests {
 			if len(r.Alternatives) != 1 {
-				return nil, quickUnsure
+				return nil, QuickUnsure
 			}
 			alt := r.Alternatives[0]
 			if alt.All || alt.Count < 1 {
-				return nil, quickUnsure
+				return nil, QuickUnsure
 			}
 			alts = append(alts, alt)
 			if alt.Share {
@@ -51,13 +51,13 @@ func boundChoice(ctx context.Context, sel *selectorEvaluator, pol allocate.Polic
 		}
 	}
 	if placements < 2 {
-		return nil, quickUnsure
+		return nil, QuickUnsure
 	}
 	for _, n := range nodes {
 		if n.Topo.Len() > 16 {
 			// Beyond 16 free GPUs the allocator's search is not exact,
 			// so a request's best set on its own is no bound.
-			return nil, quickUnsure
+			return nil, QuickUnsure
 		}
 	}
 	sigs := make([]string, len(alts))
@@ -66,9 +66,9 @@ func boundChoice(ctx context.Context, sel *selectorEvaluator, pol allocate.Polic
 		sigs[i], shapes[i] = shapeOf(cache, alt, pol, len(nodes), nil)
 	}
 	gens := make([]uint64, len(nodes))
-	usage.generations(nodes, gens)
+	usage.Generations(nodes, gens)
 	type bounded struct {
-		node  *nodeInventory
+		node  *NodeInventory
 		bound podScore
 	}
 	cands := make([]bounded, 0, len(nodes))
@@ -89,7 +89,7 @@ func boundChoice(ctx context.Context, sel *selectorEvaluator, pol allocate.Polic
 		}
 		return 1
 	})
-	var best *nodePlan
+	var best *Plan
 	var bestScore podScore
 	for _, c := range cands {
 		if best != nil {
@@ -105,7 +105,7 @@ func boundChoice(ctx context.Context, sel *selectorEvaluator, pol allocate.Polic
 		if !admit(c.node) {
 			continue
 		}
-		plan, _ := planNode(ctx, sel, pol, c.node, usage.nodeUsage(c.node), pending)
+		plan, _ := planNode(ctx, sel, pol, c.node, usage.NodeUsage(c.node), pending)
 		if plan == nil {
 			continue
 		}
@@ -119,9 +119,9 @@ func boundChoice(ctx context.Context, sel *selectorEvaluator, pol allocate.Polic
 		}
 	}
 	if best == nil {
-		return nil, quickNoFit
+		return nil, QuickNoFit
 	}
-	return best, quickChosen
+	return best, QuickChosen
 }
 
 // podBound is a podScore no plan of the requests on the node can beat, or
@@ -136,7 +136,7 @@ func boundChoice(ctx context.Context, sel *selectorEvaluator, pol allocate.Polic
 // the whole GPUs left free are then exactly the free ones less the whole
 // GPUs taken and the fresh GPUs opened. On an idle node the bound is what
 // the plan gets unless the requests get in each other's way.
-func podBound(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, n *nodeInventory, usage usageSource, alts []*alternative, sigs []string, shapes []*shapeScores, gen uint64) (podScore, bool) {
+func podBound(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, n *NodeInventory, usage usageSource, alts []*Alternative, sigs []string, shapes []*shapeScores, gen uint64) (podScore, bool) {
 	b := podScore{worst: topology.Link(255)}
 	free, shared, whole, shares, widest := -1, 0, 0, 0, 0
 	for i, alt := range alts {

@@ -13,11 +13,11 @@ import (
 // usageSource is what a decision reads of the devices' usage: the ledger,
 // or a test's own.
 type usageSource interface {
-	// nodeUsage returns the usage of a node's devices in topology order.
-	nodeUsage(n *nodeInventory) []allocate.GPUUsage
-	// generations sets out[i] to a number that changes whenever the usage
+	// NodeUsage returns the usage of a node's devices in topology order.
+	NodeUsage(n *NodeInventory) []allocate.GPUUsage
+	// Generations sets out[i] to a number that changes whenever the usage
 	// of nodes[i] changes.
-	generations(nodes []*nodeInventory, out []uint64)
+	Generations(nodes []*NodeInventory, out []uint64)
 }
 
 // quickVerdict is what quickChoice could establish.
@@ -26,11 +26,11 @@ type quickVerdict int
 const (
 	// quickUnsure: the pod is not of the shape, or the shortcut cannot
 	// vouch for the answer; the caller filters and plans every node.
-	quickUnsure quickVerdict = iota
+	QuickUnsure quickVerdict = iota
 	// quickChosen: the result holds the plan.
-	quickChosen
+	QuickChosen
 	// quickNoFit: no node that admit lets through fits the pod.
-	quickNoFit
+	QuickNoFit
 )
 
 // quickChoice decides a pod with a single placement (one claim, one
@@ -60,21 +60,21 @@ const (
 // devices would split into several share sizes, or nodes disagree on the
 // share size (choosePlan then ranks by the first node's size), the
 // verdict is quickUnsure.
-func quickChoice(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, nodes []*nodeInventory, usage usageSource, cache *scoreCache, admit func(*nodeInventory) bool, pending []*interpretedClaim, rank *hostRanking) (*quickResult, quickVerdict) {
+func QuickChoice(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, nodes []*NodeInventory, usage usageSource, cache *ScoreCache, admit func(*NodeInventory) bool, pending []*Claim, rank *HostRanking) (*quickResult, quickVerdict) {
 	if len(pending) != 1 {
-		return nil, quickUnsure
+		return nil, QuickUnsure
 	}
 	ic := pending[0]
 	if len(ic.Requests) != 1 || len(ic.Constraints) != 0 || len(ic.Requests[0].Alternatives) != 1 {
-		return nil, quickUnsure
+		return nil, QuickUnsure
 	}
 	alt := ic.Requests[0].Alternatives[0]
 	if alt.All || alt.Count < 1 || (alt.Share && alt.Count != 1) {
-		return nil, quickUnsure
+		return nil, QuickUnsure
 	}
 	sig, scores := shapeOf(cache, alt, pol, len(nodes), rank)
 	gens := make([]uint64, len(nodes))
-	usage.generations(nodes, gens)
+	usage.Generations(nodes, gens)
 	h := &rankHeap{pol: pol, items: make([]rankedNode, 0, len(nodes))}
 	shareKey := ""
 	for i, n := range nodes {
@@ -83,13 +83,13 @@ func quickChoice(ctx context.Context, sel *selectorEvaluator, pol allocate.Polic
 			continue
 		}
 		if e.nonUniform {
-			return nil, quickUnsure
+			return nil, QuickUnsure
 		}
 		if alt.Share {
 			if shareKey == "" {
 				shareKey = e.shareKey
 			} else if e.shareKey != shareKey {
-				return nil, quickUnsure
+				return nil, QuickUnsure
 			}
 		}
 		if e.fits {
@@ -103,13 +103,13 @@ func quickChoice(ctx context.Context, sel *selectorEvaluator, pol allocate.Polic
 		if !admit(n) {
 			continue
 		}
-		plan, _ := planNode(ctx, sel, pol, n, usage.nodeUsage(n), pending)
+		plan, _ := planNode(ctx, sel, pol, n, usage.NodeUsage(n), pending)
 		if plan == nil {
-			return nil, quickUnsure
+			return nil, QuickUnsure
 		}
-		return &quickResult{plan: plan, rest: h}, quickChosen
+		return &quickResult{Plan: plan, rest: h}, QuickChosen
 	}
-	return nil, quickNoFit
+	return nil, QuickNoFit
 }
 
 // maxExplainedNodes bounds the nodes planned to say why a pod fits none
@@ -121,12 +121,12 @@ const maxExplainedNodes = 64
 // and counts the rest) or maxExplainedNodes; ok is false if one fits after
 // all (its usage changed since it was scored), and the caller then plans
 // every node.
-func explainNoFit(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, cands []*nodeInventory, usage usageSource, pending []*interpretedClaim) (why []string, ok bool) {
+func ExplainNoFit(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, cands []*NodeInventory, usage usageSource, pending []*Claim) (why []string, ok bool) {
 	for i, n := range cands {
-		if i == maxExplainedNodes || len(dedupe(why)) > 4 {
+		if i == maxExplainedNodes || len(Dedupe(why)) > 4 {
 			break
 		}
-		plan, reasons := planNode(ctx, sel, pol, n, usage.nodeUsage(n), pending)
+		plan, reasons := planNode(ctx, sel, pol, n, usage.NodeUsage(n), pending)
 		if plan != nil {
 			return nil, false
 		}
@@ -137,7 +137,7 @@ func explainNoFit(ctx context.Context, sel *selectorEvaluator, pol allocate.Poli
 
 // quickResult is a quick choice and the nodes ranked below it.
 type quickResult struct {
-	plan *nodePlan
+	Plan *Plan
 	rest *rankHeap
 }
 
@@ -149,15 +149,15 @@ const maxSampledAlternatives = 8
 // order, until three fit or maxSampledAlternatives were tried, for the
 // allocation event's note. It returns the chosen plan first, the reasons
 // the others did not fit and how many nodes that fit were not planned.
-func (q *quickResult) alternatives(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, usage usageSource, admit func(*nodeInventory) bool, pending []*interpretedClaim) (plans []*nodePlan, why []string, unexamined int) {
-	plans = []*nodePlan{q.plan}
+func (q *quickResult) Alternatives(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, usage usageSource, admit func(*NodeInventory) bool, pending []*Claim) (plans []*Plan, why []string, unexamined int) {
+	plans = []*Plan{q.Plan}
 	for tried := 0; tried < maxSampledAlternatives && len(plans) < 4 && q.rest.Len() > 0; {
 		n := heap.Pop(q.rest).(rankedNode).node
 		if !admit(n) {
 			continue
 		}
 		tried++
-		if plan, reasons := planNode(ctx, sel, pol, n, usage.nodeUsage(n), pending); plan != nil {
+		if plan, reasons := planNode(ctx, sel, pol, n, usage.NodeUsage(n), pending); plan != nil {
 			plans = append(plans, plan)
 		} else {
 			why = append(why, reasons...)
@@ -168,7 +168,7 @@ func (q *quickResult) alternatives(ctx context.Context, sel *selectorEvaluator, 
 
 // rankedNode is a node that fits, with its score.
 type rankedNode struct {
-	node  *nodeInventory
+	node  *NodeInventory
 	score allocate.NodeScore
 }
 
@@ -195,9 +195,9 @@ func (h *rankHeap) Pop() any {
 // scoreNode computes a node's entry for one request shape: whether the
 // shape may fit at all, its devices' share size and, when it fits, its
 // score with the ineligible devices masked as taken (as choosePlan ranks).
-func scoreNode(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, n *nodeInventory, usage usageSource, alt *alternative, sig string, gen uint64, rank *hostRanking, host *allocate.Host) *scoreEntry {
+func scoreNode(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, n *NodeInventory, usage usageSource, alt *Alternative, sig string, gen uint64, rank *HostRanking, host *allocate.Host) *scoreEntry {
 	e := &scoreEntry{node: n, gen: gen}
-	u := sanitizeUsage(usage.nodeUsage(n))
+	u := sanitizeUsage(usage.NodeUsage(n))
 	for _, g := range u {
 		switch {
 		case g == (allocate.GPUUsage{}):
@@ -252,7 +252,7 @@ func scoreNode(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy,
 
 // shapeOf returns the alternative's signature and the scores kept for it
 // (as one request on its own) under pol.
-func shapeOf(cache *scoreCache, alt *alternative, pol allocate.Policy, nodes int, rank *hostRanking) (string, *shapeScores) {
+func shapeOf(cache *ScoreCache, alt *Alternative, pol allocate.Policy, nodes int, rank *HostRanking) (string, *shapeScores) {
 	sig := quickSignature(alt)
 	return sig, cache.shape(fmt.Sprintf("%s\x03%d/%d/%d/%d/%s/%s%s", sig, alt.Count, alt.RequiredLink,
 		maxSharesPerGPU(alt), memoryOvercommit(alt), pol.Node, pol.GPU, rank.key()), nodes)
@@ -265,7 +265,7 @@ func shapeOf(cache *scoreCache, alt *alternative, pol allocate.Policy, nodes int
 // computed with, and for the node's CPU and memory left: the usage source
 // counts a change of those in the node's generation (ledger.touch), so
 // that a decision reads them only for the nodes it scores again.
-func (s *shapeScores) entry(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, n *nodeInventory, usage usageSource, alt *alternative, sig string, gen uint64, rank *hostRanking) *scoreEntry {
+func (s *shapeScores) entry(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, n *NodeInventory, usage usageSource, alt *Alternative, sig string, gen uint64, rank *HostRanking) *scoreEntry {
 	if e := s.get(n, gen, pol.Mix); e != nil && e.demand == pol.Demand {
 		return e
 	}
@@ -278,7 +278,7 @@ func (s *shapeScores) entry(ctx context.Context, sel *selectorEvaluator, pol all
 // the node's inventory and usage generation are the ones it was computed
 // for (and, for a score that depends on it, the size mix).
 type scoreEntry struct {
-	node *nodeInventory
+	node *NodeInventory
 	gen  uint64
 	mix  *allocate.SizeMix
 	// demand is the demand mix the score was computed with (nil: none).
@@ -296,7 +296,7 @@ type scoreEntry struct {
 
 // scoreCache keeps node scores per request shape and policy, bounded to
 // the shapes most recently asked for.
-type scoreCache struct {
+type ScoreCache struct {
 	mu     sync.Mutex
 	shapes *lru[*shapeScores]
 }
@@ -305,12 +305,12 @@ type scoreCache struct {
 // shape costs about 100 bytes per node.
 const maxCachedShapes = 32
 
-func newScoreCache() *scoreCache {
-	return &scoreCache{shapes: newLRU[*shapeScores](maxCachedShapes)}
+func NewScoreCache() *ScoreCache {
+	return &ScoreCache{shapes: newLRU[*shapeScores](maxCachedShapes)}
 }
 
 // entries counts the node scores the cache keeps.
-func (c *scoreCache) entries() int {
+func (c *ScoreCache) entries() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := 0
@@ -324,7 +324,7 @@ func (c *scoreCache) entries() int {
 }
 
 // shape returns the scores kept for a shape; a nil cache keeps nothing.
-func (c *scoreCache) shape(key string, nodes int) *shapeScores {
+func (c *ScoreCache) shape(key string, nodes int) *shapeScores {
 	if c == nil {
 		return &shapeScores{byNode: make(map[string]*scoreEntry, nodes)}
 	}
@@ -346,7 +346,7 @@ type shapeScores struct {
 	byNode map[string]*scoreEntry
 }
 
-func (s *shapeScores) get(n *nodeInventory, gen uint64, mix *allocate.SizeMix) *scoreEntry {
+func (s *shapeScores) get(n *NodeInventory, gen uint64, mix *allocate.SizeMix) *scoreEntry {
 	s.mu.Lock()
 	e := s.byNode[n.Node]
 	s.mu.Unlock()
@@ -356,7 +356,7 @@ func (s *shapeScores) get(n *nodeInventory, gen uint64, mix *allocate.SizeMix) *
 	return e
 }
 
-func (s *shapeScores) put(n *nodeInventory, e *scoreEntry) {
+func (s *shapeScores) put(n *NodeInventory, e *scoreEntry) {
 	s.mu.Lock()
 	s.byNode[n.Node] = e
 	s.mu.Unlock()
@@ -364,7 +364,7 @@ func (s *shapeScores) put(n *nodeInventory, e *scoreEntry) {
 
 // prune drops the entries of nodes that are gone, once they could make up
 // half of the map.
-func (s *shapeScores) prune(nodes []*nodeInventory) {
+func (s *shapeScores) prune(nodes []*NodeInventory) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.byNode) <= 2*len(nodes)+64 {
@@ -382,7 +382,7 @@ func (s *shapeScores) prune(nodes []*nodeInventory) {
 // mayFit is a cheap necessary condition for the alternative to fit on a
 // node with this (sanitized) usage: k GPUs free to be given out whole, or
 // one GPU not given out whole for a share. Eligibility only removes GPUs.
-func mayFit(usage []allocate.GPUUsage, alt *alternative) bool {
+func mayFit(usage []allocate.GPUUsage, alt *Alternative) bool {
 	free, open := 0, 0
 	for _, u := range usage {
 		if !u.Exclusive {
@@ -411,7 +411,7 @@ type quickElig struct {
 }
 
 // quickSignature identifies what quickElig depends on in an alternative.
-func quickSignature(alt *alternative) string {
+func quickSignature(alt *Alternative) string {
 	var b strings.Builder
 	for _, s := range alt.Selectors {
 		b.WriteString(s)
@@ -431,7 +431,7 @@ func quickSignature(alt *alternative) string {
 
 // quickEligible is baseEligible without the reasons, narrowed for a share
 // as placer.variants does, memoised per node and signature.
-func quickEligible(ctx context.Context, sel *selectorEvaluator, n *nodeInventory, alt *alternative, sig string) *quickElig {
+func quickEligible(ctx context.Context, sel *SelectorEvaluator, n *NodeInventory, alt *Alternative, sig string) *quickElig {
 	n.memoMu.Lock()
 	if n.quickMemo == nil {
 		n.quickMemo = newLRU[*quickElig](memoEntriesPerNode)
@@ -451,7 +451,7 @@ func quickEligible(ctx context.Context, sel *selectorEvaluator, n *nodeInventory
 		if !elig[pos] {
 			continue
 		}
-		if _, bad := untoleratedTaint(d, alt.Tolerations); bad || (alt.Share && !d.AllowMultiple) {
+		if _, bad := UntoleratedTaint(d, alt.Tolerations); bad || (alt.Share && !d.AllowMultiple) {
 			elig[pos] = false
 			continue
 		}
@@ -477,7 +477,7 @@ func quickEligible(ctx context.Context, sel *selectorEvaluator, n *nodeInventory
 
 // exhaustivePlans plans every candidate node; used when quickChoice does
 // not apply and by tests as the reference.
-func exhaustivePlans(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, cands []*nodeInventory, usageOf func(*nodeInventory) []allocate.GPUUsage, pending []*interpretedClaim) (plans []*nodePlan, failed int, why []string) {
+func ExhaustivePlans(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, cands []*NodeInventory, usageOf func(*NodeInventory) []allocate.GPUUsage, pending []*Claim) (plans []*Plan, failed int, why []string) {
 	for _, n := range cands {
 		plan, reasons := planNode(ctx, sel, pol, n, usageOf(n), pending)
 		if plan != nil {

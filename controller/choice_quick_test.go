@@ -29,19 +29,19 @@ var pruneFixtures = []string{
 // pruneCluster is an in-memory cluster of random nodes with random usage.
 // It is its own usageSource: gen counts each node's usage changes.
 type pruneCluster struct {
-	inv    *inventory
+	inv    *Inventory
 	slices map[string]*resourceapi.ResourceSlice
 	usage  map[string][]allocate.GPUUsage
 	gen    map[string]uint64
-	ip     *interpreter
-	sel    *selectorEvaluator
+	ip     *Interpreter
+	sel    *SelectorEvaluator
 }
 
-func (pc *pruneCluster) nodeUsage(n *nodeInventory) []allocate.GPUUsage {
+func (pc *pruneCluster) NodeUsage(n *NodeInventory) []allocate.GPUUsage {
 	return slices.Clone(pc.usage[n.Node])
 }
 
-func (pc *pruneCluster) generations(nodes []*nodeInventory, out []uint64) {
+func (pc *pruneCluster) Generations(nodes []*NodeInventory, out []uint64) {
 	for i, n := range nodes {
 		out[i] = pc.gen[n.Node]
 	}
@@ -55,7 +55,7 @@ func (pc *pruneCluster) setUsage(node string, u []allocate.GPUUsage) {
 }
 
 // commit adds a plan's devices to its node's usage.
-func (pc *pruneCluster) commit(pl *nodePlan) {
+func (pc *pruneCluster) commit(pl *Plan) {
 	u := slices.Clone(pc.usage[pl.Node.Node])
 	for _, claim := range pl.Claims {
 		for _, r := range claim {
@@ -79,22 +79,22 @@ func (pc *pruneCluster) taintFirstDevice(t testing.TB, node string) {
 	t.Helper()
 	s := pc.slices[node].DeepCopy()
 	s.Spec.Devices[0].Taints = append(s.Spec.Devices[0].Taints, resourceapi.DeviceTaint{Key: "example.com/broken", Effect: resourceapi.DeviceTaintEffectNoSchedule})
-	if err := pc.inv.upsert(s); err != nil {
+	if err := pc.inv.Upsert(s); err != nil {
 		t.Fatal(err)
 	}
 	pc.slices[node] = s
 }
 
-func admitAll(*nodeInventory) bool { return true }
+func admitAll(*NodeInventory) bool { return true }
 
 func newPruneCluster(t testing.TB, rng *rand.Rand, nodes int, fixtures []string, busy float64) *pruneCluster {
 	t.Helper()
-	pc := &pruneCluster{inv: newInventory(), slices: map[string]*resourceapi.ResourceSlice{}, usage: map[string][]allocate.GPUUsage{}, gen: map[string]uint64{}, sel: newSelectorEvaluator()}
+	pc := &pruneCluster{inv: NewInventory(), slices: map[string]*resourceapi.ResourceSlice{}, usage: map[string][]allocate.GPUUsage{}, gen: map[string]uint64{}, sel: NewSelectorEvaluator()}
 	classes := map[string]*resourceapi.DeviceClass{}
 	for _, c := range DeviceClasses() {
 		classes[c.Name] = c
 	}
-	pc.ip = newInterpreter(fakeClassLister(classes), pc.sel, pc.inv)
+	pc.ip = NewInterpreter(fakeClassLister(classes), pc.sel, pc.inv)
 	// Names in an order unrelated to the inventory's, so that the name
 	// tie-break is exercised.
 	perm := rng.Perm(nodes)
@@ -114,7 +114,7 @@ func newPruneCluster(t testing.TB, rng *rand.Rand, nodes int, fixtures []string,
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := pc.inv.upsert(s); err != nil {
+		if err := pc.inv.Upsert(s); err != nil {
 			t.Fatal(err)
 		}
 		pc.slices[name] = s
@@ -187,11 +187,11 @@ func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 	quick, shortcutShapes, cached, noFit, bounded := 0, 0, 0, 0, 0
 	for round := range 12 {
 		pc := newPruneCluster(t, rng, 40+rng.IntN(80), pruneFixtures, []float64{0.3, 0.7, 1}[round%3])
-		cache := newScoreCache()
+		cache := NewScoreCache()
 		// Odd rounds rank by stranded GPU: each node has CPU and memory
 		// left (changing as pods are placed), the pods ask for some, and
 		// a demand mix of recent shapes weighs the stranding.
-		var rank *hostRanking
+		var rank *HostRanking
 		var demand *allocate.DemandHistory
 		hosts := map[string]*allocate.Host{}
 		if round%2 == 1 {
@@ -199,23 +199,23 @@ func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 			if demand, err = allocate.NewDemandHistory(64, 8); err != nil {
 				t.Fatal(err)
 			}
-			for _, n := range pc.inv.all() {
+			for _, n := range pc.inv.All() {
 				hosts[n.Node] = &allocate.Host{CPUMilli: int64(rng.IntN(24_000)), MemoryBytes: int64(rng.IntN(96)) << 30}
 			}
 		}
 		for range 40 {
-			nodes := pc.inv.all()
+			nodes := pc.inv.All()
 			switch rng.IntN(8) {
 			case 0:
 				n := nodes[rng.IntN(len(nodes))]
 				pc.setUsage(n.Node, make([]allocate.GPUUsage, len(n.Devices)))
 			case 1:
 				pc.taintFirstDevice(t, nodes[rng.IntN(len(nodes))].Node)
-				nodes = pc.inv.all()
+				nodes = pc.inv.All()
 			}
-			var pending []*interpretedClaim
+			var pending []*Claim
 			for _, cl := range randomPod(rng) {
-				ic, _, err := pc.ip.interpret(ctx, cl)
+				ic, _, err := pc.ip.Interpret(ctx, cl)
 				if err != nil {
 					t.Fatalf("interpret: %v", err)
 				}
@@ -232,7 +232,7 @@ func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 					n := nodes[rng.IntN(len(nodes))]
 					hosts[n.Node] = &allocate.Host{CPUMilli: int64(rng.IntN(24_000)), MemoryBytes: int64(rng.IntN(96)) << 30}
 				}
-				rank = &hostRanking{left: func(n string) *allocate.Host { return hosts[n] },
+				rank = &HostRanking{left: func(n string) *allocate.Host { return hosts[n] },
 					pod: allocate.Host{CPUMilli: int64(rng.IntN(8_000)), MemoryBytes: int64(rng.IntN(32)) << 30}}
 				pol.Demand = demand.Mix()
 			}
@@ -240,7 +240,7 @@ func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 			// (and, ranking by stranding, the nodes short of the pod's CPU
 			// or memory, as the fit filter does from the same counts).
 			rejected := map[string]bool{}
-			var cands []*nodeInventory
+			var cands []*NodeInventory
 			for _, n := range nodes {
 				short := rank != nil && (hosts[n.Node].CPUMilli < rank.pod.CPUMilli || hosts[n.Node].MemoryBytes < rank.pod.MemoryBytes)
 				if rng.IntN(5) == 0 || short {
@@ -249,16 +249,16 @@ func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 					cands = append(cands, n)
 				}
 			}
-			admit := func(n *nodeInventory) bool { return !rejected[n.Node] }
-			plans, _, _ := exhaustivePlans(ctx, pc.sel, pol, cands, pc.nodeUsage, pending)
-			ref := choosePlan(plans, pol, rank)
+			admit := func(n *NodeInventory) bool { return !rejected[n.Node] }
+			plans, _, _ := ExhaustivePlans(ctx, pc.sel, pol, cands, pc.NodeUsage, pending)
+			ref := ChoosePlan(plans, pol, rank)
 			before := cache.entries()
-			got, verdict := quickChoice(ctx, pc.sel, pol, nodes, pc, cache, admit, pending, rank)
-			ok := verdict == quickChosen
-			if verdict == quickNoFit {
+			got, verdict := QuickChoice(ctx, pc.sel, pol, nodes, pc, cache, admit, pending, rank)
+			ok := verdict == QuickChosen
+			if verdict == QuickNoFit {
 				noFit++
 				if ref != nil {
-					t.Fatalf("round %d, policy %+v: the shortcut found nothing fits, planning every node gives %s", round, pol, ref.summarize())
+					t.Fatalf("round %d, policy %+v: the shortcut found nothing fits, planning every node gives %s", round, pol, ref.Summarize())
 				}
 			}
 			single := len(pending) == 1 && len(pending[0].Requests) == 1 && len(pending[0].Requests[0].Alternatives) == 1
@@ -271,27 +271,27 @@ func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 					cached++
 				}
 				if ref == nil {
-					t.Fatalf("round %d: quick choice %s where planning every node finds none", round, got.plan.summarize())
+					t.Fatalf("round %d: quick choice %s where planning every node finds none", round, got.Plan.Summarize())
 				}
-				if g, w := got.plan.summarize(), ref.summarize(); g != w {
+				if g, w := got.Plan.Summarize(), ref.Summarize(); g != w {
 					t.Fatalf("round %d, policy %+v: quick choice %s, planning every node %s", round, pol, g, w)
 				}
 			}
-			if verdict == quickUnsure && rank == nil {
+			if verdict == QuickUnsure && rank == nil {
 				// Several placements: branch and bound must agree too.
-				bp, bv := boundChoice(ctx, pc.sel, pol, nodes, pc, cache, admit, pending)
+				bp, bv := BoundChoice(ctx, pc.sel, pol, nodes, pc, cache, admit, pending)
 				switch bv {
-				case quickChosen:
+				case QuickChosen:
 					bounded++
 					if ref == nil {
-						t.Fatalf("round %d: bound choice %s where planning every node finds none", round, bp.summarize())
+						t.Fatalf("round %d: bound choice %s where planning every node finds none", round, bp.Summarize())
 					}
-					if g, w := bp.summarize(), ref.summarize(); g != w {
+					if g, w := bp.Summarize(), ref.Summarize(); g != w {
 						t.Fatalf("round %d, policy %+v: bound choice %s, planning every node %s", round, pol, g, w)
 					}
-				case quickNoFit:
+				case QuickNoFit:
 					if ref != nil {
-						t.Fatalf("round %d, policy %+v: branch and bound found nothing fits, planning every node gives %s", round, pol, ref.summarize())
+						t.Fatalf("round %d, policy %+v: branch and bound found nothing fits, planning every node gives %s", round, pol, ref.Summarize())
 					}
 				}
 			}
@@ -303,8 +303,8 @@ func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 					h := hosts[ref.Node.Node]
 					h.CPUMilli -= rank.pod.CPUMilli
 					h.MemoryBytes -= rank.pod.MemoryBytes
-					rec := &demandRecorder{hist: demand}
-					rec.record(ctx, podAsking(rank.pod), ref)
+					rec := &DemandRecorder{hist: demand}
+					rec.Record(ctx, podAsking(rank.pod), ref)
 				}
 			}
 		}
@@ -324,41 +324,41 @@ func TestScoreCacheFollowsUsage(t *testing.T) {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(3, 4))
 	pc := newPruneCluster(t, rng, 20, []string{"dgx-a100.txt"}, 0)
-	ic, _, err := pc.ip.interpret(ctx, &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "d"},
+	ic, _, err := pc.ip.Interpret(ctx, &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "d"},
 		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 8)}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pending := []*interpretedClaim{ic}
-	cache := newScoreCache()
-	nodes := pc.inv.all()
+	pending := []*Claim{ic}
+	cache := NewScoreCache()
+	nodes := pc.inv.All()
 	seen := map[string]bool{}
 	for i := range len(nodes) {
-		q, verdict := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending, nil)
-		if verdict != quickChosen {
+		q, verdict := QuickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending, nil)
+		if verdict != QuickChosen {
 			t.Fatalf("decision %d: shortcut did not apply", i)
 		}
-		name := q.plan.Node.Node
+		name := q.Plan.Node.Node
 		if seen[name] {
 			t.Fatalf("decision %d: node %s chosen again although it is full", i, name)
 		}
 		seen[name] = true
-		pc.commit(q.plan)
+		pc.commit(q.Plan)
 	}
-	if _, verdict := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending, nil); verdict != quickNoFit {
+	if _, verdict := QuickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending, nil); verdict != QuickNoFit {
 		t.Fatalf("a full cluster: verdict %d, want nothing fits", verdict)
 	}
 	freed := nodes[7].Node
 	pc.setUsage(freed, make([]allocate.GPUUsage, 8))
-	q, verdict := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending, nil)
-	if verdict != quickChosen || q.plan.Node.Node != freed {
+	q, verdict := QuickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending, nil)
+	if verdict != QuickChosen || q.Plan.Node.Node != freed {
 		t.Fatalf("after freeing %s: got %v, verdict %d", freed, q, verdict)
 	}
 	// Generations are the contract: a usage change the cache was not told
 	// of leaves the kept score, but planning reads the real usage, so the
 	// shortcut gives up rather than return a plan that does not fit.
 	pc.usage[freed][0] = allocate.GPUUsage{Exclusive: true}
-	if q, verdict := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending, nil); verdict != quickUnsure {
+	if q, verdict := QuickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending, nil); verdict != QuickUnsure {
 		t.Fatalf("verdict %d (%v) on %s, whose usage no longer fits: want the shortcut to give up", verdict, q, freed)
 	}
 }
@@ -370,25 +370,25 @@ func TestSampleAlternatives(t *testing.T) {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(1, 2))
 	pc := newPruneCluster(t, rng, 30, []string{"dgx1-v100.txt", "pcie-4.txt"}, 0.5)
-	nodes := pc.inv.all()
-	ic, _, err := pc.ip.interpret(ctx, &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "d"},
+	nodes := pc.inv.All()
+	ic, _, err := pc.ip.Interpret(ctx, &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "d"},
 		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 2)}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pending := []*interpretedClaim{ic}
+	pending := []*Claim{ic}
 	admitted := 0
-	admit := func(n *nodeInventory) bool {
+	admit := func(n *NodeInventory) bool {
 		admitted++
 		return n.Node != nodes[3].Node
 	}
-	q, verdict := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, nil, admit, pending, nil)
-	if verdict != quickChosen {
+	q, verdict := QuickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, nil, admit, pending, nil)
+	if verdict != QuickChosen {
 		t.Fatal("shortcut did not apply")
 	}
 	fitting := admitted + q.rest.Len()
-	plans, why, unexamined := q.alternatives(ctx, pc.sel, allocate.Policy{}, pc, admit, pending)
-	if plans[0] != q.plan || len(plans) != 4 {
+	plans, why, unexamined := q.Alternatives(ctx, pc.sel, allocate.Policy{}, pc, admit, pending)
+	if plans[0] != q.Plan || len(plans) != 4 {
 		t.Fatalf("want the chosen plan first and three others, got %d plans", len(plans))
 	}
 	if len(why) != 0 {
@@ -396,18 +396,18 @@ func TestSampleAlternatives(t *testing.T) {
 	}
 	// The alternatives are the next-best nodes: planning every node and
 	// ranking without the chosen one gives the first of them.
-	var others []*nodeInventory
+	var others []*NodeInventory
 	for _, n := range nodes {
-		if n != q.plan.Node && n.Node != nodes[3].Node {
+		if n != q.Plan.Node && n.Node != nodes[3].Node {
 			others = append(others, n)
 		}
 	}
-	ref, _, _ := exhaustivePlans(ctx, pc.sel, allocate.Policy{}, others, pc.nodeUsage, pending)
-	if next := choosePlan(ref, allocate.Policy{}, nil); next == nil || next.Node != plans[1].Node {
+	ref, _, _ := ExhaustivePlans(ctx, pc.sel, allocate.Policy{}, others, pc.NodeUsage, pending)
+	if next := ChoosePlan(ref, allocate.Policy{}, nil); next == nil || next.Node != plans[1].Node {
 		t.Fatalf("first alternative %s, want the next-best node", plans[1].Node.Node)
 	}
 	for _, pl := range plans[1:] {
-		if pl.Node == q.plan.Node || pl.Node.Node == nodes[3].Node {
+		if pl.Node == q.Plan.Node || pl.Node.Node == nodes[3].Node {
 			t.Fatalf("node %s named as an alternative", pl.Node.Node)
 		}
 	}
@@ -416,7 +416,7 @@ func TestSampleAlternatives(t *testing.T) {
 	if unexamined != fitting-admitted || unexamined == 0 {
 		t.Fatalf("%d not planned out of %d fitting nodes with %d looked at", unexamined, fitting, admitted)
 	}
-	note := alternativesNote(q.plan, plans, why, nil, unexamined)
+	note := alternativesNote(q.Plan, plans, why, nil, unexamined)
 	if !strings.Contains(note, fmt.Sprintf("%d other nodes not planned", unexamined)) {
 		t.Fatalf("note %q does not count the nodes not planned", note)
 	}
@@ -432,20 +432,20 @@ func TestBoundChoiceMatchesExhaustive(t *testing.T) {
 	decided, none := 0, 0
 	for round := range 150 {
 		pc := newPruneCluster(t, rng, 6+rng.IntN(20), []string{"dgx1-v100.txt", "dgx-a100.txt", "pcie-nvbridge-8.txt", "pcie-4.txt", "dgx2-16.txt"}, []float64{0, 0.5, 1}[round%3])
-		cache := newScoreCache()
+		cache := NewScoreCache()
 		for range 30 {
-			nodes := pc.inv.all()
-			var pending []*interpretedClaim
+			nodes := pc.inv.All()
+			var pending []*Claim
 			for {
 				pending = pending[:0]
 				for _, cl := range randomPod(rng) {
-					ic, _, err := pc.ip.interpret(ctx, cl)
+					ic, _, err := pc.ip.Interpret(ctx, cl)
 					if err != nil {
 						t.Fatalf("interpret: %v", err)
 					}
 					pending = append(pending, ic)
 				}
-				if _, v := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, nil, admitAll, pending, nil); v == quickUnsure {
+				if _, v := QuickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, nil, admitAll, pending, nil); v == QuickUnsure {
 					break
 				}
 			}
@@ -453,35 +453,35 @@ func TestBoundChoiceMatchesExhaustive(t *testing.T) {
 				// Shares of two GPUs in one request.
 				req := controllertest.ShareRequest("s", "2Gi", "10")
 				req.Exactly.Count = 2
-				ic, _, err := pc.ip.interpret(ctx, &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "m", Namespace: "d", UID: testUID(rng.IntN(1 << 30))},
+				ic, _, err := pc.ip.Interpret(ctx, &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "m", Namespace: "d", UID: testUID(rng.IntN(1 << 30))},
 					Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req}}}})
 				if err != nil {
 					t.Fatal(err)
 				}
-				pending = []*interpretedClaim{ic}
+				pending = []*Claim{ic}
 			}
 			pol := allocate.Policy{
 				Node: []allocate.Strategy{allocate.Binpack, allocate.Spread}[rng.IntN(2)],
 				GPU:  []allocate.Strategy{allocate.Binpack, allocate.Spread}[rng.IntN(2)],
 			}
-			plans, _, _ := exhaustivePlans(ctx, pc.sel, pol, nodes, pc.nodeUsage, pending)
-			ref := choosePlan(plans, pol, nil)
-			got, v := boundChoice(ctx, pc.sel, pol, nodes, pc, cache, admitAll, pending)
+			plans, _, _ := ExhaustivePlans(ctx, pc.sel, pol, nodes, pc.NodeUsage, pending)
+			ref := ChoosePlan(plans, pol, nil)
+			got, v := BoundChoice(ctx, pc.sel, pol, nodes, pc, cache, admitAll, pending)
 			switch v {
-			case quickChosen:
+			case QuickChosen:
 				decided++
-				if ref == nil || got.summarize() != ref.summarize() {
+				if ref == nil || got.Summarize() != ref.Summarize() {
 					want := "none"
 					if ref != nil {
-						want = ref.summarize()
+						want = ref.Summarize()
 					}
-					t.Fatalf("round %d, policy %+v: bound choice %s, planning every node %s", round, pol, got.summarize(), want)
+					t.Fatalf("round %d, policy %+v: bound choice %s, planning every node %s", round, pol, got.Summarize(), want)
 				}
 				pc.commit(ref)
-			case quickNoFit:
+			case QuickNoFit:
 				none++
 				if ref != nil {
-					t.Fatalf("round %d: branch and bound found nothing fits, planning every node gives %s", round, ref.summarize())
+					t.Fatalf("round %d: branch and bound found nothing fits, planning every node gives %s", round, ref.Summarize())
 				}
 				// Make room again.
 				n := nodes[rng.IntN(len(nodes))]
@@ -511,12 +511,12 @@ func TestScoreCacheFollowsHost(t *testing.T) {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(5, 6))
 	pc := newPruneCluster(t, rng, 6, []string{"dgx-a100.txt"}, 0)
-	ic, _, err := pc.ip.interpret(ctx, &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "d"},
+	ic, _, err := pc.ip.Interpret(ctx, &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "d"},
 		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pending := []*interpretedClaim{ic}
+	pending := []*Claim{ic}
 	hist, err := allocate.NewDemandHistory(8, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -526,24 +526,24 @@ func TestScoreCacheFollowsHost(t *testing.T) {
 	}
 	pol := allocate.Policy{Demand: hist.Mix()}
 	hosts := map[string]allocate.Host{}
-	for _, n := range pc.inv.all() {
+	for _, n := range pc.inv.All() {
 		hosts[n.Node] = allocate.Host{CPUMilli: 64_000, MemoryBytes: 256 << 30}
 	}
-	rank := &hostRanking{left: func(n string) *allocate.Host { h := hosts[n]; return &h }, pod: allocate.Host{CPUMilli: 2000}}
-	cache := newScoreCache()
-	nodes := pc.inv.all()
-	q, verdict := quickChoice(ctx, pc.sel, pol, nodes, pc, cache, admitAll, pending, rank)
-	if verdict != quickChosen {
+	rank := &HostRanking{left: func(n string) *allocate.Host { h := hosts[n]; return &h }, pod: allocate.Host{CPUMilli: 2000}}
+	cache := NewScoreCache()
+	nodes := pc.inv.All()
+	q, verdict := QuickChoice(ctx, pc.sel, pol, nodes, pc, cache, admitAll, pending, rank)
+	if verdict != QuickChosen {
 		t.Fatalf("verdict %d, want a choice", verdict)
 	}
-	first := q.plan.Node.Node
+	first := q.Plan.Node.Node
 	hosts[first] = allocate.Host{CPUMilli: 500, MemoryBytes: 256 << 30}
 	// A change of a node's CPU or memory left counts in its generation,
 	// as the controller's ledger.touch counts it for the fit tracker and
 	// the Node handlers (TestHostChangesTouchTheLedger).
 	pc.gen[first]++
-	q, verdict = quickChoice(ctx, pc.sel, pol, nodes, pc, cache, admitAll, pending, rank)
-	if verdict != quickChosen || q.plan.Node.Node == first {
+	q, verdict = QuickChoice(ctx, pc.sel, pol, nodes, pc, cache, admitAll, pending, rank)
+	if verdict != QuickChosen || q.Plan.Node.Node == first {
 		t.Fatalf("after %s ran short of CPU: got %v, verdict %d; want another node", first, q, verdict)
 	}
 }

@@ -31,13 +31,13 @@ const (
 	// allocates it, whether or not the requests tolerate gpulink's
 	// managed taint: one allocator for every gpulink device, so that no
 	// two decisions can pick the same GPU unseen by each other.
-	claimOurs
+	ClaimOurs
 )
 
 // interpretedClaim is a gpulink claim in the controller's terms.
-type interpretedClaim struct {
+type Claim struct {
 	Claim       *resourceapi.ResourceClaim
-	Requests    []*requestSpec
+	Requests    []*RequestSpec
 	Constraints []matchConstraint
 	// Tolerating is set when every request tolerates the managed taint,
 	// so kube-scheduler's allocator may take the claim too: the
@@ -47,13 +47,13 @@ type interpretedClaim struct {
 
 // requestSpec is one request with its alternatives: one for `exactly`,
 // several for `firstAvailable`, tried in order.
-type requestSpec struct {
+type RequestSpec struct {
 	Name         string
-	Alternatives []*alternative
+	Alternatives []*Alternative
 }
 
 // alternative is one concrete way to satisfy a request.
-type alternative struct {
+type Alternative struct {
 	// ResultName is the request name results carry: "req" or "req/sub".
 	ResultName string
 	// Rank is the position in firstAvailable (0 for exactly).
@@ -88,7 +88,7 @@ type alternative struct {
 }
 
 // shareSignature renders the inputs of shareConsumption.
-func shareSignature(a *alternative) string {
+func shareSignature(a *Alternative) string {
 	names := make([]string, 0, len(a.Capacity))
 	for n := range a.Capacity {
 		names = append(names, string(n))
@@ -118,7 +118,7 @@ func shareSignature(a *alternative) string {
 // namespace: they share one MPS server per GPU (sharing.mpsMode
 // Concurrent), so no share of another namespace, and no share of another
 // kind, may join their GPU.
-func concurrentGroup(namespace string) string { return "mps-concurrent/" + namespace }
+func ConcurrentGroup(namespace string) string { return "mps-concurrent/" + namespace }
 
 // matchConstraint is a matchAttribute constraint over some requests.
 type matchConstraint struct {
@@ -150,15 +150,15 @@ func (e *uninterpretableError) Unwrap() error { return e.Err }
 
 // errClassMissing wraps a missing DeviceClass: the claim may become
 // interpretable once the class is created.
-var errClassMissing = errors.New("DeviceClass not found")
+var ErrClassMissing = errors.New("DeviceClass not found")
 
 var managedTaint = resourceapi.DeviceTaint{Key: driver.ManagedTaintKey, Effect: resourceapi.DeviceTaintEffectNoSchedule}
 
 // interpreter turns claims into allocation problems.
-type interpreter struct {
+type Interpreter struct {
 	classes classGetter
-	cel     *selectorEvaluator
-	inv     *inventory
+	cel     *SelectorEvaluator
+	inv     *Inventory
 
 	// configs caches resolved configuration layers: claims of one
 	// template carry identical layers, and decoding them is the costliest
@@ -174,8 +174,8 @@ type classGetter interface {
 
 // newInterpreter interprets claims with the classes, the selector
 // evaluator and the inventory of nodes (for what a class selects).
-func newInterpreter(classes classGetter, sel *selectorEvaluator, inv *inventory) *interpreter {
-	return &interpreter{classes: classes, cel: sel, inv: inv}
+func NewInterpreter(classes classGetter, sel *SelectorEvaluator, inv *Inventory) *Interpreter {
+	return &Interpreter{classes: classes, cel: sel, inv: inv}
 }
 
 type resolvedConfig struct {
@@ -191,7 +191,7 @@ const maxConfigCache = 4096
 // resolve decodes, checks, merges, defaults and validates the configuration
 // layers of a request (the DeviceClass's, then the claim's), and reports
 // the share sizes the layers set explicitly.
-func (ip *interpreter) resolve(class, claim [][]byte) *resolvedConfig {
+func (ip *Interpreter) resolve(class, claim [][]byte) *resolvedConfig {
 	var key strings.Builder
 	// Which layers are the class's is part of the key: the same bytes
 	// may be allowed from a class and refused from a claim.
@@ -246,19 +246,19 @@ func resolveLayers(class, claim [][]byte) (*v1alpha1.GpuConfig, *resource.Quanti
 
 // interpret classifies a claim and, for gpulink claims, builds its
 // requests. Errors are *uninterpretableError, or wrap errClassMissing.
-func (ip *interpreter) interpret(ctx context.Context, claim *resourceapi.ResourceClaim) (*interpretedClaim, claimKind, error) {
+func (ip *Interpreter) Interpret(ctx context.Context, claim *resourceapi.ResourceClaim) (*Claim, claimKind, error) {
 	key := claim.Namespace + "/" + claim.Name
-	fail := func(err error) (*interpretedClaim, claimKind, error) {
-		return nil, claimOurs, &uninterpretableError{Claim: key, Err: err}
+	fail := func(err error) (*Claim, claimKind, error) {
+		return nil, ClaimOurs, &uninterpretableError{Claim: key, Err: err}
 	}
 	spec := claim.Spec.Devices
 	reqPath := field.NewPath("spec", "devices", "requests")
-	out := &interpretedClaim{Claim: claim}
+	out := &Claim{Claim: claim}
 	var ours, foreign []string
 	for i := range spec.Requests {
 		r := &spec.Requests[i]
 		path := reqPath.Index(i)
-		rs := &requestSpec{Name: r.Name}
+		rs := &RequestSpec{Name: r.Name}
 		var subs []subRequest
 		switch {
 		case r.Exactly != nil && len(r.FirstAvailable) == 0:
@@ -280,9 +280,9 @@ func (ip *interpreter) interpret(ctx context.Context, claim *resourceapi.Resourc
 		for rank, s := range subs {
 			class, err := ip.classes.Get(s.class)
 			if err != nil {
-				return nil, claimOurs, fmt.Errorf("claim %s, %s: DeviceClass %q: %w", key, s.path.Child("deviceClassName"), s.class, errClassMissing)
+				return nil, ClaimOurs, fmt.Errorf("claim %s, %s: DeviceClass %q: %w", key, s.path.Child("deviceClassName"), s.class, ErrClassMissing)
 			}
-			isOurs, err := ip.cel.classSelectsGpulink(ctx, class, ip.inv)
+			isOurs, err := ip.cel.ClassSelectsGpulink(ctx, class, ip.inv)
 			if err != nil {
 				return fail(fmt.Errorf("%s: %w", s.path.Child("deviceClassName"), err))
 			}
@@ -336,7 +336,7 @@ func (ip *interpreter) interpret(ctx context.Context, claim *resourceapi.Resourc
 			return fail(field.Required(consPath.Index(i), "a constraint needs matchAttribute"))
 		}
 	}
-	return out, claimOurs, nil
+	return out, ClaimOurs, nil
 }
 
 // subRequest unifies exactly and firstAvailable entries.
@@ -353,8 +353,8 @@ type subRequest struct {
 	derived     int
 }
 
-func (ip *interpreter) alternative(claim *resourceapi.ResourceClaim, class *resourceapi.DeviceClass, s subRequest, rank int) (*alternative, error) {
-	alt := &alternative{ResultName: s.resultName, Rank: rank, Class: class, Tolerations: s.tolerations}
+func (ip *Interpreter) alternative(claim *resourceapi.ResourceClaim, class *resourceapi.DeviceClass, s subRequest, rank int) (*Alternative, error) {
+	alt := &Alternative{ResultName: s.resultName, Rank: rank, Class: class, Tolerations: s.tolerations}
 	if s.adminAccess != nil && *s.adminAccess {
 		return nil, field.Forbidden(s.path.Child("adminAccess"), "gpulink does not grant admin access to GPUs")
 	}
@@ -407,7 +407,7 @@ func (ip *interpreter) alternative(claim *resourceapi.ResourceClaim, class *reso
 			alt.Capacity[fq] = q
 		}
 	}
-	if isMIGClass(class) {
+	if IsMIGClass(class) {
 		// A MIG device is a fixed slice of a GPU given out whole: there
 		// is no capacity to consume from it, and no way to share it.
 		if len(alt.Capacity) > 0 {
@@ -461,7 +461,7 @@ func (ip *interpreter) alternative(claim *resourceapi.ResourceClaim, class *reso
 			return nil, field.Invalid(s.path.Child("count"), s.count, fmt.Sprintf("DeviceClass %s sets sharing.mpsMode=%s, whose share is served by one GPU's MPS server; ask for one share per request (or use a class with sharing.mpsMode=%s)",
 				class.Name, v1alpha1.MPSConcurrent, v1alpha1.MPSIsolated))
 		}
-		alt.ShareGroup = concurrentGroup(claim.Namespace)
+		alt.ShareGroup = ConcurrentGroup(claim.Namespace)
 	}
 	if alt.Share {
 		alt.shareSig = shareSignature(alt)
@@ -484,7 +484,7 @@ func tolerates(tols []resourceapi.DeviceToleration, taint resourceapi.DeviceTain
 
 // describe renders an alternative for events: "4 GPUs with every pair NV1
 // or better (policy Required)", "a share of 8Gi memory, 30% cores".
-func (a *alternative) describe() string {
+func (a *Alternative) describe() string {
 	var b strings.Builder
 	if a.MIG {
 		return a.describeMIG()
@@ -529,7 +529,7 @@ func (a *alternative) describe() string {
 // describeMIG renders a MIG alternative for events, naming the request's
 // own selectors (the profile or memory it asks for): "1 free MIG device
 // matching device.attributes["gpu.gpulink.dev"].profile == "1g.10gb"".
-func (a *alternative) describeMIG() string {
+func (a *Alternative) describeMIG() string {
 	var b strings.Builder
 	switch {
 	case a.All:
@@ -547,7 +547,7 @@ func (a *alternative) describeMIG() string {
 
 // migSelectors names what a MIG alternative selects: the request's own
 // selectors (a profile, a minimum memory), else its class's.
-func (a *alternative) migSelectors() string {
+func (a *Alternative) migSelectors() string {
 	if own := a.Selectors[len(a.Class.Spec.Selectors):]; len(own) > 0 {
 		return strings.Join(own, " && ")
 	}
@@ -556,7 +556,7 @@ func (a *alternative) migSelectors() string {
 
 // wantedDevices names what the pending claims ask for ("4 free GPUs with
 // every pair NVLink plus a share of 4Gi memory").
-func wantedDevices(pending []*interpretedClaim) string {
+func WantedDevices(pending []*Claim) string {
 	var wants []string
 	for _, ic := range pending {
 		for _, r := range ic.Requests {
@@ -568,7 +568,7 @@ func wantedDevices(pending []*interpretedClaim) string {
 	return strings.Join(wants, " plus ")
 }
 
-func dedupe(in []string) []string {
+func Dedupe(in []string) []string {
 	seen := map[string]bool{}
 	var out []string
 	for _, s := range in {
@@ -582,7 +582,7 @@ func dedupe(in []string) []string {
 
 // usesMPS says whether any alternative of the claim is a share served by
 // MPS (the configuration is defaulted, so an unset strategy reads MPS).
-func (ic *interpretedClaim) usesMPS() bool {
+func (ic *Claim) UsesMPS() bool {
 	for _, r := range ic.Requests {
 		for _, alt := range r.Alternatives {
 			if alt.Share && alt.Config != nil && alt.Config.Sharing != nil && alt.Config.Sharing.Strategy == v1alpha1.SharingMPS {
@@ -596,7 +596,7 @@ func (ic *interpretedClaim) usesMPS() bool {
 // checkMPSModes refuses a claim whose MPS shares take both MPS modes: the
 // kubelet plugin serves a claim's MPS shares from one kind of server (a
 // daemon of the claim's own, or its namespace's daemon of one GPU).
-func checkMPSModes(ic *interpretedClaim) error {
+func checkMPSModes(ic *Claim) error {
 	var isolated, concurrent string
 	for _, rs := range ic.Requests {
 		for _, alt := range rs.Alternatives {
@@ -618,7 +618,7 @@ func checkMPSModes(ic *interpretedClaim) error {
 
 // usesConcurrentMPS tells whether any alternative of the claim is a
 // concurrent MPS share.
-func (ic *interpretedClaim) usesConcurrentMPS() bool {
+func (ic *Claim) UsesConcurrentMPS() bool {
 	for _, rs := range ic.Requests {
 		for _, alt := range rs.Alternatives {
 			if alt.ShareGroup != "" {

@@ -14,7 +14,7 @@ import (
 	"github.com/gpulink/gpulink/driver/topology"
 )
 
-func testInterpreter(t *testing.T, extra ...*resourceapi.DeviceClass) (*interpreter, *inventory) {
+func testInterpreter(t *testing.T, extra ...*resourceapi.DeviceClass) (*Interpreter, *Inventory) {
 	t.Helper()
 	classes := fakeClassLister{}
 	for _, c := range DeviceClasses() {
@@ -23,7 +23,7 @@ func testInterpreter(t *testing.T, extra ...*resourceapi.DeviceClass) (*interpre
 	for _, c := range extra {
 		classes[c.Name] = c
 	}
-	inv := newInventory()
+	inv := NewInventory()
 	topo, err := parseFixture("v100-sxm2-8-aliyun-sccgn6.txt")
 	if err != nil {
 		t.Fatal(err)
@@ -32,10 +32,10 @@ func testInterpreter(t *testing.T, extra ...*resourceapi.DeviceClass) (*interpre
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := inv.upsert(s); err != nil {
+	if err := inv.Upsert(s); err != nil {
 		t.Fatal(err)
 	}
-	return newInterpreter(classes, newSelectorEvaluator(), inv), inv
+	return NewInterpreter(classes, NewSelectorEvaluator(), inv), inv
 }
 
 func claimOf(spec resourceapi.DeviceClaim) *resourceapi.ResourceClaim {
@@ -55,11 +55,11 @@ func TestInterpretConfigLayers(t *testing.T) {
 	reqA.Exactly.DeviceClassName = "strict"
 	reqB := controllertest.WholeRequest("b", 2)
 	reqB.Exactly.DeviceClassName = "strict"
-	ic, kind, err := ip.interpret(context.Background(), claimOf(resourceapi.DeviceClaim{
+	ic, kind, err := ip.Interpret(context.Background(), claimOf(resourceapi.DeviceClaim{
 		Requests: []resourceapi.DeviceRequest{reqA, reqB},
 		Config:   []resourceapi.DeviceClaimConfiguration{controllertest.OpaqueConfig(`{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","topology":{"policy":"BestEffort"}}`, "a")},
 	}))
-	if err != nil || kind != claimOurs {
+	if err != nil || kind != ClaimOurs {
 		t.Fatalf("interpret: kind %d, err %v", kind, err)
 	}
 	if got := ic.Requests[0].Alternatives[0].RequiredLink; got != topology.LinkNone {
@@ -72,7 +72,7 @@ func TestInterpretConfigLayers(t *testing.T) {
 
 func TestInterpretShareSizesFromConfig(t *testing.T) {
 	ip, inv := testInterpreter(t)
-	ic, _, err := ip.interpret(context.Background(), claimOf(resourceapi.DeviceClaim{
+	ic, _, err := ip.Interpret(context.Background(), claimOf(resourceapi.DeviceClaim{
 		Requests: []resourceapi.DeviceRequest{controllertest.ShareRequest("s", "", "40")},
 		Config:   []resourceapi.DeviceClaimConfiguration{controllertest.OpaqueConfig(`{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","sharing":{"defaultMemory":"6Gi","defaultCores":10}}`)},
 	}))
@@ -83,7 +83,7 @@ func TestInterpretShareSizesFromConfig(t *testing.T) {
 	if !alt.Share {
 		t.Fatal("request on the share class is not a share")
 	}
-	share, consumed, err := shareConsumption(inv.node("n").Devices[0], alt)
+	share, consumed, err := shareConsumption(inv.Node("n").Devices[0], alt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,21 +111,21 @@ func TestInterpretClassification(t *testing.T) {
 	for _, tc := range []struct {
 		class string
 		kind  claimKind
-	}{{"other", claimForeign}, {"v100s", claimOurs}, {"any", claimForeign}, {driver.DeviceClassShare, claimOurs}} {
-		_, kind, err := ip.interpret(context.Background(), claimOf(resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req(tc.class)}}))
+	}{{"other", claimForeign}, {"v100s", ClaimOurs}, {"any", claimForeign}, {driver.DeviceClassShare, ClaimOurs}} {
+		_, kind, err := ip.Interpret(context.Background(), claimOf(resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req(tc.class)}}))
 		if err != nil || kind != tc.kind {
 			t.Errorf("class %s: kind %d, err %v; want kind %d", tc.class, kind, err, tc.kind)
 		}
 	}
-	_, _, err := ip.interpret(context.Background(), claimOf(resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req("missing")}}))
-	if !errors.Is(err, errClassMissing) {
+	_, _, err := ip.Interpret(context.Background(), claimOf(resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req("missing")}}))
+	if !errors.Is(err, ErrClassMissing) {
 		t.Errorf("missing class: err %v, want errClassMissing", err)
 	}
 	fa := resourceapi.DeviceRequest{Name: "r", FirstAvailable: []resourceapi.DeviceSubRequest{
 		{Name: "gpu", DeviceClassName: driver.DeviceClassWhole, Count: 1},
 		{Name: "nic", DeviceClassName: "other", Count: 1},
 	}}
-	_, _, err = ip.interpret(context.Background(), claimOf(resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{fa}}))
+	_, _, err = ip.Interpret(context.Background(), claimOf(resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{fa}}))
 	var u *uninterpretableError
 	if !errors.As(err, &u) {
 		t.Errorf("firstAvailable mixing drivers: err %v, want uninterpretable", err)

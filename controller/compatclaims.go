@@ -18,7 +18,7 @@ import (
 // and immutable (as is the template's), so checking the claim checks the
 // template it came from. Allocated claims are not checked: someone else
 // already allocated them, and there is nothing left to refuse.
-func checkCompatClaim(podClaim *corev1.PodResourceClaim, claim *resourceapi.ResourceClaim) error {
+func CheckCompatClaim(podClaim *corev1.PodResourceClaim, claim *resourceapi.ResourceClaim) error {
 	if podClaim.ResourceClaimTemplateName == nil || claim.Status.Allocation != nil {
 		return nil
 	}

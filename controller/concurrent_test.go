@@ -187,29 +187,29 @@ func TestLedgerReadsShareGroupsFromAllocations(t *testing.T) {
 		claim *resourceapi.ResourceClaim
 		want  string
 	}{
-		{"concurrent class", claimOf("team-a", concurrent, ""), concurrentGroup("team-a")},
+		{"concurrent class", claimOf("team-a", concurrent, ""), ConcurrentGroup("team-a")},
 		{"isolated class", claimOf("team-a", isolated, ""), ""},
-		{"concurrent class, claim sets a priority", claimOf("team-b", concurrent, `{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","sharing":{"priority":1}}`), concurrentGroup("team-b")},
+		{"concurrent class, claim sets a priority", claimOf("team-b", concurrent, `{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","sharing":{"priority":1}}`), ConcurrentGroup("team-b")},
 		{"configuration that does not decode", claimOf("team-a", concurrent, `{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","bogus":1}`), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			uses := usesOf(tc.claim)
+			uses := UsesOf(tc.claim)
 			if len(uses) != 1 || uses[0].Group != tc.want {
 				t.Fatalf("uses %+v, want one share of group %q", uses, tc.want)
 			}
-			l := newLedger()
-			l.observe(tc.claim)
-			if got := l.usageOf(uses[0].Key); got.Group != tc.want || got.Shares != 1 {
+			l := NewLedger()
+			l.Observe(tc.claim)
+			if got := l.UsageOf(uses[0].Key); got.Group != tc.want || got.Shares != 1 {
 				t.Errorf("ledger usage %+v, want one share of group %q", got, tc.want)
 			}
 		})
 	}
 	// Shares of two groups on one device show as mixed: no share joins.
-	l := newLedger()
-	l.observe(claimOf("team-a", concurrent, ""))
-	l.observe(claimOf("team-b", concurrent, ""))
-	key := deviceKey{Pool: "a", Device: "gpu-1"}
-	if got := l.usageOf(key); got.Group != allocate.MixedShareGroups {
+	l := NewLedger()
+	l.Observe(claimOf("team-a", concurrent, ""))
+	l.Observe(claimOf("team-b", concurrent, ""))
+	key := DeviceKey{Pool: "a", Device: "gpu-1"}
+	if got := l.UsageOf(key); got.Group != allocate.MixedShareGroups {
 		t.Errorf("two groups on one device: group %q, want mixed", got.Group)
 	}
 }

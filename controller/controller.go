@@ -96,21 +96,21 @@ type Controller struct {
 	metrics  *Metrics
 	explain  *explainer
 	policy   allocate.Policy
-	mix      *mixRecorder
-	demand   *demandRecorder
+	mix      *MixRecorder
+	demand   *DemandRecorder
 	workers  int
 	grace    time.Duration
 	retry    time.Duration
-	inv      *inventory
-	ledger   *ledger
-	fit      *fitTracker
+	inv      *Inventory
+	ledger   *Ledger
+	fit      *FitTracker
 	ungating *ungating
-	sel      *selectorEvaluator
+	sel      *SelectorEvaluator
 	// scores keeps nodes' scores per request shape between decisions
 	// (quickChoice).
-	scores   *scoreCache
-	interp   *interpreter
-	filter   *nodeFilter
+	scores   *ScoreCache
+	interp   *Interpreter
+	filter   *NodeFilter
 	podQueue workqueue.TypedRateLimitingInterface[string]
 	gcQueue  workqueue.TypedRateLimitingInterface[string]
 	// holdQueue has the UIDs of deleted claims kept counted for their
@@ -158,11 +158,11 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.WaitingRetry <= 0 {
 		cfg.WaitingRetry = time.Minute
 	}
-	mix, err := newMixRecorder(cfg.Mix)
+	mix, err := NewMixRecorder(cfg.Mix)
 	if err != nil {
 		return nil, fmt.Errorf("controller config: %w", err)
 	}
-	demand, err := newDemandRecorder(cfg.RankByStranding)
+	demand, err := NewDemandRecorder(cfg.RankByStranding)
 	if err != nil {
 		return nil, fmt.Errorf("controller config: %w", err)
 	}
@@ -179,12 +179,12 @@ func New(cfg Config) (*Controller, error) {
 		workers:  cfg.Workers,
 		grace:    cfg.UnschedulableGrace,
 		retry:    cfg.WaitingRetry,
-		inv:      newInventory(),
-		ledger:   newLedger(),
-		fit:      newFitTracker(),
+		inv:      NewInventory(),
+		ledger:   NewLedger(),
+		fit:      NewFitTracker(),
 		ungating: newUngating(),
-		sel:      newSelectorEvaluator(),
-		scores:   newScoreCache(),
+		sel:      NewSelectorEvaluator(),
+		scores:   NewScoreCache(),
 		waiting:  sets.New[string](),
 		excluded: map[types.UID]sets.Set[string]{},
 		podQueue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
@@ -212,15 +212,15 @@ func New(cfg Config) (*Controller, error) {
 	c.claimIdx = claimInf.Informer().GetIndexer()
 	c.classes = classInf.Lister()
 	c.nodes = nodeInf.Lister()
-	c.interp = newInterpreter(c.classes, c.sel, c.inv)
+	c.interp = NewInterpreter(c.classes, c.sel, c.inv)
 	cfg.Metrics.inventory.setSource(c.inv, c.ledger)
-	c.filter = &nodeFilter{nodes: c.nodes, classes: c.classes, fit: c.fit}
+	c.filter = &NodeFilter{Nodes: c.nodes, Classes: c.classes, Fit: c.fit}
 	if cfg.RankByStranding {
 		// A node's kept scores then also depend on its CPU and memory
 		// left: a change of either counts like a change of its devices'
 		// usage (pools are named after their nodes).
-		c.fit.hostChanged = c.ledger.touch
-		c.filter.allocatable.changed = c.ledger.touch
+		c.fit.HostChanged = c.ledger.Touch
+		c.filter.Allocatable.Changed = c.ledger.Touch
 	}
 
 	type handlerTarget interface {
@@ -374,11 +374,11 @@ func (c *Controller) onPod(obj any) {
 		return
 	}
 	// Every pod counts for the node fit, GPU pods or not.
-	c.fit.observe(pod)
+	c.fit.Observe(pod)
 	if len(pod.Spec.ResourceClaims) == 0 && gateIndex(pod) < 0 {
 		return
 	}
-	if podDone(pod) {
+	if PodDone(pod) {
 		// A finished pod's reservations are dropped now, not at the next
 		// resync or when the pod is deleted.
 		c.enqueuePodClaimsGC(pod)
@@ -401,7 +401,7 @@ func (c *Controller) onPodDelete(obj any) {
 		return
 	}
 	key := pod.Namespace + "/" + pod.Name
-	c.fit.forget(pod.UID)
+	c.fit.Forget(pod.UID)
 	c.ungating.done(pod.UID)
 	c.explain.forget(pod.UID)
 	c.mu.Lock()
@@ -422,11 +422,11 @@ func (c *Controller) onClaim(obj any) {
 	}
 	if c.isHoldRecord(claim) {
 		uses, kept := recordUses(claim)
-		c.ledger.observeRecord(claim, uses, kept)
+		c.ledger.ObserveRecord(claim, uses, kept)
 		c.gcQueue.Add(claim.Namespace + "/" + claim.Name)
 		return
 	}
-	c.ledger.observe(claim)
+	c.ledger.Observe(claim)
 	c.enqueueClaimPods(claim)
 	if hasFinalizer(claim) {
 		c.gcQueue.Add(claim.Namespace + "/" + claim.Name)
@@ -450,7 +450,7 @@ func (c *Controller) onClaimDelete(obj any) {
 		return
 	}
 	if c.isHoldRecord(claim) {
-		c.ledger.forget(claim.UID)
+		c.ledger.Forget(claim.UID)
 		c.enqueueWaiting()
 		return
 	}
@@ -458,7 +458,7 @@ func (c *Controller) onClaimDelete(obj any) {
 	// its devices counted until they end (holds.go); the finalizer that
 	// should prevent that can be removed by the claim's owner.
 	if !c.keepDeletedClaim(claim) {
-		c.ledger.forget(claim.UID)
+		c.ledger.Forget(claim.UID)
 		c.enqueueWaiting()
 	}
 	c.enqueueClaimPods(claim)
@@ -502,7 +502,7 @@ func (c *Controller) onSlice(obj any) {
 	if !ok || slice.Spec.Driver != driver.Name {
 		return
 	}
-	if err := c.inv.upsert(slice); err != nil {
+	if err := c.inv.Upsert(slice); err != nil {
 		c.metrics.Errors.WithLabelValues(errReasonInventory).Inc()
 		var foreign *sliceformat.ForeignPoolError
 		if errors.As(err, &foreign) {
@@ -524,13 +524,13 @@ func (c *Controller) onSliceDelete(obj any) {
 	if !ok || slice.Spec.Driver != driver.Name {
 		return
 	}
-	c.inv.remove(slice)
+	c.inv.Remove(slice)
 	c.enqueueWaiting()
 }
 
 func (c *Controller) onNodeAdd(obj any) {
 	if node, ok := obj.(*corev1.Node); ok {
-		c.filter.allocatable.set(node)
+		c.filter.Allocatable.Set(node)
 	}
 	c.onChange(obj)
 }
@@ -542,7 +542,7 @@ func (c *Controller) onNodeUpdate(oldObj, newObj any) {
 		return
 	}
 	if ok2 {
-		c.filter.allocatable.set(cur)
+		c.filter.Allocatable.Set(cur)
 	}
 	if ok1 && ok2 && old.Spec.Unschedulable == cur.Spec.Unschedulable && apiequality.Semantic.DeepEqual(old.Spec.Taints, cur.Spec.Taints) && maps.Equal(old.Labels, cur.Labels) {
 		// Other status-only updates (heartbeats) change nothing the
@@ -557,7 +557,7 @@ func (c *Controller) onNodeDelete(obj any) {
 		obj = d.Obj
 	}
 	if node, ok := obj.(*corev1.Node); ok {
-		c.filter.allocatable.forget(node.Name)
+		c.filter.Allocatable.Forget(node.Name)
 	}
 	c.onChange(obj)
 }
@@ -608,7 +608,7 @@ func (c *Controller) onDeallocated(old *resourceapi.ResourceClaim) {
 			continue
 		}
 		c.exclude(pod, node)
-		c.fit.unassume(pod.UID)
+		c.fit.Unassume(pod.UID)
 		why := "kube-scheduler could not place the pod there and deallocated the claim"
 		if podUnschedulable(pod) {
 			why += ": " + unschedulableMessage(pod)

@@ -16,18 +16,18 @@ import (
 // candidates, chooseMIG plans and ranks them. It returns the chosen plan
 // (nil when nothing fits), the feasible plans, why nodes failed and which
 // filters rejected nodes, as allocatePod's other paths do.
-func (c *Controller) decideMIG(ctx context.Context, logger klog.Logger, pod *corev1.Pod, all []*nodeInventory, allocated []*resourceapi.ResourceClaim, excluded sets.Set[string], pending []*interpretedClaim, pol allocate.Policy, rank *hostRanking) (*nodePlan, []*nodePlan, []string, *rejections) {
-	cands, rej := c.filter.candidates(logger, pod, all, allocated, excluded)
-	if len(cands) == 0 && excluded.Len() > 0 && rej.count(rejectExcluded) > 0 {
+func (c *Controller) decideMIG(ctx context.Context, logger klog.Logger, pod *corev1.Pod, all []*NodeInventory, allocated []*resourceapi.ResourceClaim, excluded sets.Set[string], pending []*Claim, pol allocate.Policy, rank *HostRanking) (*Plan, []*Plan, []string, *Rejections) {
+	cands, rej := c.filter.Candidates(logger, pod, all, allocated, excluded)
+	if len(cands) == 0 && excluded.Len() > 0 && rej.Count(RejectExcluded) > 0 {
 		// As the exhaustive path: every node was ruled out, some by
 		// earlier failures; start over rather than wait forever.
 		c.resetExcluded(ctx, pod)
-		cands, rej = c.filter.candidates(logger, pod, all, allocated, nil)
+		cands, rej = c.filter.Candidates(logger, pod, all, allocated, nil)
 	}
-	chosen, plans, why, failed := chooseMIG(ctx, c.sel, pol, cands, c.ledger, pending, rank)
-	noFit := "no " + wantedDevices(pending)
+	chosen, plans, why, failed := ChooseMIG(ctx, c.sel, pol, cands, c.ledger, pending, rank)
+	noFit := "no " + WantedDevices(pending)
 	for range failed {
-		rej.add(noFit)
+		rej.Add(noFit)
 	}
 	return chosen, plans, why, rej
 }

@@ -100,6 +100,6 @@ func isShareClass(class *resourceapi.DeviceClass) bool {
 }
 
 // isMIGClass reports whether requests on the class are MIG devices.
-func isMIGClass(class *resourceapi.DeviceClass) bool {
+func IsMIGClass(class *resourceapi.DeviceClass) bool {
 	return class.Labels[MIGLabel] == "true"
 }

@@ -22,7 +22,7 @@ const (
 	fitInsufficientPrefix  = "Insufficient "
 	fitAffinityMismatch    = "node(s) didn't match pod affinity rules"
 	fitAntiAffinity        = "node(s) didn't match pod anti-affinity rules"
-	fitExistingAntiAffnity = "node(s) didn't satisfy existing pods anti-affinity rules"
+	FitExistingAntiAffnity = "node(s) didn't satisfy existing pods anti-affinity rules"
 )
 
 // demand is what a pod asks of a node, as kube-scheduler's NodeResourcesFit
@@ -30,14 +30,14 @@ const (
 // the regular containers' sum and each init container's request, sidecars
 // added, pod overhead added, pod-level resources where set). CPU is in
 // millicores, everything else in units.
-type demand map[corev1.ResourceName]int64
+type Demand map[corev1.ResourceName]int64
 
 // podDemand computes a pod's demand. Resources kube-scheduler does not fit
 // (native resources other than cpu, memory, ephemeral-storage and
 // hugepages) are dropped.
-func podDemand(pod *corev1.Pod) demand {
+func PodDemand(pod *corev1.Pod) Demand {
 	reqs := resourcehelper.PodRequests(pod, resourcehelper.PodResourcesOptions{UseStatusResources: true})
-	out := make(demand, len(reqs))
+	out := make(Demand, len(reqs))
 	for name, q := range reqs {
 		if !fitted(name) {
 			continue
@@ -73,7 +73,7 @@ type fitPod struct {
 	node   string
 	ns     string
 	labels map[string]string
-	demand demand
+	demand Demand
 	// anti are the pod's required anti-affinity terms, compiled once, kept
 	// to check the pods that come after it (kube-scheduler checks them
 	// both ways).
@@ -87,7 +87,7 @@ type fitPod struct {
 // nodeUse sums the pods counted on one node.
 type nodeUse struct {
 	pods      int
-	requested demand
+	requested Demand
 	members   map[types.UID]*fitPod
 }
 
@@ -99,20 +99,20 @@ type nodeUse struct {
 // quick succession must not both be let through on the same free CPUs.
 // Finished pods (Succeeded, Failed) do not count, as their resources are
 // free again.
-type fitTracker struct {
+type FitTracker struct {
 	mu    sync.Mutex
 	pods  map[types.UID]*fitPod
-	nodes map[string]*nodeUse
+	Nodes map[string]*nodeUse
 	// withAnti are the counted pods with required anti-affinity terms.
 	withAnti map[types.UID]*fitPod
 	// hostChanged, when set, is told of every node whose requested CPU or
 	// memory changes (ranking by stranding keeps scores per node until
 	// then). Called with mu held.
-	hostChanged func(node string)
+	HostChanged func(node string)
 }
 
-func newFitTracker() *fitTracker {
-	return &fitTracker{pods: map[types.UID]*fitPod{}, nodes: map[string]*nodeUse{}, withAnti: map[types.UID]*fitPod{}}
+func NewFitTracker() *FitTracker {
+	return &FitTracker{pods: map[types.UID]*fitPod{}, Nodes: map[string]*nodeUse{}, withAnti: map[types.UID]*fitPod{}}
 }
 
 func requiredAntiAffinity(pod *corev1.Pod) []corev1.PodAffinityTerm {
@@ -129,17 +129,17 @@ func requiredAffinity(pod *corev1.Pod) []corev1.PodAffinityTerm {
 	return nil
 }
 
-func (f *fitTracker) setLocked(uid types.UID, p *fitPod) {
-	if f.hostChanged != nil {
+func (f *FitTracker) setLocked(uid types.UID, p *fitPod) {
+	if f.HostChanged != nil {
 		if old := f.pods[uid]; old != nil && old.demand.countsOnHost() {
-			defer f.hostChanged(old.node)
+			defer f.HostChanged(old.node)
 		}
 		if p != nil && p.demand.countsOnHost() {
-			defer f.hostChanged(p.node)
+			defer f.HostChanged(p.node)
 		}
 	}
 	if old := f.pods[uid]; old != nil {
-		u := f.nodes[old.node]
+		u := f.Nodes[old.node]
 		u.pods--
 		for name, v := range old.demand {
 			u.requested[name] -= v
@@ -149,7 +149,7 @@ func (f *fitTracker) setLocked(uid types.UID, p *fitPod) {
 		}
 		delete(u.members, uid)
 		if u.pods == 0 {
-			delete(f.nodes, old.node)
+			delete(f.Nodes, old.node)
 		}
 		delete(f.pods, uid)
 		delete(f.withAnti, uid)
@@ -157,10 +157,10 @@ func (f *fitTracker) setLocked(uid types.UID, p *fitPod) {
 	if p == nil {
 		return
 	}
-	u := f.nodes[p.node]
+	u := f.Nodes[p.node]
 	if u == nil {
-		u = &nodeUse{requested: demand{}, members: map[types.UID]*fitPod{}}
-		f.nodes[p.node] = u
+		u = &nodeUse{requested: Demand{}, members: map[types.UID]*fitPod{}}
+		f.Nodes[p.node] = u
 	}
 	u.pods++
 	for name, v := range p.demand {
@@ -174,7 +174,7 @@ func (f *fitTracker) setLocked(uid types.UID, p *fitPod) {
 }
 
 func newFitPod(pod *corev1.Pod, node string, bound bool) *fitPod {
-	p := &fitPod{node: node, ns: pod.Namespace, labels: pod.Labels, demand: podDemand(pod), bound: bound}
+	p := &fitPod{node: node, ns: pod.Namespace, labels: pod.Labels, demand: PodDemand(pod), bound: bound}
 	for _, term := range requiredAntiAffinity(pod) {
 		if m, ok := compileTerm(term, pod.Namespace); ok {
 			p.anti = append(p.anti, m)
@@ -184,17 +184,17 @@ func newFitPod(pod *corev1.Pod, node string, bound bool) *fitPod {
 }
 
 // observe records the informer's view of a pod.
-func (f *fitTracker) observe(pod *corev1.Pod) {
+func (f *FitTracker) Observe(pod *corev1.Pod) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	switch {
-	case podDone(pod):
+	case PodDone(pod):
 		f.setLocked(pod.UID, nil)
 	case pod.Spec.NodeName != "":
 		if old := f.pods[pod.UID]; old != nil && old.bound && old.node == pod.Spec.NodeName && sameLabels(old.labels, pod.Labels) {
 			// Status updates of a running pod: nothing that counts changed
 			// (a resize shows up in the demand, so recompute it then).
-			if d := podDemand(pod); demandEqual(d, old.demand) {
+			if d := PodDemand(pod); DemandEqual(d, old.demand) {
 				return
 			}
 		}
@@ -217,7 +217,7 @@ func sameLabels(a, b map[string]string) bool {
 	return true
 }
 
-func demandEqual(a, b demand) bool {
+func DemandEqual(a, b Demand) bool {
 	if len(a) != len(b) {
 		return false
 	}
@@ -230,14 +230,14 @@ func demandEqual(a, b demand) bool {
 }
 
 // forget drops a pod that is gone.
-func (f *fitTracker) forget(uid types.UID) {
+func (f *FitTracker) Forget(uid types.UID) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.setLocked(uid, nil)
 }
 
 // assume counts an unbound pod on the node its claims are allocated on.
-func (f *fitTracker) assume(pod *corev1.Pod, node string) {
+func (f *FitTracker) Assume(pod *corev1.Pod, node string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if old := f.pods[pod.UID]; old != nil && (old.bound || old.node == node) {
@@ -248,7 +248,7 @@ func (f *fitTracker) assume(pod *corev1.Pod, node string) {
 
 // unassume drops the assumption for an unbound pod whose allocation was
 // released or never written.
-func (f *fitTracker) unassume(uid types.UID) {
+func (f *FitTracker) Unassume(uid types.UID) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if old := f.pods[uid]; old != nil && !old.bound {
@@ -260,9 +260,9 @@ func (f *fitTracker) unassume(uid types.UID) {
 // its demand and its pod (anti-)affinity terms resolved to the topology
 // domains they allow or forbid, computed once per decision.
 type fitCheck struct {
-	t      *fitTracker
+	t      *FitTracker
 	uid    types.UID
-	demand demand
+	demand Demand
 	// names are demand's resources in the order they are checked, sorted
 	// once per decision rather than once per node.
 	names []string
@@ -324,8 +324,8 @@ func (m termMatcher) matches(ns string, l map[string]string) bool {
 }
 
 // check prepares the fit evaluation of a pod.
-func (f *fitTracker) check(pod *corev1.Pod, nodeLabelsOf nodeLabels) *fitCheck {
-	fc := &fitCheck{t: f, uid: pod.UID, demand: podDemand(pod)}
+func (f *FitTracker) Check(pod *corev1.Pod, nodeLabelsOf nodeLabels) *fitCheck {
+	fc := &fitCheck{t: f, uid: pod.UID, demand: PodDemand(pod)}
 	for name := range fc.demand {
 		fc.names = append(fc.names, string(name))
 	}
@@ -334,7 +334,7 @@ func (f *fitTracker) check(pod *corev1.Pod, nodeLabelsOf nodeLabels) *fitCheck {
 	defer f.mu.Unlock()
 	domains := func(m termMatcher) termDomains {
 		d := termDomains{key: m.key, values: sets.New[string]()}
-		for node, u := range f.nodes {
+		for node, u := range f.Nodes {
 			for uid, p := range u.members {
 				if uid == pod.UID || !m.matches(p.ns, p.labels) {
 					continue
@@ -390,11 +390,11 @@ func (f *fitTracker) check(pod *corev1.Pod, nodeLabelsOf nodeLabels) *fitCheck {
 // (anti-)affinity domains. mappedByDRA tells which extended resources a
 // DeviceClass serves (kube-scheduler's DRA plugin, not NodeResourcesFit,
 // handles those when the node does not advertise them).
-func (fc *fitCheck) reject(node *corev1.Node, mappedByDRA func(corev1.ResourceName) bool) string {
+func (fc *fitCheck) Reject(node *corev1.Node, mappedByDRA func(corev1.ResourceName) bool) string {
 	fc.t.mu.Lock()
-	u := fc.t.nodes[node.Name]
+	u := fc.t.Nodes[node.Name]
 	var pods int
-	var requested demand
+	var requested Demand
 	if u != nil {
 		pods = u.pods
 		requested = u.requested
@@ -420,14 +420,14 @@ func (fc *fitCheck) reject(node *corev1.Node, mappedByDRA func(corev1.ResourceNa
 	}
 	for _, d := range fc.existingAnti {
 		if v, ok := node.Labels[d.key]; ok && d.values.Has(v) {
-			return fitExistingAntiAffnity
+			return FitExistingAntiAffnity
 		}
 	}
 	return ""
 }
 
-func subtractDemand(a, b demand) demand {
-	out := make(demand, len(a))
+func subtractDemand(a, b Demand) Demand {
+	out := make(Demand, len(a))
 	for k, v := range a {
 		out[k] = v - b[k]
 	}
@@ -437,7 +437,7 @@ func subtractDemand(a, b demand) demand {
 // resourcesLocked is kube-scheduler's NodeResourcesFit check: the pod
 // count, then every resource the pod requests, in a fixed order so that
 // the reason is stable.
-func (fc *fitCheck) resourcesLocked(node *corev1.Node, pods int, requested demand, mappedByDRA func(corev1.ResourceName) bool) string {
+func (fc *fitCheck) resourcesLocked(node *corev1.Node, pods int, requested Demand, mappedByDRA func(corev1.ResourceName) bool) string {
 	alloc := node.Status.Allocatable
 	if q, ok := alloc[corev1.ResourcePods]; ok && int64(pods+1) > q.Value() {
 		return fitTooManyPods
@@ -485,12 +485,12 @@ func sortResourceNames(names []string) {
 // rejections counts, per filter reason, the nodes ruled out for a pod, for
 // a message like kube-scheduler's: "0/12 nodes: 5 Insufficient cpu, 3 no
 // 4 free GPUs with every pair NVLink".
-type rejections struct {
+type Rejections struct {
 	counts  map[string]int
-	details []string
+	Details []string
 }
 
-func (r *rejections) add(reason string) {
+func (r *Rejections) Add(reason string) {
 	if r.counts == nil {
 		r.counts = map[string]int{}
 	}
@@ -498,17 +498,17 @@ func (r *rejections) add(reason string) {
 }
 
 // detail keeps a per-node explanation (a few are shown).
-func (r *rejections) detail(format string, args ...any) {
-	if len(r.details) < 8 {
-		r.details = append(r.details, fmt.Sprintf(format, args...))
+func (r *Rejections) detail(format string, args ...any) {
+	if len(r.Details) < 8 {
+		r.Details = append(r.Details, fmt.Sprintf(format, args...))
 	}
 }
 
-func (r *rejections) count(reason string) int { return r.counts[reason] }
+func (r *Rejections) Count(reason string) int { return r.counts[reason] }
 
 // summary renders "0/N nodes: 5 Insufficient cpu, 3 ...", most frequent
 // reason first, ties by reason.
-func (r *rejections) summary(total int) string {
+func (r *Rejections) Summary(total int) string {
 	reasons := make([]string, 0, len(r.counts))
 	for k := range r.counts {
 		reasons = append(reasons, k)
@@ -526,16 +526,16 @@ func (r *rejections) summary(total int) string {
 	return fmt.Sprintf("0/%d nodes: %s", total, strings.Join(parts, ", "))
 }
 
-func podDone(pod *corev1.Pod) bool {
+func PodDone(pod *corev1.Pod) bool {
 	return pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
 }
 
 // requestedOn is the CPU (millicores) and memory the pods counted on a
 // node request.
-func (f *fitTracker) requestedOn(node string) (cpuMilli, memoryBytes int64) {
+func (f *FitTracker) requestedOn(node string) (cpuMilli, memoryBytes int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if u := f.nodes[node]; u != nil {
+	if u := f.Nodes[node]; u != nil {
 		return u.requested[corev1.ResourceCPU], u.requested[corev1.ResourceMemory]
 	}
 	return 0, 0
@@ -543,6 +543,6 @@ func (f *fitTracker) requestedOn(node string) (cpuMilli, memoryBytes int64) {
 
 // countsOnHost tells whether the demand takes CPU or memory, which ranking
 // by stranding counts.
-func (d demand) countsOnHost() bool {
+func (d Demand) countsOnHost() bool {
 	return d[corev1.ResourceCPU] != 0 || d[corev1.ResourceMemory] != 0
 }

@@ -53,30 +53,30 @@ func TestPodDemand(t *testing.T) {
 		{Name: "sidecar", RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways), Resources: corev1.ResourceRequirements{Requests: rl("memory", "512Mi")}},
 	}
 	p.Spec.Overhead = rl("cpu", "100m")
-	got := podDemand(p)
-	want := demand{
+	got := PodDemand(p)
+	want := Demand{
 		corev1.ResourceCPU:    2100,                       // init container 2 CPUs beats 750m (+ sidecar 0), plus overhead
 		corev1.ResourceMemory: (1024 + 512) * 1024 * 1024, // containers plus the sidecar
 		"example.com/fpga":    1,
 	}
-	if !demandEqual(got, want) {
+	if !DemandEqual(got, want) {
 		t.Errorf("demand %v, want %v", got, want)
 	}
 }
 
 func TestFitTrackerResources(t *testing.T) {
-	f := newFitTracker()
+	f := NewFitTracker()
 	node := fitNode("n", rl("cpu", "4", "memory", "8Gi", "pods", "3", "example.com/fpga", "1"))
-	f.observe(fitPodSpec("a", "n", rl("cpu", "3")))
-	f.observe(fitPodSpec("done", "n", rl("cpu", "4")))
+	f.Observe(fitPodSpec("a", "n", rl("cpu", "3")))
+	f.Observe(fitPodSpec("done", "n", rl("cpu", "4")))
 	done := fitPodSpec("done", "n", rl("cpu", "4"))
 	done.Status.Phase = corev1.PodSucceeded
-	f.observe(done)
-	f.observe(fitPodSpec("elsewhere", "m", rl("cpu", "4")))
-	f.observe(fitPodSpec("unbound", "", rl("cpu", "4")))
+	f.Observe(done)
+	f.Observe(fitPodSpec("elsewhere", "m", rl("cpu", "4")))
+	f.Observe(fitPodSpec("unbound", "", rl("cpu", "4")))
 
 	reason := func(p *corev1.Pod) string {
-		return f.check(p, func(string) map[string]string { return nil }).reject(node, nil)
+		return f.Check(p, func(string) map[string]string { return nil }).Reject(node, nil)
 	}
 	if r := reason(fitPodSpec("x", "", rl("cpu", "1"))); r != "" {
 		t.Errorf("1 CPU on a node with 1 of 4 left: %q, want it to fit (the finished, unbound and other nodes' pods do not count)", r)
@@ -93,45 +93,45 @@ func TestFitTrackerResources(t *testing.T) {
 	if r := reason(fitPodSpec("x", "", rl("example.com/other", "1"))); r != "Insufficient example.com/other" {
 		t.Errorf("an extended resource the node lacks: %q", r)
 	}
-	if r := f.check(fitPodSpec("x", "", rl("example.com/other", "1")), func(string) map[string]string { return nil }).reject(node, func(corev1.ResourceName) bool { return true }); r != "" {
+	if r := f.Check(fitPodSpec("x", "", rl("example.com/other", "1")), func(string) map[string]string { return nil }).Reject(node, func(corev1.ResourceName) bool { return true }); r != "" {
 		t.Errorf("an extended resource a DeviceClass serves: %q, want it left to kube-scheduler's DRA plugin", r)
 	}
 
 	// An assumption counts like a bound pod until it is dropped.
-	f.assume(fitPodSpec("decided", "", rl("cpu", "1")), "n")
+	f.Assume(fitPodSpec("decided", "", rl("cpu", "1")), "n")
 	if r := reason(fitPodSpec("x", "", rl("cpu", "1"))); r != "Insufficient cpu" {
 		t.Errorf("after an assumption of 1 CPU: %q, want Insufficient cpu", r)
 	}
-	f.observe(fitPodSpec("decided", "", rl("cpu", "1"))) // informer, still unbound
+	f.Observe(fitPodSpec("decided", "", rl("cpu", "1"))) // informer, still unbound
 	if r := reason(fitPodSpec("x", "", rl("cpu", "1"))); r != "Insufficient cpu" {
 		t.Errorf("the unbound pod's informer update dropped the assumption: %q", r)
 	}
-	f.unassume("decided")
+	f.Unassume("decided")
 	if r := reason(fitPodSpec("x", "", rl("cpu", "1"))); r != "" {
 		t.Errorf("after unassume: %q", r)
 	}
 	// The pod being decided does not count against itself.
-	f.assume(fitPodSpec("x", "", rl("cpu", "1")), "n")
+	f.Assume(fitPodSpec("x", "", rl("cpu", "1")), "n")
 	if r := reason(fitPodSpec("x", "", rl("cpu", "1"))); r != "" {
 		t.Errorf("the pod counted against itself: %q", r)
 	}
-	f.unassume("x")
+	f.Unassume("x")
 
-	f.observe(fitPodSpec("b", "n", nil))
-	f.observe(fitPodSpec("c", "n", nil))
+	f.Observe(fitPodSpec("b", "n", nil))
+	f.Observe(fitPodSpec("c", "n", nil))
 	if r := reason(fitPodSpec("x", "", nil)); r != "Too many pods" {
 		t.Errorf("4th pod on a 3-pod node: %q, want Too many pods", r)
 	}
-	f.forget("c")
-	f.forget("b")
-	f.forget("a")
-	if len(f.nodes) != 1 || f.nodes["m"] == nil {
-		t.Errorf("node sums left after every pod of n is gone: %v", f.nodes)
+	f.Forget("c")
+	f.Forget("b")
+	f.Forget("a")
+	if len(f.Nodes) != 1 || f.Nodes["m"] == nil {
+		t.Errorf("node sums left after every pod of n is gone: %v", f.Nodes)
 	}
 }
 
 func TestFitTrackerPodAffinity(t *testing.T) {
-	f := newFitTracker()
+	f := NewFitTracker()
 	nodes := map[string]*corev1.Node{"n1": controllertest.Node("n1"), "n2": controllertest.Node("n2"), "n3": controllertest.Node("n3")}
 	nodes["n1"].Labels["zone"] = "z1"
 	nodes["n2"].Labels["zone"] = "z1"
@@ -146,16 +146,16 @@ func TestFitTrackerPodAffinity(t *testing.T) {
 		return corev1.PodAffinityTerm{TopologyKey: key, LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": app}}}
 	}
 	allowed := func(p *corev1.Pod) string {
-		fc := f.check(p, labelsOf)
+		fc := f.Check(p, labelsOf)
 		var out []string
 		for _, n := range []string{"n1", "n2", "n3"} {
-			if fc.reject(nodes[n], nil) == "" {
+			if fc.Reject(nodes[n], nil) == "" {
 				out = append(out, n)
 			}
 		}
 		return strings.Join(out, ",")
 	}
-	f.observe(fitPodSpec("db", "n1", nil))
+	f.Observe(fitPodSpec("db", "n1", nil))
 
 	anti := fitPodSpec("web", "", nil)
 	anti.Spec.Affinity = &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{term(corev1.LabelHostname, "db")}}}
@@ -189,28 +189,28 @@ func TestFitTrackerPodAffinity(t *testing.T) {
 	// An existing pod's anti-affinity keeps matching pods off its node.
 	loner := fitPodSpec("loner", "n3", nil)
 	loner.Spec.Affinity = &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{term(corev1.LabelHostname, "web")}}}
-	f.observe(loner)
+	f.Observe(loner)
 	plain := fitPodSpec("web", "", nil)
 	if got := allowed(plain); got != "n1,n2" {
 		t.Errorf("pod selected by loner's anti-affinity: nodes %s, want n1,n2", got)
 	}
-	if r := f.check(plain, labelsOf).reject(nodes["n3"], nil); r != fitExistingAntiAffnity {
+	if r := f.Check(plain, labelsOf).Reject(nodes["n3"], nil); r != FitExistingAntiAffnity {
 		t.Errorf("reason %q", r)
 	}
 }
 
 func TestRejectionsSummary(t *testing.T) {
-	r := &rejections{}
+	r := &Rejections{}
 	for range 5 {
-		r.add("Insufficient cpu")
+		r.Add("Insufficient cpu")
 	}
 	for range 3 {
-		r.add("no 4 free GPUs with every pair NVLink")
+		r.Add("no 4 free GPUs with every pair NVLink")
 	}
-	r.add("node(s) were unschedulable")
-	r.add("Insufficient memory")
+	r.Add("node(s) were unschedulable")
+	r.Add("Insufficient memory")
 	want := "0/12 nodes: 5 Insufficient cpu, 3 no 4 free GPUs with every pair NVLink, 1 Insufficient memory, 1 node(s) were unschedulable"
-	if got := r.summary(12); got != want {
+	if got := r.Summary(12); got != want {
 		t.Errorf("summary\n %q, want\n %q", got, want)
 	}
 }
@@ -280,7 +280,7 @@ func TestSeveralClaimsRankedByWholePod(t *testing.T) {
 	}
 	// The same pod's first request alone goes to the P40 box (binpack).
 	var states []*allocate.NodeState
-	for _, inv := range h.ctrl.inv.all() {
+	for _, inv := range h.ctrl.inv.All() {
 		states = append(states, &allocate.NodeState{Name: inv.Node, Topology: inv.Topo, Usage: make([]allocate.GPUUsage, inv.Topo.Len())})
 	}
 	if r, err := allocate.ChooseNode(states, allocate.Request{GPUs: 1}, allocate.Policy{Node: allocate.Binpack, GPU: allocate.Binpack}); err != nil || r.Node != "p40" {

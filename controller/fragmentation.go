@@ -18,7 +18,7 @@ const fragmentSearchBudget = 1 << 16
 // picks on this node when it is idle: the best link class a k-GPU request
 // can get here. It depends on the topology only, so it is computed once per
 // inventory (which is rebuilt when the node's slices change).
-func (n *nodeInventory) bestLink(k int) (topology.Link, bool) {
+func (n *NodeInventory) BestLink(k int) (topology.Link, bool) {
 	if k < 2 || k > n.Topo.Len() {
 		return topology.LinkNone, false
 	}
@@ -42,7 +42,7 @@ func (n *nodeInventory) bestLink(k int) (topology.Link, bool) {
 // idleBest returns, per position, the best class c such that the GPU is in
 // some set of k GPUs of the idle node whose every pair is linked at c or
 // better (nil when the search ran over its budget). Cached per inventory.
-func (n *nodeInventory) idleBest(k int) []topology.Link {
+func (n *NodeInventory) IdleBest(k int) []topology.Link {
 	n.bestMu.Lock()
 	defer n.bestMu.Unlock()
 	if b, ok := n.idle[k]; ok {
@@ -98,7 +98,7 @@ func linkClasses(t *topology.Topology) []topology.Link {
 // can no longer be combined into a k-GPU set as good as they could be part
 // of. An idle node has none. It returns false when the search needed more
 // set extensions than fragmentSearchBudget.
-func strandedGPUs(t *topology.Topology, free uint64, k int, idle []topology.Link) (int, bool) {
+func StrandedGPUs(t *topology.Topology, free uint64, k int, idle []topology.Link) (int, bool) {
 	if idle == nil {
 		return 0, false
 	}

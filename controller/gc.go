@@ -34,7 +34,7 @@ func (c *Controller) syncClaim(ctx context.Context, key string) error {
 	if c.isHoldRecord(claim) {
 		return c.syncHoldRecord(ctx, claim)
 	}
-	if !hasFinalizer(claim) || c.ledger.inFlight(claim.UID) {
+	if !hasFinalizer(claim) || c.ledger.InFlight(claim.UID) {
 		return nil
 	}
 	var keep []resourceapi.ResourceClaimConsumerReference
@@ -95,7 +95,7 @@ func (c *Controller) consumerGone(ctx context.Context, ns string, r resourceapi.
 	}
 	pod, err := c.pods.Pods(ns).Get(r.Name)
 	if err == nil && pod.UID == r.UID {
-		return podDone(pod), nil
+		return PodDone(pod), nil
 	}
 	pod, err = c.client.CoreV1().Pods(ns).Get(ctx, r.Name, metav1.GetOptions{})
 	switch {
@@ -104,14 +104,14 @@ func (c *Controller) consumerGone(ctx context.Context, ns string, r resourceapi.
 	case err != nil:
 		return false, fmt.Errorf("checking pod %s/%s reserved in a claim: %w", ns, r.Name, err)
 	}
-	return pod.UID != r.UID || podDone(pod), nil
+	return pod.UID != r.UID || PodDone(pod), nil
 }
 
 // claimWanted tells whether a live, unfinished pod references the claim,
 // or owns it (a claim from a template exists before its pod's status
 // names it).
 func (c *Controller) claimWanted(claim *resourceapi.ResourceClaim) bool {
-	live := func(pod *corev1.Pod) bool { return pod.DeletionTimestamp == nil && !podDone(pod) }
+	live := func(pod *corev1.Pod) bool { return pod.DeletionTimestamp == nil && !PodDone(pod) }
 	objs, err := c.podIdx.ByIndex(podClaimIndex, claim.Namespace+"/"+claim.Name)
 	if err != nil {
 		return true
@@ -145,7 +145,7 @@ func (c *Controller) ownerLive(ctx context.Context, claim *resourceapi.ResourceC
 			return !apierrors.IsNotFound(err)
 		}
 	}
-	return pod.UID == o.UID && pod.DeletionTimestamp == nil && !podDone(pod)
+	return pod.UID == o.UID && pod.DeletionTimestamp == nil && !PodDone(pod)
 }
 
 // mayAllocate tells whether the controller would allocate the claim: all
@@ -153,6 +153,6 @@ func (c *Controller) ownerLive(ctx context.Context, claim *resourceapi.ResourceC
 // missing). A claim with no gpulink request loses the finalizer the
 // admission policy gave it by class name.
 func (c *Controller) mayAllocate(ctx context.Context, claim *resourceapi.ResourceClaim) bool {
-	_, kind, err := c.interp.interpret(ctx, claim)
-	return err != nil || kind == claimOurs
+	_, kind, err := c.interp.Interpret(ctx, claim)
+	return err != nil || kind == ClaimOurs
 }

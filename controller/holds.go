@@ -135,20 +135,20 @@ func (c *Controller) indexHeldPods(obj any) ([]string, error) {
 
 // recordUses is what a hold record holds: its allocation, or while that is
 // not written yet, the allocation in its annotation.
-func recordUses(rec *resourceapi.ResourceClaim) ([]deviceUse, types.UID) {
+func recordUses(rec *resourceapi.ResourceClaim) ([]DeviceUse, types.UID) {
 	r, err := parseHoldRecord(rec)
 	if rec.Status.Allocation != nil {
 		var uid types.UID
 		if err == nil {
 			uid = r.ClaimUID
 		}
-		return usesOf(rec), uid
+		return UsesOf(rec), uid
 	}
 	if err != nil || r.Allocation == nil {
 		return nil, ""
 	}
 	probe := &resourceapi.ResourceClaim{Status: resourceapi.ResourceClaimStatus{Allocation: r.Allocation}}
-	return usesOf(probe), r.ClaimUID
+	return UsesOf(probe), r.ClaimUID
 }
 
 // reservingPods returns the pods in a deleted claim's reservedFor that may
@@ -163,7 +163,7 @@ func (c *Controller) reservingPods(claim *resourceapi.ResourceClaim) map[types.U
 		if r.Resource != "pods" || r.APIGroup != "" {
 			continue
 		}
-		if pod, err := c.pods.Pods(claim.Namespace).Get(r.Name); err == nil && pod.UID == r.UID && podDone(pod) {
+		if pod, err := c.pods.Pods(claim.Namespace).Get(r.Name); err == nil && pod.UID == r.UID && PodDone(pod) {
 			continue
 		}
 		pods[r.UID] = r.Name
@@ -177,8 +177,8 @@ func (c *Controller) reservingPods(claim *resourceapi.ResourceClaim) map[types.U
 // finished; otherwise (missing, replaced, not bound yet) a live read does,
 // so informer lag never frees devices a running pod uses.
 func (c *Controller) podHolds(ctx context.Context, ns, name string, uid types.UID) (bool, error) {
-	if pod, err := c.pods.Pods(ns).Get(name); err == nil && pod.UID == uid && (pod.Spec.NodeName != "" || podDone(pod)) {
-		return !podDone(pod), nil
+	if pod, err := c.pods.Pods(ns).Get(name); err == nil && pod.UID == uid && (pod.Spec.NodeName != "" || PodDone(pod)) {
+		return !PodDone(pod), nil
 	}
 	pod, err := c.client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 	switch {
@@ -187,7 +187,7 @@ func (c *Controller) podHolds(ctx context.Context, ns, name string, uid types.UI
 	case err != nil:
 		return false, fmt.Errorf("checking pod %s/%s that used a deleted claim: %w", ns, name, err)
 	}
-	return pod.UID == uid && pod.Spec.NodeName != "" && !podDone(pod), nil
+	return pod.UID == uid && pod.Spec.NodeName != "" && !PodDone(pod), nil
 }
 
 // keepDeletedClaim is onClaimDelete's part for a claim that held gpulink
@@ -195,7 +195,7 @@ func (c *Controller) podHolds(ctx context.Context, ns, name string, uid types.UI
 // tells those pods' owners why. It reports whether anything is kept.
 func (c *Controller) keepDeletedClaim(claim *resourceapi.ResourceClaim) bool {
 	pods := c.reservingPods(claim)
-	if !c.ledger.keepForPods(claim, pods) {
+	if !c.ledger.KeepForPods(claim, pods) {
 		return false
 	}
 	devices := deviceList(claim.Status.Allocation)
@@ -216,7 +216,7 @@ func (c *Controller) keepDeletedClaim(claim *resourceapi.ResourceClaim) bool {
 // none may still run, and writes its hold record.
 func (c *Controller) syncKept(ctx context.Context, uid types.UID) error {
 	logger := klog.FromContext(ctx)
-	k, ok := c.ledger.keptClaim(uid)
+	k, ok := c.ledger.KeptClaim(uid)
 	if !ok {
 		// Released (its pods ended) or replaced by its hold record.
 		return nil
@@ -228,7 +228,7 @@ func (c *Controller) syncKept(ctx context.Context, uid types.UID) error {
 			errs = append(errs, err)
 			continue
 		}
-		if !holds && len(c.ledger.keptPodEnded(uid, podUID)) > 0 {
+		if !holds && len(c.ledger.KeptPodEnded(uid, podUID)) > 0 {
 			// Not recorded yet (that comes after this loop), so this is
 			// the release.
 			logger.Info("Released devices of a deleted claim: no pod that used it runs any more", "claim", klog.KRef(k.Namespace, k.Name), "claimUID", uid)
@@ -242,21 +242,21 @@ func (c *Controller) syncKept(ctx context.Context, uid types.UID) error {
 	}
 	// Again, without the pods found gone above (and in case the record
 	// took over meanwhile).
-	if k, ok = c.ledger.keptClaim(uid); !ok || c.holdNS == "" || k.Recorded {
+	if k, ok = c.ledger.KeptClaim(uid); !ok || c.holdNS == "" || k.Recorded {
 		return nil
 	}
 	if err := c.writeHoldRecord(ctx, uid, &k); err != nil {
 		logger.Error(err, "Cannot record devices of a deleted claim; they stay counted in this controller's memory only", "claim", klog.KRef(k.Namespace, k.Name))
 		return err
 	}
-	c.ledger.markRecorded(uid)
+	c.ledger.MarkRecorded(uid)
 	return nil
 }
 
 // writeHoldRecord creates the hold record of a kept claim, then writes its
 // allocation (a create cannot set status). Both steps are idempotent: the
 // record's name is derived from the deleted claim's UID.
-func (c *Controller) writeHoldRecord(ctx context.Context, uid types.UID, k *keptClaim) error {
+func (c *Controller) writeHoldRecord(ctx context.Context, uid types.UID, k *KeptClaim) error {
 	claims := c.client.ResourceV1().ResourceClaims(c.holdNS)
 	alloc := k.Allocation.DeepCopy()
 	// The record's results all belong to its one request; the deleted
@@ -353,7 +353,7 @@ func (c *Controller) syncHoldRecord(ctx context.Context, rec *resourceapi.Resour
 // deleted: kept claims in the ledger at once, hold records through the
 // claim queue (their deletion frees the devices when the informer shows it).
 func (c *Controller) podEndedForHolds(pod *corev1.Pod) {
-	if released := c.ledger.keptPodEnded("", pod.UID); len(released) > 0 {
+	if released := c.ledger.KeptPodEnded("", pod.UID); len(released) > 0 {
 		for uid, recorded := range released {
 			klog.Background().Info("Released devices of a deleted claim: the pod that used it ended", "pod", klog.KObj(pod), "claimUID", uid)
 			if !recorded {

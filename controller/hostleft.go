@@ -11,23 +11,23 @@ import (
 // hostLeft is a node's allocatable CPU and memory minus what the pods
 // counted on it request; nil when the Node or its allocatable CPU or
 // memory is unknown (the allocator then never counts it short).
-func (f *nodeFilter) hostLeft(name string) *allocate.Host {
-	alloc, ok, known := f.allocatable.of(name)
+func (f *NodeFilter) HostLeft(name string) *allocate.Host {
+	alloc, ok, known := f.Allocatable.Of(name)
 	if !known {
 		// Not seen by the Node informer's handler yet (or a filter
 		// without one): read the lister once.
-		node, err := f.nodes.Get(name)
+		node, err := f.Nodes.Get(name)
 		if err != nil {
 			return nil
 		}
-		alloc, ok = f.allocatable.set(node)
+		alloc, ok = f.Allocatable.Set(node)
 	}
 	if !ok {
 		return nil
 	}
 	var usedCPU, usedMem int64
-	if f.fit != nil {
-		usedCPU, usedMem = f.fit.requestedOn(name)
+	if f.Fit != nil {
+		usedCPU, usedMem = f.Fit.requestedOn(name)
 	}
 	return &allocate.Host{CPUMilli: max(0, alloc.CPUMilli-usedCPU), MemoryBytes: max(0, alloc.MemoryBytes-usedMem)}
 }
@@ -42,7 +42,7 @@ type allocatableMemo struct {
 	byNode map[string]allocatableEntry
 	// changed, when set, is told of every node whose entry changes
 	// (ranking by stranding keeps scores per node until then).
-	changed func(node string)
+	Changed func(node string)
 }
 
 type allocatableEntry struct {
@@ -53,7 +53,7 @@ type allocatableEntry struct {
 
 // of returns the node's allocatable CPU and memory; ok is false when
 // either is not published, known when the node was set.
-func (m *allocatableMemo) of(name string) (host allocate.Host, ok, known bool) {
+func (m *allocatableMemo) Of(name string) (host allocate.Host, ok, known bool) {
 	m.mu.Lock()
 	e, known := m.byNode[name]
 	m.mu.Unlock()
@@ -61,7 +61,7 @@ func (m *allocatableMemo) of(name string) (host allocate.Host, ok, known bool) {
 }
 
 // set records a Node's allocatable CPU and memory and returns them.
-func (m *allocatableMemo) set(node *corev1.Node) (allocate.Host, bool) {
+func (m *allocatableMemo) Set(node *corev1.Node) (allocate.Host, bool) {
 	cpu, okCPU := node.Status.Allocatable[corev1.ResourceCPU]
 	mem, okMem := node.Status.Allocatable[corev1.ResourceMemory]
 	e := allocatableEntry{ok: okCPU && okMem}
@@ -75,19 +75,19 @@ func (m *allocatableMemo) set(node *corev1.Node) (allocate.Host, bool) {
 	old, had := m.byNode[node.Name]
 	m.byNode[node.Name] = e
 	m.mu.Unlock()
-	if had && old != e && m.changed != nil {
-		m.changed(node.Name)
+	if had && old != e && m.Changed != nil {
+		m.Changed(node.Name)
 	}
 	return e.host, e.ok
 }
 
 // forget drops a deleted node's entry.
-func (m *allocatableMemo) forget(name string) {
+func (m *allocatableMemo) Forget(name string) {
 	m.mu.Lock()
 	_, had := m.byNode[name]
 	delete(m.byNode, name)
 	m.mu.Unlock()
-	if had && m.changed != nil {
-		m.changed(name)
+	if had && m.Changed != nil {
+		m.Changed(name)
 	}
 }

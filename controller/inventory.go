@@ -17,7 +17,7 @@ import (
 )
 
 // deviceInfo is one gpulink device as a ResourceSlice publishes it.
-type deviceInfo struct {
+type DeviceInfo struct {
 	Name  string
 	Index int
 	// Pos is the device's position in the node's topology.
@@ -36,13 +36,13 @@ type deviceInfo struct {
 // value replaces it whenever the pool's slices change, so readers may keep
 // a reference without locking; only the selector memo is mutable, and it
 // guards itself.
-type nodeInventory struct {
+type NodeInventory struct {
 	Node string
 	Pool string
 	Topo *topology.Topology
 	// Devices is indexed by topology position.
-	Devices []*deviceInfo
-	byName  map[string]*deviceInfo
+	Devices []*DeviceInfo
+	byName  map[string]*DeviceInfo
 	// MIG are the node's MIG devices, in slice order (inventory_mig.go).
 	MIG []*migDevice
 
@@ -80,12 +80,12 @@ func qualify(name string, domain string) resourceapi.FullyQualifiedName {
 
 // attr returns the device's attribute of a fully qualified name; in the
 // slice, the driver's own attributes may also go by their short names.
-func (d *deviceInfo) attr(fq resourceapi.FullyQualifiedName) (resourceapi.DeviceAttribute, bool) {
+func (d *DeviceInfo) attr(fq resourceapi.FullyQualifiedName) (resourceapi.DeviceAttribute, bool) {
 	return sliceformat.Lookup(d.CEL.Attributes, d.CEL.Driver, fq)
 }
 
 // capacity is attr for capacities.
-func (d *deviceInfo) capacity(fq resourceapi.FullyQualifiedName) (resourceapi.DeviceCapacity, bool) {
+func (d *DeviceInfo) capacity(fq resourceapi.FullyQualifiedName) (resourceapi.DeviceCapacity, bool) {
 	return sliceformat.Lookup(d.CEL.Capacity, d.CEL.Driver, fq)
 }
 
@@ -96,26 +96,26 @@ var (
 
 // inventory turns gpulink's ResourceSlices into per-node topologies. It is
 // fed by the ResourceSlice informer and safe for concurrent use.
-type inventory struct {
+type Inventory struct {
 	mu     sync.RWMutex
-	slices map[string]*resourceapi.ResourceSlice // by slice name
+	Slices map[string]*resourceapi.ResourceSlice // by slice name
 	// byPool indexes slices by pool and slice name, so that rebuilding a
 	// pool reads only its own slices: scanning all of slices made
 	// publishing N nodes cost O(N^2). Kept in step with slices by
 	// storeLocked and forgetLocked, its only writers.
-	byPool   map[string]map[string]*resourceapi.ResourceSlice
-	nodes    map[string]*nodeInventory // by node name
+	ByPool   map[string]map[string]*resourceapi.ResourceSlice
+	nodes    map[string]*NodeInventory // by node name
 	poolNode map[string]string         // pool -> node it was built for
 	// sorted caches all()'s answer until a node changes; read-only.
-	sorted   []*nodeInventory
+	sorted   []*NodeInventory
 	problems map[string]string // pool -> why it is unusable
 }
 
-func newInventory() *inventory {
-	return &inventory{
-		slices:   map[string]*resourceapi.ResourceSlice{},
-		byPool:   map[string]map[string]*resourceapi.ResourceSlice{},
-		nodes:    map[string]*nodeInventory{},
+func NewInventory() *Inventory {
+	return &Inventory{
+		Slices:   map[string]*resourceapi.ResourceSlice{},
+		ByPool:   map[string]map[string]*resourceapi.ResourceSlice{},
+		nodes:    map[string]*NodeInventory{},
 		poolNode: map[string]string{},
 		problems: map[string]string{},
 	}
@@ -123,13 +123,13 @@ func newInventory() *inventory {
 
 // upsert records a slice and rebuilds its pool. It returns the problem that
 // makes the pool unusable, if any. Slices of other drivers are ignored.
-func (inv *inventory) upsert(slice *resourceapi.ResourceSlice) error {
+func (inv *Inventory) Upsert(slice *resourceapi.ResourceSlice) error {
 	if slice.Spec.Driver != driver.Name {
 		return nil
 	}
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
-	old, had := inv.slices[slice.Name]
+	old, had := inv.Slices[slice.Name]
 	if err := sliceformat.CheckPoolNode(slice); err != nil {
 		// Not even stored: a stored slice would take part in its pool's
 		// newest-generation-wins rebuild. An earlier, acceptable version
@@ -154,37 +154,37 @@ func (inv *inventory) upsert(slice *resourceapi.ResourceSlice) error {
 // storeLocked records a slice under its name and in its pool's index,
 // replacing a stored slice of the same name in the same pool (a slice
 // that moves pools is forgotten first).
-func (inv *inventory) storeLocked(slice *resourceapi.ResourceSlice) {
-	inv.slices[slice.Name] = slice
-	pool := inv.byPool[slice.Spec.Pool.Name]
+func (inv *Inventory) storeLocked(slice *resourceapi.ResourceSlice) {
+	inv.Slices[slice.Name] = slice
+	pool := inv.ByPool[slice.Spec.Pool.Name]
 	if pool == nil {
 		pool = map[string]*resourceapi.ResourceSlice{}
-		inv.byPool[slice.Spec.Pool.Name] = pool
+		inv.ByPool[slice.Spec.Pool.Name] = pool
 	}
 	pool[slice.Name] = slice
 }
 
 // forgetLocked drops a stored slice, given as stored (its pool is the
 // stored version's), from slices and from its pool's index.
-func (inv *inventory) forgetLocked(stored *resourceapi.ResourceSlice) {
-	delete(inv.slices, stored.Name)
-	if pool := inv.byPool[stored.Spec.Pool.Name]; pool != nil {
+func (inv *Inventory) forgetLocked(stored *resourceapi.ResourceSlice) {
+	delete(inv.Slices, stored.Name)
+	if pool := inv.ByPool[stored.Spec.Pool.Name]; pool != nil {
 		delete(pool, stored.Name)
 		if len(pool) == 0 {
-			delete(inv.byPool, stored.Spec.Pool.Name)
+			delete(inv.ByPool, stored.Spec.Pool.Name)
 		}
 	}
 }
 
 // remove forgets a slice and rebuilds its pool.
-func (inv *inventory) remove(slice *resourceapi.ResourceSlice) {
+func (inv *Inventory) Remove(slice *resourceapi.ResourceSlice) {
 	if slice.Spec.Driver != driver.Name {
 		return
 	}
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
 	pool := slice.Spec.Pool.Name
-	if stored, ok := inv.slices[slice.Name]; ok {
+	if stored, ok := inv.Slices[slice.Name]; ok {
 		// The pool of the version that was accepted, should the deleted
 		// object carry another.
 		pool = stored.Spec.Pool.Name
@@ -197,14 +197,14 @@ func (inv *inventory) remove(slice *resourceapi.ResourceSlice) {
 }
 
 // node returns the inventory of a node, or nil when it has no usable pool.
-func (inv *inventory) node(name string) *nodeInventory {
+func (inv *Inventory) Node(name string) *NodeInventory {
 	inv.mu.RLock()
 	defer inv.mu.RUnlock()
 	return inv.nodes[name]
 }
 
 // all returns every usable node inventory, sorted by node name.
-func (inv *inventory) all() []*nodeInventory {
+func (inv *Inventory) All() []*NodeInventory {
 	inv.mu.RLock()
 	sorted := inv.sorted
 	inv.mu.RUnlock()
@@ -212,7 +212,7 @@ func (inv *inventory) all() []*nodeInventory {
 		// Sorted once per change of the node set, not once per decision.
 		inv.mu.Lock()
 		if inv.sorted == nil {
-			out := make([]*nodeInventory, 0, len(inv.nodes))
+			out := make([]*NodeInventory, 0, len(inv.nodes))
 			for _, n := range inv.nodes {
 				out = append(out, n)
 			}
@@ -226,7 +226,7 @@ func (inv *inventory) all() []*nodeInventory {
 }
 
 // problemsSnapshot returns why pools are unusable, by pool name.
-func (inv *inventory) problemsSnapshot() map[string]string {
+func (inv *Inventory) ProblemsSnapshot() map[string]string {
 	inv.mu.RLock()
 	defer inv.mu.RUnlock()
 	out := make(map[string]string, len(inv.problems))
@@ -236,14 +236,14 @@ func (inv *inventory) problemsSnapshot() map[string]string {
 	return out
 }
 
-func (inv *inventory) rebuildLocked(pool string) error {
+func (inv *Inventory) rebuildLocked(pool string) error {
 	inv.sorted = nil
 	if old, ok := inv.poolNode[pool]; ok {
 		delete(inv.nodes, old)
 		delete(inv.poolNode, pool)
 	}
 	delete(inv.problems, pool)
-	stored := inv.byPool[pool]
+	stored := inv.ByPool[pool]
 	if len(stored) == 0 {
 		return nil
 	}
@@ -263,7 +263,7 @@ func (inv *inventory) rebuildLocked(pool string) error {
 
 // buildNode builds a node from the slices of one pool, decoded by
 // sliceformat (the newest generation, complete and node-local).
-func buildNode(pool string, slices []*resourceapi.ResourceSlice) (*nodeInventory, error) {
+func buildNode(pool string, slices []*resourceapi.ResourceSlice) (*NodeInventory, error) {
 	decoded, err := sliceformat.DecodePool(pool, slices)
 	if err != nil {
 		return nil, err
@@ -272,12 +272,12 @@ func buildNode(pool string, slices []*resourceapi.ResourceSlice) (*nodeInventory
 	// Outside any decision: the first decision on a node of a new kind
 	// (12-16 GPUs) then costs what later ones do.
 	allocate.Prepare(topo)
-	n := &nodeInventory{
+	n := &NodeInventory{
 		Node:      decoded.Node,
 		Pool:      pool,
 		Topo:      topo,
-		Devices:   make([]*deviceInfo, topo.Len()),
-		byName:    make(map[string]*deviceInfo, topo.Len()),
+		Devices:   make([]*DeviceInfo, topo.Len()),
+		byName:    make(map[string]*DeviceInfo, topo.Len()),
 		memo:      newLRU[[]selectorOutcome](memoEntriesPerNode),
 		shareMemo: newLRU[[]*shareCons](memoEntriesPerNode),
 	}
@@ -294,9 +294,9 @@ func buildNode(pool string, slices []*resourceapi.ResourceSlice) (*nodeInventory
 
 // newDeviceInfo keeps what decisions read of a decoded GPU; its CEL maps
 // are the slice's own.
-func newDeviceInfo(g sliceformat.GPU) *deviceInfo {
+func newDeviceInfo(g sliceformat.GPU) *DeviceInfo {
 	dev := g.Device
-	return &deviceInfo{
+	return &DeviceInfo{
 		Name:          dev.Name,
 		Index:         g.Index,
 		Pos:           g.Pos,

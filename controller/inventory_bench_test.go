@@ -16,12 +16,12 @@ import (
 // for the whole batch).
 func BenchmarkInventoryUpsert5000Nodes(b *testing.B) {
 	const nodes = 5000
-	slices := mixedEightGPUSlices(b, nodes)
+	slices := MixedEightGPUSlices(b, nodes)
 	b.ReportAllocs()
 	for b.Loop() {
-		inv := newInventory()
+		inv := NewInventory()
 		for _, s := range slices {
-			if err := inv.upsert(s); err != nil {
+			if err := inv.Upsert(s); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -40,7 +40,7 @@ var eightGPUFixtures = []string{"dgx1-v100.txt", "dgx1-p100.txt", "dgx-a100.txt"
 
 // mixedEightGPUSlices returns one slice per node for n nodes named
 // node-00000..., their kinds taken from eightGPUFixtures in turn.
-func mixedEightGPUSlices(tb testing.TB, n int) []*resourceapi.ResourceSlice {
+func MixedEightGPUSlices(tb testing.TB, n int) []*resourceapi.ResourceSlice {
 	tb.Helper()
 	out := make([]*resourceapi.ResourceSlice, 0, n)
 	for i := range n {

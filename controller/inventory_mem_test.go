@@ -23,11 +23,11 @@ func BenchmarkInventoryHeapPerNode(b *testing.B) {
 	const nodes = 5000
 	for b.Loop() {
 		start := liveHeap()
-		slices := mixedEightGPUSlices(b, nodes)
+		slices := MixedEightGPUSlices(b, nodes)
 		before := liveHeap()
-		inv := newInventory()
+		inv := NewInventory()
 		for _, s := range slices {
-			if err := inv.upsert(s); err != nil {
+			if err := inv.Upsert(s); err != nil {
 				b.Fatal(err)
 			}
 		}

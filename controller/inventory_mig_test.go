@@ -38,11 +38,11 @@ func mockMIGSlice(t testing.TB, server, node string, layout map[int][]string) *r
 }
 
 func TestInventoryKeepsMIGDevicesApart(t *testing.T) {
-	inv := newInventory()
-	if err := inv.upsert(migSlice(t, "a100", map[int][]string{0: {"1g.5gb", "3g.20gb"}, 1: {"7g.40gb"}})); err != nil {
+	inv := NewInventory()
+	if err := inv.Upsert(migSlice(t, "a100", map[int][]string{0: {"1g.5gb", "3g.20gb"}, 1: {"7g.40gb"}})); err != nil {
 		t.Fatal(err)
 	}
-	n := inv.node("a100")
+	n := inv.Node("a100")
 	if n == nil || n.Topo.Len() != 6 {
 		t.Fatalf("node inventory %+v, want the 6 GPUs not in MIG mode", n)
 	}
@@ -71,10 +71,10 @@ func TestInventoryKeepsMIGDevicesApart(t *testing.T) {
 	}
 
 	all := migSlice(t, "all", map[int][]string{0: {"7g.40gb"}, 1: {"7g.40gb"}, 2: {"7g.40gb"}, 3: {"7g.40gb"}, 4: {"7g.40gb"}, 5: {"7g.40gb"}, 6: {"7g.40gb"}, 7: {"7g.40gb"}})
-	if err := inv.upsert(all); err != nil {
+	if err := inv.Upsert(all); err != nil {
 		t.Fatalf("a node whose GPUs are all in MIG mode: %v", err)
 	}
-	if n := inv.node("all"); n == nil || n.Topo.Len() != 0 || len(n.MIG) != 8 {
+	if n := inv.Node("all"); n == nil || n.Topo.Len() != 0 || len(n.MIG) != 8 {
 		t.Fatalf("all-MIG node %+v, want no whole GPU and 8 MIG devices", n)
 	}
 }
@@ -108,7 +108,7 @@ func TestInventoryRejectsBadMIGDevices(t *testing.T) {
 	}} {
 		s := migSlice(t, "a100", map[int][]string{0: {"1g.5gb"}})
 		c.edit(s)
-		err := newInventory().upsert(s)
+		err := NewInventory().Upsert(s)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("got %v, want an error containing %q", err, c.want)
 		}
@@ -154,7 +154,7 @@ func TestShippedClassesLeaveOutMIGDevices(t *testing.T) {
 				t.Fatalf("class %s on %s: %v", c.Name, d.Name, err)
 			}
 			want := !driver.IsMIGDeviceName(d.Name)
-			if isMIGClass(c) {
+			if IsMIGClass(c) {
 				want = !want
 			}
 			if match != want {

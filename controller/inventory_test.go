@@ -37,11 +37,11 @@ func v100Slice(t *testing.T, node string) *resourceapi.ResourceSlice {
 }
 
 func TestInventoryBuildsTopologyFromSlices(t *testing.T) {
-	inv := newInventory()
-	if err := inv.upsert(v100Slice(t, "n")); err != nil {
+	inv := NewInventory()
+	if err := inv.Upsert(v100Slice(t, "n")); err != nil {
 		t.Fatal(err)
 	}
-	n := inv.node("n")
+	n := inv.Node("n")
 	if n == nil || n.Topo.Len() != 8 {
 		t.Fatalf("node inventory %+v, want 8 GPUs", n)
 	}
@@ -56,8 +56,8 @@ func TestInventoryBuildsTopologyFromSlices(t *testing.T) {
 	if n.Topo.GPUs[0].MemoryBytes != 32<<30 {
 		t.Errorf("GPU memory %d, want the published 32Gi", n.Topo.GPUs[0].MemoryBytes)
 	}
-	inv.remove(v100Slice(t, "n"))
-	if inv.node("n") != nil {
+	inv.Remove(v100Slice(t, "n"))
+	if inv.Node("n") != nil {
 		t.Error("node still known after its slice was deleted")
 	}
 }
@@ -75,22 +75,22 @@ func TestInventoryRejectsBadPools(t *testing.T) {
 		"bad device name": func(s *resourceapi.ResourceSlice) { s.Spec.Devices[0].Name = "gpu0" },
 	} {
 		t.Run(name, func(t *testing.T) {
-			inv := newInventory()
+			inv := NewInventory()
 			s := v100Slice(t, "n")
 			mutate(s)
-			if err := inv.upsert(s); err == nil {
+			if err := inv.Upsert(s); err == nil {
 				t.Fatal("unusable pool accepted")
 			}
-			if inv.node("n") != nil {
+			if inv.Node("n") != nil {
 				t.Error("unusable pool became a node")
 			}
-			if p := inv.problemsSnapshot(); !strings.Contains(p["n"], "pool") {
+			if p := inv.ProblemsSnapshot(); !strings.Contains(p["n"], "pool") {
 				t.Errorf("problems %v, want one for pool n", p)
 			}
 		})
 	}
 	// The newest generation wins.
-	inv := newInventory()
+	inv := NewInventory()
 	old := v100Slice(t, "n")
 	old.Name = "old"
 	four, err := parseFixture("pcie-4.txt")
@@ -101,13 +101,13 @@ func TestInventoryRejectsBadPools(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := inv.upsert(old); err != nil {
+	if err := inv.Upsert(old); err != nil {
 		t.Fatal(err)
 	}
-	if err := inv.upsert(newer); err != nil {
+	if err := inv.Upsert(newer); err != nil {
 		t.Fatal(err)
 	}
-	if n := inv.node("n"); n == nil || n.Topo.Len() != 4 {
+	if n := inv.Node("n"); n == nil || n.Topo.Len() != 4 {
 		t.Errorf("node %+v, want the 4 GPUs of generation 2", n)
 	}
 }
@@ -126,15 +126,15 @@ func TestNodeFilter(t *testing.T) {
 	lister := f.Core().V1().Nodes().Lister()
 	f.Start(t.Context().Done())
 	f.WaitForCacheSync(t.Context().Done())
-	inv := newInventory()
+	inv := NewInventory()
 	for _, n := range []string{"cordoned", "tainted", "labelled", "plain", "ghost"} {
-		if err := inv.upsert(v100Slice(t, n)); err != nil {
+		if err := inv.Upsert(v100Slice(t, n)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	filter := &nodeFilter{nodes: lister}
+	filter := &NodeFilter{Nodes: lister}
 	names := func(pod *corev1.Pod, allocated []*resourceapi.ResourceClaim, excluded sets.Set[string]) []string {
-		got, _ := filter.candidates(logger, pod, inv.all(), allocated, excluded)
+		got, _ := filter.Candidates(logger, pod, inv.All(), allocated, excluded)
 		var out []string
 		for _, n := range got {
 			out = append(out, n.Node)
@@ -154,7 +154,7 @@ func TestNodeFilter(t *testing.T) {
 	if got := names(pod, nil, sets.New("plain")); strings.Join(got, ",") != "labelled,tainted" {
 		t.Errorf("tolerating pod with plain excluded: candidates %v, want labelled,tainted", got)
 	}
-	other := &resourceapi.ResourceClaim{Status: resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{NodeSelector: nodeSelectorFor("tainted")}}}
+	other := &resourceapi.ResourceClaim{Status: resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{NodeSelector: NodeSelectorFor("tainted")}}}
 	if got := names(pod, []*resourceapi.ResourceClaim{other}, nil); strings.Join(got, ",") != "tainted" {
 		t.Errorf("pod with a claim allocated on tainted: candidates %v, want tainted", got)
 	}
@@ -164,11 +164,11 @@ func TestNodeFilter(t *testing.T) {
 // names the same pool every time: the explainer records a message once
 // only while it repeats exactly.
 func TestWaitingMessageStableWithUnusablePools(t *testing.T) {
-	c := &Controller{inv: newInventory()}
+	c := &Controller{inv: NewInventory()}
 	for _, node := range []string{"c", "a", "d", "b"} {
 		s := v100Slice(t, node)
 		s.Spec.Pool.ResourceSliceCount = 2
-		if err := c.inv.upsert(s); err == nil {
+		if err := c.inv.Upsert(s); err == nil {
 			t.Fatalf("incomplete pool %s accepted", node)
 		}
 	}
@@ -198,19 +198,19 @@ func TestInventoryIgnoresPoolsNamedAfterAnotherNode(t *testing.T) {
 	}
 	forged.Name = "forged"
 	forged.Spec.Pool.Name = "node-b"
-	check := func(t *testing.T, inv *inventory) {
+	check := func(t *testing.T, inv *Inventory) {
 		t.Helper()
 		for _, node := range []string{"node-a", "node-b"} {
-			if n := inv.node(node); n == nil || n.Topo.Len() != 8 || n.Pool != node {
+			if n := inv.Node(node); n == nil || n.Topo.Len() != 8 || n.Pool != node {
 				t.Errorf("node %s: inventory %+v, want its own 8-GPU pool %s", node, n, node)
 			}
 		}
 	}
 	for name, forgedFirst := range map[string]bool{"forged slice last": false, "forged slice first": true} {
 		t.Run(name, func(t *testing.T) {
-			inv := newInventory()
+			inv := NewInventory()
 			upsertForged := func() {
-				err := inv.upsert(forged)
+				err := inv.Upsert(forged)
 				if err == nil || !strings.Contains(err.Error(), `pool "node-b"`) || !strings.Contains(err.Error(), `node "node-a"`) {
 					t.Errorf("upsert of the forged slice: error %v, want one naming pool node-b and node node-a", err)
 				}
@@ -219,7 +219,7 @@ func TestInventoryIgnoresPoolsNamedAfterAnotherNode(t *testing.T) {
 				upsertForged()
 			}
 			for _, node := range []string{"node-a", "node-b"} {
-				if err := inv.upsert(v100Slice(t, node)); err != nil {
+				if err := inv.Upsert(v100Slice(t, node)); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -227,7 +227,7 @@ func TestInventoryIgnoresPoolsNamedAfterAnotherNode(t *testing.T) {
 				upsertForged()
 			}
 			check(t, inv)
-			inv.remove(forged)
+			inv.Remove(forged)
 			check(t, inv)
 		})
 	}
@@ -235,22 +235,22 @@ func TestInventoryIgnoresPoolsNamedAfterAnotherNode(t *testing.T) {
 	// A slice that was accepted and is then rewritten to name another
 	// node's pool is dropped: its old pool goes with it, and the pool it
 	// now names is untouched.
-	inv := newInventory()
+	inv := NewInventory()
 	for _, node := range []string{"node-a", "node-b"} {
-		if err := inv.upsert(v100Slice(t, node)); err != nil {
+		if err := inv.Upsert(v100Slice(t, node)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	moved := v100Slice(t, "node-a")
 	moved.Spec.Pool.Name = "node-b"
 	moved.Spec.Pool.Generation = 99
-	if err := inv.upsert(moved); err == nil {
+	if err := inv.Upsert(moved); err == nil {
 		t.Error("slice moved to another node's pool accepted")
 	}
-	if n := inv.node("node-a"); n != nil {
+	if n := inv.Node("node-a"); n != nil {
 		t.Errorf("node-a still has pool %s after its only slice left it", n.Pool)
 	}
-	if n := inv.node("node-b"); n == nil || n.Topo.Len() != 8 {
+	if n := inv.Node("node-b"); n == nil || n.Topo.Len() != 8 {
 		t.Errorf("node-b: inventory %+v, want its own 8 GPUs", n)
 	}
 }
@@ -259,8 +259,8 @@ func TestInventoryIgnoresPoolsNamedAfterAnotherNode(t *testing.T) {
 // m) never becomes one node's inventory: the slice naming m is ignored, so
 // pool n stays incomplete and unusable, and node m's own pool is untouched.
 func TestInventoryRefusesPoolSplitAcrossNodes(t *testing.T) {
-	inv := newInventory()
-	if err := inv.upsert(v100Slice(t, "m")); err != nil {
+	inv := NewInventory()
+	if err := inv.Upsert(v100Slice(t, "m")); err != nil {
 		t.Fatal(err)
 	}
 	first := v100Slice(t, "n")
@@ -269,20 +269,20 @@ func TestInventoryRefusesPoolSplitAcrossNodes(t *testing.T) {
 	second := v100Slice(t, "m")
 	second.Name = "n-2"
 	second.Spec.Pool = first.Spec.Pool
-	if err := inv.upsert(first); err == nil || !strings.Contains(err.Error(), "incomplete") {
+	if err := inv.Upsert(first); err == nil || !strings.Contains(err.Error(), "incomplete") {
 		t.Errorf("first half of pool n: error %v, want the pool reported incomplete", err)
 	}
 	var foreign *sliceformat.ForeignPoolError
-	if err := inv.upsert(second); !errors.As(err, &foreign) {
+	if err := inv.Upsert(second); !errors.As(err, &foreign) {
 		t.Errorf("slice of pool n on node m: error %v, want a sliceformat.ForeignPoolError", err)
 	}
-	if n := inv.node("n"); n != nil {
+	if n := inv.Node("n"); n != nil {
 		t.Errorf("pool n split across nodes became node %s's inventory", n.Node)
 	}
-	if p := inv.problemsSnapshot(); !strings.Contains(p["n"], "incomplete") {
+	if p := inv.ProblemsSnapshot(); !strings.Contains(p["n"], "incomplete") {
 		t.Errorf("problems %v, want pool n incomplete", p)
 	}
-	if n := inv.node("m"); n == nil || n.Pool != "m" || n.Topo.Len() != 8 {
+	if n := inv.Node("m"); n == nil || n.Pool != "m" || n.Topo.Len() != 8 {
 		t.Errorf("node m: inventory %+v, want its own pool m", n)
 	}
 }
@@ -313,18 +313,18 @@ func TestControllerWarnsAboutForeignPoolSlice(t *testing.T) {
 // adds, updates, pool moves, refused updates and removals, and a pool's
 // rebuild sees exactly its own slices.
 func TestInventoryPoolIndexConsistent(t *testing.T) {
-	inv := newInventory()
+	inv := NewInventory()
 	check := func(step string, want map[string][]string) {
 		t.Helper()
 		got := map[string][]string{}
 		indexed := 0
-		for pool, byName := range inv.byPool {
+		for pool, byName := range inv.ByPool {
 			if len(byName) == 0 {
 				t.Errorf("%s: empty index entry for pool %q kept", step, pool)
 			}
 			for name, s := range byName {
 				indexed++
-				if stored := inv.slices[name]; stored != s {
+				if stored := inv.Slices[name]; stored != s {
 					t.Errorf("%s: index has slice %q in pool %q, stored is %v", step, name, pool, stored)
 				}
 				if s.Spec.Pool.Name != pool {
@@ -333,8 +333,8 @@ func TestInventoryPoolIndexConsistent(t *testing.T) {
 				got[pool] = append(got[pool], name)
 			}
 		}
-		if indexed != len(inv.slices) {
-			t.Errorf("%s: %d slices indexed, %d stored", step, indexed, len(inv.slices))
+		if indexed != len(inv.Slices) {
+			t.Errorf("%s: %d slices indexed, %d stored", step, indexed, len(inv.Slices))
 		}
 		for pool := range got {
 			sort.Strings(got[pool])
@@ -343,11 +343,11 @@ func TestInventoryPoolIndexConsistent(t *testing.T) {
 			t.Errorf("%s: index %v, want %v", step, got, want)
 		}
 		for pool := range want {
-			if n := inv.node(pool); n == nil || n.Pool != pool {
+			if n := inv.Node(pool); n == nil || n.Pool != pool {
 				t.Errorf("%s: node %s: inventory %+v, want pool %s", step, pool, n, pool)
 			}
 		}
-		for _, n := range inv.all() {
+		for _, n := range inv.All() {
 			if _, ok := want[n.Pool]; !ok {
 				t.Errorf("%s: node %s of pool %s left over", step, n.Node, n.Pool)
 			}
@@ -355,7 +355,7 @@ func TestInventoryPoolIndexConsistent(t *testing.T) {
 	}
 	a, b := v100Slice(t, "a"), v100Slice(t, "b")
 	for _, s := range []*resourceapi.ResourceSlice{a, b} {
-		if err := inv.upsert(s); err != nil {
+		if err := inv.Upsert(s); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -363,22 +363,22 @@ func TestInventoryPoolIndexConsistent(t *testing.T) {
 
 	a2 := v100Slice(t, "a")
 	a2.Spec.Pool.Generation = 2
-	if err := inv.upsert(a2); err != nil {
+	if err := inv.Upsert(a2); err != nil {
 		t.Fatal(err)
 	}
 	check("update", map[string][]string{"a": {a.Name}, "b": {b.Name}})
-	if inv.byPool["a"][a.Name] != a2 {
+	if inv.ByPool["a"][a.Name] != a2 {
 		t.Error("update: index still holds the old version of the slice")
 	}
 
 	c := v100Slice(t, "c")
-	if err := inv.upsert(c); err != nil {
+	if err := inv.Upsert(c); err != nil {
 		t.Fatal(err)
 	}
 	check("add c", map[string][]string{"a": {a.Name}, "b": {b.Name}, "c": {c.Name}})
 	moved := v100Slice(t, "d")
 	moved.Name = c.Name
-	if err := inv.upsert(moved); err != nil {
+	if err := inv.Upsert(moved); err != nil {
 		t.Fatal(err)
 	}
 	check("pool move", map[string][]string{"a": {a.Name}, "b": {b.Name}, "d": {c.Name}})
@@ -386,7 +386,7 @@ func TestInventoryPoolIndexConsistent(t *testing.T) {
 	refused := v100Slice(t, "d")
 	refused.Name = c.Name
 	refused.Spec.Pool.Name = "b"
-	if err := inv.upsert(refused); err == nil {
+	if err := inv.Upsert(refused); err == nil {
 		t.Error("refused update: slice naming another node's pool accepted")
 	}
 	check("refused update", map[string][]string{"a": {a.Name}, "b": {b.Name}})
@@ -394,19 +394,19 @@ func TestInventoryPoolIndexConsistent(t *testing.T) {
 	forged := v100Slice(t, "a")
 	forged.Name = "forged"
 	forged.Spec.Pool.Name = "b"
-	if err := inv.upsert(forged); err == nil {
+	if err := inv.Upsert(forged); err == nil {
 		t.Error("refused add: slice naming another node's pool accepted")
 	}
 	check("refused add", map[string][]string{"a": {a.Name}, "b": {b.Name}})
-	inv.remove(forged)
+	inv.Remove(forged)
 	check("remove refused", map[string][]string{"a": {a.Name}, "b": {b.Name}})
 
 	// The deleted object names another pool than the stored version: the
 	// stored version's pool is the one that loses it.
 	stale := v100Slice(t, "e")
 	stale.Name = a.Name
-	inv.remove(stale)
+	inv.Remove(stale)
 	check("remove", map[string][]string{"b": {b.Name}})
-	inv.remove(b)
+	inv.Remove(b)
 	check("remove last", map[string][]string{})
 }

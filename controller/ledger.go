@@ -18,13 +18,13 @@ import (
 )
 
 // deviceKey names one gpulink device cluster-wide.
-type deviceKey struct {
+type DeviceKey struct {
 	Pool, Device string
 }
 
 // deviceUse is what one allocation result takes from a device.
-type deviceUse struct {
-	Key deviceKey
+type DeviceUse struct {
+	Key DeviceKey
 	// Exclusive is true for a dedicated result (no shareID): the whole
 	// device is taken, as kube-scheduler counts it too.
 	Exclusive   bool
@@ -36,7 +36,7 @@ type deviceUse struct {
 
 // claimUse is everything one claim holds.
 type claimUse struct {
-	uses []deviceUse
+	uses []DeviceUse
 	// assumedRV is set while the claim's usage comes from our own write
 	// rather than the informer: the informer's copy is ignored until it is
 	// at least as new as this resourceVersion ("" = write in flight).
@@ -52,13 +52,13 @@ type claimUse struct {
 // allocated it, plus the allocations this controller has decided but the
 // informer has not shown yet. Decisions read it under the decision lock,
 // so informer lag can never make a device look free twice.
-type ledger struct {
+type Ledger struct {
 	mu     sync.Mutex
 	claims map[types.UID]*claimUse
-	usage  map[deviceKey]*devTotals
+	usage  map[DeviceKey]*devTotals
 	// kept are deleted claims whose devices stay counted in claims and
 	// usage because pods that reserved them may still run (keepForPods).
-	kept map[types.UID]*keptClaim
+	kept map[types.UID]*KeptClaim
 	// poolGen counts the usage changes of each pool's devices, so that a
 	// decision can tell which nodes changed since it last scored them
 	// (scoreCache). Entries are never deleted: a pool that comes back must
@@ -113,16 +113,16 @@ func (t *devTotals) countGroup(g string, sign int) {
 	}
 }
 
-func newLedger() *ledger {
-	return &ledger{claims: map[types.UID]*claimUse{}, usage: map[deviceKey]*devTotals{}, kept: map[types.UID]*keptClaim{}, poolGen: map[string]uint64{}}
+func NewLedger() *Ledger {
+	return &Ledger{claims: map[types.UID]*claimUse{}, usage: map[DeviceKey]*devTotals{}, kept: map[types.UID]*KeptClaim{}, poolGen: map[string]uint64{}}
 }
 
 // usesOf extracts gpulink device usage from a claim's allocation.
-func usesOf(claim *resourceapi.ResourceClaim) []deviceUse {
+func UsesOf(claim *resourceapi.ResourceClaim) []DeviceUse {
 	if claim.Status.Allocation == nil {
 		return nil
 	}
-	var out []deviceUse
+	var out []DeviceUse
 	var groups map[string]string // by request, for shares
 	for i := range claim.Status.Allocation.Devices.Results {
 		r := &claim.Status.Allocation.Devices.Results[i]
@@ -174,7 +174,7 @@ func allocatedShareGroup(claim *resourceapi.ResourceClaim, request string) strin
 	if len(classLayers)+len(claimLayers) == 0 || !concurrentLayers(classLayers, claimLayers) {
 		return ""
 	}
-	return concurrentGroup(claim.Namespace)
+	return ConcurrentGroup(claim.Namespace)
 }
 
 // concurrentMemo keeps whether configuration layers make a concurrent MPS
@@ -216,15 +216,15 @@ func concurrentLayers(classLayers, claimLayers [][]byte) bool {
 // resultUse is what one allocation result takes from a gpulink device
 // (sliceformat.ResultUse); false for other drivers' results and admin
 // access, which take nothing.
-func resultUse(r *resourceapi.DeviceRequestAllocationResult) (deviceUse, bool) {
+func resultUse(r *resourceapi.DeviceRequestAllocationResult) (DeviceUse, bool) {
 	u, ok := sliceformat.ResultUse(r)
 	if !ok {
-		return deviceUse{}, false
+		return DeviceUse{}, false
 	}
-	return deviceUse{Key: deviceKey{Pool: u.Pool, Device: u.Device}, Exclusive: u.Exclusive, MemoryBytes: u.MemoryBytes, Cores: u.Cores}, true
+	return DeviceUse{Key: DeviceKey{Pool: u.Pool, Device: u.Device}, Exclusive: u.Exclusive, MemoryBytes: u.MemoryBytes, Cores: u.Cores}, true
 }
 
-func (l *ledger) addLocked(uses []deviceUse, sign int) {
+func (l *Ledger) addLocked(uses []DeviceUse, sign int) {
 	for _, u := range uses {
 		l.poolGen[u.Key.Pool]++
 		t := l.usage[u.Key]
@@ -247,7 +247,7 @@ func (l *ledger) addLocked(uses []deviceUse, sign int) {
 }
 
 // setLocked replaces the usage recorded for a claim.
-func (l *ledger) setLocked(uid types.UID, c *claimUse) {
+func (l *Ledger) setLocked(uid types.UID, c *claimUse) {
 	if old, ok := l.claims[uid]; ok {
 		delete(l.claims, uid)
 		l.addLocked(old.uses, -1)
@@ -260,7 +260,7 @@ func (l *ledger) setLocked(uid types.UID, c *claimUse) {
 
 // observe records the informer's view of a claim. The view is ignored while
 // an assumed allocation of ours is newer than it.
-func (l *ledger) observe(claim *resourceapi.ResourceClaim) {
+func (l *Ledger) Observe(claim *resourceapi.ResourceClaim) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if old, ok := l.claims[claim.UID]; ok && old.assumed {
@@ -268,7 +268,7 @@ func (l *ledger) observe(claim *resourceapi.ResourceClaim) {
 			// Our write is in flight; the informer may already deliver
 			// its result before the write returns. Keep the newest view
 			// for settle to compare.
-			old.observed = &claimUse{uses: usesOf(claim)}
+			old.observed = &claimUse{uses: UsesOf(claim)}
 			old.observedRV = claim.ResourceVersion
 			return
 		}
@@ -276,11 +276,11 @@ func (l *ledger) observe(claim *resourceapi.ResourceClaim) {
 			return
 		}
 	}
-	l.setLocked(claim.UID, &claimUse{uses: usesOf(claim)})
+	l.setLocked(claim.UID, &claimUse{uses: UsesOf(claim)})
 }
 
 // forget drops a deleted claim.
-func (l *ledger) forget(uid types.UID) {
+func (l *Ledger) Forget(uid types.UID) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.setLocked(uid, nil)
@@ -296,7 +296,7 @@ func (l *ledger) forget(uid types.UID) {
 // write is in flight or not yet observed, or allocated as the informer
 // shows it. Replacing such an entry would make the first decision's
 // devices look free while they are being written.
-func (l *ledger) assume(uid types.UID, uses []deviceUse) (func(rv string, ok bool), bool) {
+func (l *Ledger) Assume(uid types.UID, uses []DeviceUse) (func(rv string, ok bool), bool) {
 	l.mu.Lock()
 	if _, held := l.claims[uid]; held {
 		l.mu.Unlock()
@@ -330,7 +330,7 @@ func (l *ledger) assume(uid types.UID, uses []deviceUse) (func(rv string, ok boo
 
 // held tells whether the claim holds devices in the ledger: assumed by a
 // decision of ours or allocated as the informer shows it.
-func (l *ledger) held(uid types.UID) bool {
+func (l *Ledger) Held(uid types.UID) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	_, ok := l.claims[uid]
@@ -338,34 +338,34 @@ func (l *ledger) held(uid types.UID) bool {
 }
 
 // usageOf returns a copy of the usage of one device.
-func (l *ledger) usageOf(key deviceKey) allocate.GPUUsage {
+func (l *Ledger) UsageOf(key DeviceKey) allocate.GPUUsage {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.usage[key].gpuUsage()
 }
 
-// nodeUsage returns the usage of a node's devices in topology order.
-func (l *ledger) nodeUsage(n *nodeInventory) []allocate.GPUUsage {
+// NodeUsage returns the usage of a node's devices in topology order.
+func (l *Ledger) NodeUsage(n *NodeInventory) []allocate.GPUUsage {
 	out := make([]allocate.GPUUsage, len(n.Devices))
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for p, d := range n.Devices {
-		out[p] = l.usage[deviceKey{Pool: n.Pool, Device: d.Name}].gpuUsage()
+		out[p] = l.usage[DeviceKey{Pool: n.Pool, Device: d.Name}].gpuUsage()
 	}
 	return out
 }
 
-// generations sets out[i] to the usage generation of nodes[i]'s pool.
+// Generations sets out[i] to the usage generation of nodes[i]'s pool.
 // touch counts a change of what decisions rank a pool's node by besides
 // its device usage (its CPU and memory left, with ranking by stranding),
 // so that scores kept for it are computed again.
-func (l *ledger) touch(pool string) {
+func (l *Ledger) Touch(pool string) {
 	l.mu.Lock()
 	l.poolGen[pool]++
 	l.mu.Unlock()
 }
 
-func (l *ledger) generations(nodes []*nodeInventory, out []uint64) {
+func (l *Ledger) Generations(nodes []*NodeInventory, out []uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for i, n := range nodes {
@@ -384,7 +384,7 @@ func rvAtLeast(have, want string) bool {
 
 // inFlight tells whether our own allocation of the claim has not been
 // seen by the informer yet (written or being written).
-func (l *ledger) inFlight(uid types.UID) bool {
+func (l *Ledger) InFlight(uid types.UID) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	c, ok := l.claims[uid]
@@ -395,7 +395,7 @@ func (l *ledger) inFlight(uid types.UID) bool {
 // reserved it may still run: a pod keeps using its GPUs when its claim is
 // deleted under it (the kubelet does not stop running containers), so
 // handing them to the next claim would give one GPU to two tenants.
-type keptClaim struct {
+type KeptClaim struct {
 	Namespace, Name string
 	// Allocation is the claim's last seen allocation, for the hold record.
 	Allocation *resourceapi.AllocationResult
@@ -411,10 +411,10 @@ type keptClaim struct {
 // allocation) for pods, the reserving pods that may still use them. It
 // reports whether anything is kept: nothing is when the claim held no
 // gpulink device or no pod is named, and the claim is then forgotten.
-func (l *ledger) keepForPods(claim *resourceapi.ResourceClaim, pods map[types.UID]string) bool {
+func (l *Ledger) KeepForPods(claim *resourceapi.ResourceClaim, pods map[types.UID]string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	uses := usesOf(claim)
+	uses := UsesOf(claim)
 	if len(uses) == 0 || len(pods) == 0 {
 		l.setLocked(claim.UID, nil)
 		delete(l.kept, claim.UID)
@@ -423,7 +423,7 @@ func (l *ledger) keepForPods(claim *resourceapi.ResourceClaim, pods map[types.UI
 	// The deleted object is the newest view: an assumption of ours still
 	// in flight for it can only fail now (the claim is gone).
 	l.setLocked(claim.UID, &claimUse{uses: uses})
-	l.kept[claim.UID] = &keptClaim{
+	l.kept[claim.UID] = &KeptClaim{
 		Namespace:  claim.Namespace,
 		Name:       claim.Name,
 		Allocation: claim.Status.Allocation.DeepCopy(),
@@ -433,12 +433,12 @@ func (l *ledger) keepForPods(claim *resourceapi.ResourceClaim, pods map[types.UI
 }
 
 // keptClaim returns a copy of a kept claim.
-func (l *ledger) keptClaim(uid types.UID) (keptClaim, bool) {
+func (l *Ledger) KeptClaim(uid types.UID) (KeptClaim, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	k, ok := l.kept[uid]
 	if !ok {
-		return keptClaim{}, false
+		return KeptClaim{}, false
 	}
 	out := *k
 	out.Pods = maps.Clone(k.Pods)
@@ -449,7 +449,7 @@ func (l *ledger) keptClaim(uid types.UID) (keptClaim, bool) {
 // (claim "" for every kept claim) and releases the claims no pod is left
 // for. It returns those, each with whether it had a hold record (whose
 // deletion is then counted as the release).
-func (l *ledger) keptPodEnded(claim, pod types.UID) map[types.UID]bool {
+func (l *Ledger) KeptPodEnded(claim, pod types.UID) map[types.UID]bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var released map[types.UID]bool
@@ -474,7 +474,7 @@ func (l *ledger) keptPodEnded(claim, pod types.UID) map[types.UID]bool {
 }
 
 // markRecorded notes that a kept claim's hold record was written.
-func (l *ledger) markRecorded(uid types.UID) {
+func (l *Ledger) MarkRecorded(uid types.UID) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if k, ok := l.kept[uid]; ok {
@@ -488,7 +488,7 @@ func (l *ledger) markRecorded(uid types.UID) {
 // annotation. Once the record counts devices, the in-memory kept claim it
 // stands for is dropped in the same step, so the devices are never
 // uncounted in between (and counted twice only while both exist).
-func (l *ledger) observeRecord(rec *resourceapi.ResourceClaim, uses []deviceUse, keptUID types.UID) {
+func (l *Ledger) ObserveRecord(rec *resourceapi.ResourceClaim, uses []DeviceUse, keptUID types.UID) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.setLocked(rec.UID, &claimUse{uses: uses})

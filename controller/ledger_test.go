@@ -12,7 +12,7 @@ import (
 	"github.com/gpulink/gpulink/driver/allocate"
 )
 
-func claimWith(uid, rv string, results ...resourceapi.DeviceRequestAllocationResult) *resourceapi.ResourceClaim {
+func ClaimWith(uid, rv string, results ...resourceapi.DeviceRequestAllocationResult) *resourceapi.ResourceClaim {
 	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{UID: apitypes.UID(uid), ResourceVersion: rv}}
 	if len(results) > 0 {
 		c.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: results}}
@@ -20,44 +20,44 @@ func claimWith(uid, rv string, results ...resourceapi.DeviceRequestAllocationRes
 	return c
 }
 
-func whole(dev string) resourceapi.DeviceRequestAllocationResult {
+func Whole(dev string) resourceapi.DeviceRequestAllocationResult {
 	return resourceapi.DeviceRequestAllocationResult{Request: "r", Driver: driver.Name, Pool: "n", Device: dev}
 }
 
-func share(dev, mem, cores string) resourceapi.DeviceRequestAllocationResult {
+func Share(dev, mem, cores string) resourceapi.DeviceRequestAllocationResult {
 	id := apitypes.UID("3f1c2a10-0000-4000-8000-" + dev[len(dev)-1:] + "00000000000")
-	r := whole(dev)
+	r := Whole(dev)
 	r.ShareID = &id
 	r.ConsumedCapacity = map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse(mem), "cores": resource.MustParse(cores)}
 	return r
 }
 
-var key0 = deviceKey{Pool: "n", Device: "gpu-0"}
+var Key0 = DeviceKey{Pool: "n", Device: "gpu-0"}
 
 func TestLedgerCountsWholeAndShares(t *testing.T) {
-	l := newLedger()
-	l.observe(claimWith("a", "1", whole("gpu-0")))
-	l.observe(claimWith("b", "2", share("gpu-1", "2Gi", "20")))
-	l.observe(claimWith("c", "3", share("gpu-1", "1Gi", "10")))
+	l := NewLedger()
+	l.Observe(ClaimWith("a", "1", Whole("gpu-0")))
+	l.Observe(ClaimWith("b", "2", Share("gpu-1", "2Gi", "20")))
+	l.Observe(ClaimWith("c", "3", Share("gpu-1", "1Gi", "10")))
 	// Another driver's result is not gpulink's business.
-	other := whole("gpu-2")
+	other := Whole("gpu-2")
 	other.Driver = "other.example.com"
-	l.observe(claimWith("d", "4", other))
+	l.Observe(ClaimWith("d", "4", other))
 
-	if got := l.usageOf(key0); !got.Exclusive {
+	if got := l.UsageOf(Key0); !got.Exclusive {
 		t.Errorf("gpu-0 usage %+v, want exclusive", got)
 	}
 	want := allocate.GPUUsage{Shares: 2, MemoryBytes: 3 << 30, Cores: 30}
-	if got := l.usageOf(deviceKey{Pool: "n", Device: "gpu-1"}); got != want {
+	if got := l.UsageOf(DeviceKey{Pool: "n", Device: "gpu-1"}); got != want {
 		t.Errorf("gpu-1 usage %+v, want %+v", got, want)
 	}
-	if got := l.usageOf(deviceKey{Pool: "n", Device: "gpu-2"}); got != (allocate.GPUUsage{}) {
+	if got := l.UsageOf(DeviceKey{Pool: "n", Device: "gpu-2"}); got != (allocate.GPUUsage{}) {
 		t.Errorf("gpu-2 usage %+v, want free", got)
 	}
 	// Deallocation and deletion free the devices.
-	l.observe(claimWith("b", "5"))
-	l.forget("c")
-	if got := l.usageOf(deviceKey{Pool: "n", Device: "gpu-1"}); got != (allocate.GPUUsage{}) {
+	l.Observe(ClaimWith("b", "5"))
+	l.Forget("c")
+	if got := l.UsageOf(DeviceKey{Pool: "n", Device: "gpu-1"}); got != (allocate.GPUUsage{}) {
 		t.Errorf("gpu-1 usage %+v after release, want free", got)
 	}
 }
@@ -65,61 +65,61 @@ func TestLedgerCountsWholeAndShares(t *testing.T) {
 func TestLedgerDoubleExclusiveStaysTaken(t *testing.T) {
 	// Two claims holding one device whole (a double allocation by someone
 	// else): releasing one must not free the device.
-	l := newLedger()
-	l.observe(claimWith("a", "1", whole("gpu-0")))
-	l.observe(claimWith("b", "2", whole("gpu-0")))
-	l.forget("a")
-	if got := l.usageOf(key0); !got.Exclusive {
+	l := NewLedger()
+	l.Observe(ClaimWith("a", "1", Whole("gpu-0")))
+	l.Observe(ClaimWith("b", "2", Whole("gpu-0")))
+	l.Forget("a")
+	if got := l.UsageOf(Key0); !got.Exclusive {
 		t.Errorf("usage %+v, want still exclusive", got)
 	}
-	if ex, _ := l.holders(key0); ex != 1 {
+	if ex, _ := l.holders(Key0); ex != 1 {
 		t.Errorf("%d exclusive holders, want 1", ex)
 	}
 }
 
 func TestLedgerAssumptionSurvivesInformerLag(t *testing.T) {
-	l := newLedger()
+	l := NewLedger()
 	// The informer knows the claim unallocated (rv 10).
-	l.observe(claimWith("a", "10"))
-	settle, _ := l.assume("a", []deviceUse{{Key: key0, Exclusive: true}})
+	l.Observe(ClaimWith("a", "10"))
+	settle, _ := l.Assume("a", []DeviceUse{{Key: Key0, Exclusive: true}})
 	// While the write is in flight, the informer delivers the finalizer
 	// update (rv 11, still unallocated): the assumption holds.
-	l.observe(claimWith("a", "11"))
-	if !l.usageOf(key0).Exclusive || !l.inFlight("a") {
+	l.Observe(ClaimWith("a", "11"))
+	if !l.UsageOf(Key0).Exclusive || !l.InFlight("a") {
 		t.Fatal("assumed allocation dropped by an older informer view")
 	}
 	settle("12", true)
 	// A stale view (rv 11 again, e.g. a resync) still does not win.
-	l.observe(claimWith("a", "11"))
-	if !l.usageOf(key0).Exclusive {
+	l.Observe(ClaimWith("a", "11"))
+	if !l.UsageOf(Key0).Exclusive {
 		t.Fatal("assumed allocation dropped by a stale view after the write")
 	}
 	// The informer catches up: the claim's own view replaces the assumption.
-	l.observe(claimWith("a", "12", whole("gpu-0")))
-	if l.inFlight("a") || !l.usageOf(key0).Exclusive {
-		t.Fatalf("informer view not adopted: inFlight=%t usage=%+v", l.inFlight("a"), l.usageOf(key0))
+	l.Observe(ClaimWith("a", "12", Whole("gpu-0")))
+	if l.InFlight("a") || !l.UsageOf(Key0).Exclusive {
+		t.Fatalf("informer view not adopted: inFlight=%t usage=%+v", l.InFlight("a"), l.UsageOf(Key0))
 	}
 }
 
 func TestLedgerAssumptionSettledAfterFastInformer(t *testing.T) {
-	l := newLedger()
-	settle, _ := l.assume("a", []deviceUse{{Key: key0, Exclusive: true}})
+	l := NewLedger()
+	settle, _ := l.Assume("a", []DeviceUse{{Key: Key0, Exclusive: true}})
 	// The informer shows the write before the write call returns.
-	l.observe(claimWith("a", "7", whole("gpu-0")))
+	l.Observe(ClaimWith("a", "7", Whole("gpu-0")))
 	settle("7", true)
-	if l.inFlight("a") {
+	if l.InFlight("a") {
 		t.Error("assumption kept although the informer already showed the write")
 	}
-	if !l.usageOf(key0).Exclusive {
+	if !l.UsageOf(Key0).Exclusive {
 		t.Error("device freed")
 	}
 }
 
 func TestLedgerFailedWriteRestores(t *testing.T) {
-	l := newLedger()
-	settle, _ := l.assume("a", []deviceUse{{Key: key0, Exclusive: true}})
+	l := NewLedger()
+	settle, _ := l.Assume("a", []DeviceUse{{Key: Key0, Exclusive: true}})
 	settle("", false)
-	if l.inFlight("a") || l.usageOf(key0).Exclusive {
+	if l.InFlight("a") || l.UsageOf(Key0).Exclusive {
 		t.Error("failed write left the device taken")
 	}
 }
@@ -136,7 +136,7 @@ func TestRVAtLeast(t *testing.T) {
 }
 
 // holders returns how many claims hold a device.
-func (l *ledger) holders(key deviceKey) (exclusive, shares int) {
+func (l *Ledger) holders(key DeviceKey) (exclusive, shares int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, c := range l.claims {
@@ -156,42 +156,42 @@ func (l *ledger) holders(key deviceKey) (exclusive, shares int) {
 // A deleted claim's devices stay counted, whole GPUs and shares' consumed
 // capacity alike, until the last pod it is kept for ends.
 func TestLedgerKeepsDeletedClaimForPods(t *testing.T) {
-	l := newLedger()
-	a := claimWith("a", "1", whole("gpu-0"), share("gpu-1", "2Gi", "20"))
-	l.observe(a)
-	l.observe(claimWith("b", "2", share("gpu-1", "1Gi", "10")))
-	if !l.keepForPods(a, map[apitypes.UID]string{"p1": "one", "p2": "two"}) {
+	l := NewLedger()
+	a := ClaimWith("a", "1", Whole("gpu-0"), Share("gpu-1", "2Gi", "20"))
+	l.Observe(a)
+	l.Observe(ClaimWith("b", "2", Share("gpu-1", "1Gi", "10")))
+	if !l.KeepForPods(a, map[apitypes.UID]string{"p1": "one", "p2": "two"}) {
 		t.Fatal("claim with devices and pods not kept")
 	}
-	gpu1 := deviceKey{Pool: "n", Device: "gpu-1"}
+	gpu1 := DeviceKey{Pool: "n", Device: "gpu-1"}
 	wantShared := allocate.GPUUsage{Shares: 2, MemoryBytes: 3 << 30, Cores: 30}
 	check := func(when string, gpu0 allocate.GPUUsage, gpu1Want allocate.GPUUsage) {
 		t.Helper()
-		if got := l.usageOf(key0); got != gpu0 {
+		if got := l.UsageOf(Key0); got != gpu0 {
 			t.Errorf("%s: gpu-0 usage %+v, want %+v", when, got, gpu0)
 		}
-		if got := l.usageOf(gpu1); got != gpu1Want {
+		if got := l.UsageOf(gpu1); got != gpu1Want {
 			t.Errorf("%s: gpu-1 usage %+v, want %+v", when, got, gpu1Want)
 		}
 	}
 	check("kept", allocate.GPUUsage{Exclusive: true}, wantShared)
-	if k, ok := l.keptClaim("a"); !ok || len(k.Pods) != 2 || k.Allocation == nil {
+	if k, ok := l.KeptClaim("a"); !ok || len(k.Pods) != 2 || k.Allocation == nil {
 		t.Errorf("keptClaim(a) = %+v, %v; want two pods and the allocation", k, ok)
 	}
 	// Another claim's pod ending changes nothing; one of two pods ending
 	// neither.
-	if r := l.keptPodEnded("", "other"); len(r) != 0 {
+	if r := l.KeptPodEnded("", "other"); len(r) != 0 {
 		t.Errorf("unrelated pod released %v", r)
 	}
-	if r := l.keptPodEnded("", "p1"); len(r) != 0 {
+	if r := l.KeptPodEnded("", "p1"); len(r) != 0 {
 		t.Errorf("first of two pods released %v", r)
 	}
 	check("one pod left", allocate.GPUUsage{Exclusive: true}, wantShared)
-	if r := l.keptPodEnded("", "p2"); len(r) != 1 || r["a"] {
+	if r := l.KeptPodEnded("", "p2"); len(r) != 1 || r["a"] {
 		t.Errorf("last pod released %v, want a, not recorded", r)
 	}
 	check("released", allocate.GPUUsage{}, allocate.GPUUsage{Shares: 1, MemoryBytes: 1 << 30, Cores: 10})
-	if _, ok := l.keptClaim("a"); ok {
+	if _, ok := l.KeptClaim("a"); ok {
 		t.Error("released claim still kept")
 	}
 }
@@ -199,23 +199,23 @@ func TestLedgerKeepsDeletedClaimForPods(t *testing.T) {
 // A deleted claim with no pod to keep it for, or no gpulink device, is
 // forgotten as before.
 func TestLedgerKeepNothing(t *testing.T) {
-	l := newLedger()
-	a := claimWith("a", "1", whole("gpu-0"))
-	l.observe(a)
-	if l.keepForPods(a, nil) {
+	l := NewLedger()
+	a := ClaimWith("a", "1", Whole("gpu-0"))
+	l.Observe(a)
+	if l.KeepForPods(a, nil) {
 		t.Error("kept a claim for no pod")
 	}
-	if got := l.usageOf(key0); got != (allocate.GPUUsage{}) {
+	if got := l.UsageOf(Key0); got != (allocate.GPUUsage{}) {
 		t.Errorf("usage %+v, want free", got)
 	}
-	other := whole("gpu-0")
+	other := Whole("gpu-0")
 	other.Driver = "other.example.com"
-	b := claimWith("b", "2", other)
-	l.observe(b)
-	if l.keepForPods(b, map[apitypes.UID]string{"p": "p"}) {
+	b := ClaimWith("b", "2", other)
+	l.Observe(b)
+	if l.KeepForPods(b, map[apitypes.UID]string{"p": "p"}) {
 		t.Error("kept a claim without gpulink devices")
 	}
-	if l.held("b") {
+	if l.Held("b") {
 		t.Error("claim without gpulink devices still in the ledger")
 	}
 }
@@ -223,33 +223,33 @@ func TestLedgerKeepNothing(t *testing.T) {
 // A hold record replaces the kept claim in one step: the device is counted
 // by exactly one holder afterwards, and freed when the record goes.
 func TestLedgerRecordReplacesKeptClaim(t *testing.T) {
-	l := newLedger()
-	a := claimWith("a", "1", whole("gpu-0"))
-	l.observe(a)
-	l.keepForPods(a, map[apitypes.UID]string{"p": "p"})
-	rec := claimWith("rec", "5")
+	l := NewLedger()
+	a := ClaimWith("a", "1", Whole("gpu-0"))
+	l.Observe(a)
+	l.KeepForPods(a, map[apitypes.UID]string{"p": "p"})
+	rec := ClaimWith("rec", "5")
 	// A record that counts nothing (unreadable) does not drop the kept claim.
-	l.observeRecord(rec, nil, "a")
-	if _, ok := l.keptClaim("a"); !ok {
+	l.ObserveRecord(rec, nil, "a")
+	if _, ok := l.KeptClaim("a"); !ok {
 		t.Fatal("kept claim dropped by a record holding nothing")
 	}
-	l.observeRecord(rec, []deviceUse{{Key: key0, Exclusive: true}}, "a")
-	if _, ok := l.keptClaim("a"); ok {
+	l.ObserveRecord(rec, []DeviceUse{{Key: Key0, Exclusive: true}}, "a")
+	if _, ok := l.KeptClaim("a"); ok {
 		t.Error("kept claim still there once its record counts the devices")
 	}
-	if ex, _ := l.holders(key0); ex != 1 {
+	if ex, _ := l.holders(Key0); ex != 1 {
 		t.Errorf("%d exclusive holders of gpu-0, want 1 (the record)", ex)
 	}
 	// The pod ending now is the record's business (syncHoldRecord); the
 	// ledger has nothing kept for it.
-	if r := l.keptPodEnded("", "p"); len(r) != 0 {
+	if r := l.KeptPodEnded("", "p"); len(r) != 0 {
 		t.Errorf("released %v after the record took over", r)
 	}
-	if got := l.usageOf(key0); !got.Exclusive {
+	if got := l.UsageOf(Key0); !got.Exclusive {
 		t.Errorf("usage %+v, want exclusive while the record exists", got)
 	}
-	l.forget("rec")
-	if got := l.usageOf(key0); got != (allocate.GPUUsage{}) {
+	l.Forget("rec")
+	if got := l.UsageOf(Key0); got != (allocate.GPUUsage{}) {
 		t.Errorf("usage %+v after the record was deleted, want free", got)
 	}
 }

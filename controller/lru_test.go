@@ -14,12 +14,12 @@ import (
 // sizes must not grow the per-node caches without limit.
 func TestNodeMemosAreBounded(t *testing.T) {
 	const bound = memoEntriesPerNode
-	inv := newInventory()
-	if err := inv.upsert(v100Slice(t, "n")); err != nil {
+	inv := NewInventory()
+	if err := inv.Upsert(v100Slice(t, "n")); err != nil {
 		t.Fatal(err)
 	}
-	n := inv.node("n")
-	sel := newSelectorEvaluator()
+	n := inv.Node("n")
+	sel := NewSelectorEvaluator()
 	ctx := context.Background()
 	for i := range 3 * bound {
 		expr := fmt.Sprintf(`device.attributes["%s"].index != %d`, driver.Name, 1000+i)
@@ -30,7 +30,7 @@ func TestNodeMemosAreBounded(t *testing.T) {
 		if !row[0].match {
 			t.Fatalf("selector %q does not match device 0", expr)
 		}
-		alt := &alternative{ResultName: "r", Share: true, Capacity: nil}
+		alt := &Alternative{ResultName: "r", Share: true, Capacity: nil}
 		q := resource.MustParse(fmt.Sprintf("%dMi", 100+i))
 		alt.ConfigMemory = &q
 		alt.shareSig = shareSignature(alt)
@@ -53,13 +53,13 @@ func TestNodeMemosAreBounded(t *testing.T) {
 	}
 }
 
-func (n *nodeInventory) memoLen() int {
+func (n *NodeInventory) memoLen() int {
 	n.memoMu.Lock()
 	defer n.memoMu.Unlock()
 	return n.memo.len()
 }
 
-func (n *nodeInventory) shareMemoLen() int {
+func (n *NodeInventory) shareMemoLen() int {
 	n.memoMu.Lock()
 	defer n.memoMu.Unlock()
 	return n.shareMemo.len()

@@ -14,8 +14,8 @@ import (
 // steady (the fragmentation figures cached) and cold (every node's figure
 // recomputed, as after every node changed).
 func BenchmarkInventoryCollect(b *testing.B) {
-	inv := newInventory()
-	l := newLedger()
+	inv := NewInventory()
+	l := NewLedger()
 	for n := range 256 {
 		fixture := "v100-sxm2-8-aliyun-sccgn6.txt"
 		if n%2 == 1 {
@@ -30,14 +30,14 @@ func BenchmarkInventoryCollect(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := inv.upsert(s); err != nil {
+		if err := inv.Upsert(s); err != nil {
 			b.Fatal(err)
 		}
-		held := claimWith(fmt.Sprintf("c-%d", n), "1", whole("gpu-1"), whole("gpu-2"), whole(fmt.Sprintf("gpu-%d", 3+n%5)))
+		held := ClaimWith(fmt.Sprintf("c-%d", n), "1", Whole("gpu-1"), Whole("gpu-2"), Whole(fmt.Sprintf("gpu-%d", 3+n%5)))
 		for i := range held.Status.Allocation.Devices.Results {
 			held.Status.Allocation.Devices.Results[i].Pool = node
 		}
-		l.observe(held)
+		l.Observe(held)
 	}
 	scrape := func(ic *inventoryCollector) int {
 		ch := make(chan prometheus.Metric, 1024)

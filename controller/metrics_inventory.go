@@ -46,15 +46,15 @@ var (
 // computation is bounded by fragmentSearchBudget.
 type inventoryCollector struct {
 	mu     sync.Mutex // serializes scrapes; guards the fields
-	inv    *inventory
-	ledger *ledger
+	inv    *Inventory
+	ledger *Ledger
 	frag   map[string]*fragEntry // by node name
 }
 
 // fragEntry is the last fragmentation figure of a node, valid while the
 // node's inventory and free GPUs are the same.
 type fragEntry struct {
-	node *nodeInventory
+	node *NodeInventory
 	free uint64
 	// sizes and stranded are parallel; stranded is -1 where the search
 	// ran over its budget.
@@ -68,7 +68,7 @@ func newInventoryCollector() *inventoryCollector {
 
 // setSource names what the collector reports on; until then (a standby
 // replica's registry) it reports nothing.
-func (ic *inventoryCollector) setSource(inv *inventory, l *ledger) {
+func (ic *inventoryCollector) setSource(inv *Inventory, l *Ledger) {
 	ic.mu.Lock()
 	defer ic.mu.Unlock()
 	ic.inv, ic.ledger = inv, l
@@ -95,9 +95,9 @@ func (ic *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	seen := map[string]bool{}
-	for _, n := range ic.inv.all() {
+	for _, n := range ic.inv.All() {
 		seen[n.Node] = true
-		usage := ic.ledger.nodeUsage(n)
+		usage := ic.ledger.NodeUsage(n)
 		byProduct := map[string]*productTotals{}
 		var free uint64
 		for p, d := range n.Devices {
@@ -154,10 +154,10 @@ func (ic *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
 
 // fragmentation computes a node's fragmentation figure for every published
 // group size.
-func fragmentation(n *nodeInventory, free uint64) *fragEntry {
+func fragmentation(n *NodeInventory, free uint64) *fragEntry {
 	fe := &fragEntry{node: n, free: free}
 	for _, k := range topology.GroupSizes(n.Topo.Len()) {
-		stranded, ok := strandedGPUs(n.Topo, free, k, n.idleBest(k))
+		stranded, ok := StrandedGPUs(n.Topo, free, k, n.IdleBest(k))
 		if !ok {
 			stranded = -1
 		}
@@ -170,7 +170,7 @@ func fragmentation(n *nodeInventory, free uint64) *fragEntry {
 // blockingTaint tells whether a device carries a NoSchedule or NoExecute
 // taint other than gpulink's managed one, which only steers requests to
 // the controller.
-func blockingTaint(d *deviceInfo) bool {
-	_, ok := untoleratedTaint(d, nil)
+func blockingTaint(d *DeviceInfo) bool {
+	_, ok := UntoleratedTaint(d, nil)
 	return ok
 }

@@ -45,8 +45,8 @@ func TestStrandedGPUs(t *testing.T) {
 		{"DGX-1 idle quads", dgx1, []int{0, 1, 2, 3, 4, 5, 6, 7}, 4, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			n := &nodeInventory{Node: "n", Topo: tc.topo}
-			got, ok := strandedGPUs(tc.topo, positionsMask(tc.free...), tc.k, n.idleBest(tc.k))
+			n := &NodeInventory{Node: "n", Topo: tc.topo}
+			got, ok := StrandedGPUs(tc.topo, positionsMask(tc.free...), tc.k, n.IdleBest(tc.k))
 			if !ok {
 				t.Fatal("search ran over its budget")
 			}
@@ -62,10 +62,10 @@ func TestStrandedGPUs(t *testing.T) {
 // "linked at >= c" is not transitive).
 func TestStrandedGPUsMatchesEnumeration(t *testing.T) {
 	topo := fixtureTopology(t, "dgx1-v100.txt")
-	n := &nodeInventory{Node: "n", Topo: topo}
+	n := &NodeInventory{Node: "n", Topo: topo}
 	const all = 1<<8 - 1
 	for _, k := range []int{2, 4} {
-		idle := n.idleBest(k)
+		idle := n.IdleBest(k)
 		for free := uint64(0); free <= all; free++ {
 			want := 0
 			for p := range 8 {
@@ -73,7 +73,7 @@ func TestStrandedGPUsMatchesEnumeration(t *testing.T) {
 					want++
 				}
 			}
-			got, ok := strandedGPUs(topo, free, k, idle)
+			got, ok := StrandedGPUs(topo, free, k, idle)
 			if !ok || got != want {
 				t.Fatalf("k=%d free=%08b: got %d (ok %v), enumeration says %d", k, free, got, ok, want)
 			}
@@ -111,13 +111,13 @@ func popcount(s uint64) int {
 }
 
 func TestBestLink(t *testing.T) {
-	n := &nodeInventory{Node: "n", Topo: fixtureTopology(t, "pcie-nvbridge-8.txt")}
+	n := &NodeInventory{Node: "n", Topo: fixtureTopology(t, "pcie-nvbridge-8.txt")}
 	for k, want := range map[int]topology.Link{2: topology.NVLink(4), 4: topology.LinkPXB, 8: topology.LinkSYS} {
-		if got, ok := n.bestLink(k); !ok || got != want {
+		if got, ok := n.BestLink(k); !ok || got != want {
 			t.Errorf("bestLink(%d) = %s, %v; want %s", k, got, ok, want)
 		}
 	}
-	if _, ok := n.bestLink(1); ok {
+	if _, ok := n.BestLink(1); ok {
 		t.Error("bestLink(1) answered; one GPU has no link")
 	}
 }
@@ -141,14 +141,14 @@ func TestInventoryCollector(t *testing.T) {
 				resourceapi.DeviceTaint{Key: "gpu.gpulink.dev/unhealthy", Effect: resourceapi.DeviceTaintEffectNoSchedule})
 		}
 	}
-	inv := newInventory()
-	if err := inv.upsert(slice); err != nil {
+	inv := NewInventory()
+	if err := inv.Upsert(slice); err != nil {
 		t.Fatal(err)
 	}
-	l := newLedger()
-	l.observe(claimWith("a", "1", whole("gpu-0"), whole("gpu-2")))
-	l.observe(claimWith("b", "2", share("gpu-4", "2Gi", "20")))
-	l.observe(claimWith("c", "3", share("gpu-4", "4Gi", "30")))
+	l := NewLedger()
+	l.Observe(ClaimWith("a", "1", Whole("gpu-0"), Whole("gpu-2")))
+	l.Observe(ClaimWith("b", "2", Share("gpu-4", "2Gi", "20")))
+	l.Observe(ClaimWith("c", "3", Share("gpu-4", "4Gi", "30")))
 
 	m := NewMetrics(nil)
 	m.inventory.setSource(inv, l)
@@ -185,7 +185,7 @@ gpulink_controller_shares{node="n",product="Tesla T4"} 2
 
 	// Releasing the whole GPUs heals the pairs and quad 0-3; the cached
 	// figure must follow the ledger.
-	l.forget("a")
+	l.Forget("a")
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
 # HELP gpulink_controller_fragmented_gpus Per node and set size k (2, 4, 8, ... below the node's GPU count): free GPUs that belong to no set of k free GPUs whose every pair is linked at the best class a k-set containing that GPU has on the idle node. 0 on an idle node; each stranded GPU lost its best k-set to allocations.
 # TYPE gpulink_controller_fragmented_gpus gauge
@@ -196,7 +196,7 @@ gpulink_controller_fragmented_gpus{node="n",size="4"} 2
 	}
 
 	// The node's slice goes: its series go too.
-	inv.remove(slice)
+	inv.Remove(slice)
 	if n := testutil.CollectAndCount(m.inventory); n != 0 {
 		t.Errorf("%d series after the node's slices were removed, want 0", n)
 	}
@@ -213,7 +213,7 @@ func TestInventoryCollectorWithoutSource(t *testing.T) {
 func TestDecisionMetrics(t *testing.T) {
 	// Another allocator holds one GPU of every NV4 pair of the node, so a
 	// pair request can get PXB at best (1 and 3), below the node's NV4.
-	held := claimWith("held-uid", "1", whole("gpu-0"), whole("gpu-2"), whole("gpu-4"), whole("gpu-6"))
+	held := ClaimWith("held-uid", "1", Whole("gpu-0"), Whole("gpu-2"), Whole("gpu-4"), Whole("gpu-6"))
 	held.Name, held.Namespace = "held", ns
 	for i := range held.Status.Allocation.Devices.Results {
 		held.Status.Allocation.Devices.Results[i].Pool = "nb"

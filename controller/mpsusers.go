@@ -30,9 +30,9 @@ import (
 // line cannot. A mismatch only ever hurts the namespace's own pods (a
 // claim and its pods share one namespace), so this is a usability check,
 // not a security boundary (docs/security.md).
-func (c *Controller) mpsUserConflict(pod *corev1.Pod, ours []*interpretedClaim) string {
+func (c *Controller) mpsUserConflict(pod *corev1.Pod, ours []*Claim) string {
 	for _, ic := range ours {
-		if !ic.usesMPS() {
+		if !ic.UsesMPS() {
 			continue
 		}
 		users := mpsUsers{}
@@ -83,7 +83,7 @@ func (c *Controller) otherLivePods(claim *resourceapi.ResourceClaim, pod *corev1
 			continue
 		}
 		other, err := c.pods.Pods(claim.Namespace).Get(ref.Name)
-		if err != nil || other.UID != ref.UID || podDone(other) {
+		if err != nil || other.UID != ref.UID || PodDone(other) {
 			continue
 		}
 		out = append(out, other)
@@ -125,10 +125,10 @@ func runAsUser(pod *corev1.Pod, c *corev1.Container) *int64 {
 
 // concurrentDevices are the devices of the claims' concurrent MPS shares
 // (sharing.mpsMode Concurrent) as allocated.
-func concurrentDevices(claims []*interpretedClaim) []deviceKey {
-	var out []deviceKey
+func concurrentDevices(claims []*Claim) []DeviceKey {
+	var out []DeviceKey
 	for _, ic := range claims {
-		for _, u := range usesOf(ic.Claim) {
+		for _, u := range UsesOf(ic.Claim) {
 			if u.Group != "" && !slices.Contains(out, u.Key) {
 				out = append(out, u.Key)
 			}
@@ -139,15 +139,15 @@ func concurrentDevices(claims []*interpretedClaim) []deviceKey {
 
 // plannedConcurrentDevices are the devices the plan puts the pending
 // claims' concurrent MPS shares on.
-func plannedConcurrentDevices(plan *nodePlan) []deviceKey {
-	var out []deviceKey
+func plannedConcurrentDevices(plan *Plan) []DeviceKey {
+	var out []DeviceKey
 	for _, claim := range plan.Claims {
 		for _, r := range claim {
 			if r.Share == nil || r.Alt.ShareGroup == "" {
 				continue
 			}
 			for _, pos := range r.Positions {
-				k := deviceKey{Pool: plan.Node.Pool, Device: plan.Node.Devices[pos].Name}
+				k := DeviceKey{Pool: plan.Node.Pool, Device: plan.Node.Devices[pos].Name}
 				if !slices.Contains(out, k) {
 					out = append(out, k)
 				}
@@ -164,7 +164,7 @@ func plannedConcurrentDevices(plan *nodePlan) []deviceKey {
 // user at a time: a pod running as another user than the live pods
 // already using that GPU's server would wait until they finish. As in
 // mpsUserConflict, only users set in pod specs are known.
-func (c *Controller) mpsGroupUserConflict(pod *corev1.Pod, ours []*interpretedClaim, devices []deviceKey) string {
+func (c *Controller) mpsGroupUserConflict(pod *corev1.Pod, ours []*Claim, devices []DeviceKey) string {
 	if len(devices) == 0 {
 		return ""
 	}
@@ -172,11 +172,11 @@ func (c *Controller) mpsGroupUserConflict(pod *corev1.Pod, ours []*interpretedCl
 	own := map[types.UID]bool{}
 	for _, ic := range ours {
 		own[ic.Claim.UID] = true
-		if ic.usesConcurrentMPS() {
+		if ic.UsesConcurrentMPS() {
 			users.add(pod, ic.Claim.Name)
 		}
 	}
-	on := map[deviceKey]bool{}
+	on := map[DeviceKey]bool{}
 	for _, d := range devices {
 		on[d] = true
 	}
@@ -188,7 +188,7 @@ func (c *Controller) mpsGroupUserConflict(pod *corev1.Pod, ours []*interpretedCl
 		if own[claim.UID] || claim.Status.Allocation == nil {
 			continue
 		}
-		if !slices.ContainsFunc(usesOf(claim), func(u deviceUse) bool { return u.Group != "" && on[u.Key] }) {
+		if !slices.ContainsFunc(UsesOf(claim), func(u DeviceUse) bool { return u.Group != "" && on[u.Key] }) {
 			continue
 		}
 		for _, other := range c.otherLivePods(claim, pod) {

@@ -19,8 +19,8 @@ import (
 
 // placedResult is one allocation decision for one alternative on a node:
 // a set of whole GPUs, or one share on one GPU.
-type placedResult struct {
-	Alt       *alternative
+type PlacedResult struct {
+	Alt       *Alternative
 	Positions []int
 	// MIG holds the MIG devices of a MIG request (nodeplan_mig.go); such
 	// a result has no Positions.
@@ -37,12 +37,12 @@ type placedResult struct {
 }
 
 // nodePlan is the placement of every pending gpulink claim of a pod on one node.
-type nodePlan struct {
-	Node    *nodeInventory
-	Claims  [][]placedResult // parallel to the claims planned
+type Plan struct {
+	Node    *NodeInventory
+	Claims  [][]PlacedResult // parallel to the claims planned
 	RankSum int
 	// base is the node's usage before the plan, for ranking.
-	base []allocate.GPUUsage
+	Base []allocate.GPUUsage
 }
 
 // maxAttemptsPerNode bounds the backtracking over firstAvailable
@@ -53,9 +53,9 @@ const maxAttemptsPerNode = 512
 // the node's usage.
 type placer struct {
 	ctx      context.Context
-	sel      *selectorEvaluator
+	sel      *SelectorEvaluator
 	pol      allocate.Policy
-	node     *nodeInventory
+	node     *NodeInventory
 	state    *allocate.NodeState
 	attempts int
 	// why collects the reasons alternatives failed, for the waiting event.
@@ -74,11 +74,11 @@ func (p *placer) note(format string, args ...any) {
 }
 
 // planNode places all claims on one node, in order, or explains why not.
-func planNode(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, n *nodeInventory, usage []allocate.GPUUsage, claims []*interpretedClaim) (*nodePlan, []string) {
+func planNode(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, n *NodeInventory, usage []allocate.GPUUsage, claims []*Claim) (*Plan, []string) {
 	base := sanitizeUsage(usage)
 	p := &placer{ctx: ctx, sel: sel, pol: pol, node: n, mpsPin: -1,
 		state: &allocate.NodeState{Name: n.Node, Topology: n.Topo, Usage: slices.Clone(base)}}
-	plan := &nodePlan{Node: n, base: base}
+	plan := &Plan{Node: n, Base: base}
 	for _, ic := range claims {
 		p.shapeFailed = false
 		res, ok := p.placeFrom(ic, 0, make([]string, len(ic.Constraints)), nil)
@@ -120,7 +120,7 @@ func sanitizeUsage(in []allocate.GPUUsage) []allocate.GPUUsage {
 // placeFrom places requests i.. of a claim with the constraint values
 // bound so far and the results placed so far, backtracking over
 // alternatives and attribute groups. It returns all the claim's results.
-func (p *placer) placeFrom(ic *interpretedClaim, i int, bound []string, placed []placedResult) ([]placedResult, bool) {
+func (p *placer) placeFrom(ic *Claim, i int, bound []string, placed []PlacedResult) ([]PlacedResult, bool) {
 	if i == len(ic.Requests) {
 		if err := p.checkShape(placed); err != nil {
 			p.note("%s", err.Error())
@@ -169,7 +169,7 @@ func (p *placer) placeFrom(ic *interpretedClaim, i int, bound []string, placed [
 
 // baseEligible applies selectors, taints and shareability to the node's
 // devices. It returns nil (after noting why) when no device qualifies.
-func (p *placer) baseEligible(alt *alternative) []bool {
+func (p *placer) baseEligible(alt *Alternative) []bool {
 	elig, runtimeErr, err := p.sel.eligibleBySelectors(p.ctx, p.node, alt.Selectors)
 	if err != nil {
 		p.note("request %s: %v", alt.ResultName, err)
@@ -180,7 +180,7 @@ func (p *placer) baseEligible(alt *alternative) []bool {
 		if !elig[pos] {
 			continue
 		}
-		if t, bad := untoleratedTaint(d, alt.Tolerations); bad {
+		if t, bad := UntoleratedTaint(d, alt.Tolerations); bad {
 			elig[pos] = false
 			p.note("request %s: device %s on node %s has taint %s=%s:%s, which the request does not tolerate", alt.ResultName, d.Name, p.node.Node, t.Key, t.Value, t.Effect)
 			continue
@@ -204,7 +204,7 @@ func (p *placer) baseEligible(alt *alternative) []bool {
 
 // untoleratedTaint returns a NoSchedule or NoExecute device taint, other
 // than gpulink's own managed taint, that the tolerations do not tolerate.
-func untoleratedTaint(d *deviceInfo, tols []resourceapi.DeviceToleration) (resourceapi.DeviceTaint, bool) {
+func UntoleratedTaint(d *DeviceInfo, tols []resourceapi.DeviceToleration) (resourceapi.DeviceTaint, bool) {
 	for _, t := range sliceformat.SchedulingTaints(d.Taints) {
 		if !tolerates(tols, t) {
 			return t, true
@@ -230,7 +230,7 @@ type variant struct {
 // draw from, best first: constraints already bound restrict the devices,
 // unbound ones split them by attribute value; shares split by what they
 // would consume. Groups the allocator cannot satisfy are dropped.
-func (p *placer) variants(ic *interpretedClaim, alt *alternative, base []bool, bound []string) []variant {
+func (p *placer) variants(ic *Claim, alt *Alternative, base []bool, bound []string) []variant {
 	groups := map[string]*variant{}
 	var order []string
 	for pos, d := range p.node.Devices {
@@ -293,7 +293,7 @@ func (p *placer) variants(ic *interpretedClaim, alt *alternative, base []bool, b
 
 // firstRequest is the allocator request for the alternative's first
 // (for whole GPUs: only) placement within a variant.
-func (p *placer) firstRequest(alt *alternative, v variant) allocate.Request {
+func (p *placer) firstRequest(alt *Alternative, v variant) allocate.Request {
 	if alt.Share {
 		return allocate.Request{Share: v.share, Eligible: v.eligible}
 	}
@@ -311,7 +311,7 @@ func (p *placer) firstRequest(alt *alternative, v variant) allocate.Request {
 
 // maxSharesPerGPU is the node state's share cap while placing the
 // alternative: its config's maxSharesPerGPU for a share, else none.
-func maxSharesPerGPU(alt *alternative) int {
+func maxSharesPerGPU(alt *Alternative) int {
 	if alt.Share && alt.Config != nil && alt.Config.Sharing != nil && alt.Config.Sharing.MaxSharesPerGPU != nil {
 		return *alt.Config.Sharing.MaxSharesPerGPU
 	}
@@ -321,7 +321,7 @@ func maxSharesPerGPU(alt *alternative) int {
 // memoryOvercommit is the node state's memory over-commit while placing
 // the alternative: its config's memoryOvercommitPercent for a share (the
 // DeviceClass's opt-in, which a claim may only lower), else none.
-func memoryOvercommit(alt *alternative) int {
+func memoryOvercommit(alt *Alternative) int {
 	if alt.Share && alt.Config != nil && alt.Config.Sharing != nil && alt.Config.Sharing.MemoryOvercommitPercent != nil {
 		return *alt.Config.Sharing.MemoryOvercommitPercent
 	}
@@ -329,7 +329,7 @@ func memoryOvercommit(alt *alternative) int {
 }
 
 // placeAlt allocates and commits one alternative within a variant.
-func (p *placer) placeAlt(alt *alternative, v variant) ([]placedResult, error) {
+func (p *placer) placeAlt(alt *Alternative, v variant) ([]PlacedResult, error) {
 	req := p.firstRequest(alt, v)
 	p.state.MaxSharesPerGPU, p.state.MemoryOvercommitPercent = maxSharesPerGPU(alt), memoryOvercommit(alt)
 	if !alt.Share {
@@ -337,7 +337,7 @@ func (p *placer) placeAlt(alt *alternative, v variant) ([]placedResult, error) {
 		if err := p.state.Commit(req, r); err != nil {
 			return nil, fmt.Errorf("request %s: %w", alt.ResultName, err)
 		}
-		return []placedResult{{Alt: alt, Positions: r.GPUs, Weakest: r.WeakestLink, Agg: r.AggregateLink, Req: req}}, nil
+		return []PlacedResult{{Alt: alt, Positions: r.GPUs, Weakest: r.WeakestLink, Agg: r.AggregateLink, Req: req}}, nil
 	}
 	// Count shares, each on a different GPU: as one set, weakest link
 	// first, then packed (allocate.ShareSet), where the set can be chosen
@@ -348,19 +348,19 @@ func (p *placer) placeAlt(alt *alternative, v variant) ([]placedResult, error) {
 			return nil, fmt.Errorf("request %s: %s", alt.ResultName, reasonOf(err))
 		}
 		if set != nil {
-			out := make([]placedResult, 0, len(set))
+			out := make([]PlacedResult, 0, len(set))
 			for _, pos := range set {
 				req := allocate.Request{Share: v.share, Eligible: slices.Clone(v.eligible)}
 				if err := p.state.Commit(req, allocate.Result{Node: p.state.Name, GPUs: []int{pos}}); err != nil {
 					return nil, fmt.Errorf("request %s: %w", alt.ResultName, err)
 				}
-				out = append(out, placedResult{Alt: alt, Positions: []int{pos}, Share: v.share, Consumed: v.consumed, Req: req})
+				out = append(out, PlacedResult{Alt: alt, Positions: []int{pos}, Share: v.share, Consumed: v.consumed, Req: req})
 			}
 			return out, nil
 		}
 	}
 	elig := slices.Clone(v.eligible)
-	var out []placedResult
+	var out []PlacedResult
 	for i := range alt.Count {
 		req := allocate.Request{Share: v.share, Eligible: slices.Clone(elig)}
 		r := v.trial
@@ -374,7 +374,7 @@ func (p *placer) placeAlt(alt *alternative, v variant) ([]placedResult, error) {
 			return nil, fmt.Errorf("request %s: %w", alt.ResultName, err)
 		}
 		elig[r.GPUs[0]] = false
-		out = append(out, placedResult{Alt: alt, Positions: r.GPUs, Share: v.share, Consumed: v.consumed, Req: req})
+		out = append(out, PlacedResult{Alt: alt, Positions: r.GPUs, Share: v.share, Consumed: v.consumed, Req: req})
 	}
 	return out, nil
 }
@@ -382,7 +382,7 @@ func (p *placer) placeAlt(alt *alternative, v variant) ([]placedResult, error) {
 // shareConsumption computes what a share of the alternative takes from a
 // device: every capacity the device publishes (as kube-scheduler records
 // it), and the memory/cores the allocator accounts.
-func shareConsumption(d *deviceInfo, alt *alternative) (*allocate.ShareRequest, map[resourceapi.QualifiedName]resource.Quantity, error) {
+func shareConsumption(d *DeviceInfo, alt *Alternative) (*allocate.ShareRequest, map[resourceapi.QualifiedName]resource.Quantity, error) {
 	consumed := map[resourceapi.QualifiedName]resource.Quantity{}
 	share := &allocate.ShareRequest{Group: alt.ShareGroup}
 	haveMem := false
@@ -447,7 +447,7 @@ func reasonOf(err error) string {
 //
 // rank, when not nil, gives the nodes' and the pod's CPU and memory to
 // allocate.ChooseNode (stranding.go).
-func choosePlan(plans []*nodePlan, pol allocate.Policy, rank *hostRanking) *nodePlan {
+func ChoosePlan(plans []*Plan, pol allocate.Policy, rank *HostRanking) *Plan {
 	if len(plans) == 0 {
 		return nil
 	}
@@ -455,7 +455,7 @@ func choosePlan(plans []*nodePlan, pol allocate.Policy, rank *hostRanking) *node
 	for _, pl := range plans {
 		best = min(best, pl.RankSum)
 	}
-	var tied []*nodePlan
+	var tied []*Plan
 	for _, pl := range plans {
 		if pl.RankSum == best {
 			tied = append(tied, pl)
@@ -469,13 +469,13 @@ func choosePlan(plans []*nodePlan, pol allocate.Policy, rank *hostRanking) *node
 	}
 	first := tied[0].Claims[0][0]
 	states := make([]*allocate.NodeState, 0, len(tied))
-	var same []*nodePlan
+	var same []*Plan
 	for _, pl := range tied {
 		pr := pl.Claims[0][0]
 		if pr.Alt.ResultName != first.Alt.ResultName {
 			continue
 		}
-		usage := slices.Clone(pl.base)
+		usage := slices.Clone(pl.Base)
 		for pos := range usage {
 			if pr.Req.Eligible != nil && !pr.Req.Eligible[pos] {
 				usage[pos] = allocate.GPUUsage{Exclusive: true}
@@ -513,7 +513,7 @@ func choosePlan(plans []*nodePlan, pol allocate.Policy, rank *hostRanking) *node
 
 // placements counts the device sets of a plan (one per whole-GPU result
 // group, one per share).
-func (pl *nodePlan) placements() int {
+func (pl *Plan) placements() int {
 	n := 0
 	for _, c := range pl.Claims {
 		n += len(c)
@@ -535,13 +535,13 @@ type podScore struct {
 	freeAfter int
 }
 
-func scorePlan(pl *nodePlan) podScore {
+func scorePlan(pl *Plan) podScore {
 	s := podScore{worst: topology.Link(255)}
 	taken := map[int]bool{}
 	for _, c := range pl.Claims {
 		for _, r := range c {
 			for _, pos := range r.Positions {
-				if r.Share != nil && !taken[pos] && pl.base[pos] == (allocate.GPUUsage{}) {
+				if r.Share != nil && !taken[pos] && pl.Base[pos] == (allocate.GPUUsage{}) {
 					s.opened++
 				}
 				taken[pos] = true
@@ -554,7 +554,7 @@ func scorePlan(pl *nodePlan) podScore {
 			s.aggSum += r.Agg
 		}
 	}
-	for pos, u := range pl.base {
+	for pos, u := range pl.Base {
 		if u == (allocate.GPUUsage{}) && !taken[pos] {
 			s.freeAfter++
 		}
@@ -564,8 +564,8 @@ func scorePlan(pl *nodePlan) podScore {
 
 // choosePod ranks plans of pods with several placements by podScore, then
 // node name.
-func choosePod(plans []*nodePlan, pol allocate.Policy) *nodePlan {
-	scores := make(map[*nodePlan]podScore, len(plans))
+func choosePod(plans []*Plan, pol allocate.Policy) *Plan {
+	scores := make(map[*Plan]podScore, len(plans))
 	for _, pl := range plans {
 		scores[pl] = scorePlan(pl)
 	}
@@ -606,7 +606,7 @@ func (a podScore) compare(b podScore, pol allocate.Policy) int {
 }
 
 // summarize renders a plan for events: "gpu-0,gpu-3 on node-a: every pair NV2".
-func (pl *nodePlan) summarize() string {
+func (pl *Plan) Summarize() string {
 	var parts []string
 	for _, claim := range pl.Claims {
 		for _, r := range claim {
@@ -653,7 +653,7 @@ type shareCons struct {
 
 // shareCons returns what a share of the alternative takes from the device
 // at pos, memoised per node inventory and share signature.
-func (n *nodeInventory) shareCons(alt *alternative, pos int) *shareCons {
+func (n *NodeInventory) shareCons(alt *Alternative, pos int) *shareCons {
 	memoKey := "share:" + alt.shareSig
 	n.memoMu.Lock()
 	row, ok := n.shareMemo.get(memoKey)

@@ -39,7 +39,7 @@ import (
 // firstAvailable alternatives) mix MIG device classes with whole-GPU or
 // share classes: MIG devices and GPUs are placed by different planners,
 // claim by claim. A pod may have claims of both kinds.
-func migMixError(pending []*interpretedClaim) error {
+func MIGMixError(pending []*Claim) error {
 	for _, ic := range pending {
 		var migReqs, other []string
 		for _, r := range ic.Requests {
@@ -71,7 +71,7 @@ func migMixError(pending []*interpretedClaim) error {
 
 // isMIGClaim tells whether a claim asks for MIG devices (after
 // migMixError: all its requests do).
-func isMIGClaim(ic *interpretedClaim) bool {
+func isMIGClaim(ic *Claim) bool {
 	for _, r := range ic.Requests {
 		for _, alt := range r.Alternatives {
 			if alt.MIG {
@@ -83,7 +83,7 @@ func isMIGClaim(ic *interpretedClaim) bool {
 }
 
 // wantsMIG tells whether the pending claims ask for MIG devices.
-func wantsMIG(pending []*interpretedClaim) bool {
+func WantsMIG(pending []*Claim) bool {
 	for _, ic := range pending {
 		for _, r := range ic.Requests {
 			for _, alt := range r.Alternatives {
@@ -98,7 +98,7 @@ func wantsMIG(pending []*interpretedClaim) bool {
 
 // migPlan is a nodePlan of MIG devices with what ranks it.
 type migPlan struct {
-	plan *nodePlan
+	Plan *Plan
 	// packed counts the devices placed on GPUs that already had
 	// allocated MIG devices; slices sums their memory slices.
 	packed, slices int
@@ -107,8 +107,8 @@ type migPlan struct {
 // migPlacer places MIG requests on one node.
 type migPlacer struct {
 	ctx  context.Context
-	sel  *selectorEvaluator
-	node *nodeInventory
+	sel  *SelectorEvaluator
+	node *NodeInventory
 	// used marks the node's MIG devices (by position in node.MIG) held by
 	// the ledger or by this plan; busy counts them per parent GPU index.
 	used     []bool
@@ -127,7 +127,7 @@ func (p *migPlacer) note(format string, args ...any) {
 
 // planMIGNode places every pending claim on one node's MIG devices, or
 // explains why not. used is the node's MIG usage from the ledger.
-func planMIGNode(ctx context.Context, sel *selectorEvaluator, n *nodeInventory, used []bool, claims []*interpretedClaim) (*migPlan, []string) {
+func PlanMIGNode(ctx context.Context, sel *SelectorEvaluator, n *NodeInventory, used []bool, claims []*Claim) (*migPlan, []string) {
 	if len(n.MIG) == 0 {
 		return nil, []string{fmt.Sprintf("node %s has no MIG devices", n.Node)}
 	}
@@ -137,7 +137,7 @@ func planMIGNode(ctx context.Context, sel *selectorEvaluator, n *nodeInventory, 
 			p.busy[n.MIG[i].Parent]++
 		}
 	}
-	plan := &nodePlan{Node: n}
+	plan := &Plan{Node: n}
 	for _, ic := range claims {
 		res, ok := p.place(ic, 0, make([]string, len(ic.Constraints)), nil)
 		if !ok {
@@ -148,12 +148,12 @@ func planMIGNode(ctx context.Context, sel *selectorEvaluator, n *nodeInventory, 
 		}
 		plan.Claims = append(plan.Claims, res)
 	}
-	return &migPlan{plan: plan, packed: p.packed, slices: p.slices}, nil
+	return &migPlan{Plan: plan, packed: p.packed, slices: p.slices}, nil
 }
 
 // place places requests i.. of a claim, backtracking over alternatives and
 // matchAttribute groups as placer.placeFrom does.
-func (p *migPlacer) place(ic *interpretedClaim, i int, bound []string, placed []placedResult) ([]placedResult, bool) {
+func (p *migPlacer) place(ic *Claim, i int, bound []string, placed []PlacedResult) ([]PlacedResult, bool) {
 	if i == len(ic.Requests) {
 		return placed, true
 	}
@@ -196,7 +196,7 @@ func (p *migPlacer) place(ic *interpretedClaim, i int, bound []string, placed []
 			}
 			savedPacked, savedSlices := p.packed, p.slices
 			picked := p.pick(g.devs, want)
-			if all, ok := p.place(ic, i+1, g.bound, append(slices.Clip(placed), placedResult{Alt: alt, MIG: picked})); ok {
+			if all, ok := p.place(ic, i+1, g.bound, append(slices.Clip(placed), PlacedResult{Alt: alt, MIG: picked})); ok {
 				return all, true
 			}
 			for _, d := range picked {
@@ -212,7 +212,7 @@ func (p *migPlacer) place(ic *interpretedClaim, i int, bound []string, placed []
 // alternative's selectors and whose taints it tolerates, and of those the
 // free ones; nil (after noting why, naming the request's selectors) when
 // none matches.
-func (p *migPlacer) eligible(alt *alternative) (matching, free []int) {
+func (p *migPlacer) eligible(alt *Alternative) (matching, free []int) {
 	elig, runtimeErr, err := p.sel.eligibleMIG(p.ctx, p.node, alt.Selectors)
 	if err != nil {
 		p.note("request %s: %v", alt.ResultName, err)
@@ -222,7 +222,7 @@ func (p *migPlacer) eligible(alt *alternative) (matching, free []int) {
 		if !elig[i] {
 			continue
 		}
-		if t, bad := untoleratedTaint(&deviceInfo{Taints: d.Taints}, alt.Tolerations); bad {
+		if t, bad := UntoleratedTaint(&DeviceInfo{Taints: d.Taints}, alt.Tolerations); bad {
 			p.note("request %s: MIG device %s on node %s has taint %s=%s:%s, which the request does not tolerate", alt.ResultName, d.Name, p.node.Node, t.Key, t.Value, t.Effect)
 			continue
 		}
@@ -255,7 +255,7 @@ type migGroup struct {
 
 // groups splits the free devices by the claim's matchAttribute values,
 // keeping only those that agree with the values bound so far.
-func (p *migPlacer) groups(ic *interpretedClaim, alt *alternative, free []int, bound []string) []migGroup {
+func (p *migPlacer) groups(ic *Claim, alt *Alternative, free []int, bound []string) []migGroup {
 	byKey := map[string]*migGroup{}
 	var order []string
 	for _, i := range free {
@@ -349,7 +349,7 @@ func (p *migPlacer) better(a, b int) bool {
 }
 
 // chooseMIGPlan ranks feasible MIG plans (see the package order above).
-func chooseMIGPlan(plans []*migPlan) *nodePlan {
+func chooseMIGPlan(plans []*migPlan) *Plan {
 	if len(plans) == 0 {
 		return nil
 	}
@@ -357,8 +357,8 @@ func chooseMIGPlan(plans []*migPlan) *nodePlan {
 	for _, pl := range plans[1:] {
 		a, b := pl, best
 		switch {
-		case a.plan.RankSum != b.plan.RankSum:
-			if a.plan.RankSum < b.plan.RankSum {
+		case a.Plan.RankSum != b.Plan.RankSum:
+			if a.Plan.RankSum < b.Plan.RankSum {
 				best = pl
 			}
 		case a.packed != b.packed:
@@ -369,11 +369,11 @@ func chooseMIGPlan(plans []*migPlan) *nodePlan {
 			if a.slices < b.slices {
 				best = pl
 			}
-		case a.plan.Node.Node < b.plan.Node.Node:
+		case a.Plan.Node.Node < b.Plan.Node.Node:
 			best = pl
 		}
 	}
-	return best.plan
+	return best.Plan
 }
 
 // chooseMIG chooses the node and devices for a pod whose pending claims
@@ -384,8 +384,8 @@ func chooseMIGPlan(plans []*migPlan) *nodePlan {
 // placements (its MIG devices are packed within the node either way). It
 // returns the chosen plan (nil when nothing fits), the feasible plans, why
 // nodes failed (a sample) and how many failed.
-func chooseMIG(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy, cands []*nodeInventory, l *ledger, pending []*interpretedClaim, rank *hostRanking) (*nodePlan, []*nodePlan, []string, int) {
-	var migClaims, gpuClaims []*interpretedClaim
+func ChooseMIG(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, cands []*NodeInventory, l *Ledger, pending []*Claim, rank *HostRanking) (*Plan, []*Plan, []string, int) {
+	var migClaims, gpuClaims []*Claim
 	for _, ic := range pending {
 		if isMIGClaim(ic) {
 			migClaims = append(migClaims, ic)
@@ -397,13 +397,13 @@ func chooseMIG(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy,
 	var why []string
 	failed := 0
 	for _, n := range cands {
-		mp, reasons := planMIGNode(ctx, sel, n, l.migUsage(n), migClaims)
+		mp, reasons := PlanMIGNode(ctx, sel, n, l.migUsage(n), migClaims)
 		if mp != nil && len(gpuClaims) > 0 {
-			var gp *nodePlan
-			if gp, reasons = planNode(ctx, sel, pol, n, l.nodeUsage(n), gpuClaims); gp == nil {
+			var gp *Plan
+			if gp, reasons = planNode(ctx, sel, pol, n, l.NodeUsage(n), gpuClaims); gp == nil {
 				mp = nil
 			} else {
-				mp.plan = mergePlans(pending, mp.plan, migClaims, gp, gpuClaims)
+				mp.Plan = mergePlans(pending, mp.Plan, migClaims, gp, gpuClaims)
 			}
 		}
 		if mp == nil {
@@ -415,12 +415,12 @@ func chooseMIG(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy,
 		}
 		mps = append(mps, mp)
 	}
-	plans := make([]*nodePlan, len(mps))
+	plans := make([]*Plan, len(mps))
 	for i, m := range mps {
-		plans[i] = m.plan
+		plans[i] = m.Plan
 	}
 	if len(gpuClaims) > 0 {
-		return choosePlan(plans, pol, rank), plans, why, failed
+		return ChoosePlan(plans, pol, rank), plans, why, failed
 	}
 	return chooseMIGPlan(mps), plans, why, failed
 }
@@ -428,9 +428,9 @@ func chooseMIG(ctx context.Context, sel *selectorEvaluator, pol allocate.Policy,
 // mergePlans is the plan of all pending claims on one node from the plan
 // of its MIG claims and the plan of its other claims, with Claims in
 // pending's order (buildAllocation takes them in that order).
-func mergePlans(pending []*interpretedClaim, mig *nodePlan, migClaims []*interpretedClaim, gpu *nodePlan, gpuClaims []*interpretedClaim) *nodePlan {
-	out := &nodePlan{Node: gpu.Node, base: gpu.base, RankSum: mig.RankSum + gpu.RankSum}
-	of := map[*interpretedClaim][]placedResult{}
+func mergePlans(pending []*Claim, mig *Plan, migClaims []*Claim, gpu *Plan, gpuClaims []*Claim) *Plan {
+	out := &Plan{Node: gpu.Node, Base: gpu.Base, RankSum: mig.RankSum + gpu.RankSum}
+	of := map[*Claim][]PlacedResult{}
 	for i, ic := range migClaims {
 		of[ic] = mig.Claims[i]
 	}
@@ -444,12 +444,12 @@ func mergePlans(pending []*interpretedClaim, mig *nodePlan, migClaims []*interpr
 }
 
 // migUsage tells, per MIG device of the node, whether any claim holds it.
-func (l *ledger) migUsage(n *nodeInventory) []bool {
+func (l *Ledger) migUsage(n *NodeInventory) []bool {
 	out := make([]bool, len(n.MIG))
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for i, d := range n.MIG {
-		out[i] = l.usage[deviceKey{Pool: n.Pool, Device: d.Name}] != nil
+		out[i] = l.usage[DeviceKey{Pool: n.Pool, Device: d.Name}] != nil
 	}
 	return out
 }

@@ -233,17 +233,17 @@ func TestMIGWithWholeAndShareClaimsInOnePod(t *testing.T) {
 // Before any slice exists, a MIG claim is gpulink's (it waits) and not
 // handed to kube-scheduler.
 func TestMIGClassSelectsGpulinkWithoutSlices(t *testing.T) {
-	ev := newSelectorEvaluator()
+	ev := NewSelectorEvaluator()
 	for _, c := range DeviceClasses() {
 		c.ResourceVersion = "1"
-		ok, err := ev.classSelectsGpulink(context.Background(), c, newInventory())
+		ok, err := ev.ClassSelectsGpulink(context.Background(), c, NewInventory())
 		if err != nil || !ok {
 			t.Errorf("class %s selects gpulink devices: %v, %v; want true", c.Name, ok, err)
 		}
 	}
 	other := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "other", ResourceVersion: "1"},
 		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "other"`}}}}}
-	if ok, _ := ev.classSelectsGpulink(context.Background(), other, newInventory()); ok {
+	if ok, _ := ev.ClassSelectsGpulink(context.Background(), other, NewInventory()); ok {
 		t.Error("another driver's class counts as gpulink's")
 	}
 }
@@ -287,30 +287,30 @@ func BenchmarkMIGPlanNode(b *testing.B) {
 	for g := range 8 {
 		layout[g] = []string{"1g.5gb", "1g.5gb", "1g.5gb", "1g.5gb", "1g.5gb", "1g.5gb", "1g.5gb"}
 	}
-	inv := newInventory()
-	if err := inv.upsert(migSlice(b, "a100", layout)); err != nil {
+	inv := NewInventory()
+	if err := inv.Upsert(migSlice(b, "a100", layout)); err != nil {
 		b.Fatal(err)
 	}
-	n := inv.node("a100")
+	n := inv.Node("a100")
 	used := make([]bool, len(n.MIG))
 	for i := range used {
 		used[i] = i%2 == 0
 	}
 	class := DeviceClasses()[2]
-	if !isMIGClass(class) {
+	if !IsMIGClass(class) {
 		b.Fatalf("DeviceClasses()[2] is %s, not the MIG class", class.Name)
 	}
-	alt := &alternative{ResultName: "mig", Class: class, MIG: true, Count: 2,
+	alt := &Alternative{ResultName: "mig", Class: class, MIG: true, Count: 2,
 		Selectors: []string{class.Spec.Selectors[0].CEL.Expression, profileSelector("1g.5gb")}}
-	claims := []*interpretedClaim{{Claim: &resourceapi.ResourceClaim{}, Requests: []*requestSpec{{Name: "mig", Alternatives: []*alternative{alt}}}}}
-	sel := newSelectorEvaluator()
+	claims := []*Claim{{Claim: &resourceapi.ResourceClaim{}, Requests: []*RequestSpec{{Name: "mig", Alternatives: []*Alternative{alt}}}}}
+	sel := NewSelectorEvaluator()
 	ctx := context.Background()
-	if pl, why := planMIGNode(ctx, sel, n, used, claims); pl == nil || len(pl.plan.Claims[0][0].MIG) != 2 {
+	if pl, why := PlanMIGNode(ctx, sel, n, used, claims); pl == nil || len(pl.Plan.Claims[0][0].MIG) != 2 {
 		b.Fatalf("no plan: %v", why)
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		planMIGNode(ctx, sel, n, used, claims)
+		PlanMIGNode(ctx, sel, n, used, claims)
 	}
 }
 

@@ -16,7 +16,7 @@ import (
 // kube-scheduler's plugins word theirs where one has the same filter.
 const (
 	rejectNodeName    = "node(s) didn't match the requested node name"
-	rejectExcluded    = "node(s) the pod was unschedulable on before"
+	RejectExcluded    = "node(s) the pod was unschedulable on before"
 	rejectNoNode      = "node(s) without a Node object"
 	rejectCordoned    = "node(s) were unschedulable"
 	rejectAffinity    = "node(s) didn't match Pod's node affinity/selector"
@@ -32,17 +32,17 @@ const (
 // allocated (by anyone), not be excluded for this pod, have room for the
 // pod's CPU, memory, ephemeral storage, extended resources and pod count,
 // and satisfy the pod's required pod (anti-)affinity (see fitTracker).
-type nodeFilter struct {
-	nodes   corelisters.NodeLister
-	classes resourcelisters.DeviceClassLister
-	fit     *fitTracker
+type NodeFilter struct {
+	Nodes   corelisters.NodeLister
+	Classes resourcelisters.DeviceClassLister
+	Fit     *FitTracker
 	// allocatable is read by ranking by stranding (stranding.go).
-	allocatable allocatableMemo
+	Allocatable allocatableMemo
 }
 
 // labelsOf returns a node's labels, nil when the node is unknown.
-func (f *nodeFilter) labelsOf(name string) map[string]string {
-	n, err := f.nodes.Get(name)
+func (f *NodeFilter) labelsOf(name string) map[string]string {
+	n, err := f.Nodes.Get(name)
 	if err != nil {
 		return nil
 	}
@@ -52,11 +52,11 @@ func (f *nodeFilter) labelsOf(name string) map[string]string {
 // mappedByDRA tells whether a DeviceClass serves the extended resource
 // (DRA extended resources: kube-scheduler's DRA plugin allocates it on
 // nodes that do not advertise it).
-func (f *nodeFilter) mappedByDRA(name corev1.ResourceName) bool {
-	if f.classes == nil {
+func (f *NodeFilter) mappedByDRA(name corev1.ResourceName) bool {
+	if f.Classes == nil {
 		return false
 	}
-	classes, err := f.classes.List(labels.Everything())
+	classes, err := f.Classes.List(labels.Everything())
 	if err != nil {
 		return false
 	}
@@ -70,22 +70,22 @@ func (f *nodeFilter) mappedByDRA(name corev1.ResourceName) bool {
 
 // candidates returns the usable node inventories for the pod and, for
 // the waiting message, which filter rejected how many of the others.
-func (f *nodeFilter) candidates(logger klog.Logger, pod *corev1.Pod, all []*nodeInventory, allocated []*resourceapi.ResourceClaim, excluded sets.Set[string]) ([]*nodeInventory, *rejections) {
-	pf := f.forPod(logger, pod, allocated, excluded)
-	var out []*nodeInventory
+func (f *NodeFilter) Candidates(logger klog.Logger, pod *corev1.Pod, all []*NodeInventory, allocated []*resourceapi.ResourceClaim, excluded sets.Set[string]) ([]*NodeInventory, *Rejections) {
+	pf := f.ForPod(logger, pod, allocated, excluded)
+	var out []*NodeInventory
 	for _, n := range all {
-		if pf.admit(n) {
+		if pf.Admit(n) {
 			out = append(out, n)
 		}
 	}
-	return out, pf.rej
+	return out, pf.Rej
 }
 
 // podFilter is the node filter prepared for one pod: what depends only on
 // the pod is computed once, so that admit costs little per node and can
 // be asked of only the nodes a decision needs (quickChoice).
 type podFilter struct {
-	f         *nodeFilter
+	f         *NodeFilter
 	logger    klog.Logger
 	pod       *corev1.Pod
 	affinity  nodeaffinity.RequiredNodeAffinity
@@ -93,42 +93,42 @@ type podFilter struct {
 	excluded  sets.Set[string]
 	fc        *fitCheck
 	// rej counts the nodes admit turned down, by reason.
-	rej *rejections
+	Rej *Rejections
 }
 
 // forPod prepares the filter for a pod whose claims listed in allocated
 // are already allocated.
-func (f *nodeFilter) forPod(logger klog.Logger, pod *corev1.Pod, allocated []*resourceapi.ResourceClaim, excluded sets.Set[string]) *podFilter {
-	pf := &podFilter{f: f, logger: logger, pod: pod, affinity: nodeaffinity.GetRequiredNodeAffinity(pod), excluded: excluded, rej: &rejections{}}
+func (f *NodeFilter) ForPod(logger klog.Logger, pod *corev1.Pod, allocated []*resourceapi.ResourceClaim, excluded sets.Set[string]) *podFilter {
+	pf := &podFilter{f: f, logger: logger, pod: pod, affinity: nodeaffinity.GetRequiredNodeAffinity(pod), excluded: excluded, Rej: &Rejections{}}
 	for _, c := range allocated {
 		if c.Status.Allocation != nil && c.Status.Allocation.NodeSelector != nil {
 			pf.selectors = append(pf.selectors, nodeaffinity.NewLazyErrorNodeSelector(c.Status.Allocation.NodeSelector))
 		}
 	}
-	if f.fit != nil {
-		pf.fc = f.fit.check(pod, f.labelsOf)
+	if f.Fit != nil {
+		pf.fc = f.Fit.Check(pod, f.labelsOf)
 	}
 	return pf
 }
 
 func (pf *podFilter) skip(reason, format string, args ...any) bool {
-	pf.rej.add(reason)
-	pf.rej.detail(format, args...)
+	pf.Rej.Add(reason)
+	pf.Rej.detail(format, args...)
 	return false
 }
 
 // admit tells whether the pod may run on the node, counting the reason in
 // rej when not.
-func (pf *podFilter) admit(n *nodeInventory) bool {
+func (pf *podFilter) Admit(n *NodeInventory) bool {
 	pod := pf.pod
 	if pod.Spec.NodeName != "" && n.Node != pod.Spec.NodeName {
-		pf.rej.add(rejectNodeName)
+		pf.Rej.Add(rejectNodeName)
 		return false
 	}
 	if pf.excluded.Has(n.Node) {
-		return pf.skip(rejectExcluded, "node %s: the pod was unschedulable there before", n.Node)
+		return pf.skip(RejectExcluded, "node %s: the pod was unschedulable there before", n.Node)
 	}
-	node, err := pf.f.nodes.Get(n.Node)
+	node, err := pf.f.Nodes.Get(n.Node)
 	if err != nil {
 		return pf.skip(rejectNoNode, "node %s: no Node object", n.Node)
 	}
@@ -151,7 +151,7 @@ func (pf *podFilter) admit(n *nodeInventory) bool {
 		}
 	}
 	if pf.fc != nil && pod.Spec.NodeName == "" {
-		if reason := pf.fc.reject(node, pf.f.mappedByDRA); reason != "" {
+		if reason := pf.fc.Reject(node, pf.f.mappedByDRA); reason != "" {
 			return pf.skip(reason, "node %s: %s", n.Node, reason)
 		}
 	}
@@ -161,7 +161,7 @@ func (pf *podFilter) admit(n *nodeInventory) bool {
 // nodeSelectorFor is the allocation's node selector, as kube-scheduler's
 // structured allocator writes it for node-local devices: one term with
 // matchFields metadata.name In [node].
-func nodeSelectorFor(node string) *corev1.NodeSelector {
+func NodeSelectorFor(node string) *corev1.NodeSelector {
 	return &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
 		MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{node}}},
 	}}}

@@ -27,7 +27,7 @@ type placement struct {
 // configuration (GpuConfig.placement, the class's then the claim's). One
 // decision places all of a pod's claims, so claims asking for different
 // strategies are an error naming them.
-func podPlacement(pod *corev1.Pod, pending []*interpretedClaim) (placement, error) {
+func PodPlacement(pod *corev1.Pod, pending []*Claim) (placement, error) {
 	var p placement
 	var errs []string
 	fromAnnotation := func(key string, s *allocate.Strategy, why *string) {
@@ -102,7 +102,7 @@ func strategyOf(v v1alpha1.PlacementStrategy) allocate.Strategy {
 }
 
 // apply overrides the policy's strategies with the pod's own.
-func (p placement) apply(pol allocate.Policy) allocate.Policy {
+func (p placement) Apply(pol allocate.Policy) allocate.Policy {
 	if p.node != "" {
 		pol.Node = p.node
 	}
@@ -114,7 +114,7 @@ func (p placement) apply(pol allocate.Policy) allocate.Policy {
 
 // note says, for the allocation event, which strategies the pod chose
 // itself and why ("" when it follows the controller's flags).
-func (p placement) note() string {
+func (p placement) Note() string {
 	var parts []string
 	if p.node != "" {
 		parts = append(parts, fmt.Sprintf("nodes %s (%s)", p.node, p.nodeWhy))

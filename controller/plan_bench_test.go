@@ -37,45 +37,45 @@ func benchmarkPlan(b *testing.B, req resourceapi.DeviceRequest) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	inv := newInventory()
-	l := newLedger()
+	inv := NewInventory()
+	l := NewLedger()
 	for n := range 64 {
 		s, err := controllertest.Slice(fmt.Sprintf("node-%02d", n), topo, controllertest.SliceOptions{})
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := inv.upsert(s); err != nil {
+		if err := inv.Upsert(s); err != nil {
 			b.Fatal(err)
 		}
-		var uses []deviceUse
+		var uses []DeviceUse
 		for i := range n % 8 {
-			uses = append(uses, deviceUse{Key: deviceKey{Pool: s.Spec.Pool.Name, Device: fmt.Sprintf("gpu-%d", i)}, Exclusive: true})
+			uses = append(uses, DeviceUse{Key: DeviceKey{Pool: s.Spec.Pool.Name, Device: fmt.Sprintf("gpu-%d", i)}, Exclusive: true})
 		}
 		l.setLocked(testUID(n), &claimUse{uses: uses})
 	}
-	sel := newSelectorEvaluator()
+	sel := NewSelectorEvaluator()
 	classes := map[string]*resourceapi.DeviceClass{}
 	for _, c := range DeviceClasses() {
 		classes[c.Name] = c
 	}
-	ip := newInterpreter(fakeClassLister(classes), sel, inv)
+	ip := NewInterpreter(fakeClassLister(classes), sel, inv)
 	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "d"},
 		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req}}}}
 	ctx := context.Background()
 	pol := allocate.Policy{}
 	b.ResetTimer()
 	for b.Loop() {
-		ic, _, err := ip.interpret(ctx, claim)
+		ic, _, err := ip.Interpret(ctx, claim)
 		if err != nil {
 			b.Fatal(err)
 		}
-		var plans []*nodePlan
-		for _, n := range inv.all() {
-			if p, _ := planNode(ctx, sel, pol, n, l.nodeUsage(n), []*interpretedClaim{ic}); p != nil {
+		var plans []*Plan
+		for _, n := range inv.All() {
+			if p, _ := planNode(ctx, sel, pol, n, l.NodeUsage(n), []*Claim{ic}); p != nil {
 				plans = append(plans, p)
 			}
 		}
-		if choosePlan(plans, pol, nil) == nil {
+		if ChoosePlan(plans, pol, nil) == nil {
 			b.Fatal("no plan")
 		}
 	}
@@ -104,60 +104,60 @@ func BenchmarkDecision5000Nodes(b *testing.B) {
 			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.ShareRequest("s", mem, cores)}}}}
 	}
 	// The scale test's pods with one placement (test/scale, scaleRequests), by weight.
-	var mix [][]*interpretedClaim
+	var mix [][]*Claim
 	for _, w := range []struct {
 		n  int
 		cl *resourceapi.ResourceClaim
 	}{{35, whole(1)}, {20, whole(2)}, {12, whole(4)}, {3, whole(8)}, {5, whole(2, controllertest.RequiredNVLinkConfig())},
 		{15, share("4Gi", "25")}, {10, share("12Gi", "50")}} {
-		ic, _, err := pc.ip.interpret(ctx, w.cl)
+		ic, _, err := pc.ip.Interpret(ctx, w.cl)
 		if err != nil {
 			b.Fatal(err)
 		}
 		for range w.n {
-			mix = append(mix, []*interpretedClaim{ic})
+			mix = append(mix, []*Claim{ic})
 		}
 	}
 	pol := allocate.Policy{}
-	run := func(b *testing.B, decide func([]*interpretedClaim) *nodePlan) {
+	run := func(b *testing.B, decide func([]*Claim) *Plan) {
 		runDecisions(b, pc, mix, decide)
 	}
 	logger := klog.Background()
 	b.Run("exhaustive", func(b *testing.B) {
-		run(b, func(pending []*interpretedClaim) *nodePlan {
-			cands, _ := filter.candidates(logger, pod, nodes, nil, nil)
-			plans, _, _ := exhaustivePlans(ctx, pc.sel, pol, cands, pc.nodeUsage, pending)
-			return choosePlan(plans, pol, nil)
+		run(b, func(pending []*Claim) *Plan {
+			cands, _ := filter.Candidates(logger, pod, nodes, nil, nil)
+			plans, _, _ := ExhaustivePlans(ctx, pc.sel, pol, cands, pc.NodeUsage, pending)
+			return ChoosePlan(plans, pol, nil)
 		})
 	})
-	quick := func(cache *scoreCache) func([]*interpretedClaim) *nodePlan {
-		return func(pending []*interpretedClaim) *nodePlan {
-			pf := filter.forPod(logger, pod, nil, nil)
-			q, verdict := quickChoice(ctx, pc.sel, pol, nodes, pc, cache, pf.admit, pending, nil)
-			if verdict != quickChosen {
+	quick := func(cache *ScoreCache) func([]*Claim) *Plan {
+		return func(pending []*Claim) *Plan {
+			pf := filter.ForPod(logger, pod, nil, nil)
+			q, verdict := QuickChoice(ctx, pc.sel, pol, nodes, pc, cache, pf.Admit, pending, nil)
+			if verdict != QuickChosen {
 				b.Fatal("shortcut did not apply")
 			}
-			return q.plan
+			return q.Plan
 		}
 	}
 	b.Run("quick-uncached", func(b *testing.B) { run(b, quick(nil)) })
-	b.Run("quick", func(b *testing.B) { run(b, quick(newScoreCache())) })
+	b.Run("quick", func(b *testing.B) { run(b, quick(NewScoreCache())) })
 	// quick-stranding is quick with --rank-by-stranding: each decision is
 	// recorded in the demand mix and ranks by the GPUs it strands for it.
 	b.Run("quick-stranding", func(b *testing.B) {
-		rec, err := newDemandRecorder(true)
+		rec, err := NewDemandRecorder(true)
 		if err != nil {
 			b.Fatal(err)
 		}
-		cache := newScoreCache()
-		run(b, func(pending []*interpretedClaim) *nodePlan {
-			pf := filter.forPod(logger, pod, nil, nil)
-			q, verdict := quickChoice(ctx, pc.sel, rec.policy(pol), nodes, pc, cache, pf.admit, pending, rec.ranking(filter.hostLeft, pod))
-			if verdict != quickChosen {
+		cache := NewScoreCache()
+		run(b, func(pending []*Claim) *Plan {
+			pf := filter.ForPod(logger, pod, nil, nil)
+			q, verdict := QuickChoice(ctx, pc.sel, rec.Policy(pol), nodes, pc, cache, pf.Admit, pending, rec.Ranking(filter.HostLeft, pod))
+			if verdict != QuickChosen {
 				b.Fatal("shortcut did not apply")
 			}
-			rec.record(ctx, pod, q.plan)
-			return q.plan
+			rec.Record(ctx, pod, q.Plan)
+			return q.Plan
 		})
 	})
 }
@@ -165,28 +165,28 @@ func BenchmarkDecision5000Nodes(b *testing.B) {
 // benchCluster is the cluster of the 5,000-node decision benchmarks:
 // eight-GPU nodes of mixed kinds, 70 % of them busy (random usage from
 // seed), with a node filter over their Node objects.
-func benchCluster(b *testing.B, seed uint64) (*pruneCluster, []*nodeInventory, *nodeFilter) {
+func benchCluster(b *testing.B, seed uint64) (*pruneCluster, []*NodeInventory, *NodeFilter) {
 	pc := newPruneCluster(b, rand.New(rand.NewPCG(5000, seed)), 5000, eightGPUFixtures, 0.7)
-	nodes := pc.inv.all()
+	nodes := pc.inv.All()
 	return pc, nodes, benchNodeFilter(b, nodes)
 }
 
 // benchNodeFilter is a node filter over Node objects for the nodes, with
 // pods counted on some of them.
-func benchNodeFilter(b *testing.B, nodes []*nodeInventory) *nodeFilter {
+func benchNodeFilter(b *testing.B, nodes []*NodeInventory) *NodeFilter {
 	indexer := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
-	fit := newFitTracker()
+	fit := NewFitTracker()
 	for i, n := range nodes {
 		if err := indexer.Add(controllertest.Node(n.Node)); err != nil {
 			b.Fatal(err)
 		}
 		if i%3 == 0 {
-			fit.observe(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "bound", Namespace: "d", UID: types.UID("bound-" + n.Node)},
+			fit.Observe(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "bound", Namespace: "d", UID: types.UID("bound-" + n.Node)},
 				Spec: corev1.PodSpec{NodeName: n.Node, Containers: []corev1.Container{{Name: "c",
 					Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("16")}}}}}})
 		}
 	}
-	return &nodeFilter{nodes: corelisters.NewNodeLister(indexer), fit: fit}
+	return &NodeFilter{Nodes: corelisters.NewNodeLister(indexer), Fit: fit}
 }
 
 // BenchmarkWaiting5000Nodes measures the decision for a pod that fits no
@@ -199,32 +199,32 @@ func BenchmarkWaiting5000Nodes(b *testing.B) {
 	pc, nodes, filter := benchCluster(b, 9)
 	ctx := context.Background()
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "d", UID: "pod"}}
-	ic, _, err := pc.ip.interpret(ctx, &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "d"},
+	ic, _, err := pc.ip.Interpret(ctx, &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "d"},
 		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("gpus", 9)}}}})
 	if err != nil {
 		b.Fatal(err)
 	}
-	pending := []*interpretedClaim{ic}
+	pending := []*Claim{ic}
 	pol := allocate.Policy{}
 	logger := klog.Background()
 	b.Run("exhaustive", func(b *testing.B) {
 		for b.Loop() {
-			cands, _ := filter.candidates(logger, pod, nodes, nil, nil)
-			plans, failed, why := exhaustivePlans(ctx, pc.sel, pol, cands, pc.nodeUsage, pending)
+			cands, _ := filter.Candidates(logger, pod, nodes, nil, nil)
+			plans, failed, why := ExhaustivePlans(ctx, pc.sel, pol, cands, pc.NodeUsage, pending)
 			if len(plans) != 0 || failed != len(nodes) || len(why) == 0 {
 				b.Fatalf("%d plans, %d failed, %d reasons", len(plans), failed, len(why))
 			}
 		}
 	})
 	b.Run("quick", func(b *testing.B) {
-		cache := newScoreCache()
+		cache := NewScoreCache()
 		for b.Loop() {
-			pf := filter.forPod(logger, pod, nil, nil)
-			if _, verdict := quickChoice(ctx, pc.sel, pol, nodes, pc, cache, pf.admit, pending, nil); verdict != quickNoFit {
+			pf := filter.ForPod(logger, pod, nil, nil)
+			if _, verdict := QuickChoice(ctx, pc.sel, pol, nodes, pc, cache, pf.Admit, pending, nil); verdict != QuickNoFit {
 				b.Fatalf("verdict %d, want nothing fits", verdict)
 			}
-			cands, _ := filter.candidates(logger, pod, nodes, nil, nil)
-			if why, ok := explainNoFit(ctx, pc.sel, pol, cands, pc, pending); !ok || len(why) == 0 {
+			cands, _ := filter.Candidates(logger, pod, nodes, nil, nil)
+			if why, ok := ExplainNoFit(ctx, pc.sel, pol, cands, pc, pending); !ok || len(why) == 0 {
 				b.Fatalf("no reasons (%v)", ok)
 			}
 		}
@@ -234,13 +234,13 @@ func BenchmarkWaiting5000Nodes(b *testing.B) {
 // runDecisions runs decide over the pods of mix in turn (one pod: its
 // claims), committing each plan and releasing the one made 64 decisions
 // earlier, and reports the p50 and p99 of one decision.
-func runDecisions(b *testing.B, pc *pruneCluster, mix [][]*interpretedClaim, decide func([]*interpretedClaim) *nodePlan) {
+func runDecisions(b *testing.B, pc *pruneCluster, mix [][]*Claim, decide func([]*Claim) *Plan) {
 	type undo struct {
 		node  string
 		usage []allocate.GPUUsage
 	}
 	var held []undo
-	step := func(i int) *nodePlan {
+	step := func(i int) *Plan {
 		pl := decide(mix[i%len(mix)])
 		if pl != nil {
 			held = append(held, undo{pl.Node.Node, pc.usage[pl.Node.Node]})
@@ -287,8 +287,8 @@ func BenchmarkSeveralPlacements5000Nodes(b *testing.B) {
 	pc, nodes, filter := benchCluster(b, 10)
 	ctx := context.Background()
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "d", UID: "pod"}}
-	interpret := func(reqs ...resourceapi.DeviceRequest) *interpretedClaim {
-		ic, _, err := pc.ip.interpret(ctx, &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "d"},
+	interpret := func(reqs ...resourceapi.DeviceRequest) *Claim {
+		ic, _, err := pc.ip.Interpret(ctx, &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "d"},
 			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: reqs}}})
 		if err != nil {
 			b.Fatal(err)
@@ -297,7 +297,7 @@ func BenchmarkSeveralPlacements5000Nodes(b *testing.B) {
 	}
 	twoShares := controllertest.ShareRequest("s", "4Gi", "25")
 	twoShares.Exactly.Count = 2
-	mix := [][]*interpretedClaim{
+	mix := [][]*Claim{
 		{interpret(controllertest.WholeRequest("a", 2)), interpret(controllertest.WholeRequest("b", 1))},
 		{interpret(controllertest.WholeRequest("g", 4), controllertest.ShareRequest("s", "4Gi", "25"))},
 		{interpret(twoShares)},
@@ -305,18 +305,18 @@ func BenchmarkSeveralPlacements5000Nodes(b *testing.B) {
 	pol := allocate.Policy{}
 	logger := klog.Background()
 	b.Run("exhaustive", func(b *testing.B) {
-		runDecisions(b, pc, mix, func(pending []*interpretedClaim) *nodePlan {
-			cands, _ := filter.candidates(logger, pod, nodes, nil, nil)
-			plans, _, _ := exhaustivePlans(ctx, pc.sel, pol, cands, pc.nodeUsage, pending)
-			return choosePlan(plans, pol, nil)
+		runDecisions(b, pc, mix, func(pending []*Claim) *Plan {
+			cands, _ := filter.Candidates(logger, pod, nodes, nil, nil)
+			plans, _, _ := ExhaustivePlans(ctx, pc.sel, pol, cands, pc.NodeUsage, pending)
+			return ChoosePlan(plans, pol, nil)
 		})
 	})
 	b.Run("bound", func(b *testing.B) {
-		cache := newScoreCache()
-		runDecisions(b, pc, mix, func(pending []*interpretedClaim) *nodePlan {
-			pf := filter.forPod(logger, pod, nil, nil)
-			pl, verdict := boundChoice(ctx, pc.sel, pol, nodes, pc, cache, pf.admit, pending)
-			if verdict != quickChosen {
+		cache := NewScoreCache()
+		runDecisions(b, pc, mix, func(pending []*Claim) *Plan {
+			pf := filter.ForPod(logger, pod, nil, nil)
+			pl, verdict := BoundChoice(ctx, pc.sel, pol, nodes, pc, cache, pf.Admit, pending)
+			if verdict != QuickChosen {
 				b.Fatalf("verdict %d", verdict)
 			}
 			return pl

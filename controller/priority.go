@@ -15,7 +15,7 @@ const maxPriorityGPUs = 3
 
 // explainPriority records, after an allocation, what the task priorities
 // of the pod's MPS shares can and cannot order (priorityScope).
-func (c *Controller) explainPriority(pod *corev1.Pod, chosen *nodePlan, claims []*interpretedClaim) {
+func (c *Controller) explainPriority(pod *corev1.Pod, chosen *Plan, claims []*Claim) {
 	note, crowded := priorityScope(chosen, claims)
 	if note == "" {
 		return
@@ -38,7 +38,7 @@ func (c *Controller) explainPriority(pod *corev1.Pod, chosen *nodePlan, claims [
 // the priority is known not to do what HAMi users expect from it. Nothing
 // is said about HAMi-core shares: what HAMi-core does with its priority
 // variable is up to the library, not to a per-claim server.
-func priorityScope(pl *nodePlan, claims []*interpretedClaim) (note string, crowded bool) {
+func priorityScope(pl *Plan, claims []*Claim) (note string, crowded bool) {
 	if pl == nil {
 		return "", false
 	}
@@ -59,8 +59,8 @@ func priorityScope(pl *nodePlan, claims []*interpretedClaim) (note string, crowd
 	// already, or planned for the pod's other claims.
 	othersOn := func(i, pos int) int {
 		others := 0
-		if pos < len(pl.base) {
-			others = pl.base[pos].Shares
+		if pos < len(pl.Base) {
+			others = pl.Base[pos].Shares
 		}
 		for j := range planned {
 			if j != i {
@@ -143,7 +143,7 @@ func priorityScope(pl *nodePlan, claims []*interpretedClaim) (note string, crowd
 }
 
 // deviceName names a GPU position of the plan's node.
-func deviceName(pl *nodePlan, pos int) string {
+func deviceName(pl *Plan, pos int) string {
 	if pl.Node != nil && pos < len(pl.Node.Devices) && pl.Node.Devices[pos] != nil {
 		return pl.Node.Devices[pos].Name
 	}

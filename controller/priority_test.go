@@ -72,14 +72,14 @@ func TestPriorityScopeEvents(t *testing.T) {
 // the same GPU, and says nothing for whole GPUs or HAMi-core shares.
 func TestPriorityScopeNote(t *testing.T) {
 	prio := 1
-	mps := &alternative{ResultName: "s", Share: true, Config: configWith("MPS", &prio)}
-	hami := &alternative{ResultName: "s", Share: true, Config: configWith("HAMiCore", &prio)}
-	node := &nodeInventory{Node: "n", Devices: []*deviceInfo{{Name: "gpu-0"}, {Name: "gpu-1"}}}
+	mps := &Alternative{ResultName: "s", Share: true, Config: configWith("MPS", &prio)}
+	hami := &Alternative{ResultName: "s", Share: true, Config: configWith("HAMiCore", &prio)}
+	node := &NodeInventory{Node: "n", Devices: []*DeviceInfo{{Name: "gpu-0"}, {Name: "gpu-1"}}}
 	share := &allocate.ShareRequest{MemoryBytes: 1 << 30, Cores: 10}
-	claims := []*interpretedClaim{{Claim: &resourceapi.ResourceClaim{}}, {Claim: &resourceapi.ResourceClaim{}}}
+	claims := []*Claim{{Claim: &resourceapi.ResourceClaim{}}, {Claim: &resourceapi.ResourceClaim{}}}
 	claims[0].Claim.Name, claims[1].Claim.Name = "first", "second"
 
-	pl := &nodePlan{Node: node, base: make([]allocate.GPUUsage, 2), Claims: [][]placedResult{
+	pl := &Plan{Node: node, Base: make([]allocate.GPUUsage, 2), Claims: [][]PlacedResult{
 		{{Alt: mps, Positions: []int{1}, Share: share}},
 		{{Alt: hami, Positions: []int{1}, Share: share}},
 	}}

@@ -27,7 +27,7 @@ type podClaims struct {
 	// all claims of the pod that exist, any driver.
 	all []*resourceapi.ResourceClaim
 	// ours are the gpulink claims (interpreted), allocated or not.
-	ours []*interpretedClaim
+	ours []*Claim
 	// notReady explains why the pod must wait before any decision (a
 	// claim not created yet, a DeviceClass missing); empty when ready.
 	notReady string
@@ -53,7 +53,7 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 	if err != nil {
 		return fmt.Errorf("reading pod %s from cache: %w", key, err)
 	}
-	if pod.DeletionTimestamp != nil || podDone(pod) {
+	if pod.DeletionTimestamp != nil || PodDone(pod) {
 		c.setWaiting(key, false)
 		c.forgetRollbacks(pod.UID)
 		return nil
@@ -119,7 +119,7 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 			return nil
 		}
 	}
-	var pending []*interpretedClaim
+	var pending []*Claim
 	for _, ic := range pc.ours {
 		if ic.Claim.Status.Allocation == nil {
 			if ic.Tolerating && !gated {
@@ -130,7 +130,7 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 				// plugin checks it by the controller's rules.
 				continue
 			}
-			if c.ledger.inFlight(ic.Claim.UID) {
+			if c.ledger.InFlight(ic.Claim.UID) {
 				// Our own write is in flight or not yet in the informer:
 				// the claim update will bring the pod back.
 				return nil
@@ -145,7 +145,7 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 			// restart): the pod counts on that node for the node fit.
 			for _, ic := range pc.ours {
 				if n := allocatedNode(ic.Claim); n != "" {
-					c.fit.assume(pod, n)
+					c.fit.Assume(pod, n)
 					break
 				}
 			}
@@ -196,21 +196,21 @@ func (c *Controller) collectClaims(ctx context.Context, pod *corev1.Pod) podClai
 			pc.notReady = fmt.Sprintf("claim %s/%s is being deleted", claim.Namespace, claim.Name)
 			return pc
 		}
-		if err := checkCompatClaim(podClaim, claim); err != nil {
+		if err := CheckCompatClaim(podClaim, claim); err != nil {
 			pc.broken = err
 			return pc
 		}
 		pc.all = append(pc.all, claim)
-		ic, kind, err := c.interp.interpret(ctx, claim)
+		ic, kind, err := c.interp.Interpret(ctx, claim)
 		switch {
-		case errors.Is(err, errClassMissing):
+		case errors.Is(err, ErrClassMissing):
 			pc.notReady = err.Error()
 			pc.missingClass = true
 			return pc
 		case err != nil:
 			pc.broken = err
 			return pc
-		case kind == claimOurs:
+		case kind == ClaimOurs:
 			pc.ours = append(pc.ours, ic)
 		}
 	}
@@ -218,10 +218,10 @@ func (c *Controller) collectClaims(ctx context.Context, pod *corev1.Pod) podClai
 }
 
 // allocatePod decides and writes the allocation of the pending claims.
-func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Pod, pc podClaims, pending []*interpretedClaim) error {
+func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Pod, pc podClaims, pending []*Claim) error {
 	logger := klog.FromContext(ctx)
 	start := time.Now()
-	own, err := podPlacement(pod, pending)
+	own, err := PodPlacement(pod, pending)
 	if err != nil {
 		c.setWaiting(key, true)
 		c.metrics.Errors.WithLabelValues(errReasonUninterpretable).Inc()
@@ -230,7 +230,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 		c.explain.event(pod, pending[0].Claim, corev1.EventTypeWarning, report.ReasonUninterpretable, actionAllocate, err.Error())
 		return nil
 	}
-	if err := migMixError(pending); err != nil {
+	if err := MIGMixError(pending); err != nil {
 		c.setWaiting(key, true)
 		c.metrics.Errors.WithLabelValues(errReasonUninterpretable).Inc()
 		c.metrics.Decisions.WithLabelValues(OutcomeInvalid).Inc()
@@ -252,74 +252,74 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	// once; this pod comes back when the claim's update arrives and then
 	// uses that decision.
 	for _, ic := range pending {
-		if c.ledger.held(ic.Claim.UID) {
+		if c.ledger.Held(ic.Claim.UID) {
 			c.decideMu.Unlock()
 			logger.V(4).Info("Claim decided meanwhile by another pod; waiting for its allocation", "claim", klog.KObj(ic.Claim))
 			return nil
 		}
 	}
 	excluded := c.excludedNodes(pod)
-	all := c.inv.all()
-	pol := own.apply(c.demand.policy(c.mix.policy(ctx, c.policy, pending)))
-	rank := c.demand.ranking(c.filter.hostLeft, pod)
-	var chosen *nodePlan
-	var plans []*nodePlan
+	all := c.inv.All()
+	pol := own.Apply(c.demand.Policy(c.mix.Policy(ctx, c.policy, pending)))
+	rank := c.demand.Ranking(c.filter.HostLeft, pod)
+	var chosen *Plan
+	var plans []*Plan
 	var why []string
-	var rej *rejections
+	var rej *Rejections
 	unexamined := 0
-	if wantsMIG(pending) {
+	if WantsMIG(pending) {
 		chosen, plans, why, rej = c.decideMIG(ctx, logger, pod, all, allocated, excluded, pending, pol, rank)
 	} else {
-		pf := c.filter.forPod(logger, pod, allocated, excluded)
-		q, verdict := quickChoice(ctx, c.sel, pol, all, c.ledger, c.scores, pf.admit, pending, rank)
-		var bounded *nodePlan
-		if verdict == quickUnsure {
+		pf := c.filter.ForPod(logger, pod, allocated, excluded)
+		q, verdict := QuickChoice(ctx, c.sel, pol, all, c.ledger, c.scores, pf.Admit, pending, rank)
+		var bounded *Plan
+		if verdict == QuickUnsure {
 			// Pods with several device sets keep podScore's ranking.
 			podPol := pol
 			podPol.Demand = nil
-			bounded, verdict = boundChoice(ctx, c.sel, podPol, all, c.ledger, c.scores, pf.admit, pending)
+			bounded, verdict = BoundChoice(ctx, c.sel, podPol, all, c.ledger, c.scores, pf.Admit, pending)
 		}
 		quickWait := false
-		if verdict == quickNoFit && excluded.Len() == 0 {
+		if verdict == QuickNoFit && excluded.Len() == 0 {
 			// Nothing fits: count every node by filter as the exhaustive
 			// path does (the nodes admitted fit no GPUs), planning only a
 			// few of them for the reasons.
-			var cands []*nodeInventory
-			cands, rej = c.filter.candidates(logger, pod, all, allocated, nil)
-			why, quickWait = explainNoFit(ctx, c.sel, pol, cands, c.ledger, pending)
+			var cands []*NodeInventory
+			cands, rej = c.filter.Candidates(logger, pod, all, allocated, nil)
+			why, quickWait = ExplainNoFit(ctx, c.sel, pol, cands, c.ledger, pending)
 			if quickWait {
-				noFit := "no " + wantedDevices(pending)
+				noFit := "no " + WantedDevices(pending)
 				for range cands {
-					rej.add(noFit)
+					rej.Add(noFit)
 				}
 			}
 		}
 		switch {
-		case verdict == quickChosen && q != nil:
-			chosen = q.plan
+		case verdict == QuickChosen && q != nil:
+			chosen = q.Plan
 			// The event names a few nodes that also fit (gpulink explain):
 			// plan a bounded number of the next-best ones for it.
-			plans, why, unexamined = q.alternatives(ctx, c.sel, pol, c.ledger, pf.admit, pending)
-			rej = pf.rej
-		case verdict == quickChosen:
-			chosen, plans, rej = bounded, []*nodePlan{bounded}, pf.rej
+			plans, why, unexamined = q.Alternatives(ctx, c.sel, pol, c.ledger, pf.Admit, pending)
+			rej = pf.Rej
+		case verdict == QuickChosen:
+			chosen, plans, rej = bounded, []*Plan{bounded}, pf.Rej
 		case !quickWait:
-			var cands []*nodeInventory
-			cands, rej = c.filter.candidates(logger, pod, all, allocated, excluded)
-			if len(cands) == 0 && excluded.Len() > 0 && rej.count(rejectExcluded) > 0 {
+			var cands []*NodeInventory
+			cands, rej = c.filter.Candidates(logger, pod, all, allocated, excluded)
+			if len(cands) == 0 && excluded.Len() > 0 && rej.Count(RejectExcluded) > 0 {
 				// Every node was ruled out, some by earlier failures: start
 				// over rather than wait forever for a condition that may
 				// have cleared.
 				c.resetExcluded(ctx, pod)
-				cands, rej = c.filter.candidates(logger, pod, all, allocated, nil)
+				cands, rej = c.filter.Candidates(logger, pod, all, allocated, nil)
 			}
 			var failed int
-			plans, failed, why = exhaustivePlans(ctx, c.sel, pol, cands, c.ledger.nodeUsage, pending)
-			noFit := "no " + wantedDevices(pending)
+			plans, failed, why = ExhaustivePlans(ctx, c.sel, pol, cands, c.ledger.NodeUsage, pending)
+			noFit := "no " + WantedDevices(pending)
 			for range failed {
-				rej.add(noFit)
+				rej.Add(noFit)
 			}
-			chosen = choosePlan(plans, pol, rank)
+			chosen = ChoosePlan(plans, pol, rank)
 		}
 	}
 	if chosen == nil {
@@ -344,7 +344,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	writes := make([]pendingWrite, 0, len(pending))
 	for i, ic := range pending {
 		alloc, uses := buildAllocation(ic, chosen.Node, chosen.Claims[i], now)
-		settle, ok := c.ledger.assume(ic.Claim.UID, uses)
+		settle, ok := c.ledger.Assume(ic.Claim.UID, uses)
 		if !ok {
 			// Cannot happen while held() was false under the lock; never
 			// overwrite another decision if it does.
@@ -358,13 +358,13 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	}
 	// The pod counts on the node from now on, so that the next decision
 	// does not hand the same free CPUs to another pod.
-	c.fit.assume(pod, chosen.Node.Node)
-	c.demand.record(ctx, pod, chosen)
+	c.fit.Assume(pod, chosen.Node.Node)
+	c.demand.Record(ctx, pod, chosen)
 	c.metrics.PlanLatency.Observe(time.Since(planStart).Seconds())
 	c.decideMu.Unlock()
 
 	if err := c.writeDecision(ctx, pod, writes); err != nil {
-		c.fit.unassume(pod.UID)
+		c.fit.Unassume(pod.UID)
 		c.metrics.Decisions.WithLabelValues(OutcomeError).Inc()
 		return err
 	}
@@ -385,9 +385,9 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 			c.countBelowBest(chosen.Node, r)
 		}
 	}
-	summary := chosen.summarize()
+	summary := chosen.Summarize()
 	logger.Info("Allocated", "node", chosen.Node.Node, "devices", summary, "duration", time.Since(start))
-	c.explain.event(pod, pending[0].Claim, corev1.EventTypeNormal, report.ReasonAllocated, actionAllocate, "allocated "+summary+own.note()+alternativesNote(chosen, plans, why, rej.details, unexamined))
+	c.explain.event(pod, pending[0].Claim, corev1.EventTypeNormal, report.ReasonAllocated, actionAllocate, "allocated "+summary+own.Note()+alternativesNote(chosen, plans, why, rej.Details, unexamined))
 	c.explainPriority(pod, chosen, pending)
 	if err := c.ungate(ctx, pod); err != nil {
 		return err
@@ -402,7 +402,7 @@ const maxEventNote = 1000
 // alternativesNote tells, after an allocation, which other nodes fit and
 // why others did not, so `gpulink explain` can show what was passed over.
 // Bounded: three of each, and the whole note within maxEventNote.
-func alternativesNote(chosen *nodePlan, plans []*nodePlan, why, skipped []string, unexamined int) string {
+func alternativesNote(chosen *Plan, plans []*Plan, why, skipped []string, unexamined int) string {
 	var fit []string
 	for _, pl := range plans {
 		if pl == chosen || len(pl.Claims) == 0 || len(pl.Claims[0]) == 0 {
@@ -427,7 +427,7 @@ func alternativesNote(chosen *nodePlan, plans []*nodePlan, why, skipped []string
 		}
 		note += "; also fit: " + strings.Join(fit, ", ")
 	}
-	rejected := append(dedupe(why), skipped...)
+	rejected := append(Dedupe(why), skipped...)
 	if len(rejected) > 3 {
 		rejected = append(rejected[:3], fmt.Sprintf("and %d more", len(rejected)-3))
 	}
@@ -446,12 +446,12 @@ func alternativesNote(chosen *nodePlan, plans []*nodePlan, why, skipped []string
 // countBelowBest counts a set of whole GPUs whose weakest link is below
 // the node's best for its size: the node could have done better idle, so
 // fragmentation or a selector cost the request link speed.
-func (c *Controller) countBelowBest(n *nodeInventory, r placedResult) {
+func (c *Controller) countBelowBest(n *NodeInventory, r PlacedResult) {
 	k := len(r.Positions)
 	if r.Share != nil || k < 2 {
 		return
 	}
-	if best, ok := n.bestLink(k); ok && r.Weakest < best {
+	if best, ok := n.BestLink(k); ok && r.Weakest < best {
 		c.metrics.BelowBestLink.WithLabelValues(strconv.Itoa(k), r.Weakest.String()).Inc()
 	}
 }
@@ -459,12 +459,12 @@ func (c *Controller) countBelowBest(n *nodeInventory, r placedResult) {
 // waitingMessage explains why nothing fits: which filter rejected how
 // many of the nodes with gpulink devices, as kube-scheduler's
 // FailedScheduling message does, then a few per-node details.
-func (c *Controller) waitingMessage(pending []*interpretedClaim, nodesWithGPUs int, rej *rejections, why []string) string {
+func (c *Controller) waitingMessage(pending []*Claim, nodesWithGPUs int, rej *Rejections, why []string) string {
 	msg := "waiting: "
 	switch {
 	case nodesWithGPUs == 0:
 		msg += "no node publishes gpulink devices yet"
-		if p := c.inv.problemsSnapshot(); len(p) > 0 {
+		if p := c.inv.ProblemsSnapshot(); len(p) > 0 {
 			// Name the first pool by name, so that the message (and thus
 			// the explainer's deduplication) is stable across retries.
 			pool := slices.Min(slices.Collect(maps.Keys(p)))
@@ -472,14 +472,14 @@ func (c *Controller) waitingMessage(pending []*interpretedClaim, nodesWithGPUs i
 		}
 		return msg
 	case rej == nil:
-		msg += fmt.Sprintf("no node has %s", wantedDevices(pending))
+		msg += fmt.Sprintf("no node has %s", WantedDevices(pending))
 	}
 	var skipped []string
 	if rej != nil {
-		msg += rej.summary(nodesWithGPUs)
-		skipped = rej.details
+		msg += rej.Summary(nodesWithGPUs)
+		skipped = rej.Details
 	}
-	details := append(dedupe(why), skipped...)
+	details := append(Dedupe(why), skipped...)
 	if len(details) > 4 {
 		details = append(details[:4], fmt.Sprintf("and %d more", len(details)-4))
 	}
@@ -547,7 +547,7 @@ func (c *Controller) checkUnschedulable(ctx context.Context, pod *corev1.Pod, pc
 		}
 		c.metrics.Released.WithLabelValues("unschedulable").Inc()
 	}
-	c.fit.unassume(pod.UID)
+	c.fit.Unassume(pod.UID)
 	note := fmt.Sprintf("released allocation on node %s: kube-scheduler could not place the pod there (%s); trying other nodes", node, msg)
 	klog.FromContext(ctx).Info("Released allocation of unschedulable pod", "node", node, "reason", msg)
 	c.explain.event(pod, release[0], corev1.EventTypeWarning, report.ReasonReleased, actionRelease, note)

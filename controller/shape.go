@@ -21,7 +21,7 @@ import (
 //
 // MPS shares beside whole GPUs or other shares are fine: the plugin gives
 // each request its own view.
-func (p *placer) checkShape(placed []placedResult) error {
+func (p *placer) checkShape(placed []PlacedResult) error {
 	type gpuShare struct {
 		strategy v1alpha1.SharingStrategy
 		request  string
@@ -81,7 +81,7 @@ func (p *placer) checkShape(placed []placedResult) error {
 
 // shareStrategy is the sharing strategy of a share alternative's
 // effective configuration.
-func shareStrategy(alt *alternative) v1alpha1.SharingStrategy {
+func shareStrategy(alt *Alternative) v1alpha1.SharingStrategy {
 	if alt.Config != nil && alt.Config.Sharing != nil {
 		return alt.Config.Sharing.Strategy
 	}
@@ -93,7 +93,7 @@ func shareStrategy(alt *alternative) v1alpha1.SharingStrategy {
 // placed one by one, double-gpu-0's 30 % share may take the GPU that has
 // 40 % left and its 60 % share another, while a GPU with 90 % left holds
 // both. The first device that works wins.
-func (p *placer) placeMPSTogether(ic *interpretedClaim) ([]placedResult, bool) {
+func (p *placer) placeMPSTogether(ic *Claim) ([]PlacedResult, bool) {
 	defer func() { p.mpsPin = -1 }()
 	for pos := range p.node.Devices {
 		p.mpsPin = pos

@@ -48,12 +48,12 @@ func TestSharedClaimDecidedOnce(t *testing.T) {
 	h.eventually("first allocation write", func() bool { return attempts.Load() >= 1 })
 	// Give the second pod the chance to decide while the write is held.
 	time.Sleep(300 * time.Millisecond)
-	inv := h.ctrl.inv.all()
+	inv := h.ctrl.inv.All()
 	if len(inv) != 1 {
 		t.Fatalf("inventory has %d nodes", len(inv))
 	}
 	var held []string
-	for p, u := range h.ctrl.ledger.nodeUsage(inv[0]) {
+	for p, u := range h.ctrl.ledger.NodeUsage(inv[0]) {
 		if u.Exclusive {
 			held = append(held, inv[0].Devices[p].Name)
 		}
@@ -82,36 +82,36 @@ func TestSharedClaimDecidedOnce(t *testing.T) {
 // by another decision for the same claim, and a claim the informer shows
 // allocated cannot be assumed again.
 func TestLedgerRefusesSecondAssumption(t *testing.T) {
-	l := newLedger()
-	first := []deviceUse{{Key: key0, Exclusive: true}}
-	settle, ok := l.assume("s", first)
+	l := NewLedger()
+	first := []DeviceUse{{Key: Key0, Exclusive: true}}
+	settle, ok := l.Assume("s", first)
 	if !ok {
 		t.Fatal("first assumption refused")
 	}
-	key1 := deviceKey{Pool: "n", Device: "gpu-1"}
-	if _, ok := l.assume("s", []deviceUse{{Key: key1, Exclusive: true}}); ok {
+	key1 := DeviceKey{Pool: "n", Device: "gpu-1"}
+	if _, ok := l.Assume("s", []DeviceUse{{Key: key1, Exclusive: true}}); ok {
 		t.Fatal("second assumption for the same claim accepted")
 	}
-	if got := l.usageOf(key0); !got.Exclusive {
+	if got := l.UsageOf(Key0); !got.Exclusive {
 		t.Errorf("gpu-0 usage %+v after a refused second assumption, want exclusive", got)
 	}
-	if got := l.usageOf(key1); got.Exclusive {
+	if got := l.UsageOf(key1); got.Exclusive {
 		t.Errorf("gpu-1 usage %+v, want free: the refused decision must leave no trace", got)
 	}
 	settle("10", true)
-	if _, ok := l.assume("s", []deviceUse{{Key: key1, Exclusive: true}}); ok {
+	if _, ok := l.Assume("s", []DeviceUse{{Key: key1, Exclusive: true}}); ok {
 		t.Fatal("assumption accepted while the written one is not observed yet")
 	}
-	l.observe(claimWith("s", "10", whole("gpu-0")))
-	if _, ok := l.assume("s", []deviceUse{{Key: key1, Exclusive: true}}); ok {
+	l.Observe(ClaimWith("s", "10", Whole("gpu-0")))
+	if _, ok := l.Assume("s", []DeviceUse{{Key: key1, Exclusive: true}}); ok {
 		t.Fatal("assumption accepted for a claim the informer shows allocated")
 	}
-	if got := l.usageOf(key0); !got.Exclusive {
+	if got := l.UsageOf(Key0); !got.Exclusive {
 		t.Errorf("gpu-0 usage %+v, want exclusive", got)
 	}
 	// Deallocated: it may be decided again.
-	l.observe(claimWith("s", "11"))
-	if _, ok := l.assume("s", []deviceUse{{Key: key1, Exclusive: true}}); !ok {
+	l.Observe(ClaimWith("s", "11"))
+	if _, ok := l.Assume("s", []DeviceUse{{Key: key1, Exclusive: true}}); !ok {
 		t.Fatal("assumption refused for a deallocated claim")
 	}
 }

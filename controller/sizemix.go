@@ -28,15 +28,15 @@ type MixConfig struct {
 // no fixed number of whole GPUs from the free ones. Only decisions touch
 // it, under Controller.decideMu, so its sequence is the decisions' order
 // and the mix of every decision is a function of the requests before it.
-type mixRecorder struct {
-	hist   *allocate.SizeHistory // nil: off
+type MixRecorder struct {
+	Hist   *allocate.SizeHistory // nil: off
 	seen   *lru[struct{}]        // claims already counted
 	logged *allocate.SizeMix     // the last snapshot logged
 }
 
-func newMixRecorder(cfg MixConfig) (*mixRecorder, error) {
+func NewMixRecorder(cfg MixConfig) (*MixRecorder, error) {
 	if cfg.Window < 0 {
-		return &mixRecorder{}, nil
+		return &MixRecorder{}, nil
 	}
 	window, refresh := cfg.Window, cfg.Refresh
 	if window == 0 {
@@ -52,13 +52,13 @@ func newMixRecorder(cfg MixConfig) (*mixRecorder, error) {
 	// Twice the window: a claim that waits while a window of others
 	// passes may be counted again, which is what the window forgets
 	// anyway.
-	return &mixRecorder{hist: h, seen: newLRU[struct{}](2 * window)}, nil
+	return &MixRecorder{Hist: h, seen: newLRU[struct{}](2 * window)}, nil
 }
 
 // policy records the pending claims' sizes and returns base with the
 // recent mix (base unchanged when the recorder is off).
-func (r *mixRecorder) policy(ctx context.Context, base allocate.Policy, pending []*interpretedClaim) allocate.Policy {
-	if r.hist == nil {
+func (r *MixRecorder) Policy(ctx context.Context, base allocate.Policy, pending []*Claim) allocate.Policy {
+	if r.Hist == nil {
 		return base
 	}
 	for _, ic := range pending {
@@ -73,15 +73,15 @@ func (r *mixRecorder) policy(ctx context.Context, base allocate.Policy, pending 
 			}
 			// MIG requests are no whole-GPU sizes: they never take a GPU.
 			if a := rs.Alternatives[0]; !a.Share && !a.All && !a.MIG {
-				r.hist.Record(a.Count)
+				r.Hist.Record(a.Count)
 			}
 		}
 	}
-	if m := r.hist.Mix(); m != r.logged {
+	if m := r.Hist.Mix(); m != r.logged {
 		r.logged = m
 		// The counts replay this mix in `gpulink simulate` (sizeMix).
-		klog.FromContext(ctx).V(2).Info("Request size mix", "counts", r.hist.String(), "requests", r.hist.Recorded())
+		klog.FromContext(ctx).V(2).Info("Request size mix", "counts", r.Hist.String(), "requests", r.Hist.Recorded())
 	}
-	base.Mix = r.hist.Mix()
+	base.Mix = r.Hist.Mix()
 	return base
 }

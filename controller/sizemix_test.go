@@ -20,10 +20,10 @@ import (
 	"github.com/gpulink/gpulink/driver/allocate"
 )
 
-func claimOfSizes(uid string, share bool, sizes ...int) *interpretedClaim {
-	ic := &interpretedClaim{Claim: &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{UID: types.UID(uid)}}}
+func claimOfSizes(uid string, share bool, sizes ...int) *Claim {
+	ic := &Claim{Claim: &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{UID: types.UID(uid)}}}
 	for _, s := range sizes {
-		ic.Requests = append(ic.Requests, &requestSpec{Alternatives: []*alternative{{Count: s, Share: share}}})
+		ic.Requests = append(ic.Requests, &RequestSpec{Alternatives: []*Alternative{{Count: s, Share: share}}})
 	}
 	return ic
 }
@@ -32,8 +32,8 @@ func claimOfSizes(uid string, share bool, sizes ...int) *interpretedClaim {
 // once however often its pod is retried; shares and allocationMode All
 // do not count; the mix is a function of the sequence.
 func TestMixRecorderCountsEachClaimOnce(t *testing.T) {
-	run := func() (*mixRecorder, allocate.Policy) {
-		r, err := newMixRecorder(MixConfig{Window: 8, Refresh: 1})
+	run := func() (*MixRecorder, allocate.Policy) {
+		r, err := NewMixRecorder(MixConfig{Window: 8, Refresh: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -42,30 +42,30 @@ func TestMixRecorderCountsEachClaimOnce(t *testing.T) {
 		base := allocate.Policy{Node: allocate.Binpack}
 		var pol allocate.Policy
 		for range 3 {
-			pol = r.policy(context.Background(), base, []*interpretedClaim{claimOfSizes("a", false, 4, 2), claimOfSizes("s", true, 1), all})
+			pol = r.Policy(context.Background(), base, []*Claim{claimOfSizes("a", false, 4, 2), claimOfSizes("s", true, 1), all})
 		}
 		return r, pol
 	}
 	r, pol := run()
-	if got, want := r.hist.String(), "1:1 2:2 3:1 4:2 5:1 6:1 7:1 8:1"; got != want {
+	if got, want := r.Hist.String(), "1:1 2:2 3:1 4:2 5:1 6:1 7:1 8:1"; got != want {
 		t.Fatalf("counts %q, want %q (one 4 and one 2 on the prior)", got, want)
 	}
-	if pol.Node != allocate.Binpack || pol.Mix != r.hist.Mix() {
+	if pol.Node != allocate.Binpack || pol.Mix != r.Hist.Mix() {
 		t.Fatalf("policy %+v: want the base policy with the recent mix", pol)
 	}
 	if _, again := run(); again.Mix.String() != pol.Mix.String() {
 		t.Fatalf("same sequence, different mix: %s vs %s", again.Mix, pol.Mix)
 	}
 
-	off, err := newMixRecorder(MixConfig{Window: -1})
+	off, err := NewMixRecorder(MixConfig{Window: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	fixed := allocate.Policy{Mix: allocate.DefaultSizeMix}
-	if got := off.policy(context.Background(), fixed, []*interpretedClaim{claimOfSizes("a", false, 4)}); got != fixed {
+	if got := off.Policy(context.Background(), fixed, []*Claim{claimOfSizes("a", false, 4)}); got != fixed {
 		t.Fatalf("recorder off changed the policy: %+v", got)
 	}
-	if _, err := newMixRecorder(MixConfig{Window: 4, Refresh: 5}); err == nil {
+	if _, err := NewMixRecorder(MixConfig{Window: 4, Refresh: 5}); err == nil {
 		t.Fatal("refresh above the window accepted")
 	}
 }
@@ -92,7 +92,7 @@ func TestRecentMixChangesDecision(t *testing.T) {
 				ObjectMeta: metav1.ObjectMeta{Name: "held", Namespace: ns, UID: uuid.NewUUID(), Finalizers: []string{driver.ClaimFinalizer}},
 				Spec:       resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 2)}}},
 				Status: resourceapi.ResourceClaimStatus{
-					Allocation:  &resourceapi.AllocationResult{NodeSelector: nodeSelectorFor(node), AllocationTimestamp: ptr.To(metav1.Now())},
+					Allocation:  &resourceapi.AllocationResult{NodeSelector: NodeSelectorFor(node), AllocationTimestamp: ptr.To(metav1.Now())},
 					ReservedFor: []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "old", UID: old.UID}},
 				},
 			}

@@ -24,12 +24,12 @@ import (
 // the consumedCapacity of every capacity the device publishes, rounded as
 // the device's requestPolicy says, which is how kube-scheduler records and
 // counts them.
-func buildAllocation(ic *interpretedClaim, n *nodeInventory, placed []placedResult, now metav1.Time) (*resourceapi.AllocationResult, []deviceUse) {
+func buildAllocation(ic *Claim, n *NodeInventory, placed []PlacedResult, now metav1.Time) (*resourceapi.AllocationResult, []DeviceUse) {
 	alloc := &resourceapi.AllocationResult{
-		NodeSelector:        nodeSelectorFor(n.Node),
+		NodeSelector:        NodeSelectorFor(n.Node),
 		AllocationTimestamp: &now,
 	}
-	var uses []deviceUse
+	var uses []DeviceUse
 	classRequests := map[string][]string{}
 	var classOrder []*resourceapi.DeviceClass
 	for _, r := range placed {
@@ -42,7 +42,7 @@ func buildAllocation(ic *interpretedClaim, n *nodeInventory, placed []placedResu
 				Device:      d.Name,
 				Tolerations: slices.Clone(r.Alt.Tolerations),
 			}
-			use := deviceUse{Key: deviceKey{Pool: n.Pool, Device: d.Name}, Exclusive: r.Share == nil}
+			use := DeviceUse{Key: DeviceKey{Pool: n.Pool, Device: d.Name}, Exclusive: r.Share == nil}
 			if r.Share != nil {
 				id := types.UID(uuid.NewString())
 				res.ShareID = &id
@@ -66,7 +66,7 @@ func buildAllocation(ic *interpretedClaim, n *nodeInventory, placed []placedResu
 				Device:      m.Name,
 				Tolerations: slices.Clone(r.Alt.Tolerations),
 			})
-			uses = append(uses, deviceUse{Key: deviceKey{Pool: n.Pool, Device: m.Name}, Exclusive: true})
+			uses = append(uses, DeviceUse{Key: DeviceKey{Pool: n.Pool, Device: m.Name}, Exclusive: true})
 		}
 		cls := r.Alt.Class
 		if _, seen := classRequests[cls.Name]; !seen {

@@ -26,7 +26,7 @@ import (
 // choosePod).
 
 // hostRanking is what a decision ranks with when stranding is on.
-type hostRanking struct {
+type HostRanking struct {
 	// left returns a node's CPU and memory left for pods, nil when unknown.
 	left func(node string) *allocate.Host
 	// pod is what the pod asks for besides its devices.
@@ -34,7 +34,7 @@ type hostRanking struct {
 }
 
 // key tells score cache entries of this pod's CPU and memory apart.
-func (h *hostRanking) key() string {
+func (h *HostRanking) key() string {
 	if h == nil {
 		return ""
 	}
@@ -42,7 +42,7 @@ func (h *hostRanking) key() string {
 }
 
 // nodeHost returns a node's host left, nil when the ranking is off.
-func (h *hostRanking) nodeHost(node string) *allocate.Host {
+func (h *HostRanking) nodeHost(node string) *allocate.Host {
 	if h == nil {
 		return nil
 	}
@@ -50,7 +50,7 @@ func (h *hostRanking) nodeHost(node string) *allocate.Host {
 }
 
 // request returns the pod's host request (zero when the ranking is off).
-func (h *hostRanking) request() allocate.Host {
+func (h *HostRanking) request() allocate.Host {
 	if h == nil {
 		return allocate.Host{}
 	}
@@ -60,13 +60,13 @@ func (h *hostRanking) request() allocate.Host {
 // podHost is a pod's CPU (millicores) and memory request as kube-scheduler
 // counts them.
 func podHost(pod *corev1.Pod) allocate.Host {
-	d := podDemand(pod)
+	d := PodDemand(pod)
 	return allocate.Host{CPUMilli: d[corev1.ResourceCPU], MemoryBytes: d[corev1.ResourceMemory]}
 }
 
 // demandRecorder keeps the shapes of the pods the controller decided, for
 // Policy.Demand. Only decisions touch it, under Controller.decideMu.
-type demandRecorder struct {
+type DemandRecorder struct {
 	hist   *allocate.DemandHistory // nil: stranding ranking off
 	logged *allocate.DemandMix
 }
@@ -79,20 +79,20 @@ type demandRecorder struct {
 // change of workload within half its window.
 const demandRefresh = allocate.DefaultHistoryWindow / 2
 
-func newDemandRecorder(on bool) (*demandRecorder, error) {
+func NewDemandRecorder(on bool) (*DemandRecorder, error) {
 	if !on {
-		return &demandRecorder{}, nil
+		return &DemandRecorder{}, nil
 	}
 	h, err := allocate.NewDemandHistory(allocate.DefaultHistoryWindow, demandRefresh)
 	if err != nil {
 		return nil, fmt.Errorf("demand history: %w", err)
 	}
-	return &demandRecorder{hist: h}, nil
+	return &DemandRecorder{hist: h}, nil
 }
 
 // policy returns base with the recent demand mix (unchanged when off, or
 // before any pod was recorded).
-func (r *demandRecorder) policy(base allocate.Policy) allocate.Policy {
+func (r *DemandRecorder) Policy(base allocate.Policy) allocate.Policy {
 	if r.hist != nil {
 		base.Demand = r.hist.Mix()
 	}
@@ -101,17 +101,17 @@ func (r *demandRecorder) policy(base allocate.Policy) allocate.Policy {
 
 // ranking returns the decision's host ranking, nil when off. left gives
 // a node's CPU and memory left for pods (nil when unknown).
-func (r *demandRecorder) ranking(left func(node string) *allocate.Host, pod *corev1.Pod) *hostRanking {
+func (r *DemandRecorder) Ranking(left func(node string) *allocate.Host, pod *corev1.Pod) *HostRanking {
 	if r.hist == nil {
 		return nil
 	}
-	return &hostRanking{left: left, pod: podHost(pod)}
+	return &HostRanking{left: left, pod: podHost(pod)}
 }
 
 // record adds the shape of a decided pod: its largest whole-GPU set, else
 // its first share (as the share's dominant fraction of its GPU), with the
 // pod's CPU and memory.
-func (r *demandRecorder) record(ctx context.Context, pod *corev1.Pod, plan *nodePlan) {
+func (r *DemandRecorder) Record(ctx context.Context, pod *corev1.Pod, plan *Plan) {
 	if r.hist == nil {
 		return
 	}

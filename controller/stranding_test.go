@@ -78,8 +78,8 @@ func (h *harness) podAsking(name, cpu, claim string) {
 // pods counted on the node are subtracted, and a deleted node is unknown.
 func TestHostLeftFollowsNodeObject(t *testing.T) {
 	indexer := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
-	fit := newFitTracker()
-	f := &nodeFilter{nodes: corelisters.NewNodeLister(indexer), fit: fit}
+	fit := NewFitTracker()
+	f := &NodeFilter{Nodes: corelisters.NewNodeLister(indexer), Fit: fit}
 	node := controllertest.Node("n")
 	node.Status.Allocatable[corev1.ResourceCPU] = resource.MustParse("8")
 	node.Status.Allocatable[corev1.ResourceMemory] = resource.MustParse("64Gi")
@@ -88,31 +88,31 @@ func TestHostLeftFollowsNodeObject(t *testing.T) {
 	}
 	want := func(step string, cpu, mem int64) {
 		t.Helper()
-		got := f.hostLeft("n")
+		got := f.HostLeft("n")
 		if got == nil || *got != (allocate.Host{CPUMilli: cpu, MemoryBytes: mem}) {
 			t.Fatalf("%s: hostLeft = %+v, want %d mCPU and %d bytes", step, got, cpu, mem)
 		}
 	}
 	want("first read, from the lister", 8000, 64<<30)
-	fit.observe(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "d", UID: "p"},
+	fit.Observe(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "d", UID: "p"},
 		Spec: corev1.PodSpec{NodeName: "n", Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{
 			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("3"), corev1.ResourceMemory: resource.MustParse("4Gi")}}}}}})
 	want("a pod counted", 5000, 60<<30)
 	grown := node.DeepCopy()
 	grown.Status.Allocatable[corev1.ResourceCPU] = resource.MustParse("16")
-	f.allocatable.set(grown)
+	f.Allocatable.Set(grown)
 	want("allocatable grown", 13000, 60<<30)
 	noMemory := grown.DeepCopy()
 	delete(noMemory.Status.Allocatable, corev1.ResourceMemory)
-	f.allocatable.set(noMemory)
-	if got := f.hostLeft("n"); got != nil {
+	f.Allocatable.Set(noMemory)
+	if got := f.HostLeft("n"); got != nil {
 		t.Errorf("no allocatable memory: hostLeft = %+v, want nil (unknown)", got)
 	}
 	if err := indexer.Delete(node); err != nil {
 		t.Fatal(err)
 	}
-	f.allocatable.forget("n")
-	if got := f.hostLeft("n"); got != nil {
+	f.Allocatable.Forget("n")
+	if got := f.HostLeft("n"); got != nil {
 		t.Errorf("deleted node: hostLeft = %+v, want nil", got)
 	}
 }
@@ -130,14 +130,14 @@ func TestNodeHandlersKeepAllocatable(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.eventually("allocatable CPU 7 recorded", func() bool {
-		got, ok, known := h.ctrl.filter.allocatable.of("a")
+		got, ok, known := h.ctrl.filter.Allocatable.Of("a")
 		return known && ok && got.CPUMilli == 7000
 	})
 	if err := h.client.CoreV1().Nodes().Delete(h.ctx, "a", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	h.eventually("deleted node forgotten", func() bool {
-		_, _, known := h.ctrl.filter.allocatable.of("a")
+		_, _, known := h.ctrl.filter.Allocatable.Of("a")
 		return !known
 	})
 }
@@ -151,28 +151,28 @@ func TestHostChangesTouchTheLedger(t *testing.T) {
 		t.Run(fmt.Sprintf("rankByStranding=%t", on), func(t *testing.T) {
 			h := newHarnessWith(t, Config{Workers: 2, DeviceTaintRules: true, RankByStranding: on}, objs(classes(), gpuNode(t, "a", "pcie-4.txt"))...).start()
 			c := h.ctrl
-			n := c.inv.node("a")
+			n := c.inv.Node("a")
 			if n == nil {
 				t.Fatal("node a has no inventory")
 			}
 			gen := func() uint64 {
 				out := make([]uint64, 1)
-				c.ledger.generations([]*nodeInventory{n}, out)
+				c.ledger.Generations([]*NodeInventory{n}, out)
 				return out[0]
 			}
 			before := gen()
-			c.fit.observe(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "bare", Namespace: "d", UID: "bare"},
+			c.fit.Observe(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "bare", Namespace: "d", UID: "bare"},
 				Spec: corev1.PodSpec{NodeName: "a", Containers: []corev1.Container{{Name: "c"}}}})
 			if got := gen(); got != before {
 				t.Errorf("a pod without requests moved the generation %d -> %d", before, got)
 			}
-			c.fit.observe(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "cpu", Namespace: "d", UID: "cpu"},
+			c.fit.Observe(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "cpu", Namespace: "d", UID: "cpu"},
 				Spec: corev1.PodSpec{NodeName: "a", Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{
 					Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2")}}}}}})
 			afterPod := gen()
 			node := controllertest.Node("a")
 			node.Status.Allocatable[corev1.ResourceCPU] = resource.MustParse("5")
-			c.filter.allocatable.set(node)
+			c.filter.Allocatable.Set(node)
 			afterNode := gen()
 			if on && (afterPod == before || afterNode == afterPod) {
 				t.Errorf("generations %d, %d, %d: a pod with CPU and a new allocatable must each move it", before, afterPod, afterNode)

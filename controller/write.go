@@ -19,7 +19,7 @@ import (
 // pendingWrite is one claim of a decision: the allocation to write and
 // the ledger assumption to settle.
 type pendingWrite struct {
-	ic     *interpretedClaim
+	ic     *Claim
 	alloc  *resourceapi.AllocationResult
 	settle func(string, bool)
 }
