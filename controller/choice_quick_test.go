@@ -94,12 +94,12 @@ func newPruneCluster(t testing.TB, rng *rand.Rand, nodes int, fixtures []string,
 	for _, c := range DeviceClasses() {
 		classes[c.Name] = c
 	}
-	pc.ip = NewInterpreter(fakeClassLister(classes), pc.sel, pc.inv)
+	pc.ip = NewInterpreter(controllertest.ClassLister(classes), pc.sel, pc.inv)
 	// Names in an order unrelated to the inventory's, so that the name
 	// tie-break is exercised.
 	perm := rng.Perm(nodes)
 	for i := range nodes {
-		topo, err := parseFixture(fixtures[rng.IntN(len(fixtures))])
+		topo, err := controllertest.ParseFixture(fixtures[rng.IntN(len(fixtures))])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -141,7 +141,7 @@ func newPruneCluster(t testing.TB, rng *rand.Rand, nodes int, fixtures []string,
 // claims, firstAvailable.
 func randomPod(rng *rand.Rand) []*resourceapi.ResourceClaim {
 	claim := func(name string, reqs []resourceapi.DeviceRequest, cfg ...resourceapi.DeviceClaimConfiguration) *resourceapi.ResourceClaim {
-		return &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "d", UID: testUID(rng.IntN(1 << 30))},
+		return &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "d", UID: controllertest.UID(rng.IntN(1 << 30))},
 			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: reqs, Config: cfg}}}
 	}
 	sizes := []int64{1, 1, 1, 2, 2, 2, 3, 4, 4, 4, 5, 6, 8, 8}
@@ -416,7 +416,7 @@ func TestSampleAlternatives(t *testing.T) {
 	if unexamined != fitting-admitted || unexamined == 0 {
 		t.Fatalf("%d not planned out of %d fitting nodes with %d looked at", unexamined, fitting, admitted)
 	}
-	note := alternativesNote(q.Plan, plans, why, nil, unexamined)
+	note := AlternativesNote(q.Plan, plans, why, nil, unexamined)
 	if !strings.Contains(note, fmt.Sprintf("%d other nodes not planned", unexamined)) {
 		t.Fatalf("note %q does not count the nodes not planned", note)
 	}
@@ -453,7 +453,7 @@ func TestBoundChoiceMatchesExhaustive(t *testing.T) {
 				// Shares of two GPUs in one request.
 				req := controllertest.ShareRequest("s", "2Gi", "10")
 				req.Exactly.Count = 2
-				ic, _, err := pc.ip.Interpret(ctx, &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "m", Namespace: "d", UID: testUID(rng.IntN(1 << 30))},
+				ic, _, err := pc.ip.Interpret(ctx, &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "m", Namespace: "d", UID: controllertest.UID(rng.IntN(1 << 30))},
 					Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req}}}})
 				if err != nil {
 					t.Fatal(err)

@@ -16,7 +16,7 @@ import (
 
 func testInterpreter(t *testing.T, extra ...*resourceapi.DeviceClass) (*Interpreter, *Inventory) {
 	t.Helper()
-	classes := fakeClassLister{}
+	classes := controllertest.ClassLister{}
 	for _, c := range DeviceClasses() {
 		classes[c.Name] = c
 	}
@@ -24,7 +24,7 @@ func testInterpreter(t *testing.T, extra ...*resourceapi.DeviceClass) (*Interpre
 		classes[c.Name] = c
 	}
 	inv := NewInventory()
-	topo, err := parseFixture("v100-sxm2-8-aliyun-sccgn6.txt")
+	topo, err := controllertest.ParseFixture("v100-sxm2-8-aliyun-sccgn6.txt")
 	if err != nil {
 		t.Fatal(err)
 	}

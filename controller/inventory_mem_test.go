@@ -23,7 +23,7 @@ func BenchmarkInventoryHeapPerNode(b *testing.B) {
 	const nodes = 5000
 	for b.Loop() {
 		start := liveHeap()
-		slices := MixedEightGPUSlices(b, nodes)
+		slices := controllertest.MixedEightGPUSlices(b, nodes)
 		before := liveHeap()
 		inv := NewInventory()
 		for _, s := range slices {
@@ -59,7 +59,7 @@ func BenchmarkInformerSliceHeapPerNode(b *testing.B) {
 	const nodes = 5000
 	var wire [][]byte
 	for i := range nodes {
-		topo, err := parseFixture(eight[i%len(eight)])
+		topo, err := controllertest.ParseFixture(eight[i%len(eight)])
 		if err != nil {
 			b.Fatal(err)
 		}

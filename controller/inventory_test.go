@@ -23,29 +23,16 @@ import (
 	"github.com/gpulink/gpulink/internal/sliceformat"
 )
 
-func v100Slice(t *testing.T, node string) *resourceapi.ResourceSlice {
-	t.Helper()
-	topo, err := parseFixture("v100-sxm2-8-aliyun-sccgn6.txt")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := controllertest.Slice(node, topo, controllertest.SliceOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
 func TestInventoryBuildsTopologyFromSlices(t *testing.T) {
 	inv := NewInventory()
-	if err := inv.Upsert(v100Slice(t, "n")); err != nil {
+	if err := inv.Upsert(controllertest.V100Slice(t, "n")); err != nil {
 		t.Fatal(err)
 	}
 	n := inv.Node("n")
 	if n == nil || n.Topo.Len() != 8 {
 		t.Fatalf("node inventory %+v, want 8 GPUs", n)
 	}
-	topo, _ := parseFixture("v100-sxm2-8-aliyun-sccgn6.txt")
+	topo, _ := controllertest.ParseFixture("v100-sxm2-8-aliyun-sccgn6.txt")
 	for i := range 8 {
 		for j := range 8 {
 			if n.Topo.Link(i, j) != topo.Link(i, j) {
@@ -56,7 +43,7 @@ func TestInventoryBuildsTopologyFromSlices(t *testing.T) {
 	if n.Topo.GPUs[0].MemoryBytes != 32<<30 {
 		t.Errorf("GPU memory %d, want the published 32Gi", n.Topo.GPUs[0].MemoryBytes)
 	}
-	inv.Remove(v100Slice(t, "n"))
+	inv.Remove(controllertest.V100Slice(t, "n"))
 	if inv.Node("n") != nil {
 		t.Error("node still known after its slice was deleted")
 	}
@@ -76,7 +63,7 @@ func TestInventoryRejectsBadPools(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			inv := NewInventory()
-			s := v100Slice(t, "n")
+			s := controllertest.V100Slice(t, "n")
 			mutate(s)
 			if err := inv.Upsert(s); err == nil {
 				t.Fatal("unusable pool accepted")
@@ -91,9 +78,9 @@ func TestInventoryRejectsBadPools(t *testing.T) {
 	}
 	// The newest generation wins.
 	inv := NewInventory()
-	old := v100Slice(t, "n")
+	old := controllertest.V100Slice(t, "n")
 	old.Name = "old"
-	four, err := parseFixture("pcie-4.txt")
+	four, err := controllertest.ParseFixture("pcie-4.txt")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +115,7 @@ func TestNodeFilter(t *testing.T) {
 	f.WaitForCacheSync(t.Context().Done())
 	inv := NewInventory()
 	for _, n := range []string{"cordoned", "tainted", "labelled", "plain", "ghost"} {
-		if err := inv.Upsert(v100Slice(t, n)); err != nil {
+		if err := inv.Upsert(controllertest.V100Slice(t, n)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -166,7 +153,7 @@ func TestNodeFilter(t *testing.T) {
 func TestWaitingMessageStableWithUnusablePools(t *testing.T) {
 	c := &Controller{inv: NewInventory()}
 	for _, node := range []string{"c", "a", "d", "b"} {
-		s := v100Slice(t, node)
+		s := controllertest.V100Slice(t, node)
 		s.Spec.Pool.ResourceSliceCount = 2
 		if err := c.inv.Upsert(s); err == nil {
 			t.Fatalf("incomplete pool %s accepted", node)
@@ -188,7 +175,7 @@ func TestWaitingMessageStableWithUnusablePools(t *testing.T) {
 // pool node-b at a newer generation) must neither hide node-b's GPUs nor
 // replace node-a's, whichever order the slices arrive in.
 func TestInventoryIgnoresPoolsNamedAfterAnotherNode(t *testing.T) {
-	four, err := parseFixture("pcie-4.txt")
+	four, err := controllertest.ParseFixture("pcie-4.txt")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,7 +206,7 @@ func TestInventoryIgnoresPoolsNamedAfterAnotherNode(t *testing.T) {
 				upsertForged()
 			}
 			for _, node := range []string{"node-a", "node-b"} {
-				if err := inv.Upsert(v100Slice(t, node)); err != nil {
+				if err := inv.Upsert(controllertest.V100Slice(t, node)); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -237,11 +224,11 @@ func TestInventoryIgnoresPoolsNamedAfterAnotherNode(t *testing.T) {
 	// now names is untouched.
 	inv := NewInventory()
 	for _, node := range []string{"node-a", "node-b"} {
-		if err := inv.Upsert(v100Slice(t, node)); err != nil {
+		if err := inv.Upsert(controllertest.V100Slice(t, node)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	moved := v100Slice(t, "node-a")
+	moved := controllertest.V100Slice(t, "node-a")
 	moved.Spec.Pool.Name = "node-b"
 	moved.Spec.Pool.Generation = 99
 	if err := inv.Upsert(moved); err == nil {
@@ -260,13 +247,13 @@ func TestInventoryIgnoresPoolsNamedAfterAnotherNode(t *testing.T) {
 // pool n stays incomplete and unusable, and node m's own pool is untouched.
 func TestInventoryRefusesPoolSplitAcrossNodes(t *testing.T) {
 	inv := NewInventory()
-	if err := inv.Upsert(v100Slice(t, "m")); err != nil {
+	if err := inv.Upsert(controllertest.V100Slice(t, "m")); err != nil {
 		t.Fatal(err)
 	}
-	first := v100Slice(t, "n")
+	first := controllertest.V100Slice(t, "n")
 	first.Name = "n-1"
 	first.Spec.Pool.ResourceSliceCount = 2
-	second := v100Slice(t, "m")
+	second := controllertest.V100Slice(t, "m")
 	second.Name = "n-2"
 	second.Spec.Pool = first.Spec.Pool
 	if err := inv.Upsert(first); err == nil || !strings.Contains(err.Error(), "incomplete") {
@@ -353,7 +340,7 @@ func TestInventoryPoolIndexConsistent(t *testing.T) {
 			}
 		}
 	}
-	a, b := v100Slice(t, "a"), v100Slice(t, "b")
+	a, b := controllertest.V100Slice(t, "a"), controllertest.V100Slice(t, "b")
 	for _, s := range []*resourceapi.ResourceSlice{a, b} {
 		if err := inv.Upsert(s); err != nil {
 			t.Fatal(err)
@@ -361,7 +348,7 @@ func TestInventoryPoolIndexConsistent(t *testing.T) {
 	}
 	check("add", map[string][]string{"a": {a.Name}, "b": {b.Name}})
 
-	a2 := v100Slice(t, "a")
+	a2 := controllertest.V100Slice(t, "a")
 	a2.Spec.Pool.Generation = 2
 	if err := inv.Upsert(a2); err != nil {
 		t.Fatal(err)
@@ -371,19 +358,19 @@ func TestInventoryPoolIndexConsistent(t *testing.T) {
 		t.Error("update: index still holds the old version of the slice")
 	}
 
-	c := v100Slice(t, "c")
+	c := controllertest.V100Slice(t, "c")
 	if err := inv.Upsert(c); err != nil {
 		t.Fatal(err)
 	}
 	check("add c", map[string][]string{"a": {a.Name}, "b": {b.Name}, "c": {c.Name}})
-	moved := v100Slice(t, "d")
+	moved := controllertest.V100Slice(t, "d")
 	moved.Name = c.Name
 	if err := inv.Upsert(moved); err != nil {
 		t.Fatal(err)
 	}
 	check("pool move", map[string][]string{"a": {a.Name}, "b": {b.Name}, "d": {c.Name}})
 
-	refused := v100Slice(t, "d")
+	refused := controllertest.V100Slice(t, "d")
 	refused.Name = c.Name
 	refused.Spec.Pool.Name = "b"
 	if err := inv.Upsert(refused); err == nil {
@@ -391,7 +378,7 @@ func TestInventoryPoolIndexConsistent(t *testing.T) {
 	}
 	check("refused update", map[string][]string{"a": {a.Name}, "b": {b.Name}})
 
-	forged := v100Slice(t, "a")
+	forged := controllertest.V100Slice(t, "a")
 	forged.Name = "forged"
 	forged.Spec.Pool.Name = "b"
 	if err := inv.Upsert(forged); err == nil {
@@ -403,7 +390,7 @@ func TestInventoryPoolIndexConsistent(t *testing.T) {
 
 	// The deleted object names another pool than the stored version: the
 	// stored version's pool is the one that loses it.
-	stale := v100Slice(t, "e")
+	stale := controllertest.V100Slice(t, "e")
 	stale.Name = a.Name
 	inv.Remove(stale)
 	check("remove", map[string][]string{"b": {b.Name}})

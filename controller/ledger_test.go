@@ -3,46 +3,23 @@ package controller
 import (
 	"testing"
 
-	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	apitypes "k8s.io/apimachinery/pkg/types"
 
-	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/controller/controllertest"
 	"github.com/gpulink/gpulink/driver/allocate"
 )
-
-func ClaimWith(uid, rv string, results ...resourceapi.DeviceRequestAllocationResult) *resourceapi.ResourceClaim {
-	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{UID: apitypes.UID(uid), ResourceVersion: rv}}
-	if len(results) > 0 {
-		c.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: results}}
-	}
-	return c
-}
-
-func Whole(dev string) resourceapi.DeviceRequestAllocationResult {
-	return resourceapi.DeviceRequestAllocationResult{Request: "r", Driver: driver.Name, Pool: "n", Device: dev}
-}
-
-func Share(dev, mem, cores string) resourceapi.DeviceRequestAllocationResult {
-	id := apitypes.UID("3f1c2a10-0000-4000-8000-" + dev[len(dev)-1:] + "00000000000")
-	r := Whole(dev)
-	r.ShareID = &id
-	r.ConsumedCapacity = map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse(mem), "cores": resource.MustParse(cores)}
-	return r
-}
 
 var Key0 = DeviceKey{Pool: "n", Device: "gpu-0"}
 
 func TestLedgerCountsWholeAndShares(t *testing.T) {
 	l := NewLedger()
-	l.Observe(ClaimWith("a", "1", Whole("gpu-0")))
-	l.Observe(ClaimWith("b", "2", Share("gpu-1", "2Gi", "20")))
-	l.Observe(ClaimWith("c", "3", Share("gpu-1", "1Gi", "10")))
+	l.Observe(controllertest.ClaimWith("a", "1", controllertest.WholeResult("gpu-0")))
+	l.Observe(controllertest.ClaimWith("b", "2", controllertest.ShareResult("gpu-1", "2Gi", "20")))
+	l.Observe(controllertest.ClaimWith("c", "3", controllertest.ShareResult("gpu-1", "1Gi", "10")))
 	// Another driver's result is not gpulink's business.
-	other := Whole("gpu-2")
+	other := controllertest.WholeResult("gpu-2")
 	other.Driver = "other.example.com"
-	l.Observe(ClaimWith("d", "4", other))
+	l.Observe(controllertest.ClaimWith("d", "4", other))
 
 	if got := l.UsageOf(Key0); !got.Exclusive {
 		t.Errorf("gpu-0 usage %+v, want exclusive", got)
@@ -55,7 +32,7 @@ func TestLedgerCountsWholeAndShares(t *testing.T) {
 		t.Errorf("gpu-2 usage %+v, want free", got)
 	}
 	// Deallocation and deletion free the devices.
-	l.Observe(ClaimWith("b", "5"))
+	l.Observe(controllertest.ClaimWith("b", "5"))
 	l.Forget("c")
 	if got := l.UsageOf(DeviceKey{Pool: "n", Device: "gpu-1"}); got != (allocate.GPUUsage{}) {
 		t.Errorf("gpu-1 usage %+v after release, want free", got)
@@ -66,8 +43,8 @@ func TestLedgerDoubleExclusiveStaysTaken(t *testing.T) {
 	// Two claims holding one device whole (a double allocation by someone
 	// else): releasing one must not free the device.
 	l := NewLedger()
-	l.Observe(ClaimWith("a", "1", Whole("gpu-0")))
-	l.Observe(ClaimWith("b", "2", Whole("gpu-0")))
+	l.Observe(controllertest.ClaimWith("a", "1", controllertest.WholeResult("gpu-0")))
+	l.Observe(controllertest.ClaimWith("b", "2", controllertest.WholeResult("gpu-0")))
 	l.Forget("a")
 	if got := l.UsageOf(Key0); !got.Exclusive {
 		t.Errorf("usage %+v, want still exclusive", got)
@@ -80,22 +57,22 @@ func TestLedgerDoubleExclusiveStaysTaken(t *testing.T) {
 func TestLedgerAssumptionSurvivesInformerLag(t *testing.T) {
 	l := NewLedger()
 	// The informer knows the claim unallocated (rv 10).
-	l.Observe(ClaimWith("a", "10"))
+	l.Observe(controllertest.ClaimWith("a", "10"))
 	settle, _ := l.Assume("a", []DeviceUse{{Key: Key0, Exclusive: true}})
 	// While the write is in flight, the informer delivers the finalizer
 	// update (rv 11, still unallocated): the assumption holds.
-	l.Observe(ClaimWith("a", "11"))
+	l.Observe(controllertest.ClaimWith("a", "11"))
 	if !l.UsageOf(Key0).Exclusive || !l.InFlight("a") {
 		t.Fatal("assumed allocation dropped by an older informer view")
 	}
 	settle("12", true)
 	// A stale view (rv 11 again, e.g. a resync) still does not win.
-	l.Observe(ClaimWith("a", "11"))
+	l.Observe(controllertest.ClaimWith("a", "11"))
 	if !l.UsageOf(Key0).Exclusive {
 		t.Fatal("assumed allocation dropped by a stale view after the write")
 	}
 	// The informer catches up: the claim's own view replaces the assumption.
-	l.Observe(ClaimWith("a", "12", Whole("gpu-0")))
+	l.Observe(controllertest.ClaimWith("a", "12", controllertest.WholeResult("gpu-0")))
 	if l.InFlight("a") || !l.UsageOf(Key0).Exclusive {
 		t.Fatalf("informer view not adopted: inFlight=%t usage=%+v", l.InFlight("a"), l.UsageOf(Key0))
 	}
@@ -105,7 +82,7 @@ func TestLedgerAssumptionSettledAfterFastInformer(t *testing.T) {
 	l := NewLedger()
 	settle, _ := l.Assume("a", []DeviceUse{{Key: Key0, Exclusive: true}})
 	// The informer shows the write before the write call returns.
-	l.Observe(ClaimWith("a", "7", Whole("gpu-0")))
+	l.Observe(controllertest.ClaimWith("a", "7", controllertest.WholeResult("gpu-0")))
 	settle("7", true)
 	if l.InFlight("a") {
 		t.Error("assumption kept although the informer already showed the write")
@@ -157,9 +134,9 @@ func (l *Ledger) holders(key DeviceKey) (exclusive, shares int) {
 // capacity alike, until the last pod it is kept for ends.
 func TestLedgerKeepsDeletedClaimForPods(t *testing.T) {
 	l := NewLedger()
-	a := ClaimWith("a", "1", Whole("gpu-0"), Share("gpu-1", "2Gi", "20"))
+	a := controllertest.ClaimWith("a", "1", controllertest.WholeResult("gpu-0"), controllertest.ShareResult("gpu-1", "2Gi", "20"))
 	l.Observe(a)
-	l.Observe(ClaimWith("b", "2", Share("gpu-1", "1Gi", "10")))
+	l.Observe(controllertest.ClaimWith("b", "2", controllertest.ShareResult("gpu-1", "1Gi", "10")))
 	if !l.KeepForPods(a, map[apitypes.UID]string{"p1": "one", "p2": "two"}) {
 		t.Fatal("claim with devices and pods not kept")
 	}
@@ -200,7 +177,7 @@ func TestLedgerKeepsDeletedClaimForPods(t *testing.T) {
 // forgotten as before.
 func TestLedgerKeepNothing(t *testing.T) {
 	l := NewLedger()
-	a := ClaimWith("a", "1", Whole("gpu-0"))
+	a := controllertest.ClaimWith("a", "1", controllertest.WholeResult("gpu-0"))
 	l.Observe(a)
 	if l.KeepForPods(a, nil) {
 		t.Error("kept a claim for no pod")
@@ -208,9 +185,9 @@ func TestLedgerKeepNothing(t *testing.T) {
 	if got := l.UsageOf(Key0); got != (allocate.GPUUsage{}) {
 		t.Errorf("usage %+v, want free", got)
 	}
-	other := Whole("gpu-0")
+	other := controllertest.WholeResult("gpu-0")
 	other.Driver = "other.example.com"
-	b := ClaimWith("b", "2", other)
+	b := controllertest.ClaimWith("b", "2", other)
 	l.Observe(b)
 	if l.KeepForPods(b, map[apitypes.UID]string{"p": "p"}) {
 		t.Error("kept a claim without gpulink devices")
@@ -224,10 +201,10 @@ func TestLedgerKeepNothing(t *testing.T) {
 // by exactly one holder afterwards, and freed when the record goes.
 func TestLedgerRecordReplacesKeptClaim(t *testing.T) {
 	l := NewLedger()
-	a := ClaimWith("a", "1", Whole("gpu-0"))
+	a := controllertest.ClaimWith("a", "1", controllertest.WholeResult("gpu-0"))
 	l.Observe(a)
 	l.KeepForPods(a, map[apitypes.UID]string{"p": "p"})
-	rec := ClaimWith("rec", "5")
+	rec := controllertest.ClaimWith("rec", "5")
 	// A record that counts nothing (unreadable) does not drop the kept claim.
 	l.ObserveRecord(rec, nil, "a")
 	if _, ok := l.KeptClaim("a"); !ok {

@@ -7,6 +7,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/gpulink/gpulink/controller/controllertest"
 	"github.com/gpulink/gpulink/driver"
 )
 
@@ -15,7 +16,7 @@ import (
 func TestNodeMemosAreBounded(t *testing.T) {
 	const bound = memoEntriesPerNode
 	inv := NewInventory()
-	if err := inv.Upsert(v100Slice(t, "n")); err != nil {
+	if err := inv.Upsert(controllertest.V100Slice(t, "n")); err != nil {
 		t.Fatal(err)
 	}
 	n := inv.Node("n")

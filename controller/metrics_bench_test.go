@@ -21,7 +21,7 @@ func BenchmarkInventoryCollect(b *testing.B) {
 		if n%2 == 1 {
 			fixture = "dgx2-16.txt"
 		}
-		topo, err := parseFixture(fixture)
+		topo, err := controllertest.ParseFixture(fixture)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -33,7 +33,7 @@ func BenchmarkInventoryCollect(b *testing.B) {
 		if err := inv.Upsert(s); err != nil {
 			b.Fatal(err)
 		}
-		held := ClaimWith(fmt.Sprintf("c-%d", n), "1", Whole("gpu-1"), Whole("gpu-2"), Whole(fmt.Sprintf("gpu-%d", 3+n%5)))
+		held := controllertest.ClaimWith(fmt.Sprintf("c-%d", n), "1", controllertest.WholeResult("gpu-1"), controllertest.WholeResult("gpu-2"), controllertest.WholeResult(fmt.Sprintf("gpu-%d", 3+n%5)))
 		for i := range held.Status.Allocation.Devices.Results {
 			held.Status.Allocation.Devices.Results[i].Pool = node
 		}

@@ -146,9 +146,9 @@ func TestInventoryCollector(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := NewLedger()
-	l.Observe(ClaimWith("a", "1", Whole("gpu-0"), Whole("gpu-2")))
-	l.Observe(ClaimWith("b", "2", Share("gpu-4", "2Gi", "20")))
-	l.Observe(ClaimWith("c", "3", Share("gpu-4", "4Gi", "30")))
+	l.Observe(controllertest.ClaimWith("a", "1", controllertest.WholeResult("gpu-0"), controllertest.WholeResult("gpu-2")))
+	l.Observe(controllertest.ClaimWith("b", "2", controllertest.ShareResult("gpu-4", "2Gi", "20")))
+	l.Observe(controllertest.ClaimWith("c", "3", controllertest.ShareResult("gpu-4", "4Gi", "30")))
 
 	m := NewMetrics(nil)
 	m.inventory.setSource(inv, l)
@@ -213,7 +213,7 @@ func TestInventoryCollectorWithoutSource(t *testing.T) {
 func TestDecisionMetrics(t *testing.T) {
 	// Another allocator holds one GPU of every NV4 pair of the node, so a
 	// pair request can get PXB at best (1 and 3), below the node's NV4.
-	held := ClaimWith("held-uid", "1", Whole("gpu-0"), Whole("gpu-2"), Whole("gpu-4"), Whole("gpu-6"))
+	held := controllertest.ClaimWith("held-uid", "1", controllertest.WholeResult("gpu-0"), controllertest.WholeResult("gpu-2"), controllertest.WholeResult("gpu-4"), controllertest.WholeResult("gpu-6"))
 	held.Name, held.Namespace = "held", ns
 	for i := range held.Status.Allocation.Devices.Results {
 		held.Status.Allocation.Devices.Results[i].Pool = "nb"

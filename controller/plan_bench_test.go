@@ -33,7 +33,7 @@ func BenchmarkPlanShare(b *testing.B) {
 }
 
 func benchmarkPlan(b *testing.B, req resourceapi.DeviceRequest) {
-	topo, err := parseFixture("v100-sxm2-8-aliyun-sccgn6.txt")
+	topo, err := controllertest.ParseFixture("v100-sxm2-8-aliyun-sccgn6.txt")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -51,14 +51,14 @@ func benchmarkPlan(b *testing.B, req resourceapi.DeviceRequest) {
 		for i := range n % 8 {
 			uses = append(uses, DeviceUse{Key: DeviceKey{Pool: s.Spec.Pool.Name, Device: fmt.Sprintf("gpu-%d", i)}, Exclusive: true})
 		}
-		l.setLocked(testUID(n), &claimUse{uses: uses})
+		l.setLocked(controllertest.UID(n), &claimUse{uses: uses})
 	}
 	sel := NewSelectorEvaluator()
 	classes := map[string]*resourceapi.DeviceClass{}
 	for _, c := range DeviceClasses() {
 		classes[c.Name] = c
 	}
-	ip := NewInterpreter(fakeClassLister(classes), sel, inv)
+	ip := NewInterpreter(controllertest.ClassLister(classes), sel, inv)
 	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "d"},
 		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req}}}}
 	ctx := context.Background()
@@ -166,7 +166,7 @@ func BenchmarkDecision5000Nodes(b *testing.B) {
 // eight-GPU nodes of mixed kinds, 70 % of them busy (random usage from
 // seed), with a node filter over their Node objects.
 func benchCluster(b *testing.B, seed uint64) (*pruneCluster, []*NodeInventory, *NodeFilter) {
-	pc := newPruneCluster(b, rand.New(rand.NewPCG(5000, seed)), 5000, eightGPUFixtures, 0.7)
+	pc := newPruneCluster(b, rand.New(rand.NewPCG(5000, seed)), 5000, controllertest.EightGPUFixtures, 0.7)
 	nodes := pc.inv.All()
 	return pc, nodes, benchNodeFilter(b, nodes)
 }

@@ -136,8 +136,8 @@ func priorityScope(pl *Plan, claims []*Claim) (note string, crowded bool) {
 		return "", false
 	}
 	note = strings.Join(notes, "; ") + ` (README, "What MPS guarantees")`
-	if len(note) > maxEventNote {
-		note = note[:maxEventNote-3] + "..."
+	if len(note) > MaxEventNote {
+		note = note[:MaxEventNote-3] + "..."
 	}
 	return note, crowded
 }

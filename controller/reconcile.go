@@ -387,60 +387,12 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	}
 	summary := chosen.Summarize()
 	logger.Info("Allocated", "node", chosen.Node.Node, "devices", summary, "duration", time.Since(start))
-	c.explain.event(pod, pending[0].Claim, corev1.EventTypeNormal, report.ReasonAllocated, actionAllocate, "allocated "+summary+own.Note()+alternativesNote(chosen, plans, why, rej.Details, unexamined))
+	c.explain.event(pod, pending[0].Claim, corev1.EventTypeNormal, report.ReasonAllocated, actionAllocate, "allocated "+summary+own.Note()+AlternativesNote(chosen, plans, why, rej.Details, unexamined))
 	c.explainPriority(pod, chosen, pending)
 	if err := c.ungate(ctx, pod); err != nil {
 		return err
 	}
 	return nil
-}
-
-// maxEventNote keeps event notes below the API's 1 KiB limit on
-// events.k8s.io/v1 notes, with room for the summary.
-const maxEventNote = 1000
-
-// alternativesNote tells, after an allocation, which other nodes fit and
-// why others did not, so `gpulink explain` can show what was passed over.
-// Bounded: three of each, and the whole note within maxEventNote.
-func alternativesNote(chosen *Plan, plans []*Plan, why, skipped []string, unexamined int) string {
-	var fit []string
-	for _, pl := range plans {
-		if pl == chosen || len(pl.Claims) == 0 || len(pl.Claims[0]) == 0 {
-			continue
-		}
-		r := pl.Claims[0][0]
-		how := "a share"
-		if len(r.MIG) > 0 {
-			how = fmt.Sprintf("%d MIG devices", len(r.MIG))
-		} else if r.Share == nil {
-			how = fmt.Sprintf("%d GPUs", len(r.Positions))
-			if len(r.Positions) > 1 {
-				how += " weakest link " + r.Weakest.String()
-			}
-		}
-		fit = append(fit, fmt.Sprintf("%s (%s)", pl.Node.Node, how))
-	}
-	var note string
-	if len(fit) > 0 {
-		if len(fit) > 3 {
-			fit = append(fit[:3], fmt.Sprintf("%d more", len(fit)-3))
-		}
-		note += "; also fit: " + strings.Join(fit, ", ")
-	}
-	rejected := append(Dedupe(why), skipped...)
-	if len(rejected) > 3 {
-		rejected = append(rejected[:3], fmt.Sprintf("and %d more", len(rejected)-3))
-	}
-	if len(rejected) > 0 {
-		note += "; passed over: " + strings.Join(rejected, "; ")
-	}
-	if unexamined > 0 {
-		note += fmt.Sprintf("; %d other nodes not planned (they cannot beat this one)", unexamined)
-	}
-	if len(note) > maxEventNote/2 {
-		note = note[:maxEventNote/2-3] + "..."
-	}
-	return note
 }
 
 // countBelowBest counts a set of whole GPUs whose weakest link is below

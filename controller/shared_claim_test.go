@@ -102,7 +102,7 @@ func TestLedgerRefusesSecondAssumption(t *testing.T) {
 	if _, ok := l.Assume("s", []DeviceUse{{Key: key1, Exclusive: true}}); ok {
 		t.Fatal("assumption accepted while the written one is not observed yet")
 	}
-	l.Observe(ClaimWith("s", "10", Whole("gpu-0")))
+	l.Observe(controllertest.ClaimWith("s", "10", controllertest.WholeResult("gpu-0")))
 	if _, ok := l.Assume("s", []DeviceUse{{Key: key1, Exclusive: true}}); ok {
 		t.Fatal("assumption accepted for a claim the informer shows allocated")
 	}
@@ -110,7 +110,7 @@ func TestLedgerRefusesSecondAssumption(t *testing.T) {
 		t.Errorf("gpu-0 usage %+v, want exclusive", got)
 	}
 	// Deallocated: it may be decided again.
-	l.Observe(ClaimWith("s", "11"))
+	l.Observe(controllertest.ClaimWith("s", "11"))
 	if _, ok := l.Assume("s", []DeviceUse{{Key: key1, Exclusive: true}}); !ok {
 		t.Fatal("assumption refused for a deallocated claim")
 	}

@@ -18,7 +18,7 @@ import (
 func TestTransformKeepsSliceValues(t *testing.T) {
 	var out []*resourceapi.ResourceSlice
 	for _, node := range []string{"a", "b"} {
-		topo, err := parseFixture("dgx1-v100.txt")
+		topo, err := controllertest.ParseFixture("dgx1-v100.txt")
 		if err != nil {
 			t.Fatal(err)
 		}
