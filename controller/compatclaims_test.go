@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpulink/gpulink/compat"
+	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/controller/report"
 	"github.com/gpulink/gpulink/driver"
 )
@@ -40,10 +41,10 @@ func TestCheckCompatClaim(t *testing.T) {
 	fromTemplate := func(name string) *corev1.PodResourceClaim {
 		return &corev1.PodResourceClaim{Name: "gpulink-main", ResourceClaimTemplateName: ptr.To(name)}
 	}
-	if err := CheckCompatClaim(fromTemplate(oneName), claim(one)); err != nil {
+	if err := planner.CheckCompatClaim(fromTemplate(oneName), claim(one)); err != nil {
 		t.Errorf("the translation's own claim: %v", err)
 	}
-	err := CheckCompatClaim(fromTemplate(oneName), claim(eight))
+	err := planner.CheckCompatClaim(fromTemplate(oneName), claim(eight))
 	if err == nil {
 		t.Fatal("an 8-GPU claim from the 1-GPU template name passed")
 	}
@@ -54,15 +55,15 @@ func TestCheckCompatClaim(t *testing.T) {
 	}
 	// Templates outside the translation's names, claims by name, and
 	// claims already allocated by someone else are not the check's concern.
-	if err := CheckCompatClaim(fromTemplate("my-template"), claim(eight)); err != nil {
+	if err := planner.CheckCompatClaim(fromTemplate("my-template"), claim(eight)); err != nil {
 		t.Errorf("user template: %v", err)
 	}
-	if err := CheckCompatClaim(&corev1.PodResourceClaim{Name: "x", ResourceClaimName: ptr.To("c")}, claim(eight)); err != nil {
+	if err := planner.CheckCompatClaim(&corev1.PodResourceClaim{Name: "x", ResourceClaimName: ptr.To("c")}, claim(eight)); err != nil {
 		t.Errorf("claim by name: %v", err)
 	}
 	allocated := claim(eight)
 	allocated.Status.Allocation = &resourceapi.AllocationResult{}
-	if err := CheckCompatClaim(fromTemplate(oneName), allocated); err != nil {
+	if err := planner.CheckCompatClaim(fromTemplate(oneName), allocated); err != nil {
 		t.Errorf("allocated claim: %v", err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/controller/report"
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/allocate"
@@ -159,7 +160,7 @@ func TestConcurrentSharesOfOtherUsersWait(t *testing.T) {
 // configuration its allocation carries.
 func TestLedgerReadsShareGroupsFromAllocations(t *testing.T) {
 	var concurrent, isolated *resourceapi.DeviceClass
-	for _, c := range DeviceClasses() {
+	for _, c := range planner.DeviceClasses() {
 		switch c.Name {
 		case driver.DeviceClassShareConcurrent:
 			concurrent = c
@@ -187,17 +188,17 @@ func TestLedgerReadsShareGroupsFromAllocations(t *testing.T) {
 		claim *resourceapi.ResourceClaim
 		want  string
 	}{
-		{"concurrent class", claimOf("team-a", concurrent, ""), ConcurrentGroup("team-a")},
+		{"concurrent class", claimOf("team-a", concurrent, ""), planner.ConcurrentGroup("team-a")},
 		{"isolated class", claimOf("team-a", isolated, ""), ""},
-		{"concurrent class, claim sets a priority", claimOf("team-b", concurrent, `{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","sharing":{"priority":1}}`), ConcurrentGroup("team-b")},
+		{"concurrent class, claim sets a priority", claimOf("team-b", concurrent, `{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","sharing":{"priority":1}}`), planner.ConcurrentGroup("team-b")},
 		{"configuration that does not decode", claimOf("team-a", concurrent, `{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","bogus":1}`), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			uses := UsesOf(tc.claim)
+			uses := planner.UsesOf(tc.claim)
 			if len(uses) != 1 || uses[0].Group != tc.want {
 				t.Fatalf("uses %+v, want one share of group %q", uses, tc.want)
 			}
-			l := NewLedger()
+			l := planner.NewLedger()
 			l.Observe(tc.claim)
 			if got := l.UsageOf(uses[0].Key); got.Group != tc.want || got.Shares != 1 {
 				t.Errorf("ledger usage %+v, want one share of group %q", got, tc.want)
@@ -205,10 +206,10 @@ func TestLedgerReadsShareGroupsFromAllocations(t *testing.T) {
 		})
 	}
 	// Shares of two groups on one device show as mixed: no share joins.
-	l := NewLedger()
+	l := planner.NewLedger()
 	l.Observe(claimOf("team-a", concurrent, ""))
 	l.Observe(claimOf("team-b", concurrent, ""))
-	key := DeviceKey{Pool: "a", Device: "gpu-1"}
+	key := planner.DeviceKey{Pool: "a", Device: "gpu-1"}
 	if got := l.UsageOf(key); got.Group != allocate.MixedShareGroups {
 		t.Errorf("two groups on one device: group %q, want mixed", got.Group)
 	}

@@ -28,6 +28,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceslice/tracker"
 	"k8s.io/klog/v2"
 
+	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/controller/report"
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/allocate"
@@ -67,7 +68,7 @@ type Config struct {
 	DeviceTaintRules bool
 	// Mix configures the recent request-size mix each decision passes to
 	// the allocator (it replaces Policy.Mix unless turned off).
-	Mix MixConfig
+	Mix planner.MixConfig
 	// RankByStranding ranks nodes for pods with one device set by the GPU
 	// a placement strands for the recent pods' shapes, counting each
 	// node's CPU and memory left (stranding.go); off, nodes are ranked
@@ -96,21 +97,21 @@ type Controller struct {
 	metrics  *Metrics
 	explain  *explainer
 	policy   allocate.Policy
-	mix      *MixRecorder
-	demand   *DemandRecorder
+	mix      *planner.MixRecorder
+	demand   *planner.DemandRecorder
 	workers  int
 	grace    time.Duration
 	retry    time.Duration
-	inv      *Inventory
-	ledger   *Ledger
-	fit      *FitTracker
+	inv      *planner.Inventory
+	ledger   *planner.Ledger
+	fit      *planner.FitTracker
 	ungating *ungating
-	sel      *SelectorEvaluator
+	sel      *planner.SelectorEvaluator
 	// scores keeps nodes' scores per request shape between decisions
 	// (quickChoice).
-	scores   *ScoreCache
-	interp   *Interpreter
-	filter   *NodeFilter
+	scores   *planner.ScoreCache
+	interp   *planner.Interpreter
+	filter   *planner.NodeFilter
 	podQueue workqueue.TypedRateLimitingInterface[string]
 	gcQueue  workqueue.TypedRateLimitingInterface[string]
 	// holdQueue has the UIDs of deleted claims kept counted for their
@@ -158,11 +159,11 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.WaitingRetry <= 0 {
 		cfg.WaitingRetry = time.Minute
 	}
-	mix, err := NewMixRecorder(cfg.Mix)
+	mix, err := planner.NewMixRecorder(cfg.Mix)
 	if err != nil {
 		return nil, fmt.Errorf("controller config: %w", err)
 	}
-	demand, err := NewDemandRecorder(cfg.RankByStranding)
+	demand, err := planner.NewDemandRecorder(cfg.RankByStranding)
 	if err != nil {
 		return nil, fmt.Errorf("controller config: %w", err)
 	}
@@ -179,12 +180,12 @@ func New(cfg Config) (*Controller, error) {
 		workers:  cfg.Workers,
 		grace:    cfg.UnschedulableGrace,
 		retry:    cfg.WaitingRetry,
-		inv:      NewInventory(),
-		ledger:   NewLedger(),
-		fit:      NewFitTracker(),
+		inv:      planner.NewInventory(),
+		ledger:   planner.NewLedger(),
+		fit:      planner.NewFitTracker(),
 		ungating: newUngating(),
-		sel:      NewSelectorEvaluator(),
-		scores:   NewScoreCache(),
+		sel:      planner.NewSelectorEvaluator(),
+		scores:   planner.NewScoreCache(),
 		waiting:  sets.New[string](),
 		excluded: map[types.UID]sets.Set[string]{},
 		podQueue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
@@ -212,9 +213,9 @@ func New(cfg Config) (*Controller, error) {
 	c.claimIdx = claimInf.Informer().GetIndexer()
 	c.classes = classInf.Lister()
 	c.nodes = nodeInf.Lister()
-	c.interp = NewInterpreter(c.classes, c.sel, c.inv)
+	c.interp = planner.NewInterpreter(c.classes, c.sel, c.inv)
 	cfg.Metrics.inventory.setSource(c.inv, c.ledger)
-	c.filter = &NodeFilter{Nodes: c.nodes, Classes: c.classes, Fit: c.fit}
+	c.filter = &planner.NodeFilter{Nodes: c.nodes, Classes: c.classes, Fit: c.fit}
 	if cfg.RankByStranding {
 		// A node's kept scores then also depend on its CPU and memory
 		// left: a change of either counts like a change of its devices'
@@ -378,7 +379,7 @@ func (c *Controller) onPod(obj any) {
 	if len(pod.Spec.ResourceClaims) == 0 && gateIndex(pod) < 0 {
 		return
 	}
-	if PodDone(pod) {
+	if planner.PodDone(pod) {
 		// A finished pod's reservations are dropped now, not at the next
 		// resync or when the pod is deleted.
 		c.enqueuePodClaimsGC(pod)

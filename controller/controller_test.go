@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/controller/report"
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/topology"
@@ -357,7 +358,7 @@ func TestInventoryRebuiltFromExistingAllocations(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Name: "prev", Namespace: ns, UID: uuid.NewUUID(), Finalizers: []string{driver.ClaimFinalizer}},
 		Spec:       resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 4)}}},
 		Status: resourceapi.ResourceClaimStatus{
-			Allocation:  &resourceapi.AllocationResult{NodeSelector: NodeSelectorFor("v100"), AllocationTimestamp: ptr.To(metav1.Now())},
+			Allocation:  &resourceapi.AllocationResult{NodeSelector: planner.NodeSelectorFor("v100"), AllocationTimestamp: ptr.To(metav1.Now())},
 			ReservedFor: []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "old", UID: old.UID}},
 		},
 	}
@@ -426,7 +427,7 @@ func TestGatedPodWithAllocatedClaimIsUngated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.Status.Allocation = &resourceapi.AllocationResult{NodeSelector: NodeSelectorFor("v100"), AllocationTimestamp: ptr.To(metav1.Now()),
+	c.Status.Allocation = &resourceapi.AllocationResult{NodeSelector: planner.NodeSelectorFor("v100"), AllocationTimestamp: ptr.To(metav1.Now()),
 		Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{Request: "g", Driver: driver.Name, Pool: "v100", Device: "gpu-2"}}}}
 	c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: pod.Name, UID: pod.UID}}
 	if _, err := h.client.ResourceV1().ResourceClaims(ns).UpdateStatus(h.ctx, c, metav1.UpdateOptions{}); err != nil {
@@ -444,7 +445,7 @@ func TestOrphanedClaimReleased(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Name: "orphan", Namespace: ns, UID: uuid.NewUUID(), Finalizers: []string{driver.ClaimFinalizer}},
 		Spec:       resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}}},
 		Status: resourceapi.ResourceClaimStatus{
-			Allocation: &resourceapi.AllocationResult{NodeSelector: NodeSelectorFor("v100"), AllocationTimestamp: ptr.To(metav1.Now()),
+			Allocation: &resourceapi.AllocationResult{NodeSelector: planner.NodeSelectorFor("v100"), AllocationTimestamp: ptr.To(metav1.Now()),
 				Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{Request: "g", Driver: driver.Name, Pool: "v100", Device: "gpu-0"}}}},
 			ReservedFor: []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "vanished", UID: uuid.NewUUID()}},
 		},

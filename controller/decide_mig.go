@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/klog/v2"
 
+	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/driver/allocate"
 )
 
@@ -16,16 +17,16 @@ import (
 // candidates, chooseMIG plans and ranks them. It returns the chosen plan
 // (nil when nothing fits), the feasible plans, why nodes failed and which
 // filters rejected nodes, as allocatePod's other paths do.
-func (c *Controller) decideMIG(ctx context.Context, logger klog.Logger, pod *corev1.Pod, all []*NodeInventory, allocated []*resourceapi.ResourceClaim, excluded sets.Set[string], pending []*Claim, pol allocate.Policy, rank *HostRanking) (*Plan, []*Plan, []string, *Rejections) {
+func (c *Controller) decideMIG(ctx context.Context, logger klog.Logger, pod *corev1.Pod, all []*planner.NodeInventory, allocated []*resourceapi.ResourceClaim, excluded sets.Set[string], pending []*planner.Claim, pol allocate.Policy, rank *planner.HostRanking) (*planner.Plan, []*planner.Plan, []string, *planner.Rejections) {
 	cands, rej := c.filter.Candidates(logger, pod, all, allocated, excluded)
-	if len(cands) == 0 && excluded.Len() > 0 && rej.Count(RejectExcluded) > 0 {
+	if len(cands) == 0 && excluded.Len() > 0 && rej.Count(planner.RejectExcluded) > 0 {
 		// As the exhaustive path: every node was ruled out, some by
 		// earlier failures; start over rather than wait forever.
 		c.resetExcluded(ctx, pod)
 		cands, rej = c.filter.Candidates(logger, pod, all, allocated, nil)
 	}
-	chosen, plans, why, failed := ChooseMIG(ctx, c.sel, pol, cands, c.ledger, pending, rank)
-	noFit := "no " + WantedDevices(pending)
+	chosen, plans, why, failed := planner.ChooseMIG(ctx, c.sel, pol, cands, c.ledger, pending, rank)
+	noFit := "no " + planner.WantedDevices(pending)
 	for range failed {
 		rej.Add(noFit)
 	}

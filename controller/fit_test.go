@@ -17,6 +17,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/controller/report"
 	"github.com/gpulink/gpulink/driver/allocate"
 )
@@ -53,19 +54,19 @@ func TestPodDemand(t *testing.T) {
 		{Name: "sidecar", RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways), Resources: corev1.ResourceRequirements{Requests: rl("memory", "512Mi")}},
 	}
 	p.Spec.Overhead = rl("cpu", "100m")
-	got := PodDemand(p)
-	want := Demand{
+	got := planner.PodDemand(p)
+	want := planner.Demand{
 		corev1.ResourceCPU:    2100,                       // init container 2 CPUs beats 750m (+ sidecar 0), plus overhead
 		corev1.ResourceMemory: (1024 + 512) * 1024 * 1024, // containers plus the sidecar
 		"example.com/fpga":    1,
 	}
-	if !DemandEqual(got, want) {
+	if !planner.DemandEqual(got, want) {
 		t.Errorf("demand %v, want %v", got, want)
 	}
 }
 
 func TestFitTrackerResources(t *testing.T) {
-	f := NewFitTracker()
+	f := planner.NewFitTracker()
 	node := fitNode("n", rl("cpu", "4", "memory", "8Gi", "pods", "3", "example.com/fpga", "1"))
 	f.Observe(fitPodSpec("a", "n", rl("cpu", "3")))
 	f.Observe(fitPodSpec("done", "n", rl("cpu", "4")))
@@ -131,7 +132,7 @@ func TestFitTrackerResources(t *testing.T) {
 }
 
 func TestFitTrackerPodAffinity(t *testing.T) {
-	f := NewFitTracker()
+	f := planner.NewFitTracker()
 	nodes := map[string]*corev1.Node{"n1": controllertest.Node("n1"), "n2": controllertest.Node("n2"), "n3": controllertest.Node("n3")}
 	nodes["n1"].Labels["zone"] = "z1"
 	nodes["n2"].Labels["zone"] = "z1"
@@ -194,13 +195,13 @@ func TestFitTrackerPodAffinity(t *testing.T) {
 	if got := allowed(plain); got != "n1,n2" {
 		t.Errorf("pod selected by loner's anti-affinity: nodes %s, want n1,n2", got)
 	}
-	if r := f.Check(plain, labelsOf).Reject(nodes["n3"], nil); r != FitExistingAntiAffnity {
+	if r := f.Check(plain, labelsOf).Reject(nodes["n3"], nil); r != planner.FitExistingAntiAffnity {
 		t.Errorf("reason %q", r)
 	}
 }
 
 func TestRejectionsSummary(t *testing.T) {
-	r := &Rejections{}
+	r := &planner.Rejections{}
 	for range 5 {
 		r.Add("Insufficient cpu")
 	}

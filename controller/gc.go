@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/gpulink/gpulink/controller/planner"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -95,7 +96,7 @@ func (c *Controller) consumerGone(ctx context.Context, ns string, r resourceapi.
 	}
 	pod, err := c.pods.Pods(ns).Get(r.Name)
 	if err == nil && pod.UID == r.UID {
-		return PodDone(pod), nil
+		return planner.PodDone(pod), nil
 	}
 	pod, err = c.client.CoreV1().Pods(ns).Get(ctx, r.Name, metav1.GetOptions{})
 	switch {
@@ -104,14 +105,14 @@ func (c *Controller) consumerGone(ctx context.Context, ns string, r resourceapi.
 	case err != nil:
 		return false, fmt.Errorf("checking pod %s/%s reserved in a claim: %w", ns, r.Name, err)
 	}
-	return pod.UID != r.UID || PodDone(pod), nil
+	return pod.UID != r.UID || planner.PodDone(pod), nil
 }
 
 // claimWanted tells whether a live, unfinished pod references the claim,
 // or owns it (a claim from a template exists before its pod's status
 // names it).
 func (c *Controller) claimWanted(claim *resourceapi.ResourceClaim) bool {
-	live := func(pod *corev1.Pod) bool { return pod.DeletionTimestamp == nil && !PodDone(pod) }
+	live := func(pod *corev1.Pod) bool { return pod.DeletionTimestamp == nil && !planner.PodDone(pod) }
 	objs, err := c.podIdx.ByIndex(podClaimIndex, claim.Namespace+"/"+claim.Name)
 	if err != nil {
 		return true
@@ -145,7 +146,7 @@ func (c *Controller) ownerLive(ctx context.Context, claim *resourceapi.ResourceC
 			return !apierrors.IsNotFound(err)
 		}
 	}
-	return pod.UID == o.UID && pod.DeletionTimestamp == nil && !PodDone(pod)
+	return pod.UID == o.UID && pod.DeletionTimestamp == nil && !planner.PodDone(pod)
 }
 
 // mayAllocate tells whether the controller would allocate the claim: all
@@ -154,5 +155,5 @@ func (c *Controller) ownerLive(ctx context.Context, claim *resourceapi.ResourceC
 // admission policy gave it by class name.
 func (c *Controller) mayAllocate(ctx context.Context, claim *resourceapi.ResourceClaim) bool {
 	_, kind, err := c.interp.Interpret(ctx, claim)
-	return err != nil || kind == ClaimOurs
+	return err != nil || kind == planner.ClaimOurs
 }

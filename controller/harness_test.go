@@ -24,6 +24,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/allocate"
 	"github.com/gpulink/gpulink/driver/topology"
@@ -105,7 +106,7 @@ func gpuNode(t *testing.T, name, fixture string) []runtime.Object {
 
 func classes() []runtime.Object {
 	var out []runtime.Object
-	for _, c := range DeviceClasses() {
+	for _, c := range planner.DeviceClasses() {
 		out = append(out, c)
 	}
 	return out

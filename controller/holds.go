@@ -17,6 +17,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
+	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/controller/report"
 	"github.com/gpulink/gpulink/driver"
 )
@@ -135,20 +136,20 @@ func (c *Controller) indexHeldPods(obj any) ([]string, error) {
 
 // recordUses is what a hold record holds: its allocation, or while that is
 // not written yet, the allocation in its annotation.
-func recordUses(rec *resourceapi.ResourceClaim) ([]DeviceUse, types.UID) {
+func recordUses(rec *resourceapi.ResourceClaim) ([]planner.DeviceUse, types.UID) {
 	r, err := parseHoldRecord(rec)
 	if rec.Status.Allocation != nil {
 		var uid types.UID
 		if err == nil {
 			uid = r.ClaimUID
 		}
-		return UsesOf(rec), uid
+		return planner.UsesOf(rec), uid
 	}
 	if err != nil || r.Allocation == nil {
 		return nil, ""
 	}
 	probe := &resourceapi.ResourceClaim{Status: resourceapi.ResourceClaimStatus{Allocation: r.Allocation}}
-	return UsesOf(probe), r.ClaimUID
+	return planner.UsesOf(probe), r.ClaimUID
 }
 
 // reservingPods returns the pods in a deleted claim's reservedFor that may
@@ -163,7 +164,7 @@ func (c *Controller) reservingPods(claim *resourceapi.ResourceClaim) map[types.U
 		if r.Resource != "pods" || r.APIGroup != "" {
 			continue
 		}
-		if pod, err := c.pods.Pods(claim.Namespace).Get(r.Name); err == nil && pod.UID == r.UID && PodDone(pod) {
+		if pod, err := c.pods.Pods(claim.Namespace).Get(r.Name); err == nil && pod.UID == r.UID && planner.PodDone(pod) {
 			continue
 		}
 		pods[r.UID] = r.Name
@@ -177,8 +178,8 @@ func (c *Controller) reservingPods(claim *resourceapi.ResourceClaim) map[types.U
 // finished; otherwise (missing, replaced, not bound yet) a live read does,
 // so informer lag never frees devices a running pod uses.
 func (c *Controller) podHolds(ctx context.Context, ns, name string, uid types.UID) (bool, error) {
-	if pod, err := c.pods.Pods(ns).Get(name); err == nil && pod.UID == uid && (pod.Spec.NodeName != "" || PodDone(pod)) {
-		return !PodDone(pod), nil
+	if pod, err := c.pods.Pods(ns).Get(name); err == nil && pod.UID == uid && (pod.Spec.NodeName != "" || planner.PodDone(pod)) {
+		return !planner.PodDone(pod), nil
 	}
 	pod, err := c.client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 	switch {
@@ -187,7 +188,7 @@ func (c *Controller) podHolds(ctx context.Context, ns, name string, uid types.UI
 	case err != nil:
 		return false, fmt.Errorf("checking pod %s/%s that used a deleted claim: %w", ns, name, err)
 	}
-	return pod.UID == uid && pod.Spec.NodeName != "" && !PodDone(pod), nil
+	return pod.UID == uid && pod.Spec.NodeName != "" && !planner.PodDone(pod), nil
 }
 
 // keepDeletedClaim is onClaimDelete's part for a claim that held gpulink
@@ -256,7 +257,7 @@ func (c *Controller) syncKept(ctx context.Context, uid types.UID) error {
 // writeHoldRecord creates the hold record of a kept claim, then writes its
 // allocation (a create cannot set status). Both steps are idempotent: the
 // record's name is derived from the deleted claim's UID.
-func (c *Controller) writeHoldRecord(ctx context.Context, uid types.UID, k *KeptClaim) error {
+func (c *Controller) writeHoldRecord(ctx context.Context, uid types.UID, k *planner.KeptClaim) error {
 	claims := c.client.ResourceV1().ResourceClaims(c.holdNS)
 	alloc := k.Allocation.DeepCopy()
 	// The record's results all belong to its one request; the deleted

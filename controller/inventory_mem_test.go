@@ -11,6 +11,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/controller/planner"
 )
 
 // BenchmarkInventoryHeapPerNode reports the live heap the controller's
@@ -25,7 +26,7 @@ func BenchmarkInventoryHeapPerNode(b *testing.B) {
 		start := liveHeap()
 		slices := controllertest.MixedEightGPUSlices(b, nodes)
 		before := liveHeap()
-		inv := NewInventory()
+		inv := planner.NewInventory()
 		for _, s := range slices {
 			if err := inv.Upsert(s); err != nil {
 				b.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	dracel "k8s.io/dynamic-resource-allocation/cel"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/controller/report"
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/discovery"
@@ -38,7 +39,7 @@ func mockMIGSlice(t testing.TB, server, node string, layout map[int][]string) *r
 }
 
 func TestInventoryKeepsMIGDevicesApart(t *testing.T) {
-	inv := NewInventory()
+	inv := planner.NewInventory()
 	if err := inv.Upsert(migSlice(t, "a100", map[int][]string{0: {"1g.5gb", "3g.20gb"}, 1: {"7g.40gb"}})); err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +109,7 @@ func TestInventoryRejectsBadMIGDevices(t *testing.T) {
 	}} {
 		s := migSlice(t, "a100", map[int][]string{0: {"1g.5gb"}})
 		c.edit(s)
-		err := NewInventory().Upsert(s)
+		err := planner.NewInventory().Upsert(s)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("got %v, want an error containing %q", err, c.want)
 		}
@@ -142,7 +143,7 @@ func TestWholeGPUClaimSkipsMIGGPUs(t *testing.T) {
 func TestShippedClassesLeaveOutMIGDevices(t *testing.T) {
 	s := migSlice(t, "a100", map[int][]string{0: {"1g.5gb"}})
 	compiler := dracel.GetCompiler(dracel.Features{})
-	for _, c := range DeviceClasses() {
+	for _, c := range planner.DeviceClasses() {
 		expr := c.Spec.Selectors[0].CEL.Expression
 		prog := compiler.CompileCELExpression(expr, dracel.Options{})
 		if prog.Error != nil {
@@ -154,7 +155,7 @@ func TestShippedClassesLeaveOutMIGDevices(t *testing.T) {
 				t.Fatalf("class %s on %s: %v", c.Name, d.Name, err)
 			}
 			want := !driver.IsMIGDeviceName(d.Name)
-			if IsMIGClass(c) {
+			if planner.IsMIGClass(c) {
 				want = !want
 			}
 			if match != want {

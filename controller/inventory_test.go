@@ -18,13 +18,14 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/controller/report"
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/internal/sliceformat"
 )
 
 func TestInventoryBuildsTopologyFromSlices(t *testing.T) {
-	inv := NewInventory()
+	inv := planner.NewInventory()
 	if err := inv.Upsert(controllertest.V100Slice(t, "n")); err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +63,7 @@ func TestInventoryRejectsBadPools(t *testing.T) {
 		"bad device name": func(s *resourceapi.ResourceSlice) { s.Spec.Devices[0].Name = "gpu0" },
 	} {
 		t.Run(name, func(t *testing.T) {
-			inv := NewInventory()
+			inv := planner.NewInventory()
 			s := controllertest.V100Slice(t, "n")
 			mutate(s)
 			if err := inv.Upsert(s); err == nil {
@@ -77,7 +78,7 @@ func TestInventoryRejectsBadPools(t *testing.T) {
 		})
 	}
 	// The newest generation wins.
-	inv := NewInventory()
+	inv := planner.NewInventory()
 	old := controllertest.V100Slice(t, "n")
 	old.Name = "old"
 	four, err := controllertest.ParseFixture("pcie-4.txt")
@@ -113,13 +114,13 @@ func TestNodeFilter(t *testing.T) {
 	lister := f.Core().V1().Nodes().Lister()
 	f.Start(t.Context().Done())
 	f.WaitForCacheSync(t.Context().Done())
-	inv := NewInventory()
+	inv := planner.NewInventory()
 	for _, n := range []string{"cordoned", "tainted", "labelled", "plain", "ghost"} {
 		if err := inv.Upsert(controllertest.V100Slice(t, n)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	filter := &NodeFilter{Nodes: lister}
+	filter := &planner.NodeFilter{Nodes: lister}
 	names := func(pod *corev1.Pod, allocated []*resourceapi.ResourceClaim, excluded sets.Set[string]) []string {
 		got, _ := filter.Candidates(logger, pod, inv.All(), allocated, excluded)
 		var out []string
@@ -141,7 +142,7 @@ func TestNodeFilter(t *testing.T) {
 	if got := names(pod, nil, sets.New("plain")); strings.Join(got, ",") != "labelled,tainted" {
 		t.Errorf("tolerating pod with plain excluded: candidates %v, want labelled,tainted", got)
 	}
-	other := &resourceapi.ResourceClaim{Status: resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{NodeSelector: NodeSelectorFor("tainted")}}}
+	other := &resourceapi.ResourceClaim{Status: resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{NodeSelector: planner.NodeSelectorFor("tainted")}}}
 	if got := names(pod, []*resourceapi.ResourceClaim{other}, nil); strings.Join(got, ",") != "tainted" {
 		t.Errorf("pod with a claim allocated on tainted: candidates %v, want tainted", got)
 	}
@@ -151,7 +152,7 @@ func TestNodeFilter(t *testing.T) {
 // names the same pool every time: the explainer records a message once
 // only while it repeats exactly.
 func TestWaitingMessageStableWithUnusablePools(t *testing.T) {
-	c := &Controller{inv: NewInventory()}
+	c := &Controller{inv: planner.NewInventory()}
 	for _, node := range []string{"c", "a", "d", "b"} {
 		s := controllertest.V100Slice(t, node)
 		s.Spec.Pool.ResourceSliceCount = 2
@@ -185,7 +186,7 @@ func TestInventoryIgnoresPoolsNamedAfterAnotherNode(t *testing.T) {
 	}
 	forged.Name = "forged"
 	forged.Spec.Pool.Name = "node-b"
-	check := func(t *testing.T, inv *Inventory) {
+	check := func(t *testing.T, inv *planner.Inventory) {
 		t.Helper()
 		for _, node := range []string{"node-a", "node-b"} {
 			if n := inv.Node(node); n == nil || n.Topo.Len() != 8 || n.Pool != node {
@@ -195,7 +196,7 @@ func TestInventoryIgnoresPoolsNamedAfterAnotherNode(t *testing.T) {
 	}
 	for name, forgedFirst := range map[string]bool{"forged slice last": false, "forged slice first": true} {
 		t.Run(name, func(t *testing.T) {
-			inv := NewInventory()
+			inv := planner.NewInventory()
 			upsertForged := func() {
 				err := inv.Upsert(forged)
 				if err == nil || !strings.Contains(err.Error(), `pool "node-b"`) || !strings.Contains(err.Error(), `node "node-a"`) {
@@ -222,7 +223,7 @@ func TestInventoryIgnoresPoolsNamedAfterAnotherNode(t *testing.T) {
 	// A slice that was accepted and is then rewritten to name another
 	// node's pool is dropped: its old pool goes with it, and the pool it
 	// now names is untouched.
-	inv := NewInventory()
+	inv := planner.NewInventory()
 	for _, node := range []string{"node-a", "node-b"} {
 		if err := inv.Upsert(controllertest.V100Slice(t, node)); err != nil {
 			t.Fatal(err)
@@ -246,7 +247,7 @@ func TestInventoryIgnoresPoolsNamedAfterAnotherNode(t *testing.T) {
 // m) never becomes one node's inventory: the slice naming m is ignored, so
 // pool n stays incomplete and unusable, and node m's own pool is untouched.
 func TestInventoryRefusesPoolSplitAcrossNodes(t *testing.T) {
-	inv := NewInventory()
+	inv := planner.NewInventory()
 	if err := inv.Upsert(controllertest.V100Slice(t, "m")); err != nil {
 		t.Fatal(err)
 	}
@@ -300,7 +301,7 @@ func TestControllerWarnsAboutForeignPoolSlice(t *testing.T) {
 // adds, updates, pool moves, refused updates and removals, and a pool's
 // rebuild sees exactly its own slices.
 func TestInventoryPoolIndexConsistent(t *testing.T) {
-	inv := NewInventory()
+	inv := planner.NewInventory()
 	check := func(step string, want map[string][]string) {
 		t.Helper()
 		got := map[string][]string{}

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/controller/planner"
 )
 
 // BenchmarkInventoryCollect measures one scrape of the per-node gauges on
@@ -14,8 +15,8 @@ import (
 // steady (the fragmentation figures cached) and cold (every node's figure
 // recomputed, as after every node changed).
 func BenchmarkInventoryCollect(b *testing.B) {
-	inv := NewInventory()
-	l := NewLedger()
+	inv := planner.NewInventory()
+	l := planner.NewLedger()
 	for n := range 256 {
 		fixture := "v100-sxm2-8-aliyun-sccgn6.txt"
 		if n%2 == 1 {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/driver/topology"
 )
 
@@ -46,15 +47,15 @@ var (
 // computation is bounded by fragmentSearchBudget.
 type inventoryCollector struct {
 	mu     sync.Mutex // serializes scrapes; guards the fields
-	inv    *Inventory
-	ledger *Ledger
+	inv    *planner.Inventory
+	ledger *planner.Ledger
 	frag   map[string]*fragEntry // by node name
 }
 
 // fragEntry is the last fragmentation figure of a node, valid while the
 // node's inventory and free GPUs are the same.
 type fragEntry struct {
-	node *NodeInventory
+	node *planner.NodeInventory
 	free uint64
 	// sizes and stranded are parallel; stranded is -1 where the search
 	// ran over its budget.
@@ -68,7 +69,7 @@ func newInventoryCollector() *inventoryCollector {
 
 // setSource names what the collector reports on; until then (a standby
 // replica's registry) it reports nothing.
-func (ic *inventoryCollector) setSource(inv *Inventory, l *Ledger) {
+func (ic *inventoryCollector) setSource(inv *planner.Inventory, l *planner.Ledger) {
 	ic.mu.Lock()
 	defer ic.mu.Unlock()
 	ic.inv, ic.ledger = inv, l
@@ -154,10 +155,10 @@ func (ic *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
 
 // fragmentation computes a node's fragmentation figure for every published
 // group size.
-func fragmentation(n *NodeInventory, free uint64) *fragEntry {
+func fragmentation(n *planner.NodeInventory, free uint64) *fragEntry {
 	fe := &fragEntry{node: n, free: free}
 	for _, k := range topology.GroupSizes(n.Topo.Len()) {
-		stranded, ok := StrandedGPUs(n.Topo, free, k, n.IdleBest(k))
+		stranded, ok := planner.StrandedGPUs(n.Topo, free, k, n.IdleBest(k))
 		if !ok {
 			stranded = -1
 		}
@@ -170,7 +171,7 @@ func fragmentation(n *NodeInventory, free uint64) *fragEntry {
 // blockingTaint tells whether a device carries a NoSchedule or NoExecute
 // taint other than gpulink's managed one, which only steers requests to
 // the controller.
-func blockingTaint(d *DeviceInfo) bool {
-	_, ok := UntoleratedTaint(d, nil)
+func blockingTaint(d *planner.DeviceInfo) bool {
+	_, ok := planner.UntoleratedTaint(d, nil)
 	return ok
 }

@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/controller/report"
 	"github.com/gpulink/gpulink/driver/topology"
 )
@@ -45,8 +46,8 @@ func TestStrandedGPUs(t *testing.T) {
 		{"DGX-1 idle quads", dgx1, []int{0, 1, 2, 3, 4, 5, 6, 7}, 4, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			n := &NodeInventory{Node: "n", Topo: tc.topo}
-			got, ok := StrandedGPUs(tc.topo, positionsMask(tc.free...), tc.k, n.IdleBest(tc.k))
+			n := &planner.NodeInventory{Node: "n", Topo: tc.topo}
+			got, ok := planner.StrandedGPUs(tc.topo, positionsMask(tc.free...), tc.k, n.IdleBest(tc.k))
 			if !ok {
 				t.Fatal("search ran over its budget")
 			}
@@ -62,7 +63,7 @@ func TestStrandedGPUs(t *testing.T) {
 // "linked at >= c" is not transitive).
 func TestStrandedGPUsMatchesEnumeration(t *testing.T) {
 	topo := fixtureTopology(t, "dgx1-v100.txt")
-	n := &NodeInventory{Node: "n", Topo: topo}
+	n := &planner.NodeInventory{Node: "n", Topo: topo}
 	const all = 1<<8 - 1
 	for _, k := range []int{2, 4} {
 		idle := n.IdleBest(k)
@@ -73,7 +74,7 @@ func TestStrandedGPUsMatchesEnumeration(t *testing.T) {
 					want++
 				}
 			}
-			got, ok := StrandedGPUs(topo, free, k, idle)
+			got, ok := planner.StrandedGPUs(topo, free, k, idle)
 			if !ok || got != want {
 				t.Fatalf("k=%d free=%08b: got %d (ok %v), enumeration says %d", k, free, got, ok, want)
 			}
@@ -111,7 +112,7 @@ func popcount(s uint64) int {
 }
 
 func TestBestLink(t *testing.T) {
-	n := &NodeInventory{Node: "n", Topo: fixtureTopology(t, "pcie-nvbridge-8.txt")}
+	n := &planner.NodeInventory{Node: "n", Topo: fixtureTopology(t, "pcie-nvbridge-8.txt")}
 	for k, want := range map[int]topology.Link{2: topology.NVLink(4), 4: topology.LinkPXB, 8: topology.LinkSYS} {
 		if got, ok := n.BestLink(k); !ok || got != want {
 			t.Errorf("bestLink(%d) = %s, %v; want %s", k, got, ok, want)
@@ -141,11 +142,11 @@ func TestInventoryCollector(t *testing.T) {
 				resourceapi.DeviceTaint{Key: "gpu.gpulink.dev/unhealthy", Effect: resourceapi.DeviceTaintEffectNoSchedule})
 		}
 	}
-	inv := NewInventory()
+	inv := planner.NewInventory()
 	if err := inv.Upsert(slice); err != nil {
 		t.Fatal(err)
 	}
-	l := NewLedger()
+	l := planner.NewLedger()
 	l.Observe(controllertest.ClaimWith("a", "1", controllertest.WholeResult("gpu-0"), controllertest.WholeResult("gpu-2")))
 	l.Observe(controllertest.ClaimWith("b", "2", controllertest.ShareResult("gpu-4", "2Gi", "20")))
 	l.Observe(controllertest.ClaimWith("c", "3", controllertest.ShareResult("gpu-4", "4Gi", "30")))

@@ -14,6 +14,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 
 	"github.com/gpulink/gpulink/api/v1alpha1"
+	"github.com/gpulink/gpulink/controller/planner"
 )
 
 // mpsUserConflict explains why the gated pod must not join its MPS
@@ -30,7 +31,7 @@ import (
 // line cannot. A mismatch only ever hurts the namespace's own pods (a
 // claim and its pods share one namespace), so this is a usability check,
 // not a security boundary (docs/security.md).
-func (c *Controller) mpsUserConflict(pod *corev1.Pod, ours []*Claim) string {
+func (c *Controller) mpsUserConflict(pod *corev1.Pod, ours []*planner.Claim) string {
 	for _, ic := range ours {
 		if !ic.UsesMPS() {
 			continue
@@ -83,7 +84,7 @@ func (c *Controller) otherLivePods(claim *resourceapi.ResourceClaim, pod *corev1
 			continue
 		}
 		other, err := c.pods.Pods(claim.Namespace).Get(ref.Name)
-		if err != nil || other.UID != ref.UID || PodDone(other) {
+		if err != nil || other.UID != ref.UID || planner.PodDone(other) {
 			continue
 		}
 		out = append(out, other)
@@ -125,10 +126,10 @@ func runAsUser(pod *corev1.Pod, c *corev1.Container) *int64 {
 
 // concurrentDevices are the devices of the claims' concurrent MPS shares
 // (sharing.mpsMode Concurrent) as allocated.
-func concurrentDevices(claims []*Claim) []DeviceKey {
-	var out []DeviceKey
+func concurrentDevices(claims []*planner.Claim) []planner.DeviceKey {
+	var out []planner.DeviceKey
 	for _, ic := range claims {
-		for _, u := range UsesOf(ic.Claim) {
+		for _, u := range planner.UsesOf(ic.Claim) {
 			if u.Group != "" && !slices.Contains(out, u.Key) {
 				out = append(out, u.Key)
 			}
@@ -139,15 +140,15 @@ func concurrentDevices(claims []*Claim) []DeviceKey {
 
 // plannedConcurrentDevices are the devices the plan puts the pending
 // claims' concurrent MPS shares on.
-func plannedConcurrentDevices(plan *Plan) []DeviceKey {
-	var out []DeviceKey
+func plannedConcurrentDevices(plan *planner.Plan) []planner.DeviceKey {
+	var out []planner.DeviceKey
 	for _, claim := range plan.Claims {
 		for _, r := range claim {
 			if r.Share == nil || r.Alt.ShareGroup == "" {
 				continue
 			}
 			for _, pos := range r.Positions {
-				k := DeviceKey{Pool: plan.Node.Pool, Device: plan.Node.Devices[pos].Name}
+				k := planner.DeviceKey{Pool: plan.Node.Pool, Device: plan.Node.Devices[pos].Name}
 				if !slices.Contains(out, k) {
 					out = append(out, k)
 				}
@@ -164,7 +165,7 @@ func plannedConcurrentDevices(plan *Plan) []DeviceKey {
 // user at a time: a pod running as another user than the live pods
 // already using that GPU's server would wait until they finish. As in
 // mpsUserConflict, only users set in pod specs are known.
-func (c *Controller) mpsGroupUserConflict(pod *corev1.Pod, ours []*Claim, devices []DeviceKey) string {
+func (c *Controller) mpsGroupUserConflict(pod *corev1.Pod, ours []*planner.Claim, devices []planner.DeviceKey) string {
 	if len(devices) == 0 {
 		return ""
 	}
@@ -176,7 +177,7 @@ func (c *Controller) mpsGroupUserConflict(pod *corev1.Pod, ours []*Claim, device
 			users.add(pod, ic.Claim.Name)
 		}
 	}
-	on := map[DeviceKey]bool{}
+	on := map[planner.DeviceKey]bool{}
 	for _, d := range devices {
 		on[d] = true
 	}
@@ -188,7 +189,7 @@ func (c *Controller) mpsGroupUserConflict(pod *corev1.Pod, ours []*Claim, device
 		if own[claim.UID] || claim.Status.Allocation == nil {
 			continue
 		}
-		if !slices.ContainsFunc(UsesOf(claim), func(u DeviceUse) bool { return u.Group != "" && on[u.Key] }) {
+		if !slices.ContainsFunc(planner.UsesOf(claim), func(u planner.DeviceUse) bool { return u.Group != "" && on[u.Key] }) {
 			continue
 		}
 		for _, other := range c.otherLivePods(claim, pod) {

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/controller/report"
 	"github.com/gpulink/gpulink/driver"
 )
@@ -233,17 +234,17 @@ func TestMIGWithWholeAndShareClaimsInOnePod(t *testing.T) {
 // Before any slice exists, a MIG claim is gpulink's (it waits) and not
 // handed to kube-scheduler.
 func TestMIGClassSelectsGpulinkWithoutSlices(t *testing.T) {
-	ev := NewSelectorEvaluator()
-	for _, c := range DeviceClasses() {
+	ev := planner.NewSelectorEvaluator()
+	for _, c := range planner.DeviceClasses() {
 		c.ResourceVersion = "1"
-		ok, err := ev.ClassSelectsGpulink(context.Background(), c, NewInventory())
+		ok, err := ev.ClassSelectsGpulink(context.Background(), c, planner.NewInventory())
 		if err != nil || !ok {
 			t.Errorf("class %s selects gpulink devices: %v, %v; want true", c.Name, ok, err)
 		}
 	}
 	other := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "other", ResourceVersion: "1"},
 		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "other"`}}}}}
-	if ok, _ := ev.ClassSelectsGpulink(context.Background(), other, NewInventory()); ok {
+	if ok, _ := ev.ClassSelectsGpulink(context.Background(), other, planner.NewInventory()); ok {
 		t.Error("another driver's class counts as gpulink's")
 	}
 }
@@ -263,7 +264,7 @@ func TestDeviceClassesManifestMatchesGo(t *testing.T) {
 		}
 		file = append(file, dc)
 	}
-	want := DeviceClasses()
+	want := planner.DeviceClasses()
 	if len(file) != len(want) {
 		t.Fatalf("the manifest has %d DeviceClasses, DeviceClasses() %d", len(file), len(want))
 	}
@@ -287,7 +288,7 @@ func BenchmarkMIGPlanNode(b *testing.B) {
 	for g := range 8 {
 		layout[g] = []string{"1g.5gb", "1g.5gb", "1g.5gb", "1g.5gb", "1g.5gb", "1g.5gb", "1g.5gb"}
 	}
-	inv := NewInventory()
+	inv := planner.NewInventory()
 	if err := inv.Upsert(migSlice(b, "a100", layout)); err != nil {
 		b.Fatal(err)
 	}
@@ -296,21 +297,21 @@ func BenchmarkMIGPlanNode(b *testing.B) {
 	for i := range used {
 		used[i] = i%2 == 0
 	}
-	class := DeviceClasses()[2]
-	if !IsMIGClass(class) {
+	class := planner.DeviceClasses()[2]
+	if !planner.IsMIGClass(class) {
 		b.Fatalf("DeviceClasses()[2] is %s, not the MIG class", class.Name)
 	}
-	alt := &Alternative{ResultName: "mig", Class: class, MIG: true, Count: 2,
+	alt := &planner.Alternative{ResultName: "mig", Class: class, MIG: true, Count: 2,
 		Selectors: []string{class.Spec.Selectors[0].CEL.Expression, profileSelector("1g.5gb")}}
-	claims := []*Claim{{Claim: &resourceapi.ResourceClaim{}, Requests: []*RequestSpec{{Name: "mig", Alternatives: []*Alternative{alt}}}}}
-	sel := NewSelectorEvaluator()
+	claims := []*planner.Claim{{Claim: &resourceapi.ResourceClaim{}, Requests: []*planner.RequestSpec{{Name: "mig", Alternatives: []*planner.Alternative{alt}}}}}
+	sel := planner.NewSelectorEvaluator()
 	ctx := context.Background()
-	if pl, why := PlanMIGNode(ctx, sel, n, used, claims); pl == nil || len(pl.Plan.Claims[0][0].MIG) != 2 {
+	if pl, why := planner.PlanMIGNode(ctx, sel, n, used, claims); pl == nil || len(pl.Plan.Claims[0][0].MIG) != 2 {
 		b.Fatalf("no plan: %v", why)
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		PlanMIGNode(ctx, sel, n, used, claims)
+		planner.PlanMIGNode(ctx, sel, n, used, claims)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/controller/report"
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/test/e2e/gpuview"
@@ -20,7 +21,7 @@ import (
 // them. 32Gi GPUs: two 20Gi over-committing shares bin-pack onto one GPU,
 // a 20Gi share of the standard class goes elsewhere.
 func TestMemoryOvercommitOptIn(t *testing.T) {
-	over := DeviceClasses()[1].DeepCopy()
+	over := planner.DeviceClasses()[1].DeepCopy()
 	if over.Name != driver.DeviceClassShare {
 		t.Fatalf("DeviceClasses()[1] is %s", over.Name)
 	}

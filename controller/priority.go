@@ -7,6 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	v1alpha1 "github.com/gpulink/gpulink/api/v1alpha1"
+	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/controller/report"
 )
 
@@ -15,7 +16,7 @@ const maxPriorityGPUs = 3
 
 // explainPriority records, after an allocation, what the task priorities
 // of the pod's MPS shares can and cannot order (priorityScope).
-func (c *Controller) explainPriority(pod *corev1.Pod, chosen *Plan, claims []*Claim) {
+func (c *Controller) explainPriority(pod *corev1.Pod, chosen *planner.Plan, claims []*planner.Claim) {
 	note, crowded := priorityScope(chosen, claims)
 	if note == "" {
 		return
@@ -38,7 +39,7 @@ func (c *Controller) explainPriority(pod *corev1.Pod, chosen *Plan, claims []*Cl
 // the priority is known not to do what HAMi users expect from it. Nothing
 // is said about HAMi-core shares: what HAMi-core does with its priority
 // variable is up to the library, not to a per-claim server.
-func priorityScope(pl *Plan, claims []*Claim) (note string, crowded bool) {
+func priorityScope(pl *planner.Plan, claims []*planner.Claim) (note string, crowded bool) {
 	if pl == nil {
 		return "", false
 	}
@@ -136,14 +137,14 @@ func priorityScope(pl *Plan, claims []*Claim) (note string, crowded bool) {
 		return "", false
 	}
 	note = strings.Join(notes, "; ") + ` (README, "What MPS guarantees")`
-	if len(note) > MaxEventNote {
-		note = note[:MaxEventNote-3] + "..."
+	if len(note) > planner.MaxEventNote {
+		note = note[:planner.MaxEventNote-3] + "..."
 	}
 	return note, crowded
 }
 
 // deviceName names a GPU position of the plan's node.
-func deviceName(pl *Plan, pos int) string {
+func deviceName(pl *planner.Plan, pos int) string {
 	if pl.Node != nil && pos < len(pl.Node.Devices) && pl.Node.Devices[pos] != nil {
 		return pl.Node.Devices[pos].Name
 	}

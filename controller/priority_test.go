@@ -10,6 +10,7 @@ import (
 
 	v1alpha1 "github.com/gpulink/gpulink/api/v1alpha1"
 	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/controller/report"
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/allocate"
@@ -72,14 +73,14 @@ func TestPriorityScopeEvents(t *testing.T) {
 // the same GPU, and says nothing for whole GPUs or HAMi-core shares.
 func TestPriorityScopeNote(t *testing.T) {
 	prio := 1
-	mps := &Alternative{ResultName: "s", Share: true, Config: configWith("MPS", &prio)}
-	hami := &Alternative{ResultName: "s", Share: true, Config: configWith("HAMiCore", &prio)}
-	node := &NodeInventory{Node: "n", Devices: []*DeviceInfo{{Name: "gpu-0"}, {Name: "gpu-1"}}}
+	mps := &planner.Alternative{ResultName: "s", Share: true, Config: configWith("MPS", &prio)}
+	hami := &planner.Alternative{ResultName: "s", Share: true, Config: configWith("HAMiCore", &prio)}
+	node := &planner.NodeInventory{Node: "n", Devices: []*planner.DeviceInfo{{Name: "gpu-0"}, {Name: "gpu-1"}}}
 	share := &allocate.ShareRequest{MemoryBytes: 1 << 30, Cores: 10}
-	claims := []*Claim{{Claim: &resourceapi.ResourceClaim{}}, {Claim: &resourceapi.ResourceClaim{}}}
+	claims := []*planner.Claim{{Claim: &resourceapi.ResourceClaim{}}, {Claim: &resourceapi.ResourceClaim{}}}
 	claims[0].Claim.Name, claims[1].Claim.Name = "first", "second"
 
-	pl := &Plan{Node: node, Base: make([]allocate.GPUUsage, 2), Claims: [][]PlacedResult{
+	pl := &planner.Plan{Node: node, Base: make([]allocate.GPUUsage, 2), Claims: [][]planner.PlacedResult{
 		{{Alt: mps, Positions: []int{1}, Share: share}},
 		{{Alt: hami, Positions: []int{1}, Share: share}},
 	}}

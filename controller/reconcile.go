@@ -18,6 +18,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 	"k8s.io/klog/v2"
 
+	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/controller/report"
 	"github.com/gpulink/gpulink/driver"
 )
@@ -27,7 +28,7 @@ type podClaims struct {
 	// all claims of the pod that exist, any driver.
 	all []*resourceapi.ResourceClaim
 	// ours are the gpulink claims (interpreted), allocated or not.
-	ours []*Claim
+	ours []*planner.Claim
 	// notReady explains why the pod must wait before any decision (a
 	// claim not created yet, a DeviceClass missing); empty when ready.
 	notReady string
@@ -53,7 +54,7 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 	if err != nil {
 		return fmt.Errorf("reading pod %s from cache: %w", key, err)
 	}
-	if pod.DeletionTimestamp != nil || PodDone(pod) {
+	if pod.DeletionTimestamp != nil || planner.PodDone(pod) {
 		c.setWaiting(key, false)
 		c.forgetRollbacks(pod.UID)
 		return nil
@@ -119,7 +120,7 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 			return nil
 		}
 	}
-	var pending []*Claim
+	var pending []*planner.Claim
 	for _, ic := range pc.ours {
 		if ic.Claim.Status.Allocation == nil {
 			if ic.Tolerating && !gated {
@@ -196,21 +197,21 @@ func (c *Controller) collectClaims(ctx context.Context, pod *corev1.Pod) podClai
 			pc.notReady = fmt.Sprintf("claim %s/%s is being deleted", claim.Namespace, claim.Name)
 			return pc
 		}
-		if err := CheckCompatClaim(podClaim, claim); err != nil {
+		if err := planner.CheckCompatClaim(podClaim, claim); err != nil {
 			pc.broken = err
 			return pc
 		}
 		pc.all = append(pc.all, claim)
 		ic, kind, err := c.interp.Interpret(ctx, claim)
 		switch {
-		case errors.Is(err, ErrClassMissing):
+		case errors.Is(err, planner.ErrClassMissing):
 			pc.notReady = err.Error()
 			pc.missingClass = true
 			return pc
 		case err != nil:
 			pc.broken = err
 			return pc
-		case kind == ClaimOurs:
+		case kind == planner.ClaimOurs:
 			pc.ours = append(pc.ours, ic)
 		}
 	}
@@ -218,10 +219,10 @@ func (c *Controller) collectClaims(ctx context.Context, pod *corev1.Pod) podClai
 }
 
 // allocatePod decides and writes the allocation of the pending claims.
-func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Pod, pc podClaims, pending []*Claim) error {
+func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Pod, pc podClaims, pending []*planner.Claim) error {
 	logger := klog.FromContext(ctx)
 	start := time.Now()
-	own, err := PodPlacement(pod, pending)
+	own, err := planner.PodPlacement(pod, pending)
 	if err != nil {
 		c.setWaiting(key, true)
 		c.metrics.Errors.WithLabelValues(errReasonUninterpretable).Inc()
@@ -230,7 +231,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 		c.explain.event(pod, pending[0].Claim, corev1.EventTypeWarning, report.ReasonUninterpretable, actionAllocate, err.Error())
 		return nil
 	}
-	if err := MIGMixError(pending); err != nil {
+	if err := planner.MIGMixError(pending); err != nil {
 		c.setWaiting(key, true)
 		c.metrics.Errors.WithLabelValues(errReasonUninterpretable).Inc()
 		c.metrics.Decisions.WithLabelValues(OutcomeInvalid).Inc()
@@ -262,51 +263,51 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	all := c.inv.All()
 	pol := own.Apply(c.demand.Policy(c.mix.Policy(ctx, c.policy, pending)))
 	rank := c.demand.Ranking(c.filter.HostLeft, pod)
-	var chosen *Plan
-	var plans []*Plan
+	var chosen *planner.Plan
+	var plans []*planner.Plan
 	var why []string
-	var rej *Rejections
+	var rej *planner.Rejections
 	unexamined := 0
-	if WantsMIG(pending) {
+	if planner.WantsMIG(pending) {
 		chosen, plans, why, rej = c.decideMIG(ctx, logger, pod, all, allocated, excluded, pending, pol, rank)
 	} else {
 		pf := c.filter.ForPod(logger, pod, allocated, excluded)
-		q, verdict := QuickChoice(ctx, c.sel, pol, all, c.ledger, c.scores, pf.Admit, pending, rank)
-		var bounded *Plan
-		if verdict == QuickUnsure {
+		q, verdict := planner.QuickChoice(ctx, c.sel, pol, all, c.ledger, c.scores, pf.Admit, pending, rank)
+		var bounded *planner.Plan
+		if verdict == planner.QuickUnsure {
 			// Pods with several device sets keep podScore's ranking.
 			podPol := pol
 			podPol.Demand = nil
-			bounded, verdict = BoundChoice(ctx, c.sel, podPol, all, c.ledger, c.scores, pf.Admit, pending)
+			bounded, verdict = planner.BoundChoice(ctx, c.sel, podPol, all, c.ledger, c.scores, pf.Admit, pending)
 		}
 		quickWait := false
-		if verdict == QuickNoFit && excluded.Len() == 0 {
+		if verdict == planner.QuickNoFit && excluded.Len() == 0 {
 			// Nothing fits: count every node by filter as the exhaustive
 			// path does (the nodes admitted fit no GPUs), planning only a
 			// few of them for the reasons.
-			var cands []*NodeInventory
+			var cands []*planner.NodeInventory
 			cands, rej = c.filter.Candidates(logger, pod, all, allocated, nil)
-			why, quickWait = ExplainNoFit(ctx, c.sel, pol, cands, c.ledger, pending)
+			why, quickWait = planner.ExplainNoFit(ctx, c.sel, pol, cands, c.ledger, pending)
 			if quickWait {
-				noFit := "no " + WantedDevices(pending)
+				noFit := "no " + planner.WantedDevices(pending)
 				for range cands {
 					rej.Add(noFit)
 				}
 			}
 		}
 		switch {
-		case verdict == QuickChosen && q != nil:
+		case verdict == planner.QuickChosen && q != nil:
 			chosen = q.Plan
 			// The event names a few nodes that also fit (gpulink explain):
 			// plan a bounded number of the next-best ones for it.
 			plans, why, unexamined = q.Alternatives(ctx, c.sel, pol, c.ledger, pf.Admit, pending)
 			rej = pf.Rej
-		case verdict == QuickChosen:
-			chosen, plans, rej = bounded, []*Plan{bounded}, pf.Rej
+		case verdict == planner.QuickChosen:
+			chosen, plans, rej = bounded, []*planner.Plan{bounded}, pf.Rej
 		case !quickWait:
-			var cands []*NodeInventory
+			var cands []*planner.NodeInventory
 			cands, rej = c.filter.Candidates(logger, pod, all, allocated, excluded)
-			if len(cands) == 0 && excluded.Len() > 0 && rej.Count(RejectExcluded) > 0 {
+			if len(cands) == 0 && excluded.Len() > 0 && rej.Count(planner.RejectExcluded) > 0 {
 				// Every node was ruled out, some by earlier failures: start
 				// over rather than wait forever for a condition that may
 				// have cleared.
@@ -314,12 +315,12 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 				cands, rej = c.filter.Candidates(logger, pod, all, allocated, nil)
 			}
 			var failed int
-			plans, failed, why = ExhaustivePlans(ctx, c.sel, pol, cands, c.ledger.NodeUsage, pending)
-			noFit := "no " + WantedDevices(pending)
+			plans, failed, why = planner.ExhaustivePlans(ctx, c.sel, pol, cands, c.ledger.NodeUsage, pending)
+			noFit := "no " + planner.WantedDevices(pending)
 			for range failed {
 				rej.Add(noFit)
 			}
-			chosen = ChoosePlan(plans, pol, rank)
+			chosen = planner.ChoosePlan(plans, pol, rank)
 		}
 	}
 	if chosen == nil {
@@ -387,7 +388,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	}
 	summary := chosen.Summarize()
 	logger.Info("Allocated", "node", chosen.Node.Node, "devices", summary, "duration", time.Since(start))
-	c.explain.event(pod, pending[0].Claim, corev1.EventTypeNormal, report.ReasonAllocated, actionAllocate, "allocated "+summary+own.Note()+AlternativesNote(chosen, plans, why, rej.Details, unexamined))
+	c.explain.event(pod, pending[0].Claim, corev1.EventTypeNormal, report.ReasonAllocated, actionAllocate, "allocated "+summary+own.Note()+planner.AlternativesNote(chosen, plans, why, rej.Details, unexamined))
 	c.explainPriority(pod, chosen, pending)
 	if err := c.ungate(ctx, pod); err != nil {
 		return err
@@ -398,7 +399,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 // countBelowBest counts a set of whole GPUs whose weakest link is below
 // the node's best for its size: the node could have done better idle, so
 // fragmentation or a selector cost the request link speed.
-func (c *Controller) countBelowBest(n *NodeInventory, r PlacedResult) {
+func (c *Controller) countBelowBest(n *planner.NodeInventory, r planner.PlacedResult) {
 	k := len(r.Positions)
 	if r.Share != nil || k < 2 {
 		return
@@ -411,7 +412,7 @@ func (c *Controller) countBelowBest(n *NodeInventory, r PlacedResult) {
 // waitingMessage explains why nothing fits: which filter rejected how
 // many of the nodes with gpulink devices, as kube-scheduler's
 // FailedScheduling message does, then a few per-node details.
-func (c *Controller) waitingMessage(pending []*Claim, nodesWithGPUs int, rej *Rejections, why []string) string {
+func (c *Controller) waitingMessage(pending []*planner.Claim, nodesWithGPUs int, rej *planner.Rejections, why []string) string {
 	msg := "waiting: "
 	switch {
 	case nodesWithGPUs == 0:
@@ -424,14 +425,14 @@ func (c *Controller) waitingMessage(pending []*Claim, nodesWithGPUs int, rej *Re
 		}
 		return msg
 	case rej == nil:
-		msg += fmt.Sprintf("no node has %s", WantedDevices(pending))
+		msg += fmt.Sprintf("no node has %s", planner.WantedDevices(pending))
 	}
 	var skipped []string
 	if rej != nil {
 		msg += rej.Summary(nodesWithGPUs)
 		skipped = rej.Details
 	}
-	details := append(Dedupe(why), skipped...)
+	details := append(planner.Dedupe(why), skipped...)
 	if len(details) > 4 {
 		details = append(details[:4], fmt.Sprintf("and %d more", len(details)-4))
 	}

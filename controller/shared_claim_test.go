@@ -11,6 +11,7 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/controller/planner"
 )
 
 // TestSharedClaimDecidedOnce: two pods referencing one claim, processed
@@ -82,36 +83,36 @@ func TestSharedClaimDecidedOnce(t *testing.T) {
 // by another decision for the same claim, and a claim the informer shows
 // allocated cannot be assumed again.
 func TestLedgerRefusesSecondAssumption(t *testing.T) {
-	l := NewLedger()
-	first := []DeviceUse{{Key: Key0, Exclusive: true}}
+	l := planner.NewLedger()
+	first := []planner.DeviceUse{{Key: planner.DeviceKey{Pool: "n", Device: "gpu-0"}, Exclusive: true}}
 	settle, ok := l.Assume("s", first)
 	if !ok {
 		t.Fatal("first assumption refused")
 	}
-	key1 := DeviceKey{Pool: "n", Device: "gpu-1"}
-	if _, ok := l.Assume("s", []DeviceUse{{Key: key1, Exclusive: true}}); ok {
+	key1 := planner.DeviceKey{Pool: "n", Device: "gpu-1"}
+	if _, ok := l.Assume("s", []planner.DeviceUse{{Key: key1, Exclusive: true}}); ok {
 		t.Fatal("second assumption for the same claim accepted")
 	}
-	if got := l.UsageOf(Key0); !got.Exclusive {
+	if got := l.UsageOf(planner.DeviceKey{Pool: "n", Device: "gpu-0"}); !got.Exclusive {
 		t.Errorf("gpu-0 usage %+v after a refused second assumption, want exclusive", got)
 	}
 	if got := l.UsageOf(key1); got.Exclusive {
 		t.Errorf("gpu-1 usage %+v, want free: the refused decision must leave no trace", got)
 	}
 	settle("10", true)
-	if _, ok := l.Assume("s", []DeviceUse{{Key: key1, Exclusive: true}}); ok {
+	if _, ok := l.Assume("s", []planner.DeviceUse{{Key: key1, Exclusive: true}}); ok {
 		t.Fatal("assumption accepted while the written one is not observed yet")
 	}
 	l.Observe(controllertest.ClaimWith("s", "10", controllertest.WholeResult("gpu-0")))
-	if _, ok := l.Assume("s", []DeviceUse{{Key: key1, Exclusive: true}}); ok {
+	if _, ok := l.Assume("s", []planner.DeviceUse{{Key: key1, Exclusive: true}}); ok {
 		t.Fatal("assumption accepted for a claim the informer shows allocated")
 	}
-	if got := l.UsageOf(Key0); !got.Exclusive {
+	if got := l.UsageOf(planner.DeviceKey{Pool: "n", Device: "gpu-0"}); !got.Exclusive {
 		t.Errorf("gpu-0 usage %+v, want exclusive", got)
 	}
 	// Deallocated: it may be decided again.
 	l.Observe(controllertest.ClaimWith("s", "11"))
-	if _, ok := l.Assume("s", []DeviceUse{{Key: key1, Exclusive: true}}); !ok {
+	if _, ok := l.Assume("s", []planner.DeviceUse{{Key: key1, Exclusive: true}}); !ok {
 		t.Fatal("assumption refused for a deallocated claim")
 	}
 }

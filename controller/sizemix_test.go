@@ -15,15 +15,16 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/controller/report"
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/allocate"
 )
 
-func claimOfSizes(uid string, share bool, sizes ...int) *Claim {
-	ic := &Claim{Claim: &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{UID: types.UID(uid)}}}
+func claimOfSizes(uid string, share bool, sizes ...int) *planner.Claim {
+	ic := &planner.Claim{Claim: &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{UID: types.UID(uid)}}}
 	for _, s := range sizes {
-		ic.Requests = append(ic.Requests, &RequestSpec{Alternatives: []*Alternative{{Count: s, Share: share}}})
+		ic.Requests = append(ic.Requests, &planner.RequestSpec{Alternatives: []*planner.Alternative{{Count: s, Share: share}}})
 	}
 	return ic
 }
@@ -32,8 +33,8 @@ func claimOfSizes(uid string, share bool, sizes ...int) *Claim {
 // once however often its pod is retried; shares and allocationMode All
 // do not count; the mix is a function of the sequence.
 func TestMixRecorderCountsEachClaimOnce(t *testing.T) {
-	run := func() (*MixRecorder, allocate.Policy) {
-		r, err := NewMixRecorder(MixConfig{Window: 8, Refresh: 1})
+	run := func() (*planner.MixRecorder, allocate.Policy) {
+		r, err := planner.NewMixRecorder(planner.MixConfig{Window: 8, Refresh: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -42,7 +43,7 @@ func TestMixRecorderCountsEachClaimOnce(t *testing.T) {
 		base := allocate.Policy{Node: allocate.Binpack}
 		var pol allocate.Policy
 		for range 3 {
-			pol = r.Policy(context.Background(), base, []*Claim{claimOfSizes("a", false, 4, 2), claimOfSizes("s", true, 1), all})
+			pol = r.Policy(context.Background(), base, []*planner.Claim{claimOfSizes("a", false, 4, 2), claimOfSizes("s", true, 1), all})
 		}
 		return r, pol
 	}
@@ -57,15 +58,15 @@ func TestMixRecorderCountsEachClaimOnce(t *testing.T) {
 		t.Fatalf("same sequence, different mix: %s vs %s", again.Mix, pol.Mix)
 	}
 
-	off, err := NewMixRecorder(MixConfig{Window: -1})
+	off, err := planner.NewMixRecorder(planner.MixConfig{Window: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	fixed := allocate.Policy{Mix: allocate.DefaultSizeMix}
-	if got := off.Policy(context.Background(), fixed, []*Claim{claimOfSizes("a", false, 4)}); got != fixed {
+	if got := off.Policy(context.Background(), fixed, []*planner.Claim{claimOfSizes("a", false, 4)}); got != fixed {
 		t.Fatalf("recorder off changed the policy: %+v", got)
 	}
-	if _, err := NewMixRecorder(MixConfig{Window: 4, Refresh: 5}); err == nil {
+	if _, err := planner.NewMixRecorder(planner.MixConfig{Window: 4, Refresh: 5}); err == nil {
 		t.Fatal("refresh above the window accepted")
 	}
 }
@@ -92,7 +93,7 @@ func TestRecentMixChangesDecision(t *testing.T) {
 				ObjectMeta: metav1.ObjectMeta{Name: "held", Namespace: ns, UID: uuid.NewUUID(), Finalizers: []string{driver.ClaimFinalizer}},
 				Spec:       resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 2)}}},
 				Status: resourceapi.ResourceClaimStatus{
-					Allocation:  &resourceapi.AllocationResult{NodeSelector: NodeSelectorFor(node), AllocationTimestamp: ptr.To(metav1.Now())},
+					Allocation:  &resourceapi.AllocationResult{NodeSelector: planner.NodeSelectorFor(node), AllocationTimestamp: ptr.To(metav1.Now())},
 					ReservedFor: []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "old", UID: old.UID}},
 				},
 			}
@@ -100,7 +101,7 @@ func TestRecentMixChangesDecision(t *testing.T) {
 				held.Status.Allocation.Devices.Results = append(held.Status.Allocation.Devices.Results, resourceapi.DeviceRequestAllocationResult{
 					Request: "g", Driver: driver.Name, Pool: node, Device: driver.DeviceName(i)})
 			}
-			h := newHarnessWith(t, Config{Workers: 1, DeviceTaintRules: true, Mix: MixConfig{Window: 16, Refresh: 1}},
+			h := newHarnessWith(t, Config{Workers: 1, DeviceTaintRules: true, Mix: planner.MixConfig{Window: 16, Refresh: 1}},
 				objs(classes(), []runtime.Object{controllertest.Node(node), slice, old, held})...).start()
 			for i := range 6 {
 				name := fmt.Sprintf("nvlink-%d", i)

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/driver"
 )
 
@@ -24,12 +25,12 @@ import (
 // the consumedCapacity of every capacity the device publishes, rounded as
 // the device's requestPolicy says, which is how kube-scheduler records and
 // counts them.
-func buildAllocation(ic *Claim, n *NodeInventory, placed []PlacedResult, now metav1.Time) (*resourceapi.AllocationResult, []DeviceUse) {
+func buildAllocation(ic *planner.Claim, n *planner.NodeInventory, placed []planner.PlacedResult, now metav1.Time) (*resourceapi.AllocationResult, []planner.DeviceUse) {
 	alloc := &resourceapi.AllocationResult{
-		NodeSelector:        NodeSelectorFor(n.Node),
+		NodeSelector:        planner.NodeSelectorFor(n.Node),
 		AllocationTimestamp: &now,
 	}
-	var uses []DeviceUse
+	var uses []planner.DeviceUse
 	classRequests := map[string][]string{}
 	var classOrder []*resourceapi.DeviceClass
 	for _, r := range placed {
@@ -42,7 +43,7 @@ func buildAllocation(ic *Claim, n *NodeInventory, placed []PlacedResult, now met
 				Device:      d.Name,
 				Tolerations: slices.Clone(r.Alt.Tolerations),
 			}
-			use := DeviceUse{Key: DeviceKey{Pool: n.Pool, Device: d.Name}, Exclusive: r.Share == nil}
+			use := planner.DeviceUse{Key: planner.DeviceKey{Pool: n.Pool, Device: d.Name}, Exclusive: r.Share == nil}
 			if r.Share != nil {
 				id := types.UID(uuid.NewString())
 				res.ShareID = &id
@@ -66,7 +67,7 @@ func buildAllocation(ic *Claim, n *NodeInventory, placed []PlacedResult, now met
 				Device:      m.Name,
 				Tolerations: slices.Clone(r.Alt.Tolerations),
 			})
-			uses = append(uses, DeviceUse{Key: DeviceKey{Pool: n.Pool, Device: m.Name}, Exclusive: true})
+			uses = append(uses, planner.DeviceUse{Key: planner.DeviceKey{Pool: n.Pool, Device: m.Name}, Exclusive: true})
 		}
 		cls := r.Alt.Class
 		if _, seen := classRequests[cls.Name]; !seen {

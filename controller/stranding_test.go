@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/allocate"
 	"github.com/gpulink/gpulink/test/e2e/gpuview"
@@ -78,8 +79,8 @@ func (h *harness) podAsking(name, cpu, claim string) {
 // pods counted on the node are subtracted, and a deleted node is unknown.
 func TestHostLeftFollowsNodeObject(t *testing.T) {
 	indexer := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
-	fit := NewFitTracker()
-	f := &NodeFilter{Nodes: corelisters.NewNodeLister(indexer), Fit: fit}
+	fit := planner.NewFitTracker()
+	f := &planner.NodeFilter{Nodes: corelisters.NewNodeLister(indexer), Fit: fit}
 	node := controllertest.Node("n")
 	node.Status.Allocatable[corev1.ResourceCPU] = resource.MustParse("8")
 	node.Status.Allocatable[corev1.ResourceMemory] = resource.MustParse("64Gi")
@@ -157,7 +158,7 @@ func TestHostChangesTouchTheLedger(t *testing.T) {
 			}
 			gen := func() uint64 {
 				out := make([]uint64, 1)
-				c.ledger.Generations([]*NodeInventory{n}, out)
+				c.ledger.Generations([]*planner.NodeInventory{n}, out)
 				return out[0]
 			}
 			before := gen()

@@ -13,13 +13,14 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
+	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/controller/report"
 )
 
 // pendingWrite is one claim of a decision: the allocation to write and
 // the ledger assumption to settle.
 type pendingWrite struct {
-	ic     *Claim
+	ic     *planner.Claim
 	alloc  *resourceapi.AllocationResult
 	settle func(string, bool)
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/gpulink/gpulink/compat"
 	"github.com/gpulink/gpulink/compat/admission"
 	"github.com/gpulink/gpulink/controller"
+	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/driver/allocate"
 	"github.com/gpulink/gpulink/internal/serve"
 )
@@ -153,7 +154,7 @@ func run(ctx context.Context, o options) error {
 		ResyncPeriod:       o.resyncPeriod,
 		UnschedulableGrace: o.unschedulableGrace,
 		DeviceTaintRules:   o.deviceTaintRules,
-		Mix:                controller.MixConfig{Window: o.mixWindow, Refresh: o.mixRefresh},
+		Mix:                planner.MixConfig{Window: o.mixWindow, Refresh: o.mixRefresh},
 		RankByStranding:    o.rankByStranding,
 		HoldNamespace:      o.holdNamespace,
 	})

@@ -17,8 +17,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/gpulink/gpulink/controller"
 	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/driver"
 )
 
@@ -42,7 +42,7 @@ func setup(t testing.TB) *env {
 		t.Fatal(err)
 	}
 	e := &env{t: t, ctx: ctx, client: client, ns: fmt.Sprintf("s-%d", rand.IntN(1_000_000))}
-	for _, c := range controller.DeviceClasses() {
+	for _, c := range planner.DeviceClasses() {
 		if _, err := client.ResourceV1().DeviceClasses().Create(ctx, c, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatal(err)
 		}

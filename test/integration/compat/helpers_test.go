@@ -37,6 +37,7 @@ import (
 	"github.com/gpulink/gpulink/compat/admission"
 	"github.com/gpulink/gpulink/controller"
 	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/driver/allocate"
 	"github.com/gpulink/gpulink/driver/topology"
 	"github.com/gpulink/gpulink/test/localcluster"
@@ -68,7 +69,7 @@ func setup(t *testing.T, grace time.Duration) *env {
 	}
 	id := mrand.IntN(1_000_000)
 	e := &env{t: t, ctx: ctx, client: client, ns: fmt.Sprintf("compat-%d", id), node: fmt.Sprintf("gpu-%d", id)}
-	for _, c := range controller.DeviceClasses() {
+	for _, c := range planner.DeviceClasses() {
 		if _, err := client.ResourceV1().DeviceClasses().Create(ctx, c, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatal(err)
 		}

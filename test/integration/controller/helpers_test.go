@@ -23,6 +23,7 @@ import (
 
 	"github.com/gpulink/gpulink/controller"
 	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/allocate"
 	"github.com/gpulink/gpulink/driver/topology"
@@ -65,7 +66,7 @@ func setup(t testing.TB, nodes map[string]string) *env {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	e := &env{t: t, ctx: ctx, client: fastClient(t), ns: fmt.Sprintf("t-%d", rand.IntN(1_000_000)), topo: map[string]*topology.Topology{}}
-	for _, c := range controller.DeviceClasses() {
+	for _, c := range planner.DeviceClasses() {
 		if _, err := e.client.ResourceV1().DeviceClasses().Create(ctx, c, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatal(err)
 		}

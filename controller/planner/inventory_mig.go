@@ -1,4 +1,4 @@
-package controller
+package planner
 
 import (
 	resourceapi "k8s.io/api/resource/v1"
