@@ -96,9 +96,6 @@ type Controller struct {
 	synced   []cache.InformerSynced
 	metrics  *Metrics
 	explain  *explainer
-	policy   allocate.Policy
-	mix      *planner.MixRecorder
-	demand   *planner.DemandRecorder
 	workers  int
 	grace    time.Duration
 	retry    time.Duration
@@ -107,9 +104,8 @@ type Controller struct {
 	fit      *planner.FitTracker
 	ungating *ungating
 	sel      *planner.SelectorEvaluator
-	// scores keeps nodes' scores per request shape between decisions
-	// (quickChoice).
-	scores   *planner.ScoreCache
+	// planner chooses nodes and devices over inv, ledger and filter.
+	planner  *planner.Planner
 	interp   *planner.Interpreter
 	filter   *planner.NodeFilter
 	podQueue workqueue.TypedRateLimitingInterface[string]
@@ -159,14 +155,6 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.WaitingRetry <= 0 {
 		cfg.WaitingRetry = time.Minute
 	}
-	mix, err := planner.NewMixRecorder(cfg.Mix)
-	if err != nil {
-		return nil, fmt.Errorf("controller config: %w", err)
-	}
-	demand, err := planner.NewDemandRecorder(cfg.RankByStranding)
-	if err != nil {
-		return nil, fmt.Errorf("controller config: %w", err)
-	}
 	factory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod,
 		informers.WithTransform(transformObject))
 	c := &Controller{
@@ -174,9 +162,6 @@ func New(cfg Config) (*Controller, error) {
 		factory:  factory,
 		metrics:  cfg.Metrics,
 		explain:  newExplainer(cfg.Recorder),
-		policy:   cfg.Policy,
-		mix:      mix,
-		demand:   demand,
 		workers:  cfg.Workers,
 		grace:    cfg.UnschedulableGrace,
 		retry:    cfg.WaitingRetry,
@@ -185,7 +170,6 @@ func New(cfg Config) (*Controller, error) {
 		fit:      planner.NewFitTracker(),
 		ungating: newUngating(),
 		sel:      planner.NewSelectorEvaluator(),
-		scores:   planner.NewScoreCache(),
 		waiting:  sets.New[string](),
 		excluded: map[types.UID]sets.Set[string]{},
 		podQueue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
@@ -222,6 +206,12 @@ func New(cfg Config) (*Controller, error) {
 		// usage (pools are named after their nodes).
 		c.fit.HostChanged = c.ledger.Touch
 		c.filter.Allocatable.Changed = c.ledger.Touch
+	}
+	var err error
+	c.planner, err = planner.New(planner.Config{Policy: cfg.Policy, Mix: cfg.Mix, RankByStranding: cfg.RankByStranding,
+		Inventory: c.inv, Ledger: c.ledger, Filter: c.filter, Selectors: c.sel})
+	if err != nil {
+		return nil, fmt.Errorf("controller config: %w", err)
 	}
 
 	type handlerTarget interface {

@@ -148,29 +148,6 @@ func TestNodeFilter(t *testing.T) {
 	}
 }
 
-// With several unusable pools and no usable node, the waiting message
-// names the same pool every time: the explainer records a message once
-// only while it repeats exactly.
-func TestWaitingMessageStableWithUnusablePools(t *testing.T) {
-	c := &Controller{inv: planner.NewInventory()}
-	for _, node := range []string{"c", "a", "d", "b"} {
-		s := controllertest.V100Slice(t, node)
-		s.Spec.Pool.ResourceSliceCount = 2
-		if err := c.inv.Upsert(s); err == nil {
-			t.Fatalf("incomplete pool %s accepted", node)
-		}
-	}
-	first := c.waitingMessage(nil, 0, nil, nil)
-	if !strings.Contains(first, "pool a unusable") {
-		t.Errorf("message %q does not name pool a, the first by name", first)
-	}
-	for range 50 {
-		if msg := c.waitingMessage(nil, 0, nil, nil); msg != first {
-			t.Fatalf("waiting message changed between calls:\n%s\n%s", first, msg)
-		}
-	}
-}
-
 // A node's kubelet plugin may only describe its own node's GPUs: a slice
 // whose pool is named after another node (the plugin on node-a publishing
 // pool node-b at a newer generation) must neither hide node-b's GPUs nor

@@ -4,10 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -259,76 +256,18 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 			return nil
 		}
 	}
-	excluded := c.excludedNodes(pod)
-	all := c.inv.All()
-	pol := own.Apply(c.demand.Policy(c.mix.Policy(ctx, c.policy, pending)))
-	rank := c.demand.Ranking(c.filter.HostLeft, pod)
-	var chosen *planner.Plan
-	var plans []*planner.Plan
-	var why []string
-	var rej *planner.Rejections
-	unexamined := 0
-	if planner.WantsMIG(pending) {
-		chosen, plans, why, rej = c.decideMIG(ctx, logger, pod, all, allocated, excluded, pending, pol, rank)
-	} else {
-		pf := c.filter.ForPod(logger, pod, allocated, excluded)
-		q, verdict := planner.QuickChoice(ctx, c.sel, pol, all, c.ledger, c.scores, pf.Admit, pending, rank)
-		var bounded *planner.Plan
-		if verdict == planner.QuickUnsure {
-			// Pods with several device sets keep podScore's ranking.
-			podPol := pol
-			podPol.Demand = nil
-			bounded, verdict = planner.BoundChoice(ctx, c.sel, podPol, all, c.ledger, c.scores, pf.Admit, pending)
-		}
-		quickWait := false
-		if verdict == planner.QuickNoFit && excluded.Len() == 0 {
-			// Nothing fits: count every node by filter as the exhaustive
-			// path does (the nodes admitted fit no GPUs), planning only a
-			// few of them for the reasons.
-			var cands []*planner.NodeInventory
-			cands, rej = c.filter.Candidates(logger, pod, all, allocated, nil)
-			why, quickWait = planner.ExplainNoFit(ctx, c.sel, pol, cands, c.ledger, pending)
-			if quickWait {
-				noFit := "no " + planner.WantedDevices(pending)
-				for range cands {
-					rej.Add(noFit)
-				}
-			}
-		}
-		switch {
-		case verdict == planner.QuickChosen && q != nil:
-			chosen = q.Plan
-			// The event names a few nodes that also fit (gpulink explain):
-			// plan a bounded number of the next-best ones for it.
-			plans, why, unexamined = q.Alternatives(ctx, c.sel, pol, c.ledger, pf.Admit, pending)
-			rej = pf.Rej
-		case verdict == planner.QuickChosen:
-			chosen, plans, rej = bounded, []*planner.Plan{bounded}, pf.Rej
-		case !quickWait:
-			var cands []*planner.NodeInventory
-			cands, rej = c.filter.Candidates(logger, pod, all, allocated, excluded)
-			if len(cands) == 0 && excluded.Len() > 0 && rej.Count(planner.RejectExcluded) > 0 {
-				// Every node was ruled out, some by earlier failures: start
-				// over rather than wait forever for a condition that may
-				// have cleared.
-				c.resetExcluded(ctx, pod)
-				cands, rej = c.filter.Candidates(logger, pod, all, allocated, nil)
-			}
-			var failed int
-			plans, failed, why = planner.ExhaustivePlans(ctx, c.sel, pol, cands, c.ledger.NodeUsage, pending)
-			noFit := "no " + planner.WantedDevices(pending)
-			for range failed {
-				rej.Add(noFit)
-			}
-			chosen = planner.ChoosePlan(plans, pol, rank)
-		}
+	d := c.planner.Decide(ctx, planner.Request{Pod: pod, Pending: pending, Allocated: allocated,
+		Excluded: c.excludedNodes(pod), Placement: own})
+	if d.ExclusionsIgnored {
+		c.resetExcluded(ctx, pod)
 	}
+	chosen := d.Chosen
 	if chosen == nil {
 		c.decideMu.Unlock()
 		c.setWaiting(key, true)
 		c.metrics.Errors.WithLabelValues(errReasonUnsatisfiable).Inc()
 		c.metrics.Decisions.WithLabelValues(OutcomeWaiting).Inc()
-		msg := c.waitingMessage(pending, len(all), rej, why)
+		msg := c.planner.WaitingMessage(pending, d)
 		logger.V(2).Info("Waiting for devices", "reason", msg)
 		c.explain.event(pod, pending[0].Claim, corev1.EventTypeWarning, report.ReasonWaiting, actionWait, msg)
 		return nil
@@ -360,7 +299,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	// The pod counts on the node from now on, so that the next decision
 	// does not hand the same free CPUs to another pod.
 	c.fit.Assume(pod, chosen.Node.Node)
-	c.demand.Record(ctx, pod, chosen)
+	c.planner.Record(ctx, pod, chosen)
 	c.metrics.PlanLatency.Observe(time.Since(planStart).Seconds())
 	c.decideMu.Unlock()
 
@@ -388,7 +327,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	}
 	summary := chosen.Summarize()
 	logger.Info("Allocated", "node", chosen.Node.Node, "devices", summary, "duration", time.Since(start))
-	c.explain.event(pod, pending[0].Claim, corev1.EventTypeNormal, report.ReasonAllocated, actionAllocate, "allocated "+summary+own.Note()+planner.AlternativesNote(chosen, plans, why, rej.Details, unexamined))
+	c.explain.event(pod, pending[0].Claim, corev1.EventTypeNormal, report.ReasonAllocated, actionAllocate, "allocated "+summary+own.Note()+planner.AlternativesNote(chosen, d.Plans, d.Why, d.Rejections.Details, d.Unexamined))
 	c.explainPriority(pod, chosen, pending)
 	if err := c.ungate(ctx, pod); err != nil {
 		return err
@@ -407,39 +346,6 @@ func (c *Controller) countBelowBest(n *planner.NodeInventory, r planner.PlacedRe
 	if best, ok := n.BestLink(k); ok && r.Weakest < best {
 		c.metrics.BelowBestLink.WithLabelValues(strconv.Itoa(k), r.Weakest.String()).Inc()
 	}
-}
-
-// waitingMessage explains why nothing fits: which filter rejected how
-// many of the nodes with gpulink devices, as kube-scheduler's
-// FailedScheduling message does, then a few per-node details.
-func (c *Controller) waitingMessage(pending []*planner.Claim, nodesWithGPUs int, rej *planner.Rejections, why []string) string {
-	msg := "waiting: "
-	switch {
-	case nodesWithGPUs == 0:
-		msg += "no node publishes gpulink devices yet"
-		if p := c.inv.ProblemsSnapshot(); len(p) > 0 {
-			// Name the first pool by name, so that the message (and thus
-			// the explainer's deduplication) is stable across retries.
-			pool := slices.Min(slices.Collect(maps.Keys(p)))
-			msg += fmt.Sprintf("; pool %s unusable: %s", pool, p[pool])
-		}
-		return msg
-	case rej == nil:
-		msg += fmt.Sprintf("no node has %s", planner.WantedDevices(pending))
-	}
-	var skipped []string
-	if rej != nil {
-		msg += rej.Summary(nodesWithGPUs)
-		skipped = rej.Details
-	}
-	details := append(planner.Dedupe(why), skipped...)
-	if len(details) > 4 {
-		details = append(details[:4], fmt.Sprintf("and %d more", len(details)-4))
-	}
-	if len(details) > 0 {
-		msg += " (" + strings.Join(details, "; ") + ")"
-	}
-	return msg
 }
 
 // checkUnschedulable releases the allocation of a pod that kube-scheduler

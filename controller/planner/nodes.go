@@ -5,8 +5,6 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/sets"
-	corelisters "k8s.io/client-go/listers/core/v1"
-	resourcelisters "k8s.io/client-go/listers/resource/v1"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
@@ -24,6 +22,16 @@ const (
 	rejectOtherClaims = "node(s) didn't match the node of the pod's allocated claims"
 )
 
+// NodeGetter reads Node objects by name; the controller's Node lister is one.
+type NodeGetter interface {
+	Get(name string) (*corev1.Node, error)
+}
+
+// ClassLister lists DeviceClasses; the controller's DeviceClass lister is one.
+type ClassLister interface {
+	List(selector labels.Selector) ([]*resourceapi.DeviceClass, error)
+}
+
 // nodeFilter selects the nodes a pod could run on, so that the controller
 // does not allocate on a node kube-scheduler would then refuse: the node
 // must exist and be schedulable, match the pod's nodeSelector and required
@@ -33,8 +41,8 @@ const (
 // pod's CPU, memory, ephemeral storage, extended resources and pod count,
 // and satisfy the pod's required pod (anti-)affinity (see fitTracker).
 type NodeFilter struct {
-	Nodes   corelisters.NodeLister
-	Classes resourcelisters.DeviceClassLister
+	Nodes   NodeGetter
+	Classes ClassLister
 	Fit     *FitTracker
 	// allocatable is read by ranking by stranding (stranding.go).
 	Allocatable allocatableMemo

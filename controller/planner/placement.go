@@ -16,7 +16,7 @@ import (
 // placement is a pod's own packing policy, where it has one: per field
 // (across nodes, across a node's GPUs for shares) the strategy and where it
 // came from; an empty strategy follows the controller's flags.
-type placement struct {
+type Placement struct {
 	node, gpu       allocate.Strategy
 	nodeWhy, gpuWhy string
 }
@@ -27,8 +27,8 @@ type placement struct {
 // configuration (GpuConfig.placement, the class's then the claim's). One
 // decision places all of a pod's claims, so claims asking for different
 // strategies are an error naming them.
-func PodPlacement(pod *corev1.Pod, pending []*Claim) (placement, error) {
-	var p placement
+func PodPlacement(pod *corev1.Pod, pending []*Claim) (Placement, error) {
+	var p Placement
 	var errs []string
 	fromAnnotation := func(key string, s *allocate.Strategy, why *string) {
 		v, ok := pod.Annotations[key]
@@ -89,7 +89,7 @@ func PodPlacement(pod *corev1.Pod, pending []*Claim) (placement, error) {
 	fromClaims("node", func(c *v1alpha1.PlacementConfig) v1alpha1.PlacementStrategy { return c.Node }, &p.node, &p.nodeWhy)
 	fromClaims("gpu", func(c *v1alpha1.PlacementConfig) v1alpha1.PlacementStrategy { return c.GPU }, &p.gpu, &p.gpuWhy)
 	if len(errs) > 0 {
-		return placement{}, fmt.Errorf("%s", strings.Join(errs, "; "))
+		return Placement{}, fmt.Errorf("%s", strings.Join(errs, "; "))
 	}
 	return p, nil
 }
@@ -102,7 +102,7 @@ func strategyOf(v v1alpha1.PlacementStrategy) allocate.Strategy {
 }
 
 // apply overrides the policy's strategies with the pod's own.
-func (p placement) Apply(pol allocate.Policy) allocate.Policy {
+func (p Placement) Apply(pol allocate.Policy) allocate.Policy {
 	if p.node != "" {
 		pol.Node = p.node
 	}
@@ -114,7 +114,7 @@ func (p placement) Apply(pol allocate.Policy) allocate.Policy {
 
 // note says, for the allocation event, which strategies the pod chose
 // itself and why ("" when it follows the controller's flags).
-func (p placement) Note() string {
+func (p Placement) Note() string {
 	var parts []string
 	if p.node != "" {
 		parts = append(parts, fmt.Sprintf("nodes %s (%s)", p.node, p.nodeWhy))

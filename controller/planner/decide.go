@@ -1,0 +1,216 @@
+package planner
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/klog/v2"
+
+	"github.com/gpulink/gpulink/driver/allocate"
+)
+
+// Config configures a Planner. Inventory, Ledger and Filter are the state
+// the controller's informers keep current; the Planner reads them.
+type Config struct {
+	// Policy is the packing strategy at node and GPU level.
+	Policy allocate.Policy
+	// Mix configures the recent request-size mix passed to the allocator.
+	Mix MixConfig
+	// RankByStranding ranks nodes by the GPUs a placement strands for the
+	// recent pods' shapes, counting each node's CPU and memory left.
+	RankByStranding bool
+	Inventory       *Inventory
+	Ledger          *Ledger
+	Filter          *NodeFilter
+	Selectors       *SelectorEvaluator
+}
+
+// Planner chooses the node and the devices of a pod's pending claims: the
+// one place where the node is chosen. It is not safe for concurrent use:
+// the controller calls Decide and Record under its decision lock, so that
+// a decision's devices are assumed in the ledger before the next one.
+type Planner struct {
+	policy allocate.Policy
+	mix    *MixRecorder
+	demand *DemandRecorder
+	inv    *Inventory
+	ledger *Ledger
+	filter *NodeFilter
+	sel    *SelectorEvaluator
+	// scores keeps nodes' scores per request shape between decisions
+	// (quickChoice).
+	scores *ScoreCache
+}
+
+// New returns a Planner over the state in cfg.
+func New(cfg Config) (*Planner, error) {
+	if cfg.Inventory == nil || cfg.Ledger == nil || cfg.Filter == nil || cfg.Selectors == nil {
+		return nil, fmt.Errorf("planner config: inventory, ledger, filter and selectors are required")
+	}
+	mix, err := NewMixRecorder(cfg.Mix)
+	if err != nil {
+		return nil, fmt.Errorf("planner config: %w", err)
+	}
+	demand, err := NewDemandRecorder(cfg.RankByStranding)
+	if err != nil {
+		return nil, fmt.Errorf("planner config: %w", err)
+	}
+	return &Planner{policy: cfg.Policy, mix: mix, demand: demand, inv: cfg.Inventory, ledger: cfg.Ledger,
+		filter: cfg.Filter, sel: cfg.Selectors, scores: NewScoreCache()}, nil
+}
+
+// Request is one pod's decision to take.
+type Request struct {
+	Pod *corev1.Pod
+	// Pending are the pod's gpulink claims to allocate now, none held.
+	Pending []*Claim
+	// Allocated are the pod's claims already allocated, by any driver:
+	// their node selectors bind the node.
+	Allocated []*resourceapi.ResourceClaim
+	// Excluded are the nodes the pod was unschedulable on before.
+	Excluded sets.Set[string]
+	// Placement is the pod's own placement policy (PodPlacement).
+	Placement Placement
+}
+
+// Decision is what Decide found.
+type Decision struct {
+	// Chosen is the plan to write; nil when nothing fits.
+	Chosen *Plan
+	// Plans are feasible plans of other nodes, for the event.
+	Plans []*Plan
+	// Why says why some nodes' devices did not fit.
+	Why []string
+	// Rejections counts the nodes the node filter turned down, by reason.
+	Rejections *Rejections
+	// Unexamined counts nodes not planned because they cannot beat Chosen.
+	Unexamined int
+	// Nodes is the number of nodes with gpulink devices.
+	Nodes int
+	// ExclusionsIgnored is set when every node was ruled out, some by
+	// Request.Excluded: the nodes were then considered again, and the
+	// caller should forget the exclusions rather than wait forever for a
+	// condition that may have cleared.
+	ExclusionsIgnored bool
+}
+
+// Decide chooses the node and devices for req's pending claims: the
+// shortcut over kept scores for one device set, branch and bound for
+// several, planning every admitted node when neither can conclude, and
+// the MIG planner for MIG devices. All paths choose what planning every
+// node would choose (TestQuickChoiceMatchesExhaustive,
+// TestBoundChoiceMatchesExhaustive).
+func (p *Planner) Decide(ctx context.Context, req Request) Decision {
+	logger := klog.FromContext(ctx)
+	pod, pending, allocated, excluded := req.Pod, req.Pending, req.Allocated, req.Excluded
+	all := p.inv.All()
+	d := Decision{Nodes: len(all)}
+	pol := req.Placement.Apply(p.demand.Policy(p.mix.Policy(ctx, p.policy, pending)))
+	rank := p.demand.Ranking(p.filter.HostLeft, pod)
+	// candidates filters every node, considering them all again when the
+	// exclusions ruled out every one of them.
+	candidates := func() []*NodeInventory {
+		cands, rej := p.filter.Candidates(logger, pod, all, allocated, excluded)
+		if len(cands) == 0 && excluded.Len() > 0 && rej.Count(RejectExcluded) > 0 {
+			d.ExclusionsIgnored = true
+			cands, rej = p.filter.Candidates(logger, pod, all, allocated, nil)
+		}
+		d.Rejections = rej
+		return cands
+	}
+	noFit := "no " + WantedDevices(pending)
+	if WantsMIG(pending) {
+		var failed int
+		d.Chosen, d.Plans, d.Why, failed = ChooseMIG(ctx, p.sel, pol, candidates(), p.ledger, pending, rank)
+		for range failed {
+			d.Rejections.Add(noFit)
+		}
+		return d
+	}
+	pf := p.filter.ForPod(logger, pod, allocated, excluded)
+	q, verdict := QuickChoice(ctx, p.sel, pol, all, p.ledger, p.scores, pf.Admit, pending, rank)
+	var bounded *Plan
+	if verdict == QuickUnsure {
+		// Pods with several device sets keep podScore's ranking.
+		podPol := pol
+		podPol.Demand = nil
+		bounded, verdict = BoundChoice(ctx, p.sel, podPol, all, p.ledger, p.scores, pf.Admit, pending)
+	}
+	quickWait := false
+	if verdict == QuickNoFit && excluded.Len() == 0 {
+		// Nothing fits: count every node by filter as the exhaustive
+		// path does (the nodes admitted fit no GPUs), planning only a
+		// few of them for the reasons.
+		var cands []*NodeInventory
+		cands, d.Rejections = p.filter.Candidates(logger, pod, all, allocated, nil)
+		d.Why, quickWait = ExplainNoFit(ctx, p.sel, pol, cands, p.ledger, pending)
+		if quickWait {
+			for range cands {
+				d.Rejections.Add(noFit)
+			}
+		}
+	}
+	switch {
+	case verdict == QuickChosen && q != nil:
+		d.Chosen = q.Plan
+		// The event names a few nodes that also fit (gpulink explain):
+		// plan a bounded number of the next-best ones for it.
+		d.Plans, d.Why, d.Unexamined = q.Alternatives(ctx, p.sel, pol, p.ledger, pf.Admit, pending)
+		d.Rejections = pf.Rej
+	case verdict == QuickChosen:
+		d.Chosen, d.Plans, d.Rejections = bounded, []*Plan{bounded}, pf.Rej
+	case !quickWait:
+		plans, failed, why := ExhaustivePlans(ctx, p.sel, pol, candidates(), p.ledger.NodeUsage, pending)
+		for range failed {
+			d.Rejections.Add(noFit)
+		}
+		d.Plans, d.Why = plans, why
+		d.Chosen = ChoosePlan(plans, pol, rank)
+	}
+	return d
+}
+
+// Record notes a decision that is being written: the demand mix of
+// ranking by stranding learns the pod's shape.
+func (p *Planner) Record(ctx context.Context, pod *corev1.Pod, chosen *Plan) {
+	p.demand.Record(ctx, pod, chosen)
+}
+
+// WaitingMessage explains why nothing fits: which filter rejected how
+// many of the nodes with gpulink devices, as kube-scheduler's
+// FailedScheduling message does, then a few per-node details.
+func (p *Planner) WaitingMessage(pending []*Claim, d Decision) string {
+	msg := "waiting: "
+	switch {
+	case d.Nodes == 0:
+		msg += "no node publishes gpulink devices yet"
+		if problems := p.inv.ProblemsSnapshot(); len(problems) > 0 {
+			// Name the first pool by name, so that the message (and thus
+			// the explainer's deduplication) is stable across retries.
+			pool := slices.Min(slices.Collect(maps.Keys(problems)))
+			msg += fmt.Sprintf("; pool %s unusable: %s", pool, problems[pool])
+		}
+		return msg
+	case d.Rejections == nil:
+		msg += fmt.Sprintf("no node has %s", WantedDevices(pending))
+	}
+	var skipped []string
+	if d.Rejections != nil {
+		msg += d.Rejections.Summary(d.Nodes)
+		skipped = d.Rejections.Details
+	}
+	details := append(Dedupe(d.Why), skipped...)
+	if len(details) > 4 {
+		details = append(details[:4], fmt.Sprintf("and %d more", len(details)-4))
+	}
+	if len(details) > 0 {
+		msg += " (" + strings.Join(details, "; ") + ")"
+	}
+	return msg
+}
