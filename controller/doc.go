@@ -6,12 +6,11 @@
 // # What it owns
 //
 // The informers on claims, pods, ResourceSlices, DeviceClasses and Nodes;
-// the work queues of pods and claims; the inventory (each node's GPUs,
-// MIG devices and link matrix, rebuilt from its slices) and the ledger
-// (what every claim holds, whoever allocated it, plus the decisions the
-// informers have not shown yet); the choice of a node and devices for all
-// of a pod's pending claims (driver/allocate chooses the GPUs within a
-// node); the API writes and their rollback; claim garbage collection and
+// the work queues of pods and claims; keeping the planning state current
+// from the informers (package controller/planner owns the inventory, the
+// ledger, the node fit and the choice of a node and devices for all of a
+// pod's pending claims; driver/allocate chooses the GPUs within a node);
+// the API writes and their rollback; claim garbage collection and
 // the finalizer; events, metrics, leader election and the server of the
 // device-plugin translation webhook (compat/admission).
 //
@@ -75,21 +74,18 @@
 // # Where to start reading
 //
 // controller.go: Config, New, Run, the informers and workers.
-// reconcile.go: one pod from the queue to its writes (syncPod).
-// claims.go: what a claim asks for (interpretedClaim). nodeplan.go and
-// nodeplan_mig.go: a pod's claims planned on one node (planNode);
-// choice_quick.go (quickChoice) and choice_bound.go (boundChoice): the
-// exact fast paths that choose the node among many; nodes.go and fit.go:
-// the node filter and node fit. ledger.go and inventory.go (decoding
-// through internal/sliceformat): the state. write.go, status.go, gate.go:
-// the writes and their rollback (unreserve). gc.go, holds.go, exclude.go:
-// claims without pods, deleted claims in use, released nodes. metrics.go,
-// metrics_inventory.go: the metrics. Package report (controller/report)
-// holds what users read back: the per-node report `gpulink inspect`
-// prints and the event reasons `gpulink explain` reads, with no client
-// code, so the CLI does not link the controller. Tests build a fake
-// cluster with harness_test.go; fixtures shared with other packages are
-// in controllertest.
+// reconcile.go: one pod from the queue to its writes (syncPod), asking
+// planner.Planner.Decide for the node and devices under the decision
+// lock. write.go, status.go, gate.go: the writes and their rollback
+// (unreserve). gc.go, holds.go, exclude.go: claims without pods, deleted
+// claims in use, released nodes. mpsusers.go: the MPS one-user checks
+// against the pod cache. metrics.go, metrics_inventory.go: the metrics.
+// Package planner (controller/planner) is the planning core without
+// client code; package report (controller/report) holds what users read
+// back: the per-node report `gpulink inspect` prints and the event
+// reasons `gpulink explain` reads, so the CLI does not link the
+// controller. Tests build a fake cluster with harness_test.go; fixtures
+// shared with other packages are in controllertest.
 //
 // See docs/design/controller.md for the reasoning: which claims are
 // gpulink's and why, the shortcut and branch-and-bound choices, MIG

@@ -13,34 +13,13 @@ import (
 	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/controller/report"
 	"github.com/gpulink/gpulink/driver"
-	"github.com/gpulink/gpulink/driver/discovery"
 	"github.com/gpulink/gpulink/driver/mig"
 )
 
 // migSlice is the slice of a simulated DGX A100 (40GB) with a MIG layout.
-func migSlice(t testing.TB, node string, layout map[int][]string) *resourceapi.ResourceSlice {
-	t.Helper()
-	return mockMIGSlice(t, "dgxa100", node, layout)
-}
-
-// mockMIGSlice is the slice of a simulated node of a go-nvml mock server
-// (dgxa100, dgxh100, ...) with a MIG layout.
-func mockMIGSlice(t testing.TB, server, node string, layout map[int][]string) *resourceapi.ResourceSlice {
-	t.Helper()
-	topo, err := discovery.MockTopology(server, discovery.MockOptions{MIG: layout})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := controllertest.Slice(node, topo, controllertest.SliceOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
 func TestInventoryKeepsMIGDevicesApart(t *testing.T) {
 	inv := planner.NewInventory()
-	if err := inv.Upsert(migSlice(t, "a100", map[int][]string{0: {"1g.5gb", "3g.20gb"}, 1: {"7g.40gb"}})); err != nil {
+	if err := inv.Upsert(controllertest.MIGSlice(t, "a100", map[int][]string{0: {"1g.5gb", "3g.20gb"}, 1: {"7g.40gb"}})); err != nil {
 		t.Fatal(err)
 	}
 	n := inv.Node("a100")
@@ -71,7 +50,7 @@ func TestInventoryKeepsMIGDevicesApart(t *testing.T) {
 		}
 	}
 
-	all := migSlice(t, "all", map[int][]string{0: {"7g.40gb"}, 1: {"7g.40gb"}, 2: {"7g.40gb"}, 3: {"7g.40gb"}, 4: {"7g.40gb"}, 5: {"7g.40gb"}, 6: {"7g.40gb"}, 7: {"7g.40gb"}})
+	all := controllertest.MIGSlice(t, "all", map[int][]string{0: {"7g.40gb"}, 1: {"7g.40gb"}, 2: {"7g.40gb"}, 3: {"7g.40gb"}, 4: {"7g.40gb"}, 5: {"7g.40gb"}, 6: {"7g.40gb"}, 7: {"7g.40gb"}})
 	if err := inv.Upsert(all); err != nil {
 		t.Fatalf("a node whose GPUs are all in MIG mode: %v", err)
 	}
@@ -107,7 +86,7 @@ func TestInventoryRejectsBadMIGDevices(t *testing.T) {
 		},
 		want: "also published whole",
 	}} {
-		s := migSlice(t, "a100", map[int][]string{0: {"1g.5gb"}})
+		s := controllertest.MIGSlice(t, "a100", map[int][]string{0: {"1g.5gb"}})
 		c.edit(s)
 		err := planner.NewInventory().Upsert(s)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -122,7 +101,7 @@ func TestWholeGPUClaimSkipsMIGGPUs(t *testing.T) {
 	for i := range 7 {
 		layout[i] = []string{"7g.40gb"}
 	}
-	h := newHarness(t, objs(classes(), []runtime.Object{controllertest.Node("a100"), migSlice(t, "a100", layout)})...).start()
+	h := newHarness(t, objs(classes(), []runtime.Object{controllertest.Node("a100"), controllertest.MIGSlice(t, "a100", layout)})...).start()
 	h.claim("one", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("gpus", 1)}})
 	h.pod("p1", true, "one")
 	c := h.waitAllocated("one")
@@ -141,7 +120,7 @@ func TestWholeGPUClaimSkipsMIGGPUs(t *testing.T) {
 // (MIG devices do not allow multiple allocations); the MIG class selects
 // MIG devices only.
 func TestShippedClassesLeaveOutMIGDevices(t *testing.T) {
-	s := migSlice(t, "a100", map[int][]string{0: {"1g.5gb"}})
+	s := controllertest.MIGSlice(t, "a100", map[int][]string{0: {"1g.5gb"}})
 	compiler := dracel.GetCompiler(dracel.Features{})
 	for _, c := range planner.DeviceClasses() {
 		expr := c.Spec.Selectors[0].CEL.Expression

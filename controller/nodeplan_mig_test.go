@@ -32,10 +32,6 @@ func migRequest(name string, count int64, selectors ...string) resourceapi.Devic
 	return r
 }
 
-func profileSelector(p string) string {
-	return `device.attributes["` + driver.Name + `"].profile == "` + p + `"`
-}
-
 func minMemorySelector(q string) string {
 	return `device.capacity["` + driver.Name + `"].memory.compareTo(quantity("` + q + `")) >= 0`
 }
@@ -60,8 +56,8 @@ func (h *harness) checkInvariants() {
 // second claim on the node's only 1g.5gb waits, naming the profile.
 func TestMIGClaimByProfile(t *testing.T) {
 	h := newHarness(t, objs(classes(), []runtime.Object{controllertest.Node("a100"),
-		migSlice(t, "a100", map[int][]string{0: {"1g.5gb", "3g.20gb"}, 1: {"7g.40gb"}})})...).start()
-	h.migClaim("small", migRequest("mig", 1, profileSelector("1g.5gb")))
+		controllertest.MIGSlice(t, "a100", map[int][]string{0: {"1g.5gb", "3g.20gb"}, 1: {"7g.40gb"}})})...).start()
+	h.migClaim("small", migRequest("mig", 1, controllertest.ProfileSelector("1g.5gb")))
 	c := h.waitAllocated("small")
 	if got := devicesOf(c); len(got) != 1 || got[0] != "gpu-0-mig-0-0" {
 		t.Fatalf("1g.5gb claim got %v, want gpu-0-mig-0-0", got)
@@ -74,13 +70,13 @@ func TestMIGClaimByProfile(t *testing.T) {
 		t.Errorf("allocated event %q does not name the MIG device and its profile", e.Note)
 	}
 
-	h.migClaim("again", migRequest("mig", 1, profileSelector("1g.5gb")))
+	h.migClaim("again", migRequest("mig", 1, controllertest.ProfileSelector("1g.5gb")))
 	e := h.waitEvent(ns+"/p-again", report.ReasonWaiting)
 	if !strings.Contains(e.Note, `profile == "1g.5gb"`) || !strings.Contains(e.Note, "in use") {
 		t.Errorf("waiting event %q does not say the matching 1g.5gb device is in use", e.Note)
 	}
 	// A profile the node does not have: the event names it.
-	h.migClaim("absent", migRequest("mig", 1, profileSelector("1g.10gb")))
+	h.migClaim("absent", migRequest("mig", 1, controllertest.ProfileSelector("1g.10gb")))
 	e = h.waitEvent(ns+"/p-absent", report.ReasonWaiting)
 	if !strings.Contains(e.Note, `profile == "1g.10gb"`) || !strings.Contains(e.Note, "no MIG device on node a100 matches") {
 		t.Errorf("waiting event %q does not name the missing profile", e.Note)
@@ -97,7 +93,7 @@ func TestMIGClaimByProfile(t *testing.T) {
 // and a count of 2 two distinct devices.
 func TestMIGClaimByMemoryWastesLeast(t *testing.T) {
 	h := newHarness(t, objs(classes(), []runtime.Object{controllertest.Node("a100"),
-		migSlice(t, "a100", map[int][]string{0: {"7g.40gb"}, 1: {"3g.20gb"}, 2: {"2g.10gb"}, 3: {"1g.5gb"}})})...).start()
+		controllertest.MIGSlice(t, "a100", map[int][]string{0: {"7g.40gb"}, 1: {"3g.20gb"}, 2: {"2g.10gb"}, 3: {"1g.5gb"}})})...).start()
 	// 2g.10gb has 9856Mi: at least 9Gi matches it, the 3g and the 7g.
 	h.migClaim("nine", migRequest("mig", 1, minMemorySelector("9Gi")))
 	if got := devicesOf(h.waitAllocated("nine")); len(got) != 1 || got[0] != "gpu-2-mig-0-0" {
@@ -115,17 +111,17 @@ func TestMIGClaimByMemoryWastesLeast(t *testing.T) {
 // devices is taken first, so that idle GPUs stay whole for large profiles.
 func TestMIGPacksOntoBusyGPUs(t *testing.T) {
 	h := newHarness(t, objs(classes(), []runtime.Object{controllertest.Node("a100"),
-		migSlice(t, "a100", map[int][]string{0: {"1g.5gb", "1g.5gb"}, 1: {"1g.5gb", "3g.20gb"}})})...).start()
-	h.migClaim("big", migRequest("mig", 1, profileSelector("3g.20gb")))
+		controllertest.MIGSlice(t, "a100", map[int][]string{0: {"1g.5gb", "1g.5gb"}, 1: {"1g.5gb", "3g.20gb"}})})...).start()
+	h.migClaim("big", migRequest("mig", 1, controllertest.ProfileSelector("3g.20gb")))
 	if got := devicesOf(h.waitAllocated("big")); len(got) != 1 || !strings.HasPrefix(got[0], "gpu-1-mig-") {
 		t.Fatalf("3g.20gb claim got %v, want GPU 1's", got)
 	}
-	h.migClaim("small", migRequest("mig", 1, profileSelector("1g.5gb")))
+	h.migClaim("small", migRequest("mig", 1, controllertest.ProfileSelector("1g.5gb")))
 	if got := devicesOf(h.waitAllocated("small")); len(got) != 1 || got[0] != "gpu-1-mig-0-0" {
 		t.Fatalf("1g.5gb claim got %v, want gpu-1-mig-0-0 on the busy GPU 1, not GPU 0 (idle)", got)
 	}
 	// Two more 1g.5gb in one claim: only GPU 0's are left.
-	h.migClaim("pair", migRequest("mig", 2, profileSelector("1g.5gb")))
+	h.migClaim("pair", migRequest("mig", 2, controllertest.ProfileSelector("1g.5gb")))
 	if got := devicesOf(h.waitAllocated("pair")); len(got) != 2 || !strings.HasPrefix(got[0], "gpu-0-mig-") || !strings.HasPrefix(got[1], "gpu-0-mig-") || got[0] == got[1] {
 		t.Fatalf("pair got %v, want GPU 0's two 1g.5gb devices", got)
 	}
@@ -137,8 +133,8 @@ func TestMIGPacksOntoBusyGPUs(t *testing.T) {
 // Nodes: the one whose GPUs are already busy is packed first.
 func TestMIGPacksNodes(t *testing.T) {
 	h := newHarness(t, objs(classes(), []runtime.Object{
-		controllertest.Node("a"), migSlice(t, "a", map[int][]string{0: {"1g.5gb", "1g.5gb"}}),
-		controllertest.Node("b"), migSlice(t, "b", map[int][]string{0: {"1g.5gb", "1g.5gb"}}),
+		controllertest.Node("a"), controllertest.MIGSlice(t, "a", map[int][]string{0: {"1g.5gb", "1g.5gb"}}),
+		controllertest.Node("b"), controllertest.MIGSlice(t, "b", map[int][]string{0: {"1g.5gb", "1g.5gb"}}),
 	})...).start()
 	h.migClaim("one", migRequest("mig", 1))
 	first := h.waitAllocated("one").Status.Allocation.Devices.Results[0].Pool
@@ -157,8 +153,8 @@ func TestMIGAndWholeNeverMix(t *testing.T) {
 		layout[i] = []string{"7g.40gb"}
 	}
 	h := newHarness(t, objs(classes(), []runtime.Object{
-		controllertest.Node("mig"), migSlice(t, "mig", layout),
-		controllertest.Node("whole"), migSlice(t, "whole", nil),
+		controllertest.Node("mig"), controllertest.MIGSlice(t, "mig", layout),
+		controllertest.Node("whole"), controllertest.MIGSlice(t, "whole", nil),
 	})...).start()
 	h.migClaim("whole", controllertest.WholeRequest("gpu", 8))
 	if c := h.waitAllocated("whole"); c.Status.Allocation.Devices.Results[0].Pool != "whole" {
@@ -188,7 +184,7 @@ func TestMIGAndWholeNeverMix(t *testing.T) {
 // capacity, are refused naming what is wrong.
 func TestMIGRefusals(t *testing.T) {
 	h := newHarness(t, objs(classes(), []runtime.Object{controllertest.Node("a100"),
-		migSlice(t, "a100", map[int][]string{0: {"1g.5gb"}})})...).start()
+		controllertest.MIGSlice(t, "a100", map[int][]string{0: {"1g.5gb"}})})...).start()
 	h.migClaim("mixed", migRequest("mig", 1), controllertest.WholeRequest("gpu", 1))
 	if e := h.waitEvent(ns+"/p-mixed", report.ReasonUninterpretable); !strings.Contains(e.Note, "claim default/mixed asks for MIG devices (requests mig) and for whole GPUs or shares (requests gpu)") {
 		t.Errorf("event %q does not name the claim and its requests", e.Note)
@@ -206,10 +202,10 @@ func TestMIGRefusals(t *testing.T) {
 // as its MIG device only.
 func TestMIGWithWholeAndShareClaimsInOnePod(t *testing.T) {
 	h := newHarness(t, objs(classes(), []runtime.Object{
-		controllertest.Node("a100"), migSlice(t, "a100", map[int][]string{0: {"1g.5gb"}}),
-		controllertest.Node("plain"), migSlice(t, "plain", nil),
+		controllertest.Node("a100"), controllertest.MIGSlice(t, "a100", map[int][]string{0: {"1g.5gb"}}),
+		controllertest.Node("plain"), controllertest.MIGSlice(t, "plain", nil),
 	})...).start()
-	h.claim("m", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{migRequest("mig", 1, profileSelector("1g.5gb"))}})
+	h.claim("m", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{migRequest("mig", 1, controllertest.ProfileSelector("1g.5gb"))}})
 	h.claim("w", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("gpu", 1)}})
 	h.claim("s", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.ShareRequest("gpu", "1Gi", "10")}})
 	h.pod("p", true, "w", "m", "s")
@@ -279,46 +275,10 @@ func TestDeviceClassesManifestMatchesGo(t *testing.T) {
 	}
 }
 
-// BenchmarkMIGPlanNode is one MIG decision on one node: a DGX A100 whose 8
-// GPUs are split into 7 1g.5gb devices each, half of them allocated (every
-// other device), for a request of 2 1g.5gb devices. The issue's target is
-// under 50µs per node.
-func BenchmarkMIGPlanNode(b *testing.B) {
-	layout := map[int][]string{}
-	for g := range 8 {
-		layout[g] = []string{"1g.5gb", "1g.5gb", "1g.5gb", "1g.5gb", "1g.5gb", "1g.5gb", "1g.5gb"}
-	}
-	inv := planner.NewInventory()
-	if err := inv.Upsert(migSlice(b, "a100", layout)); err != nil {
-		b.Fatal(err)
-	}
-	n := inv.Node("a100")
-	used := make([]bool, len(n.MIG))
-	for i := range used {
-		used[i] = i%2 == 0
-	}
-	class := planner.DeviceClasses()[2]
-	if !planner.IsMIGClass(class) {
-		b.Fatalf("DeviceClasses()[2] is %s, not the MIG class", class.Name)
-	}
-	alt := &planner.Alternative{ResultName: "mig", Class: class, MIG: true, Count: 2,
-		Selectors: []string{class.Spec.Selectors[0].CEL.Expression, profileSelector("1g.5gb")}}
-	claims := []*planner.Claim{{Claim: &resourceapi.ResourceClaim{}, Requests: []*planner.RequestSpec{{Name: "mig", Alternatives: []*planner.Alternative{alt}}}}}
-	sel := planner.NewSelectorEvaluator()
-	ctx := context.Background()
-	if pl, why := planner.PlanMIGNode(ctx, sel, n, used, claims); pl == nil || len(pl.Plan.Claims[0][0].MIG) != 2 {
-		b.Fatalf("no plan: %v", why)
-	}
-	b.ReportAllocs()
-	for b.Loop() {
-		planner.PlanMIGNode(ctx, sel, n, used, claims)
-	}
-}
-
 // The report (gpulink inspect) shows each GPU's MIG layout and who holds
 // each MIG device; a MIG device held twice or shared is a problem.
 func TestBuildReportMIG(t *testing.T) {
-	s := migSlice(t, "a100", map[int][]string{0: {"1g.5gb", "3g.20gb"}, 1: {"7g.40gb"}})
+	s := controllertest.MIGSlice(t, "a100", map[int][]string{0: {"1g.5gb", "3g.20gb"}, 1: {"7g.40gb"}})
 	held := func(name, dev string, share bool) *resourceapi.ResourceClaim {
 		r := resourceapi.DeviceRequestAllocationResult{Request: "mig", Driver: driver.Name, Pool: "a100", Device: dev}
 		if share {

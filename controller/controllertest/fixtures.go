@@ -14,6 +14,7 @@ import (
 	apitypes "k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/driver/discovery"
 	"github.com/gpulink/gpulink/driver/topology"
 )
 
@@ -115,4 +116,31 @@ func ShareResult(dev, mem, cores string) resourceapi.DeviceRequestAllocationResu
 	r.ShareID = &id
 	r.ConsumedCapacity = map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse(mem), "cores": resource.MustParse(cores)}
 	return r
+}
+
+// MIGSlice is the slice of a simulated DGX A100 (the go-nvml mock) whose
+// GPUs in layout are in MIG mode with the profiles listed.
+func MIGSlice(tb testing.TB, node string, layout map[int][]string) *resourceapi.ResourceSlice {
+	tb.Helper()
+	return MockMIGSlice(tb, "dgxa100", node, layout)
+}
+
+// MockMIGSlice is the slice of a simulated node of a go-nvml mock server
+// (dgxa100, dgxh100, ...) with a MIG layout.
+func MockMIGSlice(tb testing.TB, server, node string, layout map[int][]string) *resourceapi.ResourceSlice {
+	tb.Helper()
+	topo, err := discovery.MockTopology(server, discovery.MockOptions{MIG: layout})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	s, err := Slice(node, topo, SliceOptions{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s
+}
+
+// ProfileSelector is a CEL selector of MIG devices of one profile.
+func ProfileSelector(profile string) string {
+	return `device.attributes["` + driver.Name + `"].profile == "` + profile + `"`
 }

@@ -13,7 +13,7 @@ import (
 	"github.com/gpulink/gpulink/driver"
 )
 
-// selectorEvaluator compiles CEL device selectors once (k8s.io/dynamic-resource-allocation/cel)
+// SelectorEvaluator compiles CEL device selectors once (k8s.io/dynamic-resource-allocation/cel)
 // and evaluates them against gpulink devices.
 type SelectorEvaluator struct {
 	cache *dracel.Cache
@@ -58,7 +58,7 @@ var probeDevice = dracel.Device{Driver: driver.Name, AllowMultipleAllocations: p
 var migProbeDevice = dracel.Device{Driver: driver.Name, AllowMultipleAllocations: ptr.To(false),
 	Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{driver.AttrMIGProfile: {StringValue: ptr.To("1g.5gb")}}}
 
-// classSelectsGpulink tells whether a DeviceClass selects gpulink devices:
+// ClassSelectsGpulink tells whether a DeviceClass selects gpulink devices:
 // it must have at least one selector (a class without selectors matches
 // every driver's devices, so it is not gpulink's), and its selectors must
 // match the driver-only probe device or at least one published gpulink

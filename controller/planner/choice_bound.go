@@ -30,17 +30,17 @@ import (
 // the best nodes (the usual case), the first node planned reaches its
 // bound and the search stops there. When they do on every node, it plans
 // as many nodes as planning every node would.
-func BoundChoice(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, nodes []*NodeInventory, usage usageSource, cache *ScoreCache, admit func(*NodeInventory) bool, pending []*Claim) (*Plan, quickVerdict) {
+func boundChoice(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, nodes []*NodeInventory, usage usageSource, cache *scoreCache, admit func(*NodeInventory) bool, pending []*Claim) (*Plan, quickVerdict) {
 	var alts []*Alternative
 	placements := 0
 	for _, ic := range pending {
 		for _, r := range ic.Requests {
 			if len(r.Alternatives) != 1 {
-				return nil, QuickUnsure
+				return nil, quickUnsure
 			}
 			alt := r.Alternatives[0]
 			if alt.All || alt.Count < 1 {
-				return nil, QuickUnsure
+				return nil, quickUnsure
 			}
 			alts = append(alts, alt)
 			if alt.Share {
@@ -51,13 +51,13 @@ func BoundChoice(ctx context.Context, sel *SelectorEvaluator, pol allocate.Polic
 		}
 	}
 	if placements < 2 {
-		return nil, QuickUnsure
+		return nil, quickUnsure
 	}
 	for _, n := range nodes {
 		if n.Topo.Len() > 16 {
 			// Beyond 16 free GPUs the allocator's search is not exact,
 			// so a request's best set on its own is no bound.
-			return nil, QuickUnsure
+			return nil, quickUnsure
 		}
 	}
 	sigs := make([]string, len(alts))
@@ -119,9 +119,9 @@ func BoundChoice(ctx context.Context, sel *SelectorEvaluator, pol allocate.Polic
 		}
 	}
 	if best == nil {
-		return nil, QuickNoFit
+		return nil, quickNoFit
 	}
-	return best, QuickChosen
+	return best, quickChosen
 }
 
 // podBound is a podScore no plan of the requests on the node can beat, or

@@ -26,11 +26,11 @@ type quickVerdict int
 const (
 	// quickUnsure: the pod is not of the shape, or the shortcut cannot
 	// vouch for the answer; the caller filters and plans every node.
-	QuickUnsure quickVerdict = iota
+	quickUnsure quickVerdict = iota
 	// quickChosen: the result holds the plan.
-	QuickChosen
+	quickChosen
 	// quickNoFit: no node that admit lets through fits the pod.
-	QuickNoFit
+	quickNoFit
 )
 
 // quickChoice decides a pod with a single placement (one claim, one
@@ -60,17 +60,17 @@ const (
 // devices would split into several share sizes, or nodes disagree on the
 // share size (choosePlan then ranks by the first node's size), the
 // verdict is quickUnsure.
-func QuickChoice(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, nodes []*NodeInventory, usage usageSource, cache *ScoreCache, admit func(*NodeInventory) bool, pending []*Claim, rank *HostRanking) (*quickResult, quickVerdict) {
+func quickChoice(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, nodes []*NodeInventory, usage usageSource, cache *scoreCache, admit func(*NodeInventory) bool, pending []*Claim, rank *hostRanking) (*quickResult, quickVerdict) {
 	if len(pending) != 1 {
-		return nil, QuickUnsure
+		return nil, quickUnsure
 	}
 	ic := pending[0]
 	if len(ic.Requests) != 1 || len(ic.Constraints) != 0 || len(ic.Requests[0].Alternatives) != 1 {
-		return nil, QuickUnsure
+		return nil, quickUnsure
 	}
 	alt := ic.Requests[0].Alternatives[0]
 	if alt.All || alt.Count < 1 || (alt.Share && alt.Count != 1) {
-		return nil, QuickUnsure
+		return nil, quickUnsure
 	}
 	sig, scores := shapeOf(cache, alt, pol, len(nodes), rank)
 	gens := make([]uint64, len(nodes))
@@ -83,13 +83,13 @@ func QuickChoice(ctx context.Context, sel *SelectorEvaluator, pol allocate.Polic
 			continue
 		}
 		if e.nonUniform {
-			return nil, QuickUnsure
+			return nil, quickUnsure
 		}
 		if alt.Share {
 			if shareKey == "" {
 				shareKey = e.shareKey
 			} else if e.shareKey != shareKey {
-				return nil, QuickUnsure
+				return nil, quickUnsure
 			}
 		}
 		if e.fits {
@@ -105,11 +105,11 @@ func QuickChoice(ctx context.Context, sel *SelectorEvaluator, pol allocate.Polic
 		}
 		plan, _ := planNode(ctx, sel, pol, n, usage.NodeUsage(n), pending)
 		if plan == nil {
-			return nil, QuickUnsure
+			return nil, quickUnsure
 		}
-		return &quickResult{Plan: plan, rest: h}, QuickChosen
+		return &quickResult{plan: plan, rest: h}, quickChosen
 	}
-	return nil, QuickNoFit
+	return nil, quickNoFit
 }
 
 // maxExplainedNodes bounds the nodes planned to say why a pod fits none
@@ -121,9 +121,9 @@ const maxExplainedNodes = 64
 // and counts the rest) or maxExplainedNodes; ok is false if one fits after
 // all (its usage changed since it was scored), and the caller then plans
 // every node.
-func ExplainNoFit(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, cands []*NodeInventory, usage usageSource, pending []*Claim) (why []string, ok bool) {
+func explainNoFit(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, cands []*NodeInventory, usage usageSource, pending []*Claim) (why []string, ok bool) {
 	for i, n := range cands {
-		if i == maxExplainedNodes || len(Dedupe(why)) > 4 {
+		if i == maxExplainedNodes || len(dedupe(why)) > 4 {
 			break
 		}
 		plan, reasons := planNode(ctx, sel, pol, n, usage.NodeUsage(n), pending)
@@ -137,7 +137,7 @@ func ExplainNoFit(ctx context.Context, sel *SelectorEvaluator, pol allocate.Poli
 
 // quickResult is a quick choice and the nodes ranked below it.
 type quickResult struct {
-	Plan *Plan
+	plan *Plan
 	rest *rankHeap
 }
 
@@ -149,8 +149,8 @@ const maxSampledAlternatives = 8
 // order, until three fit or maxSampledAlternatives were tried, for the
 // allocation event's note. It returns the chosen plan first, the reasons
 // the others did not fit and how many nodes that fit were not planned.
-func (q *quickResult) Alternatives(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, usage usageSource, admit func(*NodeInventory) bool, pending []*Claim) (plans []*Plan, why []string, unexamined int) {
-	plans = []*Plan{q.Plan}
+func (q *quickResult) alternatives(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, usage usageSource, admit func(*NodeInventory) bool, pending []*Claim) (plans []*Plan, why []string, unexamined int) {
+	plans = []*Plan{q.plan}
 	for tried := 0; tried < maxSampledAlternatives && len(plans) < 4 && q.rest.Len() > 0; {
 		n := heap.Pop(q.rest).(rankedNode).node
 		if !admit(n) {
@@ -195,7 +195,7 @@ func (h *rankHeap) Pop() any {
 // scoreNode computes a node's entry for one request shape: whether the
 // shape may fit at all, its devices' share size and, when it fits, its
 // score with the ineligible devices masked as taken (as choosePlan ranks).
-func scoreNode(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, n *NodeInventory, usage usageSource, alt *Alternative, sig string, gen uint64, rank *HostRanking, host *allocate.Host) *scoreEntry {
+func scoreNode(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, n *NodeInventory, usage usageSource, alt *Alternative, sig string, gen uint64, rank *hostRanking, host *allocate.Host) *scoreEntry {
 	e := &scoreEntry{node: n, gen: gen}
 	u := sanitizeUsage(usage.NodeUsage(n))
 	for _, g := range u {
@@ -252,7 +252,7 @@ func scoreNode(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy,
 
 // shapeOf returns the alternative's signature and the scores kept for it
 // (as one request on its own) under pol.
-func shapeOf(cache *ScoreCache, alt *Alternative, pol allocate.Policy, nodes int, rank *HostRanking) (string, *shapeScores) {
+func shapeOf(cache *scoreCache, alt *Alternative, pol allocate.Policy, nodes int, rank *hostRanking) (string, *shapeScores) {
 	sig := quickSignature(alt)
 	return sig, cache.shape(fmt.Sprintf("%s\x03%d/%d/%d/%d/%s/%s%s", sig, alt.Count, alt.RequiredLink,
 		maxSharesPerGPU(alt), memoryOvercommit(alt), pol.Node, pol.GPU, rank.key()), nodes)
@@ -265,7 +265,7 @@ func shapeOf(cache *ScoreCache, alt *Alternative, pol allocate.Policy, nodes int
 // computed with, and for the node's CPU and memory left: the usage source
 // counts a change of those in the node's generation (ledger.touch), so
 // that a decision reads them only for the nodes it scores again.
-func (s *shapeScores) entry(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, n *NodeInventory, usage usageSource, alt *Alternative, sig string, gen uint64, rank *HostRanking) *scoreEntry {
+func (s *shapeScores) entry(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, n *NodeInventory, usage usageSource, alt *Alternative, sig string, gen uint64, rank *hostRanking) *scoreEntry {
 	if e := s.get(n, gen, pol.Mix); e != nil && e.demand == pol.Demand {
 		return e
 	}
@@ -296,7 +296,7 @@ type scoreEntry struct {
 
 // scoreCache keeps node scores per request shape and policy, bounded to
 // the shapes most recently asked for.
-type ScoreCache struct {
+type scoreCache struct {
 	mu     sync.Mutex
 	shapes *lru[*shapeScores]
 }
@@ -305,12 +305,12 @@ type ScoreCache struct {
 // shape costs about 100 bytes per node.
 const maxCachedShapes = 32
 
-func NewScoreCache() *ScoreCache {
-	return &ScoreCache{shapes: newLRU[*shapeScores](maxCachedShapes)}
+func newScoreCache() *scoreCache {
+	return &scoreCache{shapes: newLRU[*shapeScores](maxCachedShapes)}
 }
 
 // entries counts the node scores the cache keeps.
-func (c *ScoreCache) entries() int {
+func (c *scoreCache) entries() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := 0
@@ -324,7 +324,7 @@ func (c *ScoreCache) entries() int {
 }
 
 // shape returns the scores kept for a shape; a nil cache keeps nothing.
-func (c *ScoreCache) shape(key string, nodes int) *shapeScores {
+func (c *scoreCache) shape(key string, nodes int) *shapeScores {
 	if c == nil {
 		return &shapeScores{byNode: make(map[string]*scoreEntry, nodes)}
 	}
@@ -477,7 +477,7 @@ func quickEligible(ctx context.Context, sel *SelectorEvaluator, n *NodeInventory
 
 // exhaustivePlans plans every candidate node; used when quickChoice does
 // not apply and by tests as the reference.
-func ExhaustivePlans(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, cands []*NodeInventory, usageOf func(*NodeInventory) []allocate.GPUUsage, pending []*Claim) (plans []*Plan, failed int, why []string) {
+func exhaustivePlans(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, cands []*NodeInventory, usageOf func(*NodeInventory) []allocate.GPUUsage, pending []*Claim) (plans []*Plan, failed int, why []string) {
 	for _, n := range cands {
 		plan, reasons := planNode(ctx, sel, pol, n, usageOf(n), pending)
 		if plan != nil {

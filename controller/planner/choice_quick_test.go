@@ -187,11 +187,11 @@ func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 	quick, shortcutShapes, cached, noFit, bounded := 0, 0, 0, 0, 0
 	for round := range 12 {
 		pc := newPruneCluster(t, rng, 40+rng.IntN(80), pruneFixtures, []float64{0.3, 0.7, 1}[round%3])
-		cache := NewScoreCache()
+		cache := newScoreCache()
 		// Odd rounds rank by stranded GPU: each node has CPU and memory
 		// left (changing as pods are placed), the pods ask for some, and
 		// a demand mix of recent shapes weighs the stranding.
-		var rank *HostRanking
+		var rank *hostRanking
 		var demand *allocate.DemandHistory
 		hosts := map[string]*allocate.Host{}
 		if round%2 == 1 {
@@ -232,7 +232,7 @@ func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 					n := nodes[rng.IntN(len(nodes))]
 					hosts[n.Node] = &allocate.Host{CPUMilli: int64(rng.IntN(24_000)), MemoryBytes: int64(rng.IntN(96)) << 30}
 				}
-				rank = &HostRanking{left: func(n string) *allocate.Host { return hosts[n] },
+				rank = &hostRanking{left: func(n string) *allocate.Host { return hosts[n] },
 					pod: allocate.Host{CPUMilli: int64(rng.IntN(8_000)), MemoryBytes: int64(rng.IntN(32)) << 30}}
 				pol.Demand = demand.Mix()
 			}
@@ -250,12 +250,12 @@ func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 				}
 			}
 			admit := func(n *NodeInventory) bool { return !rejected[n.Node] }
-			plans, _, _ := ExhaustivePlans(ctx, pc.sel, pol, cands, pc.NodeUsage, pending)
-			ref := ChoosePlan(plans, pol, rank)
+			plans, _, _ := exhaustivePlans(ctx, pc.sel, pol, cands, pc.NodeUsage, pending)
+			ref := choosePlan(plans, pol, rank)
 			before := cache.entries()
-			got, verdict := QuickChoice(ctx, pc.sel, pol, nodes, pc, cache, admit, pending, rank)
-			ok := verdict == QuickChosen
-			if verdict == QuickNoFit {
+			got, verdict := quickChoice(ctx, pc.sel, pol, nodes, pc, cache, admit, pending, rank)
+			ok := verdict == quickChosen
+			if verdict == quickNoFit {
 				noFit++
 				if ref != nil {
 					t.Fatalf("round %d, policy %+v: the shortcut found nothing fits, planning every node gives %s", round, pol, ref.Summarize())
@@ -271,17 +271,17 @@ func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 					cached++
 				}
 				if ref == nil {
-					t.Fatalf("round %d: quick choice %s where planning every node finds none", round, got.Plan.Summarize())
+					t.Fatalf("round %d: quick choice %s where planning every node finds none", round, got.plan.Summarize())
 				}
-				if g, w := got.Plan.Summarize(), ref.Summarize(); g != w {
+				if g, w := got.plan.Summarize(), ref.Summarize(); g != w {
 					t.Fatalf("round %d, policy %+v: quick choice %s, planning every node %s", round, pol, g, w)
 				}
 			}
-			if verdict == QuickUnsure && rank == nil {
+			if verdict == quickUnsure && rank == nil {
 				// Several placements: branch and bound must agree too.
-				bp, bv := BoundChoice(ctx, pc.sel, pol, nodes, pc, cache, admit, pending)
+				bp, bv := boundChoice(ctx, pc.sel, pol, nodes, pc, cache, admit, pending)
 				switch bv {
-				case QuickChosen:
+				case quickChosen:
 					bounded++
 					if ref == nil {
 						t.Fatalf("round %d: bound choice %s where planning every node finds none", round, bp.Summarize())
@@ -289,7 +289,7 @@ func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 					if g, w := bp.Summarize(), ref.Summarize(); g != w {
 						t.Fatalf("round %d, policy %+v: bound choice %s, planning every node %s", round, pol, g, w)
 					}
-				case QuickNoFit:
+				case quickNoFit:
 					if ref != nil {
 						t.Fatalf("round %d, policy %+v: branch and bound found nothing fits, planning every node gives %s", round, pol, ref.Summarize())
 					}
@@ -303,8 +303,8 @@ func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 					h := hosts[ref.Node.Node]
 					h.CPUMilli -= rank.pod.CPUMilli
 					h.MemoryBytes -= rank.pod.MemoryBytes
-					rec := &DemandRecorder{hist: demand}
-					rec.Record(ctx, podAsking(rank.pod), ref)
+					rec := &demandRecorder{hist: demand}
+					rec.record(ctx, podAsking(rank.pod), ref)
 				}
 			}
 		}
@@ -330,35 +330,35 @@ func TestScoreCacheFollowsUsage(t *testing.T) {
 		t.Fatal(err)
 	}
 	pending := []*Claim{ic}
-	cache := NewScoreCache()
+	cache := newScoreCache()
 	nodes := pc.inv.All()
 	seen := map[string]bool{}
 	for i := range len(nodes) {
-		q, verdict := QuickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending, nil)
-		if verdict != QuickChosen {
+		q, verdict := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending, nil)
+		if verdict != quickChosen {
 			t.Fatalf("decision %d: shortcut did not apply", i)
 		}
-		name := q.Plan.Node.Node
+		name := q.plan.Node.Node
 		if seen[name] {
 			t.Fatalf("decision %d: node %s chosen again although it is full", i, name)
 		}
 		seen[name] = true
-		pc.commit(q.Plan)
+		pc.commit(q.plan)
 	}
-	if _, verdict := QuickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending, nil); verdict != QuickNoFit {
+	if _, verdict := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending, nil); verdict != quickNoFit {
 		t.Fatalf("a full cluster: verdict %d, want nothing fits", verdict)
 	}
 	freed := nodes[7].Node
 	pc.setUsage(freed, make([]allocate.GPUUsage, 8))
-	q, verdict := QuickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending, nil)
-	if verdict != QuickChosen || q.Plan.Node.Node != freed {
+	q, verdict := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending, nil)
+	if verdict != quickChosen || q.plan.Node.Node != freed {
 		t.Fatalf("after freeing %s: got %v, verdict %d", freed, q, verdict)
 	}
 	// Generations are the contract: a usage change the cache was not told
 	// of leaves the kept score, but planning reads the real usage, so the
 	// shortcut gives up rather than return a plan that does not fit.
 	pc.usage[freed][0] = allocate.GPUUsage{Exclusive: true}
-	if q, verdict := QuickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending, nil); verdict != QuickUnsure {
+	if q, verdict := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, cache, admitAll, pending, nil); verdict != quickUnsure {
 		t.Fatalf("verdict %d (%v) on %s, whose usage no longer fits: want the shortcut to give up", verdict, q, freed)
 	}
 }
@@ -382,13 +382,13 @@ func TestSampleAlternatives(t *testing.T) {
 		admitted++
 		return n.Node != nodes[3].Node
 	}
-	q, verdict := QuickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, nil, admit, pending, nil)
-	if verdict != QuickChosen {
+	q, verdict := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, nil, admit, pending, nil)
+	if verdict != quickChosen {
 		t.Fatal("shortcut did not apply")
 	}
 	fitting := admitted + q.rest.Len()
-	plans, why, unexamined := q.Alternatives(ctx, pc.sel, allocate.Policy{}, pc, admit, pending)
-	if plans[0] != q.Plan || len(plans) != 4 {
+	plans, why, unexamined := q.alternatives(ctx, pc.sel, allocate.Policy{}, pc, admit, pending)
+	if plans[0] != q.plan || len(plans) != 4 {
 		t.Fatalf("want the chosen plan first and three others, got %d plans", len(plans))
 	}
 	if len(why) != 0 {
@@ -398,16 +398,16 @@ func TestSampleAlternatives(t *testing.T) {
 	// ranking without the chosen one gives the first of them.
 	var others []*NodeInventory
 	for _, n := range nodes {
-		if n != q.Plan.Node && n.Node != nodes[3].Node {
+		if n != q.plan.Node && n.Node != nodes[3].Node {
 			others = append(others, n)
 		}
 	}
-	ref, _, _ := ExhaustivePlans(ctx, pc.sel, allocate.Policy{}, others, pc.NodeUsage, pending)
-	if next := ChoosePlan(ref, allocate.Policy{}, nil); next == nil || next.Node != plans[1].Node {
+	ref, _, _ := exhaustivePlans(ctx, pc.sel, allocate.Policy{}, others, pc.NodeUsage, pending)
+	if next := choosePlan(ref, allocate.Policy{}, nil); next == nil || next.Node != plans[1].Node {
 		t.Fatalf("first alternative %s, want the next-best node", plans[1].Node.Node)
 	}
 	for _, pl := range plans[1:] {
-		if pl.Node == q.Plan.Node || pl.Node.Node == nodes[3].Node {
+		if pl.Node == q.plan.Node || pl.Node.Node == nodes[3].Node {
 			t.Fatalf("node %s named as an alternative", pl.Node.Node)
 		}
 	}
@@ -416,7 +416,7 @@ func TestSampleAlternatives(t *testing.T) {
 	if unexamined != fitting-admitted || unexamined == 0 {
 		t.Fatalf("%d not planned out of %d fitting nodes with %d looked at", unexamined, fitting, admitted)
 	}
-	note := AlternativesNote(q.Plan, plans, why, nil, unexamined)
+	note := AlternativesNote(q.plan, plans, why, nil, unexamined)
 	if !strings.Contains(note, fmt.Sprintf("%d other nodes not planned", unexamined)) {
 		t.Fatalf("note %q does not count the nodes not planned", note)
 	}
@@ -432,7 +432,7 @@ func TestBoundChoiceMatchesExhaustive(t *testing.T) {
 	decided, none := 0, 0
 	for round := range 150 {
 		pc := newPruneCluster(t, rng, 6+rng.IntN(20), []string{"dgx1-v100.txt", "dgx-a100.txt", "pcie-nvbridge-8.txt", "pcie-4.txt", "dgx2-16.txt"}, []float64{0, 0.5, 1}[round%3])
-		cache := NewScoreCache()
+		cache := newScoreCache()
 		for range 30 {
 			nodes := pc.inv.All()
 			var pending []*Claim
@@ -445,7 +445,7 @@ func TestBoundChoiceMatchesExhaustive(t *testing.T) {
 					}
 					pending = append(pending, ic)
 				}
-				if _, v := QuickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, nil, admitAll, pending, nil); v == QuickUnsure {
+				if _, v := quickChoice(ctx, pc.sel, allocate.Policy{}, nodes, pc, nil, admitAll, pending, nil); v == quickUnsure {
 					break
 				}
 			}
@@ -464,11 +464,11 @@ func TestBoundChoiceMatchesExhaustive(t *testing.T) {
 				Node: []allocate.Strategy{allocate.Binpack, allocate.Spread}[rng.IntN(2)],
 				GPU:  []allocate.Strategy{allocate.Binpack, allocate.Spread}[rng.IntN(2)],
 			}
-			plans, _, _ := ExhaustivePlans(ctx, pc.sel, pol, nodes, pc.NodeUsage, pending)
-			ref := ChoosePlan(plans, pol, nil)
-			got, v := BoundChoice(ctx, pc.sel, pol, nodes, pc, cache, admitAll, pending)
+			plans, _, _ := exhaustivePlans(ctx, pc.sel, pol, nodes, pc.NodeUsage, pending)
+			ref := choosePlan(plans, pol, nil)
+			got, v := boundChoice(ctx, pc.sel, pol, nodes, pc, cache, admitAll, pending)
 			switch v {
-			case QuickChosen:
+			case quickChosen:
 				decided++
 				if ref == nil || got.Summarize() != ref.Summarize() {
 					want := "none"
@@ -478,7 +478,7 @@ func TestBoundChoiceMatchesExhaustive(t *testing.T) {
 					t.Fatalf("round %d, policy %+v: bound choice %s, planning every node %s", round, pol, got.Summarize(), want)
 				}
 				pc.commit(ref)
-			case QuickNoFit:
+			case quickNoFit:
 				none++
 				if ref != nil {
 					t.Fatalf("round %d: branch and bound found nothing fits, planning every node gives %s", round, ref.Summarize())
@@ -529,21 +529,21 @@ func TestScoreCacheFollowsHost(t *testing.T) {
 	for _, n := range pc.inv.All() {
 		hosts[n.Node] = allocate.Host{CPUMilli: 64_000, MemoryBytes: 256 << 30}
 	}
-	rank := &HostRanking{left: func(n string) *allocate.Host { h := hosts[n]; return &h }, pod: allocate.Host{CPUMilli: 2000}}
-	cache := NewScoreCache()
+	rank := &hostRanking{left: func(n string) *allocate.Host { h := hosts[n]; return &h }, pod: allocate.Host{CPUMilli: 2000}}
+	cache := newScoreCache()
 	nodes := pc.inv.All()
-	q, verdict := QuickChoice(ctx, pc.sel, pol, nodes, pc, cache, admitAll, pending, rank)
-	if verdict != QuickChosen {
+	q, verdict := quickChoice(ctx, pc.sel, pol, nodes, pc, cache, admitAll, pending, rank)
+	if verdict != quickChosen {
 		t.Fatalf("verdict %d, want a choice", verdict)
 	}
-	first := q.Plan.Node.Node
+	first := q.plan.Node.Node
 	hosts[first] = allocate.Host{CPUMilli: 500, MemoryBytes: 256 << 30}
 	// A change of a node's CPU or memory left counts in its generation,
 	// as the controller's ledger.touch counts it for the fit tracker and
 	// the Node handlers (TestHostChangesTouchTheLedger).
 	pc.gen[first]++
-	q, verdict = QuickChoice(ctx, pc.sel, pol, nodes, pc, cache, admitAll, pending, rank)
-	if verdict != QuickChosen || q.Plan.Node.Node == first {
+	q, verdict = quickChoice(ctx, pc.sel, pol, nodes, pc, cache, admitAll, pending, rank)
+	if verdict != quickChosen || q.plan.Node.Node == first {
 		t.Fatalf("after %s ran short of CPU: got %v, verdict %d; want another node", first, q, verdict)
 	}
 }

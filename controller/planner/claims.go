@@ -20,13 +20,13 @@ import (
 	"github.com/gpulink/gpulink/driver/topology"
 )
 
-// claimKind says who allocates a claim.
-type claimKind int
+// ClaimKind says who allocates a claim.
+type ClaimKind int
 
 const (
 	// claimForeign: no request selects gpulink devices; kube-scheduler
 	// allocates it.
-	claimForeign claimKind = iota
+	claimForeign ClaimKind = iota
 	// claimOurs: every request selects gpulink devices; the controller
 	// allocates it, whether or not the requests tolerate gpulink's
 	// managed taint: one allocator for every gpulink device, so that no
@@ -45,14 +45,14 @@ type Claim struct {
 	Tolerating bool
 }
 
-// requestSpec is one request with its alternatives: one for `exactly`,
+// RequestSpec is one request with its alternatives: one for `exactly`,
 // several for `firstAvailable`, tried in order.
 type RequestSpec struct {
 	Name         string
 	Alternatives []*Alternative
 }
 
-// alternative is one concrete way to satisfy a request.
+// Alternative is one concrete way to satisfy a request.
 type Alternative struct {
 	// ResultName is the request name results carry: "req" or "req/sub".
 	ResultName string
@@ -114,7 +114,7 @@ func shareSignature(a *Alternative) string {
 	return b.String()
 }
 
-// concurrentGroup is the sharing group of the concurrent MPS shares of a
+// ConcurrentGroup is the sharing group of the concurrent MPS shares of a
 // namespace: they share one MPS server per GPU (sharing.mpsMode
 // Concurrent), so no share of another namespace, and no share of another
 // kind, may join their GPU.
@@ -139,12 +139,12 @@ func (m matchConstraint) appliesTo(resultName string) bool {
 // uninterpretableError is a claim the controller will not allocate because
 // it cannot honour some part of it exactly. The message names the field.
 type uninterpretableError struct {
-	Claim string
+	claim string
 	Err   error
 }
 
 func (e *uninterpretableError) Error() string {
-	return fmt.Sprintf("claim %s cannot be allocated by gpulink: %v", e.Claim, e.Err)
+	return fmt.Sprintf("claim %s cannot be allocated by gpulink: %v", e.claim, e.Err)
 }
 func (e *uninterpretableError) Unwrap() error { return e.Err }
 
@@ -154,9 +154,9 @@ var ErrClassMissing = errors.New("DeviceClass not found")
 
 var managedTaint = resourceapi.DeviceTaint{Key: driver.ManagedTaintKey, Effect: resourceapi.DeviceTaintEffectNoSchedule}
 
-// interpreter turns claims into allocation problems.
+// Interpreter turns claims into allocation problems.
 type Interpreter struct {
-	classes classGetter
+	classes ClassGetter
 	cel     *SelectorEvaluator
 	inv     *Inventory
 
@@ -167,14 +167,14 @@ type Interpreter struct {
 	configs  map[string]*resolvedConfig
 }
 
-// classGetter reads DeviceClasses by name; a DeviceClass lister is one.
-type classGetter interface {
+// ClassGetter reads DeviceClasses by name; a DeviceClass lister is one.
+type ClassGetter interface {
 	Get(name string) (*resourceapi.DeviceClass, error)
 }
 
-// newInterpreter interprets claims with the classes, the selector
+// NewInterpreter interprets claims with the classes, the selector
 // evaluator and the inventory of nodes (for what a class selects).
-func NewInterpreter(classes classGetter, sel *SelectorEvaluator, inv *Inventory) *Interpreter {
+func NewInterpreter(classes ClassGetter, sel *SelectorEvaluator, inv *Inventory) *Interpreter {
 	return &Interpreter{classes: classes, cel: sel, inv: inv}
 }
 
@@ -244,12 +244,12 @@ func resolveLayers(class, claim [][]byte) (*v1alpha1.GpuConfig, *resource.Quanti
 	return cfg, explicit.Sharing.DefaultMemory, explicit.Sharing.DefaultCores, nil
 }
 
-// interpret classifies a claim and, for gpulink claims, builds its
+// Interpret classifies a claim and, for gpulink claims, builds its
 // requests. Errors are *uninterpretableError, or wrap errClassMissing.
-func (ip *Interpreter) Interpret(ctx context.Context, claim *resourceapi.ResourceClaim) (*Claim, claimKind, error) {
+func (ip *Interpreter) Interpret(ctx context.Context, claim *resourceapi.ResourceClaim) (*Claim, ClaimKind, error) {
 	key := claim.Namespace + "/" + claim.Name
-	fail := func(err error) (*Claim, claimKind, error) {
-		return nil, ClaimOurs, &uninterpretableError{Claim: key, Err: err}
+	fail := func(err error) (*Claim, ClaimKind, error) {
+		return nil, ClaimOurs, &uninterpretableError{claim: key, Err: err}
 	}
 	spec := claim.Spec.Devices
 	reqPath := field.NewPath("spec", "devices", "requests")
@@ -556,7 +556,7 @@ func (a *Alternative) migSelectors() string {
 
 // wantedDevices names what the pending claims ask for ("4 free GPUs with
 // every pair NVLink plus a share of 4Gi memory").
-func WantedDevices(pending []*Claim) string {
+func wantedDevices(pending []*Claim) string {
 	var wants []string
 	for _, ic := range pending {
 		for _, r := range ic.Requests {
@@ -568,7 +568,7 @@ func WantedDevices(pending []*Claim) string {
 	return strings.Join(wants, " plus ")
 }
 
-func Dedupe(in []string) []string {
+func dedupe(in []string) []string {
 	seen := map[string]bool{}
 	var out []string
 	for _, s := range in {
@@ -580,7 +580,7 @@ func Dedupe(in []string) []string {
 	return out
 }
 
-// usesMPS says whether any alternative of the claim is a share served by
+// UsesMPS says whether any alternative of the claim is a share served by
 // MPS (the configuration is defaulted, so an unset strategy reads MPS).
 func (ic *Claim) UsesMPS() bool {
 	for _, r := range ic.Requests {
@@ -616,7 +616,7 @@ func checkMPSModes(ic *Claim) error {
 	return nil
 }
 
-// usesConcurrentMPS tells whether any alternative of the claim is a
+// UsesConcurrentMPS tells whether any alternative of the claim is a
 // concurrent MPS share.
 func (ic *Claim) UsesConcurrentMPS() bool {
 	for _, rs := range ic.Requests {

@@ -110,7 +110,7 @@ func TestInterpretClassification(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		class string
-		kind  claimKind
+		kind  ClaimKind
 	}{{"other", claimForeign}, {"v100s", ClaimOurs}, {"any", claimForeign}, {driver.DeviceClassShare, ClaimOurs}} {
 		_, kind, err := ip.Interpret(context.Background(), claimOf(resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req(tc.class)}}))
 		if err != nil || kind != tc.kind {

@@ -9,7 +9,7 @@ import (
 	"github.com/gpulink/gpulink/compat"
 )
 
-// checkCompatClaim refuses a claim the resourceclaim controller made from
+// CheckCompatClaim refuses a claim the resourceclaim controller made from
 // a template under a translated name (compat.TemplatePrefix) whose spec
 // does not hash to that name. Translated template names are predictable,
 // so a namespace user can create one first with any spec; every later pod

@@ -38,14 +38,14 @@ type Config struct {
 type Planner struct {
 	policy allocate.Policy
 	mix    *MixRecorder
-	demand *DemandRecorder
+	demand *demandRecorder
 	inv    *Inventory
 	ledger *Ledger
 	filter *NodeFilter
 	sel    *SelectorEvaluator
 	// scores keeps nodes' scores per request shape between decisions
 	// (quickChoice).
-	scores *ScoreCache
+	scores *scoreCache
 }
 
 // New returns a Planner over the state in cfg.
@@ -57,12 +57,12 @@ func New(cfg Config) (*Planner, error) {
 	if err != nil {
 		return nil, fmt.Errorf("planner config: %w", err)
 	}
-	demand, err := NewDemandRecorder(cfg.RankByStranding)
+	demand, err := newDemandRecorder(cfg.RankByStranding)
 	if err != nil {
 		return nil, fmt.Errorf("planner config: %w", err)
 	}
 	return &Planner{policy: cfg.Policy, mix: mix, demand: demand, inv: cfg.Inventory, ledger: cfg.Ledger,
-		filter: cfg.Filter, sel: cfg.Selectors, scores: NewScoreCache()}, nil
+		filter: cfg.Filter, sel: cfg.Selectors, scores: newScoreCache()}, nil
 }
 
 // Request is one pod's decision to take.
@@ -111,45 +111,45 @@ func (p *Planner) Decide(ctx context.Context, req Request) Decision {
 	pod, pending, allocated, excluded := req.Pod, req.Pending, req.Allocated, req.Excluded
 	all := p.inv.All()
 	d := Decision{Nodes: len(all)}
-	pol := req.Placement.Apply(p.demand.Policy(p.mix.Policy(ctx, p.policy, pending)))
-	rank := p.demand.Ranking(p.filter.HostLeft, pod)
+	pol := req.Placement.apply(p.demand.policy(p.mix.Policy(ctx, p.policy, pending)))
+	rank := p.demand.ranking(p.filter.HostLeft, pod)
 	// candidates filters every node, considering them all again when the
 	// exclusions ruled out every one of them.
 	candidates := func() []*NodeInventory {
 		cands, rej := p.filter.Candidates(logger, pod, all, allocated, excluded)
-		if len(cands) == 0 && excluded.Len() > 0 && rej.Count(RejectExcluded) > 0 {
+		if len(cands) == 0 && excluded.Len() > 0 && rej.count(rejectExcluded) > 0 {
 			d.ExclusionsIgnored = true
 			cands, rej = p.filter.Candidates(logger, pod, all, allocated, nil)
 		}
 		d.Rejections = rej
 		return cands
 	}
-	noFit := "no " + WantedDevices(pending)
-	if WantsMIG(pending) {
+	noFit := "no " + wantedDevices(pending)
+	if wantsMIG(pending) {
 		var failed int
-		d.Chosen, d.Plans, d.Why, failed = ChooseMIG(ctx, p.sel, pol, candidates(), p.ledger, pending, rank)
+		d.Chosen, d.Plans, d.Why, failed = chooseMIG(ctx, p.sel, pol, candidates(), p.ledger, pending, rank)
 		for range failed {
 			d.Rejections.Add(noFit)
 		}
 		return d
 	}
-	pf := p.filter.ForPod(logger, pod, allocated, excluded)
-	q, verdict := QuickChoice(ctx, p.sel, pol, all, p.ledger, p.scores, pf.Admit, pending, rank)
+	pf := p.filter.forPod(logger, pod, allocated, excluded)
+	q, verdict := quickChoice(ctx, p.sel, pol, all, p.ledger, p.scores, pf.admit, pending, rank)
 	var bounded *Plan
-	if verdict == QuickUnsure {
+	if verdict == quickUnsure {
 		// Pods with several device sets keep podScore's ranking.
 		podPol := pol
 		podPol.Demand = nil
-		bounded, verdict = BoundChoice(ctx, p.sel, podPol, all, p.ledger, p.scores, pf.Admit, pending)
+		bounded, verdict = boundChoice(ctx, p.sel, podPol, all, p.ledger, p.scores, pf.admit, pending)
 	}
 	quickWait := false
-	if verdict == QuickNoFit && excluded.Len() == 0 {
+	if verdict == quickNoFit && excluded.Len() == 0 {
 		// Nothing fits: count every node by filter as the exhaustive
 		// path does (the nodes admitted fit no GPUs), planning only a
 		// few of them for the reasons.
 		var cands []*NodeInventory
 		cands, d.Rejections = p.filter.Candidates(logger, pod, all, allocated, nil)
-		d.Why, quickWait = ExplainNoFit(ctx, p.sel, pol, cands, p.ledger, pending)
+		d.Why, quickWait = explainNoFit(ctx, p.sel, pol, cands, p.ledger, pending)
 		if quickWait {
 			for range cands {
 				d.Rejections.Add(noFit)
@@ -157,21 +157,21 @@ func (p *Planner) Decide(ctx context.Context, req Request) Decision {
 		}
 	}
 	switch {
-	case verdict == QuickChosen && q != nil:
-		d.Chosen = q.Plan
+	case verdict == quickChosen && q != nil:
+		d.Chosen = q.plan
 		// The event names a few nodes that also fit (gpulink explain):
 		// plan a bounded number of the next-best ones for it.
-		d.Plans, d.Why, d.Unexamined = q.Alternatives(ctx, p.sel, pol, p.ledger, pf.Admit, pending)
-		d.Rejections = pf.Rej
-	case verdict == QuickChosen:
-		d.Chosen, d.Plans, d.Rejections = bounded, []*Plan{bounded}, pf.Rej
+		d.Plans, d.Why, d.Unexamined = q.alternatives(ctx, p.sel, pol, p.ledger, pf.admit, pending)
+		d.Rejections = pf.rej
+	case verdict == quickChosen:
+		d.Chosen, d.Plans, d.Rejections = bounded, []*Plan{bounded}, pf.rej
 	case !quickWait:
-		plans, failed, why := ExhaustivePlans(ctx, p.sel, pol, candidates(), p.ledger.NodeUsage, pending)
+		plans, failed, why := exhaustivePlans(ctx, p.sel, pol, candidates(), p.ledger.NodeUsage, pending)
 		for range failed {
 			d.Rejections.Add(noFit)
 		}
 		d.Plans, d.Why = plans, why
-		d.Chosen = ChoosePlan(plans, pol, rank)
+		d.Chosen = choosePlan(plans, pol, rank)
 	}
 	return d
 }
@@ -179,7 +179,7 @@ func (p *Planner) Decide(ctx context.Context, req Request) Decision {
 // Record notes a decision that is being written: the demand mix of
 // ranking by stranding learns the pod's shape.
 func (p *Planner) Record(ctx context.Context, pod *corev1.Pod, chosen *Plan) {
-	p.demand.Record(ctx, pod, chosen)
+	p.demand.record(ctx, pod, chosen)
 }
 
 // WaitingMessage explains why nothing fits: which filter rejected how
@@ -198,14 +198,14 @@ func (p *Planner) WaitingMessage(pending []*Claim, d Decision) string {
 		}
 		return msg
 	case d.Rejections == nil:
-		msg += fmt.Sprintf("no node has %s", WantedDevices(pending))
+		msg += fmt.Sprintf("no node has %s", wantedDevices(pending))
 	}
 	var skipped []string
 	if d.Rejections != nil {
 		msg += d.Rejections.Summary(d.Nodes)
 		skipped = d.Rejections.Details
 	}
-	details := append(Dedupe(d.Why), skipped...)
+	details := append(dedupe(d.Why), skipped...)
 	if len(details) > 4 {
 		details = append(details[:4], fmt.Sprintf("and %d more", len(details)-4))
 	}

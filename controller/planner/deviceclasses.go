@@ -99,7 +99,7 @@ func isShareClass(class *resourceapi.DeviceClass) bool {
 	return class.Labels[SharingLabel] == "true"
 }
 
-// isMIGClass reports whether requests on the class are MIG devices.
+// IsMIGClass reports whether requests on the class are MIG devices.
 func IsMIGClass(class *resourceapi.DeviceClass) bool {
 	return class.Labels[MIGLabel] == "true"
 }

@@ -25,14 +25,14 @@ const (
 	FitExistingAntiAffnity = "node(s) didn't satisfy existing pods anti-affinity rules"
 )
 
-// demand is what a pod asks of a node, as kube-scheduler's NodeResourcesFit
+// Demand is what a pod asks of a node, as kube-scheduler's NodeResourcesFit
 // computes it (k8s.io/component-helpers/resource.PodRequests: the larger of
 // the regular containers' sum and each init container's request, sidecars
 // added, pod overhead added, pod-level resources where set). CPU is in
 // millicores, everything else in units.
 type Demand map[corev1.ResourceName]int64
 
-// podDemand computes a pod's demand. Resources kube-scheduler does not fit
+// PodDemand computes a pod's demand. Resources kube-scheduler does not fit
 // (native resources other than cpu, memory, ephemeral-storage and
 // hugepages) are dropped.
 func PodDemand(pod *corev1.Pod) Demand {
@@ -91,7 +91,7 @@ type nodeUse struct {
 	members   map[types.UID]*fitPod
 }
 
-// fitTracker keeps, per node, what the pods on it request, updated
+// FitTracker keeps, per node, what the pods on it request, updated
 // incrementally from the pod informer (never recomputed over all pods per
 // decision). A pod counts on a node once bound there; before that, from the
 // moment the controller decides to allocate its claims on the node, because
@@ -105,7 +105,7 @@ type FitTracker struct {
 	Nodes map[string]*nodeUse
 	// withAnti are the counted pods with required anti-affinity terms.
 	withAnti map[types.UID]*fitPod
-	// hostChanged, when set, is told of every node whose requested CPU or
+	// HostChanged, when set, is told of every node whose requested CPU or
 	// memory changes (ranking by stranding keeps scores per node until
 	// then). Called with mu held.
 	HostChanged func(node string)
@@ -183,7 +183,7 @@ func newFitPod(pod *corev1.Pod, node string, bound bool) *fitPod {
 	return p
 }
 
-// observe records the informer's view of a pod.
+// Observe records the informer's view of a pod.
 func (f *FitTracker) Observe(pod *corev1.Pod) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -229,14 +229,14 @@ func DemandEqual(a, b Demand) bool {
 	return true
 }
 
-// forget drops a pod that is gone.
+// Forget drops a pod that is gone.
 func (f *FitTracker) Forget(uid types.UID) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.setLocked(uid, nil)
 }
 
-// assume counts an unbound pod on the node its claims are allocated on.
+// Assume counts an unbound pod on the node its claims are allocated on.
 func (f *FitTracker) Assume(pod *corev1.Pod, node string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -246,7 +246,7 @@ func (f *FitTracker) Assume(pod *corev1.Pod, node string) {
 	f.setLocked(pod.UID, newFitPod(pod, node, false))
 }
 
-// unassume drops the assumption for an unbound pod whose allocation was
+// Unassume drops the assumption for an unbound pod whose allocation was
 // released or never written.
 func (f *FitTracker) Unassume(uid types.UID) {
 	f.mu.Lock()
@@ -323,7 +323,7 @@ func (m termMatcher) matches(ns string, l map[string]string) bool {
 	return (m.namespaces == nil || m.namespaces.Has(ns)) && m.sel.Matches(labels.Set(l))
 }
 
-// check prepares the fit evaluation of a pod.
+// Check prepares the fit evaluation of a pod.
 func (f *FitTracker) Check(pod *corev1.Pod, nodeLabelsOf nodeLabels) *fitCheck {
 	fc := &fitCheck{t: f, uid: pod.UID, demand: PodDemand(pod)}
 	for name := range fc.demand {
@@ -385,7 +385,7 @@ func (f *FitTracker) Check(pod *corev1.Pod, nodeLabelsOf nodeLabels) *fitCheck {
 	return fc
 }
 
-// reject returns why the pod does not fit the node ("" when it fits):
+// Reject returns why the pod does not fit the node ("" when it fits):
 // allocatable minus what the pods counted there request, then the pod
 // (anti-)affinity domains. mappedByDRA tells which extended resources a
 // DeviceClass serves (kube-scheduler's DRA plugin, not NodeResourcesFit,
@@ -482,7 +482,7 @@ func sortResourceNames(names []string) {
 	})
 }
 
-// rejections counts, per filter reason, the nodes ruled out for a pod, for
+// Rejections counts, per filter reason, the nodes ruled out for a pod, for
 // a message like kube-scheduler's: "0/12 nodes: 5 Insufficient cpu, 3 no
 // 4 free GPUs with every pair NVLink".
 type Rejections struct {
@@ -504,9 +504,9 @@ func (r *Rejections) detail(format string, args ...any) {
 	}
 }
 
-func (r *Rejections) Count(reason string) int { return r.counts[reason] }
+func (r *Rejections) count(reason string) int { return r.counts[reason] }
 
-// summary renders "0/N nodes: 5 Insufficient cpu, 3 ...", most frequent
+// Summary renders "0/N nodes: 5 Insufficient cpu, 3 ...", most frequent
 // reason first, ties by reason.
 func (r *Rejections) Summary(total int) string {
 	reasons := make([]string, 0, len(r.counts))

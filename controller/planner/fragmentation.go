@@ -14,7 +14,7 @@ import (
 // the figure is then left out rather than slowing down a scrape.
 const fragmentSearchBudget = 1 << 16
 
-// bestLink returns the weakest link of the set of k whole GPUs the allocator
+// BestLink returns the weakest link of the set of k whole GPUs the allocator
 // picks on this node when it is idle: the best link class a k-GPU request
 // can get here. It depends on the topology only, so it is computed once per
 // inventory (which is rebuilt when the node's slices change).
@@ -39,7 +39,7 @@ func (n *NodeInventory) BestLink(k int) (topology.Link, bool) {
 	return r.WeakestLink, true
 }
 
-// idleBest returns, per position, the best class c such that the GPU is in
+// IdleBest returns, per position, the best class c such that the GPU is in
 // some set of k GPUs of the idle node whose every pair is linked at c or
 // better (nil when the search ran over its budget). Cached per inventory.
 func (n *NodeInventory) IdleBest(k int) []topology.Link {
@@ -92,7 +92,7 @@ func linkClasses(t *topology.Topology) []topology.Link {
 	return out
 }
 
-// strandedGPUs counts the GPUs of free (topology positions) that belong to
+// StrandedGPUs counts the GPUs of free (topology positions) that belong to
 // no set of k GPUs of free whose every pair is linked at the class the GPU
 // reaches for k on the idle node (idle, from idleBest): free GPUs that
 // can no longer be combined into a k-GPU set as good as they could be part

@@ -8,7 +8,7 @@ import (
 	"github.com/gpulink/gpulink/driver/allocate"
 )
 
-// hostLeft is a node's allocatable CPU and memory minus what the pods
+// HostLeft is a node's allocatable CPU and memory minus what the pods
 // counted on it request; nil when the Node or its allocatable CPU or
 // memory is unknown (the allocator then never counts it short).
 func (f *NodeFilter) HostLeft(name string) *allocate.Host {
@@ -40,7 +40,7 @@ func (f *NodeFilter) HostLeft(name string) *allocate.Host {
 type allocatableMemo struct {
 	mu     sync.Mutex
 	byNode map[string]allocatableEntry
-	// changed, when set, is told of every node whose entry changes
+	// Changed, when set, is told of every node whose entry changes
 	// (ranking by stranding keeps scores per node until then).
 	Changed func(node string)
 }
@@ -51,7 +51,7 @@ type allocatableEntry struct {
 	ok bool
 }
 
-// of returns the node's allocatable CPU and memory; ok is false when
+// Of returns the node's allocatable CPU and memory; ok is false when
 // either is not published, known when the node was set.
 func (m *allocatableMemo) Of(name string) (host allocate.Host, ok, known bool) {
 	m.mu.Lock()
@@ -60,7 +60,7 @@ func (m *allocatableMemo) Of(name string) (host allocate.Host, ok, known bool) {
 	return e.host, e.ok, known
 }
 
-// set records a Node's allocatable CPU and memory and returns them.
+// Set records a Node's allocatable CPU and memory and returns them.
 func (m *allocatableMemo) Set(node *corev1.Node) (allocate.Host, bool) {
 	cpu, okCPU := node.Status.Allocatable[corev1.ResourceCPU]
 	mem, okMem := node.Status.Allocatable[corev1.ResourceMemory]
@@ -81,7 +81,7 @@ func (m *allocatableMemo) Set(node *corev1.Node) (allocate.Host, bool) {
 	return e.host, e.ok
 }
 
-// forget drops a deleted node's entry.
+// Forget drops a deleted node's entry.
 func (m *allocatableMemo) Forget(name string) {
 	m.mu.Lock()
 	_, had := m.byNode[name]

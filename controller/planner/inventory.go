@@ -16,7 +16,7 @@ import (
 	"github.com/gpulink/gpulink/internal/sliceformat"
 )
 
-// deviceInfo is one gpulink device as a ResourceSlice publishes it.
+// DeviceInfo is one gpulink device as a ResourceSlice publishes it.
 type DeviceInfo struct {
 	Name  string
 	Index int
@@ -32,7 +32,7 @@ type DeviceInfo struct {
 	AllowMultiple bool
 }
 
-// nodeInventory is the immutable view of one node's gpulink pool. A new
+// NodeInventory is the immutable view of one node's gpulink pool. A new
 // value replaces it whenever the pool's slices change, so readers may keep
 // a reference without locking; only the selector memo is mutable, and it
 // guards itself.
@@ -94,12 +94,12 @@ var (
 	capCores  = qualify(driver.CapacityCores, driver.Name)
 )
 
-// inventory turns gpulink's ResourceSlices into per-node topologies. It is
+// Inventory turns gpulink's ResourceSlices into per-node topologies. It is
 // fed by the ResourceSlice informer and safe for concurrent use.
 type Inventory struct {
 	mu     sync.RWMutex
 	Slices map[string]*resourceapi.ResourceSlice // by slice name
-	// byPool indexes slices by pool and slice name, so that rebuilding a
+	// ByPool indexes slices by pool and slice name, so that rebuilding a
 	// pool reads only its own slices: scanning all of slices made
 	// publishing N nodes cost O(N^2). Kept in step with slices by
 	// storeLocked and forgetLocked, its only writers.
@@ -121,7 +121,7 @@ func NewInventory() *Inventory {
 	}
 }
 
-// upsert records a slice and rebuilds its pool. It returns the problem that
+// Upsert records a slice and rebuilds its pool. It returns the problem that
 // makes the pool unusable, if any. Slices of other drivers are ignored.
 func (inv *Inventory) Upsert(slice *resourceapi.ResourceSlice) error {
 	if slice.Spec.Driver != driver.Name {
@@ -176,7 +176,7 @@ func (inv *Inventory) forgetLocked(stored *resourceapi.ResourceSlice) {
 	}
 }
 
-// remove forgets a slice and rebuilds its pool.
+// Remove forgets a slice and rebuilds its pool.
 func (inv *Inventory) Remove(slice *resourceapi.ResourceSlice) {
 	if slice.Spec.Driver != driver.Name {
 		return
@@ -196,14 +196,14 @@ func (inv *Inventory) Remove(slice *resourceapi.ResourceSlice) {
 	_ = inv.rebuildLocked(pool)
 }
 
-// node returns the inventory of a node, or nil when it has no usable pool.
+// Node returns the inventory of a node, or nil when it has no usable pool.
 func (inv *Inventory) Node(name string) *NodeInventory {
 	inv.mu.RLock()
 	defer inv.mu.RUnlock()
 	return inv.nodes[name]
 }
 
-// all returns every usable node inventory, sorted by node name.
+// All returns every usable node inventory, sorted by node name.
 func (inv *Inventory) All() []*NodeInventory {
 	inv.mu.RLock()
 	sorted := inv.sorted
@@ -225,7 +225,7 @@ func (inv *Inventory) All() []*NodeInventory {
 	return slices.Clone(sorted)
 }
 
-// problemsSnapshot returns why pools are unusable, by pool name.
+// ProblemsSnapshot returns why pools are unusable, by pool name.
 func (inv *Inventory) ProblemsSnapshot() map[string]string {
 	inv.mu.RLock()
 	defer inv.mu.RUnlock()

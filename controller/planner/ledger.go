@@ -17,12 +17,12 @@ import (
 	"github.com/gpulink/gpulink/internal/sliceformat"
 )
 
-// deviceKey names one gpulink device cluster-wide.
+// DeviceKey names one gpulink device cluster-wide.
 type DeviceKey struct {
 	Pool, Device string
 }
 
-// deviceUse is what one allocation result takes from a device.
+// DeviceUse is what one allocation result takes from a device.
 type DeviceUse struct {
 	Key DeviceKey
 	// Exclusive is true for a dedicated result (no shareID): the whole
@@ -48,7 +48,7 @@ type claimUse struct {
 	observedRV string
 }
 
-// ledger counts every allocated gpulink device from every claim, whoever
+// Ledger counts every allocated gpulink device from every claim, whoever
 // allocated it, plus the allocations this controller has decided but the
 // informer has not shown yet. Decisions read it under the decision lock,
 // so informer lag can never make a device look free twice.
@@ -117,7 +117,7 @@ func NewLedger() *Ledger {
 	return &Ledger{claims: map[types.UID]*claimUse{}, usage: map[DeviceKey]*devTotals{}, kept: map[types.UID]*KeptClaim{}, poolGen: map[string]uint64{}}
 }
 
-// usesOf extracts gpulink device usage from a claim's allocation.
+// UsesOf extracts gpulink device usage from a claim's allocation.
 func UsesOf(claim *resourceapi.ResourceClaim) []DeviceUse {
 	if claim.Status.Allocation == nil {
 		return nil
@@ -258,7 +258,7 @@ func (l *Ledger) setLocked(uid types.UID, c *claimUse) {
 	}
 }
 
-// observe records the informer's view of a claim. The view is ignored while
+// Observe records the informer's view of a claim. The view is ignored while
 // an assumed allocation of ours is newer than it.
 func (l *Ledger) Observe(claim *resourceapi.ResourceClaim) {
 	l.mu.Lock()
@@ -279,7 +279,7 @@ func (l *Ledger) Observe(claim *resourceapi.ResourceClaim) {
 	l.setLocked(claim.UID, &claimUse{uses: UsesOf(claim)})
 }
 
-// forget drops a deleted claim.
+// Forget drops a deleted claim.
 func (l *Ledger) Forget(uid types.UID) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -287,7 +287,7 @@ func (l *Ledger) Forget(uid types.UID) {
 	delete(l.kept, uid)
 }
 
-// assume records an allocation about to be written. It returns a function
+// Assume records an allocation about to be written. It returns a function
 // that settles the assumption: with the resourceVersion the write returned,
 // or with "" after a failed write, which restores the previous usage.
 //
@@ -328,7 +328,7 @@ func (l *Ledger) Assume(uid types.UID, uses []DeviceUse) (func(rv string, ok boo
 	}, true
 }
 
-// held tells whether the claim holds devices in the ledger: assumed by a
+// Held tells whether the claim holds devices in the ledger: assumed by a
 // decision of ours or allocated as the informer shows it.
 func (l *Ledger) Held(uid types.UID) bool {
 	l.mu.Lock()
@@ -337,7 +337,7 @@ func (l *Ledger) Held(uid types.UID) bool {
 	return ok
 }
 
-// usageOf returns a copy of the usage of one device.
+// UsageOf returns a copy of the usage of one device.
 func (l *Ledger) UsageOf(key DeviceKey) allocate.GPUUsage {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -382,7 +382,7 @@ func rvAtLeast(have, want string) bool {
 	return err1 != nil || err2 != nil || h >= w
 }
 
-// inFlight tells whether our own allocation of the claim has not been
+// InFlight tells whether our own allocation of the claim has not been
 // seen by the informer yet (written or being written).
 func (l *Ledger) InFlight(uid types.UID) bool {
 	l.mu.Lock()
@@ -391,7 +391,7 @@ func (l *Ledger) InFlight(uid types.UID) bool {
 	return ok && c.assumed
 }
 
-// keptClaim is a deleted claim whose devices stay counted while pods that
+// KeptClaim is a deleted claim whose devices stay counted while pods that
 // reserved it may still run: a pod keeps using its GPUs when its claim is
 // deleted under it (the kubelet does not stop running containers), so
 // handing them to the next claim would give one GPU to two tenants.
@@ -406,7 +406,7 @@ type KeptClaim struct {
 	Recorded bool
 }
 
-// keepForPods drops a deleted claim but keeps counting its gpulink devices
+// KeepForPods drops a deleted claim but keeps counting its gpulink devices
 // (whole GPUs and shares' consumed capacity, from the claim's last seen
 // allocation) for pods, the reserving pods that may still use them. It
 // reports whether anything is kept: nothing is when the claim held no
@@ -432,7 +432,7 @@ func (l *Ledger) KeepForPods(claim *resourceapi.ResourceClaim, pods map[types.UI
 	return true
 }
 
-// keptClaim returns a copy of a kept claim.
+// KeptClaim returns a copy of a kept claim.
 func (l *Ledger) KeptClaim(uid types.UID) (KeptClaim, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -445,7 +445,7 @@ func (l *Ledger) KeptClaim(uid types.UID) (KeptClaim, bool) {
 	return out, true
 }
 
-// keptPodEnded removes a pod from the pods a kept claim is counted for
+// KeptPodEnded removes a pod from the pods a kept claim is counted for
 // (claim "" for every kept claim) and releases the claims no pod is left
 // for. It returns those, each with whether it had a hold record (whose
 // deletion is then counted as the release).
@@ -473,7 +473,7 @@ func (l *Ledger) KeptPodEnded(claim, pod types.UID) map[types.UID]bool {
 	return released
 }
 
-// markRecorded notes that a kept claim's hold record was written.
+// MarkRecorded notes that a kept claim's hold record was written.
 func (l *Ledger) MarkRecorded(uid types.UID) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -482,7 +482,7 @@ func (l *Ledger) MarkRecorded(uid types.UID) {
 	}
 }
 
-// observeRecord counts a hold record (a claim in the hold namespace that
+// ObserveRecord counts a hold record (a claim in the hold namespace that
 // stands for a deleted claim, holds.go) like any claim, with uses taken
 // from its allocation or, while that is not written yet, from its
 // annotation. Once the record counts devices, the in-memory kept claim it

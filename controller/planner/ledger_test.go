@@ -9,7 +9,7 @@ import (
 	"github.com/gpulink/gpulink/driver/allocate"
 )
 
-var Key0 = DeviceKey{Pool: "n", Device: "gpu-0"}
+var key0 = DeviceKey{Pool: "n", Device: "gpu-0"}
 
 func TestLedgerCountsWholeAndShares(t *testing.T) {
 	l := NewLedger()
@@ -21,7 +21,7 @@ func TestLedgerCountsWholeAndShares(t *testing.T) {
 	other.Driver = "other.example.com"
 	l.Observe(controllertest.ClaimWith("d", "4", other))
 
-	if got := l.UsageOf(Key0); !got.Exclusive {
+	if got := l.UsageOf(key0); !got.Exclusive {
 		t.Errorf("gpu-0 usage %+v, want exclusive", got)
 	}
 	want := allocate.GPUUsage{Shares: 2, MemoryBytes: 3 << 30, Cores: 30}
@@ -46,10 +46,10 @@ func TestLedgerDoubleExclusiveStaysTaken(t *testing.T) {
 	l.Observe(controllertest.ClaimWith("a", "1", controllertest.WholeResult("gpu-0")))
 	l.Observe(controllertest.ClaimWith("b", "2", controllertest.WholeResult("gpu-0")))
 	l.Forget("a")
-	if got := l.UsageOf(Key0); !got.Exclusive {
+	if got := l.UsageOf(key0); !got.Exclusive {
 		t.Errorf("usage %+v, want still exclusive", got)
 	}
-	if ex, _ := l.holders(Key0); ex != 1 {
+	if ex, _ := l.holders(key0); ex != 1 {
 		t.Errorf("%d exclusive holders, want 1", ex)
 	}
 }
@@ -58,45 +58,45 @@ func TestLedgerAssumptionSurvivesInformerLag(t *testing.T) {
 	l := NewLedger()
 	// The informer knows the claim unallocated (rv 10).
 	l.Observe(controllertest.ClaimWith("a", "10"))
-	settle, _ := l.Assume("a", []DeviceUse{{Key: Key0, Exclusive: true}})
+	settle, _ := l.Assume("a", []DeviceUse{{Key: key0, Exclusive: true}})
 	// While the write is in flight, the informer delivers the finalizer
 	// update (rv 11, still unallocated): the assumption holds.
 	l.Observe(controllertest.ClaimWith("a", "11"))
-	if !l.UsageOf(Key0).Exclusive || !l.InFlight("a") {
+	if !l.UsageOf(key0).Exclusive || !l.InFlight("a") {
 		t.Fatal("assumed allocation dropped by an older informer view")
 	}
 	settle("12", true)
 	// A stale view (rv 11 again, e.g. a resync) still does not win.
 	l.Observe(controllertest.ClaimWith("a", "11"))
-	if !l.UsageOf(Key0).Exclusive {
+	if !l.UsageOf(key0).Exclusive {
 		t.Fatal("assumed allocation dropped by a stale view after the write")
 	}
 	// The informer catches up: the claim's own view replaces the assumption.
 	l.Observe(controllertest.ClaimWith("a", "12", controllertest.WholeResult("gpu-0")))
-	if l.InFlight("a") || !l.UsageOf(Key0).Exclusive {
-		t.Fatalf("informer view not adopted: inFlight=%t usage=%+v", l.InFlight("a"), l.UsageOf(Key0))
+	if l.InFlight("a") || !l.UsageOf(key0).Exclusive {
+		t.Fatalf("informer view not adopted: inFlight=%t usage=%+v", l.InFlight("a"), l.UsageOf(key0))
 	}
 }
 
 func TestLedgerAssumptionSettledAfterFastInformer(t *testing.T) {
 	l := NewLedger()
-	settle, _ := l.Assume("a", []DeviceUse{{Key: Key0, Exclusive: true}})
+	settle, _ := l.Assume("a", []DeviceUse{{Key: key0, Exclusive: true}})
 	// The informer shows the write before the write call returns.
 	l.Observe(controllertest.ClaimWith("a", "7", controllertest.WholeResult("gpu-0")))
 	settle("7", true)
 	if l.InFlight("a") {
 		t.Error("assumption kept although the informer already showed the write")
 	}
-	if !l.UsageOf(Key0).Exclusive {
+	if !l.UsageOf(key0).Exclusive {
 		t.Error("device freed")
 	}
 }
 
 func TestLedgerFailedWriteRestores(t *testing.T) {
 	l := NewLedger()
-	settle, _ := l.Assume("a", []DeviceUse{{Key: Key0, Exclusive: true}})
+	settle, _ := l.Assume("a", []DeviceUse{{Key: key0, Exclusive: true}})
 	settle("", false)
-	if l.InFlight("a") || l.UsageOf(Key0).Exclusive {
+	if l.InFlight("a") || l.UsageOf(key0).Exclusive {
 		t.Error("failed write left the device taken")
 	}
 }
@@ -144,7 +144,7 @@ func TestLedgerKeepsDeletedClaimForPods(t *testing.T) {
 	wantShared := allocate.GPUUsage{Shares: 2, MemoryBytes: 3 << 30, Cores: 30}
 	check := func(when string, gpu0 allocate.GPUUsage, gpu1Want allocate.GPUUsage) {
 		t.Helper()
-		if got := l.UsageOf(Key0); got != gpu0 {
+		if got := l.UsageOf(key0); got != gpu0 {
 			t.Errorf("%s: gpu-0 usage %+v, want %+v", when, got, gpu0)
 		}
 		if got := l.UsageOf(gpu1); got != gpu1Want {
@@ -182,7 +182,7 @@ func TestLedgerKeepNothing(t *testing.T) {
 	if l.KeepForPods(a, nil) {
 		t.Error("kept a claim for no pod")
 	}
-	if got := l.UsageOf(Key0); got != (allocate.GPUUsage{}) {
+	if got := l.UsageOf(key0); got != (allocate.GPUUsage{}) {
 		t.Errorf("usage %+v, want free", got)
 	}
 	other := controllertest.WholeResult("gpu-0")
@@ -210,11 +210,11 @@ func TestLedgerRecordReplacesKeptClaim(t *testing.T) {
 	if _, ok := l.KeptClaim("a"); !ok {
 		t.Fatal("kept claim dropped by a record holding nothing")
 	}
-	l.ObserveRecord(rec, []DeviceUse{{Key: Key0, Exclusive: true}}, "a")
+	l.ObserveRecord(rec, []DeviceUse{{Key: key0, Exclusive: true}}, "a")
 	if _, ok := l.KeptClaim("a"); ok {
 		t.Error("kept claim still there once its record counts the devices")
 	}
-	if ex, _ := l.holders(Key0); ex != 1 {
+	if ex, _ := l.holders(key0); ex != 1 {
 		t.Errorf("%d exclusive holders of gpu-0, want 1 (the record)", ex)
 	}
 	// The pod ending now is the record's business (syncHoldRecord); the
@@ -222,11 +222,11 @@ func TestLedgerRecordReplacesKeptClaim(t *testing.T) {
 	if r := l.KeptPodEnded("", "p"); len(r) != 0 {
 		t.Errorf("released %v after the record took over", r)
 	}
-	if got := l.UsageOf(Key0); !got.Exclusive {
+	if got := l.UsageOf(key0); !got.Exclusive {
 		t.Errorf("usage %+v, want exclusive while the record exists", got)
 	}
 	l.Forget("rec")
-	if got := l.UsageOf(Key0); got != (allocate.GPUUsage{}) {
+	if got := l.UsageOf(key0); got != (allocate.GPUUsage{}) {
 		t.Errorf("usage %+v after the record was deleted, want free", got)
 	}
 }

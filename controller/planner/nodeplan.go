@@ -17,7 +17,7 @@ import (
 	"github.com/gpulink/gpulink/internal/sliceformat"
 )
 
-// placedResult is one allocation decision for one alternative on a node:
+// PlacedResult is one allocation decision for one alternative on a node:
 // a set of whole GPUs, or one share on one GPU.
 type PlacedResult struct {
 	Alt       *Alternative
@@ -41,7 +41,7 @@ type Plan struct {
 	Node    *NodeInventory
 	Claims  [][]PlacedResult // parallel to the claims planned
 	RankSum int
-	// base is the node's usage before the plan, for ranking.
+	// Base is the node's usage before the plan, for ranking.
 	Base []allocate.GPUUsage
 }
 
@@ -202,7 +202,7 @@ func (p *placer) baseEligible(alt *Alternative) []bool {
 	return elig
 }
 
-// untoleratedTaint returns a NoSchedule or NoExecute device taint, other
+// UntoleratedTaint returns a NoSchedule or NoExecute device taint, other
 // than gpulink's own managed taint, that the tolerations do not tolerate.
 func UntoleratedTaint(d *DeviceInfo, tols []resourceapi.DeviceToleration) (resourceapi.DeviceTaint, bool) {
 	for _, t := range sliceformat.SchedulingTaints(d.Taints) {
@@ -447,7 +447,7 @@ func reasonOf(err error) string {
 //
 // rank, when not nil, gives the nodes' and the pod's CPU and memory to
 // allocate.ChooseNode (stranding.go).
-func ChoosePlan(plans []*Plan, pol allocate.Policy, rank *HostRanking) *Plan {
+func choosePlan(plans []*Plan, pol allocate.Policy, rank *hostRanking) *Plan {
 	if len(plans) == 0 {
 		return nil
 	}
@@ -605,7 +605,7 @@ func (a podScore) compare(b podScore, pol allocate.Policy) int {
 	return 0
 }
 
-// summarize renders a plan for events: "gpu-0,gpu-3 on node-a: every pair NV2".
+// Summarize renders a plan for events: "gpu-0,gpu-3 on node-a: every pair NV2".
 func (pl *Plan) Summarize() string {
 	var parts []string
 	for _, claim := range pl.Claims {

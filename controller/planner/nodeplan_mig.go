@@ -83,7 +83,7 @@ func isMIGClaim(ic *Claim) bool {
 }
 
 // wantsMIG tells whether the pending claims ask for MIG devices.
-func WantsMIG(pending []*Claim) bool {
+func wantsMIG(pending []*Claim) bool {
 	for _, ic := range pending {
 		for _, r := range ic.Requests {
 			for _, alt := range r.Alternatives {
@@ -127,7 +127,7 @@ func (p *migPlacer) note(format string, args ...any) {
 
 // planMIGNode places every pending claim on one node's MIG devices, or
 // explains why not. used is the node's MIG usage from the ledger.
-func PlanMIGNode(ctx context.Context, sel *SelectorEvaluator, n *NodeInventory, used []bool, claims []*Claim) (*migPlan, []string) {
+func planMIGNode(ctx context.Context, sel *SelectorEvaluator, n *NodeInventory, used []bool, claims []*Claim) (*migPlan, []string) {
 	if len(n.MIG) == 0 {
 		return nil, []string{fmt.Sprintf("node %s has no MIG devices", n.Node)}
 	}
@@ -384,7 +384,7 @@ func chooseMIGPlan(plans []*migPlan) *Plan {
 // placements (its MIG devices are packed within the node either way). It
 // returns the chosen plan (nil when nothing fits), the feasible plans, why
 // nodes failed (a sample) and how many failed.
-func ChooseMIG(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, cands []*NodeInventory, l *Ledger, pending []*Claim, rank *HostRanking) (*Plan, []*Plan, []string, int) {
+func chooseMIG(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, cands []*NodeInventory, l *Ledger, pending []*Claim, rank *hostRanking) (*Plan, []*Plan, []string, int) {
 	var migClaims, gpuClaims []*Claim
 	for _, ic := range pending {
 		if isMIGClaim(ic) {
@@ -397,7 +397,7 @@ func ChooseMIG(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy,
 	var why []string
 	failed := 0
 	for _, n := range cands {
-		mp, reasons := PlanMIGNode(ctx, sel, n, l.migUsage(n), migClaims)
+		mp, reasons := planMIGNode(ctx, sel, n, l.migUsage(n), migClaims)
 		if mp != nil && len(gpuClaims) > 0 {
 			var gp *Plan
 			if gp, reasons = planNode(ctx, sel, pol, n, l.NodeUsage(n), gpuClaims); gp == nil {
@@ -420,7 +420,7 @@ func ChooseMIG(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy,
 		plans[i] = m.Plan
 	}
 	if len(gpuClaims) > 0 {
-		return ChoosePlan(plans, pol, rank), plans, why, failed
+		return choosePlan(plans, pol, rank), plans, why, failed
 	}
 	return chooseMIGPlan(mps), plans, why, failed
 }

@@ -14,7 +14,7 @@ import (
 // kube-scheduler's plugins word theirs where one has the same filter.
 const (
 	rejectNodeName    = "node(s) didn't match the requested node name"
-	RejectExcluded    = "node(s) the pod was unschedulable on before"
+	rejectExcluded    = "node(s) the pod was unschedulable on before"
 	rejectNoNode      = "node(s) without a Node object"
 	rejectCordoned    = "node(s) were unschedulable"
 	rejectAffinity    = "node(s) didn't match Pod's node affinity/selector"
@@ -32,7 +32,7 @@ type ClassLister interface {
 	List(selector labels.Selector) ([]*resourceapi.DeviceClass, error)
 }
 
-// nodeFilter selects the nodes a pod could run on, so that the controller
+// NodeFilter selects the nodes a pod could run on, so that the controller
 // does not allocate on a node kube-scheduler would then refuse: the node
 // must exist and be schedulable, match the pod's nodeSelector and required
 // node affinity, carry no NoSchedule/NoExecute taint the pod does not
@@ -44,7 +44,7 @@ type NodeFilter struct {
 	Nodes   NodeGetter
 	Classes ClassLister
 	Fit     *FitTracker
-	// allocatable is read by ranking by stranding (stranding.go).
+	// Allocatable is read by ranking by stranding (stranding.go).
 	Allocatable allocatableMemo
 }
 
@@ -76,17 +76,17 @@ func (f *NodeFilter) mappedByDRA(name corev1.ResourceName) bool {
 	return false
 }
 
-// candidates returns the usable node inventories for the pod and, for
+// Candidates returns the usable node inventories for the pod and, for
 // the waiting message, which filter rejected how many of the others.
 func (f *NodeFilter) Candidates(logger klog.Logger, pod *corev1.Pod, all []*NodeInventory, allocated []*resourceapi.ResourceClaim, excluded sets.Set[string]) ([]*NodeInventory, *Rejections) {
-	pf := f.ForPod(logger, pod, allocated, excluded)
+	pf := f.forPod(logger, pod, allocated, excluded)
 	var out []*NodeInventory
 	for _, n := range all {
-		if pf.Admit(n) {
+		if pf.admit(n) {
 			out = append(out, n)
 		}
 	}
-	return out, pf.Rej
+	return out, pf.rej
 }
 
 // podFilter is the node filter prepared for one pod: what depends only on
@@ -101,13 +101,13 @@ type podFilter struct {
 	excluded  sets.Set[string]
 	fc        *fitCheck
 	// rej counts the nodes admit turned down, by reason.
-	Rej *Rejections
+	rej *Rejections
 }
 
 // forPod prepares the filter for a pod whose claims listed in allocated
 // are already allocated.
-func (f *NodeFilter) ForPod(logger klog.Logger, pod *corev1.Pod, allocated []*resourceapi.ResourceClaim, excluded sets.Set[string]) *podFilter {
-	pf := &podFilter{f: f, logger: logger, pod: pod, affinity: nodeaffinity.GetRequiredNodeAffinity(pod), excluded: excluded, Rej: &Rejections{}}
+func (f *NodeFilter) forPod(logger klog.Logger, pod *corev1.Pod, allocated []*resourceapi.ResourceClaim, excluded sets.Set[string]) *podFilter {
+	pf := &podFilter{f: f, logger: logger, pod: pod, affinity: nodeaffinity.GetRequiredNodeAffinity(pod), excluded: excluded, rej: &Rejections{}}
 	for _, c := range allocated {
 		if c.Status.Allocation != nil && c.Status.Allocation.NodeSelector != nil {
 			pf.selectors = append(pf.selectors, nodeaffinity.NewLazyErrorNodeSelector(c.Status.Allocation.NodeSelector))
@@ -120,21 +120,21 @@ func (f *NodeFilter) ForPod(logger klog.Logger, pod *corev1.Pod, allocated []*re
 }
 
 func (pf *podFilter) skip(reason, format string, args ...any) bool {
-	pf.Rej.Add(reason)
-	pf.Rej.detail(format, args...)
+	pf.rej.Add(reason)
+	pf.rej.detail(format, args...)
 	return false
 }
 
 // admit tells whether the pod may run on the node, counting the reason in
 // rej when not.
-func (pf *podFilter) Admit(n *NodeInventory) bool {
+func (pf *podFilter) admit(n *NodeInventory) bool {
 	pod := pf.pod
 	if pod.Spec.NodeName != "" && n.Node != pod.Spec.NodeName {
-		pf.Rej.Add(rejectNodeName)
+		pf.rej.Add(rejectNodeName)
 		return false
 	}
 	if pf.excluded.Has(n.Node) {
-		return pf.skip(RejectExcluded, "node %s: the pod was unschedulable there before", n.Node)
+		return pf.skip(rejectExcluded, "node %s: the pod was unschedulable there before", n.Node)
 	}
 	node, err := pf.f.Nodes.Get(n.Node)
 	if err != nil {
@@ -166,7 +166,7 @@ func (pf *podFilter) Admit(n *NodeInventory) bool {
 	return true
 }
 
-// nodeSelectorFor is the allocation's node selector, as kube-scheduler's
+// NodeSelectorFor is the allocation's node selector, as kube-scheduler's
 // structured allocator writes it for node-local devices: one term with
 // matchFields metadata.name In [node].
 func NodeSelectorFor(node string) *corev1.NodeSelector {

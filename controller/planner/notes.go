@@ -9,7 +9,7 @@ import (
 // events.k8s.io/v1 notes, with room for the summary.
 const MaxEventNote = 1000
 
-// alternativesNote tells, after an allocation, which other nodes fit and
+// AlternativesNote tells, after an allocation, which other nodes fit and
 // why others did not, so `gpulink explain` can show what was passed over.
 // Bounded: three of each, and the whole note within maxEventNote.
 func AlternativesNote(chosen *Plan, plans []*Plan, why, skipped []string, unexamined int) string {
@@ -37,7 +37,7 @@ func AlternativesNote(chosen *Plan, plans []*Plan, why, skipped []string, unexam
 		}
 		note += "; also fit: " + strings.Join(fit, ", ")
 	}
-	rejected := append(Dedupe(why), skipped...)
+	rejected := append(dedupe(why), skipped...)
 	if len(rejected) > 3 {
 		rejected = append(rejected[:3], fmt.Sprintf("and %d more", len(rejected)-3))
 	}

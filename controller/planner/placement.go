@@ -13,7 +13,7 @@ import (
 	"github.com/gpulink/gpulink/driver/allocate"
 )
 
-// placement is a pod's own packing policy, where it has one: per field
+// Placement is a pod's own packing policy, where it has one: per field
 // (across nodes, across a node's GPUs for shares) the strategy and where it
 // came from; an empty strategy follows the controller's flags.
 type Placement struct {
@@ -21,7 +21,7 @@ type Placement struct {
 	nodeWhy, gpuWhy string
 }
 
-// podPlacement reads the pod's packing policy: HAMi's pod annotations
+// PodPlacement reads the pod's packing policy: HAMi's pod annotations
 // hami.io/node-scheduler-policy and hami.io/gpu-scheduler-policy (binpack
 // or spread) first, then the placement of its pending claims'
 // configuration (GpuConfig.placement, the class's then the claim's). One
@@ -102,7 +102,7 @@ func strategyOf(v v1alpha1.PlacementStrategy) allocate.Strategy {
 }
 
 // apply overrides the policy's strategies with the pod's own.
-func (p Placement) Apply(pol allocate.Policy) allocate.Policy {
+func (p Placement) apply(pol allocate.Policy) allocate.Policy {
 	if p.node != "" {
 		pol.Node = p.node
 	}
@@ -112,7 +112,7 @@ func (p Placement) Apply(pol allocate.Policy) allocate.Policy {
 	return pol
 }
 
-// note says, for the allocation event, which strategies the pod chose
+// Note says, for the allocation event, which strategies the pod chose
 // itself and why ("" when it follows the controller's flags).
 func (p Placement) Note() string {
 	var parts []string

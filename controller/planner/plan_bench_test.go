@@ -75,7 +75,7 @@ func benchmarkPlan(b *testing.B, req resourceapi.DeviceRequest) {
 				plans = append(plans, p)
 			}
 		}
-		if ChoosePlan(plans, pol, nil) == nil {
+		if choosePlan(plans, pol, nil) == nil {
 			b.Fatal("no plan")
 		}
 	}
@@ -126,38 +126,38 @@ func BenchmarkDecision5000Nodes(b *testing.B) {
 	b.Run("exhaustive", func(b *testing.B) {
 		run(b, func(pending []*Claim) *Plan {
 			cands, _ := filter.Candidates(logger, pod, nodes, nil, nil)
-			plans, _, _ := ExhaustivePlans(ctx, pc.sel, pol, cands, pc.NodeUsage, pending)
-			return ChoosePlan(plans, pol, nil)
+			plans, _, _ := exhaustivePlans(ctx, pc.sel, pol, cands, pc.NodeUsage, pending)
+			return choosePlan(plans, pol, nil)
 		})
 	})
-	quick := func(cache *ScoreCache) func([]*Claim) *Plan {
+	quick := func(cache *scoreCache) func([]*Claim) *Plan {
 		return func(pending []*Claim) *Plan {
-			pf := filter.ForPod(logger, pod, nil, nil)
-			q, verdict := QuickChoice(ctx, pc.sel, pol, nodes, pc, cache, pf.Admit, pending, nil)
-			if verdict != QuickChosen {
+			pf := filter.forPod(logger, pod, nil, nil)
+			q, verdict := quickChoice(ctx, pc.sel, pol, nodes, pc, cache, pf.admit, pending, nil)
+			if verdict != quickChosen {
 				b.Fatal("shortcut did not apply")
 			}
-			return q.Plan
+			return q.plan
 		}
 	}
 	b.Run("quick-uncached", func(b *testing.B) { run(b, quick(nil)) })
-	b.Run("quick", func(b *testing.B) { run(b, quick(NewScoreCache())) })
+	b.Run("quick", func(b *testing.B) { run(b, quick(newScoreCache())) })
 	// quick-stranding is quick with --rank-by-stranding: each decision is
 	// recorded in the demand mix and ranks by the GPUs it strands for it.
 	b.Run("quick-stranding", func(b *testing.B) {
-		rec, err := NewDemandRecorder(true)
+		rec, err := newDemandRecorder(true)
 		if err != nil {
 			b.Fatal(err)
 		}
-		cache := NewScoreCache()
+		cache := newScoreCache()
 		run(b, func(pending []*Claim) *Plan {
-			pf := filter.ForPod(logger, pod, nil, nil)
-			q, verdict := QuickChoice(ctx, pc.sel, rec.Policy(pol), nodes, pc, cache, pf.Admit, pending, rec.Ranking(filter.HostLeft, pod))
-			if verdict != QuickChosen {
+			pf := filter.forPod(logger, pod, nil, nil)
+			q, verdict := quickChoice(ctx, pc.sel, rec.policy(pol), nodes, pc, cache, pf.admit, pending, rec.ranking(filter.HostLeft, pod))
+			if verdict != quickChosen {
 				b.Fatal("shortcut did not apply")
 			}
-			rec.Record(ctx, pod, q.Plan)
-			return q.Plan
+			rec.record(ctx, pod, q.plan)
+			return q.plan
 		})
 	})
 }
@@ -210,21 +210,21 @@ func BenchmarkWaiting5000Nodes(b *testing.B) {
 	b.Run("exhaustive", func(b *testing.B) {
 		for b.Loop() {
 			cands, _ := filter.Candidates(logger, pod, nodes, nil, nil)
-			plans, failed, why := ExhaustivePlans(ctx, pc.sel, pol, cands, pc.NodeUsage, pending)
+			plans, failed, why := exhaustivePlans(ctx, pc.sel, pol, cands, pc.NodeUsage, pending)
 			if len(plans) != 0 || failed != len(nodes) || len(why) == 0 {
 				b.Fatalf("%d plans, %d failed, %d reasons", len(plans), failed, len(why))
 			}
 		}
 	})
 	b.Run("quick", func(b *testing.B) {
-		cache := NewScoreCache()
+		cache := newScoreCache()
 		for b.Loop() {
-			pf := filter.ForPod(logger, pod, nil, nil)
-			if _, verdict := QuickChoice(ctx, pc.sel, pol, nodes, pc, cache, pf.Admit, pending, nil); verdict != QuickNoFit {
+			pf := filter.forPod(logger, pod, nil, nil)
+			if _, verdict := quickChoice(ctx, pc.sel, pol, nodes, pc, cache, pf.admit, pending, nil); verdict != quickNoFit {
 				b.Fatalf("verdict %d, want nothing fits", verdict)
 			}
 			cands, _ := filter.Candidates(logger, pod, nodes, nil, nil)
-			if why, ok := ExplainNoFit(ctx, pc.sel, pol, cands, pc, pending); !ok || len(why) == 0 {
+			if why, ok := explainNoFit(ctx, pc.sel, pol, cands, pc, pending); !ok || len(why) == 0 {
 				b.Fatalf("no reasons (%v)", ok)
 			}
 		}
@@ -307,16 +307,16 @@ func BenchmarkSeveralPlacements5000Nodes(b *testing.B) {
 	b.Run("exhaustive", func(b *testing.B) {
 		runDecisions(b, pc, mix, func(pending []*Claim) *Plan {
 			cands, _ := filter.Candidates(logger, pod, nodes, nil, nil)
-			plans, _, _ := ExhaustivePlans(ctx, pc.sel, pol, cands, pc.NodeUsage, pending)
-			return ChoosePlan(plans, pol, nil)
+			plans, _, _ := exhaustivePlans(ctx, pc.sel, pol, cands, pc.NodeUsage, pending)
+			return choosePlan(plans, pol, nil)
 		})
 	})
 	b.Run("bound", func(b *testing.B) {
-		cache := NewScoreCache()
+		cache := newScoreCache()
 		runDecisions(b, pc, mix, func(pending []*Claim) *Plan {
-			pf := filter.ForPod(logger, pod, nil, nil)
-			pl, verdict := BoundChoice(ctx, pc.sel, pol, nodes, pc, cache, pf.Admit, pending)
-			if verdict != QuickChosen {
+			pf := filter.forPod(logger, pod, nil, nil)
+			pl, verdict := boundChoice(ctx, pc.sel, pol, nodes, pc, cache, pf.admit, pending)
+			if verdict != quickChosen {
 				b.Fatalf("verdict %d", verdict)
 			}
 			return pl

@@ -21,7 +21,7 @@ type MixConfig struct {
 	Refresh int
 }
 
-// mixRecorder keeps the sizes of the requests the controller is asked to
+// MixRecorder keeps the sizes of the requests the controller is asked to
 // decide. Each claim counts once, when it is first decided (a pod that
 // waits and retries is not counted again), with its preferred
 // alternative: whole GPUs only, since shares and allocationMode All take
@@ -55,7 +55,7 @@ func NewMixRecorder(cfg MixConfig) (*MixRecorder, error) {
 	return &MixRecorder{Hist: h, seen: newLRU[struct{}](2 * window)}, nil
 }
 
-// policy records the pending claims' sizes and returns base with the
+// Policy records the pending claims' sizes and returns base with the
 // recent mix (base unchanged when the recorder is off).
 func (r *MixRecorder) Policy(ctx context.Context, base allocate.Policy, pending []*Claim) allocate.Policy {
 	if r.Hist == nil {

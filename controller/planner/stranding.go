@@ -26,7 +26,7 @@ import (
 // choosePod).
 
 // hostRanking is what a decision ranks with when stranding is on.
-type HostRanking struct {
+type hostRanking struct {
 	// left returns a node's CPU and memory left for pods, nil when unknown.
 	left func(node string) *allocate.Host
 	// pod is what the pod asks for besides its devices.
@@ -34,7 +34,7 @@ type HostRanking struct {
 }
 
 // key tells score cache entries of this pod's CPU and memory apart.
-func (h *HostRanking) key() string {
+func (h *hostRanking) key() string {
 	if h == nil {
 		return ""
 	}
@@ -42,7 +42,7 @@ func (h *HostRanking) key() string {
 }
 
 // nodeHost returns a node's host left, nil when the ranking is off.
-func (h *HostRanking) nodeHost(node string) *allocate.Host {
+func (h *hostRanking) nodeHost(node string) *allocate.Host {
 	if h == nil {
 		return nil
 	}
@@ -50,7 +50,7 @@ func (h *HostRanking) nodeHost(node string) *allocate.Host {
 }
 
 // request returns the pod's host request (zero when the ranking is off).
-func (h *HostRanking) request() allocate.Host {
+func (h *hostRanking) request() allocate.Host {
 	if h == nil {
 		return allocate.Host{}
 	}
@@ -66,7 +66,7 @@ func podHost(pod *corev1.Pod) allocate.Host {
 
 // demandRecorder keeps the shapes of the pods the controller decided, for
 // Policy.Demand. Only decisions touch it, under Controller.decideMu.
-type DemandRecorder struct {
+type demandRecorder struct {
 	hist   *allocate.DemandHistory // nil: stranding ranking off
 	logged *allocate.DemandMix
 }
@@ -79,20 +79,20 @@ type DemandRecorder struct {
 // change of workload within half its window.
 const demandRefresh = allocate.DefaultHistoryWindow / 2
 
-func NewDemandRecorder(on bool) (*DemandRecorder, error) {
+func newDemandRecorder(on bool) (*demandRecorder, error) {
 	if !on {
-		return &DemandRecorder{}, nil
+		return &demandRecorder{}, nil
 	}
 	h, err := allocate.NewDemandHistory(allocate.DefaultHistoryWindow, demandRefresh)
 	if err != nil {
 		return nil, fmt.Errorf("demand history: %w", err)
 	}
-	return &DemandRecorder{hist: h}, nil
+	return &demandRecorder{hist: h}, nil
 }
 
 // policy returns base with the recent demand mix (unchanged when off, or
 // before any pod was recorded).
-func (r *DemandRecorder) Policy(base allocate.Policy) allocate.Policy {
+func (r *demandRecorder) policy(base allocate.Policy) allocate.Policy {
 	if r.hist != nil {
 		base.Demand = r.hist.Mix()
 	}
@@ -101,17 +101,17 @@ func (r *DemandRecorder) Policy(base allocate.Policy) allocate.Policy {
 
 // ranking returns the decision's host ranking, nil when off. left gives
 // a node's CPU and memory left for pods (nil when unknown).
-func (r *DemandRecorder) Ranking(left func(node string) *allocate.Host, pod *corev1.Pod) *HostRanking {
+func (r *demandRecorder) ranking(left func(node string) *allocate.Host, pod *corev1.Pod) *hostRanking {
 	if r.hist == nil {
 		return nil
 	}
-	return &HostRanking{left: left, pod: podHost(pod)}
+	return &hostRanking{left: left, pod: podHost(pod)}
 }
 
 // record adds the shape of a decided pod: its largest whole-GPU set, else
 // its first share (as the share's dominant fraction of its GPU), with the
 // pod's CPU and memory.
-func (r *DemandRecorder) Record(ctx context.Context, pod *corev1.Pod, plan *Plan) {
+func (r *demandRecorder) record(ctx context.Context, pod *corev1.Pod, plan *Plan) {
 	if r.hist == nil {
 		return
 	}

@@ -18,7 +18,7 @@ import (
 // size mix (allocate.SizeHistory with the controller's default window and
 // refresh; each whole-GPU request counts before it is decided). The
 // controller ranks the same nodes by kept per-node scores and filters
-// best first (controller/choice_quick.go); TestQuickChoiceMatchesExhaustive
+// best first (controller/planner/choice_quick.go); TestQuickChoiceMatchesExhaustive
 // holds that to be the same choice as ChooseNode over the filtered nodes,
 // which is what is called here.
 //
