@@ -108,9 +108,14 @@ func (s migOnDemandSelection) markOnDemand(t *topology.Topology, refused map[str
 	if s.empty() {
 		return nil
 	}
+	// Set afresh from the selection: a discoverer may hand out a topology
+	// marked before.
 	found := map[string]bool{}
 	for i := range t.GPUs {
 		g := &t.GPUs[i]
+		if g.MIGEnabled() {
+			g.MIG.OnDemand = false
+		}
 		named := s.indexes[g.Index] || s.uuids[g.UUID]
 		if named {
 			found[strconv.Itoa(g.Index)], found[g.UUID] = true, true

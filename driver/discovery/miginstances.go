@@ -8,6 +8,7 @@ import (
 	"os"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
 	"github.com/gpulink/gpulink/driver/mig"
 )
@@ -305,3 +306,16 @@ func computeInstances(gi nvml.GpuInstance) ([]nvml.ComputeInstance, error) {
 }
 
 func destroyGPUInstance(gi nvml.GpuInstance) nvml.Return { return gi.Destroy() }
+
+// MockLibrary returns the simulated NVML library behind a Discoverer of
+// NewMock or NewMockWith, so that tests and simulations can change the
+// simulated GPUs as an operator's tools would; false for other
+// discoverers.
+func MockLibrary(d Discoverer) (nvml.Interface, bool) {
+	n, ok := d.(*nvmlDiscoverer)
+	if !ok {
+		return nil, false
+	}
+	s, ok := n.lib.(*server.Server)
+	return s, ok
+}
