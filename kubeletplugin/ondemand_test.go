@@ -265,7 +265,6 @@ func TestPrepareOnDemandBadInput(t *testing.T) {
 	}
 }
 
-
 // TestPrepareOnDemandFailuresLeaveNothing: a failed create, of the first
 // or the second partition of a claim, leaves no instance, no CDI spec and
 // no checkpoint entry; a failed destroy keeps the claim for the kubelet's
