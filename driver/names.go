@@ -156,6 +156,79 @@ func parseID(s string) (int, error) {
 	return i, nil
 }
 
+// MIG on demand (driver/mig/ondemand.go): a GPU partitioned on demand is
+// published as its partitions, devices named PartitionDeviceName that
+// consume counters of the GPU's counter set MIGCounterSetName.
+const (
+	// CounterMemory is the memory (bytes) of the GPU's instances.
+	CounterMemory = "memory"
+	// CounterComputeSlices are the GPU's compute slices.
+	CounterComputeSlices = "compute-slices"
+)
+
+// partitionInfix tells a partition's name from a GPU's and a MIG device's.
+const partitionInfix = "-part-"
+
+// PartitionDeviceName names the partition of MIG profile (e.g.
+// "1g.5gb+me") at the placement starting at memory slice start of the GPU
+// with the given index: gpu-<index>-part-<profile>-at-<start>, the profile
+// made a DNS label ("." becomes "-", "+" "-with-", "-" "-no-":
+// gpu-0-part-1g-5gb-with-me-at-3). It is stable: the same GPU, profile
+// and placement always have the same name.
+func PartitionDeviceName(parent int, profile string, start int) (string, error) {
+	var b strings.Builder
+	for _, r := range strings.ToLower(profile) {
+		switch {
+		case r == '.':
+			b.WriteByte('-')
+		case r == '+':
+			b.WriteString("-with-")
+		case r == '-':
+			b.WriteString("-no-")
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
+			b.WriteRune(r)
+		default:
+			return "", fmt.Errorf("MIG profile %q: character %q has no place in a device name", profile, r)
+		}
+	}
+	name := DeviceName(parent) + partitionInfix + b.String() + "-at-" + strconv.Itoa(start)
+	if len(name) > 63 || strings.Contains(name, "--") || b.Len() == 0 || start < 0 {
+		return "", fmt.Errorf("MIG profile %q at %d: device name %q is not a DNS label of at most 63 characters", profile, start, name)
+	}
+	return name, nil
+}
+
+// IsPartitionDeviceName reports whether a device name has the form of
+// PartitionDeviceName, so that readers route it to the partition code.
+func IsPartitionDeviceName(name string) bool {
+	return strings.HasPrefix(name, "gpu-") && strings.Contains(name, partitionInfix)
+}
+
+// ParsePartitionParent returns the parent GPU index of a partition's name.
+func ParsePartitionParent(name string) (int, error) {
+	gpu, _, ok := strings.Cut(name, partitionInfix)
+	if !ok {
+		return 0, fmt.Errorf("device name %q: want gpu-<index>-part-<profile>-at-<start>", name)
+	}
+	i, err := ParseDeviceName(gpu)
+	if err != nil {
+		return 0, fmt.Errorf("device name %q: want gpu-<index>-part-<profile>-at-<start>: %w", name, err)
+	}
+	return i, nil
+}
+
+// MIGCounterSetName names the counter set of the GPU with the given index
+// partitioned on demand.
+func MIGCounterSetName(index int) string { return DeviceName(index) + "-mig" }
+
+// MemorySliceCounter names the counter of memory slice k.
+func MemorySliceCounter(k int) string { return "memory-slice-" + strconv.Itoa(k) }
+
+// ProfileInstancesCounter names the counter of the instances of NVML GPU
+// instance profile id, for profiles the GPU allows fewer of than they
+// have placements.
+func ProfileInstancesCounter(id int) string { return "profile-" + strconv.Itoa(id) + "-instances" }
+
 // ParseDeviceName returns the GPU index encoded in a device name.
 func ParseDeviceName(name string) (int, error) {
 	rest, ok := strings.CutPrefix(name, "gpu-")

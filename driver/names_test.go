@@ -1,6 +1,9 @@
 package driver
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestDeviceNameRoundTrip(t *testing.T) {
 	for _, index := range []int{0, 7, 15, 63} {
@@ -49,5 +52,46 @@ func TestParseMIGDeviceNameRejects(t *testing.T) {
 		if _, _, _, err := ParseMIGDeviceName(name); err == nil {
 			t.Errorf("ParseMIGDeviceName(%q) accepted an invalid name", name)
 		}
+	}
+}
+
+func TestPartitionDeviceName(t *testing.T) {
+	for _, c := range []struct {
+		parent  int
+		profile string
+		start   int
+		want    string
+	}{
+		{0, "1g.5gb", 3, "gpu-0-part-1g-5gb-at-3"},
+		{7, "1g.5gb+me", 0, "gpu-7-part-1g-5gb-with-me-at-0"},
+		{1, "1g.10gb-me", 6, "gpu-1-part-1g-10gb-no-me-at-6"},
+		{15, "1g.12gb+me.all", 6, "gpu-15-part-1g-12gb-with-me-all-at-6"},
+		{2, "7g.141gb", 0, "gpu-2-part-7g-141gb-at-0"},
+	} {
+		got, err := PartitionDeviceName(c.parent, c.profile, c.start)
+		if err != nil || got != c.want {
+			t.Errorf("PartitionDeviceName(%d, %q, %d) = %q, %v; want %q", c.parent, c.profile, c.start, got, err, c.want)
+			continue
+		}
+		if !IsPartitionDeviceName(got) || IsMIGDeviceName(got) {
+			t.Errorf("%q: IsPartitionDeviceName %v, IsMIGDeviceName %v; want true, false", got, IsPartitionDeviceName(got), IsMIGDeviceName(got))
+		}
+		if _, err := ParseDeviceName(got); err == nil {
+			t.Errorf("ParseDeviceName(%q) accepted a partition name as a GPU", got)
+		}
+		if p, err := ParsePartitionParent(got); err != nil || p != c.parent {
+			t.Errorf("ParsePartitionParent(%q) = %d, %v; want %d", got, p, err, c.parent)
+		}
+	}
+	for _, bad := range []struct {
+		profile string
+		start   int
+	}{{"1g.5gb_x", 0}, {"", 0}, {"1g.5gb", -1}, {"1g..5gb", 0}, {strings.Repeat("1g", 30), 0}} {
+		if name, err := PartitionDeviceName(0, bad.profile, bad.start); err == nil {
+			t.Errorf("PartitionDeviceName(0, %q, %d) = %q, want an error", bad.profile, bad.start, name)
+		}
+	}
+	if _, err := ParsePartitionParent("gpu-x-part-1g-at-0"); err == nil {
+		t.Error("ParsePartitionParent accepted a parent that is no index")
 	}
 }

@@ -42,6 +42,9 @@ type Checkpoint struct {
 	// the tmpfs CDI directory are gone).
 	BootID string                       `json:"bootID"`
 	Claims map[types.UID]*PreparedClaim `json:"claims"`
+	// OnDemandGPUs are the UUIDs of the GPUs partitioned on demand whose
+	// every MIG instance is gpulink's (ondemand.go), sorted.
+	OnDemandGPUs []string `json:"onDemandGPUs,omitempty"`
 }
 
 // PreparedClaim is one claim the plugin prepared (or started to).

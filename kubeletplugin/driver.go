@@ -70,6 +70,10 @@ type Options struct {
 	// Health turns on device health handling (taints, kubelet health
 	// reports); nil: off.
 	Health *HealthOptions
+	// MIGOnDemand names the GPUs in MIG mode to partition on demand
+	// (ondemand.go): "all", or GPU indexes and UUIDs separated by commas;
+	// empty: none.
+	MIGOnDemand string
 	// RollingUpdateUID, the plugin pod's UID, lets a new instance run
 	// beside the old one during a DaemonSet rolling update (rolling.go);
 	// empty: one instance at a time.
@@ -95,6 +99,9 @@ type Dependencies struct {
 	HealthSources []HealthSource
 	// Events records health changes on the Node; nil: not recorded.
 	Events events.EventRecorder
+	// MIG creates and destroys the MIG instances of GPUs partitioned on
+	// demand; required when Options.MIGOnDemand names any.
+	MIG MIGInstanceManager
 }
 
 // Publisher publishes ResourceSlices; *draplugin.Helper is one.
@@ -117,6 +124,14 @@ type Driver struct {
 	// baseID is the base CDI device every claim gets; empty: none.
 	baseID string
 
+	// migSelection are the GPUs --mig-on-demand names, migInstances
+	// creates their instances, migRefused are those not partitioned on
+	// demand because they hold instances gpulink did not create (UUID to
+	// the instances), fixed at start (ondemand.go).
+	migSelection migOnDemandSelection
+	migInstances MIGInstanceManager
+	migRefused   map[string]string
+
 	// health is nil when health handling is off.
 	health        *healthMonitor
 	healthSources []HealthSource
@@ -135,6 +150,9 @@ type Driver struct {
 	dirty bool
 	// rolling shares the plugin directory with another instance.
 	rolling rollingState
+	// onDemandChanged: recovery changed the GPUs partitioned on demand
+	// or their instances (ondemand.go), so New discovers again.
+	onDemandChanged bool
 }
 
 var _ draplugin.DRAPlugin = (*Driver)(nil)
@@ -155,6 +173,13 @@ func New(ctx context.Context, opts Options, deps Dependencies) (*Driver, error) 
 	if opts.DriverRoot == "" {
 		opts.DriverRoot = "/"
 	}
+	migSelection, err := parseMIGOnDemand(opts.MIGOnDemand)
+	if err != nil {
+		return nil, err
+	}
+	if !migSelection.empty() && deps.MIG == nil {
+		return nil, fmt.Errorf("--mig-on-demand=%q needs a discovery backend that can create MIG instances (nvml or mock)", opts.MIGOnDemand)
+	}
 	d := &Driver{
 		opts:       opts,
 		discoverer: deps.Discoverer,
@@ -167,6 +192,10 @@ func New(ctx context.Context, opts Options, deps Dependencies) (*Driver, error) 
 		uvm:        deps.UVM,
 		ckpt:       NewCheckpointStore(opts.PluginDataDir),
 		republish:  make(chan struct{}, 1),
+
+		migSelection: migSelection,
+		migInstances: deps.MIG,
+		migRefused:   map[string]string{},
 
 		healthSources: deps.HealthSources,
 	}
@@ -204,6 +233,14 @@ func New(ctx context.Context, opts Options, deps Dependencies) (*Driver, error) 
 	if err != nil {
 		return nil, err
 	}
+	if d.onDemandChanged {
+		// Recovery refused a GPU or destroyed orphaned instances:
+		// publish what the node has now.
+		if d.topo, res, err = d.discover(ctx); err != nil {
+			return nil, err
+		}
+		d.resources = &res
+	}
 	if err := d.setupHealth(logger, opts.Health, deps.Events); err != nil {
 		return nil, err
 	}
@@ -215,6 +252,9 @@ func (d *Driver) discover(ctx context.Context) (*topology.Topology, resourceslic
 	t, err := d.discoverer.Discover(ctx)
 	if err != nil {
 		return nil, resourceslice.DriverResources{}, fmt.Errorf("discovering GPUs: %w", err)
+	}
+	if err := d.migSelection.markOnDemand(t, d.migRefused); err != nil {
+		return nil, resourceslice.DriverResources{}, err
 	}
 	res, err := driverResources(klog.FromContext(ctx), d.opts.NodeName, t, sliceformat.Options{
 		ManagedByController: d.opts.ManagedByController,

@@ -75,6 +75,8 @@ type env struct {
 	disc       *fakeDiscoverer
 	daemon     *mpstest.FakeDaemon
 	opts       Options
+	// mig creates MIG instances (MIG on demand); nil: none.
+	mig MIGInstanceManager
 }
 
 func newEnv(t testing.TB, topo *topology.Topology) *env {
@@ -137,6 +139,7 @@ func (e *env) newDriver() (*Driver, error) {
 		CDI:        cdi,
 		MPS:        mps.NewManager(e.mpsRoot, e.daemon),
 		BootID:     func() (string, error) { return e.bootID, nil },
+		MIG:        e.mig,
 	})
 }
 

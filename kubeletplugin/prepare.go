@@ -264,6 +264,18 @@ func (d *Driver) planClaim(logger klog.Logger, claim *resourceapi.ResourceClaim)
 		if r.Pool != d.opts.NodeName {
 			return nil, fmt.Errorf("%s.pool: %q is not this node's pool %q", field, r.Pool, d.opts.NodeName)
 		}
+		if driver.IsPartitionDeviceName(r.Device) {
+			if _, err := configs.forRequest(r.Request); err != nil {
+				return nil, err
+			}
+			dev, err := d.planPartition(field, r) // ondemand.go
+			if err != nil {
+				return nil, err
+			}
+			resultIdx = append(resultIdx, i)
+			pc.Devices = append(pc.Devices, dev)
+			continue
+		}
 		if driver.IsMIGDeviceName(r.Device) {
 			if _, err := configs.forRequest(r.Request); err != nil {
 				return nil, err
@@ -318,6 +330,9 @@ func (d *Driver) planClaim(logger klog.Logger, claim *resourceapi.ResourceClaim)
 		return nil, err
 	}
 	if err := d.checkMIGConflicts(pc, resultIdx); err != nil {
+		return nil, err
+	}
+	if err := d.checkPartitionConflicts(pc, resultIdx); err != nil {
 		return nil, err
 	}
 	if len(pc.Devices) > 0 {
@@ -591,15 +606,19 @@ func (d *Driver) checkConflicts(pc *PreparedClaim, resultIdx []int) error {
 	return nil
 }
 
-// apply performs the side effects of a planned claim: MPS daemon
-// references, then the CDI spec. On error everything done is undone.
+// apply performs the side effects of a planned claim: the MIG instances
+// of its partitions, MPS daemon references, then the CDI spec. On error
+// everything done is undone.
 func (d *Driver) apply(ctx context.Context, pc *PreparedClaim) error {
 	if len(pc.Devices) == 0 {
 		return nil
 	}
+	if err := d.createPartitions(ctx, pc); err != nil {
+		return errors.Join(err, d.destroyPartitions(ctx, pc))
+	}
 	spec, err := buildClaimSpec(klog.FromContext(ctx), pc, d.cdiOptions())
 	if err != nil {
-		return fmt.Errorf("building CDI spec: %w", err)
+		return errors.Join(fmt.Errorf("building CDI spec: %w", err), d.destroyPartitions(ctx, pc))
 	}
 	for i := range pc.Devices {
 		dev := &pc.Devices[i]
@@ -610,22 +629,27 @@ func (d *Driver) apply(ctx context.Context, pc *PreparedClaim) error {
 			// A kept daemon (mps.ErrDaemonKept) holds a reference; this
 			// prepare fails, so releasing it stops that daemon.
 			dev.Share.MPSRef = errors.Is(err, mps.ErrDaemonKept)
-			return errors.Join(fmt.Errorf("%s: %w", dev.Device, err), d.releaseMPS(ctx, pc))
+			return errors.Join(fmt.Errorf("%s: %w", dev.Device, err), d.releaseMPS(ctx, pc), d.destroyPartitions(ctx, pc))
 		}
 		dev.Share.MPSRef = true
 	}
 	if err := d.cdi.WriteClaimSpec(pc.UID, spec); err != nil {
-		return errors.Join(err, d.releaseMPS(ctx, pc), d.cdi.RemoveClaimSpec(pc.UID))
+		return errors.Join(err, d.releaseMPS(ctx, pc), d.cdi.RemoveClaimSpec(pc.UID), d.destroyPartitions(ctx, pc))
 	}
 	return nil
 }
 
-// teardown undoes apply; it can be retried after a partial failure.
+// teardown undoes apply; it can be retried after a partial failure. The
+// CDI spec goes first, so that no container starts with an instance
+// about to be destroyed.
 func (d *Driver) teardown(ctx context.Context, pc *PreparedClaim) error {
 	if err := d.cdi.RemoveClaimSpec(pc.UID); err != nil {
 		return err
 	}
-	return d.releaseMPS(ctx, pc)
+	if err := d.releaseMPS(ctx, pc); err != nil {
+		return err
+	}
+	return d.destroyPartitions(ctx, pc)
 }
 
 // releaseMPS drops the claim's MPS daemon references, clearing each one it

@@ -23,6 +23,11 @@ type PreparedMIG struct {
 	// nodes that grant access to the instances; -1 when unknown.
 	GICapMinor int `json:"giCapMinor"`
 	CICapMinor int `json:"ciCapMinor"`
+	// OnDemand is set for a partition of a GPU partitioned on demand
+	// (ondemand.go): its instance is created by prepare and destroyed by
+	// unprepare; GI, CI, the cap minors and the device's UUID are known
+	// once it is created (-1 and empty until then).
+	OnDemand *OnDemandMIG `json:"onDemand,omitempty"`
 }
 
 // migCapNodes are the capability device nodes of a MIG device: a process

@@ -28,6 +28,9 @@ import (
 //   - MPS daemons (pods, directories) of claims that are not prepared are
 //     removed.
 //   - CDI specs of claims that are not prepared are removed.
+//   - GPUs named by --mig-on-demand are adopted or refused, and MIG
+//     instances on adopted GPUs that no prepared claim holds are destroyed
+//     (ondemand.go).
 func (d *Driver) recoverState(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	bootID, err := d.bootID()
@@ -94,6 +97,13 @@ func (d *Driver) recoverState(ctx context.Context) error {
 		}
 		delete(cp.Claims, uid)
 	}
+	// MIG on demand: adopt or refuse the GPUs, destroy orphaned instances
+	// (after the rollbacks above destroyed those of interrupted prepares).
+	changed, err := d.reconcileOnDemand(ctx)
+	if err != nil {
+		return err
+	}
+	d.onDemandChanged = changed
 	// Daemons of claims that are not prepared serve nobody: after a reboot
 	// their pods sit Failed, after a lost checkpoint or a failed stop they
 	// keep running. Not fatal: the next start tries again.

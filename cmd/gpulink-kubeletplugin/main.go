@@ -37,6 +37,7 @@ import (
 
 type flags struct {
 	nodeName            string
+	migOnDemand         string
 	kubeconfig          string
 	discovery           kubeletplugin.DiscoveryOptions
 	gpuMemory           string
@@ -79,6 +80,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.discovery.Backend, "discovery", kubeletplugin.DiscoveryNVML, "GPU discovery backend: nvml, mock or topology-file.")
 	fs.StringVar(&f.discovery.MockServer, "mock-server", "dgxa100", "Simulated server of --discovery=mock (dgxa100, dgxh100, dgxh200, dgxb200).")
 	fs.StringVar(&f.discovery.MockMIG, "mock-mig", "", `GPUs of --discovery=mock in MIG mode and their instances, GPUs separated by ";", e.g. "0:1g.5gb,3g.20gb;1:7g.40gb" (simulated MIG nodes; empty: none).`)
+	fs.StringVar(&f.migOnDemand, "mig-on-demand", "", `GPUs in MIG mode to partition on demand: "all", or GPU indexes and UUIDs separated by commas (empty: none). Such a GPU is published as every MIG profile at every placement (partitions sharing the GPU's counters); preparing a claim creates its instance, unpreparing destroys it. gpulink never changes MIG mode. See docs/mig.md.`)
 	fs.StringVar(&f.discovery.TopologyFile, "topology-file", "", "nvidia-smi topo -m output used by --discovery=topology-file.")
 	fs.StringVar(&f.discovery.GPUProduct, "gpu-product", "NVIDIA A100-SXM4-40GB", "Product name of the GPUs of --discovery=topology-file.")
 	fs.StringVar(&f.gpuMemory, "gpu-memory", "40Gi", "Memory of each GPU of --discovery=topology-file.")
@@ -341,6 +343,7 @@ func run(ctx context.Context, f *flags) error {
 		PCIeRootFromSysfs:   f.discovery.RealGPUs(),
 		Health:              healthOpts,
 		RollingUpdateUID:    types.UID(f.rollingUpdateUID),
+		MIGOnDemand:         f.migOnDemand,
 	}, kubeletplugin.Dependencies{
 		Discoverer: discoverer,
 		CDI:        cdi,
@@ -351,6 +354,7 @@ func run(ctx context.Context, f *flags) error {
 
 		HealthSources: healthSources,
 		Events:        recorder,
+		MIG:           kubeletplugin.MIGInstancesFor(discoverer),
 	})
 	if err != nil {
 		return err

@@ -56,19 +56,23 @@ func (d *nvmlDiscoverer) readMIG(i int, h nvml.Device, gpuMemBytes int64, minor 
 		if ret != nvml.SUCCESS {
 			return nil, callError(i, fmt.Sprintf("GetGpuInstanceProfileInfo(%d)", giProfile), ret)
 		}
+		giName, err := mig.GIProfileName(giProfile, int(info.SliceCount), info.MemorySizeMB, gpuMemBytes)
+		if err != nil {
+			return nil, fmt.Errorf("GPU %d: %w", i, err)
+		}
+		p, err := readGIProfile(i, h, info, giName)
+		if err != nil {
+			return nil, err
+		}
+		if len(p.Placements) > 0 {
+			out.Profiles = append(out.Profiles, p)
+		}
 		gis, ret := h.GetGpuInstances(&info)
 		if absentProfile(ret) {
 			continue
 		}
 		if ret != nvml.SUCCESS {
 			return nil, callError(i, fmt.Sprintf("GetGpuInstances(profile %d)", giProfile), ret)
-		}
-		if len(gis) == 0 {
-			continue
-		}
-		giName, err := mig.GIProfileName(giProfile, int(info.SliceCount), info.MemorySizeMB, gpuMemBytes)
-		if err != nil {
-			return nil, fmt.Errorf("GPU %d: %w", i, err)
 		}
 		for _, gi := range gis {
 			insts, err := readGPUInstance(i, gi, info, giName, uuids, minor, caps)
@@ -78,6 +82,7 @@ func (d *nvmlDiscoverer) readMIG(i int, h nvml.Device, gpuMemBytes int64, minor 
 			out.Instances = append(out.Instances, insts...)
 		}
 	}
+	mig.SortProfiles(out.Profiles)
 	slices.SortFunc(out.Instances, func(a, b mig.Instance) int {
 		if a.GI != b.GI {
 			return a.GI - b.GI
@@ -85,6 +90,42 @@ func (d *nvmlDiscoverer) readMIG(i int, h nvml.Device, gpuMemBytes int64, minor 
 		return a.CI - b.CI
 	})
 	return out, nil
+}
+
+// readGIProfile reads where NVML can place instances of a GPU instance
+// profile, for MIG on demand. A profile NVML cannot place gets none.
+func readGIProfile(i int, h nvml.Device, info nvml.GpuInstanceProfileInfo, giName string) (mig.GIProfile, error) {
+	if info.MemorySizeMB > math.MaxInt64>>20 {
+		return mig.GIProfile{}, fmt.Errorf("GPU %d: GPU instance profile %d: memory %d MiB does not fit int64 bytes", i, info.Id, info.MemorySizeMB)
+	}
+	p := mig.GIProfile{Profile: mig.Profile{
+		Name:            giName,
+		GIProfileID:     int(info.Id),
+		CIProfileID:     -1,
+		GISlices:        int(info.SliceCount),
+		CISlices:        int(info.SliceCount),
+		MemoryBytes:     int64(info.MemorySizeMB) << 20,
+		Multiprocessors: int(info.MultiprocessorCount),
+		CopyEngines:     int(info.CopyEngineCount),
+		Decoders:        int(info.DecoderCount),
+		Encoders:        int(info.EncoderCount),
+		JPEGs:           int(info.JpegCount),
+		OFAs:            int(info.OfaCount),
+	}, MaxInstances: int(info.InstanceCount)}
+	placements, ret := h.GetGpuInstancePossiblePlacements(&info)
+	if absentProfile(ret) {
+		return p, nil
+	}
+	if ret != nvml.SUCCESS {
+		return mig.GIProfile{}, callError(i, fmt.Sprintf("GetGpuInstancePossiblePlacements(profile %d)", info.Id), ret)
+	}
+	for _, pl := range placements {
+		if pl.Size == 0 {
+			return mig.GIProfile{}, fmt.Errorf("GPU %d: GetGpuInstancePossiblePlacements(profile %d): placement at %d has size 0", i, info.Id, pl.Start)
+		}
+		p.Placements = append(p.Placements, mig.Placement{Start: int(pl.Start), Size: int(pl.Size)})
+	}
+	return p, nil
 }
 
 // readGPUInstance reads the compute instances of one GPU instance.

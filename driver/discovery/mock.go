@@ -96,6 +96,7 @@ func (m mockMachine) install(s *server.Server) error {
 		}
 		m.installDevice(p, dev, addr, switches, positions)
 		installMIGHandles(dev)
+		installMIGInstances(dev)
 	}
 	return nil
 }

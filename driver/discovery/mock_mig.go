@@ -167,6 +167,73 @@ func installMIGHandles(dev *server.Device) {
 	}
 }
 
+// installMIGInstances makes the mock's GPU instances behave as NVML's
+// do, where the go-nvml servers simply record what is asked: a GPU
+// instance goes only at a placement NVML lists for its profile, where no
+// other instance overlaps and while the profile's instance count allows;
+// it gets the lowest free ID (so the driver's capability table has its
+// minors); it can be found by ID; and it cannot be destroyed while it has
+// compute instances. MIG on demand's create and destroy run against it.
+func installMIGInstances(dev *server.Device) {
+	dev.CreateGpuInstanceWithPlacementFunc = func(info *nvml.GpuInstanceProfileInfo, placement *nvml.GpuInstancePlacement) (nvml.GpuInstance, nvml.Return) {
+		dev.Lock()
+		defer dev.Unlock()
+		if dev.MigMode != nvml.DEVICE_MIG_ENABLE {
+			return nil, nvml.ERROR_NOT_SUPPORTED
+		}
+		if !slices.Contains(dev.Config.MIGProfiles.GpuInstancePlacements[int(info.Id)], *placement) {
+			return nil, nvml.ERROR_INVALID_ARGUMENT
+		}
+		want := mig.Placement{Start: int(placement.Start), Size: int(placement.Size)}
+		used := map[uint32]bool{}
+		sameProfile := 0
+		for gi := range dev.GpuInstances {
+			used[gi.Info.Id] = true
+			if gi.Info.ProfileId == info.Id {
+				sameProfile++
+			}
+			if want.Overlaps(mig.Placement{Start: int(gi.Info.Placement.Start), Size: int(gi.Info.Placement.Size)}) {
+				return nil, nvml.ERROR_INSUFFICIENT_RESOURCES
+			}
+		}
+		if info.InstanceCount > 0 && sameProfile >= int(info.InstanceCount) {
+			return nil, nvml.ERROR_INSUFFICIENT_RESOURCES
+		}
+		id := uint32(0)
+		for used[id] {
+			id++
+		}
+		gi := server.NewGpuInstanceFromInfo(nvml.GpuInstanceInfo{Device: dev, Id: id, ProfileId: info.Id, Placement: *placement}, dev.Config.MIGProfiles)
+		gi.DestroyFunc = func() nvml.Return {
+			gi.RLock()
+			inUse := len(gi.ComputeInstances) > 0
+			gi.RUnlock()
+			if inUse {
+				return nvml.ERROR_IN_USE
+			}
+			dev.Lock()
+			defer dev.Unlock()
+			if _, ok := dev.GpuInstances[gi]; !ok {
+				return nvml.ERROR_NOT_FOUND
+			}
+			delete(dev.GpuInstances, gi)
+			return nvml.SUCCESS
+		}
+		dev.GpuInstances[gi] = struct{}{}
+		return gi, nvml.SUCCESS
+	}
+	dev.GetGpuInstanceByIdFunc = func(id int) (nvml.GpuInstance, nvml.Return) {
+		dev.RLock()
+		defer dev.RUnlock()
+		for gi := range dev.GpuInstances {
+			if int(gi.Info.Id) == id {
+				return gi, nvml.SUCCESS
+			}
+		}
+		return nil, nvml.ERROR_NOT_FOUND
+	}
+}
+
 // mockInstanceIDs lists a mock device's (GI, CI) pairs in order.
 func mockInstanceIDs(dev *server.Device) [][2]int {
 	dev.RLock()

@@ -84,6 +84,15 @@ type GPU struct {
 	Enabled bool `json:"enabled"`
 	// Instances are the MIG devices that exist, by GI then CI.
 	Instances []Instance `json:"instances,omitempty"`
+	// Profiles are the GPU instance profiles the GPU supports, with the
+	// placements NVML allows for each (ondemand.go), by profile ID.
+	Profiles []GIProfile `json:"profiles,omitempty"`
+	// OnDemand: the kubelet plugin partitions this GPU on demand,
+	// creating and destroying its instances for claims, and publishes its
+	// Profiles' partitions instead of its Instances. It is the plugin's
+	// configuration (--mig-on-demand), never discovered; gpulink never
+	// changes a GPU's MIG mode.
+	OnDemand bool `json:"onDemand,omitempty"`
 }
 
 // Profile suffixes by NVML GPU instance profile ID; see the package doc.

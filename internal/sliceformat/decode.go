@@ -26,6 +26,11 @@ type Pool struct {
 	GPUs []GPU
 	// MIG are the pool's MIG devices, in slice order.
 	MIG []MIGDevice
+	// OnDemand are the pool's GPUs partitioned on demand (MIG on demand,
+	// decode_ondemand.go), by GPU index, each with its counters and its
+	// partitions. They are neither in Topology/GPUs nor in MIG: readers
+	// that do not place partitions see nothing of them.
+	OnDemand []OnDemandGPU
 }
 
 // GPU is a whole GPU of a pool.
@@ -115,6 +120,7 @@ func DecodePool(pool string, slices []*resourceapi.ResourceSlice) (*Pool, error)
 	}
 	nodeName := ""
 	var devices []*resourceapi.Device
+	var counterSets []*resourceapi.CounterSet
 	for _, s := range current {
 		if s.Spec.NodeName == nil || *s.Spec.NodeName == "" {
 			return nil, fmt.Errorf("pool %q: slice %q has no spec.nodeName; gpulink pools are node-local", pool, s.Name)
@@ -126,11 +132,19 @@ func DecodePool(pool string, slices []*resourceapi.ResourceSlice) (*Pool, error)
 		for i := range s.Spec.Devices {
 			devices = append(devices, &s.Spec.Devices[i])
 		}
+		for i := range s.Spec.SharedCounters {
+			counterSets = append(counterSets, &s.Spec.SharedCounters[i])
+		}
 	}
 	var gpus []GPU
 	seen := map[int]string{}
 	var migs []MIGDevice
+	var partitions []*resourceapi.Device
 	for _, dev := range devices {
+		if driver.IsPartitionDeviceName(dev.Name) {
+			partitions = append(partitions, dev)
+			continue
+		}
 		if driver.IsMIGDeviceName(dev.Name) {
 			m, err := decodeMIGDevice(dev)
 			if err != nil {
@@ -158,9 +172,24 @@ func DecodePool(pool string, slices []*resourceapi.ResourceSlice) (*Pool, error)
 			rows[g.Index] = *a.StringValue
 		}
 	}
+	onDemand, err := decodeOnDemand(counterSets, partitions)
+	if err != nil {
+		return nil, fmt.Errorf("pool %q: %w", pool, err)
+	}
+	migParents := map[int]string{}
+	for _, m := range migs {
+		migParents[m.Parent] = m.Device.Name
+	}
+	for _, g := range onDemand {
+		if whole, ok := seen[g.Index]; ok {
+			return nil, fmt.Errorf("pool %q: GPU %d is partitioned on demand (counter set %q) and also published whole as %q", pool, g.Index, g.CounterSet, whole)
+		}
+		if m, ok := migParents[g.Index]; ok {
+			return nil, fmt.Errorf("pool %q: GPU %d is partitioned on demand (counter set %q) and also publishes its MIG device %q; its instances belong to the claims of its partitions", pool, g.Index, g.CounterSet, m)
+		}
+	}
 	var topo *topology.Topology
-	var err error
-	if len(gpus) == 0 && len(migs) > 0 {
+	if len(gpus) == 0 && (len(migs) > 0 || len(onDemand) > 0) {
 		// Every GPU of the node is in MIG mode: no whole GPU, no links.
 		topo, err = topology.New(nil, nil)
 	} else {
@@ -174,7 +203,7 @@ func DecodePool(pool string, slices []*resourceapi.ResourceSlice) (*Pool, error)
 			return nil, fmt.Errorf("pool %q: device %q is a MIG device of GPU %d, which is also published whole as %q; a GPU in MIG mode is given out only as its MIG devices", pool, m.Device.Name, m.Parent, whole)
 		}
 	}
-	out := &Pool{Name: pool, Node: nodeName, Generation: gen, Topology: topo, GPUs: make([]GPU, topo.Len()), MIG: migs}
+	out := &Pool{Name: pool, Node: nodeName, Generation: gen, Topology: topo, GPUs: make([]GPU, topo.Len()), MIG: migs, OnDemand: onDemand}
 	filled := make([]bool, topo.Len())
 	for _, g := range gpus {
 		p, ok := topo.Position(g.Index)
@@ -342,7 +371,7 @@ func attributeString(a resourceapi.DeviceAttribute) string {
 
 // WholeGPUMemory returns the memory capacity of each whole GPU one of
 // gpulink's slices publishes, nil for another driver's slice. MIG devices
-// are left out: they are no GPU a share or a percentage of GPU memory
+// and partitions are left out: they are no GPU a share or a percentage of GPU memory
 // could be taken from.
 func WholeGPUMemory(slice *resourceapi.ResourceSlice) []int64 {
 	if slice.Spec.Driver != driver.Name {
@@ -351,7 +380,7 @@ func WholeGPUMemory(slice *resourceapi.ResourceSlice) []int64 {
 	var sizes []int64
 	for i := range slice.Spec.Devices {
 		dev := &slice.Spec.Devices[i]
-		if driver.IsMIGDeviceName(dev.Name) {
+		if driver.IsMIGDeviceName(dev.Name) || driver.IsPartitionDeviceName(dev.Name) {
 			continue
 		}
 		if c, ok := Capacity(dev, driver.CapacityMemory); ok {

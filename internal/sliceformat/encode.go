@@ -29,7 +29,10 @@ const (
 	maxAttributeValueLength    = resourceapi.DeviceAttributeMaxValueLength
 	maxAttributeIDLength       = resourceapi.DeviceMaxIDLength
 	maxDevicesPerSlice         = 128
-	maxTaintedDevicesPerSlice  = 64
+	maxTaintedDevicesPerSlice  = resourceapi.ResourceSliceMaxDevicesWithAdvancedFeatures
+	maxCounterSetsPerSlice     = resourceapi.ResourceSliceMaxCounterSets
+	maxCountersPerSet          = resourceapi.ResourceSliceMaxCountersPerCounterSet
+	maxCountersPerConsumption  = resourceapi.ResourceSliceMaxCountersPerDeviceCounterConsumption
 )
 
 // Share request policy: memory is handed out in MiB steps, cores in
@@ -63,14 +66,43 @@ type Options struct {
 	MayTaint bool
 }
 
+// Slice is the content of one ResourceSlice of a pool: devices or counter
+// sets, never both (the API refuses a slice with both).
+type Slice struct {
+	Devices        []resourceapi.Device
+	SharedCounters []resourceapi.CounterSet
+}
+
 // Encode turns a node's topology into the devices of the ResourceSlices
 // the kubelet plugin publishes in one pool named after the node, split
 // into slices: one device per GPU not in MIG mode and one per MIG device
 // of the GPUs in MIG mode. There is always at least one (possibly empty)
 // slice: an empty pool shows the driver is running on a node without GPUs.
 // It returns an error, and nothing to publish, when any device would break
-// an API limit; nothing is ever dropped silently.
+// an API limit; nothing is ever dropped silently. A node with GPUs
+// partitioned on demand needs counter sets, which only EncodeSlices
+// encodes.
 func Encode(logger klog.Logger, nodeName string, t *topology.Topology, opts Options) ([][]resourceapi.Device, error) {
+	slices, err := EncodeSlices(logger, nodeName, t, opts)
+	if err != nil {
+		return nil, err
+	}
+	out := make([][]resourceapi.Device, 0, len(slices))
+	for _, s := range slices {
+		if len(s.SharedCounters) > 0 {
+			return nil, fmt.Errorf("building ResourceSlices of node %s: GPUs partitioned on demand (MIG on demand) need counter sets: use EncodeSlices", nodeName)
+		}
+		out = append(out, s.Devices)
+	}
+	return out, nil
+}
+
+// EncodeSlices is Encode for any node: besides the devices Encode
+// publishes, the GPUs in MIG mode partitioned on demand
+// (mig.GPU.OnDemand) are published as their partitions
+// (encode_ondemand.go), devices that consume counters of one counter set
+// per GPU; the counter sets follow the devices, in slices of their own.
+func EncodeSlices(logger klog.Logger, nodeName string, t *topology.Topology, opts Options) ([]Slice, error) {
 	if nodeName == "" {
 		return nil, fmt.Errorf("building ResourceSlices: node name is empty")
 	}
@@ -92,20 +124,32 @@ func Encode(logger klog.Logger, nodeName string, t *topology.Topology, opts Opti
 		return nil, fmt.Errorf("building ResourceSlices of node %s: %w", nodeName, err)
 	}
 	devices = append(devices, migDevices...)
+	partitions, counterSets, err := encodePartitions(logger, t, opts)
+	if err != nil {
+		return nil, fmt.Errorf("building ResourceSlices of node %s: %w", nodeName, err)
+	}
+	devices = append(devices, partitions...)
 	perSlice := maxDevicesPerSlice
-	if opts.ManagedByController || opts.MayTaint {
+	if opts.ManagedByController || opts.MayTaint || len(partitions) > 0 {
 		perSlice = maxTaintedDevicesPerSlice
 	}
-	slices := [][]resourceapi.Device{{}}
+	slices := []Slice{{}}
 	if len(devices) > 0 {
 		slices = slices[:0]
 		for start := 0; start < len(devices); start += perSlice {
 			end := min(start+perSlice, len(devices))
-			slices = append(slices, devices[start:end])
+			slices = append(slices, Slice{Devices: devices[start:end]})
 		}
 	}
+	for start := 0; start < len(counterSets); start += maxCounterSetsPerSlice {
+		end := min(start+maxCounterSetsPerSlice, len(counterSets))
+		slices = append(slices, Slice{SharedCounters: counterSets[start:end]})
+	}
 	for i, s := range slices {
-		if err := validateSlice(s, perSlice); err != nil {
+		if err := validateSlice(s.Devices, perSlice); err != nil {
+			return nil, fmt.Errorf("ResourceSlice %d of pool %s: %w", i, nodeName, err)
+		}
+		if err := validateCounterSets(s.SharedCounters); err != nil {
 			return nil, fmt.Errorf("ResourceSlice %d of pool %s: %w", i, nodeName, err)
 		}
 	}
@@ -265,8 +309,13 @@ func validateSlice(devices []resourceapi.Device, perSlice int) error {
 	}
 	tainted := false
 	for _, d := range devices {
-		if len(d.Taints) > 0 {
+		if len(d.Taints) > 0 || len(d.ConsumesCounters) > 0 {
 			tainted = true
+		}
+		for _, c := range d.ConsumesCounters {
+			if len(c.Counters) > maxCountersPerConsumption {
+				return fmt.Errorf("device %s: consumes %d counters of counter set %s, at most %d allowed", d.Name, len(c.Counters), c.CounterSet, maxCountersPerConsumption)
+			}
 		}
 		if n := len(d.Attributes) + len(d.Capacity); n > maxAttributesAndCapacities {
 			return fmt.Errorf("device %s: %d attributes and capacities, at most %d allowed", d.Name, n, maxAttributesAndCapacities)
@@ -297,7 +346,20 @@ func validateSlice(devices []resourceapi.Device, perSlice int) error {
 		}
 	}
 	if tainted && len(devices) > maxTaintedDevicesPerSlice {
-		return fmt.Errorf("%d devices with taints, at most %d allowed", len(devices), maxTaintedDevicesPerSlice)
+		return fmt.Errorf("%d devices with taints or counters, at most %d allowed", len(devices), maxTaintedDevicesPerSlice)
+	}
+	return nil
+}
+
+// validateCounterSets checks the API's limits on a slice's counter sets.
+func validateCounterSets(sets []resourceapi.CounterSet) error {
+	if len(sets) > maxCounterSetsPerSlice {
+		return fmt.Errorf("%d counter sets, at most %d allowed", len(sets), maxCounterSetsPerSlice)
+	}
+	for _, cs := range sets {
+		if len(cs.Counters) > maxCountersPerSet {
+			return fmt.Errorf("counter set %s: %d counters, at most %d allowed", cs.Name, len(cs.Counters), maxCountersPerSet)
+		}
 	}
 	return nil
 }

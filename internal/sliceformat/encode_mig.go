@@ -37,7 +37,9 @@ func wholeGPUs(t *topology.Topology) (*topology.Topology, error) {
 func encodeMIGDevices(logger klog.Logger, t *topology.Topology, opts Options) ([]resourceapi.Device, error) {
 	var out []resourceapi.Device
 	for _, g := range t.GPUs {
-		if !g.MIGEnabled() {
+		if !g.MIGEnabled() || g.MIG.OnDemand {
+			// A GPU partitioned on demand is published as its
+			// partitions; its instances are the claims' (encode_ondemand.go).
 			continue
 		}
 		for _, in := range g.MIG.Instances {
@@ -69,23 +71,9 @@ func encodeMIGDevice(logger klog.Logger, g topology.GPU, in mig.Instance, opts O
 	if g.UUID != "" {
 		attrs[driver.AttrParentUUID] = str(g.UUID)
 	}
-	attrs[driver.AttrType] = str(driver.DeviceTypeMIG)
-	attrs[driver.AttrMIGProfile] = str(in.Profile.Name)
-	for name, v := range map[string]int{
-		driver.AttrParentIndex:     g.Index,
-		driver.AttrGPUInstance:     in.GI,
-		driver.AttrComputeInstance: in.CI,
-		driver.AttrPlacementStart:  in.Placement.Start,
-		driver.AttrPlacementSize:   in.Placement.Size,
-		driver.AttrMultiprocessors: in.Profile.Multiprocessors,
-		driver.AttrCopyEngines:     in.Profile.CopyEngines,
-		driver.AttrDecoders:        in.Profile.Decoders,
-		driver.AttrEncoders:        in.Profile.Encoders,
-		driver.AttrJPEGEngines:     in.Profile.JPEGs,
-		driver.AttrOFAEngines:      in.Profile.OFAs,
-	} {
-		attrs[resourceapi.QualifiedName(name)] = intAttr(int64(v))
-	}
+	setMIGAttributes(attrs, g.Index, in.Profile, in.Placement)
+	attrs[driver.AttrGPUInstance] = intAttr(int64(in.GI))
+	attrs[driver.AttrComputeInstance] = intAttr(int64(in.CI))
 	dev := resourceapi.Device{
 		Name:       driver.MIGDeviceName(g.Index, in.GI, in.CI),
 		Attributes: attrs,
@@ -97,4 +85,24 @@ func encodeMIGDevice(logger klog.Logger, g topology.GPU, in mig.Instance, opts O
 	}
 	dev.Taints = managedTaints(opts)
 	return dev, nil
+}
+
+// setMIGAttributes sets what a MIG device and a partition both publish of
+// themselves: type, profile, parent, placement and engines.
+func setMIGAttributes(attrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, parent int, p mig.Profile, pl mig.Placement) {
+	attrs[driver.AttrType] = resourceapi.DeviceAttribute{StringValue: ptr.To(driver.DeviceTypeMIG)}
+	attrs[driver.AttrMIGProfile] = resourceapi.DeviceAttribute{StringValue: ptr.To(p.Name)}
+	for name, v := range map[string]int{
+		driver.AttrParentIndex:     parent,
+		driver.AttrPlacementStart:  pl.Start,
+		driver.AttrPlacementSize:   pl.Size,
+		driver.AttrMultiprocessors: p.Multiprocessors,
+		driver.AttrCopyEngines:     p.CopyEngines,
+		driver.AttrDecoders:        p.Decoders,
+		driver.AttrEncoders:        p.Encoders,
+		driver.AttrJPEGEngines:     p.JPEGs,
+		driver.AttrOFAEngines:      p.OFAs,
+	} {
+		attrs[resourceapi.QualifiedName(name)] = intAttr(int64(v))
+	}
 }

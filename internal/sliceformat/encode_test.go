@@ -286,7 +286,7 @@ func TestValidateSliceLimits(t *testing.T) {
 	}{
 		"33 attributes":       {[]resourceapi.Device{dev("gpu-0", 33, false)}, 128, "33 attributes and capacities, at most 32"},
 		"129 devices":         {many(129, false), 128, "129 devices, at most 128"},
-		"65 tainted devices":  {many(65, true), 128, "65 devices with taints, at most 64"},
+		"65 tainted devices":  {many(65, true), 128, "65 devices with taints or counters, at most 64"},
 		"long attribute name": {[]resourceapi.Device{{Name: "gpu-0", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{resourceapi.QualifiedName(strings.Repeat("n", 33)): intAttr(1)}}}, 128, "C identifier of at most 32"},
 		"ok: 64 tainted":      {many(64, true), 64, ""},
 		"ok: 32 attributes":   {[]resourceapi.Device{dev("gpu-0", 32, false)}, 128, ""},
