@@ -4,13 +4,14 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/gpulink/gpulink/controller/planner"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+
+	"github.com/gpulink/gpulink/controller/planner"
 )
 
 // syncClaim cleans up a claim carrying gpulink's finalizer: reservations

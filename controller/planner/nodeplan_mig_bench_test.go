@@ -4,8 +4,9 @@ import (
 	"context"
 	"testing"
 
-	"github.com/gpulink/gpulink/controller/controllertest"
 	resourceapi "k8s.io/api/resource/v1"
+
+	"github.com/gpulink/gpulink/controller/controllertest"
 )
 
 // BenchmarkMIGPlanNode is one MIG decision on one node: a DGX A100 whose 8
