@@ -98,7 +98,7 @@ func newOnDemandEnv(t *testing.T, server string, gpu1 []string) *onDemandEnv {
 // instances lists GPU 0's GPU instances.
 func (e *onDemandEnv) instances(t *testing.T) []discovery.GPUInstance {
 	t.Helper()
-	gis, err := e.fault.MIGInstanceManager.GPUInstances(context.Background(), e.uuid)
+	gis, err := e.fault.GPUInstances(context.Background(), e.uuid)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -136,3 +136,13 @@ func OpaqueConfig(params string, requests ...string) resourceapi.DeviceClaimConf
 }
 
 func runtimeRaw(s string) runtime.RawExtension { return runtime.RawExtension{Raw: []byte(s)} }
+
+// ResourceList is a resource list of name, quantity pairs:
+// ResourceList("cpu", "4", "memory", "8Gi").
+func ResourceList(kv ...string) corev1.ResourceList {
+	out := corev1.ResourceList{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		out[corev1.ResourceName(kv[i])] = resource.MustParse(kv[i+1])
+	}
+	return out
+}

@@ -129,7 +129,7 @@ func (p *Planner) Decide(ctx context.Context, req Request) Decision {
 		var failed int
 		d.Chosen, d.Plans, d.Why, failed = chooseMIG(ctx, p.sel, pol, candidates(), p.ledger, pending, rank)
 		for range failed {
-			d.Rejections.Add(noFit)
+			d.Rejections.add(noFit)
 		}
 		return d
 	}
@@ -152,7 +152,7 @@ func (p *Planner) Decide(ctx context.Context, req Request) Decision {
 		d.Why, quickWait = explainNoFit(ctx, p.sel, pol, cands, p.ledger, pending)
 		if quickWait {
 			for range cands {
-				d.Rejections.Add(noFit)
+				d.Rejections.add(noFit)
 			}
 		}
 	}
@@ -168,7 +168,7 @@ func (p *Planner) Decide(ctx context.Context, req Request) Decision {
 	case !quickWait:
 		plans, failed, why := exhaustivePlans(ctx, p.sel, pol, candidates(), p.ledger.NodeUsage, pending)
 		for range failed {
-			d.Rejections.Add(noFit)
+			d.Rejections.add(noFit)
 		}
 		d.Plans, d.Why = plans, why
 		d.Chosen = choosePlan(plans, pol, rank)
@@ -202,7 +202,7 @@ func (p *Planner) WaitingMessage(pending []*Claim, d Decision) string {
 	}
 	var skipped []string
 	if d.Rejections != nil {
-		msg += d.Rejections.Summary(d.Nodes)
+		msg += d.Rejections.summary(d.Nodes)
 		skipped = d.Rejections.Details
 	}
 	details := append(dedupe(d.Why), skipped...)

@@ -1,4 +1,4 @@
-// Package planner is gpulink-controller's planning core: what a claim
+// package planner is gpulink-controller's planning core: what a claim
 // asks for, what every node has and holds, and the choice of one node and
 // its devices for all of a pod's pending claims. It holds plain data and
 // imports no client-go: informers feed it, the controller writes what it

@@ -22,22 +22,22 @@ const (
 	fitInsufficientPrefix  = "Insufficient "
 	fitAffinityMismatch    = "node(s) didn't match pod affinity rules"
 	fitAntiAffinity        = "node(s) didn't match pod anti-affinity rules"
-	FitExistingAntiAffnity = "node(s) didn't satisfy existing pods anti-affinity rules"
+	fitExistingAntiAffnity = "node(s) didn't satisfy existing pods anti-affinity rules"
 )
 
-// Demand is what a pod asks of a node, as kube-scheduler's NodeResourcesFit
+// demand is what a pod asks of a node, as kube-scheduler's NodeResourcesFit
 // computes it (k8s.io/component-helpers/resource.PodRequests: the larger of
 // the regular containers' sum and each init container's request, sidecars
 // added, pod overhead added, pod-level resources where set). CPU is in
 // millicores, everything else in units.
-type Demand map[corev1.ResourceName]int64
+type demand map[corev1.ResourceName]int64
 
-// PodDemand computes a pod's demand. Resources kube-scheduler does not fit
+// podDemand computes a pod's demand. Resources kube-scheduler does not fit
 // (native resources other than cpu, memory, ephemeral-storage and
 // hugepages) are dropped.
-func PodDemand(pod *corev1.Pod) Demand {
+func podDemand(pod *corev1.Pod) demand {
 	reqs := resourcehelper.PodRequests(pod, resourcehelper.PodResourcesOptions{UseStatusResources: true})
-	out := make(Demand, len(reqs))
+	out := make(demand, len(reqs))
 	for name, q := range reqs {
 		if !fitted(name) {
 			continue
@@ -73,7 +73,7 @@ type fitPod struct {
 	node   string
 	ns     string
 	labels map[string]string
-	demand Demand
+	demand demand
 	// anti are the pod's required anti-affinity terms, compiled once, kept
 	// to check the pods that come after it (kube-scheduler checks them
 	// both ways).
@@ -87,7 +87,7 @@ type fitPod struct {
 // nodeUse sums the pods counted on one node.
 type nodeUse struct {
 	pods      int
-	requested Demand
+	requested demand
 	members   map[types.UID]*fitPod
 }
 
@@ -159,7 +159,7 @@ func (f *FitTracker) setLocked(uid types.UID, p *fitPod) {
 	}
 	u := f.Nodes[p.node]
 	if u == nil {
-		u = &nodeUse{requested: Demand{}, members: map[types.UID]*fitPod{}}
+		u = &nodeUse{requested: demand{}, members: map[types.UID]*fitPod{}}
 		f.Nodes[p.node] = u
 	}
 	u.pods++
@@ -174,7 +174,7 @@ func (f *FitTracker) setLocked(uid types.UID, p *fitPod) {
 }
 
 func newFitPod(pod *corev1.Pod, node string, bound bool) *fitPod {
-	p := &fitPod{node: node, ns: pod.Namespace, labels: pod.Labels, demand: PodDemand(pod), bound: bound}
+	p := &fitPod{node: node, ns: pod.Namespace, labels: pod.Labels, demand: podDemand(pod), bound: bound}
 	for _, term := range requiredAntiAffinity(pod) {
 		if m, ok := compileTerm(term, pod.Namespace); ok {
 			p.anti = append(p.anti, m)
@@ -194,7 +194,7 @@ func (f *FitTracker) Observe(pod *corev1.Pod) {
 		if old := f.pods[pod.UID]; old != nil && old.bound && old.node == pod.Spec.NodeName && sameLabels(old.labels, pod.Labels) {
 			// Status updates of a running pod: nothing that counts changed
 			// (a resize shows up in the demand, so recompute it then).
-			if d := PodDemand(pod); DemandEqual(d, old.demand) {
+			if d := podDemand(pod); demandEqual(d, old.demand) {
 				return
 			}
 		}
@@ -217,7 +217,7 @@ func sameLabels(a, b map[string]string) bool {
 	return true
 }
 
-func DemandEqual(a, b Demand) bool {
+func demandEqual(a, b demand) bool {
 	if len(a) != len(b) {
 		return false
 	}
@@ -262,7 +262,7 @@ func (f *FitTracker) Unassume(uid types.UID) {
 type fitCheck struct {
 	t      *FitTracker
 	uid    types.UID
-	demand Demand
+	demand demand
 	// names are demand's resources in the order they are checked, sorted
 	// once per decision rather than once per node.
 	names []string
@@ -323,9 +323,9 @@ func (m termMatcher) matches(ns string, l map[string]string) bool {
 	return (m.namespaces == nil || m.namespaces.Has(ns)) && m.sel.Matches(labels.Set(l))
 }
 
-// Check prepares the fit evaluation of a pod.
-func (f *FitTracker) Check(pod *corev1.Pod, nodeLabelsOf nodeLabels) *fitCheck {
-	fc := &fitCheck{t: f, uid: pod.UID, demand: PodDemand(pod)}
+// check prepares the fit evaluation of a pod.
+func (f *FitTracker) check(pod *corev1.Pod, nodeLabelsOf nodeLabels) *fitCheck {
+	fc := &fitCheck{t: f, uid: pod.UID, demand: podDemand(pod)}
 	for name := range fc.demand {
 		fc.names = append(fc.names, string(name))
 	}
@@ -385,16 +385,16 @@ func (f *FitTracker) Check(pod *corev1.Pod, nodeLabelsOf nodeLabels) *fitCheck {
 	return fc
 }
 
-// Reject returns why the pod does not fit the node ("" when it fits):
+// reject returns why the pod does not fit the node ("" when it fits):
 // allocatable minus what the pods counted there request, then the pod
 // (anti-)affinity domains. mappedByDRA tells which extended resources a
 // DeviceClass serves (kube-scheduler's DRA plugin, not NodeResourcesFit,
 // handles those when the node does not advertise them).
-func (fc *fitCheck) Reject(node *corev1.Node, mappedByDRA func(corev1.ResourceName) bool) string {
+func (fc *fitCheck) reject(node *corev1.Node, mappedByDRA func(corev1.ResourceName) bool) string {
 	fc.t.mu.Lock()
 	u := fc.t.Nodes[node.Name]
 	var pods int
-	var requested Demand
+	var requested demand
 	if u != nil {
 		pods = u.pods
 		requested = u.requested
@@ -420,14 +420,14 @@ func (fc *fitCheck) Reject(node *corev1.Node, mappedByDRA func(corev1.ResourceNa
 	}
 	for _, d := range fc.existingAnti {
 		if v, ok := node.Labels[d.key]; ok && d.values.Has(v) {
-			return FitExistingAntiAffnity
+			return fitExistingAntiAffnity
 		}
 	}
 	return ""
 }
 
-func subtractDemand(a, b Demand) Demand {
-	out := make(Demand, len(a))
+func subtractDemand(a, b demand) demand {
+	out := make(demand, len(a))
 	for k, v := range a {
 		out[k] = v - b[k]
 	}
@@ -437,7 +437,7 @@ func subtractDemand(a, b Demand) Demand {
 // resourcesLocked is kube-scheduler's NodeResourcesFit check: the pod
 // count, then every resource the pod requests, in a fixed order so that
 // the reason is stable.
-func (fc *fitCheck) resourcesLocked(node *corev1.Node, pods int, requested Demand, mappedByDRA func(corev1.ResourceName) bool) string {
+func (fc *fitCheck) resourcesLocked(node *corev1.Node, pods int, requested demand, mappedByDRA func(corev1.ResourceName) bool) string {
 	alloc := node.Status.Allocatable
 	if q, ok := alloc[corev1.ResourcePods]; ok && int64(pods+1) > q.Value() {
 		return fitTooManyPods
@@ -490,7 +490,7 @@ type Rejections struct {
 	Details []string
 }
 
-func (r *Rejections) Add(reason string) {
+func (r *Rejections) add(reason string) {
 	if r.counts == nil {
 		r.counts = map[string]int{}
 	}
@@ -506,9 +506,9 @@ func (r *Rejections) detail(format string, args ...any) {
 
 func (r *Rejections) count(reason string) int { return r.counts[reason] }
 
-// Summary renders "0/N nodes: 5 Insufficient cpu, 3 ...", most frequent
+// summary renders "0/N nodes: 5 Insufficient cpu, 3 ...", most frequent
 // reason first, ties by reason.
-func (r *Rejections) Summary(total int) string {
+func (r *Rejections) summary(total int) string {
 	reasons := make([]string, 0, len(r.counts))
 	for k := range r.counts {
 		reasons = append(reasons, k)
@@ -543,6 +543,6 @@ func (f *FitTracker) requestedOn(node string) (cpuMilli, memoryBytes int64) {
 
 // countsOnHost tells whether the demand takes CPU or memory, which ranking
 // by stranding counts.
-func (d Demand) countsOnHost() bool {
+func (d demand) countsOnHost() bool {
 	return d[corev1.ResourceCPU] != 0 || d[corev1.ResourceMemory] != 0
 }

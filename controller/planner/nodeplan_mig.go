@@ -98,7 +98,7 @@ func wantsMIG(pending []*Claim) bool {
 
 // migPlan is a nodePlan of MIG devices with what ranks it.
 type migPlan struct {
-	Plan *Plan
+	plan *Plan
 	// packed counts the devices placed on GPUs that already had
 	// allocated MIG devices; slices sums their memory slices.
 	packed, slices int
@@ -148,7 +148,7 @@ func planMIGNode(ctx context.Context, sel *SelectorEvaluator, n *NodeInventory, 
 		}
 		plan.Claims = append(plan.Claims, res)
 	}
-	return &migPlan{Plan: plan, packed: p.packed, slices: p.slices}, nil
+	return &migPlan{plan: plan, packed: p.packed, slices: p.slices}, nil
 }
 
 // place places requests i.. of a claim, backtracking over alternatives and
@@ -357,8 +357,8 @@ func chooseMIGPlan(plans []*migPlan) *Plan {
 	for _, pl := range plans[1:] {
 		a, b := pl, best
 		switch {
-		case a.Plan.RankSum != b.Plan.RankSum:
-			if a.Plan.RankSum < b.Plan.RankSum {
+		case a.plan.RankSum != b.plan.RankSum:
+			if a.plan.RankSum < b.plan.RankSum {
 				best = pl
 			}
 		case a.packed != b.packed:
@@ -369,11 +369,11 @@ func chooseMIGPlan(plans []*migPlan) *Plan {
 			if a.slices < b.slices {
 				best = pl
 			}
-		case a.Plan.Node.Node < b.Plan.Node.Node:
+		case a.plan.Node.Node < b.plan.Node.Node:
 			best = pl
 		}
 	}
-	return best.Plan
+	return best.plan
 }
 
 // chooseMIG chooses the node and devices for a pod whose pending claims
@@ -403,7 +403,7 @@ func chooseMIG(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy,
 			if gp, reasons = planNode(ctx, sel, pol, n, l.NodeUsage(n), gpuClaims); gp == nil {
 				mp = nil
 			} else {
-				mp.Plan = mergePlans(pending, mp.Plan, migClaims, gp, gpuClaims)
+				mp.plan = mergePlans(pending, mp.plan, migClaims, gp, gpuClaims)
 			}
 		}
 		if mp == nil {
@@ -417,7 +417,7 @@ func chooseMIG(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy,
 	}
 	plans := make([]*Plan, len(mps))
 	for i, m := range mps {
-		plans[i] = m.Plan
+		plans[i] = m.plan
 	}
 	if len(gpuClaims) > 0 {
 		return choosePlan(plans, pol, rank), plans, why, failed

@@ -36,7 +36,7 @@ func BenchmarkMIGPlanNode(b *testing.B) {
 	claims := []*Claim{{Claim: &resourceapi.ResourceClaim{}, Requests: []*RequestSpec{{Name: "mig", Alternatives: []*Alternative{alt}}}}}
 	sel := NewSelectorEvaluator()
 	ctx := context.Background()
-	if pl, why := planMIGNode(ctx, sel, n, used, claims); pl == nil || len(pl.Plan.Claims[0][0].MIG) != 2 {
+	if pl, why := planMIGNode(ctx, sel, n, used, claims); pl == nil || len(pl.plan.Claims[0][0].MIG) != 2 {
 		b.Fatalf("no plan: %v", why)
 	}
 	b.ReportAllocs()

@@ -114,13 +114,13 @@ func (f *NodeFilter) forPod(logger klog.Logger, pod *corev1.Pod, allocated []*re
 		}
 	}
 	if f.Fit != nil {
-		pf.fc = f.Fit.Check(pod, f.labelsOf)
+		pf.fc = f.Fit.check(pod, f.labelsOf)
 	}
 	return pf
 }
 
 func (pf *podFilter) skip(reason, format string, args ...any) bool {
-	pf.rej.Add(reason)
+	pf.rej.add(reason)
 	pf.rej.detail(format, args...)
 	return false
 }
@@ -130,7 +130,7 @@ func (pf *podFilter) skip(reason, format string, args ...any) bool {
 func (pf *podFilter) admit(n *NodeInventory) bool {
 	pod := pf.pod
 	if pod.Spec.NodeName != "" && n.Node != pod.Spec.NodeName {
-		pf.rej.Add(rejectNodeName)
+		pf.rej.add(rejectNodeName)
 		return false
 	}
 	if pf.excluded.Has(n.Node) {
@@ -159,7 +159,7 @@ func (pf *podFilter) admit(n *NodeInventory) bool {
 		}
 	}
 	if pf.fc != nil && pod.Spec.NodeName == "" {
-		if reason := pf.fc.Reject(node, pf.f.mappedByDRA); reason != "" {
+		if reason := pf.fc.reject(node, pf.f.mappedByDRA); reason != "" {
 			return pf.skip(reason, "node %s: %s", n.Node, reason)
 		}
 	}

@@ -60,7 +60,7 @@ func (h *hostRanking) request() allocate.Host {
 // podHost is a pod's CPU (millicores) and memory request as kube-scheduler
 // counts them.
 func podHost(pod *corev1.Pod) allocate.Host {
-	d := PodDemand(pod)
+	d := podDemand(pod)
 	return allocate.Host{CPUMilli: d[corev1.ResourceCPU], MemoryBytes: d[corev1.ResourceMemory]}
 }
 
