@@ -59,6 +59,13 @@ func UID(i int) apitypes.UID { return apitypes.UID(fmt.Sprintf("uid-%d", i)) }
 func V100Slice(tb testing.TB, node string) *resourceapi.ResourceSlice {
 	tb.Helper()
 	topo, err := ParseFixture("v100-sxm2-8-aliyun-sccgn6.txt")
+	return mustSlice(tb, node, topo, err)
+}
+
+// mustSlice is the slice of node with topology topo, failing the test
+// when the topology could not be had (err) or encoded.
+func mustSlice(tb testing.TB, node string, topo *topology.Topology, err error) *resourceapi.ResourceSlice {
+	tb.Helper()
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -81,14 +88,7 @@ func MixedEightGPUSlices(tb testing.TB, n int) []*resourceapi.ResourceSlice {
 	out := make([]*resourceapi.ResourceSlice, 0, n)
 	for i := range n {
 		topo, err := ParseFixture(EightGPUFixtures[i%len(EightGPUFixtures)])
-		if err != nil {
-			tb.Fatal(err)
-		}
-		s, err := Slice(fmt.Sprintf("node-%05d", i), topo, SliceOptions{})
-		if err != nil {
-			tb.Fatal(err)
-		}
-		out = append(out, s)
+		out = append(out, mustSlice(tb, fmt.Sprintf("node-%05d", i), topo, err))
 	}
 	return out
 }
@@ -130,14 +130,7 @@ func MIGSlice(tb testing.TB, node string, layout map[int][]string) *resourceapi.
 func MockMIGSlice(tb testing.TB, server, node string, layout map[int][]string) *resourceapi.ResourceSlice {
 	tb.Helper()
 	topo, err := discovery.MockTopology(server, discovery.MockOptions{MIG: layout})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	s, err := Slice(node, topo, SliceOptions{})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return s
+	return mustSlice(tb, node, topo, err)
 }
 
 // ProfileSelector is a CEL selector of MIG devices of one profile.
