@@ -22,6 +22,13 @@ type migDevice struct {
 	MemoryBytes int64
 	CEL         dracel.Device
 	Taints      []resourceapi.DeviceTaint
+	// OnDemand is set for a partition of a GPU partitioned on demand
+	// (inventory_ondemand.go): its GPU, the GPU's position in
+	// NodeInventory.OnDemand and the partition in the GPU's table. Nil
+	// for a MIG device that exists.
+	OnDemand *onDemandGPU
+	ODPos    int
+	Part     mig.Part
 }
 
 // newMIGDevice keeps what decisions read of a decoded MIG device.
