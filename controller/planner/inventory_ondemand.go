@@ -2,10 +2,7 @@ package planner
 
 import (
 	"fmt"
-	"strconv"
-	"strings"
 
-	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/mig"
 	"github.com/gpulink/gpulink/internal/sliceformat"
 )
@@ -30,18 +27,9 @@ type onDemandGPU struct {
 func (n *NodeInventory) addOnDemand(gpus []sliceformat.OnDemandGPU) error {
 	for i := range gpus {
 		g := &gpus[i]
-		parts := make([]mig.Partition, len(g.Partitions))
-		for j, p := range g.Partitions {
-			parts[j] = mig.Partition{Placement: p.Placement, Profile: mig.Profile{
-				Name:        p.Profile,
-				GIProfileID: limitedProfileID(p.Consumes),
-				GISlices:    int(p.Consumes[driver.CounterComputeSlices]),
-				MemoryBytes: p.Consumes[driver.CounterMemory],
-			}}
-		}
-		t, err := mig.NewTable(g.Capacity, parts)
+		t, err := g.Table()
 		if err != nil {
-			return fmt.Errorf("GPU %d partitioned on demand (counter set %s): %w", g.Index, g.CounterSet, err)
+			return err
 		}
 		od := &onDemandGPU{Index: g.Index, Table: t, Decoded: g}
 		pos := len(n.OnDemand)
@@ -68,20 +56,4 @@ func (n *NodeInventory) addOnDemand(gpus []sliceformat.OnDemandGPU) error {
 		}
 	}
 	return nil
-}
-
-// limitedProfileID reads the NVML profile ID of a partition's
-// profile-<id>-instances counter, -1 when the GPU does not limit its
-// profile's instances (the table needs the ID only to find the limit).
-func limitedProfileID(consumes map[string]int64) int {
-	for name := range consumes {
-		rest, ok := strings.CutPrefix(name, "profile-")
-		if !ok {
-			continue
-		}
-		if id, err := strconv.Atoi(strings.TrimSuffix(rest, "-instances")); err == nil && strings.HasSuffix(rest, "-instances") {
-			return id
-		}
-	}
-	return -1
 }
