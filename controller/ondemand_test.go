@@ -5,11 +5,14 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/uuid"
 
+	"github.com/gpulink/gpulink/compat"
 	"github.com/gpulink/gpulink/controller/controllertest"
 	"github.com/gpulink/gpulink/controller/report"
 	"github.com/gpulink/gpulink/driver"
@@ -171,6 +174,32 @@ func TestOnDemandBesideStaticMIG(t *testing.T) {
 	// at 4 only five 1g.
 	if got := devicesOf(h.waitAllocated("mem")); len(got) != 1 || got[0] != "gpu-1-part-1g-10gb-at-6" {
 		t.Fatalf("9Gi got %v, want gpu-1-part-1g-10gb-at-6", got)
+	}
+	h.checkInvariants()
+}
+
+// The NVIDIA device plugin's mixed-strategy request, nvidia.com/mig-1g.10gb:
+// 2, as the compat webhook translates it, gets two 1g.10gb partitions of an
+// H100 node partitioned on demand, side by side on one GPU.
+func TestOnDemandTranslatedMIGRequest(t *testing.T) {
+	tr := compat.Translator{Config: compat.DefaultConfig()}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: ns}, Spec: corev1.PodSpec{Containers: []corev1.Container{{
+		Name: "main", Image: "busybox",
+		Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/mig-1g.10gb": resource.MustParse("2")}},
+	}}}}
+	res, err := tr.Translate(pod)
+	if err != nil || res == nil || len(res.Claims) != 1 {
+		t.Fatalf("translating nvidia.com/mig-1g.10gb: 2: %+v %v", res, err)
+	}
+	spec := res.Templates[res.Claims[0].Template]
+	h := newHarness(t, objs(classes(), onDemandNode(t, "dgxh100", "h100", 0, 1, 2, 3))...).start()
+	h.claim("compat", spec.Spec.Devices)
+	h.pod("p-compat", true, "compat")
+	got := devicesOf(h.waitAllocated("compat"))
+	// Slices 0-3 stay whole for a 4g; 4 and 5 lose the same (the 2g at
+	// 4), so the lower start.
+	if strings.Join(got, ",") != "gpu-0-part-1g-10gb-at-6,gpu-0-part-1g-10gb-at-4" {
+		t.Fatalf("two 1g.10gb got %v, want slices 6 then 4 of gpu-0 (a 4g stays possible)", got)
 	}
 	h.checkInvariants()
 }
