@@ -139,8 +139,8 @@ func TestOnDemandPlanCountsHeld(t *testing.T) {
 	if pl, _ := planMIGNode(ctx, sel, n, used, []*Claim{migClaimOf(t, 9, controllertest.ProfileSelector("2g.10gb"))}); pl != nil {
 		t.Errorf("nine 2g.10gb placed where eight fit: %s", pl.Plan.Summarize())
 	}
-	// The 1g.5gb+me partitions: one per GPU (its media engines), so two
-	// claims of 8 fit, as 8, and 9 do not.
+	// 1g.5gb+me: one per GPU (it takes the GPU's extra media engines),
+	// so eight fit on the 8 GPUs and nine do not.
 	if pl, why := planMIGNode(ctx, sel, n, make([]bool, len(n.MIG)), []*Claim{migClaimOf(t, 8, controllertest.ProfileSelector("1g.5gb+me"))}); pl == nil {
 		t.Errorf("eight 1g.5gb+me: no plan: %v", why)
 	}
