@@ -203,3 +203,17 @@ func TestOnDemandTranslatedMIGRequest(t *testing.T) {
 	}
 	h.checkInvariants()
 }
+
+// Nodes: the one where the partition costs the least headroom. On node a
+// a 3g holds slices 4-7, so any 1g kills the 4g left on 0-3; on node b a
+// 1g at 6 leaves room for a 1g that keeps the 4g.
+func TestOnDemandNodeKeepsLargest(t *testing.T) {
+	h := newHarness(t, objs(classes(), onDemandNode(t, "dgxa100", "a", 0), onDemandNode(t, "dgxa100", "b", 0),
+		[]runtime.Object{heldBy("held-a", "a", "gpu-0-part-3g-20gb-at-4"), heldBy("held-b", "b", "gpu-0-part-1g-5gb-at-6")})...).start()
+	h.migClaim("small", migRequest("mig", 1, controllertest.ProfileSelector("1g.5gb")))
+	c := h.waitAllocated("small")
+	if r := c.Status.Allocation.Devices.Results[0]; r.Pool != "b" || r.Device != "gpu-0-part-1g-5gb-at-4" {
+		t.Fatalf("1g.5gb got %s/%s, want b/gpu-0-part-1g-5gb-at-4", r.Pool, r.Device)
+	}
+	h.checkInvariants()
+}

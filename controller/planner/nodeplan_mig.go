@@ -39,7 +39,8 @@ import (
 // one that keeps the largest profiles possible (see driver/mig/place.go),
 // and the result says which placement and why (PlacedResult.Placed).
 //
-// Nodes are ranked by fewest firstAvailable fallbacks, then the devices
+// Nodes are ranked by fewest firstAvailable fallbacks, then the headroom
+// their partitions cost (least, largest sizes first), then the devices
 // placed on already busy GPUs (more first), then the memory slices taken
 // (fewer first), then node name. A pod that also has claims of whole GPUs
 // or shares gets them on the same node from planNode, and its nodes are
@@ -112,6 +113,8 @@ type migPlan struct {
 	// packed counts the devices placed on GPUs that already had
 	// allocated MIG devices; slices sums their memory slices.
 	packed, slices int
+	// loss sums the headroom its partitions cost their GPUs (mig.Choose).
+	loss mig.Headroom
 }
 
 // migPlacer places MIG requests on one node.
@@ -125,7 +128,9 @@ type migPlacer struct {
 	busy map[int]int
 	// od is the state of each GPU partitioned on demand (by position in
 	// node.OnDemand): the partitions held by the ledger or this plan.
-	od       []mig.State
+	od []mig.State
+	// loss sums the headroom the partitions placed cost their GPUs.
+	loss     mig.Headroom
 	packed   int
 	slices   int
 	attempts int
@@ -166,7 +171,7 @@ func planMIGNode(ctx context.Context, sel *SelectorEvaluator, n *NodeInventory, 
 		}
 		plan.Claims = append(plan.Claims, res)
 	}
-	return &migPlan{Plan: plan, packed: p.packed, slices: p.slices}, nil
+	return &migPlan{Plan: plan, packed: p.packed, slices: p.slices, loss: p.loss}, nil
 }
 
 // place places requests i.. of a claim, backtracking over alternatives and
@@ -216,7 +221,7 @@ func (p *migPlacer) place(ic *Claim, i int, bound []string, placed []PlacedResul
 				p.note("request %s: %d free MIG devices on node %s match it%s, it wants %d", alt.ResultName, len(g.devs), p.node.Node, g.label, want)
 				continue
 			}
-			savedPacked, savedSlices := p.packed, p.slices
+			savedPacked, savedSlices, savedLoss := p.packed, p.slices, p.loss
 			picked, why, ok := p.pick(g.devs, want)
 			if !ok {
 				p.note("request %s: %d partitions on node %s match it%s, but no %d of them fit side by side beside those allocated", alt.ResultName, len(g.devs), p.node.Node, g.label, want)
@@ -228,7 +233,7 @@ func (p *migPlacer) place(ic *Claim, i int, bound []string, placed []PlacedResul
 			for _, d := range picked {
 				p.release(d)
 			}
-			p.packed, p.slices = savedPacked, savedSlices
+			p.packed, p.slices, p.loss = savedPacked, savedSlices, savedLoss
 		}
 	}
 	return nil, false
@@ -326,6 +331,7 @@ func (p *migPlacer) pick(devs []int, want int) ([]*migDevice, []string, bool) {
 	left := slices.Clone(devs)
 	out := make([]*migDevice, 0, want)
 	var why []string
+	savedPacked, savedSlices, savedLoss := p.packed, p.slices, p.loss
 	for range want {
 		best := -1
 		for j, i := range left {
@@ -339,6 +345,7 @@ func (p *migPlacer) pick(devs []int, want int) ([]*migDevice, []string, bool) {
 				for _, d := range out {
 					p.release(d)
 				}
+				p.packed, p.slices, p.loss = savedPacked, savedSlices, savedLoss
 				return nil, nil, false
 			}
 			best = j
@@ -386,6 +393,9 @@ func (p *migPlacer) choosePartition(left []int) (int, string, bool) {
 	ch, ok := mig.Choose(mig.LookAhead, gpus, cands)
 	if !ok {
 		return 0, "", false
+	}
+	for k, v := range ch.Before.Minus(ch.After) {
+		p.loss[k] += v
 	}
 	j := at[slices.Index(cands, ch.Candidate)]
 	d := p.node.MIG[left[j]]
@@ -460,6 +470,10 @@ func chooseMIGPlan(plans []*migPlan) *Plan {
 		switch {
 		case a.Plan.RankSum != b.Plan.RankSum:
 			if a.Plan.RankSum < b.Plan.RankSum {
+				best = pl
+			}
+		case a.loss != b.loss:
+			if a.loss.Compare(b.loss) < 0 {
 				best = pl
 			}
 		case a.packed != b.packed:
