@@ -1,6 +1,7 @@
 package mig_test
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -12,7 +13,7 @@ import (
 
 // MIG churn: requests of mixed profiles arrive on one 8-GPU node, one per
 // step, and each leaves after an exponentially distributed lifetime. The
-// load is set so that the node is full about half the time: what a policy
+// loads keep the node near full or over full (churnLoads): what a policy
 // places then depends on how it fragments the GPUs. A request that finds no
 // placement is refused (it does not wait), which is what the share of
 // requests placed counts.
@@ -29,10 +30,11 @@ var churnMixes = []churnMix{
 	{"dgxh100", []string{"1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"}, []float64{0.35, 0.1, 0.2, 0.15, 0.1, 0.1}},
 }
 
-const (
-	churnGPUs     = 8
-	churnLifetime = 30.0 // mean lifetime in steps (one arrival per step)
-)
+const churnGPUs = 8
+
+// churnLoads are the mean lifetimes (in steps, one arrival per step) the
+// benchmark runs: about 20 keeps the node near full, 30 over full.
+var churnLoads = []float64{20, 30}
 
 // churnResult is one churn run: requests and placements, in all and of
 // the large profiles (4g and up), and each decision's time.
@@ -49,7 +51,7 @@ type live struct {
 }
 
 // runChurn runs steps arrivals of mix on an 8-GPU node under policy.
-func runChurn(tb testing.TB, mix churnMix, policy mig.Policy, seed uint64, steps int, timed bool) churnResult {
+func runChurn(tb testing.TB, mix churnMix, policy mig.Policy, lifetime float64, seed uint64, steps int, timed bool) churnResult {
 	tab, _ := mockTable(tb, mix.server)
 	gpus := make([]mig.GPUState, churnGPUs)
 	for g := range gpus {
@@ -99,7 +101,7 @@ func runChurn(tb testing.TB, mix churnMix, policy mig.Policy, seed uint64, steps
 		}
 		c := ch.Candidate
 		gpus[c.GPU].State = tab.Add(gpus[c.GPU].State, c.Part)
-		running = append(running, live{end: now + rng.ExpFloat64()*churnLifetime, gpu: c.GPU, part: c.Part})
+		running = append(running, live{end: now + rng.ExpFloat64()*lifetime, gpu: c.GPU, part: c.Part})
 	}
 	return res
 }
@@ -117,9 +119,9 @@ func pick(rng *rand.Rand, mix churnMix) string {
 
 // meanShares runs seeds churn runs and returns the mean share of requests
 // placed, of all and of the large ones.
-func meanShares(tb testing.TB, mix churnMix, policy mig.Policy, seeds, steps int) (all, large float64) {
+func meanShares(tb testing.TB, mix churnMix, policy mig.Policy, lifetime float64, seeds, steps int) (all, large float64) {
 	for s := range seeds {
-		r := runChurn(tb, mix, policy, uint64(s+1), steps, false)
+		r := runChurn(tb, mix, policy, lifetime, uint64(s+1), steps, false)
 		all += float64(r.placed) / float64(r.requests)
 		large += float64(r.largePlaced) / float64(max(r.largeRequests, 1))
 	}
@@ -131,9 +133,10 @@ func meanShares(tb testing.TB, mix churnMix, policy mig.Policy, seeds, steps int
 func TestChurnLookAheadPlacesAtLeastFirstFit(t *testing.T) {
 	const seeds, steps = 30, 600
 	for _, mix := range churnMixes {
-		la, laLarge := meanShares(t, mix, mig.LookAhead, seeds, steps)
-		ff, ffLarge := meanShares(t, mix, mig.FirstFit, seeds, steps)
-		bf, bfLarge := meanShares(t, mix, mig.BestFit, seeds, steps)
+		const lifetime = 30
+		la, laLarge := meanShares(t, mix, mig.LookAhead, lifetime, seeds, steps)
+		ff, ffLarge := meanShares(t, mix, mig.FirstFit, lifetime, seeds, steps)
+		bf, bfLarge := meanShares(t, mix, mig.BestFit, lifetime, seeds, steps)
 		t.Logf("%s: placed %.1f%% look-ahead, %.1f%% first fit, %.1f%% best fit; 4g and up %.1f%%, %.1f%%, %.1f%%",
 			mix.server, 100*la, 100*ff, 100*bf, 100*laLarge, 100*ffLarge, 100*bfLarge)
 		if la < ff {
@@ -152,26 +155,28 @@ func TestChurnLookAheadPlacesAtLeastFirstFit(t *testing.T) {
 func BenchmarkMIGChurn(b *testing.B) {
 	const seeds, steps = 30, 2000
 	for _, mix := range churnMixes {
-		for _, policy := range []mig.Policy{mig.LookAhead, mig.FirstFit, mig.BestFit} {
-			b.Run(mix.server+"/"+policy.String(), func(b *testing.B) {
-				var all, large float64
-				var times []time.Duration
-				for range b.N {
-					all, large = 0, 0
-					times = times[:0]
-					for s := range seeds {
-						r := runChurn(b, mix, policy, uint64(s+1), steps, true)
-						all += float64(r.placed) / float64(r.requests)
-						large += float64(r.largePlaced) / float64(max(r.largeRequests, 1))
-						times = append(times, r.times...)
+		for _, lifetime := range churnLoads {
+			for _, policy := range []mig.Policy{mig.LookAhead, mig.FirstFit, mig.BestFit} {
+				b.Run(fmt.Sprintf("%s/lifetime-%.0f/%s", mix.server, lifetime, policy), func(b *testing.B) {
+					var all, large float64
+					var times []time.Duration
+					for range b.N {
+						all, large = 0, 0
+						times = times[:0]
+						for s := range seeds {
+							r := runChurn(b, mix, policy, lifetime, uint64(s+1), steps, true)
+							all += float64(r.placed) / float64(r.requests)
+							large += float64(r.largePlaced) / float64(max(r.largeRequests, 1))
+							times = append(times, r.times...)
+						}
 					}
-				}
-				slices.Sort(times)
-				b.ReportMetric(100*all/seeds, "placed-%")
-				b.ReportMetric(100*large/seeds, "placed-4g+-%")
-				b.ReportMetric(float64(times[len(times)/2].Nanoseconds()), "p50-ns/decision")
-				b.ReportMetric(float64(times[int(math.Min(float64(len(times)-1), float64(len(times))*0.99))].Nanoseconds()), "p99-ns/decision")
-			})
+					slices.Sort(times)
+					b.ReportMetric(100*all/seeds, "placed-%")
+					b.ReportMetric(100*large/seeds, "placed-4g+-%")
+					b.ReportMetric(float64(times[len(times)/2].Nanoseconds()), "p50-ns/decision")
+					b.ReportMetric(float64(times[int(math.Min(float64(len(times)-1), float64(len(times))*0.99))].Nanoseconds()), "p99-ns/decision")
+				})
+			}
 		}
 	}
 }
