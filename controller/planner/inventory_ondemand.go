@@ -48,6 +48,7 @@ func (n *NodeInventory) addOnDemand(gpus []sliceformat.OnDemandGPU) error {
 				Placement:   p.Placement,
 				MemoryBytes: p.MemoryBytes,
 				Taints:      dev.Taints,
+				scheduling:  sliceformat.SchedulingTaints(dev.Taints),
 				CEL:         celDevice(dev),
 				OnDemand:    od,
 				ODPos:       pos,

@@ -249,11 +249,13 @@ func (p *migPlacer) eligible(alt *Alternative) (matching, free []int) {
 		p.note("request %s: %v", alt.ResultName, err)
 		return nil, nil
 	}
+	matching = make([]int, 0, len(p.node.MIG))
+	free = make([]int, 0, len(p.node.MIG))
 	for i, d := range p.node.MIG {
 		if !elig[i] {
 			continue
 		}
-		if t, bad := UntoleratedTaint(&DeviceInfo{Taints: d.Taints}, alt.Tolerations); bad {
+		if t, bad := untolerated(d.scheduling, alt.Tolerations); bad {
 			p.note("request %s: MIG device %s on node %s has taint %s=%s:%s, which the request does not tolerate", alt.ResultName, d.Name, p.node.Node, t.Key, t.Value, t.Effect)
 			continue
 		}
@@ -588,4 +590,16 @@ func (pl *Plan) MIGPlacementNote() string {
 		note = note[:MaxEventNote/4-3] + "..."
 	}
 	return note
+}
+
+// untolerated returns the first of a device's scheduling taints the
+// tolerations do not tolerate (UntoleratedTaint, on taints already
+// filtered by sliceformat.SchedulingTaints).
+func untolerated(scheduling []resourceapi.DeviceTaint, tols []resourceapi.DeviceToleration) (resourceapi.DeviceTaint, bool) {
+	for _, t := range scheduling {
+		if !tolerates(tols, t) {
+			return t, true
+		}
+	}
+	return resourceapi.DeviceTaint{}, false
 }
