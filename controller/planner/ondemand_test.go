@@ -136,16 +136,22 @@ func TestOnDemandPlanCountsHeld(t *testing.T) {
 		t.Errorf("%d placement notes for 8 partitions", got)
 	}
 	// Nine cannot all be placed: none is.
-	if pl, _ := planMIGNode(ctx, sel, n, used, []*Claim{migClaimOf(t, 9, controllertest.ProfileSelector("2g.10gb"))}); pl != nil {
+	pl, why = planMIGNode(ctx, sel, n, used, []*Claim{migClaimOf(t, 9, controllertest.ProfileSelector("2g.10gb"))})
+	if pl != nil {
 		t.Errorf("nine 2g.10gb placed where eight fit: %s", pl.Plan.Summarize())
+	} else if !strings.Contains(strings.Join(why, "; "), "8 free MIG devices on node n match it, it wants 9") {
+		t.Errorf("nine 2g.10gb: reasons %q do not say that 8 fit", why)
 	}
 	// 1g.5gb+me: one per GPU (it takes the GPU's extra media engines),
 	// so eight fit on the 8 GPUs and nine do not.
 	if pl, why := planMIGNode(ctx, sel, n, make([]bool, len(n.MIG)), []*Claim{migClaimOf(t, 8, controllertest.ProfileSelector("1g.5gb+me"))}); pl == nil {
 		t.Errorf("eight 1g.5gb+me: no plan: %v", why)
 	}
-	if pl, _ := planMIGNode(ctx, sel, n, make([]bool, len(n.MIG)), []*Claim{migClaimOf(t, 9, controllertest.ProfileSelector("1g.5gb+me"))}); pl != nil {
+	pl, why = planMIGNode(ctx, sel, n, make([]bool, len(n.MIG)), []*Claim{migClaimOf(t, 9, controllertest.ProfileSelector("1g.5gb+me"))})
+	if pl != nil {
 		t.Errorf("nine 1g.5gb+me placed on 8 GPUs that allow one each: %s", pl.Plan.Summarize())
+	} else if !strings.Contains(strings.Join(why, "; "), "56 partitions on node n match it, but no 9 of them fit side by side") {
+		t.Errorf("nine 1g.5gb+me: reasons %q do not say they do not fit together", why)
 	}
 }
 
