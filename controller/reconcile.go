@@ -327,7 +327,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	}
 	summary := chosen.Summarize()
 	logger.Info("Allocated", "node", chosen.Node.Node, "devices", summary, "duration", time.Since(start))
-	c.explain.event(pod, pending[0].Claim, corev1.EventTypeNormal, report.ReasonAllocated, actionAllocate, "allocated "+summary+own.Note()+planner.AlternativesNote(chosen, d.Plans, d.Why, d.Rejections.Details, d.Unexamined))
+	c.explain.event(pod, pending[0].Claim, corev1.EventTypeNormal, report.ReasonAllocated, actionAllocate, "allocated "+summary+chosen.MIGPlacementNote()+own.Note()+planner.AlternativesNote(chosen, d.Plans, d.Why, d.Rejections.Details, d.Unexamined))
 	c.explainPriority(pod, chosen, pending)
 	if err := c.ungate(ctx, pod); err != nil {
 		return err

@@ -17,7 +17,9 @@ import (
 // published devices: no device is given out whole twice, a device given
 // out whole holds no share, the consumed capacity of a device's shares
 // never exceeds what it publishes, every allocated gpulink device exists,
-// and a claim's gpulink devices all sit on the node its node selector names.
+// a claim's gpulink devices all sit on the node its node selector names,
+// and the devices allocated consume no more of a counter set (MIG on
+// demand: a GPU's memory slices, compute slices, memory) than it has.
 // It returns every violation found.
 func CheckInvariants(claims []resourceapi.ResourceClaim, slices []resourceapi.ResourceSlice) error {
 	type dev struct {
@@ -25,9 +27,27 @@ func CheckInvariants(claims []resourceapi.ResourceClaim, slices []resourceapi.Re
 		node     string
 	}
 	devices := map[string]*dev{}
+	counters := map[string]int64{}            // pool/set/counter -> value
+	consumes := map[string]map[string]int64{} // pool/device -> pool/set/counter -> value
 	for _, s := range slices {
 		if s.Spec.Driver != driver.Name {
 			continue
+		}
+		for _, cs := range s.Spec.SharedCounters {
+			for name, c := range cs.Counters {
+				counters[s.Spec.Pool.Name+"/"+cs.Name+"/"+name] = c.Value.Value()
+			}
+		}
+		for _, d := range s.Spec.Devices {
+			for _, cc := range d.ConsumesCounters {
+				for name, c := range cc.Counters {
+					key := s.Spec.Pool.Name + "/" + d.Name
+					if consumes[key] == nil {
+						consumes[key] = map[string]int64{}
+					}
+					consumes[key][s.Spec.Pool.Name+"/"+cc.CounterSet+"/"+name] += c.Value.Value()
+				}
+			}
 		}
 		for _, d := range s.Spec.Devices {
 			x := &dev{capacity: map[string]int64{}}
@@ -90,6 +110,17 @@ func CheckInvariants(claims []resourceapi.ResourceClaim, slices []resourceapi.Re
 		}
 		if s := shares[key]; len(s) > 0 {
 			errs = append(errs, fmt.Sprintf("device %s is given out whole to %s and shared with %s", key, holders[0], strings.Join(s, ", ")))
+		}
+	}
+	counted := map[string]int64{}
+	for key := range whole {
+		for counter, v := range consumes[key] {
+			counted[counter] += v
+		}
+	}
+	for counter, v := range counted {
+		if limit := counters[counter]; v > limit {
+			errs = append(errs, fmt.Sprintf("counter %s: the allocated devices consume %d, it has %d", counter, v, limit))
 		}
 	}
 	for key, used := range consumed {

@@ -8,8 +8,9 @@
 //
 // # What it owns
 //
-//   - The state a decision reads: Inventory (each node's GPUs, MIG devices
-//     and link matrix, decoded from its slices through internal/sliceformat),
+//   - The state a decision reads: Inventory (each node's GPUs, MIG devices,
+//     GPUs partitioned on demand (inventory_ondemand.go) and link matrix,
+//     decoded from its slices through internal/sliceformat),
 //     Ledger (what every claim holds, whoever allocated it, plus the
 //     decisions not yet seen by the informers) and FitTracker (the pods
 //     counted on each node, for CPU, memory, pods and pod (anti-)affinity).

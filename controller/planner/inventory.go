@@ -45,6 +45,9 @@ type NodeInventory struct {
 	byName  map[string]*DeviceInfo
 	// MIG are the node's MIG devices, in slice order (inventory_mig.go).
 	MIG []*migDevice
+	// OnDemand are the node's GPUs partitioned on demand, by index; their
+	// partitions are in MIG (inventory_ondemand.go).
+	OnDemand []*onDemandGPU
 
 	memoMu sync.Mutex
 	// memo caches selector results per expression and position: selectors
@@ -288,6 +291,9 @@ func buildNode(pool string, slices []*resourceapi.ResourceSlice) (*NodeInventory
 	}
 	for _, m := range decoded.MIG {
 		n.MIG = append(n.MIG, newMIGDevice(m))
+	}
+	if err := n.addOnDemand(decoded.OnDemand); err != nil {
+		return nil, fmt.Errorf("pool %q: %w", pool, err)
 	}
 	return n, nil
 }

@@ -22,6 +22,17 @@ type migDevice struct {
 	MemoryBytes int64
 	CEL         dracel.Device
 	Taints      []resourceapi.DeviceTaint
+	// scheduling are the Taints that keep work off the device
+	// (sliceformat.SchedulingTaints), kept so that a decision reads no
+	// taint of the hundreds of partitions a node may have when none has one.
+	scheduling []resourceapi.DeviceTaint
+	// OnDemand is set for a partition of a GPU partitioned on demand
+	// (inventory_ondemand.go): its GPU, the GPU's position in
+	// NodeInventory.OnDemand and the partition in the GPU's table. Nil
+	// for a MIG device that exists.
+	OnDemand *onDemandGPU
+	ODPos    int
+	Part     mig.Part
 }
 
 // newMIGDevice keeps what decisions read of a decoded MIG device.
@@ -34,6 +45,7 @@ func newMIGDevice(m sliceformat.MIGDevice) *migDevice {
 		Placement:   m.Placement,
 		MemoryBytes: m.MemoryBytes,
 		Taints:      dev.Taints,
+		scheduling:  sliceformat.SchedulingTaints(dev.Taints),
 		CEL:         celDevice(dev),
 	}
 }

@@ -25,6 +25,9 @@ type PlacedResult struct {
 	// MIG holds the MIG devices of a MIG request (nodeplan_mig.go); such
 	// a result has no Positions.
 	MIG []*migDevice
+	// Placed says, for each partition of a GPU partitioned on demand in
+	// MIG, which placement it got and why (nodeplan_mig.go).
+	Placed []string
 	// Share is non-nil for a share; Consumed is then what the result's
 	// consumedCapacity records, by the device's own capacity names.
 	Share    *allocate.ShareRequest

@@ -10,6 +10,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/gpulink/gpulink/driver/allocate"
+	"github.com/gpulink/gpulink/driver/mig"
 	"github.com/gpulink/gpulink/internal/sliceformat"
 )
 
@@ -29,7 +30,17 @@ import (
 //  3. then GPU index, placement start and device name, so that equal
 //     decisions are reproducible.
 //
-// Nodes are ranked by fewest firstAvailable fallbacks, then the devices
+// Partitions of GPUs partitioned on demand (MIG on demand,
+// inventory_ondemand.go) come after the MIG devices that exist: a free
+// existing device costs nothing, a partition rules out those it overlaps.
+// A partition is free when no claim holds it and it fits beside the
+// partitions its GPU's claims hold (mig.Table.Fits, the counters' rule);
+// among the free ones that match, mig.Choose with mig.LookAhead takes the
+// one that keeps the largest profiles possible (see driver/mig/place.go),
+// and the result says which placement and why (PlacedResult.Placed).
+//
+// Nodes are ranked by fewest firstAvailable fallbacks, then the headroom
+// their partitions cost (least, largest sizes first), then the devices
 // placed on already busy GPUs (more first), then the memory slices taken
 // (fewer first), then node name. A pod that also has claims of whole GPUs
 // or shares gets them on the same node from planNode, and its nodes are
@@ -102,6 +113,8 @@ type migPlan struct {
 	// packed counts the devices placed on GPUs that already had
 	// allocated MIG devices; slices sums their memory slices.
 	packed, slices int
+	// loss sums the headroom its partitions cost their GPUs (mig.Choose).
+	loss mig.Headroom
 }
 
 // migPlacer places MIG requests on one node.
@@ -111,8 +124,13 @@ type migPlacer struct {
 	node *NodeInventory
 	// used marks the node's MIG devices (by position in node.MIG) held by
 	// the ledger or by this plan; busy counts them per parent GPU index.
-	used     []bool
-	busy     map[int]int
+	used []bool
+	busy map[int]int
+	// od is the state of each GPU partitioned on demand (by position in
+	// node.OnDemand): the partitions held by the ledger or this plan.
+	od []mig.State
+	// loss sums the headroom the partitions placed cost their GPUs.
+	loss     mig.Headroom
 	packed   int
 	slices   int
 	attempts int
@@ -132,9 +150,14 @@ func planMIGNode(ctx context.Context, sel *SelectorEvaluator, n *NodeInventory, 
 		return nil, []string{fmt.Sprintf("node %s has no MIG devices", n.Node)}
 	}
 	p := &migPlacer{ctx: ctx, sel: sel, node: n, used: slices.Clone(used), busy: map[int]int{}}
+	p.od = make([]mig.State, len(n.OnDemand))
 	for i, u := range p.used {
 		if u {
-			p.busy[n.MIG[i].Parent]++
+			d := n.MIG[i]
+			p.busy[d.Parent]++
+			if d.OnDemand != nil {
+				p.od[d.ODPos] = d.OnDemand.Table.Add(p.od[d.ODPos], d.Part)
+			}
 		}
 	}
 	plan := &Plan{Node: n}
@@ -148,7 +171,7 @@ func planMIGNode(ctx context.Context, sel *SelectorEvaluator, n *NodeInventory, 
 		}
 		plan.Claims = append(plan.Claims, res)
 	}
-	return &migPlan{plan: plan, packed: p.packed, slices: p.slices}, nil
+	return &migPlan{plan: plan, packed: p.packed, slices: p.slices, loss: p.loss}, nil
 }
 
 // place places requests i.. of a claim, backtracking over alternatives and
@@ -166,6 +189,10 @@ func (p *migPlacer) place(ic *Claim, i int, bound []string, placed []PlacedResul
 		}
 		matching, free := p.eligible(alt)
 		if matching == nil {
+			continue
+		}
+		if alt.All && slices.ContainsFunc(matching, func(m int) bool { return p.node.MIG[m].OnDemand != nil }) {
+			p.note("request %s: allocationMode All matches partitions of GPUs partitioned on demand on node %s, which overlap one another; ask for a count", alt.ResultName, p.node.Node)
 			continue
 		}
 		if alt.All {
@@ -194,15 +221,19 @@ func (p *migPlacer) place(ic *Claim, i int, bound []string, placed []PlacedResul
 				p.note("request %s: %d free MIG devices on node %s match it%s, it wants %d", alt.ResultName, len(g.devs), p.node.Node, g.label, want)
 				continue
 			}
-			savedPacked, savedSlices := p.packed, p.slices
-			picked := p.pick(g.devs, want)
-			if all, ok := p.place(ic, i+1, g.bound, append(slices.Clip(placed), PlacedResult{Alt: alt, MIG: picked})); ok {
+			savedPacked, savedSlices, savedLoss := p.packed, p.slices, p.loss
+			picked, why, ok := p.pick(g.devs, want)
+			if !ok {
+				p.note("request %s: %d partitions on node %s match it%s, but no %d of them fit side by side beside those allocated", alt.ResultName, len(g.devs), p.node.Node, g.label, want)
+				continue
+			}
+			if all, ok := p.place(ic, i+1, g.bound, append(slices.Clip(placed), PlacedResult{Alt: alt, MIG: picked, Placed: why})); ok {
 				return all, true
 			}
 			for _, d := range picked {
 				p.release(d)
 			}
-			p.packed, p.slices = savedPacked, savedSlices
+			p.packed, p.slices, p.loss = savedPacked, savedSlices, savedLoss
 		}
 	}
 	return nil, false
@@ -218,16 +249,18 @@ func (p *migPlacer) eligible(alt *Alternative) (matching, free []int) {
 		p.note("request %s: %v", alt.ResultName, err)
 		return nil, nil
 	}
+	matching = make([]int, 0, len(p.node.MIG))
+	free = make([]int, 0, len(p.node.MIG))
 	for i, d := range p.node.MIG {
 		if !elig[i] {
 			continue
 		}
-		if t, bad := UntoleratedTaint(&DeviceInfo{Taints: d.Taints}, alt.Tolerations); bad {
+		if t, bad := untolerated(d.scheduling, alt.Tolerations); bad {
 			p.note("request %s: MIG device %s on node %s has taint %s=%s:%s, which the request does not tolerate", alt.ResultName, d.Name, p.node.Node, t.Key, t.Value, t.Effect)
 			continue
 		}
 		matching = append(matching, i)
-		if !p.used[i] {
+		if !p.used[i] && p.fits(d) {
 			free = append(free, i)
 		}
 	}
@@ -239,6 +272,8 @@ func (p *migPlacer) eligible(alt *Alternative) (matching, free []int) {
 		}
 		p.note("%s", msg)
 		return nil, nil
+	case len(free) == 0 && !alt.All && slices.ContainsFunc(matching, func(m int) bool { return p.node.MIG[m].OnDemand != nil }):
+		p.note("request %s: no partition on node %s that matches it fits beside the partitions allocated (%d match; still possible: %s)", alt.ResultName, p.node.Node, len(matching), p.headroomSummary())
 	case len(free) == 0 && !alt.All:
 		p.note("request %s: every MIG device on node %s that matches it is in use (%d)", alt.ResultName, p.node.Node, len(matching))
 	}
@@ -289,17 +324,34 @@ func (p *migPlacer) groups(ic *Claim, alt *Alternative, free []int, bound []stri
 	return out
 }
 
-// pick takes want devices of devs, one at a time by the package's order
-// (each pick makes its GPU busy for the next), and marks them used.
-func (p *migPlacer) pick(devs []int, want int) []*migDevice {
+// pick takes want devices of devs, one at a time (each pick makes its GPU
+// busy for the next), and marks them used: MIG devices that exist by the
+// package's order, then partitions by mig.Choose. It says where each
+// partition went and why; false (nothing marked) when the partitions
+// cannot all be placed side by side.
+func (p *migPlacer) pick(devs []int, want int) ([]*migDevice, []string, bool) {
 	left := slices.Clone(devs)
 	out := make([]*migDevice, 0, want)
+	var why []string
+	savedPacked, savedSlices, savedLoss := p.packed, p.slices, p.loss
 	for range want {
-		best := 0
-		for j := 1; j < len(left); j++ {
-			if p.better(left[j], left[best]) {
+		best := -1
+		for j, i := range left {
+			if p.node.MIG[i].OnDemand == nil && (best < 0 || p.better(i, left[best])) {
 				best = j
 			}
+		}
+		if best < 0 {
+			j, note, ok := p.choosePartition(left)
+			if !ok {
+				for _, d := range out {
+					p.release(d)
+				}
+				p.packed, p.slices, p.loss = savedPacked, savedSlices, savedLoss
+				return nil, nil, false
+			}
+			best = j
+			why = append(why, note)
 		}
 		i := left[best]
 		left = slices.Delete(left, best, best+1)
@@ -310,9 +362,67 @@ func (p *migPlacer) pick(devs []int, want int) []*migDevice {
 		p.slices += d.Placement.Size
 		p.used[i] = true
 		p.busy[d.Parent]++
+		if d.OnDemand != nil {
+			p.od[d.ODPos] = d.OnDemand.Table.Add(p.od[d.ODPos], d.Part)
+		}
 		out = append(out, d)
 	}
-	return out
+	return out, why, true
+}
+
+// fits tells whether a MIG device can be given beside what is held: a
+// partition must fit beside its GPU's held partitions.
+func (p *migPlacer) fits(d *migDevice) bool {
+	return d.OnDemand == nil || d.OnDemand.Table.Fits(p.od[d.ODPos], d.Part)
+}
+
+// choosePartition chooses among the partitions of left (positions in
+// node.MIG) the one to give next (mig.Choose, look-ahead), returning its
+// position in left and the placement's explanation.
+func (p *migPlacer) choosePartition(left []int) (int, string, bool) {
+	gpus := make([]mig.GPUState, len(p.node.OnDemand))
+	for k, od := range p.node.OnDemand {
+		gpus[k] = mig.GPUState{Index: od.Index, Table: od.Table, State: p.od[k]}
+	}
+	cands := make([]mig.Candidate, 0, len(left))
+	at := make([]int, 0, len(left))
+	for j, i := range left {
+		if d := p.node.MIG[i]; d.OnDemand != nil {
+			cands = append(cands, mig.Candidate{GPU: d.ODPos, Part: d.Part})
+			at = append(at, j)
+		}
+	}
+	ch, ok := mig.Choose(mig.LookAhead, gpus, cands)
+	if !ok {
+		return 0, "", false
+	}
+	for k, v := range ch.Before.Minus(ch.After) {
+		p.loss[k] += v
+	}
+	j := at[slices.Index(cands, ch.Candidate)]
+	d := p.node.MIG[left[j]]
+	return j, fmt.Sprintf("placed %s at memory slice %d of gpu-%d; keeps %s possible there (before: %s)",
+		d.Profile, d.Placement.Start, d.Parent, ch.After.Largest(2), ch.Before.Largest(2)), true
+}
+
+// headroomSummary says what the node's GPUs partitioned on demand could
+// still host, the two largest sizes each, GPUs with the same grouped:
+// "gpu-0,gpu-1: a 4g, a 3g; gpu-2: a 7g, a 4g".
+func (p *migPlacer) headroomSummary() string {
+	var order []string
+	byRoom := map[string][]string{}
+	for k, od := range p.node.OnDemand {
+		room := od.Table.Headroom(p.od[k]).Largest(2)
+		if byRoom[room] == nil {
+			order = append(order, room)
+		}
+		byRoom[room] = append(byRoom[room], fmt.Sprintf("gpu-%d", od.Index))
+	}
+	parts := make([]string, len(order))
+	for i, room := range order {
+		parts[i] = strings.Join(byRoom[room], ",") + ": " + room
+	}
+	return strings.Join(parts, "; ")
 }
 
 // release undoes pick for one device.
@@ -321,6 +431,9 @@ func (p *migPlacer) release(d *migDevice) {
 		if m == d {
 			p.used[i] = false
 			p.busy[d.Parent]--
+			if d.OnDemand != nil {
+				p.od[d.ODPos] = d.OnDemand.Table.Remove(p.od[d.ODPos], d.Part)
+			}
 			return
 		}
 	}
@@ -359,6 +472,10 @@ func chooseMIGPlan(plans []*migPlan) *Plan {
 		switch {
 		case a.plan.RankSum != b.plan.RankSum:
 			if a.plan.RankSum < b.plan.RankSum {
+				best = pl
+			}
+		case a.loss != b.loss:
+			if a.loss.Compare(b.loss) < 0 {
 				best = pl
 			}
 		case a.packed != b.packed:
@@ -452,4 +569,37 @@ func (l *Ledger) migUsage(n *NodeInventory) []bool {
 		out[i] = l.usage[DeviceKey{Pool: n.Pool, Device: d.Name}] != nil
 	}
 	return out
+}
+
+// MIGPlacementNote tells where the plan's partitions of GPUs partitioned on
+// demand went and why, for the allocation's event: "; placed 1g.5gb at
+// memory slice 6 of gpu-0; keeps a 4g, a 3g possible there (...)". Empty
+// when the plan has none.
+func (pl *Plan) MIGPlacementNote() string {
+	var notes []string
+	for _, claim := range pl.Claims {
+		for _, r := range claim {
+			notes = append(notes, r.Placed...)
+		}
+	}
+	if len(notes) == 0 {
+		return ""
+	}
+	note := "; " + strings.Join(notes, "; ")
+	if len(note) > MaxEventNote/4 {
+		note = note[:MaxEventNote/4-3] + "..."
+	}
+	return note
+}
+
+// untolerated returns the first of a device's scheduling taints the
+// tolerations do not tolerate (UntoleratedTaint, on taints already
+// filtered by sliceformat.SchedulingTaints).
+func untolerated(scheduling []resourceapi.DeviceTaint, tols []resourceapi.DeviceToleration) (resourceapi.DeviceTaint, bool) {
+	for _, t := range scheduling {
+		if !tolerates(tols, t) {
+			return t, true
+		}
+	}
+	return resourceapi.DeviceTaint{}, false
 }

@@ -37,6 +37,9 @@ type Node struct {
 	// MIG are the MIG devices of the node's GPUs in MIG mode, by parent
 	// GPU index then placement: the GPUs' MIG layout.
 	MIG []MIG `json:"mig,omitempty"`
+	// OnDemand are the node's GPUs partitioned on demand (MIG on demand)
+	// by index: the partitions held and what still fits (ondemand.go).
+	OnDemand []OnDemandGPU `json:"onDemand,omitempty"`
 	// Problem says why the pool could not be decoded (incomplete
 	// generation, conflicting indices, bad links rows, ...); the
 	// controller allocates nothing on such a node.
@@ -235,6 +238,9 @@ func poolReport(pool string, ps []*resourceapi.ResourceSlice, holds []hold) Node
 		slices.SortFunc(r.MIG, func(a, b MIG) int {
 			return cmp.Or(cmp.Compare(a.Parent, b.Parent), cmp.Compare(a.PlacementStart, b.PlacementStart), cmp.Compare(a.Device, b.Device))
 		})
+		if r.OnDemand, err = onDemandReports(n); err != nil {
+			r.Problem = err.Error()
+		}
 	}
 	byDevice := make(map[string]*GPU, len(r.GPUs))
 	for i := range r.GPUs {
@@ -243,6 +249,11 @@ func poolReport(pool string, ps []*resourceapi.ResourceSlice, holds []hold) Node
 	byMIG := make(map[string]*MIG, len(r.MIG))
 	for i := range r.MIG {
 		byMIG[r.MIG[i].Device] = &r.MIG[i]
+	}
+	for i := range r.OnDemand {
+		for j := range r.OnDemand[i].all {
+			byMIG[r.OnDemand[i].all[j].Device] = &r.OnDemand[i].all[j]
+		}
 	}
 	for _, h := range holds {
 		g := byDevice[h.use.Device]
@@ -273,6 +284,9 @@ func poolReport(pool string, ps []*resourceapi.ResourceSlice, holds []hold) Node
 			m.Problems = append(m.Problems, fmt.Sprintf("held by %d claims", len(m.Holders)))
 		}
 		m.Free = len(m.Holders) == 0 && len(m.Problems) == 0 && !m.Tainted
+	}
+	for i := range r.OnDemand {
+		settleOnDemand(&r.OnDemand[i])
 	}
 	slices.SortFunc(r.UnknownDevices, func(a, b DeviceHold) int {
 		return cmp.Or(compareDevices(a.Device, b.Device), compareClaims(a.Claim, b.Claim))

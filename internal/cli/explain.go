@@ -366,7 +366,9 @@ func writeClaim(p *errWriter, ex *explanation, ce claimExplanation) {
 		}
 		line := fmt.Sprintf("    request %s: %s", req, strings.Join(names, ", "))
 		switch {
-		case slices.ContainsFunc(rs, func(r resourceapi.DeviceRequestAllocationResult) bool { return driver.IsMIGDeviceName(r.Device) }):
+		case slices.ContainsFunc(rs, func(r resourceapi.DeviceRequestAllocationResult) bool {
+			return driver.IsMIGDeviceName(r.Device) || driver.IsPartitionDeviceName(r.Device)
+		}):
 			line += " (" + migVerdict(report, rs) + ")"
 		case shares > 0:
 			for _, r := range rs {
@@ -385,10 +387,16 @@ func writeClaim(p *errWriter, ex *explanation, ce claimExplanation) {
 }
 
 // migVerdict names the MIG devices of a request by profile and parent GPU,
-// as the node's report knows them: "MIG device 1g.5gb of gpu-0".
+// as the node's report knows them: "MIG device 1g.5gb of gpu-0", and a
+// partition of a GPU partitioned on demand by its placement too:
+// "partition 1g.5gb at memory slice 6 of gpu-0".
 func migVerdict(r report.Node, rs []resourceapi.DeviceRequestAllocationResult) string {
 	parts := make([]string, 0, len(rs))
 	for _, res := range rs {
+		if p, ok := heldPartition(r, res.Device); ok {
+			parts = append(parts, fmt.Sprintf("partition %s at memory slice %d of gpu-%d", printable(p.Profile), p.PlacementStart, p.Parent))
+			continue
+		}
 		i := slices.IndexFunc(r.MIG, func(m report.MIG) bool { return m.Device == res.Device })
 		if i < 0 {
 			parts = append(parts, "MIG device "+res.Device+" the node does not publish")
@@ -397,6 +405,19 @@ func migVerdict(r report.Node, rs []resourceapi.DeviceRequestAllocationResult) s
 		parts = append(parts, fmt.Sprintf("MIG device %s of gpu-%d", printable(r.MIG[i].Profile), r.MIG[i].Parent))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// heldPartition finds a held partition of the node's GPUs partitioned on
+// demand.
+func heldPartition(r report.Node, device string) (report.MIG, bool) {
+	for _, g := range r.OnDemand {
+		for _, p := range g.Partitions {
+			if p.Device == device {
+				return p, true
+			}
+		}
+	}
+	return report.MIG{}, false
 }
 
 // linkVerdict says how the set's weakest link compares with the best the

@@ -66,6 +66,10 @@ func writeInspectTable(w io.Writer, nodes []inspectNodeView) error {
 			p.printf("\n")
 			writeMIGRows(p, n.MIG)
 		}
+		if len(n.OnDemand) > 0 {
+			p.printf("\n")
+			writeOnDemandRows(p, n.OnDemand)
+		}
 		writeNotes(p, n.Node)
 		p.flush()
 		if n.view != nil {
@@ -86,7 +90,7 @@ func nodeSummary(r report.Node) string {
 	switch {
 	case r.Problem != "":
 		b.WriteString(": unusable, the controller allocates nothing here")
-	case len(r.GPUs) == 0 && len(r.MIG) == 0:
+	case len(r.GPUs) == 0 && len(r.MIG) == 0 && len(r.OnDemand) == 0:
 		b.WriteString(": no GPUs (the kubelet plugin publishes an empty pool)")
 	default:
 		var free, shared, whole, tainted int
@@ -116,6 +120,13 @@ func nodeSummary(r report.Node) string {
 				}
 			}
 			fmt.Fprintf(&b, "; %d GPUs in MIG mode, %d MIG devices, %d free", len(parents), len(r.MIG), freeMIG)
+		}
+		if len(r.OnDemand) > 0 {
+			held := 0
+			for _, g := range r.OnDemand {
+				held += len(g.Partitions)
+			}
+			fmt.Fprintf(&b, "; %d GPUs partitioned on demand, %d partitions held", len(r.OnDemand), held)
 		}
 	}
 	return b.String()
@@ -178,6 +189,24 @@ func writeMIGRows(p *errWriter, devs []report.MIG) {
 	}
 }
 
+// writeOnDemandRows prints the layout of the GPUs partitioned on demand:
+// per GPU its free memory slices and the largest instances that still
+// fit, then its held partitions by placement.
+func writeOnDemandRows(p *errWriter, gpus []report.OnDemandGPU) {
+	p.printf("ON-DEMAND GPU\tFREE SLICES\tSTILL POSSIBLE\n")
+	for _, g := range gpus {
+		p.printf("gpu-%d\t%s of %d\t%s\n", g.Index, report.SliceRanges(g.FreeSlices), g.MemorySlices, g.Possible)
+	}
+	var held []report.MIG
+	for _, g := range gpus {
+		held = append(held, g.Partitions...)
+	}
+	if len(held) > 0 {
+		p.printf("\n")
+		writeMIGRows(p, held)
+	}
+}
+
 // writeNotes lists what the GPU rows cannot hold: taints, accounting
 // problems, and allocations of devices the node does not publish.
 func writeNotes(p *errWriter, r report.Node) {
@@ -196,6 +225,16 @@ func writeNotes(p *errWriter, r report.Node) {
 		}
 		for _, pr := range m.Problems {
 			notes = append(notes, fmt.Sprintf("%s: problem: %s", m.Device, pr))
+		}
+	}
+	for _, g := range r.OnDemand {
+		for _, pr := range g.Problems {
+			notes = append(notes, fmt.Sprintf("gpu-%d: problem: %s", g.Index, pr))
+		}
+		for _, m := range g.Partitions {
+			for _, pr := range m.Problems {
+				notes = append(notes, fmt.Sprintf("%s: problem: %s", m.Device, pr))
+			}
 		}
 	}
 	for _, h := range r.UnknownDevices {
