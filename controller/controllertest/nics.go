@@ -37,11 +37,14 @@ func WithPCIeRoots(t *topology.Topology, roots []string) (*topology.Topology, er
 type NIC struct {
 	Name     string
 	PCIeRoot string
+	// NUMANode, when set, is published as resource.kubernetes.io/numaNode.
+	NUMANode *int64
 	Taints   []resourceapi.DeviceTaint
 }
 
 // NICSlice is the slice NICDriver publishes on a node: pool = node, one
-// device per NIC with its PCIe root under the standard attribute name.
+// device per NIC with its PCIe root and NUMA node (where set) under the
+// standard attribute names.
 func NICSlice(node string, nics []NIC) *resourceapi.ResourceSlice {
 	s := &resourceapi.ResourceSlice{
 		ObjectMeta: metav1.ObjectMeta{Name: node + "-" + NICDriver},
@@ -52,14 +55,20 @@ func NICSlice(node string, nics []NIC) *resourceapi.ResourceSlice {
 		},
 	}
 	for _, n := range nics {
-		s.Spec.Devices = append(s.Spec.Devices, resourceapi.Device{
+		d := resourceapi.Device{
 			Name: n.Name,
 			Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-				deviceattribute.StandardDeviceAttributePCIeRoot: {StringValue: ptr.To(n.PCIeRoot)},
 				"type": {StringValue: ptr.To("rdma")},
 			},
 			Taints: n.Taints,
-		})
+		}
+		if n.PCIeRoot != "" {
+			d.Attributes[deviceattribute.StandardDeviceAttributePCIeRoot] = resourceapi.DeviceAttribute{StringValue: ptr.To(n.PCIeRoot)}
+		}
+		if n.NUMANode != nil {
+			d.Attributes[deviceattribute.StandardDeviceAttributeNUMANode] = resourceapi.DeviceAttribute{IntValue: n.NUMANode}
+		}
+		s.Spec.Devices = append(s.Spec.Devices, d)
 	}
 	return s
 }
@@ -83,4 +92,10 @@ func NICRequest(name string, count int64) resourceapi.DeviceRequest {
 // root complex (all requests when none are named).
 func MatchPCIeRoot(requests ...string) resourceapi.DeviceConstraint {
 	return resourceapi.DeviceConstraint{Requests: requests, MatchAttribute: ptr.To(resourceapi.FullyQualifiedName(deviceattribute.StandardDeviceAttributePCIeRoot))}
+}
+
+// MatchNUMANode is a constraint that the requests' devices share a NUMA
+// node (all requests when none are named).
+func MatchNUMANode(requests ...string) resourceapi.DeviceConstraint {
+	return resourceapi.DeviceConstraint{Requests: requests, MatchAttribute: ptr.To(resourceapi.FullyQualifiedName(deviceattribute.StandardDeviceAttributeNUMANode))}
 }

@@ -86,6 +86,9 @@ var noSchedule = []resourceapi.DeviceTaint{{Key: "example.com/maintenance", Valu
 // with untolerated taints are not taken; when no GPU set admits them the
 // waiting reasons say which NICs were missing under which GPUs.
 func TestDecideGPUsWithNICs(t *testing.T) {
+	numa := func(dc *resourceapi.DeviceClaim) {
+		dc.Constraints[0].MatchAttribute = ptr.To(resourceapi.FullyQualifiedName("resource.kubernetes.io/numaNode"))
+	}
 	tolerate := func(dc *resourceapi.DeviceClaim) {
 		dc.Requests[1].Exactly.Tolerations = []resourceapi.DeviceToleration{{Key: "example.com/maintenance", Operator: resourceapi.DeviceTolerationOpExists}}
 	}
@@ -137,6 +140,17 @@ func TestDecideGPUsWithNICs(t *testing.T) {
 		nics: []controllertest.NIC{nic("nic-1", "pci0000:80"), nic("nic-0", "pci0000:20")},
 		gpus: 2, want: 1, mutate: func(dc *resourceapi.DeviceClaim) { dc.Constraints = nil },
 		wantNICs: "nic-0",
+	}, {
+		name: "matchAttribute numaNode (an int)",
+		nics: []controllertest.NIC{{Name: "nic-0", PCIeRoot: "pci0000:00", NUMANode: ptr.To[int64](0)}, {Name: "nic-1", PCIeRoot: "pci0000:80", NUMANode: ptr.To[int64](1)}},
+		gpus: 4, want: 1, mutate: numa,
+		wantGPUs: "gpu-0,gpu-1,gpu-2,gpu-3", wantNICs: "nic-0",
+	}, {
+		name: "matchAttribute numaNode: the other NUMA node's NIC is free",
+		nics: []controllertest.NIC{{Name: "nic-0", PCIeRoot: "pci0000:00", NUMANode: ptr.To[int64](0)}, {Name: "nic-1", PCIeRoot: "pci0000:80", NUMANode: ptr.To[int64](1)}},
+		held: []string{"nic-0"},
+		gpus: 4, want: 1, mutate: numa,
+		wantGPUs: "gpu-4,gpu-5,gpu-6,gpu-7", wantNICs: "nic-1",
 	}, {
 		name: "one NIC per root: no 2 NICs under any GPU pair",
 		nics: []controllertest.NIC{nic("nic-0", "pci0000:00"), nic("nic-1", "pci0000:20"), nic("nic-2", "pci0000:80")},
