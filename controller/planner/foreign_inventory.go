@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"sync"
 
 	resourceapi "k8s.io/api/resource/v1"
 	dracel "k8s.io/dynamic-resource-allocation/cel"
@@ -50,8 +51,21 @@ type foreignInventory struct {
 	byPool   map[foreignPool]map[string]*resourceapi.ResourceSlice
 	devices  map[foreignPool][]*ForeignDevice
 	poolNode map[foreignPool]string
-	byNode   map[string][]*ForeignDevice
+	byNode   map[string]*ForeignNode
 	problems map[foreignPool]string
+}
+
+// ForeignNode is a node's other drivers' devices, by name (then driver
+// and pool), with the selector outcomes on them: a new value replaces it
+// whenever its pools change, so the memo never outlives its devices.
+type ForeignNode struct {
+	Devices []*ForeignDevice
+
+	memoMu sync.Mutex
+	// memo holds, per CEL expression, whether each device matches it
+	// (k8s.io/dynamic-resource-allocation/cel), so that a decision does
+	// not evaluate selectors on every node again. Bounded (LRU).
+	memo *lru[[]bool]
 }
 
 func (f *foreignInventory) init() {
@@ -60,7 +74,7 @@ func (f *foreignInventory) init() {
 		f.byPool = map[foreignPool]map[string]*resourceapi.ResourceSlice{}
 		f.devices = map[foreignPool][]*ForeignDevice{}
 		f.poolNode = map[foreignPool]string{}
-		f.byNode = map[string][]*ForeignDevice{}
+		f.byNode = map[string]*ForeignNode{}
 		f.problems = map[foreignPool]string{}
 	}
 }
@@ -192,12 +206,12 @@ func (f *foreignInventory) rebuildNode(node string) {
 	slices.SortFunc(devs, func(a, b *ForeignDevice) int {
 		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Driver, b.Driver), cmp.Compare(a.Pool, b.Pool))
 	})
-	f.byNode[node] = devs
+	f.byNode[node] = &ForeignNode{Devices: devs, memo: newLRU[[]bool](memoEntriesPerNode)}
 }
 
-// Foreign returns the other drivers' devices on a node, by name; the
-// slice must not be modified.
-func (inv *Inventory) Foreign(node string) []*ForeignDevice {
+// Foreign returns the other drivers' devices on a node (nil when none);
+// its devices must not be modified.
+func (inv *Inventory) Foreign(node string) *ForeignNode {
 	inv.mu.RLock()
 	defer inv.mu.RUnlock()
 	return inv.foreign.byNode[node]

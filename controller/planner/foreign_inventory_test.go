@@ -21,7 +21,11 @@ func TestForeignInventory(t *testing.T) {
 	inv := NewInventory()
 	names := func() []string {
 		var out []string
-		for _, d := range inv.Foreign("n0") {
+		f := inv.Foreign("n0")
+		if f == nil {
+			return nil
+		}
+		for _, d := range f.Devices {
 			out = append(out, d.Name)
 		}
 		return out

@@ -22,13 +22,11 @@ type ForeignResult struct {
 // the node's devices by name, whether a claim holds one, and what the
 // plan took already (for a pod's earlier claims).
 type foreignNode struct {
-	devices []*ForeignDevice
-	held    func(DeviceKey) bool
-	taken   map[DeviceKey]bool
+	view  *ForeignNode
+	held  func(DeviceKey) bool
+	taken map[DeviceKey]bool
 	// chosen is the last claim's choice, until planNode takes it.
 	chosen []ForeignResult
-	// matches memoises selector outcomes by expression and device.
-	matches map[string][]bool
 	// cands memoises each request's candidates until taken changes: every
 	// GPU set tried for a claim sees the same ones.
 	cands map[*ForeignRequest][]*ForeignDevice
@@ -106,7 +104,10 @@ func (p *placer) foreignCandidates(fr *ForeignRequest) []*ForeignDevice {
 	}
 	var out []*ForeignDevice
 	defer func() { f.cands[fr] = out }()
-	for i, d := range f.devices {
+	if f.view == nil {
+		return nil
+	}
+	for i, d := range f.view.Devices {
 		if f.taken[d.Key()] || f.held(d.Key()) || !p.foreignMatches(fr, i) {
 			continue
 		}
@@ -123,27 +124,28 @@ func (p *placer) foreignCandidates(fr *ForeignRequest) []*ForeignDevice {
 // (k8s.io/dynamic-resource-allocation/cel, as for gpulink's devices). A
 // runtime error (a missing attribute) is no match, and noted.
 func (p *placer) foreignMatches(fr *ForeignRequest, i int) bool {
-	f := p.foreign
+	v := p.foreign.view
 	for _, expr := range fr.Selectors {
-		row := f.matches[expr]
-		if row == nil {
-			row = make([]bool, len(f.devices))
+		v.memoMu.Lock()
+		row, ok := v.memo.get(expr)
+		v.memoMu.Unlock()
+		if !ok {
 			prog, err := p.sel.compile(expr)
 			if err != nil {
 				p.note("request %s: %v", fr.ResultName, err)
 				return false
 			}
-			for k, dev := range f.devices {
+			row = make([]bool, len(v.Devices))
+			for k, dev := range v.Devices {
 				m, _, err := prog.DeviceMatches(p.ctx, dev.CEL)
 				if err != nil {
 					klog.FromContext(p.ctx).V(5).Info("CEL selector failed on another driver's device", "selector", expr, "driver", dev.Driver, "pool", dev.Pool, "device", dev.Name, "err", err)
 				}
 				row[k] = m && err == nil
 			}
-			if f.matches == nil {
-				f.matches = map[string][]bool{}
-			}
-			f.matches[expr] = row
+			v.memoMu.Lock()
+			v.memo.put(expr, row)
+			v.memoMu.Unlock()
 		}
 		if !row[i] {
 			return false
@@ -297,7 +299,7 @@ func (pl *Plan) ForeignResults(i int) []ForeignResult {
 // their GPUs alone, so they do not apply.
 func (p *Planner) chooseForeign(ctx context.Context, pol allocate.Policy, cands []*NodeInventory, pending []*Claim, rank *hostRanking) (chosen *Plan, plans []*Plan, why []string, failed int) {
 	for _, n := range cands {
-		fn := &foreignNode{devices: p.inv.Foreign(n.Node), held: p.ledger.ForeignHeld, taken: map[DeviceKey]bool{}}
+		fn := &foreignNode{view: p.inv.Foreign(n.Node), held: p.ledger.ForeignHeld, taken: map[DeviceKey]bool{}}
 		plan, reasons := planNodeWith(ctx, p.sel, pol, n, p.ledger.NodeUsage(n), pending, fn)
 		if plan == nil {
 			failed++

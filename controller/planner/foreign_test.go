@@ -25,7 +25,7 @@ var switchRoots = []string{"pci0000:00", "pci0000:00", "pci0000:20", "pci0000:20
 // nicCluster is a Planner over pcie-switch-8 nodes ("n0", ...) with PCIe
 // roots, each with the test NIC driver's devices nics[i], and an
 // interpreter for the shipped classes and the NIC class.
-func nicCluster(t *testing.T, nics ...[]controllertest.NIC) (*Planner, *Interpreter, *Inventory) {
+func nicCluster(t testing.TB, nics ...[]controllertest.NIC) (*Planner, *Interpreter, *Inventory) {
 	t.Helper()
 	inv := NewInventory()
 	nodes := nodeMap{}
