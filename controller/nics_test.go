@@ -134,3 +134,15 @@ func TestGPUsWithUnevaluableForeignClass(t *testing.T) {
 		t.Error("claim allocated or pod ungated")
 	}
 }
+
+// CheckInvariants, which the tests above and the churn tests run, catches
+// another driver's device given out whole to two claims.
+func TestInvariantsCatchNICGivenTwice(t *testing.T) {
+	nic := resourceapi.DeviceRequestAllocationResult{Request: "nic", Driver: controllertest.NICDriver, Pool: "a", Device: "nic-0"}
+	a := controllertest.ClaimWith("a", "1", nic)
+	b := controllertest.ClaimWith("b", "2", nic)
+	err := controllertest.CheckInvariants([]resourceapi.ResourceClaim{*a, *b}, nil)
+	if err == nil || !contains(err.Error(), "device "+controllertest.NICDriver+"/a/nic-0 is given out whole to 2 claims") {
+		t.Fatalf("err %v, want nic-0 given out twice", err)
+	}
+}

@@ -14,9 +14,10 @@ import (
 )
 
 // CheckInvariants checks the allocations of all claims against the
-// published devices: no device is given out whole twice, a device given
-// out whole holds no share, the consumed capacity of a device's shares
-// never exceeds what it publishes, every allocated gpulink device exists,
+// published devices: no device (gpulink's or another driver's) is given
+// out whole twice, a device given out whole holds no share, the consumed
+// capacity of a device's shares never exceeds what it publishes, every
+// allocated gpulink device exists,
 // and a claim's gpulink devices all sit on the node its node selector names.
 // It returns every violation found.
 func CheckInvariants(claims []resourceapi.ResourceClaim, slices []resourceapi.ResourceSlice) error {
@@ -60,6 +61,10 @@ func CheckInvariants(claims []resourceapi.ResourceClaim, slices []resourceapi.Re
 		}
 		for _, r := range a.Devices.Results {
 			if r.Driver != driver.Name {
+				if r.ShareID == nil && (r.AdminAccess == nil || !*r.AdminAccess) {
+					key := r.Driver + "/" + r.Pool + "/" + r.Device
+					whole[key] = append(whole[key], claimKey)
+				}
 				continue
 			}
 			key := r.Pool + "/" + r.Device
