@@ -52,8 +52,12 @@ type foreignInventory struct {
 	devices  map[foreignPool][]*ForeignDevice
 	poolNode map[foreignPool]string
 	byNode   map[string]*ForeignNode
-	problems map[foreignPool]string
+	problems map[foreignPool]foreignProblem
 }
+
+// foreignProblem is why a pool's devices are not used, and the node they
+// would be on (for the waiting events of its pods).
+type foreignProblem struct{ node, msg string }
 
 // ForeignNode is a node's other drivers' devices, by name (then driver
 // and pool), with the selector outcomes on them: a new value replaces it
@@ -75,7 +79,7 @@ func (f *foreignInventory) init() {
 		f.devices = map[foreignPool][]*ForeignDevice{}
 		f.poolNode = map[foreignPool]string{}
 		f.byNode = map[string]*ForeignNode{}
-		f.problems = map[foreignPool]string{}
+		f.problems = map[foreignPool]foreignProblem{}
 	}
 }
 
@@ -162,14 +166,14 @@ func (f *foreignInventory) rebuild(k foreignPool) {
 	}
 	slices.SortFunc(newest, func(a, b *resourceapi.ResourceSlice) int { return cmp.Compare(a.Name, b.Name) })
 	if int64(len(newest)) < newest[0].Spec.Pool.ResourceSliceCount {
-		f.problems[k] = fmt.Sprintf("pool %s of driver %s: generation %d has %d of its %d slices", k.pool, k.driver, gen, len(newest), newest[0].Spec.Pool.ResourceSliceCount)
+		f.problems[k] = foreignProblem{*newest[0].Spec.NodeName, fmt.Sprintf("pool %s of driver %s: generation %d has %d of its %d slices", k.pool, k.driver, gen, len(newest), newest[0].Spec.Pool.ResourceSliceCount)}
 		return
 	}
 	node := *newest[0].Spec.NodeName
 	var devs []*ForeignDevice
 	for _, s := range newest {
 		if *s.Spec.NodeName != node {
-			f.problems[k] = fmt.Sprintf("pool %s of driver %s: slices %s and %s name nodes %s and %s", k.pool, k.driver, newest[0].Name, s.Name, node, *s.Spec.NodeName)
+			f.problems[k] = foreignProblem{node, fmt.Sprintf("pool %s of driver %s: slices %s and %s name nodes %s and %s", k.pool, k.driver, newest[0].Name, s.Name, node, *s.Spec.NodeName)}
 			return
 		}
 		for i := range s.Spec.Devices {
@@ -195,7 +199,7 @@ func (f *foreignInventory) rebuildNode(node string) {
 	}
 	if len(devs) > MaxForeignDevicesPerNode {
 		for _, k := range pools {
-			f.problems[k] = fmt.Sprintf("node %s: other drivers publish %d devices, more than the %d gpulink keeps per node", node, len(devs), MaxForeignDevicesPerNode)
+			f.problems[k] = foreignProblem{node, fmt.Sprintf("node %s: other drivers publish %d devices, more than the %d gpulink keeps per node", node, len(devs), MaxForeignDevicesPerNode)}
 		}
 		devs = nil
 	}
@@ -224,7 +228,22 @@ func (inv *Inventory) ForeignProblems() map[string]string {
 	defer inv.mu.RUnlock()
 	out := make(map[string]string, len(inv.foreign.problems))
 	for k, v := range inv.foreign.problems {
-		out[k.driver+"/"+k.pool] = v
+		out[k.driver+"/"+k.pool] = v.msg
 	}
+	return out
+}
+
+// foreignProblemsOn says why other drivers' pools on a node are not used,
+// sorted.
+func (inv *Inventory) foreignProblemsOn(node string) []string {
+	inv.mu.RLock()
+	defer inv.mu.RUnlock()
+	var out []string
+	for _, v := range inv.foreign.problems {
+		if v.node == node {
+			out = append(out, v.msg)
+		}
+	}
+	slices.Sort(out)
 	return out
 }

@@ -303,6 +303,11 @@ func (p *Planner) chooseForeign(ctx context.Context, pol allocate.Policy, cands 
 		plan, reasons := planNodeWith(ctx, p.sel, pol, n, p.ledger.NodeUsage(n), pending, fn)
 		if plan == nil {
 			failed++
+			// A pool left out (incomplete, say) may be why its devices
+			// are missing: say so rather than only that they are.
+			for _, msg := range p.inv.foreignProblemsOn(n.Node) {
+				why = append(why, "other drivers' devices not used: "+msg)
+			}
 			why = append(why, reasons...)
 			continue
 		}

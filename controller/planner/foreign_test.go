@@ -334,3 +334,27 @@ func TestInterpretForeignRefusals(t *testing.T) {
 		t.Fatalf("missing class: err %v, want ErrClassMissing", err)
 	}
 }
+
+// A pod waiting for NICs of a pool gpulink does not use (its newest
+// generation is incomplete) is told so in the waiting message.
+func TestDecideNamesUnusedForeignPool(t *testing.T) {
+	p, ip, inv := nicCluster(t, []controllertest.NIC{nic("nic-0", "pci0000:00")})
+	next := controllertest.NICSlice("n0", []controllertest.NIC{nic("nic-0", "pci0000:00")})
+	next.Spec.Pool.Generation, next.Spec.Pool.ResourceSliceCount = 2, 2
+	if err := inv.Upsert(next); err != nil {
+		t.Fatal(err)
+	}
+	ic, _, err := ip.Interpret(context.Background(), nicClaim("c", 1, 1, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "d", UID: "p-uid"}}
+	d := p.Decide(context.Background(), Request{Pod: pod, Pending: []*Claim{ic}})
+	if d.Chosen != nil {
+		t.Fatalf("chose %s while the NIC pool is incomplete", d.Chosen.Summarize())
+	}
+	msg := p.WaitingMessage([]*Claim{ic}, d)
+	if want := "other drivers' devices not used: pool n0 of driver " + controllertest.NICDriver + ": generation 2 has 1 of its 2 slices"; !strings.Contains(msg, want) {
+		t.Fatalf("waiting message %q\nwant it to contain %q", msg, want)
+	}
+}
