@@ -30,7 +30,6 @@ import (
 
 	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/controller/report"
-	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/allocate"
 	"github.com/gpulink/gpulink/internal/sliceformat"
 )
@@ -490,9 +489,11 @@ func (c *Controller) enqueueClaimPods(claim *resourceapi.ResourceClaim) {
 
 func (c *Controller) onSlice(obj any) {
 	slice, ok := obj.(*resourceapi.ResourceSlice)
-	if !ok || slice.Spec.Driver != driver.Name {
+	if !ok {
 		return
 	}
+	// Other drivers' slices are kept too (planner.Inventory), for claims
+	// that ask for their devices with gpulink's.
 	if err := c.inv.Upsert(slice); err != nil {
 		c.metrics.Errors.WithLabelValues(errReasonInventory).Inc()
 		var foreign *sliceformat.ForeignPoolError
@@ -512,7 +513,7 @@ func (c *Controller) onSlice(obj any) {
 
 func (c *Controller) onSliceDelete(obj any) {
 	slice, ok := deletedObject[*resourceapi.ResourceSlice](obj)
-	if !ok || slice.Spec.Driver != driver.Name {
+	if !ok {
 		return
 	}
 	c.inv.Remove(slice)

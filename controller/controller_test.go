@@ -207,7 +207,7 @@ func TestUninterpretableClaimsWarnAndStayGated(t *testing.T) {
 		"distinct": {resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 2)},
 			Constraints: []resourceapi.DeviceConstraint{{DistinctAttribute: &attr}}}, "distinctAttribute"},
 		"mixed": {resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1),
-			{Name: "nic", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "nic.example.com", AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}}}}, "other drivers"},
+			{Name: "nic", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "nic.example.com", AllocationMode: resourceapi.DeviceAllocationModeAll}}}}, `requests[1].exactly.allocationMode: Unsupported value: "All"`},
 		"badconfig": {resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)},
 			Config: []resourceapi.DeviceClaimConfiguration{controllertest.OpaqueConfig(`{"apiVersion":"gpu.gpulink.dev/v1alpha1","kind":"GpuConfig","topology":{"policy":"Sometimes"}}`)}}, "topology.policy"},
 		"capacity": {resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "g", Exactly: &resourceapi.ExactDeviceRequest{

@@ -22,11 +22,14 @@
 // already on them (for node fit). A request is gpulink's when its class
 // selects gpulink devices; a share when its class has SharingLabel or it
 // asks for capacity; MIG devices when its class has MIGLabel. A claim
-// whose requests are all gpulink's is allocated here (also when they
-// tolerate the managed device taint); a claim with none is left to
-// kube-scheduler; a claim mixing both, or asking for what gpulink cannot
-// honour exactly (adminAccess, distinctAttribute, non-CEL selectors, ...),
-// gets a Warning event and stays unallocated.
+// with gpulink requests is allocated here (also when they tolerate the
+// managed device taint), with its requests for other drivers' devices
+// (RDMA NICs under the GPUs' PCIe root, say) chosen by kube-scheduler's
+// rules; a claim with none is left to kube-scheduler; a claim asking for
+// what gpulink cannot honour exactly (adminAccess, distinctAttribute,
+// non-CEL selectors, allocationMode All on other drivers' devices, ...)
+// gets a Warning event naming the field and stays unallocated. Other
+// drivers' ResourceSlices feed the inventory too.
 //
 // Out, per pod: for each claim one status update with status.allocation
 // and the pod in reservedFor (after adding driver.ClaimFinalizer when the

@@ -283,7 +283,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	now := metav1.Now()
 	writes := make([]pendingWrite, 0, len(pending))
 	for i, ic := range pending {
-		alloc, uses := buildAllocation(ic, chosen.Node, chosen.Claims[i], now)
+		alloc, uses := buildAllocation(ic, chosen.Node, chosen.Claims[i], chosen.ForeignResults(i), now)
 		settle, ok := c.ledger.Assume(ic.Claim.UID, uses)
 		if !ok {
 			// Cannot happen while held() was false under the lock; never

@@ -24,8 +24,9 @@ import (
 // device in use, for every other claim. Shares carry a fresh shareID and
 // the consumedCapacity of every capacity the device publishes, rounded as
 // the device's requestPolicy says, which is how kube-scheduler records and
-// counts them.
-func buildAllocation(ic *planner.Claim, n *planner.NodeInventory, placed []planner.PlacedResult, now metav1.Time) (*resourceapi.AllocationResult, []planner.DeviceUse) {
+// counts them. Other drivers' devices (foreign) are dedicated results of
+// their driver; the kubelet prepares them with that driver's plugin.
+func buildAllocation(ic *planner.Claim, n *planner.NodeInventory, placed []planner.PlacedResult, foreign []planner.ForeignResult, now metav1.Time) (*resourceapi.AllocationResult, []planner.DeviceUse) {
 	alloc := &resourceapi.AllocationResult{
 		NodeSelector:        planner.NodeSelectorFor(n.Node),
 		AllocationTimestamp: &now,
@@ -75,6 +76,25 @@ func buildAllocation(ic *planner.Claim, n *planner.NodeInventory, placed []plann
 		}
 		if !slices.Contains(classRequests[cls.Name], r.Alt.ResultName) {
 			classRequests[cls.Name] = append(classRequests[cls.Name], r.Alt.ResultName)
+		}
+	}
+	for _, fr := range foreign {
+		for _, d := range fr.Devices {
+			alloc.Devices.Results = append(alloc.Devices.Results, resourceapi.DeviceRequestAllocationResult{
+				Request:     fr.Req.ResultName,
+				Driver:      d.Driver,
+				Pool:        d.Pool,
+				Device:      d.Name,
+				Tolerations: slices.Clone(fr.Req.Tolerations),
+			})
+			uses = append(uses, planner.DeviceUse{Key: d.Key(), Exclusive: true})
+		}
+		cls := fr.Req.Class
+		if _, seen := classRequests[cls.Name]; !seen {
+			classOrder = append(classOrder, cls)
+		}
+		if !slices.Contains(classRequests[cls.Name], fr.Req.ResultName) {
+			classRequests[cls.Name] = append(classRequests[cls.Name], fr.Req.ResultName)
 		}
 	}
 	// Configuration as kube-scheduler copies it: the classes' first, then

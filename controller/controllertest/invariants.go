@@ -14,12 +14,13 @@ import (
 )
 
 // CheckInvariants checks the allocations of all claims against the
-// published devices: no device is given out whole twice, a device given
-// out whole holds no share, the consumed capacity of a device's shares
-// never exceeds what it publishes, every allocated gpulink device exists,
-// a claim's gpulink devices all sit on the node its node selector names,
-// and the devices allocated consume no more of a counter set (MIG on
-// demand: a GPU's memory slices, compute slices, memory) than it has.
+// published devices: no device (gpulink's or another driver's) is given
+// out whole twice, a device given out whole holds no share, the consumed
+// capacity of a device's shares never exceeds what it publishes, every
+// allocated gpulink device exists, a claim's gpulink devices all sit on
+// the node its node selector names, and the devices allocated consume no
+// more of a counter set (MIG on demand: a GPU's memory slices, compute
+// slices, memory) than it has.
 // It returns every violation found.
 func CheckInvariants(claims []resourceapi.ResourceClaim, slices []resourceapi.ResourceSlice) error {
 	type dev struct {
@@ -80,6 +81,10 @@ func CheckInvariants(claims []resourceapi.ResourceClaim, slices []resourceapi.Re
 		}
 		for _, r := range a.Devices.Results {
 			if r.Driver != driver.Name {
+				if r.ShareID == nil && (r.AdminAccess == nil || !*r.AdminAccess) {
+					key := r.Driver + "/" + r.Pool + "/" + r.Device
+					whole[key] = append(whole[key], claimKey)
+				}
 				continue
 			}
 			key := r.Pool + "/" + r.Device

@@ -39,6 +39,9 @@ type Claim struct {
 	Claim       *resourceapi.ResourceClaim
 	Requests    []*RequestSpec
 	Constraints []matchConstraint
+	// Foreign are the requests for other drivers' devices that the claim
+	// asks for together with gpulink's (foreign_claims.go).
+	Foreign []*ForeignRequest
 	// Tolerating is set when every request tolerates the managed taint,
 	// so kube-scheduler's allocator may take the claim too: the
 	// controller allocates it for gated pods only (see syncPod).
@@ -255,6 +258,7 @@ func (ip *Interpreter) Interpret(ctx context.Context, claim *resourceapi.Resourc
 	reqPath := field.NewPath("spec", "devices", "requests")
 	out := &Claim{Claim: claim}
 	var ours, foreign []string
+	var foreignSubs []foreignPending
 	for i := range spec.Requests {
 		r := &spec.Requests[i]
 		path := reqPath.Index(i)
@@ -277,6 +281,7 @@ func (ip *Interpreter) Interpret(ctx context.Context, claim *resourceapi.Resourc
 			return fail(field.Invalid(path, r.Name, "exactly one of exactly or firstAvailable must be set"))
 		}
 		var reqOurs, reqForeign int
+		fp := foreignPending{path: path, firstAvailable: r.Exactly == nil}
 		for rank, s := range subs {
 			class, err := ip.classes.Get(s.class)
 			if err != nil {
@@ -288,6 +293,7 @@ func (ip *Interpreter) Interpret(ctx context.Context, claim *resourceapi.Resourc
 			}
 			if !isOurs {
 				reqForeign++
+				fp.subs, fp.classes = append(fp.subs, s), append(fp.classes, class)
 				continue
 			}
 			reqOurs++
@@ -303,6 +309,7 @@ func (ip *Interpreter) Interpret(ctx context.Context, claim *resourceapi.Resourc
 			out.Requests = append(out.Requests, rs)
 		case reqForeign == len(subs):
 			foreign = append(foreign, r.Name)
+			foreignSubs = append(foreignSubs, fp)
 		default:
 			return fail(field.Invalid(path, r.Name, "its firstAvailable alternatives mix gpulink device classes with other drivers' classes; gpulink cannot weigh alternatives it does not allocate"))
 		}
@@ -311,8 +318,9 @@ func (ip *Interpreter) Interpret(ctx context.Context, claim *resourceapi.Resourc
 	case len(ours) == 0:
 		return nil, claimForeign, nil
 	case len(foreign) > 0:
-		return fail(fmt.Errorf("requests %s select gpulink devices but requests %s select other drivers' devices; one claim is allocated as a whole, so put them in separate claims",
-			strings.Join(ours, ","), strings.Join(foreign, ",")))
+		if err := ip.foreignRequests(out, foreignSubs); err != nil {
+			return fail(err)
+		}
 	}
 	if err := checkMPSModes(out); err != nil {
 		return fail(err)
@@ -563,6 +571,9 @@ func wantedDevices(pending []*Claim) string {
 			if len(r.Alternatives) > 0 {
 				wants = append(wants, r.Alternatives[0].describe())
 			}
+		}
+		for _, fr := range ic.Foreign {
+			wants = append(wants, fr.describe())
 		}
 	}
 	return strings.Join(wants, " plus ")

@@ -125,6 +125,14 @@ func (p *Planner) Decide(ctx context.Context, req Request) Decision {
 		return cands
 	}
 	noFit := "no " + wantedDevices(pending)
+	if wantsForeign(pending) && !wantsMIG(pending) {
+		var failed int
+		d.Chosen, d.Plans, d.Why, failed = p.chooseForeign(ctx, pol, candidates(), pending, rank)
+		for range failed {
+			d.Rejections.add(noFit)
+		}
+		return d
+	}
 	if wantsMIG(pending) {
 		var failed int
 		d.Chosen, d.Plans, d.Why, failed = chooseMIG(ctx, p.sel, pol, candidates(), p.ledger, pending, rank)

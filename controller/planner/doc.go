@@ -10,13 +10,15 @@
 //
 //   - The state a decision reads: Inventory (each node's GPUs, MIG devices,
 //     GPUs partitioned on demand (inventory_ondemand.go) and link matrix,
-//     decoded from its slices through internal/sliceformat),
+//     decoded from its slices through internal/sliceformat; other drivers'
+//     devices per node, foreign_inventory.go),
 //     Ledger (what every claim holds, whoever allocated it, plus the
 //     decisions not yet seen by the informers) and FitTracker (the pods
 //     counted on each node, for CPU, memory, pods and pod (anti-)affinity).
 //   - Claim interpretation: Interpreter turns a ResourceClaim into a Claim
 //     (its requests, their alternatives, CEL selectors compiled once by
-//     SelectorEvaluator, consumable capacity, GpuConfig layers), or says why
+//     SelectorEvaluator, consumable capacity, GpuConfig layers, requests
+//     for other drivers' devices in foreign_claims.go), or says why
 //     gpulink cannot allocate it exactly.
 //   - The node filter (NodeFilter: node name, exclusions, cordon, node
 //     affinity, taints, the node of claims already allocated, node fit).

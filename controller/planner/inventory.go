@@ -112,6 +112,8 @@ type Inventory struct {
 	// sorted caches all()'s answer until a node changes; read-only.
 	sorted   []*NodeInventory
 	problems map[string]string // pool -> why it is unusable
+	// foreign keeps other drivers' devices per node (foreign_inventory.go).
+	foreign foreignInventory
 }
 
 func NewInventory() *Inventory {
@@ -125,9 +127,11 @@ func NewInventory() *Inventory {
 }
 
 // Upsert records a slice and rebuilds its pool. It returns the problem that
-// makes the pool unusable, if any. Slices of other drivers are ignored.
+// makes the pool unusable, if any. Slices of other drivers are kept
+// apart, for claims that ask for their devices with gpulink's.
 func (inv *Inventory) Upsert(slice *resourceapi.ResourceSlice) error {
 	if slice.Spec.Driver != driver.Name {
+		inv.upsertForeign(slice)
 		return nil
 	}
 	inv.mu.Lock()
@@ -182,6 +186,7 @@ func (inv *Inventory) forgetLocked(stored *resourceapi.ResourceSlice) {
 // Remove forgets a slice and rebuilds its pool.
 func (inv *Inventory) Remove(slice *resourceapi.ResourceSlice) {
 	if slice.Spec.Driver != driver.Name {
+		inv.removeForeign(slice)
 		return
 	}
 	inv.mu.Lock()

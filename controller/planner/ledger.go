@@ -17,9 +17,11 @@ import (
 	"github.com/gpulink/gpulink/internal/sliceformat"
 )
 
-// DeviceKey names one gpulink device cluster-wide.
+// DeviceKey names one device cluster-wide: a gpulink device (Driver "")
+// or another driver's (foreign_inventory.go).
 type DeviceKey struct {
 	Pool, Device string
+	Driver       string
 }
 
 // DeviceUse is what one allocation result takes from a device.
@@ -117,7 +119,8 @@ func NewLedger() *Ledger {
 	return &Ledger{claims: map[types.UID]*claimUse{}, usage: map[DeviceKey]*devTotals{}, kept: map[types.UID]*KeptClaim{}, poolGen: map[string]uint64{}}
 }
 
-// UsesOf extracts gpulink device usage from a claim's allocation.
+// UsesOf extracts device usage from a claim's allocation: gpulink's
+// devices, and other drivers' devices as taken whole (foreignUse).
 func UsesOf(claim *resourceapi.ResourceClaim) []DeviceUse {
 	if claim.Status.Allocation == nil {
 		return nil
@@ -126,6 +129,10 @@ func UsesOf(claim *resourceapi.ResourceClaim) []DeviceUse {
 	var groups map[string]string // by request, for shares
 	for i := range claim.Status.Allocation.Devices.Results {
 		r := &claim.Status.Allocation.Devices.Results[i]
+		if fu, ok := foreignUse(r); ok {
+			out = append(out, fu)
+			continue
+		}
 		u, ok := resultUse(r)
 		if !ok {
 			continue
@@ -226,7 +233,9 @@ func resultUse(r *resourceapi.DeviceRequestAllocationResult) (DeviceUse, bool) {
 
 func (l *Ledger) addLocked(uses []DeviceUse, sign int) {
 	for _, u := range uses {
-		l.poolGen[u.Key.Pool]++
+		if u.Key.Driver == "" {
+			l.poolGen[u.Key.Pool]++
+		}
 		t := l.usage[u.Key]
 		if t == nil {
 			t = &devTotals{}
@@ -415,7 +424,7 @@ func (l *Ledger) KeepForPods(claim *resourceapi.ResourceClaim, pods map[types.UI
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	uses := UsesOf(claim)
-	if len(uses) == 0 || len(pods) == 0 {
+	if !holdsGpulink(uses) || len(pods) == 0 {
 		l.setLocked(claim.UID, nil)
 		delete(l.kept, claim.UID)
 		return false

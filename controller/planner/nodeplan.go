@@ -41,8 +41,11 @@ type PlacedResult struct {
 
 // nodePlan is the placement of every pending gpulink claim of a pod on one node.
 type Plan struct {
-	Node    *NodeInventory
-	Claims  [][]PlacedResult // parallel to the claims planned
+	Node   *NodeInventory
+	Claims [][]PlacedResult // parallel to the claims planned
+	// Foreign are the other drivers' devices of each claim, parallel to
+	// Claims where a claim asks for some (foreign_plan.go).
+	Foreign [][]ForeignResult
 	RankSum int
 	// Base is the node's usage before the plan, for ranking.
 	Base []allocate.GPUUsage
@@ -68,6 +71,9 @@ type placer struct {
 	// that device (placeMPSTogether).
 	shapeFailed bool
 	mpsPin      int
+	// foreign is the node's other drivers' devices, for claims that ask
+	// for some (foreign_plan.go); nil where none are planned.
+	foreign *foreignNode
 }
 
 func (p *placer) note(format string, args ...any) {
@@ -78,8 +84,13 @@ func (p *placer) note(format string, args ...any) {
 
 // planNode places all claims on one node, in order, or explains why not.
 func planNode(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, n *NodeInventory, usage []allocate.GPUUsage, claims []*Claim) (*Plan, []string) {
+	return planNodeWith(ctx, sel, pol, n, usage, claims, nil)
+}
+
+// planNodeWith is planNode with the node's other drivers' devices.
+func planNodeWith(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, n *NodeInventory, usage []allocate.GPUUsage, claims []*Claim, foreign *foreignNode) (*Plan, []string) {
 	base := sanitizeUsage(usage)
-	p := &placer{ctx: ctx, sel: sel, pol: pol, node: n, mpsPin: -1,
+	p := &placer{ctx: ctx, sel: sel, pol: pol, node: n, mpsPin: -1, foreign: foreign,
 		state: &allocate.NodeState{Name: n.Node, Topology: n.Topo, Usage: slices.Clone(base)}}
 	plan := &Plan{Node: n, Base: base}
 	for _, ic := range claims {
@@ -95,6 +106,7 @@ func planNode(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, 
 			plan.RankSum += r.Alt.Rank
 		}
 		plan.Claims = append(plan.Claims, res)
+		plan.Foreign = append(plan.Foreign, p.takeForeign())
 	}
 	return plan, nil
 }
@@ -128,6 +140,9 @@ func (p *placer) placeFrom(ic *Claim, i int, bound []string, placed []PlacedResu
 		if err := p.checkShape(placed); err != nil {
 			p.note("%s", err.Error())
 			p.shapeFailed = true
+			return nil, false
+		}
+		if !p.placeForeign(ic, bound, placed) {
 			return nil, false
 		}
 		return placed, true
@@ -611,7 +626,7 @@ func (a podScore) compare(b podScore, pol allocate.Policy) int {
 // Summarize renders a plan for events: "gpu-0,gpu-3 on node-a: every pair NV2".
 func (pl *Plan) Summarize() string {
 	var parts []string
-	for _, claim := range pl.Claims {
+	for ci, claim := range pl.Claims {
 		for _, r := range claim {
 			names := make([]string, len(r.Positions))
 			for i, pos := range r.Positions {
@@ -629,6 +644,7 @@ func (pl *Plan) Summarize() string {
 			}
 			parts = append(parts, r.Alt.ResultName+"="+s)
 		}
+		parts = append(parts, pl.foreignParts(ci)...)
 	}
 	return strings.Join(parts, "; ") + " on " + pl.Node.Node
 }
