@@ -203,6 +203,7 @@ func TestPrometheusDashboard(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	dashboard := filepath.Join(root, "deployments", "grafana", "gpulink.json")
 	var failed string
 	ok = t.Run("a pair below the node's best link, a fatal health event on a free GPU", func(t *testing.T) {
 		held := map[string]bool{}
@@ -260,34 +261,56 @@ func TestPrometheusDashboard(t *testing.T) {
 			}
 		}
 		sel := fmt.Sprintf(`{node=%q}`, node)
-		for _, c := range []struct {
-			what, query string
-			want        float64
-		}{
-			// The setting: both instances scraped, both counted the event.
-			{"plugin targets of the node", `count(gpulink_kubeletplugin_prepared_claims` + sel + `)`, 2},
-			{"instances that counted the fatal event", `count(gpulink_kubeletplugin_health_events_total{verdict="fatal",node="` + node + `"})`, 2},
-			// The dashboard's queries (variables expanded) show them once.
-			{"Prepared claims", `max by (node) (gpulink_kubeletplugin_prepared_claims{node=~"` + node + `"})`, float64(len(cp.Claims))},
-			{"Unhealthy GPUs", `sum by (node) (max by (node, uuid) (1 - gpulink_kubeletplugin_device_healthy{node=~"` + node + `"}))`, 1},
-			{"Health events by verdict, before the rate", `sum by (verdict) (max by (node, device, verdict) (gpulink_kubeletplugin_health_events_total{verdict="fatal",node=~"` + node + `"}))`, 1},
-			{"GPUs by namespace", `count by (namespace) (max by (UUID, namespace) (gpulink_kubeletplugin_prepared_gpu_info{node=~"` + node + `",namespace=~"default"}))`, float64(len(gpus))},
+		// The setting: both instances scraped, both counted the event.
+		for what, q := range map[string]string{
+			"plugin targets of the node":             `count(gpulink_kubeletplugin_prepared_claims` + sel + `)`,
+			"instances that counted the fatal event": `count(gpulink_kubeletplugin_health_events_total{verdict="fatal",node="` + node + `"})`,
 		} {
-			v := queryScalar(ctx, t, api, c.query)
-			if v != c.want {
-				t.Errorf("%s: %s = %v, want %v", c.what, c.query, v, c.want)
+			if v := queryScalar(ctx, t, api, q); v != 2 {
+				t.Fatalf("%s: %s = %v, want 2", what, q, v)
+			}
+		}
+		// The dashboard's own queries (variables expanded) show the node
+		// once. The health events' panel is a rate of a counter both
+		// instances count: its expression without the rate must count the
+		// event once.
+		panels := map[string]string{}
+		queries, _ := dashboardQueries(t, dashboard)
+		for _, q := range queries {
+			panels[q.where] = strings.NewReplacer(`$node`, regexp.QuoteMeta(node), `$namespace`, ns).Replace(q.expr)
+		}
+		withoutRate := regexp.MustCompile(`rate\(([^()]*)\[\$__rate_interval\]\)`)
+		for _, c := range []struct {
+			panel string
+			want  float64
+		}{
+			{`"Prepared claims"/A`, float64(len(cp.Claims))},
+			{`"Unhealthy GPUs"/A`, 1},
+			{`"Health events by verdict"/A`, 1},
+			{`"GPUs by namespace"/A`, float64(len(gpus))},
+		} {
+			q, ok := panels[c.panel]
+			if !ok {
+				t.Errorf("the dashboard has no query %s", c.panel)
+				continue
+			}
+			q = withoutRate.ReplaceAllString(q, "$1")
+			if v := queryScalar(ctx, t, api, q); v != c.want {
+				t.Errorf("%s: %s = %v, want %v", c.panel, q, v, c.want)
 			} else {
-				t.Logf("%s: %s = %v", c.what, c.query, v)
+				t.Logf("%s: %s = %v", c.panel, q, v)
 			}
 		}
 		// One row per GPU and pod in the table and the per-pod panels,
 		// not one per instance.
-		for _, q := range []string{
-			`max by (node, gpu, UUID, namespace, pod, claim, kind, strategy, share_memory_bytes, share_cores) (gpulink_kubeletplugin_prepared_gpu_info{node=~"` + node + `",namespace=~"default"})`,
-			`max by (UUID) (DCGM_FI_DEV_GPU_UTIL) * on (UUID) group_right max by (UUID, node, gpu, namespace, pod) (gpulink_kubeletplugin_prepared_gpu_info{node=~"` + node + `",namespace=~"default"})`,
-		} {
+		for _, panel := range []string{`"Prepared GPUs by pod"/A`, `"GPU utilization by pod"/A`, `"GPU memory used by pod"/A`} {
+			q, ok := panels[panel]
+			if !ok {
+				t.Errorf("the dashboard has no query %s", panel)
+				continue
+			}
 			if n := len(query(ctx, t, api, q)); n != len(gpus) {
-				t.Errorf("%s: %d series, want one per GPU of the three pods (%d)", q, n, len(gpus))
+				t.Errorf("%s: %s: %d series, want one per GPU of the three pods (%d)", panel, q, n, len(gpus))
 			}
 		}
 	})
@@ -313,7 +336,7 @@ func TestPrometheusDashboard(t *testing.T) {
 		t.Logf("%s -> %s", q, summary(vec))
 	})
 	ok = t.Run("every query of the dashboard returns series", func(t *testing.T) {
-		checkDashboardQueries(ctx, t, api, filepath.Join(root, "deployments", "grafana", "gpulink.json"), node, workloads)
+		checkDashboardQueries(ctx, t, api, dashboard, node, workloads)
 	})
 	if !ok {
 		t.Logf("queries failed; Prometheus keeps its data in %s", promDir)
