@@ -25,7 +25,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/common/model"
-	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -364,36 +363,8 @@ func installMonitoredChart(ctx context.Context, t *testing.T, s *suite, root, di
 	if err != nil {
 		t.Fatal(err)
 	}
-	testdata := filepath.Join(root, "driver", "topology", "testdata")
-	topology := filepath.Join(testdata, "pcie-nvbridge-8.txt")
-	raw, err := os.ReadFile(topology)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: chartNamespace}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := client.CoreV1().ConfigMaps(chartNamespace).Create(ctx, &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: "gpulink-topology"},
-		Data:       map[string]string{"topology.txt": string(raw)},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	driverRoot := filepath.Join(dir, "driver")
-	if err := os.MkdirAll(driverRoot, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	// HostToContainer propagation of the driver root needs a shared mount
-	// (TestHelmInstallOnRealNode says why).
-	for _, args := range [][]string{{"--bind", driverRoot, driverRoot}, {"--make-rshared", driverRoot}} {
-		if out, err := exec.CommandContext(ctx, "mount", args...).CombinedOutput(); err != nil {
-			t.Fatalf("mount %v: %v\n%s", args, err, out)
-		}
-	}
-	t.Cleanup(func() { _ = exec.Command("umount", "-l", driverRoot).Run() })
-	driverFiles := append(localcluster.WriteFakeDriver(t, driverRoot), "/usr/lib/x86_64-linux-gnu/libcuda.so")
-	s.devNodes = localcluster.MkDeviceNodes(t, driverRoot, 8)
-	s.workloadEnv = []corev1.EnvVar{{Name: "GPULINK_WORKLOAD_FILES", Value: strings.Join(driverFiles, ",")}}
+	topology := filepath.Join(root, "driver", "topology", "testdata", "pcie-nvbridge-8.txt")
+	driverRoot, _ := s.prepareChartNode(ctx, t, topology, dir)
 	kubeletRoot := cluster.KubeletRootDir()
 	const product, memory, cc = "NVIDIA A40", "48Gi", "8.6"
 	webhookPort := localcluster.FreePort(t)
