@@ -80,9 +80,9 @@ helm: ## build _output/bin/helm (from hack/tools/helm) if missing or outdated
 prometheus: ## build _output/bin/prometheus (Prometheus 3.16, from hack/tools/prometheus) if missing or outdated
 	hack/prometheus.sh
 
-# Not part of make test: a cold build of Prometheus takes about 4.5 min of
-# the 2 cores, and the test about 3 more (docs/metrics.md, "Checked against
-# a real Prometheus").
+# Not part of make test: a cold build of Prometheus takes 4.5 to 5 min on
+# 2 cores, the test about 1 more with the image built (docs/metrics.md,
+# "Checked against a real Prometheus").
 .PHONY: test-prometheus
 test-prometheus: cluster-build build helm prometheus ## the chart's ServiceMonitor and every query of the Grafana dashboard on a real Prometheus scraping the chart-installed controller and plugin on a local cluster
 	$(GO) test -count=1 -v -timeout 30m -tags e2e,prometheus -run '^TestPrometheusDashboard$$' ./test/e2e/
