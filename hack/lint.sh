@@ -10,8 +10,8 @@
 # pinned by go.sum) because only the Go module proxy is reachable from CI; no
 # prebuilt binaries are downloaded. The binary is rebuilt when its stamped
 # version no longer matches hack/tools/lint/go.mod. The configuration is
-# .golangci.yml at the repository root. The build tags integration and e2e
-# are set so that the tests under test/ are linted as well.
+# .golangci.yml at the repository root. The build tags integration, e2e and
+# prometheus are set so that the tests under test/ are linted as well.
 set -o errexit -o nounset -o pipefail
 
 LOG_TAG=lint.sh
@@ -46,5 +46,5 @@ cd "${REPO_ROOT}"
 if [[ $# -eq 0 ]]; then
 	set -- ./...
 fi
-log "golangci-lint $("${LINT}" version --short) run --build-tags integration,e2e $*"
-exec "${LINT}" run --build-tags integration,e2e "$@"
+log "golangci-lint $("${LINT}" version --short) run --build-tags integration,e2e,prometheus $*"
+exec "${LINT}" run --build-tags integration,e2e,prometheus "$@"

@@ -38,9 +38,39 @@ type Metrics struct {
 	PreparedGPUs *preparedGPUCollector
 }
 
+// NodeLabel is the label NewNodeMetrics puts on every series of the
+// plugin, naming its node (PreparedGPUInfoName carries it itself).
+const NodeLabel = "node"
+
+// NewNodeMetrics is NewMetrics for the plugin of node, as the binary
+// registers them: every series carries node="<node>". During a DaemonSet
+// rolling update two plugin pods of one node are scraped side by side
+// (--rolling-update-uid), each reporting the node's state from the shared
+// checkpoint, and both watch the node's GPUs' health; the label lets a
+// query take one value per node (max by (node)) instead of adding the
+// two, whatever labels the scrape puts on the targets (with a pod network
+// the two pods do not even share an address).
+func NewNodeMetrics(reg prometheus.Registerer, node string) *Metrics {
+	m := newMetrics()
+	perNode := prometheus.WrapRegistererWith(prometheus.Labels{NodeLabel: node}, reg)
+	perNode.MustRegister(m.ClaimDuration, m.ClaimErrors, m.PreparedClaims, m.CheckpointCorruptions, m.Publications, m.BackgroundErrors,
+		m.DeviceHealthy, m.HealthEvents, m.MPSDaemons)
+	reg.MustRegister(m.PreparedGPUs)
+	return m
+}
+
 // NewMetrics creates the metrics and registers them with reg (nil: not
-// registered, for tests).
+// registered, for tests), without the node label of NewNodeMetrics.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := newMetrics()
+	if reg != nil {
+		reg.MustRegister(m.ClaimDuration, m.ClaimErrors, m.PreparedClaims, m.CheckpointCorruptions, m.Publications, m.BackgroundErrors,
+			m.DeviceHealthy, m.HealthEvents, m.MPSDaemons, m.PreparedGPUs)
+	}
+	return m
+}
+
+func newMetrics() *Metrics {
 	m := &Metrics{
 		ClaimDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "gpulink", Subsystem: "kubeletplugin", Name: "claim_duration_seconds",
@@ -85,10 +115,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, op := range []string{opPrepare, opUnprepare} {
 		m.ClaimErrors.WithLabelValues(op)
 		m.ClaimDuration.WithLabelValues(op)
-	}
-	if reg != nil {
-		reg.MustRegister(m.ClaimDuration, m.ClaimErrors, m.PreparedClaims, m.CheckpointCorruptions, m.Publications, m.BackgroundErrors,
-			m.DeviceHealthy, m.HealthEvents, m.MPSDaemons, m.PreparedGPUs)
 	}
 	return m
 }

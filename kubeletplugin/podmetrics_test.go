@@ -13,7 +13,7 @@ import (
 )
 
 // startWithRegistry starts a Driver on e whose metrics are registered in a
-// registry of their own, as the binary does.
+// registry of their own with the node label, as the binary does.
 func startWithRegistry(t *testing.T, e *env) (*Driver, *prometheus.Registry) {
 	t.Helper()
 	cdi, err := NewCDIDir(e.cdiDir)
@@ -26,7 +26,7 @@ func startWithRegistry(t *testing.T, e *env) (*Driver, *prometheus.Registry) {
 		CDI:        cdi,
 		MPS:        mps.NewManager(e.mpsRoot, e.daemon),
 		BootID:     func() (string, error) { return e.bootID, nil },
-		Metrics:    NewMetrics(reg),
+		Metrics:    NewNodeMetrics(reg, e.opts.NodeName),
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -324,7 +324,7 @@ func run(ctx context.Context, f *flags) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics := kubeletplugin.NewMetrics(reg)
+	metrics := kubeletplugin.NewNodeMetrics(reg, f.nodeName)
 
 	d, err := kubeletplugin.New(ctx, kubeletplugin.Options{
 		NodeName:            f.nodeName,

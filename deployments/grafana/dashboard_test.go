@@ -283,3 +283,45 @@ func TestDashboardQueriesNameRegisteredMetrics(t *testing.T) {
 	}
 	t.Logf("%d queries over %d metric names", len(exprs), len(used))
 }
+
+// TestPluginQueriesKeyByNode checks that the kubelet plugin's panels name
+// nodes by the plugin's node label, never by the scrape's target labels:
+// two plugin pods of one node are scraped side by side during a rolling
+// update (with a pod network under two addresses), so a query keyed by
+// instance or pod would show one node twice or add its two copies. That
+// the queries do not double count is checked on a real Prometheus
+// (test/e2e/prometheus_test.go).
+func TestPluginQueriesKeyByNode(t *testing.T) {
+	raw, err := os.ReadFile("gpulink.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash map[string]any
+	if err := json.Unmarshal(raw, &dash); err != nil {
+		t.Fatal(err)
+	}
+	exprs := map[string]string{}
+	queries(dash, "", exprs)
+	target := regexp.MustCompile(`\b(instance|job|pod|container|endpoint|service)\b`)
+	checked := 0
+	for path, expr := range exprs {
+		if !strings.Contains(expr, "gpulink_kubeletplugin_") || strings.HasPrefix(expr, "gpulink_kubeletplugin_prepared_gpu_info") {
+			continue // the label_values() of the namespace variable
+		}
+		checked++
+		if !strings.Contains(expr, `node=~"$node"`) {
+			t.Errorf("%s: %q does not follow the node variable ($node)", path, expr)
+		}
+		// The info series' own namespace and pod labels are the
+		// workload's, not the target's.
+		rest := strings.ReplaceAll(expr, `namespace=~"$namespace"`, "")
+		if !strings.Contains(expr, "prepared_gpu_info") {
+			if m := target.FindString(rest); m != "" {
+				t.Errorf("%s: %q uses the target label %s", path, expr, m)
+			}
+		}
+	}
+	if checked < 10 {
+		t.Errorf("checked %d plugin queries, want at least 10", checked)
+	}
+}

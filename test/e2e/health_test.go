@@ -130,9 +130,9 @@ func TestE2EHealth(t *testing.T) {
 	}
 	heldGPU, _ := node.GPU(held)
 	for _, want := range []string{
-		fmt.Sprintf(`gpulink_kubeletplugin_device_healthy{device=%q,uuid=%q} 0`, held, heldGPU.UUID),
-		fmt.Sprintf(`gpulink_kubeletplugin_health_events_total{device=%q,verdict="fatal"} 1`, held),
-		fmt.Sprintf(`gpulink_kubeletplugin_health_events_total{device=%q,verdict="ignored"} 1`, spare),
+		fmt.Sprintf(`gpulink_kubeletplugin_device_healthy{device=%q,node=%q,uuid=%q} 0`, held, s.realNode, heldGPU.UUID),
+		fmt.Sprintf(`gpulink_kubeletplugin_health_events_total{device=%q,node=%q,verdict="fatal"} 1`, held, s.realNode),
+		fmt.Sprintf(`gpulink_kubeletplugin_health_events_total{device=%q,node=%q,verdict="ignored"} 1`, spare, s.realNode),
 	} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("plugin /metrics lacks %s", want)

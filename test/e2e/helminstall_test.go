@@ -105,40 +105,7 @@ func TestHelmInstallOnRealNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	testdata := filepath.Join(root, "driver", "topology", "testdata")
-	topology, err := os.ReadFile(filepath.Join(testdata, "pcie-nvbridge-8.txt"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: chartNamespace}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := client.CoreV1().ConfigMaps(chartNamespace).Create(ctx, &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: "gpulink-topology"},
-		Data:       map[string]string{"topology.txt": string(topology)},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	// A stand-in driver install: the chart's plugin puts its files into
-	// the base CDI spec with nvcdi, and the containers must see them.
-	driverRoot := filepath.Join(dir, "driver")
-	// The chart mounts the driver root with HostToContainer propagation,
-	// which needs a shared mount as on systemd hosts and under the GPU
-	// Operator's /run/nvidia/driver; this VM's / is private.
-	if err := os.MkdirAll(driverRoot, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for _, args := range [][]string{{"--bind", driverRoot, driverRoot}, {"--make-rshared", driverRoot}} {
-		if out, err := exec.CommandContext(ctx, "mount", args...).CombinedOutput(); err != nil {
-			t.Fatalf("mount %v: %v\n%s", args, err, out)
-		}
-	}
-	t.Cleanup(func() { _ = exec.Command("umount", "-l", driverRoot).Run() })
-	// libcuda.so is the link the create-symlinks hook makes in the container.
-	driverFiles := append(localcluster.WriteFakeDriver(t, driverRoot), "/usr/lib/x86_64-linux-gnu/libcuda.so")
-	// /dev/nvidia* stand-ins: the chart's plugin puts the claimed GPUs'
-	// nodes into the claims' CDI specs, as the plugin process does in TestE2E.
-	s.devNodes = localcluster.MkDeviceNodes(t, driverRoot, 8)
-	s.workloadEnv = []corev1.EnvVar{{Name: "GPULINK_WORKLOAD_FILES", Value: strings.Join(driverFiles, ",")}}
+	driverRoot, driverFiles := s.prepareChartNode(ctx, t, filepath.Join(testdata, "pcie-nvbridge-8.txt"), dir)
 	kubeletRoot := cluster.KubeletRootDir()
 	pluginDir := filepath.Join(kubeletRoot, "plugins", driver.Name)
 	values := filepath.Join(dir, "values.yaml")
@@ -767,4 +734,48 @@ func checkChartWebhook(ctx context.Context, t *testing.T, client kubernetes.Inte
 		t.Fatalf("the chart's webhook never translated a pod: %v (last error: %v)", err, last)
 	}
 	return cert
+}
+
+// prepareChartNode readies the real node and the cluster for a helm install
+// of the chart: the namespace, the topology ConfigMap gpulink-topology the
+// values name (from the topology file), a stand-in driver install under
+// dir/driver and /dev stand-ins for 8 GPUs there; the workloads see the
+// driver files (s.workloadEnv). It returns the driver root and its files.
+func (s *suite) prepareChartNode(ctx context.Context, t *testing.T, topologyFile, dir string) (driverRoot string, driverFiles []string) {
+	t.Helper()
+	topology, err := os.ReadFile(topologyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: chartNamespace}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.client.CoreV1().ConfigMaps(chartNamespace).Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: "gpulink-topology"},
+		Data:       map[string]string{"topology.txt": string(topology)},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// A stand-in driver install: the chart's plugin puts its files into
+	// the base CDI spec with nvcdi, and the containers must see them.
+	driverRoot = filepath.Join(dir, "driver")
+	// The chart mounts the driver root with HostToContainer propagation,
+	// which needs a shared mount as on systemd hosts and under the GPU
+	// Operator's /run/nvidia/driver; this VM's / is private.
+	if err := os.MkdirAll(driverRoot, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"--bind", driverRoot, driverRoot}, {"--make-rshared", driverRoot}} {
+		if out, err := exec.CommandContext(ctx, "mount", args...).CombinedOutput(); err != nil {
+			t.Fatalf("mount %v: %v\n%s", args, err, out)
+		}
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", driverRoot).Run() })
+	// libcuda.so is the link the create-symlinks hook makes in the container.
+	driverFiles = append(localcluster.WriteFakeDriver(t, driverRoot), "/usr/lib/x86_64-linux-gnu/libcuda.so")
+	// /dev/nvidia* stand-ins: the chart's plugin puts the claimed GPUs'
+	// nodes into the claims' CDI specs, as the plugin process does in TestE2E.
+	s.devNodes = localcluster.MkDeviceNodes(t, driverRoot, 8)
+	s.workloadEnv = []corev1.EnvVar{{Name: "GPULINK_WORKLOAD_FILES", Value: strings.Join(driverFiles, ",")}}
+	return driverRoot, driverFiles
 }

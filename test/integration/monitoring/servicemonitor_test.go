@@ -4,10 +4,6 @@ package monitoring_test
 
 import (
 	"context"
-	"encoding/json"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,53 +12,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 
 	"github.com/gpulink/gpulink/test/localcluster"
 )
-
-// prometheusOperator is the Prometheus Operator release whose
-// ServiceMonitor CRD the chart's ServiceMonitor is checked against. The
-// CRD is read from the release's Go module (the module proxy serves its
-// files), never copied into the project.
-const (
-	prometheusOperator = "github.com/prometheus-operator/prometheus-operator@v0.85.0"
-	serviceMonitorCRD  = "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml"
-)
-
-var (
-	crdGVR            = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
-	serviceMonitorGVR = schema.GroupVersionResource{Group: "monitoring.coreos.com", Version: "v1", Resource: "servicemonitors"}
-)
-
-// operatorCRD downloads the operator's module (go mod download) and reads
-// its ServiceMonitor CRD.
-func operatorCRD(t *testing.T) *unstructured.Unstructured {
-	t.Helper()
-	cmd := exec.CommandContext(t.Context(), "go", "mod", "download", "-json", prometheusOperator)
-	// Outside any module: the download does not touch the project's go.mod.
-	cmd.Dir = t.TempDir()
-	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GO111MODULE=on")
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("go mod download %s (needs the Go module proxy): %v\n%s", prometheusOperator, err, out)
-	}
-	var mod struct{ Dir, Error string }
-	if err := json.Unmarshal(out, &mod); err != nil || mod.Error != "" || mod.Dir == "" {
-		t.Fatalf("go mod download %s: %v %s\n%s", prometheusOperator, err, mod.Error, out)
-	}
-	raw, err := os.ReadFile(filepath.Join(mod.Dir, serviceMonitorCRD))
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := localcluster.DecodeObjects(raw)
-	if err != nil || len(objs) != 1 || objs[0].GetKind() != "CustomResourceDefinition" {
-		t.Fatalf("%s: want one CustomResourceDefinition, got %d objects (%v)", serviceMonitorCRD, len(objs), err)
-	}
-	return objs[0]
-}
 
 // TestServiceMonitorMatchesOperatorCRD installs the Prometheus Operator's
 // ServiceMonitor CRD on the live API server and creates the chart's
@@ -76,24 +29,8 @@ func TestServiceMonitorMatchesOperatorCRD(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	crd := operatorCRD(t)
-	if _, err := dyn.Resource(crdGVR).Create(ctx, crd, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatalf("installing the ServiceMonitor CRD: %v", err)
-	}
-	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		got, err := dyn.Resource(crdGVR).Get(ctx, crd.GetName(), metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		conds, _, _ := unstructured.NestedSlice(got.Object, "status", "conditions")
-		for _, c := range conds {
-			if m, ok := c.(map[string]any); ok && m["type"] == "Established" && m["status"] == "True" {
-				return true, nil
-			}
-		}
-		return false, nil
-	}); err != nil {
-		t.Fatalf("the ServiceMonitor CRD is not established: %v", err)
+	if err := cluster.InstallServiceMonitorCRD(ctx); err != nil {
+		t.Fatal(err)
 	}
 
 	const ns = "gpulink-monitoring"
@@ -114,7 +51,7 @@ func TestServiceMonitorMatchesOperatorCRD(t *testing.T) {
 	sm := objs[0]
 	// Strict field validation: a field the CRD's schema does not know is
 	// an error, not silently dropped.
-	created, err := dyn.Resource(serviceMonitorGVR).Namespace(ns).Create(ctx, sm, metav1.CreateOptions{FieldValidation: "Strict"})
+	created, err := dyn.Resource(localcluster.ServiceMonitorGVR).Namespace(ns).Create(ctx, sm, metav1.CreateOptions{FieldValidation: "Strict"})
 	if err != nil {
 		t.Fatalf("the chart's ServiceMonitor is refused by the Prometheus Operator's CRD: %v\n%s", err, out)
 	}
@@ -142,7 +79,7 @@ func TestServiceMonitorMatchesOperatorCRD(t *testing.T) {
 		bad := sm.DeepCopy()
 		bad.SetName(name)
 		mutate(bad)
-		_, err := dyn.Resource(serviceMonitorGVR).Namespace(ns).Create(ctx, bad, metav1.CreateOptions{FieldValidation: "Strict"})
+		_, err := dyn.Resource(localcluster.ServiceMonitorGVR).Namespace(ns).Create(ctx, bad, metav1.CreateOptions{FieldValidation: "Strict"})
 		if err == nil {
 			t.Errorf("%s: a ServiceMonitor the CRD forbids was accepted: the check would not catch a broken template", name)
 		} else if !apierrors.IsInvalid(err) && !apierrors.IsBadRequest(err) && !strings.Contains(err.Error(), "unknown field") {
