@@ -78,6 +78,10 @@ type Options struct {
 	// beside the old one during a DaemonSet rolling update (rolling.go);
 	// empty: one instance at a time.
 	RollingUpdateUID types.UID
+	// ReadyFile, when set, is created once the kubelet has registered the
+	// plugin and removed when Run starts and ends (registration.go); an
+	// exec readiness probe checks it.
+	ReadyFile string
 }
 
 // Dependencies are the seams tests replace.
@@ -150,6 +154,8 @@ type Driver struct {
 	dirty bool
 	// rolling shares the plugin directory with another instance.
 	rolling rollingState
+	// registration is what the kubelet said about this instance.
+	registration registrationState
 	// onDemandChanged: recovery changed the GPUs partitioned on demand
 	// or their instances (ondemand.go), so New discovers again.
 	onDemandChanged bool
@@ -290,7 +296,12 @@ func (d *Driver) Run(ctx context.Context, kubeClient kubernetes.Interface, extra
 	d.fatal = cancel
 	d.fatalMu.Unlock()
 
+	if err := d.resetRegistration(); err != nil {
+		return err
+	}
+	defer d.unregistered(ctx)
 	opts := []draplugin.Option{
+		draplugin.GRPCInterceptor(d.watchRegistration),
 		draplugin.DriverName(driver.Name),
 		draplugin.KubeClient(kubeClient),
 		draplugin.NodeName(d.opts.NodeName),

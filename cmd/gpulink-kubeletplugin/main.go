@@ -70,6 +70,8 @@ type flags struct {
 	healthEventsFile    string
 	healthPollInterval  time.Duration
 	rollingUpdateUID    string
+	readyFile           string
+	checkReady          bool
 }
 
 func parseFlags(args []string) (*flags, error) {
@@ -106,6 +108,8 @@ func parseFlags(args []string) (*flags, error) {
 	fs.Int64Var(&f.defaultShareCores, "default-share-cores", 25, "Percent of SMs a share gets when its request does not ask (request policy default).")
 	fs.StringVar(&f.metricsAddress, "metrics-address", ":8080", "Address of the Prometheus /metrics endpoint; empty disables it.")
 	fs.StringVar(&f.rollingUpdateUID, "rolling-update-uid", os.Getenv("POD_UID"), "UID of this plugin's pod (default: $POD_UID). Set, a new plugin pod registers with the kubelet beside the old one during a DaemonSet rolling update with maxSurge, under a socket name of its own, and both share the plugin directory under a file lock; empty: one plugin instance per node at a time.")
+	fs.StringVar(&f.readyFile, "ready-file", "", "File created once the kubelet has registered the plugin, removed at start and exit; an exec readiness probe checks it (--check-ready). Unlike an HTTP probe it tells the two plugin pods of a rolling update apart when they share the node's network. Empty: none.")
+	fs.BoolVar(&f.checkReady, "check-ready", false, "Do not run the plugin: exit 0 if --ready-file exists (the plugin that writes it is registered with the kubelet), else 1. The readiness probe's command.")
 	fs.BoolVar(&f.profiling, "profiling", false, "Serve Go's runtime profiles (net/http/pprof) under /debug/pprof/ on --metrics-address.")
 	fs.StringVar(&f.bootIDFile, "boot-id-file", "/proc/sys/kernel/random/boot_id", "File holding the node's boot ID; a change invalidates the checkpoint.")
 	fs.DurationVar(&f.rediscoverInterval, "rediscover-interval", time.Minute, "How often GPU discovery runs again; 0 disables.")
@@ -158,10 +162,20 @@ func (f *flags) healthOptions() (*kubeletplugin.HealthOptions, error) {
 	return &kubeletplugin.HealthOptions{Policy: p, TaintEffect: effect}, nil
 }
 
-// metricsHandler serves the metrics port: /metrics, /healthz and, with
-// --profiling, Go's runtime profiles under /debug/pprof/.
-func metricsHandler(reg *prometheus.Registry, healthErr func() error, profiling bool) http.Handler {
+// metricsHandler serves the metrics port: /metrics, /healthz, /readyz
+// and, with --profiling, Go's runtime profiles under /debug/pprof/.
+func metricsHandler(reg *prometheus.Registry, healthErr func() error, registered func() bool, profiling bool) http.Handler {
 	mux := serve.Metrics(reg, profiling)
+	// Readiness: the kubelet has registered this instance. With
+	// hostNetwork, two instances of a rolling update serve this port
+	// together and either may answer; the chart's probe is --check-ready.
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !registered() {
+			http.Error(w, "not registered with the kubelet yet", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
 	// Liveness: fails while a health source cannot read the GPUs (NVML
 	// broken), so the plugin restarts instead of showing them healthy.
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -182,6 +196,13 @@ func main() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
+	}
+	if f.checkReady {
+		if err := kubeletplugin.CheckReadyFile(f.readyFile); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
 	}
 	if err := runUntilSignalled(f); err != nil {
 		klog.ErrorS(err, "gpulink-kubeletplugin failed")
@@ -343,6 +364,7 @@ func run(ctx context.Context, f *flags) error {
 		PCIeRootFromSysfs:   f.discovery.RealGPUs(),
 		Health:              healthOpts,
 		RollingUpdateUID:    types.UID(f.rollingUpdateUID),
+		ReadyFile:           f.readyFile,
 		MIGOnDemand:         f.migOnDemand,
 	}, kubeletplugin.Dependencies{
 		Discoverer: discoverer,
@@ -361,8 +383,10 @@ func run(ctx context.Context, f *flags) error {
 	}
 
 	if f.metricsAddress != "" {
+		// SO_REUSEPORT: during a rolling update the new plugin pod serves
+		// the port beside the old one when both use the node's network.
 		go func() {
-			if err := serve.Serve(ctx, f.metricsAddress, metricsHandler(reg, d.HealthError, f.profiling), serve.Options{Name: "metrics"}); err != nil {
+			if err := serve.Serve(ctx, f.metricsAddress, metricsHandler(reg, d.HealthError, d.Registered, f.profiling), serve.Options{Name: "metrics", ReusePort: true}); err != nil {
 				logger.Error(err, "Metrics server failed", "address", f.metricsAddress)
 			}
 		}()

@@ -102,8 +102,8 @@ func TestHealthFlags(t *testing.T) {
 	}
 }
 
-// The metrics port serves /debug/pprof/ only with --profiling; /metrics and
-// /healthz either way.
+// The metrics port serves /debug/pprof/ only with --profiling; /metrics,
+// /healthz and /readyz either way.
 func TestMetricsHandlerProfiling(t *testing.T) {
 	f, err := parseFlags([]string{"--profiling"})
 	if err != nil || !f.profiling {
@@ -114,7 +114,8 @@ func TestMetricsHandlerProfiling(t *testing.T) {
 	var healthErr error
 	get := servetest.Get
 	for _, profiling := range []bool{false, true} {
-		h := metricsHandler(reg, func() error { return healthErr }, profiling)
+		registered := false
+		h := metricsHandler(reg, func() error { return healthErr }, func() bool { return registered }, profiling)
 		if code, body := get(h, "/metrics"); code != http.StatusOK || !strings.Contains(body, "gpulink_test_total") {
 			t.Errorf("profiling=%v: /metrics = %d %q", profiling, code, body)
 		}
@@ -125,6 +126,13 @@ func TestMetricsHandlerProfiling(t *testing.T) {
 		healthErr = errors.New("NVML broken")
 		if code, _ := get(h, "/healthz"); code != http.StatusServiceUnavailable {
 			t.Errorf("profiling=%v: /healthz with a broken health source = %d, want 503", profiling, code)
+		}
+		if code, _ := get(h, "/readyz"); code != http.StatusServiceUnavailable {
+			t.Errorf("profiling=%v: /readyz before the registration = %d, want 503", profiling, code)
+		}
+		registered = true
+		if code, _ := get(h, "/readyz"); code != http.StatusOK {
+			t.Errorf("profiling=%v: /readyz once registered = %d, want 200", profiling, code)
 		}
 		servetest.CheckServed(t, h, profiling)
 	}
