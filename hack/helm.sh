@@ -143,6 +143,17 @@ render local-cluster --set kubeletPlugin.hostNetwork=true --set controller.hostN
 	--set controller.metricsPort=0 --set controller.healthPort=0
 [[ $(grep -A1 'name: KUBERNETES_SERVICE_HOST' "${WORK}/local-cluster.yaml" | grep -c 'value: "127.0.0.1"') == 2 ]] ||
 	die "apiServer.host is not in the environment of both the plugin and the controller"
+# Rolling updates overlap the plugin pods with hostNetwork too: maxSurge
+# stays, and the plugin pod declares no (host) port, which would keep the
+# surge pod off the node. Readiness is the registration, checked in the pod.
+plugin_ds() { awk '/^kind: DaemonSet/,/^---/' "${WORK}/$1.yaml"; }
+ds_local=$(plugin_ds local-cluster)
+grep -q 'maxSurge: 1' <<<"${ds_local}" &&
+	! grep -qE 'containerPort|hostPort' <<<"${ds_local}" &&
+	grep -q -- '"--check-ready", "--ready-file=/tmp/registered"' <<<"${ds_local}" &&
+	grep -q -- '- --ready-file=/tmp/registered' <<<"${ds_local}" &&
+	grep -q 'containerPort: 8082' <<<"$(plugin_ds defaults)" ||
+	die "the plugin DaemonSet with hostNetwork does not keep maxSurge 1 without host ports and the registration readiness probe"
 render gated-namespaces --set-string 'gate.namespaceSelector.matchLabels.gpulink\.dev/gated=true' \
 	--set kubeletPlugin.driverRoot=/run/nvidia/driver
 # GPU health: NoExecute and custom XID lists reach the plugin's flags, the
