@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -31,6 +32,7 @@ type flags struct {
 	cfg         gpucheck.Config
 	shareMemory string
 	mockServer  string
+	mockMIG     string
 	keep        bool
 }
 
@@ -48,6 +50,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.cfg.NVCC, "nvcc", "nvcc", "CUDA compiler that builds the probe.")
 	fs.DurationVar(&f.cfg.ContainerTimeout, "container-timeout", 2*time.Minute, "Time limit of each container.")
 	fs.StringVar(&f.mockServer, "mock-server", "dgxh100", "go-nvml mock server of --dry-run.")
+	fs.StringVar(&f.mockMIG, "mock-mig", "7:", `GPUs of the --dry-run mock in MIG mode and their instances, as the kubelet plugin's --mock-mig ("7:": GPU 7 in MIG mode without instances, so that the MIG rows run on the mock; empty: none).`)
 	klog.InitFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -141,9 +144,13 @@ func run(ctx context.Context, f *flags) int {
 func wire(f *flags) (gpucheck.Deps, error) {
 	popts := gpucheck.PluginPreparerOptions{WorkDir: f.cfg.WorkDir, NodeName: f.cfg.NodeName}
 	if f.cfg.DryRun {
-		d, err := discovery.NewMock(f.mockServer)
+		layout, err := discovery.ParseMockMIG(f.mockMIG)
 		if err != nil {
-			return gpucheck.Deps{}, fmt.Errorf("--mock-server: %w", err)
+			return gpucheck.Deps{}, fmt.Errorf("--mock-mig=%q: %w", f.mockMIG, err)
+		}
+		d, err := discovery.NewMockWith(f.mockServer, discovery.MockOptions{MIG: layout})
+		if err != nil {
+			return gpucheck.Deps{}, fmt.Errorf("--mock-server=%s --mock-mig=%q: %w", f.mockServer, f.mockMIG, err)
 		}
 		popts.Discoverer, popts.MPSDaemon, popts.Stat = d, mps.DirOnlyDaemon{}, gpucheck.DryRunStat
 	} else {
@@ -171,11 +178,24 @@ func wire(f *flags) (gpucheck.Deps, error) {
 		}
 		popts.BaseSpec = &kubeletplugin.BaseSpecOptions{HookPath: hook, NVML: lib}
 	}
-	return gpucheck.Deps{
+	deps := gpucheck.Deps{
 		Run:        gpucheck.Exec,
 		Discoverer: popts.Discoverer,
 		NewPreparer: func(ctx context.Context) (gpucheck.Preparer, error) {
 			return gpucheck.NewPluginPreparer(ctx, popts)
 		},
-	}, nil
+	}
+	// The MIG rows drive a second plugin, with its own checkpoint and CDI
+	// directory, that partitions the GPU they pick on demand; the
+	// instances are listed through the same NVML library.
+	if m, ok := discovery.MIGInstancesOf(popts.Discoverer); ok {
+		deps.MIG = m
+		deps.NewMIGPreparer = func(ctx context.Context, gpuIndex int) (gpucheck.Preparer, error) {
+			o := popts
+			o.WorkDir = filepath.Join(popts.WorkDir, "mig")
+			o.MIGOnDemand = strconv.Itoa(gpuIndex)
+			return gpucheck.NewPluginPreparer(ctx, o)
+		}
+	}
+	return deps, nil
 }

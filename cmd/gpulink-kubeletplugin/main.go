@@ -81,7 +81,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "Path to a kubeconfig; empty uses the in-cluster configuration.")
 	fs.StringVar(&f.discovery.Backend, "discovery", kubeletplugin.DiscoveryNVML, "GPU discovery backend: nvml, mock or topology-file.")
 	fs.StringVar(&f.discovery.MockServer, "mock-server", "dgxa100", "Simulated server of --discovery=mock (dgxa100, dgxh100, dgxh200, dgxb200).")
-	fs.StringVar(&f.discovery.MockMIG, "mock-mig", "", `GPUs of --discovery=mock in MIG mode and their instances, GPUs separated by ";", e.g. "0:1g.5gb,3g.20gb;1:7g.40gb" (simulated MIG nodes; empty: none).`)
+	fs.StringVar(&f.discovery.MockMIG, "mock-mig", "", `GPUs of --discovery=mock in MIG mode and their instances, GPUs separated by ";", e.g. "0:1g.5gb,3g.20gb;1:7g.40gb"; "<index>:" is MIG mode without instances, for --mig-on-demand (simulated MIG nodes; empty: none).`)
 	fs.StringVar(&f.migOnDemand, "mig-on-demand", "", `GPUs in MIG mode to partition on demand: "all", or GPU indexes and UUIDs separated by commas (empty: none). Such a GPU is published as every MIG profile at every placement (partitions sharing the GPU's counters); preparing a claim creates its instance, unpreparing destroys it. gpulink never changes MIG mode. See docs/mig.md.`)
 	fs.StringVar(&f.discovery.TopologyFile, "topology-file", "", "nvidia-smi topo -m output used by --discovery=topology-file.")
 	fs.StringVar(&f.discovery.GPUProduct, "gpu-product", "NVIDIA A100-SXM4-40GB", "Product name of the GPUs of --discovery=topology-file.")

@@ -107,10 +107,14 @@ func TestParseMockMIG(t *testing.T) {
 	if len(got) != 2 || strings.Join(got[0], "+") != "1g.5gb+3g.20gb" || strings.Join(got[3], "+") != "7g.40gb" {
 		t.Errorf("ParseMockMIG = %v", got)
 	}
+	// "0:": MIG mode without instances, for MIG on demand.
+	if got, err := ParseMockMIG("0:;1:7g.40gb"); err != nil || len(got) != 2 || got[0] != nil || len(got[1]) != 1 {
+		t.Errorf("ParseMockMIG(\"0:;1:7g.40gb\") = %v, %v; want GPU 0 without instances, GPU 1 with one", got, err)
+	}
 	if got, err := ParseMockMIG(""); err != nil || len(got) != 0 {
 		t.Errorf("ParseMockMIG(\"\") = %v, %v; want empty", got, err)
 	}
-	for _, bad := range []string{"1g.5gb", "x:1g.5gb", "-1:1g.5gb", "0:", "0:1g.5gb;0:3g.20gb", "0:1g.5gb,,3g.20gb"} {
+	for _, bad := range []string{"1g.5gb", "x:1g.5gb", "-1:1g.5gb", "0:1g.5gb;0:3g.20gb", "0:;0:", "0:1g.5gb,,3g.20gb"} {
 		if _, err := ParseMockMIG(bad); err == nil {
 			t.Errorf("ParseMockMIG(%q) accepted it", bad)
 		}

@@ -27,6 +27,8 @@ type MockOptions struct {
 
 // ParseMockMIG parses the --mock-mig flag: GPUs separated by ";", each
 // "<index>:<profile>,<profile>,...", e.g. "0:1g.5gb,3g.20gb;1:7g.40gb".
+// "<index>:" puts a GPU in MIG mode without instances (a GPU to partition
+// on demand).
 func ParseMockMIG(s string) (map[int][]string, error) {
 	out := map[int][]string{}
 	if strings.TrimSpace(s) == "" {
@@ -40,6 +42,10 @@ func ParseMockMIG(s string) (map[int][]string, error) {
 		}
 		if _, dup := out[idx]; dup {
 			return nil, fmt.Errorf("%q: GPU %d is listed twice", part, idx)
+		}
+		if strings.TrimSpace(profiles) == "" {
+			out[idx] = nil
+			continue
 		}
 		names := strings.Split(profiles, ",")
 		for _, n := range names {

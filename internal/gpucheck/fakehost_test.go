@@ -29,6 +29,11 @@ type fakeHost struct {
 	gpus           []topology.GPU
 	serverLimitMiB int64
 	nvccErr        error
+	// migMemoryBytes is what CUDA reports for a MIG device (one named
+	// MIG-<uuid> in NVIDIA_VISIBLE_DEVICES, with its cap nodes); smiList
+	// is nvidia-smi -L's output.
+	migMemoryBytes int64
+	smiList        string
 
 	mu   sync.Mutex
 	runs []string
@@ -45,6 +50,9 @@ func (f *fakeHost) run(_ context.Context, name string, args ...string) ([]byte, 
 		}
 		if slices.Equal(args, QueryGPUArgs) {
 			return []byte(f.fixture.queryText), nil
+		}
+		if slices.Equal(args, []string{"-L"}) {
+			return []byte(f.smiList), nil
 		}
 	case "nvcc":
 		if f.nvccErr != nil {
@@ -118,6 +126,20 @@ func (f *fakeHost) container(bundle string) ([]byte, error) {
 		return []byte(out.String()), nil
 	case env["CUDA_MPS_PIPE_DIRECTORY"] != "" && !pipeMounted:
 		out.WriteString("gpucheck: cuda=fail:MPS client failed to connect to the MPS control daemon or the MPS server\n")
+		return []byte(out.String()), nil
+	}
+	if v := env["NVIDIA_VISIBLE_DEVICES"]; strings.HasPrefix(v, "MIG-") {
+		caps := 0
+		for n := range nodes {
+			if strings.HasPrefix(n, "/dev/nvidia-caps/") {
+				caps++
+			}
+		}
+		if caps < 2 {
+			out.WriteString("gpucheck: cuda=fail:no CUDA-capable device is detected\n")
+			return []byte(out.String()), nil
+		}
+		fmt.Fprintf(&out, "gpucheck: devices=1\ngpucheck: uuid.0=GPU-%s\ngpucheck: mem.0=%d\ngpucheck: kernel=ok\n", strings.TrimPrefix(v, "MIG-"), f.migMemoryBytes)
 		return []byte(out.String()), nil
 	}
 	var visible []topology.GPU

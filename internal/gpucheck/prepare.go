@@ -58,6 +58,10 @@ type PluginPreparerOptions struct {
 	// DriverRoot is the driver install the base spec is built from; empty
 	// is "/" (the host's).
 	DriverRoot string
+	// MIGOnDemand is the plugin's --mig-on-demand: the GPUs in MIG mode
+	// whose instances prepare creates and unprepare destroys, through
+	// NVML (the discoverer's library).
+	MIGOnDemand string
 }
 
 // PluginPreparer drives the kubelet plugin's own prepare code
@@ -87,12 +91,14 @@ func NewPluginPreparer(ctx context.Context, o PluginPreparerOptions) (*PluginPre
 		RequireDeviceNodes: o.RealGPUs,
 		DefaultShareMemory: resource.MustParse("4Gi"),
 		DefaultShareCores:  25,
+		MIGOnDemand:        o.MIGOnDemand,
 	}, kubeletplugin.Dependencies{
 		Discoverer: o.Discoverer,
 		CDI:        cdi,
 		MPS:        mps.NewManager(filepath.Join(o.WorkDir, "mps"), o.MPSDaemon),
 		BootID:     kubeletplugin.FileBootID("/proc/sys/kernel/random/boot_id"),
 		Stat:       o.Stat,
+		MIG:        kubeletplugin.MIGInstancesFor(o.Discoverer),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("starting the kubelet plugin's prepare code: %w", err)

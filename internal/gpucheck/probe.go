@@ -29,6 +29,7 @@ const ShellProbeScript = `for v in NVIDIA_VISIBLE_DEVICES CUDA_VISIBLE_DEVICES C
   [ -n "$set" ] && echo "gpucheck: env.$v=$val"
 done
 for f in /dev/nvidia*; do [ -e "$f" ] && echo "gpucheck: devnode=$f"; done
+for f in /dev/nvidia-caps/nvidia-cap*; do [ -e "$f" ] && echo "gpucheck: devnode=$f"; done
 exit 0`
 
 // ProbeReport is what a probe printed.
@@ -40,8 +41,10 @@ type ProbeReport struct {
 	// Devices is -1 when the probe did not get as far (or has no CUDA).
 	Devices int
 	UUIDs   []string
-	Kernel  string
-	Alloc   string
+	// MemoryBytes is each device's memory (MIG: its instance's).
+	MemoryBytes []int64
+	Kernel      string
+	Alloc       string
 }
 
 // ParseProbe reads the "gpucheck: key=value" lines among a container's
@@ -49,6 +52,7 @@ type ProbeReport struct {
 func ParseProbe(out []byte) (*ProbeReport, error) {
 	r := &ProbeReport{Env: map[string]string{}, Devices: -1}
 	uuids := map[int]string{}
+	mems := map[int]int64{}
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	for sc.Scan() {
 		line, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), "gpucheck: ")
@@ -78,6 +82,13 @@ func ParseProbe(out []byte) (*ProbeReport, error) {
 				return nil, fmt.Errorf("probe line %q: want uuid.<index>", line)
 			}
 			uuids[i] = val
+		case strings.HasPrefix(key, "mem."):
+			i, err := strconv.Atoi(strings.TrimPrefix(key, "mem."))
+			n, nerr := strconv.ParseInt(val, 10, 64)
+			if err != nil || i < 0 || nerr != nil || n < 0 {
+				return nil, fmt.Errorf("probe line %q: want mem.<index>=<bytes>", line)
+			}
+			mems[i] = n
 		case key == "kernel":
 			r.Kernel = val
 		case key == "alloc":
@@ -95,6 +106,13 @@ func ParseProbe(out []byte) (*ProbeReport, error) {
 			return nil, fmt.Errorf("probe output has %d UUIDs but none for device %d", len(uuids), i)
 		}
 		r.UUIDs = append(r.UUIDs, u)
+	}
+	for i := range len(mems) {
+		n, ok := mems[i]
+		if !ok {
+			return nil, fmt.Errorf("probe output has %d memory sizes but none for device %d", len(mems), i)
+		}
+		r.MemoryBytes = append(r.MemoryBytes, n)
 	}
 	sort.Strings(r.DevNodes)
 	return r, nil

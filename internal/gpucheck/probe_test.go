@@ -13,6 +13,7 @@ gpucheck: devnode=/dev/nvidia3
 gpucheck: devnode=/dev/nvidia-uvm
 gpucheck: devices=1
 gpucheck: uuid.0=GPU-a
+gpucheck: mem.0=42949672960
 gpucheck: kernel=ok
 gpucheck: alloc=fail:out of memory
 `
@@ -28,7 +29,8 @@ func TestParseProbe(t *testing.T) {
 	if strings.Join(r.DevNodes, " ") != "/dev/nvidia-uvm /dev/nvidia3 /dev/nvidiactl" {
 		t.Errorf("device nodes %v", r.DevNodes)
 	}
-	if r.Devices != 1 || len(r.UUIDs) != 1 || r.UUIDs[0] != "GPU-a" || r.Kernel != "ok" || r.Alloc != "fail:out of memory" {
+	if r.Devices != 1 || len(r.UUIDs) != 1 || r.UUIDs[0] != "GPU-a" || r.Kernel != "ok" || r.Alloc != "fail:out of memory" ||
+		len(r.MemoryBytes) != 1 || r.MemoryBytes[0] != 42949672960 {
 		t.Errorf("report %+v", r)
 	}
 	// A probe that stopped early reports no device count.
@@ -47,6 +49,8 @@ func TestParseProbeErrors(t *testing.T) {
 		{"gpucheck: devices=many\n", "devices: want a count"},
 		{"gpucheck: uuid.x=GPU-a\n", "want uuid.<index>"},
 		{"gpucheck: uuid.1=GPU-b\n", "none for device 0"},
+		{"gpucheck: mem.0=lots\n", "want mem.<index>=<bytes>"},
+		{"gpucheck: mem.1=1\n", "memory sizes but none for device 0"},
 		{"gpucheck: colour=blue\n", `unknown key "colour"`},
 	} {
 		_, err := ParseProbe([]byte(tc.in))

@@ -43,6 +43,12 @@ type Deps struct {
 	Discoverer discovery.Discoverer
 	// NewPreparer builds the plugin's prepare code once discovery worked.
 	NewPreparer func(ctx context.Context) (Preparer, error)
+	// NewMIGPreparer builds the plugin's prepare code with the GPU of
+	// gpuIndex partitioned on demand (--mig-on-demand), and MIG lists
+	// GPU instances through NVML; the MIG rows (mig.go) need both, and
+	// are skipped without them.
+	NewMIGPreparer func(ctx context.Context, gpuIndex int) (Preparer, error)
+	MIG            MIGLister
 }
 
 // ErrNoGPU is returned by CheckHost on a host without an NVIDIA GPU and
@@ -136,10 +142,11 @@ func (s *suite) run(ctx context.Context) {
 	s.share(ctx, prep, gpu, g.MemoryBytes)
 	if topo.Len() < 2 {
 		s.rep.Add(CheckPrepareShare2, Skip, "one GPU on this host; the claim needs two")
-		return
+	} else {
+		other := topo.GPUs[(p+1)%topo.Len()]
+		s.shareTwo(ctx, prep, gpu, ClaimedGPU{Index: other.Index, Minor: other.Minor, UUID: other.UUID})
 	}
-	other := topo.GPUs[(p+1)%topo.Len()]
-	s.shareTwo(ctx, prep, gpu, ClaimedGPU{Index: other.Index, Minor: other.Minor, UUID: other.UUID})
+	s.migRows(ctx, topo)
 }
 
 // shareTwo prepares a claim with an MPS share on each of two GPUs (one

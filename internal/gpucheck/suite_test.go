@@ -69,8 +69,11 @@ func TestRunOnGPUHostWithClientSideMPSLimits(t *testing.T) {
 	wantResult(t, got, CheckUnprepareShare, Pass)
 	// The two-GPU MPS claim skips cleanly on a one-GPU host.
 	wantResult(t, got, CheckPrepareShare2, Skip, "one GPU on this host")
-	if len(rep.Results) != 18 {
-		t.Errorf("%d results, want 18", len(rep.Results))
+	// A GPU not in MIG mode: the MIG rows only read its mode.
+	wantResult(t, got, CheckMIGMode, Pass, "GPU 0: off")
+	wantResult(t, got, CheckMIGCreate, Skip, "no GPU is in MIG mode")
+	if len(rep.Results) != 22 {
+		t.Errorf("%d results, want 22", len(rep.Results))
 	}
 	if rep.ExitCode() != 1 {
 		t.Errorf("exit code %d, want 1", rep.ExitCode())

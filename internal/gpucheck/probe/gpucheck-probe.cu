@@ -7,6 +7,8 @@
 //   cuda=fail:<error>    CUDA could not enumerate devices
 //   devices=<n>          cudaGetDeviceCount
 //   uuid.<i>=GPU-...     device i's UUID
+//   mem.<i>=<bytes>      device i's memory (cudaDeviceProp.totalGlobalMem;
+//                        a MIG device's is its instance's)
 //   kernel=ok|fail:<e>   a vector add on device 0, checked on the host side
 //   alloc=ok|fail:<e>    with --alloc-mib N: cudaMalloc of N MiB + memset
 //
@@ -40,6 +42,12 @@ static void report_devnodes(void) {
   struct dirent *e;
   while ((e = readdir(d)) != NULL) {
     if (strncmp(e->d_name, "nvidia", 6) == 0) printf("gpucheck: devnode=/dev/%s\n", e->d_name);
+  }
+  closedir(d);
+  // A MIG device's capability nodes (nvidia-cap<minor>).
+  if (!(d = opendir("/dev/nvidia-caps"))) return;
+  while ((e = readdir(d)) != NULL) {
+    if (strncmp(e->d_name, "nvidia-cap", 10) == 0) printf("gpucheck: devnode=/dev/nvidia-caps/%s\n", e->d_name);
   }
   closedir(d);
 }
@@ -137,6 +145,7 @@ int main(int argc, char **argv) {
       return 0;
     }
     print_uuid(i, &p.uuid);
+    printf("gpucheck: mem.%d=%zu\n", i, p.totalGlobalMem);
   }
   if (n > 0 && run_kernel() && alloc_mib > 0) try_alloc(alloc_mib);
   return 0;

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -42,9 +43,15 @@ func TestDryRunWithRunc(t *testing.T) {
 		}
 	}
 	_, ctx := ktesting.NewTestContext(t)
-	d, err := discovery.NewMock("dgxh100")
+	// GPU 7 in MIG mode without instances: the MIG rows create, probe and
+	// destroy a partition there.
+	d, err := discovery.NewMockWith("dgxh100", discovery.MockOptions{MIG: map[int][]string{7: nil}})
 	if err != nil {
 		t.Fatal(err)
+	}
+	instances, ok := discovery.MIGInstancesOf(d)
+	if !ok {
+		t.Fatal("the mock discoverer has no MIG instance manager")
 	}
 	work := t.TempDir()
 	cfg := gpucheck.Config{
@@ -58,6 +65,13 @@ func TestDryRunWithRunc(t *testing.T) {
 			return gpucheck.NewPluginPreparer(ctx, gpucheck.PluginPreparerOptions{
 				WorkDir: work, NodeName: "gpucheck", Discoverer: d,
 				MPSDaemon: mps.DirOnlyDaemon{}, Stat: gpucheck.DryRunStat,
+			})
+		},
+		MIG: instances,
+		NewMIGPreparer: func(ctx context.Context, gpu int) (gpucheck.Preparer, error) {
+			return gpucheck.NewPluginPreparer(ctx, gpucheck.PluginPreparerOptions{
+				WorkDir: filepath.Join(work, "mig"), NodeName: "gpucheck", Discoverer: d,
+				MPSDaemon: mps.DirOnlyDaemon{}, Stat: gpucheck.DryRunStat, MIGOnDemand: strconv.Itoa(gpu),
 			})
 		},
 	})
@@ -79,6 +93,16 @@ func TestDryRunWithRunc(t *testing.T) {
 		if r.Status != gpucheck.Pass || !strings.Contains(r.Detail, "/dev/nvidia5,") {
 			t.Errorf("%s: %s %s", name, r.Status, r.Detail)
 		}
+	}
+	// The partition's container saw GPU 7's node and the instance's cap
+	// nodes; it was created and destroyed.
+	for _, name := range []string{gpucheck.CheckMIGCreate, gpucheck.CheckMIGProbe, gpucheck.CheckMIGDestroy} {
+		if r := byName[name]; r.Status != gpucheck.Pass {
+			t.Errorf("%s: %s %s", name, r.Status, r.Detail)
+		}
+	}
+	if r := byName[gpucheck.CheckMIGProbe]; !strings.Contains(r.Detail, "/dev/nvidia7,") || !strings.Contains(r.Detail, "/dev/nvidia-caps/nvidia-cap") {
+		t.Errorf("%s: %s", gpucheck.CheckMIGProbe, r.Detail)
 	}
 }
 
