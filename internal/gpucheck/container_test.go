@@ -90,8 +90,8 @@ func TestWholeClaimInjectedIntoOCISpec(t *testing.T) {
 	if len(rules) < 2 || rules[0].Allow || !rules[len(rules)-1].Allow || *rules[len(rules)-1].Major != major {
 		t.Errorf("device cgroup rules %+v", rules)
 	}
-	if !slices.ContainsFunc(spec.Mounts, func(m specs.Mount) bool { return m.Destination == "/usr" && m.Type == "bind" }) {
-		t.Errorf("host rootfs without a /usr bind mount: %+v", spec.Mounts)
+	if !slices.ContainsFunc(spec.Mounts, func(m specs.Mount) bool { return m.Destination == "/usr" && m.Type == "overlay" }) {
+		t.Errorf("host rootfs without the host's /usr under a scratch overlay: %+v", spec.Mounts)
 	}
 }
 

@@ -116,7 +116,7 @@ func (f *fakeHost) container(bundle string) ([]byte, error) {
 	}
 	hostRootfs, libcuda, pipeMounted := false, false, false
 	for _, m := range spec.Mounts {
-		hostRootfs = hostRootfs || (m.Destination == "/usr" && m.Type == "bind")
+		hostRootfs = hostRootfs || (m.Destination == "/usr" && (m.Type == "bind" || m.Type == "overlay"))
 		libcuda = libcuda || strings.Contains(m.Destination, "libcuda.so")
 		pipeMounted = pipeMounted || (env["CUDA_MPS_PIPE_DIRECTORY"] != "" && m.Destination == env["CUDA_MPS_PIPE_DIRECTORY"])
 	}

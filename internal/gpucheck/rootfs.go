@@ -93,6 +93,20 @@ func hostRootfs(rootfs, hostRoot string) ([]specs.Mount, error) {
 		if err := os.MkdirAll(target, 0o755); err != nil {
 			return nil, fmt.Errorf("creating the container's root: %w", err)
 		}
+		if d == "/usr" {
+			// CDI hooks create links under /usr (nvidia-cdi-hook
+			// create-symlinks: /usr/local/nvidia/lib64/gbm/... where the
+			// driver lives there), as they do in an image's writable
+			// layer. An overlay with a scratch upper layer beside the
+			// root gives them one and leaves the host's /usr untouched;
+			// a read-only bind made the hook fail on the first GPU host.
+			m, err := scratchOverlay(filepath.Dir(rootfs), d, host)
+			if err != nil {
+				return nil, err
+			}
+			mounts = append(mounts, m)
+			continue
+		}
 		mounts = append(mounts, specs.Mount{Destination: d, Type: "bind", Source: host, Options: []string{"rbind", "ro", "nosuid", "nodev"}})
 	}
 	// A copy, not a mount: CDI hooks (update-ldcache) rewrite it.
@@ -103,6 +117,21 @@ func hostRootfs(rootfs, hostRoot string) ([]specs.Mount, error) {
 		}
 	}
 	return mounts, nil
+}
+
+// scratchOverlay is an overlay mount of the host directory host at
+// destination whose writes land in upper and work directories under
+// scratch (outside the container's root), never on the host directory.
+func scratchOverlay(scratch, destination, host string) (specs.Mount, error) {
+	base := filepath.Join(scratch, "overlay"+strings.ReplaceAll(destination, "/", "-"))
+	upper, work := filepath.Join(base, "upper"), filepath.Join(base, "work")
+	for _, dir := range []string{upper, work} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return specs.Mount{}, fmt.Errorf("creating the overlay of the container's %s: %w", destination, err)
+		}
+	}
+	return specs.Mount{Destination: destination, Type: "overlay", Source: "overlay",
+		Options: []string{"lowerdir=" + host, "upperdir=" + upper, "workdir=" + work, "nosuid", "nodev"}}, nil
 }
 
 // copyLinkedLibraries copies the shared libraries program links, as ldd

@@ -52,10 +52,23 @@ func TestHostRootfs(t *testing.T) {
 	}
 	var got []string
 	for _, m := range mounts {
+		got = append(got, m.Destination)
+		if m.Destination == "/usr" {
+			// Writable for CDI hooks through a scratch upper layer beside
+			// the root, never the host's own directory.
+			upper := filepath.Join(filepath.Dir(rootfs), "overlay-usr", "upper")
+			want := "lowerdir=" + filepath.Join(host, "usr") + ",upperdir=" + upper + ",workdir=" + filepath.Join(filepath.Dir(rootfs), "overlay-usr", "work") + ",nosuid,nodev"
+			if m.Type != "overlay" || strings.Join(m.Options, ",") != want {
+				t.Errorf("mount %+v, want an overlay with options %s", m, want)
+			}
+			if fi, err := os.Stat(upper); err != nil || !fi.IsDir() {
+				t.Errorf("upper layer %s: %v", upper, err)
+			}
+			continue
+		}
 		if m.Type != "bind" || m.Source != filepath.Join(host, m.Destination) || strings.Join(m.Options, ",") != "rbind,ro,nosuid,nodev" {
 			t.Errorf("mount %+v", m)
 		}
-		got = append(got, m.Destination)
 	}
 	if strings.Join(got, " ") != "/usr /lib64" {
 		t.Errorf("mounts %v, want /usr /lib64 (the host has no /lib, /sbin; /bin is a symlink)", got)
