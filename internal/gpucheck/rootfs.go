@@ -156,6 +156,32 @@ func copyLinkedLibraries(ctx context.Context, run Runner, rootfs, program string
 		if err := copyFile(l, filepath.Join(rootfs, l)); err != nil {
 			return fmt.Errorf("copying %s (linked by %s): %w", l, program, err)
 		}
+		if filepath.Base(l) == "libc.so.6" {
+			if err := copyGlibcCompanions(filepath.Dir(l), rootfs); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// glibcCompanions are the parts of glibc that every glibc-based image
+// has beside libc.so.6 and that the driver's libcuda links (its first run
+// on a GPU host stopped at "libdl.so.2 not found", which CUDA reports as
+// a driver too old), though the probe itself does not link them.
+var glibcCompanions = []string{"libdl.so.2", "libpthread.so.0", "librt.so.1", "libm.so.6"}
+
+// copyGlibcCompanions copies those of glibcCompanions that dir (where
+// libc.so.6 is) holds into the same path under rootfs.
+func copyGlibcCompanions(dir, rootfs string) error {
+	for _, name := range glibcCompanions {
+		src := filepath.Join(dir, name)
+		if _, err := os.Stat(src); os.IsNotExist(err) {
+			continue
+		}
+		if err := copyFile(src, filepath.Join(rootfs, src)); err != nil {
+			return fmt.Errorf("copying %s (glibc, linked by the driver's libraries): %w", src, err)
+		}
 	}
 	return nil
 }

@@ -92,6 +92,7 @@ func TestCDIOnlyRootfsCopiesLinkedLibrariesButNotTheDriver(t *testing.T) {
 	}
 	prog := write("probe", "program")
 	libc := write("libc.so.6", "libc")
+	libdl := write("libdl.so.2", "libdl") // not linked by the probe, by libcuda
 	cuda := write("libcuda.so.1", "driver")
 	run := func(_ context.Context, name string, args ...string) ([]byte, error) {
 		if name != "ldd" || len(args) != 1 || args[0] != prog {
@@ -109,6 +110,9 @@ func TestCDIOnlyRootfsCopiesLinkedLibrariesButNotTheDriver(t *testing.T) {
 	}
 	if b, err := os.ReadFile(filepath.Join(rootfs, libc)); err != nil || string(b) != "libc" {
 		t.Errorf("libc copy: %q, %v", b, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(rootfs, libdl)); err != nil || string(b) != "libdl" {
+		t.Errorf("libdl copy (glibc beside libc, which the driver links): %q, %v", b, err)
 	}
 	if b, err := os.ReadFile(filepath.Join(rootfs, "gpucheck/probe")); err != nil || string(b) != "program" {
 		t.Errorf("program copy: %q, %v", b, err)
