@@ -50,49 +50,17 @@ const helmRelease = "gpulink"
 // ResourceSlice writes, so the test sees which identity wrote the real
 // node's slices.
 func TestHelmInstallOnRealNode(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("the e2e tests run a real node (containerd, kubelet) and need root")
-	}
 	begin := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
-	root, err := localcluster.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	binDir, err := localcluster.DefaultBinDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	helm := filepath.Join(binDir, "helm")
-	if _, err := os.Stat(helm); err != nil {
-		t.Fatalf("%v: build helm first (make helm)", err)
-	}
-	pluginBin := filepath.Join(binDir, "gpulink-kubeletplugin")
-	if _, err := os.Stat(pluginBin); err != nil {
-		t.Fatalf("%v: run `make build` first (the API-only node's plugin runs as a process)", err)
-	}
-	imageRef, imageTar, err := localcluster.BuildProductImage(ctx, "e2e")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("built %s (%s) in %.1fs", imageRef, imageTar, time.Since(begin).Seconds())
-
-	dir, logDir := testDir(t, "glhelm", "cluster and audit logs in c/logs, chart pods' logs in c/pod-logs")
-	cluster, err := localcluster.Start(ctx, localcluster.Options{
-		Dir: filepath.Join(dir, "c"), RealNode: true, Logf: t.Logf, AuditPolicy: sliceAuditPolicy,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := cluster.Stop(); err != nil {
-			t.Errorf("stopping the cluster: %v", err)
-		}
-	})
-	if err := cluster.ImportImage(ctx, imageTar); err != nil {
-		t.Fatal(err)
-	}
+	cc := startChartCluster(ctx, t, "glhelm", "cluster and audit logs in c/logs, chart pods' logs in c/pod-logs",
+		localcluster.Options{AuditPolicy: sliceAuditPolicy}, map[string]string{
+			"helm":                  "build helm first (make helm)",
+			"gpulink-kubeletplugin": "run `make build` first (the API-only node's plugin runs as a process)",
+		})
+	t.Logf("built %s and started the cluster in %.1fs", cc.imageRef, time.Since(begin).Seconds())
+	root, binDir, dir, logDir, cluster := cc.root, cc.binDir, cc.dir, cc.logDir, cc.cluster
+	helm, pluginBin := filepath.Join(binDir, "helm"), filepath.Join(binDir, "gpulink-kubeletplugin")
 	if err := cluster.AddAPINode(ctx, v100Node); err != nil {
 		t.Fatal(err)
 	}
@@ -778,4 +746,56 @@ func (s *suite) prepareChartNode(ctx context.Context, t *testing.T, topologyFile
 	s.devNodes = localcluster.MkDeviceNodes(t, driverRoot, 8)
 	s.workloadEnv = []corev1.EnvVar{{Name: "GPULINK_WORKLOAD_FILES", Value: strings.Join(driverFiles, ",")}}
 	return driverRoot, driverFiles
+}
+
+// chartCluster is what the chart e2e tests start from: a real-node
+// cluster with the product image imported, the repository and binary
+// directories, and the test's directory.
+type chartCluster struct {
+	root, binDir, dir, logDir string
+	imageRef                  string
+	cluster                   *localcluster.Cluster
+}
+
+// startChartCluster skips without root, fails naming how to build each
+// binary of need (its name in the binary directory, and the hint) that is
+// missing, builds the product image, starts a real-node cluster under the
+// test directory (prefix, hint: testDir) with opts, stopped at cleanup,
+// and imports the image into its node.
+func startChartCluster(ctx context.Context, t *testing.T, prefix, hint string, opts localcluster.Options, need map[string]string) chartCluster {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("the e2e tests run a real node (containerd, kubelet) and need root")
+	}
+	var cc chartCluster
+	var err error
+	if cc.root, err = localcluster.RepoRoot(); err != nil {
+		t.Fatal(err)
+	}
+	if cc.binDir, err = localcluster.DefaultBinDir(); err != nil {
+		t.Fatal(err)
+	}
+	for bin, how := range need {
+		if _, err := os.Stat(filepath.Join(cc.binDir, bin)); err != nil {
+			t.Fatalf("%v: %s", err, how)
+		}
+	}
+	var imageTar string
+	if cc.imageRef, imageTar, err = localcluster.BuildProductImage(ctx, "e2e"); err != nil {
+		t.Fatal(err)
+	}
+	cc.dir, cc.logDir = testDir(t, prefix, hint)
+	opts.Dir, opts.RealNode, opts.Logf = filepath.Join(cc.dir, "c"), true, t.Logf
+	if cc.cluster, err = localcluster.Start(ctx, opts); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := cc.cluster.Stop(); err != nil {
+			t.Errorf("stopping the cluster: %v", err)
+		}
+	})
+	if err := cc.cluster.ImportImage(ctx, imageTar); err != nil {
+		t.Fatal(err)
+	}
+	return cc
 }

@@ -62,50 +62,25 @@ const scrapeInterval = 5 * time.Second
 // report the node's prepared claims and GPUs, and both count the health
 // event; the dashboard's panels must show each once.
 func TestPrometheusDashboard(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("the e2e tests run a real node (containerd, kubelet) and need root")
-	}
 	begin := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
-	root, err := localcluster.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	binDir, err := localcluster.DefaultBinDir()
-	if err != nil {
-		t.Fatal(err)
-	}
+	const buildFirst = "first (make test-prometheus does)"
+	cc := startChartCluster(ctx, t, "glprom", "cluster logs in c/logs, Prometheus's and the processes' logs in logs, its configuration in prom",
+		localcluster.Options{}, map[string]string{
+			"helm":                  "run `hack/helm.sh --build` " + buildFirst,
+			"prometheus":            "run `hack/prometheus.sh` " + buildFirst,
+			"gpulink-kubeletplugin": "run `make build` " + buildFirst,
+			"nvidia-cdi-hook":       "run `make build` " + buildFirst,
+		})
+	t.Logf("built %s and started the cluster in %.1fs", cc.imageRef, time.Since(begin).Seconds())
+	root, binDir, dir, logDir, cluster := cc.root, cc.binDir, cc.dir, cc.logDir, cc.cluster
 	helm, prom, pluginBin := filepath.Join(binDir, "helm"), filepath.Join(binDir, "prometheus"), filepath.Join(binDir, "gpulink-kubeletplugin")
-	for bin, how := range map[string]string{helm: "hack/helm.sh --build", prom: "hack/prometheus.sh", pluginBin: "make build", filepath.Join(binDir, "nvidia-cdi-hook"): "make build"} {
-		if _, err := os.Stat(bin); err != nil {
-			t.Fatalf("%v: run `%s` first (make test-prometheus does)", err, how)
-		}
-	}
 	version, err := exec.CommandContext(ctx, prom, "--version").Output()
 	if err != nil {
 		t.Fatalf("%s --version: %v", prom, err)
 	}
 	t.Logf("%s", bytes.SplitN(version, []byte("\n"), 2)[0])
-	imageRef, imageTar, err := localcluster.BuildProductImage(ctx, "e2e")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("built %s in %.1fs", imageRef, time.Since(begin).Seconds())
-
-	dir, logDir := testDir(t, "glprom", "cluster logs in c/logs, Prometheus's and the processes' logs in logs, its configuration in prom")
-	cluster, err := localcluster.Start(ctx, localcluster.Options{Dir: filepath.Join(dir, "c"), RealNode: true, Logf: t.Logf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := cluster.Stop(); err != nil {
-			t.Errorf("stopping the cluster: %v", err)
-		}
-	})
-	if err := cluster.ImportImage(ctx, imageTar); err != nil {
-		t.Fatal(err)
-	}
 	if err := cluster.InstallServiceMonitorCRD(ctx); err != nil {
 		t.Fatal(err)
 	}

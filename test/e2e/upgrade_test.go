@@ -46,41 +46,13 @@ import (
 //     plugin logs it at -v=2 for every claim a call prepared, not for one
 //     it finds prepared already).
 func TestHelmUpgradeWithoutAGap(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("the e2e tests run a real node (containerd, kubelet) and need root")
-	}
 	begin := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	root, err := localcluster.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	binDir, err := localcluster.DefaultBinDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	helm := filepath.Join(binDir, "helm")
-	if _, err := os.Stat(helm); err != nil {
-		t.Fatalf("%v: build helm first (make helm)", err)
-	}
-	_, imageTar, err := localcluster.BuildProductImage(ctx, "e2e")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir, _ := testDir(t, "glupgrade", "cluster logs in c/logs, pod logs in c/pod-logs")
-	cluster, err := localcluster.Start(ctx, localcluster.Options{Dir: filepath.Join(dir, "c"), RealNode: true, Logf: t.Logf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := cluster.Stop(); err != nil {
-			t.Errorf("stopping the cluster: %v", err)
-		}
-	})
-	if err := cluster.ImportImage(ctx, imageTar); err != nil {
-		t.Fatal(err)
-	}
+	cc := startChartCluster(ctx, t, "glupgrade", "cluster logs in c/logs, pod logs in c/pod-logs",
+		localcluster.Options{}, map[string]string{"helm": "build helm first (make helm)"})
+	root, dir, cluster := cc.root, cc.dir, cc.cluster
+	helm := filepath.Join(cc.binDir, "helm")
 	client := cluster.Client()
 	node := cluster.NodeName()
 	s := &suite{cluster: cluster, client: client, realNode: node, mpsRoot: filepath.Join(dir, "mps")}
