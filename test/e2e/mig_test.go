@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -245,17 +244,24 @@ func (s *suite) checkMIGContainer(t *testing.T, h holding, uuids map[string]stri
 			wantDev = append(wantDev, "/dev/nvidia-caps/nvidia-cap"+strconv.Itoa(m))
 		}
 	}
-	sort.Strings(got)
-	sort.Strings(want)
-	if !slices.Equal(got, want) {
-		t.Errorf("pod %s: NVIDIA_VISIBLE_DEVICES=%s, want the MIG devices' UUIDs %v", h.pod.Name, visible, want)
+	s.checkSeen(t, h, got, want, wantDev, "the MIG devices' UUIDs")
+}
+
+// checkSeen compares, as sets, the devices the container of h saw
+// (visible, its NVIDIA_VISIBLE_DEVICES split) with want (what: whose
+// UUIDs they are, for the message) and, where the node shows device
+// nodes, its /dev entries with wantDev.
+func (s *suite) checkSeen(t *testing.T, h holding, visible, want, wantDev []string, what string) {
+	t.Helper()
+	visible, want = slices.Sorted(slices.Values(visible)), slices.Sorted(slices.Values(want))
+	if !slices.Equal(visible, want) {
+		t.Errorf("pod %s: NVIDIA_VISIBLE_DEVICES=%s, want %s %v", h.pod.Name, strings.Join(visible, ","), what, want)
 	}
 	if !s.devNodes {
 		return
 	}
-	gotDev := lines(h.log, "DEV ")
-	sort.Strings(gotDev)
-	sort.Strings(wantDev)
+	gotDev := slices.Sorted(slices.Values(lines(h.log, "DEV ")))
+	wantDev = slices.Sorted(slices.Values(wantDev))
 	if !slices.Equal(gotDev, wantDev) {
 		t.Errorf("pod %s: /dev entries %v, want %v", h.pod.Name, gotDev, wantDev)
 	}

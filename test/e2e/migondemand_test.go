@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -198,21 +197,7 @@ func (s *suite) checkPartitionContainer(t *testing.T, h holding, devs []kubeletp
 		}
 	}
 	visible, _ := env(h.log, "NVIDIA_VISIBLE_DEVICES")
-	got := strings.Split(visible, ",")
-	sort.Strings(got)
-	sort.Strings(uuids)
-	if !slices.Equal(got, uuids) {
-		t.Errorf("pod %s: NVIDIA_VISIBLE_DEVICES=%s, want the created instances' %v", h.pod.Name, visible, uuids)
-	}
-	if !s.devNodes {
-		return
-	}
-	gotDev := lines(h.log, "DEV ")
-	sort.Strings(gotDev)
-	sort.Strings(wantDev)
-	if !slices.Equal(gotDev, wantDev) {
-		t.Errorf("pod %s: /dev entries %v, want %v", h.pod.Name, gotDev, wantDev)
-	}
+	s.checkSeen(t, h, strings.Split(visible, ","), uuids, wantDev, "the created instances'")
 }
 
 // claimSpec returns the text of the CDI spec the plugin wrote for a claim.
