@@ -131,10 +131,16 @@ scale: cluster-build ## scale test: SCALE_NODES API-only 8-GPU nodes (5000), SCA
 # latency, a burst and one pod at a time, the cluster half full first.
 SCHED_NODES ?= 500
 .PHONY: bench-scheduler
-bench-scheduler: cluster-build ## gpulink vs stock kube-scheduler, pods/s and create→bound (SCHED_NODES 8-GPU API-only nodes, 500); report in _output/scheduler-report.json
+bench-scheduler: cluster-build helm ## gpulink vs stock kube-scheduler, pods/s and create→bound (SCHED_NODES 8-GPU API-only nodes, 500); report in _output/scheduler-report.json
 	@mkdir -p $(OUTPUT)
 	GPULINK_SCHED_BENCH=1 GPULINK_SCHED_NODES=$(SCHED_NODES) GPULINK_SCHED_REPORT=$(OUTPUT)/scheduler-report.json \
 	  $(GO) test -count=1 -v -timeout 60m -tags integration -run '^TestSchedulerSideBySide$$' ./test/scale/
+
+.PHONY: bench-running
+bench-running: cluster-build build helm ## gpulink vs stock kube-scheduler, create→Running on the real node (root); report in _output/running-report.json
+	@mkdir -p $(OUTPUT)
+	GPULINK_RUNNING_BENCH=1 GPULINK_RUNNING_REPORT=$(OUTPUT)/running-report.json \
+	  $(GO) test -count=1 -v -timeout 20m -tags e2e -run '^TestRunningSideBySide$$' ./test/e2e/
 
 .PHONY: demo
 demo: ## local cluster + gpulink + example workloads, then a report (hack/demo.sh)

@@ -28,6 +28,7 @@ import (
 	"github.com/gpulink/gpulink/controller"
 	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/driver/allocate"
+	"github.com/gpulink/gpulink/internal/kubeclient"
 	"github.com/gpulink/gpulink/internal/serve"
 )
 
@@ -35,6 +36,7 @@ type options struct {
 	kubeconfig         string
 	qps                float32
 	burst              int
+	contentType        string
 	leaderElect        bool
 	leaseNamespace     string
 	leaseName          string
@@ -67,6 +69,7 @@ func main() {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Path to a kubeconfig; empty means in-cluster configuration.")
 	fs.Float32Var(&o.qps, "kube-api-qps", 200, "Queries per second to the API server.")
 	fs.IntVar(&o.burst, "kube-api-burst", 400, "Burst of queries to the API server.")
+	fs.StringVar(&o.contentType, "kube-api-content-type", kubeclient.DefaultContentType, "Encoding of the requests to the API server and of its answers and watch events: application/vnd.kubernetes.protobuf (as kube-scheduler) or application/json.")
 	fs.BoolVar(&o.leaderElect, "leader-elect", true, "Run only while holding a Lease, so that one instance decides at a time.")
 	fs.StringVar(&o.leaseNamespace, "leader-elect-namespace", envOr("POD_NAMESPACE", "gpulink-system"), "Namespace of the leader election Lease (default: $POD_NAMESPACE or gpulink-system).")
 	fs.StringVar(&o.leaseName, "leader-elect-id", "gpulink-controller", "Name of the leader election Lease.")
@@ -136,6 +139,9 @@ func run(ctx context.Context, o options) error {
 	registerRESTMetrics(reg)
 	cfg.QPS, cfg.Burst = o.qps, o.burst
 	cfg.UserAgent = "gpulink-controller"
+	if err := kubeclient.SetContentType(cfg, o.contentType); err != nil {
+		return err
+	}
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return fmt.Errorf("creating client: %w", err)

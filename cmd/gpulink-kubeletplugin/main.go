@@ -30,6 +30,7 @@ import (
 
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/health"
+	"github.com/gpulink/gpulink/internal/kubeclient"
 	"github.com/gpulink/gpulink/internal/serve"
 	"github.com/gpulink/gpulink/kubeletplugin"
 	"github.com/gpulink/gpulink/kubeletplugin/mps"
@@ -39,6 +40,7 @@ type flags struct {
 	nodeName            string
 	migOnDemand         string
 	kubeconfig          string
+	kubeAPIContentType  string
 	discovery           kubeletplugin.DiscoveryOptions
 	gpuMemory           string
 	cdiRoot             string
@@ -79,6 +81,7 @@ func parseFlags(args []string) (*flags, error) {
 	f := &flags{}
 	fs.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "Name of this node (default: $NODE_NAME).")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "Path to a kubeconfig; empty uses the in-cluster configuration.")
+	fs.StringVar(&f.kubeAPIContentType, "kube-api-content-type", kubeclient.DefaultContentType, "Encoding of the requests to the API server and of its answers and watch events: application/vnd.kubernetes.protobuf (as the kubelet) or application/json.")
 	fs.StringVar(&f.discovery.Backend, "discovery", kubeletplugin.DiscoveryNVML, "GPU discovery backend: nvml, mock or topology-file.")
 	fs.StringVar(&f.discovery.MockServer, "mock-server", "dgxa100", "Simulated server of --discovery=mock (dgxa100, dgxh100, dgxh200, dgxb200).")
 	fs.StringVar(&f.discovery.MockMIG, "mock-mig", "", `GPUs of --discovery=mock in MIG mode and their instances, GPUs separated by ";", e.g. "0:1g.5gb,3g.20gb;1:7g.40gb"; "<index>:" is MIG mode without instances, for --mig-on-demand (simulated MIG nodes; empty: none).`)
@@ -251,6 +254,9 @@ func run(ctx context.Context, f *flags) error {
 	}
 	if err != nil {
 		return fmt.Errorf("loading the Kubernetes client configuration: %w", err)
+	}
+	if err := kubeclient.SetContentType(cfg, f.kubeAPIContentType); err != nil {
+		return err
 	}
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {

@@ -27,6 +27,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -77,6 +78,12 @@ type Options struct {
 	// whose defaults (20 and 50) would throttle tests that create
 	// thousands of pods and claims (test/scale).
 	ComponentQPS int
+	// Profiling serves Go's runtime profiles under /debug/pprof/ on the
+	// API server, kube-controller-manager and kube-scheduler (off by
+	// default, as their own --profiling is recommended off): how a
+	// benchmark learns where the control plane spends its CPU
+	// (test/scale's GPULINK_SCHED_PROFILE_DIR).
+	Profiling bool
 }
 
 // Cluster is a running local cluster.
@@ -336,7 +343,7 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 		"--endpoint-reconciler-type=none",
 		"--allow-privileged=true",
 		"--runtime-config=resource.k8s.io/v1=true",
-		"--profiling=false",
+		fmt.Sprintf("--profiling=%t", c.opts.Profiling),
 		"--v=1",
 	}
 	if c.opts.AuditPolicy != "" {
@@ -379,7 +386,7 @@ func (c *Cluster) startControllerManagerAndScheduler(ctx context.Context) error 
 		"--authorization-kubeconfig=" + c.kubeconfig,
 		"--bind-address=127.0.0.1",
 		"--leader-elect=false",
-		"--profiling=false",
+		fmt.Sprintf("--profiling=%t", c.opts.Profiling),
 		"--v=1",
 	}
 	common = append(common, c.featureGates()...)
@@ -399,12 +406,17 @@ func (c *Cluster) startControllerManagerAndScheduler(ctx context.Context) error 
 	if err != nil {
 		return fmt.Errorf("localcluster: %w", err)
 	}
+	// Benchmarks read the scheduler's queue and attempt counters
+	// (SchedulerMetrics) and, with Profiling, its CPU profile
+	// (CPUProfile); the port listens on 127.0.0.1 only.
+	allowPaths := "/healthz,/readyz,/livez,/metrics"
+	if c.opts.Profiling {
+		allowPaths += ",/debug/pprof/*"
+	}
 	sched, err := c.startProcess("kube-scheduler", c.bin("kube-scheduler"), append([]string{
 		fmt.Sprintf("--secure-port=%d", c.schedulerPort),
 		"--cert-dir=" + filepath.Join(c.dir, "pki", "kube-scheduler"),
-		// Benchmarks read the scheduler's queue and attempt counters
-		// (SchedulerMetrics); the port listens on 127.0.0.1 only.
-		"--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+		"--authorization-always-allow-paths=" + allowPaths,
 	}, common...)...)
 	if err != nil {
 		return fmt.Errorf("localcluster: %w", err)
@@ -536,24 +548,60 @@ func (c *Cluster) AuditLogPath() string { return filepath.Join(c.dir, "logs", "a
 // SchedulerMetrics returns kube-scheduler's /metrics in the Prometheus
 // text format.
 func (c *Cluster) SchedulerMetrics(ctx context.Context) (string, error) {
-	url := fmt.Sprintf("https://127.0.0.1:%d/metrics", c.schedulerPort)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	body, err := c.schedulerGet(ctx, "/metrics", 2*time.Second)
 	if err != nil {
 		return "", fmt.Errorf("localcluster: kube-scheduler metrics: %w", err)
 	}
-	resp, err := insecureHTTPClient().Do(req)
+	return string(body), nil
+}
+
+// CPUProfile records a CPU profile (pprof format) of the API server
+// ("kube-apiserver") or kube-scheduler ("kube-scheduler") for d. The
+// cluster must have been started with Options.Profiling.
+func (c *Cluster) CPUProfile(ctx context.Context, component string, d time.Duration) ([]byte, error) {
+	if !c.opts.Profiling {
+		return nil, fmt.Errorf("localcluster: CPU profile of %s: the cluster was started without Options.Profiling", component)
+	}
+	path := fmt.Sprintf("/debug/pprof/profile?seconds=%d", max(1, int(d.Seconds())))
+	var body []byte
+	var err error
+	switch component {
+	case "kube-apiserver":
+		body, err = c.client.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").
+			Param("seconds", strconv.Itoa(max(1, int(d.Seconds())))).Timeout(d + time.Minute).DoRaw(ctx)
+	case "kube-scheduler":
+		body, err = c.schedulerGet(ctx, path, d+time.Minute)
+	default:
+		err = fmt.Errorf("no profile served (want kube-apiserver or kube-scheduler)")
+	}
 	if err != nil {
-		return "", fmt.Errorf("localcluster: kube-scheduler metrics: %w", err)
+		return nil, fmt.Errorf("localcluster: CPU profile of %s: %w", component, err)
+	}
+	return body, nil
+}
+
+// schedulerGet reads path from kube-scheduler's secure port.
+func (c *Cluster) schedulerGet(ctx context.Context, path string, timeout time.Duration) ([]byte, error) {
+	url := fmt.Sprintf("https://127.0.0.1:%d%s", c.schedulerPort, path)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	hc := insecureHTTPClient()
+	hc.Timeout = timeout
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return "", fmt.Errorf("localcluster: kube-scheduler metrics: %w", err)
+		return nil, err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("localcluster: kube-scheduler metrics: %s: %s", resp.Status, body)
+		return nil, fmt.Errorf("GET %s: %s: %s", path, resp.Status, body)
 	}
-	return string(body), nil
+	return body, nil
 }
 
 // LogPath returns the log file of a component ("etcd", "kube-apiserver",

@@ -20,6 +20,7 @@ import (
 	"github.com/gpulink/gpulink/controller/controllertest"
 	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/internal/kubeclient"
 )
 
 // env is the test's namespace on the cluster.
@@ -37,6 +38,12 @@ func setup(t testing.TB) *env {
 	t.Cleanup(cancel)
 	cfg := cluster.RESTConfig()
 	cfg.QPS, cfg.Burst = 2000, 4000
+	// As kube-scheduler and kube-controller-manager: an observer that
+	// made the API server encode every watch event as JSON as well would
+	// be measured with either path.
+	if err := kubeclient.SetContentType(cfg, kubeclient.DefaultContentType); err != nil {
+		t.Fatal(err)
+	}
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		t.Fatal(err)

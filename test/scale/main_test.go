@@ -25,5 +25,7 @@ func TestMain(m *testing.M) {
 		// kube-scheduler binds every pod: at their default client rates
 		// (20 and 50 per second) they, not gpulink, would set the pace.
 		ComponentQPS: 500,
+		// TestSchedulerSideBySide's profiles of the control plane.
+		Profiling: os.Getenv("GPULINK_SCHED_PROFILE_DIR") != "",
 	}, func(c *localcluster.Cluster) { cluster = c }))
 }

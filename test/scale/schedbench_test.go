@@ -3,24 +3,27 @@
 package scale_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/topology"
+	"github.com/gpulink/gpulink/test/localcluster"
 )
 
 // schedConfig sizes TestSchedulerSideBySide: the shape of scheduler_perf's
@@ -31,12 +34,20 @@ type schedConfig struct {
 	Burst      int // GPULINK_SCHED_BURST: pods created at once (default a quarter of the GPUs)
 	Sequential int // GPULINK_SCHED_SEQUENTIAL: pods created one at a time
 	Report     string
+	// ProfileDir (GPULINK_SCHED_PROFILE_DIR, absolute): CPU profiles of
+	// the API server, kube-scheduler and the controller during each
+	// path's burst, ProfileSeconds (GPULINK_SCHED_PROFILE_SECONDS, 10)
+	// from its start, as <path>-<component>.pprof.
+	ProfileDir     string
+	ProfileSeconds int
 }
 
 func schedConfigFromEnv(t *testing.T) schedConfig {
 	t.Helper()
-	c := schedConfig{Nodes: 100, Sequential: 40, Report: os.Getenv("GPULINK_SCHED_REPORT")}
-	for env, p := range map[string]*int{"GPULINK_SCHED_NODES": &c.Nodes, "GPULINK_SCHED_BURST": &c.Burst, "GPULINK_SCHED_SEQUENTIAL": &c.Sequential} {
+	c := schedConfig{Nodes: 100, Sequential: 40, Report: os.Getenv("GPULINK_SCHED_REPORT"),
+		ProfileDir: os.Getenv("GPULINK_SCHED_PROFILE_DIR"), ProfileSeconds: 10}
+	for env, p := range map[string]*int{"GPULINK_SCHED_NODES": &c.Nodes, "GPULINK_SCHED_BURST": &c.Burst, "GPULINK_SCHED_SEQUENTIAL": &c.Sequential,
+		"GPULINK_SCHED_PROFILE_SECONDS": &c.ProfileSeconds} {
 		if v := os.Getenv(env); v != "" {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 1 {
@@ -47,6 +58,9 @@ func schedConfigFromEnv(t *testing.T) schedConfig {
 	}
 	if c.Burst == 0 {
 		c.Burst = c.Nodes * 8 / 4
+	}
+	if c.ProfileDir != "" && !filepath.IsAbs(c.ProfileDir) {
+		t.Fatalf("GPULINK_SCHED_PROFILE_DIR=%q: want an absolute path (go test runs in the package's directory)", c.ProfileDir)
 	}
 	if c.Burst > c.Nodes*8/2 {
 		t.Fatalf("GPULINK_SCHED_BURST=%d does not fit the half of %d GPUs left free", c.Burst, c.Nodes*8)
@@ -65,6 +79,18 @@ type pathFigures struct {
 	// SchedulerAttempts are kube-scheduler's scheduling attempts during
 	// the burst, by result.
 	SchedulerAttempts map[string]float64
+	// SequentialStagesP50Ms splits create→bound of the pods created one at
+	// a time: p50 from creation to each stage (stageWatch).
+	SequentialStagesP50Ms map[string]float64
+	// BurstCPUMsPerPod is the CPU time each process spent during the
+	// burst, from the first create to the last pod bound, per pod.
+	BurstCPUMsPerPod map[string]float64
+	// BurstCPUCores is the same as the share of a core used: 2 is both
+	// cores of the CI machine.
+	BurstCPUCores float64
+	// BurstAPIWritesPerPod are the API server's write requests during the
+	// burst per pod, by verb and resource.
+	BurstAPIWritesPerPod map[string]float64
 }
 
 type schedReport struct {
@@ -121,16 +147,19 @@ func TestSchedulerSideBySide(t *testing.T) {
 	e.template("stock", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{stockReq}})
 	e.template("gpulink", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("gpus", 1)}})
 
-	bound := newBoundWatch(t, e)
+	stages := newStageWatch(t, e)
 	rep := schedReport{Nodes: cfg.Nodes, GPUs: cfg.Nodes * 8, Fill: cfg.Nodes * 8 / 2, Burst: cfg.Burst, Sequential: cfg.Sequential}
 
 	// Stock first, on untainted devices and without the controller.
 	republish(t, e, nodes, topo, false)
-	rep.Stock = runPath(t, e, bound, "stock", false, rep.Fill, cfg)
+	rep.Stock = runPath(t, e, stages, "stock", rep.Fill, cfg, nil)
 	republish(t, e, nodes, topo, true)
-	ctrl := startControllerProcess(t, e, false)
+	// As the chart deploys gpulink: its admission policies gate the pods
+	// and put the controller's finalizer on their claims at creation.
+	installChartPolicies(t, e)
+	ctrl := startControllerProcess(t, e, cfg.ProfileDir != "")
 	ctrl.waitReady(t)
-	rep.Gpulink = runPath(t, e, bound, "gpulink", true, rep.Fill, cfg)
+	rep.Gpulink = runPath(t, e, stages, "gpulink", rep.Fill, cfg, ctrl)
 	ctrl.stop()
 
 	rep.PodsPerSecondRatio = rep.Gpulink.BurstPodsPerSecond / rep.Stock.BurstPodsPerSecond
@@ -181,65 +210,14 @@ func republish(t *testing.T, e *env, nodes []string, topo *topology.Topology, ma
 	time.Sleep(3 * time.Second)
 }
 
-// boundWatch records when each pod is first seen bound.
-type boundWatch struct {
-	mu      sync.Mutex
-	boundAt map[string]time.Time
-}
-
-func newBoundWatch(t *testing.T, e *env) *boundWatch {
-	t.Helper()
-	w := &boundWatch{boundAt: map[string]time.Time{}}
-	factory := informers.NewSharedInformerFactoryWithOptions(e.client, 0, informers.WithNamespace(e.ns))
-	inf := factory.Core().V1().Pods().Informer()
-	on := func(obj any) {
-		p, ok := obj.(*corev1.Pod)
-		if !ok || p.Spec.NodeName == "" {
-			return
-		}
-		now := time.Now()
-		w.mu.Lock()
-		if _, seen := w.boundAt[p.Name]; !seen {
-			w.boundAt[p.Name] = now
-		}
-		w.mu.Unlock()
-	}
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: on, UpdateFunc: func(_, n any) { on(n) }}); err != nil {
-		t.Fatal(err)
-	}
-	factory.Start(e.ctx.Done())
-	factory.WaitForCacheSync(e.ctx.Done())
-	return w
-}
-
-func (w *boundWatch) at(name string) (time.Time, bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	at, ok := w.boundAt[name]
-	return at, ok
-}
-
-func (w *boundWatch) count(names []string) int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	n := 0
-	for _, name := range names {
-		if _, ok := w.boundAt[name]; ok {
-			n++
-		}
-	}
-	return n
-}
-
 // runPath fills half the GPUs, then measures a burst and pods created
 // one at a time, and deletes everything it created.
-func runPath(t *testing.T, e *env, bound *boundWatch, path string, gated bool, fill int, cfg schedConfig) pathFigures {
+func runPath(t *testing.T, e *env, stages *stageWatch, path string, fill int, cfg schedConfig, ctrl *controllerProcess) pathFigures {
 	t.Helper()
 	newPod := func(name string) *corev1.Pod {
 		p := e.newPod(name, path)
-		if !gated {
-			p.Spec.SchedulingGates = nil
-		}
+		// gpulink's gate comes from the chart's admission policy.
+		p.Spec.SchedulingGates = nil
 		return p
 	}
 	create := func(names []string, created map[string]time.Time, mu *sync.Mutex) {
@@ -265,7 +243,7 @@ func runPath(t *testing.T, e *env, bound *boundWatch, path string, gated bool, f
 		return out
 	}
 	waitBound := func(what string, pods []string) {
-		e.poll(fmt.Sprintf("%s: %s bound", path, what), time.Duration(120+len(pods)/5)*time.Second, func() bool { return bound.count(pods) == len(pods) })
+		e.poll(fmt.Sprintf("%s: %s bound", path, what), time.Duration(120+len(pods)/5)*time.Second, func() bool { return stages.countBound(pods) == len(pods) })
 	}
 	var fig pathFigures
 
@@ -276,14 +254,17 @@ func runPath(t *testing.T, e *env, bound *boundWatch, path string, gated bool, f
 	burstPods := names("burst", cfg.Burst)
 	created := map[string]time.Time{}
 	var mu sync.Mutex
-	sched0 := schedulerAttempts(t)
+	sched0, cpu0, writes0 := schedulerAttempts(t), processCPU(t), apiWrites(t, e)
+	profiled := profileBurst(t, cfg, path, ctrl)
 	start := time.Now()
 	create(burstPods, created, &mu)
 	waitBound(fmt.Sprintf("a burst of %d pods", cfg.Burst), burstPods)
+	cpu1, writes1, end := processCPU(t), apiWrites(t, e), time.Now()
+	profiled()
 	var last time.Time
 	var lat []time.Duration
 	for _, n := range burstPods {
-		at, _ := bound.at(n)
+		at, _ := stages.boundAt(n)
 		if at.After(last) {
 			last = at
 		}
@@ -297,24 +278,36 @@ func runPath(t *testing.T, e *env, bound *boundWatch, path string, gated bool, f
 			fig.SchedulerAttempts[k] = d
 		}
 	}
+	// Measured from the first create until the benchmark's poll saw the
+	// last pod bound: per pod, and as cores in use over that time.
+	fig.BurstCPUMsPerPod = perPod(cpu0, cpu1, cfg.Burst, 0.0001)
+	for k, v := range fig.BurstCPUMsPerPod {
+		fig.BurstCPUMsPerPod[k] = v * 1000
+		fig.BurstCPUCores += v * float64(cfg.Burst) / end.Sub(start).Seconds()
+	}
+	fig.BurstAPIWritesPerPod = perPod(writes0, writes1, cfg.Burst, 0.05)
 	deletePods(t, e, burstPods)
 	waitClaimsGone(t, e, path+"-burst-")
 
 	var seq []time.Duration
+	seqCreated := map[string]time.Time{}
 	for _, n := range names("seq", cfg.Sequential) {
 		begin := time.Now()
+		seqCreated[n] = begin
 		create([]string{n}, nil, nil)
 		waitBound("pod "+n, []string{n})
-		at, _ := bound.at(n)
+		at, _ := stages.boundAt(n)
 		seq = append(seq, at.Sub(begin))
 		deletePods(t, e, []string{n})
 	}
 	fig.SequentialP50Ms, fig.SequentialP99Ms = percentileMs(seq, 0.50), percentileMs(seq, 0.99)
+	fig.SequentialStagesP50Ms = stages.breakdown(seqCreated)
 
 	deletePods(t, e, fillPods)
 	waitClaimsGone(t, e, path+"-")
-	t.Logf("%s: burst of %d: %.1f pods/s, create→bound p50 %.0f ms p99 %.0f ms; one at a time: p50 %.0f ms p99 %.0f ms; kube-scheduler attempts %v",
-		path, cfg.Burst, fig.BurstPodsPerSecond, fig.BurstP50Ms, fig.BurstP99Ms, fig.SequentialP50Ms, fig.SequentialP99Ms, fig.SchedulerAttempts)
+	t.Logf("%s: burst of %d: %.1f pods/s, create→bound p50 %.0f ms p99 %.0f ms; one at a time: p50 %.0f ms p99 %.0f ms (stages p50 %v); kube-scheduler attempts %v; CPU %.2f cores, ms per pod %v; API writes per pod %v",
+		path, cfg.Burst, fig.BurstPodsPerSecond, fig.BurstP50Ms, fig.BurstP99Ms, fig.SequentialP50Ms, fig.SequentialP99Ms, fig.SequentialStagesP50Ms,
+		fig.SchedulerAttempts, fig.BurstCPUCores, fig.BurstCPUMsPerPod, fig.BurstAPIWritesPerPod)
 	return fig
 }
 
@@ -357,4 +350,114 @@ func schedulerAttempts(t *testing.T) map[string]float64 {
 		}
 	}
 	return out
+}
+
+// installChartPolicies installs the chart's scheduling-gate and
+// claim-finalizer MutatingAdmissionPolicies, rendered with the project's
+// helm, their bindings limited to the test's namespace, and waits until
+// both take effect (dry-run creates of a pod and a claim).
+func installChartPolicies(t *testing.T, e *env) {
+	t.Helper()
+	out, err := localcluster.HelmTemplate(e.ctx, "gpulink", e.ns, "--show-only", "templates/scheduling-gate.yaml", "--show-only", "templates/claim-finalizer.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := localcluster.DecodeObjects(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	adm := e.client.AdmissionregistrationV1()
+	var policies, bindings int
+	for _, o := range objs {
+		raw, err := o.MarshalJSON()
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch o.GetKind() {
+		case "MutatingAdmissionPolicy":
+			p := &admissionv1.MutatingAdmissionPolicy{}
+			if err := json.Unmarshal(raw, p); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := adm.MutatingAdmissionPolicies().Create(e.ctx, p, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				_ = adm.MutatingAdmissionPolicies().Delete(context.Background(), p.Name, metav1.DeleteOptions{})
+			})
+			policies++
+		case "MutatingAdmissionPolicyBinding":
+			b := &admissionv1.MutatingAdmissionPolicyBinding{}
+			if err := json.Unmarshal(raw, b); err != nil {
+				t.Fatal(err)
+			}
+			b.Spec.MatchResources = &admissionv1.MatchResources{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": e.ns}}}
+			if _, err := adm.MutatingAdmissionPolicyBindings().Create(e.ctx, b, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				_ = adm.MutatingAdmissionPolicyBindings().Delete(context.Background(), b.Name, metav1.DeleteOptions{})
+			})
+			bindings++
+		default:
+			t.Fatalf("the chart's policy templates rendered a %s", o.GetKind())
+		}
+	}
+	if policies != 2 || bindings != 2 {
+		t.Fatalf("rendered %d policies and %d bindings, want 2 and 2:\n%s", policies, bindings, out)
+	}
+	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	probePod := e.newPod("policy-probe", "gpulink")
+	probePod.Spec.SchedulingGates = nil
+	probeClaim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "policy-probe", Namespace: e.ns},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("gpus", 1)}}}}
+	e.poll("the chart's gate and finalizer policies in effect", time.Minute, func() bool {
+		p, err := e.client.CoreV1().Pods(e.ns).Create(e.ctx, probePod, dryRun)
+		if err != nil || !gated(p) {
+			return false
+		}
+		c, err := e.client.ResourceV1().ResourceClaims(e.ns).Create(e.ctx, probeClaim, dryRun)
+		return err == nil && slices.Contains(c.Finalizers, driver.ClaimFinalizer)
+	})
+}
+
+// profileBurst starts CPU profiles of the API server, kube-scheduler and
+// the controller (when it runs) for cfg.ProfileSeconds into cfg.ProfileDir
+// and returns a function that waits for them; without a directory it
+// does nothing.
+func profileBurst(t *testing.T, cfg schedConfig, path string, ctrl *controllerProcess) (wait func()) {
+	t.Helper()
+	if cfg.ProfileDir == "" {
+		return func() {}
+	}
+	if err := os.MkdirAll(cfg.ProfileDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := time.Duration(cfg.ProfileSeconds) * time.Second
+	var wg sync.WaitGroup
+	errs := make(chan error, 3)
+	for _, component := range []string{"kube-apiserver", "kube-scheduler"} {
+		wg.Go(func() {
+			body, err := cluster.CPUProfile(t.Context(), component, d)
+			if err == nil {
+				err = os.WriteFile(filepath.Join(cfg.ProfileDir, path+"-"+component+".pprof"), body, 0o644)
+			}
+			errs <- err
+		})
+	}
+	if ctrl != nil {
+		wg.Go(func() {
+			errs <- ctrl.profile(fmt.Sprintf("profile?seconds=%d", cfg.ProfileSeconds), filepath.Join(cfg.ProfileDir, path+"-gpulink-controller.pprof"), d)
+		})
+	}
+	return func() {
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Errorf("profiling the %s burst: %v", path, err)
+			}
+		}
+		t.Logf("%s: CPU profiles of the burst's first %s in %s", path, d, cfg.ProfileDir)
+	}
 }
