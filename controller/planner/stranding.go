@@ -3,6 +3,7 @@ package planner
 import (
 	"context"
 	"fmt"
+	"math"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
@@ -18,7 +19,10 @@ import (
 // a decision passes the allocator each node's CPU and memory left (its
 // allocatable minus what the pods counted on it request, fitTracker), the
 // pod's own CPU and memory, and the mix of the shapes of the pods decided
-// recently (allocate.DemandHistory): allocate.ChooseNode then ranks nodes
+// recently (allocate.DemandHistory), each shape weighed also by how few
+// nodes could run it (allocate.DemandMix.WithScarcity: a shape only a few
+// nodes have the CPU and memory for is not stranded on them by small pods
+// as cheaply as elsewhere): allocate.ChooseNode then ranks nodes
 // by the GPU a placement strands for that mix before link quality and
 // packing. It applies where a pod is ranked by allocate.ChooseNode, i.e.
 // pods with one device set (quickChoice and choosePlan), the great
@@ -69,6 +73,12 @@ func podHost(pod *corev1.Pod) allocate.Host {
 type demandRecorder struct {
 	hist   *allocate.DemandHistory // nil: stranding ranking off
 	logged *allocate.DemandMix
+	// weighed is mix, the history's last snapshot, weighed by the
+	// scarcity of the nodes that can run each shape: computed once per
+	// snapshot, so that kept scores (keyed by the mix) stay valid
+	// between snapshots. Nodes added or resized in between count from
+	// the next snapshot on.
+	mix, weighed *allocate.DemandMix
 }
 
 // demandRefresh is how many decided pods pass between two snapshots of the
@@ -90,13 +100,42 @@ func newDemandRecorder(on bool) (*demandRecorder, error) {
 	return &demandRecorder{hist: h}, nil
 }
 
-// policy returns base with the recent demand mix (unchanged when off, or
+// policy returns base with the recent demand mix, each shape weighed by
+// how few of the nodes (capacities) could run it (unchanged when off, or
 // before any pod was recorded).
-func (r *demandRecorder) policy(base allocate.Policy) allocate.Policy {
-	if r.hist != nil {
-		base.Demand = r.hist.Mix()
+func (r *demandRecorder) policy(base allocate.Policy, capacities func() []allocate.NodeCapacity) allocate.Policy {
+	if r.hist == nil {
+		return base
 	}
+	m := r.hist.Mix()
+	if m == nil {
+		base.Demand = nil
+		return base
+	}
+	if m != r.mix {
+		r.mix, r.weighed = m, m.WithScarcity(capacities())
+	}
+	base.Demand = r.weighed
 	return base
+}
+
+// capacities lists each node's GPUs and allocatable CPU and memory, for
+// the scarcity of the demand mix's shapes. A node whose allocatable is
+// not known yet counts as fitting any pod, as HostLeft never counts it
+// short.
+func (f *NodeFilter) capacities(nodes []*NodeInventory) []allocate.NodeCapacity {
+	out := make([]allocate.NodeCapacity, 0, len(nodes))
+	for _, n := range nodes {
+		c := allocate.NodeCapacity{Host: allocate.Host{CPUMilli: math.MaxInt64, MemoryBytes: math.MaxInt64}}
+		if n.Topo != nil {
+			c.GPUs = n.Topo.Len()
+		}
+		if host, ok, known := f.Allocatable.Of(n.Node); known && ok {
+			c.Host = host
+		}
+		out = append(out, c)
+	}
+	return out
 }
 
 // ranking returns the decision's host ranking, nil when off. left gives

@@ -62,7 +62,8 @@
 // With Host and Policy.Demand, binpack first ranks by whether the set is
 // on the node's ideal link class, then by the GPU the placement strands
 // for the recent pods' CPU, memory and GPU shapes (FGD's fragment
-// measure).
+// measure), each shape weighed by how often it is asked for and, in a
+// mix from DemandMix.WithScarcity, by how few nodes could run it.
 //
 // # Invariants
 //

@@ -138,6 +138,73 @@ func TestChooseNodeStrandsLeast(t *testing.T) {
 	}
 }
 
+func TestWithScarcity(t *testing.T) {
+	common := DemandShape{GPUs: 1, Host: Host{CPUMilli: 8000, MemoryBytes: 32 * gib}}
+	big := DemandShape{GPUs: 8, Host: Host{CPUMilli: 120000, MemoryBytes: 720 * gib}}
+	never := DemandShape{GPUs: 8, Host: Host{CPUMilli: 200000}}
+	m := mustDemand(t, map[DemandShape]int{common: 5, big: 2, never: 3})
+	var nodes []NodeCapacity
+	for range 9 {
+		nodes = append(nodes, NodeCapacity{GPUs: 8, Host: Host{CPUMilli: 96000, MemoryBytes: 384 * gib}})
+	}
+	nodes = append(nodes, NodeCapacity{GPUs: 8, Host: Host{CPUMilli: 128000, MemoryBytes: 768 * gib}})
+	// Two nodes with too few GPUs for big, whatever their host.
+	for range 2 {
+		nodes = append(nodes, NodeCapacity{GPUs: 4, Host: Host{CPUMilli: 256000, MemoryBytes: 2048 * gib}})
+	}
+	w := m.WithScarcity(nodes)
+	// A host that fits no shape strands all of the GPU left for each:
+	// the weights read off in milli GPU. common: 12 of 12 nodes (x1);
+	// big: 1 of 12 (x12); never: none (its count, x1).
+	if got, want := w.stranded([]int32{1000}, &Host{}), int64(5*1+2*12+3*1)*1000; got != want {
+		t.Errorf("weighed by scarcity: stranded = %d, want %d", got, want)
+	}
+	if got, want := m.stranded([]int32{1000}, &Host{}), int64(5+2+3)*1000; got != want {
+		t.Errorf("the original mix changed: stranded = %d, want %d", got, want)
+	}
+	if got := m.WithScarcity(nil).stranded([]int32{1000}, &Host{}); got != int64(5+2+3)*1000 {
+		t.Errorf("no nodes: stranded = %d, want the counts alone", got)
+	}
+}
+
+// TestChooseNodeKeepsScarceNodeFree: a few pods need a node that only one
+// node has the CPU and memory for. Counted by frequency alone, a 1-GPU
+// pod strands less on that node than on the busier common one (whose last
+// pair it would break for the frequent 2-GPU pods); weighed by how few
+// nodes can run the big pods, it leaves the big node whole.
+func TestChooseNodeKeepsScarceNodeFree(t *testing.T) {
+	pod := Host{CPUMilli: 8000, MemoryBytes: 32 * gib}
+	bigPod := Host{CPUMilli: 120000, MemoryBytes: 720 * gib}
+	demand := mustDemand(t, map[DemandShape]int{{GPUs: 2, Host: pod}: 10, {GPUs: 8, Host: bigPod}: 1})
+	commonHost := Host{CPUMilli: 96000, MemoryBytes: 384 * gib}
+	bigHost := Host{CPUMilli: 128000, MemoryBytes: 768 * gib}
+	usedSix := make([]GPUUsage, 8)
+	for p := range 6 {
+		usedSix[p].Exclusive = true
+	}
+	nodes := []*NodeState{
+		{Name: "a-big", Topology: v100(t), Host: &bigHost},
+		{Name: "b-common", Topology: v100(t), Usage: usedSix, Host: &commonHost},
+	}
+	capacities := []NodeCapacity{{GPUs: 8, Host: bigHost}, {GPUs: 8, Host: commonHost}}
+	for _, c := range []struct {
+		name   string
+		demand *DemandMix
+		want   string
+	}{
+		{"by frequency alone", demand, "a-big"},
+		{"weighed by scarcity", demand.WithScarcity(capacities), "b-common"},
+	} {
+		r, err := ChooseNode(nodes, Request{GPUs: 1, Host: pod}, Policy{Demand: c.demand})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Node != c.want {
+			t.Errorf("%s: chose %s, want %s", c.name, r.Node, c.want)
+		}
+	}
+}
+
 // TestChooseNodeIdealClassFirst: with the demand mix a 2-GPU request
 // still goes where its pair is on the node's best link class, even when
 // the node that would break a pair strands less.

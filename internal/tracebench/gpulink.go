@@ -25,7 +25,8 @@ import (
 // hostAware gives the allocator each node's CPU and memory left and the
 // recent GPU pods' shapes (allocate.DemandHistory, same window and
 // refresh, each pod counted before it is decided): nodes are then ranked
-// by the GPU a placement strands first (Policy.Demand). The history
+// by the GPU a placement strands first (Policy.Demand), each shape also
+// weighed by how few nodes could run it (DemandMix.WithScarcity). The history
 // knows the list's GPU task shapes from the start (DemandHistory.Know,
 // a pseudo-count of one each, not their frequencies): FGD is given the
 // same list's classes with their frequencies as its target workload M,
@@ -45,6 +46,10 @@ type gpulinkPolicy struct {
 	hostAware bool
 	// cpuOnly, when set, places CPU-only tasks instead of ChooseHost.
 	cpuOnly func(c *Cluster, t *Task) (Placement, bool, error)
+	// capacities are the GPU nodes' capacities; lastScarce is lastMix
+	// weighed by their scarcity (demandMix).
+	capacities          []allocate.NodeCapacity
+	lastMix, lastScarce *allocate.DemandMix
 }
 
 func newGpulinkPolicy(w *Workload, rng *rand.Rand, hostAware bool, cpuOnly func(c *Cluster, t *Task) (Placement, bool, error)) (*gpulinkPolicy, error) {
@@ -125,7 +130,7 @@ func (g *gpulinkPolicy) place(c *Cluster, t *Task) (Placement, bool, error) {
 	pol := allocate.Policy{Node: allocate.Binpack, GPU: allocate.Binpack, Mix: g.hist.Mix()}
 	if g.hostAware {
 		req.Host = hostOf(t)
-		pol.Demand = g.demand.Mix()
+		pol.Demand = g.demandMix(c)
 	}
 	r, err := allocate.ChooseNode(g.buf, req, pol)
 	if unsat := (*allocate.UnsatisfiableError)(nil); errors.As(err, &unsat) {
@@ -148,7 +153,7 @@ func (g *gpulinkPolicy) placeHost(c *Cluster, t *Task) (Placement, bool, error) 
 	for _, n := range c.nodes {
 		g.buf = append(g.buf, n.alloc)
 	}
-	name, err := allocate.ChooseHost(g.buf, hostOf(t), allocate.Policy{Demand: g.demand.Mix()})
+	name, err := allocate.ChooseHost(g.buf, hostOf(t), allocate.Policy{Demand: g.demandMix(c)})
 	if unsat := (*allocate.UnsatisfiableError)(nil); errors.As(err, &unsat) {
 		return Placement{}, false, nil
 	}
@@ -188,4 +193,24 @@ func kubeScore(c *Cluster, t *Task, rng *rand.Rand, mostAllocated bool) (Placeme
 		return Placement{}, false, nil
 	}
 	return Placement{Node: best.idx}, true, nil
+}
+
+// demandMix is the recent shapes' mix weighed by the scarcity of the nodes
+// that can run each (allocate.DemandMix.WithScarcity, as the controller
+// ranks), computed again when the mix is refreshed.
+func (g *gpulinkPolicy) demandMix(c *Cluster) *allocate.DemandMix {
+	m := g.demand.Mix()
+	if m == g.lastMix {
+		return g.lastScarce
+	}
+	if g.capacities == nil {
+		for _, n := range c.nodes {
+			if n.kind != nil {
+				g.capacities = append(g.capacities, allocate.NodeCapacity{GPUs: n.spec.GPUs,
+					Host: allocate.Host{CPUMilli: n.spec.CPUMilli, MemoryBytes: n.spec.MemoryMiB << 20}})
+			}
+		}
+	}
+	g.lastMix, g.lastScarce = m, m.WithScarcity(g.capacities)
+	return g.lastScarce
 }
