@@ -16,7 +16,6 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/utils/ptr"
 
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/kubeletplugin"
@@ -119,8 +118,13 @@ func testMIGOnDemand(t *testing.T, n onDemandNode) {
 		t.Fatalf("pod full: %v, bound to %q while the 1g and 3g are held", err, p.Spec.NodeName)
 	}
 
+	// A graceful deletion, as a user's: the kubelet keeps the pod until it
+	// has unprepared its claim (destroyed the partitions), so the 7g is
+	// allocated only then. A forced one frees the claim at once: the 7g
+	// was allocated while the 1g and 3g still existed, the plugin refused
+	// it, and the kubelet retried after its back-off (65-85 s).
 	claim := h.claim.Name
-	if err := s.client.CoreV1().Pods(ns).Delete(ctx, "small-mid", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+	if err := s.client.CoreV1().Pods(ns).Delete(ctx, "small-mid", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	s.waitDestroyed(ctx, t, claim, h.Devices)

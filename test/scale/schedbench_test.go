@@ -83,7 +83,8 @@ type pathFigures struct {
 	// a time: p50 from creation to each stage (stageWatch).
 	SequentialStagesP50Ms map[string]float64
 	// BurstCPUMsPerPod is the CPU time each process spent during the
-	// burst, from the first create to the last pod bound, per pod.
+	// burst, from the first create until the benchmark saw the last pod
+	// bound, per pod.
 	BurstCPUMsPerPod map[string]float64
 	// BurstCPUCores is the same as the share of a core used: 2 is both
 	// cores of the CI machine.

@@ -35,11 +35,13 @@ var stageOrder = []string{stageClaimCreated, stageAllocated, stageUngated, stage
 type stageWatch struct {
 	mu sync.Mutex
 	at map[string]map[string]time.Time // pod -> stage -> first seen
+	// gated are the pods seen with gpulink's gate: only theirs is lifted.
+	gated map[string]bool
 }
 
 func newStageWatch(t *testing.T, e *env) *stageWatch {
 	t.Helper()
-	w := &stageWatch{at: map[string]map[string]time.Time{}}
+	w := &stageWatch{at: map[string]map[string]time.Time{}, gated: map[string]bool{}}
 	factory := informers.NewSharedInformerFactoryWithOptions(e.client, 0, informers.WithNamespace(e.ns))
 	pods := factory.Core().V1().Pods().Informer()
 	onPod := func(obj any) {
@@ -47,7 +49,13 @@ func newStageWatch(t *testing.T, e *env) *stageWatch {
 		if !ok {
 			return
 		}
-		if !gated(p) {
+		w.mu.Lock()
+		wasGated := w.gated[p.Name]
+		if gated(p) {
+			w.gated[p.Name] = true
+		}
+		w.mu.Unlock()
+		if wasGated && !gated(p) {
 			w.seen(p.Name, stageUngated)
 		}
 		if p.Spec.NodeName != "" {
@@ -117,9 +125,8 @@ func (w *stageWatch) countBound(pods []string) int {
 }
 
 // breakdown returns, per stage, the p50 in milliseconds of the time from
-// each pod's creation to that stage. A stage that comes before the
-// previous one (the stock path's pods are never gated) counts from
-// creation as it is.
+// each pod's creation to that stage, for the stages the pods went
+// through (the stock path's pods are never gated).
 func (w *stageWatch) breakdown(created map[string]time.Time) map[string]float64 {
 	out := map[string]float64{}
 	for _, st := range stageOrder {
