@@ -562,15 +562,15 @@ func (c *Cluster) CPUProfile(ctx context.Context, component string, d time.Durat
 	if !c.opts.Profiling {
 		return nil, fmt.Errorf("localcluster: CPU profile of %s: the cluster was started without Options.Profiling", component)
 	}
-	path := fmt.Sprintf("/debug/pprof/profile?seconds=%d", max(1, int(d.Seconds())))
+	seconds := strconv.Itoa(max(1, int(d.Seconds())))
 	var body []byte
 	var err error
 	switch component {
 	case "kube-apiserver":
 		body, err = c.client.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").
-			Param("seconds", strconv.Itoa(max(1, int(d.Seconds())))).Timeout(d + time.Minute).DoRaw(ctx)
+			Param("seconds", seconds).Timeout(d + time.Minute).DoRaw(ctx)
 	case "kube-scheduler":
-		body, err = c.schedulerGet(ctx, path, d+time.Minute)
+		body, err = c.schedulerGet(ctx, "/debug/pprof/profile?seconds="+seconds, d+time.Minute)
 	default:
 		err = fmt.Errorf("no profile served (want kube-apiserver or kube-scheduler)")
 	}
