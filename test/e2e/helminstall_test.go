@@ -68,52 +68,22 @@ func TestHelmInstallOnRealNode(t *testing.T) {
 	node := cluster.NodeName()
 	s := &suite{cluster: cluster, client: client, realNode: node, mpsRoot: filepath.Join(dir, "mps")}
 
-	apiURL, err := url.Parse(cluster.RESTConfig().Host)
-	if err != nil {
-		t.Fatal(err)
-	}
 	testdata := filepath.Join(root, "driver", "topology", "testdata")
 	driverRoot, driverFiles := s.prepareChartNode(ctx, t, filepath.Join(testdata, "pcie-nvbridge-8.txt"), dir)
 	kubeletRoot := cluster.KubeletRootDir()
 	pluginDir := filepath.Join(kubeletRoot, "plugins", driver.Name)
-	values := filepath.Join(dir, "values.yaml")
-	// The local cluster has no pod network and no kube-proxy: the pods use
-	// the host network and reach the API server on 127.0.0.1 (apiServer
-	// sets KUBERNETES_SERVICE_HOST/PORT in their containers). The kubelet
-	// root and the CDI directory live under the test directory. The plugin
-	// DaemonSet keeps off nodes without a kubelet by a node affinity (a
-	// DaemonSet pod bound there would stay Pending); the controller runs
-	// on the real node, the only one that runs pods.
+	// The plugin DaemonSet keeps off nodes without a kubelet by a node
+	// affinity (a DaemonSet pod bound there would stay Pending); the
+	// controller runs on the real node, the only one that runs pods.
 	webhookPort := localcluster.FreePort(t)
-	if err := os.WriteFile(values, []byte(fmt.Sprintf(`image:
-  repository: %s
-  tag: e2e
-  pullPolicy: Never
-apiServer:
-  host: %q
-  port: %s
-kubeletPlugin:
-  discovery: topology-file
-  topologyConfigMap: gpulink-topology
-  gpuProduct: NVIDIA A40
-  gpuMemory: 48Gi
-  driverRoot: %s
-  kubeletRootDir: %s
-  cdiRoot: %s
-  mpsRoot: %s
-  hostNetwork: true
-  metricsPort: %d
+	values := s.chartValues(t, dir, driverRoot, fmt.Sprintf(`kubeletPlugin:
   affinity:
     nodeAffinity:
       requiredDuringSchedulingIgnoredDuringExecution:
         nodeSelectorTerms:
           - matchExpressions: [{key: %s, operator: DoesNotExist}]
-  extraArgs: ["--gpu-compute-capability=8.6", "--v=2"]
 controller:
   replicas: 2
-  hostNetwork: true
-  metricsPort: 0
-  healthPort: 0
   nodeSelector: {kubernetes.io/hostname: %s}
 # This API server reaches no Service: the webhook by URL, on the node's
 # network where both replicas serve the port (SO_REUSEPORT).
@@ -121,10 +91,7 @@ compat:
   port: %d
   url: https://127.0.0.1:%d/translate-pods
   tls: {ipSANs: [127.0.0.1]}
-`, localcluster.ProductImageRepo, apiURL.Hostname(), apiURL.Port(), driverRoot, kubeletRoot, cluster.CDIDir(), s.mpsRoot,
-		localcluster.FreePort(t), localcluster.APINodeLabel, node, webhookPort, webhookPort)), 0o644); err != nil {
-		t.Fatal(err)
-	}
+`, localcluster.APINodeLabel, node, webhookPort, webhookPort))
 	runHelm := func(t *testing.T, args ...string) {
 		t.Helper()
 		args = append(args, "--kubeconfig", cluster.Kubeconfig(), "--namespace", chartNamespace)
@@ -136,7 +103,7 @@ compat:
 		}
 	}
 	chart := filepath.Join(root, "deployments", "helm", "gpulink")
-	runHelm(t, "install", helmRelease, chart, "--values", values)
+	runHelm(t, append([]string{"install", helmRelease, chart}, values...)...)
 	t.Logf("helm install done %.1fs after the start", time.Since(begin).Seconds())
 	t.Logf("%s is an API-only node (no kubelet): its kubelet plugin runs as a process, the DaemonSet's node affinity (%s DoesNotExist) leaves it out", v100Node, localcluster.APINodeLabel)
 	apiPlugin := filepath.Join(dir, "n", v100Node)
@@ -205,7 +172,7 @@ compat:
 		return
 	}
 	ok = t.Run("helm upgrade rolls the plugin and keeps the prepared claims", func(t *testing.T) {
-		runHelm(t, "upgrade", helmRelease, chart, "--values", values, "--set-string", "kubeletPlugin.podAnnotations.rollout=2")
+		runHelm(t, append([]string{"upgrade", helmRelease, chart, "--set-string", "kubeletPlugin.podAnnotations.rollout=2"}, values...)...)
 		checkChartWebhook(ctx, t, client, webhookCert)
 		rolled := waitComponentPod(ctx, t, client, "kubelet-plugin", plugin.UID)
 		t.Logf("plugin pod %s replaced by %s", plugin.Name, rolled.Name)
@@ -702,6 +669,59 @@ func checkChartWebhook(ctx context.Context, t *testing.T, client kubernetes.Inte
 		t.Fatalf("the chart's webhook never translated a pod: %v (last error: %v)", err, last)
 	}
 	return cert
+}
+
+// The real node's GPUs in the chart tests (pcie-nvbridge-8.txt).
+const chartGPUProduct, chartGPUMemory, chartComputeCapability = "NVIDIA A40", "48Gi", "8.6"
+
+// chartValues writes the chart values every chart test shares, and the
+// test's own (own, which helm merges over them), into dir and returns the
+// helm arguments that pass both. The local cluster has no pod network and
+// no kube-proxy: the pods use the host network and reach the API server
+// on 127.0.0.1 (apiServer sets KUBERNETES_SERVICE_HOST/PORT in their
+// containers); the plugin reads the node's GPUs from the topology file
+// prepareChartNode put in a ConfigMap, and the kubelet root, the CDI and
+// MPS directories live under the test directory.
+func (s *suite) chartValues(t *testing.T, dir, driverRoot, own string) []string {
+	t.Helper()
+	apiURL, err := url.Parse(s.cluster.RESTConfig().Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared := fmt.Sprintf(`image:
+  repository: %s
+  tag: e2e
+  pullPolicy: Never
+apiServer:
+  host: %q
+  port: %s
+kubeletPlugin:
+  discovery: topology-file
+  topologyConfigMap: gpulink-topology
+  gpuProduct: %s
+  gpuMemory: %s
+  driverRoot: %s
+  kubeletRootDir: %s
+  cdiRoot: %s
+  mpsRoot: %s
+  hostNetwork: true
+  metricsPort: %d
+  extraArgs: ["--gpu-compute-capability=%s", "--v=2"]
+controller:
+  hostNetwork: true
+  metricsPort: 0
+  healthPort: 0
+`, localcluster.ProductImageRepo, apiURL.Hostname(), apiURL.Port(), chartGPUProduct, chartGPUMemory, driverRoot,
+		s.cluster.KubeletRootDir(), s.cluster.CDIDir(), s.mpsRoot, localcluster.FreePort(t), chartComputeCapability)
+	var args []string
+	for _, f := range []struct{ name, body string }{{"values-shared.yaml", shared}, {"values.yaml", own}} {
+		path := filepath.Join(dir, f.name)
+		if err := os.WriteFile(path, []byte(f.body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, "--values", path)
+	}
+	return args
 }
 
 // prepareChartNode readies the real node and the cluster for a helm install

@@ -10,7 +10,6 @@ import (
 	"math"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -334,40 +333,13 @@ type monitoredChart struct {
 func installMonitoredChart(ctx context.Context, t *testing.T, s *suite, root, dir, helm string) monitoredChart {
 	t.Helper()
 	cluster, client := s.cluster, s.client
-	apiURL, err := url.Parse(cluster.RESTConfig().Host)
-	if err != nil {
-		t.Fatal(err)
-	}
 	topology := filepath.Join(root, "driver", "topology", "testdata", "pcie-nvbridge-8.txt")
 	driverRoot, _ := s.prepareChartNode(ctx, t, topology, dir)
 	kubeletRoot := cluster.KubeletRootDir()
-	const product, memory, cc = "NVIDIA A40", "48Gi", "8.6"
 	webhookPort := localcluster.FreePort(t)
-	values := filepath.Join(dir, "values.yaml")
-	if err := os.WriteFile(values, []byte(fmt.Sprintf(`image:
-  repository: %s
-  tag: e2e
-  pullPolicy: Never
-apiServer:
-  host: %q
-  port: %s
-kubeletPlugin:
-  discovery: topology-file
-  topologyConfigMap: gpulink-topology
-  gpuProduct: %s
-  gpuMemory: %s
-  driverRoot: %s
-  kubeletRootDir: %s
-  cdiRoot: %s
-  mpsRoot: %s
-  hostNetwork: true
-  metricsPort: %d
-  extraArgs: ["--gpu-compute-capability=%s", "--v=2"]
-controller:
+	values := s.chartValues(t, dir, driverRoot, fmt.Sprintf(`controller:
   replicas: 1
-  hostNetwork: true
   metricsPort: %d
-  healthPort: 0
 compat:
   port: %d
   url: https://127.0.0.1:%d/translate-pods
@@ -377,12 +349,9 @@ serviceMonitor:
   interval: %s
   scrapeTimeout: 4s
   labels: {release: prometheus}
-`, localcluster.ProductImageRepo, apiURL.Hostname(), apiURL.Port(), product, memory, driverRoot, kubeletRoot, cluster.CDIDir(), s.mpsRoot,
-		localcluster.FreePort(t), cc, localcluster.FreePort(t), webhookPort, webhookPort, scrapeInterval)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	args := []string{"install", helmRelease, filepath.Join(root, "deployments", "helm", "gpulink"), "--values", values,
-		"--kubeconfig", cluster.Kubeconfig(), "--namespace", chartNamespace}
+`, localcluster.FreePort(t), webhookPort, webhookPort, scrapeInterval))
+	args := append([]string{"install", helmRelease, filepath.Join(root, "deployments", "helm", "gpulink"),
+		"--kubeconfig", cluster.Kubeconfig(), "--namespace", chartNamespace}, values...)
 	if out, err := exec.CommandContext(ctx, helm, args...).CombinedOutput(); err != nil {
 		t.Fatalf("helm %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
@@ -397,9 +366,9 @@ serviceMonitor:
 		"--node-name=" + s.realNode,
 		"--discovery=topology-file",
 		"--topology-file=" + topology,
-		"--gpu-product=" + product,
-		"--gpu-memory=" + memory,
-		"--gpu-compute-capability=" + cc,
+		"--gpu-product=" + chartGPUProduct,
+		"--gpu-memory=" + chartGPUMemory,
+		"--gpu-compute-capability=" + chartComputeCapability,
 		"--kubelet-registrar-dir=" + filepath.Join(kubeletRoot, "plugins_registry"),
 		"--kubelet-plugin-dir=" + pluginDir,
 		"--cdi-root=" + cluster.CDIDir(),

@@ -6,8 +6,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/url"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -62,42 +60,12 @@ func TestHelmUpgradeWithoutAGap(t *testing.T) {
 	// As TestHelmInstallOnRealNode, without the API-only node and the
 	// webhook; one controller replica. The plugin keeps its metrics port
 	// on the node's network: the case that used to roll without a surge.
-	values := filepath.Join(dir, "values.yaml")
-	apiURL, err := url.Parse(cluster.RESTConfig().Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(values, []byte(fmt.Sprintf(`image:
-  repository: %s
-  tag: e2e
-  pullPolicy: Never
-apiServer:
-  host: %q
-  port: %s
-kubeletPlugin:
-  discovery: topology-file
-  topologyConfigMap: gpulink-topology
-  gpuProduct: NVIDIA A40
-  gpuMemory: 48Gi
-  driverRoot: %s
-  kubeletRootDir: %s
-  cdiRoot: %s
-  mpsRoot: %s
-  hostNetwork: true
-  metricsPort: %d
-  extraArgs: ["--gpu-compute-capability=8.6", "--v=2"]
-controller:
+	values := s.chartValues(t, dir, driverRoot, fmt.Sprintf(`controller:
   replicas: 1
-  hostNetwork: true
-  metricsPort: 0
-  healthPort: 0
   nodeSelector: {kubernetes.io/hostname: %s}
 compat:
   enabled: false
-`, localcluster.ProductImageRepo, apiURL.Hostname(), apiURL.Port(), driverRoot, cluster.KubeletRootDir(), cluster.CDIDir(), s.mpsRoot,
-		localcluster.FreePort(t), node)), 0o644); err != nil {
-		t.Fatal(err)
-	}
+`, node))
 	runHelm := func(args ...string) {
 		t.Helper()
 		args = append(args, "--kubeconfig", cluster.Kubeconfig(), "--namespace", chartNamespace)
@@ -106,7 +74,7 @@ compat:
 		}
 	}
 	chart := filepath.Join(root, "deployments", "helm", "gpulink")
-	runHelm("install", helmRelease, chart, "--values", values)
+	runHelm(append([]string{"install", helmRelease, chart}, values...)...)
 	old := waitComponentPod(ctx, t, client, "kubelet-plugin", "")
 	waitSlices(ctx, t, client, node, 8)
 	if err := waitGatePolicy(ctx, client, ns); err != nil {
@@ -121,7 +89,7 @@ compat:
 	// Pods already flowing before the upgrade starts.
 	time.Sleep(3 * time.Second)
 	upgradeStart := time.Now()
-	runHelm("upgrade", helmRelease, chart, "--values", values, "--set-string", "kubeletPlugin.podAnnotations.rollout=2")
+	runHelm(append([]string{"upgrade", helmRelease, chart, "--set-string", "kubeletPlugin.podAnnotations.rollout=2"}, values...)...)
 	newPod := waitRollout(ctx, t, client, old)
 	rolled := time.Now()
 	t.Logf("rollout done %.1fs after helm upgrade started: %s replaced by %s", rolled.Sub(upgradeStart).Seconds(), old.Name, newPod.Name)
