@@ -183,6 +183,28 @@ func RunShared(m *testing.M, prefix string, opts Options, use func(*Cluster)) in
 	return m.Run()
 }
 
+// StartForTest starts a cluster for one test in dir/c (opts.Dir is set
+// here; opts.Logf defaults to t.Logf) and stops it when the test ends,
+// reporting a failure to stop; a failure to start fails the test. The
+// caller owns dir: where it lives and whether it is kept.
+func StartForTest(ctx context.Context, t testing.TB, dir string, opts Options) *Cluster {
+	t.Helper()
+	opts.Dir = filepath.Join(dir, "c")
+	if opts.Logf == nil {
+		opts.Logf = t.Logf
+	}
+	cluster, err := Start(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := cluster.Stop(); err != nil {
+			t.Errorf("stopping the cluster: %v", err)
+		}
+	})
+	return cluster
+}
+
 // KlogVerbosityFromEnv sets the klog verbosity (-v) of the test process's
 // in-process components from $GPULINK_V, when set.
 func KlogVerbosityFromEnv() {

@@ -116,15 +116,7 @@ func TestKubeletPluginAgainstAPIServer(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 
-	cluster, err := localcluster.Start(ctx, localcluster.Options{Dir: filepath.Join(dir, "c"), Logf: t.Logf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := cluster.Stop(); err != nil {
-			t.Errorf("stopping the cluster: %v", err)
-		}
-	})
+	cluster := localcluster.StartForTest(ctx, t, dir, localcluster.Options{})
 	client := cluster.Client()
 	if err := cluster.AddAPINode(ctx, nodeName); err != nil {
 		// AddAPINode updates the new node's status without retrying on

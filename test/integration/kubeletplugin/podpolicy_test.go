@@ -111,15 +111,7 @@ func TestMPSDaemonPodPolicy(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
-	cluster, err := localcluster.Start(ctx, localcluster.Options{Dir: filepath.Join(dir, "c"), Logf: t.Logf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := cluster.Stop(); err != nil {
-			t.Errorf("stopping the cluster: %v", err)
-		}
-	})
+	cluster := localcluster.StartForTest(ctx, t, dir, localcluster.Options{})
 	admin := cluster.Client()
 	cfg := cluster.RESTConfig()
 	mpsRoot := filepath.Join(dir, "mps")
@@ -151,7 +143,7 @@ func TestMPSDaemonPodPolicy(t *testing.T) {
 	}
 	pluginPod := pause("plugin-on-node-a", policyNS, "node-a")
 	pluginPod.Spec.ServiceAccountName = pluginSA
-	pluginPod, err = admin.CoreV1().Pods(policyNS).Create(ctx, pluginPod, metav1.CreateOptions{})
+	pluginPod, err := admin.CoreV1().Pods(policyNS).Create(ctx, pluginPod, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
