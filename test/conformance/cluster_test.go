@@ -81,16 +81,9 @@ func startEnv(ctx context.Context, t *testing.T) *env {
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	cluster, err := localcluster.Start(ctx, localcluster.Options{Dir: filepath.Join(dir, "c"), RealNode: true, Logf: t.Logf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Registered first, so it runs last: after the gpulink processes stopped.
-	t.Cleanup(func() {
-		if err := cluster.Stop(); err != nil {
-			t.Errorf("stopping the cluster: %v", err)
-		}
-	})
+	// Its stop is registered first, so it runs last: after the gpulink
+	// processes stopped.
+	cluster := localcluster.StartForTest(ctx, t, dir, localcluster.Options{RealNode: true})
 	e := &env{cluster: cluster, client: cluster.Client(), node: cluster.NodeName(), stateDir: dir}
 	if err := chart.InstallClusterScoped(ctx, e.client); err != nil {
 		t.Fatal(err)

@@ -209,16 +209,9 @@ func setupOpts(ctx context.Context, t *testing.T, o setupOptions) *suite {
 	}
 	// Unix socket paths must stay below 108 bytes: keep the tree short.
 	dir, logDir := testDir(t, "gle2e", "component logs in c/logs, gpulink logs in logs")
-	cluster, err := localcluster.Start(ctx, localcluster.Options{Dir: filepath.Join(dir, "c"), RealNode: true, Logf: t.Logf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Registered first, so it runs last: after the gpulink processes stopped.
-	t.Cleanup(func() {
-		if err := cluster.Stop(); err != nil {
-			t.Errorf("stopping the cluster: %v", err)
-		}
-	})
+	// Its stop is registered first, so it runs last: after the gpulink
+	// processes stopped.
+	cluster := localcluster.StartForTest(ctx, t, dir, localcluster.Options{RealNode: true})
 	s := &suite{cluster: cluster, client: cluster.Client(), realNode: cluster.NodeName(), mpsRoot: filepath.Join(dir, "mps")}
 	for _, n := range []string{v100Node, p40Node} {
 		if err := cluster.AddAPINode(ctx, n); err != nil {
