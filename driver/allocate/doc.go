@@ -88,8 +88,10 @@
 // search up to 16 free GPUs), large.go and beam.go (beyond), share.go and
 // shareset.go (shares), choose.go, score.go and bound.go (ChooseNode),
 // mix.go and history.go (size mix), host.go (CPU, memory, stranding). Benchmarks and the
-// churn comparisons against first fit, greedy growth, myopic and MAPA are
-// in *_test.go (BenchmarkChurn, BenchmarkChurnFamilies;
+// churn comparisons against first fit, greedy growth, myopic, MAPA and
+// the online optimum (the best policy that knows the workload's
+// distribution, solved exactly) are in *_test.go (BenchmarkChurn,
+// BenchmarkChurnFamilies, online_optimum_test.go;
 // docs/performance/churn.md).
 //
 // See docs/design/allocator.md for the criteria in full (3a-3d and why

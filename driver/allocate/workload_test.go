@@ -177,8 +177,8 @@ func playChurn(tb testing.TB, topo *topology.Topology, pick func(*NodeState, int
 }
 
 // playChurnLive is playChurn for a pick that also sees the running jobs
-// (by the id of the step that placed them), as a look-ahead simulating
-// their ends does (rolloutShares).
+// (by the id of the step that placed them), as the online optimum, whose
+// states are the running jobs, does (onlineShares).
 func playChurnLive(tb testing.TB, topo *topology.Topology, pick func(*NodeState, map[int]Result, int) []int, w workload, seed uint64, steps int) churnStats {
 	tb.Helper()
 	ideal := idealClasses(topo)
