@@ -128,28 +128,20 @@ func TestChurnNeverWorseThanMyopic(t *testing.T) {
 	}
 }
 
-// churnLeadOut are the topologies where gpulink's lead over myopic on the
-// issue's family may stay below churnGoalLead without the online optimum
-// (online_optimum_test.go) showing that no online allocator reaches it:
-// those the optimum cannot be computed on in a unit test, with why and
-// what is known.
-var churnLeadOut = map[string]string{
-	"nvlink-tiered-32": "8 NVLink islands of 4: too many states for the optimum",
-}
-
-// churnOptimumGap is how far below the online optimum's expected share
-// gpulink's may be where the goal is out of every online allocator's reach.
+// churnOptimumGap is how far below the most any online allocator can
+// expect gpulink's expected share may be where the goal is out of reach.
 const churnOptimumGap = 0.005
 
 // TestChurnLeadOverMyopic checks the goal of issue 21 on its family
 // ("1224-high"): on every topology where myopic and first fit differ,
 // gpulink's mean ideal-class share is at least churnGoalLead above
-// myopic's, or no online allocator can be: the online optimum (the best
-// policy that knows the family's distribution, solved exactly) leads
-// myopic by less than churnGoalLead in expectation, and gpulink's
-// expected share is within churnOptimumGap of the optimum's. The
-// topologies of churnLeadOut, where the optimum is not computed here,
-// have their leads logged.
+// myopic's, or no online allocator can be. The most any online allocator
+// can expect (expectedBound: the online optimum, the best policy that
+// knows the family's distribution, solved exactly; on nodes too large
+// for it an upper bound of it) must then lead myopic's expected share by
+// less than churnGoalLead, and gpulink's expected share must be within
+// churnOptimumGap of it. Under the race detector the 32-GPU bound (two
+// minutes without it) is left to the run without it (Makefile: test-unit).
 func TestChurnLeadOverMyopic(t *testing.T) {
 	w := churnFamilies[0]
 	pols := familyPolicies(w)
@@ -165,24 +157,27 @@ func TestChurnLeadOverMyopic(t *testing.T) {
 			if mg >= mm+churnGoalLead {
 				return
 			}
-			if why, ok := churnLeadOut[nt.name]; ok {
-				t.Logf("%s: gpulink %.3f, myopic %.3f: lead %+.3f (goal %.2f not reached; no optimum here: %s)", w.name, mg, mm, mg-mm, churnGoalLead, why)
-				return
+			if raceEnabled && nt.topo.Len() > groupedMaxJobs {
+				t.Skipf("%s: lead %+.3f; the bound on %d GPUs is checked without the race detector", w.name, mg-mm, nt.topo.Len())
 			}
-			o := newOnlineOptimum(nt.topo, w)
-			if o == nil {
-				t.Fatalf("%s: gpulink %.3f, myopic %.3f: lead %.3f, want >= %.2f (and no online optimum to show it out of reach)", w.name, mg, mm, mg-mm, churnGoalLead)
+			bound, exact, ok := expectedBound(nt.topo, w)
+			if !ok {
+				t.Fatalf("%s: gpulink %.3f, myopic %.3f: lead %.3f, want >= %.2f (and no bound to show it out of reach)", w.name, mg, mm, mg-mm, churnGoalLead)
 			}
-			opt := o.expected() / expectedRequests(nt.topo.Len(), w)
+			best := bound / expectedRequests(nt.topo.Len(), w)
 			em, emSE := expectedShareMC(t, nt.topo, w, pols[1].pick)
 			eg, egSE := expectedShareMC(t, nt.topo, w, pols[0].pick)
-			t.Logf("%s: lead %+.3f over 30 seeds; expected shares: optimum %.4f, gpulink %.4f±%.4f, myopic %.4f±%.4f",
-				w.name, mg-mm, opt, eg, egSE, em, emSE)
-			if opt-em >= churnGoalLead {
-				t.Errorf("%s: the online optimum leads myopic by %.4f in expectation, so the goal of %.2f is within reach, but gpulink leads by %.3f", w.name, opt-em, churnGoalLead, mg-mm)
+			what := "the online optimum"
+			if !exact {
+				what = "a bound on the online optimum"
 			}
-			if eg < opt-churnOptimumGap {
-				t.Errorf("%s: gpulink's expected share %.4f is more than %.3f below the online optimum's %.4f", w.name, eg, churnOptimumGap, opt)
+			t.Logf("%s: lead %+.3f over 30 seeds; expected shares: %s %.4f, gpulink %.4f±%.4f, myopic %.4f±%.4f",
+				w.name, mg-mm, what, best, eg, egSE, em, emSE)
+			if best-em >= churnGoalLead {
+				t.Errorf("%s: %s leads myopic by %.4f in expectation, so the goal of %.2f may be within reach, but gpulink leads by %.3f", w.name, what, best-em, churnGoalLead, mg-mm)
+			}
+			if eg < best-churnOptimumGap {
+				t.Errorf("%s: gpulink's expected share %.4f is more than %.3f below %s's %.4f", w.name, eg, churnOptimumGap, what, best)
 			}
 		})
 	}
@@ -225,10 +220,12 @@ type churnCell struct {
 }
 
 // expectedShares are a topology's expected ideal-class shares on a
-// family: the online optimum's, exact, and gpulink's and myopic's
-// estimated from mcSeeds sequences, with their standard errors.
+// family: the online optimum's, exact (or, where exact is false, the
+// relaxed upper bound of it), and gpulink's and myopic's estimated from
+// mcSeeds sequences, with their standard errors.
 type expectedShares struct {
 	optimum            float64
+	exact              bool
 	gpulink, gpulinkSE float64
 	myopic, myopicSE   float64
 }
@@ -246,8 +243,8 @@ func churnResults(tb testing.TB) []churnCell {
 			}
 			if fi == 0 && c.differs() {
 				c.optimum = onlineShares(tb, nt.topo, w)
-				if o := newOnlineOptimum(nt.topo, w); o != nil {
-					e := &expectedShares{optimum: o.expected() / expectedRequests(nt.topo.Len(), w)}
+				if v, exact, ok := expectedBound(nt.topo, w); ok {
+					e := &expectedShares{optimum: v / expectedRequests(nt.topo.Len(), w), exact: exact}
 					e.gpulink, e.gpulinkSE = expectedShareMC(tb, nt.topo, w, familyPolicies(w)[0].pick)
 					e.myopic, e.myopicSE = expectedShareMC(tb, nt.topo, w, myopic)
 					c.expected = e
@@ -286,12 +283,16 @@ func writeChurnTables(sb *strings.Builder, cells []churnCell) {
 		fmt.Fprintf(sb, "| %s |\n", strings.Join(row, " | "))
 	}
 
-	fmt.Fprintf(sb, "\nIssue family %s: expected shares (optimum exact; gpulink and myopic over %d sequences, ± one standard error)\n\n", churnFamilies[0].name, mcSeeds)
+	fmt.Fprintf(sb, "\nIssue family %s: expected shares (optimum exact, ≤: an upper bound of it; gpulink and myopic over %d sequences, ± one standard error)\n\n", churnFamilies[0].name, mcSeeds)
 	fmt.Fprintf(sb, "| topology | online optimum | gpulink | myopic | optimum's lead | gpulink's lead |\n|---|---|---|---|---|---|\n")
 	for _, c := range cells {
 		if e := c.expected; e != nil {
-			fmt.Fprintf(sb, "| %s | %.4f | %.4f ± %.4f | %.4f ± %.4f | %+.4f | %+.4f |\n",
-				c.topo, e.optimum, e.gpulink, e.gpulinkSE, e.myopic, e.myopicSE, e.optimum-e.myopic, e.gpulink-e.myopic)
+			le := "≤ "
+			if e.exact {
+				le = ""
+			}
+			fmt.Fprintf(sb, "| %s | %s%.4f | %.4f ± %.4f | %.4f ± %.4f | %s%+.4f | %+.4f |\n",
+				c.topo, le, e.optimum, e.gpulink, e.gpulinkSE, e.myopic, e.myopicSE, le, e.optimum-e.myopic, e.gpulink-e.myopic)
 		}
 	}
 

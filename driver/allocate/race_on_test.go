@@ -1,0 +1,8 @@
+//go:build race
+
+package allocate
+
+// raceEnabled tells the tests that the race detector slows them down
+// several times, so that the heaviest (the relaxed bound of a 32-GPU
+// node) leave their check to the run without it (Makefile: test-unit).
+const raceEnabled = true
