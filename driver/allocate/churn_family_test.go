@@ -186,13 +186,13 @@ func TestChurnLeadOverMyopic(t *testing.T) {
 // BenchmarkChurnFamilies prints the tables of docs/performance/churn.md:
 // per family and topology every policy's mean ideal-class share over
 // churnSeeds sequences and gpulink's lead over myopic with its noise
-// (churnNoiseSE standard errors of the paired difference); the rollout
-// reference on the family; the lead per family and topology; and
-// each policy's mean over the topologies where myopic and first fit
-// differ; and on the family the online optimum: its share over
-// the same seeds and the expected shares and leads (online_optimum_test.go).
-// The figures are the same on every run. CHURN_TABLE=path writes them
-// there too.
+// (churnNoiseSE standard errors of the paired difference); on the issue's
+// family the online optimum's share over the same seeds, and the expected
+// shares and leads of the optimum (or its bound), gpulink and myopic
+// (online_optimum_test.go, online_bound_test.go); the lead per family and
+// topology; and each policy's mean over the topologies where myopic and
+// first fit differ. The figures are the same on every run (about two
+// minutes on two cores). CHURN_TABLE=path writes them there too.
 func BenchmarkChurnFamilies(b *testing.B) {
 	var sb strings.Builder
 	for range b.N {
