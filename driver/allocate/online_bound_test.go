@@ -98,15 +98,7 @@ func (r *relaxedMDP) val(t int, s relaxedState) float64 {
 		jobs += int(c)
 	}
 	free := hard - floating
-	endP := 0.0
-	if jobs > 0 {
-		endP = r.w.freeP
-		if r.w.drain && free <= 1 {
-			endP = 1
-		}
-	}
-	var v float64
-	if endP > 0 {
+	v := churnStep(r.w, r.sizeP, jobs, free, func() float64 {
 		var ends float64
 		for i, g := range s.groups[:r.groups] {
 			for size := 1; size <= relaxedMaxSize; size++ {
@@ -124,41 +116,34 @@ func (r *relaxedMDP) val(t int, s relaxedState) float64 {
 				ends += float64(c) * r.val(t-1, next)
 			}
 		}
-		v += endP * ends / float64(jobs)
-	}
-	if endP < 1 {
-		for k, p := range r.sizeP {
-			if p == 0 {
-				continue
-			}
-			if k > free {
-				v += (1 - endP) * p * r.val(t-1, s)
-				continue
-			}
-			best := -1.0
-			if k >= 2 {
-				next := s
-				next.floating[k]++
-				best = r.val(t-1, next)
-			}
-			for i, g := range s.groups[:r.groups] {
-				if i > 0 && g == s.groups[i-1] {
-					continue // the same group again
-				}
-				if r.groupSize-r.used(g) < k || hard-k < floating {
-					continue
-				}
-				next := s
-				next.groups[i] += 1 << (4 * (k - 1))
-				q := r.val(t-1, next)
-				if k >= 2 {
-					q++
-				}
-				best = max(best, q)
-			}
-			v += (1 - endP) * p * best
+		return ends
+	}, func(k int) float64 {
+		if k > free {
+			return r.val(t-1, s)
 		}
-	}
+		best := -1.0
+		if k >= 2 {
+			next := s
+			next.floating[k]++
+			best = r.val(t-1, next)
+		}
+		for i, g := range s.groups[:r.groups] {
+			if i > 0 && g == s.groups[i-1] {
+				continue // the same group again
+			}
+			if r.groupSize-r.used(g) < k || hard-k < floating {
+				continue
+			}
+			next := s
+			next.groups[i] += 1 << (4 * (k - 1))
+			q := r.val(t-1, next)
+			if k >= 2 {
+				q++
+			}
+			best = max(best, q)
+		}
+		return best
+	})
 	r.value[t][s] = v
 	return v
 }

@@ -111,38 +111,49 @@ func (m *onlineMDP) val(t int, s jobsState) float64 {
 		return v
 	}
 	jobs := s.count()
-	busy := s.busy()
-	freeN := m.n - bits.OnesCount64(busy)
+	freeN := m.n - bits.OnesCount64(s.busy())
+	v := churnStep(m.w, m.sizeP, jobs, freeN, func() float64 {
+		var ends float64
+		for i := range jobs {
+			ends += m.val(t-1, s.without(i))
+		}
+		return ends
+	}, func(k int) float64 {
+		if k > freeN {
+			return m.val(t-1, s)
+		}
+		_, q := m.choose(t, s, k)
+		return q
+	})
+	m.value[t][s] = v
+	return v
+}
+
+// churnStep is one step of a churn family's process (churnOps) from a
+// state with jobs running and free GPUs free, as the models here take it:
+// with the family's end probability (1 when at most one GPU is free and
+// the family drains) the value after a uniformly drawn job ends, given
+// ends as the sum over the jobs, else the value after a request of each
+// size, weighted by its probability.
+func churnStep(w workload, sizeP []float64, jobs, free int, ends func() float64, request func(k int) float64) float64 {
 	endP := 0.0
 	if jobs > 0 {
-		endP = m.w.freeP
-		if m.w.drain && freeN <= 1 {
+		endP = w.freeP
+		if w.drain && free <= 1 {
 			endP = 1
 		}
 	}
 	var v float64
 	if endP > 0 {
-		var ends float64
-		for i := range jobs {
-			ends += m.val(t-1, s.without(i))
-		}
-		v += endP * ends / float64(jobs)
+		v += endP * ends() / float64(jobs)
 	}
 	if endP < 1 {
-		for k, p := range m.sizeP {
-			if p == 0 {
-				continue
+		for k, p := range sizeP {
+			if p > 0 {
+				v += (1 - endP) * p * request(k)
 			}
-			var q float64
-			if k > freeN {
-				q = m.val(t-1, s)
-			} else {
-				_, q = m.choose(t, s, k)
-			}
-			v += (1 - endP) * p * q
 		}
 	}
-	m.value[t][s] = v
 	return v
 }
 
@@ -282,34 +293,24 @@ func expectedRequests(n int, w workload) float64 {
 		for _, s := range sizes {
 			used += int(s)
 		}
-		endP := 0.0
-		if len(sizes) > 0 {
-			endP = w.freeP
-			if w.drain && n-used <= 1 {
-				endP = 1
+		v := churnStep(w, sizeP, len(sizes), n-used, func() float64 {
+			var ends float64
+			for i := range sizes {
+				ends += val(t-1, slices.Delete(slices.Clone(sizes), i, i+1))
 			}
-		}
-		var v float64
-		for i := range sizes {
-			v += endP / float64(len(sizes)) * val(t-1, slices.Delete(slices.Clone(sizes), i, i+1))
-		}
-		for k, p := range sizeP {
-			if p == 0 || endP == 1 {
-				continue
-			}
+			return ends
+		}, func(k int) float64 {
 			q := 0.0
 			if k >= 2 {
 				q = 1
 			}
 			if k > n-used {
-				q += val(t-1, sizes)
-			} else {
-				next := append(slices.Clone(sizes), uint8(k))
-				slices.Sort(next)
-				q += val(t-1, next)
+				return q + val(t-1, sizes)
 			}
-			v += (1 - endP) * p * q
-		}
+			next := append(slices.Clone(sizes), uint8(k))
+			slices.Sort(next)
+			return q + val(t-1, next)
+		})
 		memo[t][string(sizes)] = v
 		return v
 	}
@@ -547,21 +548,12 @@ func (m *groupedMDP) val(t int, s groupedState) float64 {
 	if v, ok := m.value[t][s]; ok {
 		return v
 	}
-	free := m.free(s)
 	freeN := 0
-	for _, f := range free {
+	for _, f := range m.free(s) {
 		freeN += f
 	}
 	jobs := s.count()
-	endP := 0.0
-	if jobs > 0 {
-		endP = m.w.freeP
-		if m.w.drain && freeN <= 1 {
-			endP = 1
-		}
-	}
-	var v float64
-	if endP > 0 {
+	v := churnStep(m.w, m.sizeP, jobs, freeN, func() float64 {
 		var ends float64
 		for i := range jobs {
 			next := s
@@ -569,22 +561,14 @@ func (m *groupedMDP) val(t int, s groupedState) float64 {
 			next[jobs-1] = 0
 			ends += m.val(t-1, next)
 		}
-		v += endP * ends / float64(jobs)
-	}
-	if endP < 1 {
-		for size, p := range m.sizeP {
-			if p == 0 {
-				continue
-			}
-			var q float64
-			if size > freeN {
-				q = m.val(t-1, s)
-			} else {
-				_, q = m.choose(t, s, size)
-			}
-			v += (1 - endP) * p * q
+		return ends
+	}, func(size int) float64 {
+		if size > freeN {
+			return m.val(t-1, s)
 		}
-	}
+		_, q := m.choose(t, s, size)
+		return q
+	})
 	m.value[t][s] = v
 	return v
 }
