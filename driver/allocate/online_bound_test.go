@@ -197,26 +197,32 @@ var boundCache = struct {
 }{m: map[boundKey]*boundEntry{}}
 
 // TestRelaxedBoundAboveOptimum checks the relaxation against the exact
-// optimum where both are computed (4 switches of 4 GPUs; two switches of
-// 4 on a 10-GPU node do not qualify, the third holds 2): it must not be
-// below it, and floating jobs should cost it little.
+// optimum where both are computed (an NVSwitch node, one group; 4
+// switches of 4 GPUs): it must not be below it, and floating jobs should
+// cost it little. Under the race detector pcie-16's optimum is left to
+// the run without it (Makefile: test-unit).
 func TestRelaxedBoundAboveOptimum(t *testing.T) {
 	w := churnFamilies[0]
 	for _, nt := range churnTopologies(t) {
 		if nt.name != "pcie-16" && nt.name != "dgx-a100" {
 			continue
 		}
-		g, ok := groupsOf(nt.topo, w.mix)
-		if !ok {
-			t.Fatalf("%s: no groups", nt.name)
-		}
-		bound := newRelaxedMDP(g, nt.topo.Len(), w).val(w.steps, relaxedState{})
-		opt, exact, _ := expectedBound(nt.topo, w)
-		if !exact {
-			t.Fatalf("%s: no exact optimum", nt.name)
-		}
-		if bound < opt-1e-9 || bound > opt*1.01 {
-			t.Errorf("%s: relaxed bound %.4f, optimum %.4f: want the bound at or at most 1%% above", nt.name, bound, opt)
-		}
+		t.Run(nt.name, func(t *testing.T) {
+			if raceEnabled && nt.topo.Len() > onlineMaxGPUs {
+				t.Skipf("the optimum on %d GPUs is checked without the race detector", nt.topo.Len())
+			}
+			g, ok := groupsOf(nt.topo, w.mix)
+			if !ok {
+				t.Fatal("no groups")
+			}
+			bound := newRelaxedMDP(g, nt.topo.Len(), w).val(w.steps, relaxedState{})
+			opt, exact, _ := expectedBound(nt.topo, w)
+			if !exact {
+				t.Fatal("no exact optimum")
+			}
+			if bound < opt-1e-9 || bound > opt*1.01 {
+				t.Errorf("relaxed bound %.4f, optimum %.4f: want the bound at or at most 1%% above", bound, opt)
+			}
+		})
 	}
 }
