@@ -79,11 +79,7 @@ func runChurn(t *testing.T, topo *topology.Topology, a allocator, ops []op) topo
 		if len(set) != o.gpus {
 			t.Fatalf("%s: op %d: no %d GPUs", a.name, i, o.gpus)
 		}
-		var mask uint64
-		for _, p := range set {
-			mask |= 1 << p
-		}
-		last = Result{Node: "node-a", GPUs: set, WeakestLink: setKey(topo, mask).link()}
+		last = Result{Node: "node-a", GPUs: set, WeakestLink: setKey(topo, maskOf(set)).link()}
 		if err := node.Commit(Request{GPUs: o.gpus}, last); err != nil {
 			t.Fatalf("%s: op %d: %v", a.name, i, err)
 		}

@@ -151,10 +151,17 @@ func (r *relaxedMDP) val(t int, s relaxedState) float64 {
 // expectedBound is the most multi-GPU requests of a family's sequence any
 // online allocator can expect to put on their ideal class: the online
 // optimum's expected count where it is computed (exact), else the relaxed
-// bound's where that applies; false where neither does. Each is solved
-// once per topology and family for the whole test binary (pcie-16's
-// optimum takes 17 s, nvlink-tiered-32's bound two minutes).
+// bound's where that applies; false where neither does.
 func expectedBound(topo *topology.Topology, w workload) (v float64, exact, ok bool) {
+	e := solvedBound(topo, w)
+	return e.v, e.optimum != nil, e.ok
+}
+
+// solvedBound solves a topology and family's optimum, or else its relaxed
+// bound, once for the whole test binary (pcie-16's optimum takes 17 s,
+// nvlink-tiered-32's bound a minute) and keeps the solved optimum for
+// replays (onlineShares).
+func solvedBound(topo *topology.Topology, w workload) *boundEntry {
 	boundCache.mu.Lock()
 	key := boundKey{topo, w.name}
 	e, found := boundCache.m[key]
@@ -165,7 +172,7 @@ func expectedBound(topo *topology.Topology, w workload) (v float64, exact, ok bo
 	boundCache.mu.Unlock()
 	e.once.Do(func() {
 		if o := newOnlineOptimum(topo, w); o != nil {
-			e.v, e.exact, e.ok = o.expected(), true, true
+			e.optimum, e.v, e.ok = o, o.expected(), true
 			return
 		}
 		if w.strictP > 0 {
@@ -177,7 +184,7 @@ func expectedBound(topo *topology.Topology, w workload) (v float64, exact, ok bo
 			}
 		}
 	})
-	return e.v, e.exact, e.ok
+	return e
 }
 
 type boundKey struct {
@@ -185,10 +192,14 @@ type boundKey struct {
 	family string
 }
 
+// boundEntry is one solved topology and family: v is the optimum's
+// expected count (optimum set: exact) or the bound's, ok false where
+// neither applies.
 type boundEntry struct {
-	once      sync.Once
-	v         float64
-	exact, ok bool
+	once    sync.Once
+	optimum *onlineOptimum
+	v       float64
+	ok      bool
 }
 
 var boundCache = struct {

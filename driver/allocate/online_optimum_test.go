@@ -1,6 +1,7 @@
 package allocate
 
 import (
+	"cmp"
 	"math"
 	"math/bits"
 	"slices"
@@ -184,14 +185,6 @@ func (m *onlineMDP) choose(t int, s jobsState, k int) (uint64, float64) {
 	return best, bestV
 }
 
-func maskOf(set []int) uint64 {
-	var m uint64
-	for _, p := range set {
-		m |= 1 << p
-	}
-	return m
-}
-
 // onlineOptimum is the best online policy of a family on one node,
 // solved exactly: the general MDP on nodes of at most onlineMaxGPUs GPUs,
 // the grouped one where the ideal classes are "in one group".
@@ -244,10 +237,12 @@ func (o *onlineOptimum) pick(node *NodeState, live map[int]Result, step, k int) 
 }
 
 // onlineShares plays seeds 1..churnSeeds of a family with the online
-// optimum's choices (nil where newOnlineOptimum is).
+// optimum's choices (nil where newOnlineOptimum is), from the optimum
+// solvedBound keeps. Its memo is not for concurrent use: the benchmark
+// plays it alone.
 func onlineShares(tb testing.TB, topo *topology.Topology, w workload) []float64 {
 	tb.Helper()
-	o := newOnlineOptimum(topo, w)
+	o := solvedBound(topo, w).optimum
 	if o == nil {
 		return nil
 	}
@@ -487,7 +482,7 @@ func (m *groupedMDP) canonical(s groupedState) groupedState {
 		}
 	}
 	cols := []int{0, 1, 2, 3}[:ng]
-	slices.SortStableFunc(cols, func(a, b int) int { return cmpUint64(sig[a], sig[b]) })
+	slices.SortStableFunc(cols, func(a, b int) int { return cmp.Compare(sig[a], sig[b]) })
 	best := groupedState{}
 	first := true
 	var try func(i int)
@@ -517,16 +512,6 @@ func (m *groupedMDP) canonical(s groupedState) groupedState {
 	}
 	try(0)
 	return best
-}
-
-func cmpUint64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func (m *groupedMDP) free(s groupedState) [groupedMaxGroups]int {

@@ -207,11 +207,7 @@ func playChurnLive(tb testing.TB, topo *topology.Topology, pick func(*NodeState,
 		if len(set) != k {
 			tb.Fatalf("no %d GPUs with %d free", k, node.FreeGPUs())
 		}
-		var mask uint64
-		for _, p := range set {
-			mask |= 1 << p
-		}
-		r := Result{Node: "node-a", GPUs: set, WeakestLink: setKey(topo, mask).link()}
+		r := Result{Node: "node-a", GPUs: set, WeakestLink: setKey(topo, maskOf(set)).link()}
 		if o.strict && k >= 2 && r.WeakestLink < ideal[k] {
 			st.stranded++
 			continue
@@ -228,6 +224,15 @@ func playChurnLive(tb testing.TB, topo *topology.Topology, pick func(*NodeState,
 		live[id] = r
 	}
 	return st
+}
+
+// maskOf is a set of positions as a bit mask.
+func maskOf(set []int) uint64 {
+	var m uint64
+	for _, p := range set {
+		m |= 1 << p
+	}
+	return m
 }
 
 // churnTopologies are the topologies churn is measured on: the fixtures
