@@ -1,0 +1,115 @@
+package gangs
+
+import (
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+func pod(labels, annotations map[string]string, group string) *corev1.Pod {
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", Labels: labels, Annotations: annotations}}
+	if group != "" {
+		p.Spec.SchedulingGroup = &corev1.PodSchedulingGroup{PodGroupName: ptr.To(group)}
+	}
+	return p
+}
+
+func TestRefOf(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		pod       *corev1.Pod
+		podGroups bool
+		want      string
+	}{
+		{"none", pod(nil, nil, ""), true, ""},
+		{"label", pod(map[string]string{LabelGang: "a"}, nil, ""), true, "ns/labels/a"},
+		{"annotation", pod(nil, map[string]string{LabelGang: "a"}, ""), true, "ns/labels/a"},
+		{"label wins over annotation", pod(map[string]string{LabelGang: "a"}, map[string]string{LabelGang: "b"}, ""), true, "ns/labels/a"},
+		{"PodGroup wins over label", pod(map[string]string{LabelGang: "a"}, nil, "pg"), true, "ns/PodGroup/pg"},
+		{"PodGroup API not served: label", pod(map[string]string{LabelGang: "a"}, nil, "pg"), false, "ns/labels/a"},
+		{"PodGroup API not served, no label", pod(nil, nil, "pg"), false, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, ok := RefOf(tc.pod, tc.podGroups)
+			got := ""
+			if ok {
+				got = r.Key()
+			}
+			if got != tc.want {
+				t.Errorf("RefOf = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestFromLabels(t *testing.T) {
+	ref := Ref{Namespace: "ns", Name: "a", Source: SourceLabels}
+	for _, tc := range []struct {
+		name    string
+		labels  map[string]string
+		want    Spec
+		wantErr string
+	}{
+		{"size only", map[string]string{LabelGang: "a", LabelSize: "4"}, Spec{Ref: ref, MinCount: 4}, ""},
+		{"level defaults to Required", map[string]string{LabelGang: "a", LabelSize: "4", LabelLevel: "leaf"},
+			Spec{Ref: ref, MinCount: 4, Level: "leaf", Policy: Required, Why: "pod label " + LabelLevel}, ""},
+		{"Preferred", map[string]string{LabelGang: "a", LabelSize: "2", LabelLevel: "leaf", LabelPolicy: "preferred"},
+			Spec{Ref: ref, MinCount: 2, Level: "leaf", Policy: Preferred, Why: "pod label " + LabelLevel + ", policy from pod label " + LabelPolicy}, ""},
+		{"size missing", map[string]string{LabelGang: "a"}, Spec{}, LabelSize + " is missing"},
+		{"size zero", map[string]string{LabelGang: "a", LabelSize: "0"}, Spec{}, "want a positive integer"},
+		{"size not a number", map[string]string{LabelGang: "a", LabelSize: "four"}, Spec{}, `"four": want a positive integer`},
+		{"bad policy", map[string]string{LabelGang: "a", LabelSize: "2", LabelLevel: "leaf", LabelPolicy: "Maybe"}, Spec{}, "want Required or Preferred"},
+		{"policy without level", map[string]string{LabelGang: "a", LabelSize: "2", LabelPolicy: "Preferred"}, Spec{}, "without a level"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := FromLabels(ref, pod(tc.labels, nil, ""))
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Ref != tc.want.Ref || got.MinCount != tc.want.MinCount || got.Level != tc.want.Level || got.Policy != tc.want.Policy || got.Why != tc.want.Why {
+				t.Errorf("spec = %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestFromPodGroup(t *testing.T) {
+	ref := Ref{Namespace: "ns", Name: "pg", Source: SourcePodGroup}
+	pg := func(minCount int32, key string, claims ...string) *schedulingv1beta1.PodGroup {
+		g := &schedulingv1beta1.PodGroup{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "pg"}}
+		if minCount > 0 {
+			g.Spec.SchedulingPolicy.Gang = &schedulingv1beta1.GangSchedulingPolicy{MinCount: minCount}
+		} else {
+			g.Spec.SchedulingPolicy.Basic = &schedulingv1beta1.BasicSchedulingPolicy{}
+		}
+		if key != "" {
+			g.Spec.SchedulingConstraints = &schedulingv1beta1.PodGroupSchedulingConstraints{Topology: []schedulingv1beta1.TopologyConstraint{{Key: key}}}
+		}
+		for _, c := range claims {
+			g.Spec.ResourceClaims = append(g.Spec.ResourceClaims, schedulingv1beta1.PodGroupResourceClaim{Name: c, ResourceClaimTemplateName: ptr.To("t")})
+		}
+		return g
+	}
+	if _, ok, err := FromPodGroup(ref, pg(0, ""), nil); ok || err != nil {
+		t.Errorf("basic policy: ok=%v err=%v, want no gang", ok, err)
+	}
+	s, ok, err := FromPodGroup(ref, pg(4, "network.topology.nvidia.com/leaf", "shared"), nil)
+	if !ok || err != nil || s.MinCount != 4 || s.Level != "network.topology.nvidia.com/leaf" || s.Policy != Required || len(s.GroupClaims) != 1 || s.GroupClaims[0] != "shared" {
+		t.Errorf("gang with topology: %+v ok=%v err=%v", s, ok, err)
+	}
+	// A pod of the group asks for Preferred, which PodGroups cannot say.
+	s, _, err = FromPodGroup(ref, pg(4, "network.topology.nvidia.com/leaf"), pod(map[string]string{LabelPolicy: "Preferred"}, nil, "pg"))
+	if err != nil || s.Policy != Preferred || s.Level != "network.topology.nvidia.com/leaf" {
+		t.Errorf("PodGroup with a pod's Preferred: %+v err=%v", s, err)
+	}
+}
