@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	resourcelisters "k8s.io/client-go/listers/resource/v1"
+	schedulinglisters "k8s.io/client-go/listers/scheduling/v1beta1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
@@ -28,9 +29,11 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceslice/tracker"
 	"k8s.io/klog/v2"
 
+	"github.com/gpulink/gpulink/controller/gangs"
 	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/controller/report"
 	"github.com/gpulink/gpulink/driver/allocate"
+	"github.com/gpulink/gpulink/driver/gang"
 	"github.com/gpulink/gpulink/internal/sliceformat"
 )
 
@@ -80,6 +83,10 @@ type Config struct {
 	// cluster admins can write (the release namespace). Empty: such
 	// devices are kept counted in this controller's memory only.
 	HoldNamespace string
+	// Gangs configures the placement of gangs: pods of one PodGroup or
+	// gang label placed all or nothing, link-minimal across the
+	// cluster's hierarchy (gang.go).
+	Gangs GangConfig
 }
 
 // Controller is the gpulink allocation controller.
@@ -129,6 +136,14 @@ type Controller struct {
 	// rollbacks are claims a failed decision of a pod wrote and could not
 	// roll back yet; see rollbackStale.
 	rollbacks map[types.UID][]*resourceapi.ResourceClaim
+
+	// gangCfg, hierarchy, podGroups (nil unless gangCfg.PodGroups),
+	// gangRuns and reserve serve the gangs (gang*.go).
+	gangCfg   GangConfig
+	hierarchy *gang.Hierarchy
+	podGroups schedulinglisters.PodGroupLister
+	gangRuns  gangRuns
+	reserve   reservations
 }
 
 // New creates a controller and registers its informers. Call Run to start.
@@ -177,14 +192,25 @@ func New(cfg Config) (*Controller, error) {
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "gpulink_claims"}),
 		holdQueue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[types.UID](),
 			workqueue.TypedRateLimitingQueueConfig[types.UID]{Name: "gpulink_deleted_claims"}),
-		holdNS: cfg.HoldNamespace,
+		holdNS:    cfg.HoldNamespace,
+		gangCfg:   cfg.Gangs,
+		hierarchy: cfg.Gangs.Hierarchy,
+		gangRuns:  gangRuns{busy: map[string][]string{}},
+	}
+	if c.hierarchy == nil {
+		c.hierarchy = gang.DefaultHierarchy()
+	}
+	switch cfg.Gangs.DefaultPolicy {
+	case "", gangs.Required, gangs.Preferred:
+	default:
+		return nil, fmt.Errorf("controller config: gang default policy %q: want Required or Preferred", cfg.Gangs.DefaultPolicy)
 	}
 	podInf := factory.Core().V1().Pods()
 	claimInf := factory.Resource().V1().ResourceClaims()
 	sliceInf := factory.Resource().V1().ResourceSlices()
 	classInf := factory.Resource().V1().DeviceClasses()
 	nodeInf := factory.Core().V1().Nodes()
-	if err := podInf.Informer().AddIndexers(cache.Indexers{podClaimIndex: indexPodClaims}); err != nil {
+	if err := podInf.Informer().AddIndexers(cache.Indexers{podClaimIndex: indexPodClaims, podGangIndex: c.indexPodGang}); err != nil {
 		return nil, fmt.Errorf("adding pod index: %w", err)
 	}
 	if err := claimInf.Informer().AddIndexers(cache.Indexers{heldPodIndex: c.indexHeldPods}); err != nil {
@@ -199,6 +225,9 @@ func New(cfg Config) (*Controller, error) {
 	c.interp = planner.NewInterpreter(c.classes, c.sel, c.inv)
 	cfg.Metrics.inventory.setSource(c.inv, c.ledger)
 	c.filter = &planner.NodeFilter{Nodes: c.nodes, Classes: c.classes, Fit: c.fit}
+	if cfg.Gangs.StarvationBound > 0 {
+		c.filter.Reserved = c.reservedAgainst
+	}
 	if cfg.RankByStranding {
 		// A node's kept scores then also depend on its CPU and memory
 		// left: a change of either counts like a change of its devices'
@@ -247,6 +276,14 @@ func New(cfg Config) (*Controller, error) {
 		{slices, cache.ResourceEventHandlerFuncs{AddFunc: c.onSlice, UpdateFunc: func(_, o any) { c.onSlice(o) }, DeleteFunc: c.onSliceDelete}},
 		{classInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onChange, UpdateFunc: func(_, o any) { c.onChange(o) }, DeleteFunc: c.onChange}},
 		{nodeInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onNodeAdd, UpdateFunc: c.onNodeUpdate, DeleteFunc: c.onNodeDelete}},
+	}
+	if cfg.Gangs.PodGroups {
+		pgInf := factory.Scheduling().V1beta1().PodGroups()
+		c.podGroups = pgInf.Lister()
+		regs = append(regs, struct {
+			inf handlerTarget
+			h   cache.ResourceEventHandler
+		}{pgInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onPodGroup, UpdateFunc: func(_, o any) { c.onPodGroup(o) }, DeleteFunc: c.onPodGroup}})
 	}
 	for _, r := range regs {
 		reg, err := r.inf.AddEventHandler(r.h)
@@ -403,6 +440,12 @@ func (c *Controller) onPodDelete(obj any) {
 	c.enqueuePodClaimsGC(pod)
 	c.podEndedForHolds(pod)
 	c.podQueue.Add(key)
+	if ref, ok := c.gangOf(pod); ok {
+		// The gang shrank: its waiting pods say so, and a reservation
+		// of a gang with no pod left waiting ends.
+		c.enqueueGang(ref.Key())
+		c.checkReservation()
+	}
 }
 
 func (c *Controller) onClaim(obj any) {

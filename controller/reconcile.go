@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -117,6 +118,10 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 			return nil
 		}
 	}
+	if ref, ok := c.gangOf(pod); ok && gated {
+		// A gang's pods are decided together (gang.go).
+		return c.syncGang(ctx, key, pod, ref)
+	}
 	var pending []*planner.Claim
 	for _, ic := range pc.ours {
 		if ic.Claim.Status.Allocation == nil {
@@ -185,7 +190,9 @@ func (c *Controller) collectClaims(ctx context.Context, pod *corev1.Pod) podClai
 			return pc
 		}
 		if mustCheckOwner {
-			if err := resourceclaim.IsForPod(pod, claim, false); err != nil {
+			// A claim of the pod's PodGroup (DRAWorkloadResourceClaims)
+			// is accepted here; a gpulink one is refused below.
+			if err := resourceclaim.IsForPod(pod, claim, c.gangCfg.PodGroups); err != nil {
 				pc.notReady = err.Error()
 				return pc
 			}
@@ -207,6 +214,10 @@ func (c *Controller) collectClaims(ctx context.Context, pod *corev1.Pod) podClai
 			return pc
 		case err != nil:
 			pc.broken = err
+			return pc
+		case kind == planner.ClaimOurs && podGroupClaim(claim):
+			pc.broken = fmt.Errorf("claim %s/%s is a PodGroup-level ResourceClaim (PodGroup spec.resourceClaims, from a Workload's podGroupTemplates[].resourceClaims; KEP-5729) of gpulink devices: "+
+				"not supported, because gpulink devices belong to one node and gpulink allocates each pod's claims for that pod's node; give every pod its own claim (resourceClaimTemplateName in the pod template) and make the pods a gang", claim.Namespace, claim.Name)
 			return pc
 		case kind == planner.ClaimOurs:
 			pc.ours = append(pc.ours, ic)
@@ -452,4 +463,11 @@ func allocatedNode(cl *resourceapi.ResourceClaim) string {
 		}
 	}
 	return ""
+}
+
+// podGroupClaim tells whether a claim was created for a PodGroup (its
+// controller is a scheduling.k8s.io PodGroup) rather than for a pod.
+func podGroupClaim(claim *resourceapi.ResourceClaim) bool {
+	ref := metav1.GetControllerOfNoCopy(claim)
+	return ref != nil && ref.Kind == "PodGroup" && strings.HasPrefix(ref.APIVersion, "scheduling.k8s.io/")
 }

@@ -31,6 +31,13 @@ type pendingWrite struct {
 // devices while it waits for the rest, because the devices it holds can
 // be what another pod (or its own retry on another node) needs.
 func (c *Controller) writeDecision(ctx context.Context, pod *corev1.Pod, writes []pendingWrite) error {
+	_, err := c.writeClaims(ctx, pod, writes)
+	return err
+}
+
+// writeClaims is writeDecision returning the claims written, for a gang's
+// decision to roll back when a later pod's write fails.
+func (c *Controller) writeClaims(ctx context.Context, pod *corev1.Pod, writes []pendingWrite) ([]*resourceapi.ResourceClaim, error) {
 	consumer := resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: pod.Name, UID: pod.UID}
 	var written []*resourceapi.ResourceClaim
 	ours := map[string]bool{}
@@ -68,12 +75,12 @@ func (c *Controller) writeDecision(ctx context.Context, pod *corev1.Pod, writes 
 			for _, r := range writes[i:] {
 				c.enqueueClaimPods(r.ic.Claim)
 			}
-			return err
+			return nil, err
 		}
 		w.settle(updated.ResourceVersion, true)
 		written = append(written, updated)
 	}
-	return nil
+	return written, nil
 }
 
 // writtenAnyway tells whether a failed allocation write took effect: a

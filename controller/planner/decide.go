@@ -77,6 +77,9 @@ type Request struct {
 	Excluded sets.Set[string]
 	// Placement is the pod's own placement policy (PodPlacement).
 	Placement Placement
+	// Only, when set, restricts the decision to that node: a gang's
+	// placement chose the node, the planner chooses its devices.
+	Only string
 }
 
 // Decision is what Decide found.
@@ -110,6 +113,12 @@ func (p *Planner) Decide(ctx context.Context, req Request) Decision {
 	logger := klog.FromContext(ctx)
 	pod, pending, allocated, excluded := req.Pod, req.Pending, req.Allocated, req.Excluded
 	all := p.inv.All()
+	if req.Only != "" {
+		all = nil
+		if n := p.inv.Node(req.Only); n != nil {
+			all = []*NodeInventory{n}
+		}
+	}
 	d := Decision{Nodes: len(all)}
 	pol := req.Placement.apply(p.demand.policy(p.mix.Policy(ctx, p.policy, pending), func() []allocate.NodeCapacity { return p.filter.capacities(all) }))
 	rank := p.demand.ranking(p.filter.HostLeft, pod)

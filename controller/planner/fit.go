@@ -509,6 +509,11 @@ func (r *Rejections) count(reason string) int { return r.counts[reason] }
 // summary renders "0/N nodes: 5 Insufficient cpu, 3 ...", most frequent
 // reason first, ties by reason.
 func (r *Rejections) summary(total int) string {
+	return fmt.Sprintf("0/%d nodes: %s", total, r.Reasons())
+}
+
+// Reasons renders the counts alone: "5 Insufficient cpu, 3 ...".
+func (r *Rejections) Reasons() string {
 	reasons := make([]string, 0, len(r.counts))
 	for k := range r.counts {
 		reasons = append(reasons, k)
@@ -523,7 +528,7 @@ func (r *Rejections) summary(total int) string {
 	for i, k := range reasons {
 		parts[i] = fmt.Sprintf("%d %s", r.counts[k], k)
 	}
-	return fmt.Sprintf("0/%d nodes: %s", total, strings.Join(parts, ", "))
+	return strings.Join(parts, ", ")
 }
 
 func PodDone(pod *corev1.Pod) bool {

@@ -20,6 +20,7 @@ const (
 	rejectAffinity    = "node(s) didn't match Pod's node affinity/selector"
 	rejectTaint       = "node(s) had untolerated taint(s)"
 	rejectOtherClaims = "node(s) didn't match the node of the pod's allocated claims"
+	rejectReserved    = "node(s) reserved for a gang that waited too long"
 )
 
 // NodeGetter reads Node objects by name; the controller's Node lister is one.
@@ -46,6 +47,10 @@ type NodeFilter struct {
 	Fit     *FitTracker
 	// Allocatable is read by ranking by stranding (stranding.go).
 	Allocatable allocatableMemo
+	// Reserved, when set, says why the node is held off for the pod
+	// ("" when it is not): the controller's starvation policy reserves
+	// a domain for a gang that waited too long.
+	Reserved func(pod *corev1.Pod, node string) string
 }
 
 // labelsOf returns a node's labels, nil when the node is unknown.
@@ -135,6 +140,11 @@ func (pf *podFilter) admit(n *NodeInventory) bool {
 	}
 	if pf.excluded.Has(n.Node) {
 		return pf.skip(rejectExcluded, "node %s: the pod was unschedulable there before", n.Node)
+	}
+	if pf.f.Reserved != nil && pod.Spec.NodeName == "" {
+		if why := pf.f.Reserved(pod, n.Node); why != "" {
+			return pf.skip(rejectReserved, "node %s: %s", n.Node, why)
+		}
 	}
 	node, err := pf.f.Nodes.Get(n.Node)
 	if err != nil {

@@ -25,4 +25,20 @@ const (
 	// already carries shares of other claims, which it cannot be ordered
 	// against.
 	ReasonPriorityScope = "PriorityScope"
+	// ReasonGangWaiting is recorded on every gated pod of a gang that
+	// cannot be placed yet, naming why (too few pods, or what fits where).
+	ReasonGangWaiting = "GangWaiting"
+	// ReasonGangPlaced is recorded on every pod of a gang placed all at
+	// once: its node, the gang's level and domain.
+	ReasonGangPlaced = "GangPlaced"
+	// ReasonGangRelaxed is a Warning on every pod of a gang whose
+	// Preferred level could not be met: it spans a higher level.
+	ReasonGangRelaxed = "GangLevelRelaxed"
+	// ReasonGangRolledBack is recorded on the pods of a gang whose
+	// decision was interrupted (a controller restart or failover) before
+	// every pod was allocated: what was written is released.
+	ReasonGangRolledBack = "GangRolledBack"
+	// ReasonGangReserved is recorded on the pods of a gang that waited
+	// longer than the starvation bound and now reserves a domain.
+	ReasonGangReserved = "GangReservedDomain"
 )

@@ -1,0 +1,332 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
+	schedulinglisters "k8s.io/client-go/listers/scheduling/v1beta1"
+	"k8s.io/klog/v2"
+
+	"github.com/gpulink/gpulink/controller/gangs"
+	"github.com/gpulink/gpulink/controller/planner"
+	"github.com/gpulink/gpulink/controller/report"
+	"github.com/gpulink/gpulink/driver/gang"
+)
+
+// podGangIndex indexes pods by their gang's key (gangs.Ref.Key).
+const podGangIndex = "gpulink.dev/gang"
+
+// GangConfig configures the placement of gangs: pods placed all or
+// nothing, link-minimal across the cluster's hierarchy (gang*.go).
+type GangConfig struct {
+	// Hierarchy is the cluster's levels above one node, from node
+	// labels, tightest first; nil: gang.DefaultHierarchy (NVLink clique,
+	// Topograph accelerator, leaf, spine, zone).
+	Hierarchy *gang.Hierarchy
+	// PodGroups watches scheduling.k8s.io/v1beta1 PodGroups, so that pods
+	// naming one in spec.schedulingGroup are placed by its gang policy.
+	// Turn on only where the Workload API is served (feature gate
+	// GenericWorkload); off, pods are gangs through their labels only.
+	PodGroups bool
+	// DefaultLevel and DefaultPolicy apply to gangs that name no level:
+	// a level name or node label key of Hierarchy, Required or Preferred.
+	// Empty: Preferred at the lowest level that fits.
+	DefaultLevel  string
+	DefaultPolicy gangs.Policy
+	// StarvationBound: a gang that has waited longer than this (from the
+	// creation of its oldest pod) reserves the domain it is closest to
+	// fitting in, so that no other pod is placed there until the gang is
+	// placed or gone; one gang at a time, the longest waiting
+	// (gang_reserve.go). 0: gangs never reserve.
+	StarvationBound time.Duration
+}
+
+// gangRuns serializes the work on each gang: one worker evaluates and
+// writes a gang at a time; others that get one of its pods meanwhile mark
+// it dirty, and the running one queues the pod again when it is done.
+type gangRuns struct {
+	mu   sync.Mutex
+	busy map[string][]string // gang key -> pod keys to queue again
+}
+
+func (r *gangRuns) start(gangKey, podKey string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if again, ok := r.busy[gangKey]; ok {
+		if !slices.Contains(again, podKey) {
+			r.busy[gangKey] = append(again, podKey)
+		}
+		return false
+	}
+	r.busy[gangKey] = nil
+	return true
+}
+
+func (r *gangRuns) done(gangKey string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	again := r.busy[gangKey]
+	delete(r.busy, gangKey)
+	return again
+}
+
+// gangOf returns the gang a pod names, if any.
+func (c *Controller) gangOf(pod *corev1.Pod) (gangs.Ref, bool) {
+	return gangs.RefOf(pod, c.gangCfg.PodGroups)
+}
+
+// indexPodGang indexes a pod by its gang's key.
+func (c *Controller) indexPodGang(obj any) ([]string, error) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return nil, nil
+	}
+	if ref, ok := c.gangOf(pod); ok {
+		return []string{ref.Key()}, nil
+	}
+	return nil, nil
+}
+
+// gangSpec reads what the gang asks for; notReady says why it cannot be
+// known yet (its PodGroup is not created), err that it is invalid, and
+// isGang false that a PodGroup with the basic policy makes no gang.
+func (c *Controller) gangSpec(ref gangs.Ref, pod *corev1.Pod) (spec gangs.Spec, isGang bool, notReady string, err error) {
+	switch ref.Source {
+	case gangs.SourcePodGroup:
+		pg, gerr := c.podGroups.PodGroups(ref.Namespace).Get(ref.Name)
+		if apierrors.IsNotFound(gerr) {
+			return gangs.Spec{}, true, fmt.Sprintf("PodGroup %s/%s named by the pod's spec.schedulingGroup does not exist (yet)", ref.Namespace, ref.Name), nil
+		}
+		if gerr != nil {
+			return gangs.Spec{}, true, fmt.Sprintf("reading PodGroup %s/%s: %v", ref.Namespace, ref.Name, gerr), nil
+		}
+		spec, isGang, err = gangs.FromPodGroup(ref, pg, pod)
+	default:
+		spec, err = gangs.FromLabels(ref, pod)
+		isGang = true
+	}
+	if err != nil || !isGang {
+		return gangs.Spec{}, isGang, "", err
+	}
+	if spec.Level == "" && c.gangCfg.DefaultLevel != "" {
+		spec.Level, spec.Policy, spec.Why = c.gangCfg.DefaultLevel, c.gangCfg.DefaultPolicy, "the controller's --gang-default-level"
+	}
+	if spec.Policy == "" {
+		spec.Policy = gangs.Preferred
+	}
+	return spec, true, "", nil
+}
+
+// gangRequest maps a gang's spec to driver/gang's request.
+func (c *Controller) gangRequest(spec gangs.Spec, pods, need, gpusPerPod int) (gang.Request, error) {
+	req := gang.Request{Name: spec.Name, Pods: pods, MinCount: need, GPUsPerPod: gpusPerPod, Constraint: gang.Preferred}
+	if spec.Policy == gangs.Required {
+		req.Constraint = gang.Required
+	}
+	if spec.Level == "" {
+		return req, nil
+	}
+	h := c.hierarchy
+	level, ok := h.LevelOfKey(spec.Level)
+	if !ok {
+		level, ok = h.LevelOfName(spec.Level)
+	}
+	if !ok {
+		return gang.Request{}, fmt.Errorf("%s: level %q (%s) is neither a node label key nor a level name of the controller's hierarchy (%s; configure it with the chart's gangs.hierarchy)",
+			spec.Ref, spec.Level, spec.Why, strings.Join(h.Keys(), ", "))
+	}
+	req.Level = level
+	return req, nil
+}
+
+// gangMember is one pod of a gang as syncGang sees it.
+type gangMember struct {
+	pod *corev1.Pod
+	key string
+	pc  podClaims
+	// pending are its gpulink claims not allocated yet.
+	pending []*planner.Claim
+	// allocated are its claims (any driver) already allocated.
+	allocated []*planner.Claim
+}
+
+// gated: still behind gpulink's scheduling gate.
+func (m *gangMember) gated() bool { return gateIndex(m.pod) >= 0 }
+
+// ready: its claims exist and can be allocated by gpulink.
+func (m *gangMember) ready() bool { return m.pc.broken == nil && m.pc.notReady == "" }
+
+// members lists the gang's live pods (not deleted, not finished), by name.
+func (c *Controller) gangMembers(ctx context.Context, ref gangs.Ref) []*gangMember {
+	objs, err := c.podIdx.ByIndex(podGangIndex, ref.Key())
+	if err != nil {
+		return nil
+	}
+	var out []*gangMember
+	for _, o := range objs {
+		pod, ok := o.(*corev1.Pod)
+		if !ok || pod.DeletionTimestamp != nil || planner.PodDone(pod) {
+			continue
+		}
+		m := &gangMember{pod: pod, key: pod.Namespace + "/" + pod.Name}
+		if m.gated() {
+			m.pc = c.collectClaims(ctx, pod)
+			for _, ic := range m.pc.ours {
+				if ic.Claim.Status.Allocation == nil {
+					m.pending = append(m.pending, ic)
+				} else {
+					m.allocated = append(m.allocated, ic)
+				}
+			}
+		}
+		out = append(out, m)
+	}
+	slices.SortFunc(out, func(a, b *gangMember) int { return strings.Compare(a.pod.Name, b.pod.Name) })
+	return out
+}
+
+// syncGang drives the gang of a gated pod with pending gpulink claims:
+// it finishes or rolls back a decision an earlier run left half written,
+// waits until minCount pods exist, and then places all of them at once
+// (gang_decide.go). A gang that already runs minCount pods places further
+// pods (replacements, pods beyond minCount) one by one.
+func (c *Controller) syncGang(ctx context.Context, key string, pod *corev1.Pod, ref gangs.Ref) error {
+	if !c.gangRuns.start(ref.Key(), key) {
+		return nil
+	}
+	defer func() {
+		for _, k := range c.gangRuns.done(ref.Key()) {
+			c.podQueue.Add(k)
+		}
+	}()
+	logger := klog.FromContext(ctx).WithValues("gang", ref.Key())
+	ctx = klog.NewContext(ctx, logger)
+	spec, isGang, notReady, err := c.gangSpec(ref, pod)
+	members := c.gangMembers(ctx, ref)
+	switch {
+	case err != nil:
+		c.gangEvent(members, corev1.EventTypeWarning, report.ReasonUninterpretable, actionWait, err.Error())
+		c.setGangWaiting(members, true)
+		return nil
+	case notReady != "":
+		c.gangEvent(members, corev1.EventTypeWarning, report.ReasonGangWaiting, actionWait, "waiting: "+notReady)
+		c.setGangWaiting(members, true)
+		return nil
+	case !isGang:
+		// A PodGroup with the basic policy: its pods are placed one by one.
+		return c.syncSingle(ctx, key, pod)
+	}
+	for _, m := range members {
+		for _, ic := range m.pc.ours {
+			if c.ledger.InFlight(ic.Claim.UID) {
+				// A write of ours is not in the informer yet: its update
+				// brings the pods back.
+				return nil
+			}
+		}
+	}
+	if done, err := c.recoverGang(ctx, spec, members); done || err != nil {
+		return err
+	}
+	running, ready := 0, []*gangMember{}
+	var notReadyWhy []string
+	for _, m := range members {
+		switch {
+		case !m.gated():
+			running++
+		case !m.ready():
+			why := m.pc.notReady
+			if m.pc.broken != nil {
+				why = m.pc.broken.Error()
+			}
+			notReadyWhy = append(notReadyWhy, fmt.Sprintf("pod %s: %s", m.pod.Name, why))
+		case len(m.pending) > 0:
+			ready = append(ready, m)
+		}
+	}
+	if running >= spec.MinCount {
+		// The gang runs: a further pod is placed as a singleton, and the
+		// running ones are never touched.
+		c.setGangWaiting(members, false)
+		return c.syncSingle(ctx, key, pod)
+	}
+	need := spec.MinCount - running
+	if len(ready) < need {
+		msg := fmt.Sprintf("waiting: %s: %d of %d pods to place together exist and are ready", spec.Ref, len(ready)+running, spec.MinCount)
+		if running > 0 {
+			msg += fmt.Sprintf(" (%d running)", running)
+		}
+		if len(notReadyWhy) > 0 {
+			msg += "; not ready: " + strings.Join(notReadyWhy[:min(3, len(notReadyWhy))], "; ")
+		}
+		logger.V(2).Info("Gang waiting for its pods", "ready", len(ready), "running", running, "minCount", spec.MinCount)
+		c.gangEvent(members, corev1.EventTypeNormal, report.ReasonGangWaiting, actionWait, msg)
+		c.setGangWaiting(members, true)
+		return nil
+	}
+	return c.decideGang(ctx, spec, members, ready, need)
+}
+
+// syncSingle places one pod of a gang on its own, as syncPod places pods
+// outside gangs.
+func (c *Controller) syncSingle(ctx context.Context, key string, pod *corev1.Pod) error {
+	pc := c.collectClaims(ctx, pod)
+	var pending []*planner.Claim
+	for _, ic := range pc.ours {
+		if ic.Claim.Status.Allocation == nil {
+			pending = append(pending, ic)
+		}
+	}
+	if len(pending) == 0 || pc.broken != nil || pc.notReady != "" {
+		// syncPod handles these cases; it comes back with the claims'
+		// updates.
+		return nil
+	}
+	return c.allocatePod(ctx, key, pod, pc, pending)
+}
+
+// gangEvent records an event on every gated pod of the gang.
+func (c *Controller) gangEvent(members []*gangMember, eventType, reason, action, note string) {
+	for _, m := range members {
+		if m.gated() {
+			c.explain.event(m.pod, nil, eventType, reason, action, note)
+		}
+	}
+}
+
+// setGangWaiting marks the gang's gated pods as waiting (retried on
+// cluster changes) or not.
+func (c *Controller) setGangWaiting(members []*gangMember, waiting bool) {
+	for _, m := range members {
+		c.setWaiting(m.key, waiting && m.gated())
+	}
+}
+
+// enqueueGang queues every pod of a gang.
+func (c *Controller) enqueueGang(gangKey string) {
+	objs, err := c.podIdx.ByIndex(podGangIndex, gangKey)
+	if err != nil {
+		return
+	}
+	for _, o := range objs {
+		if pod, ok := o.(*corev1.Pod); ok {
+			c.podQueue.Add(pod.Namespace + "/" + pod.Name)
+		}
+	}
+}
+
+// onPodGroup queues the pods of a PodGroup that was created or changed.
+func (c *Controller) onPodGroup(obj any) {
+	pg, ok := deletedObject[*schedulingv1beta1.PodGroup](obj)
+	if !ok {
+		return
+	}
+	c.enqueueGang(gangs.Ref{Namespace: pg.Namespace, Name: pg.Name, Source: gangs.SourcePodGroup}.Key())
+}

@@ -1,0 +1,262 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	"github.com/gpulink/gpulink/controller/gangs"
+	"github.com/gpulink/gpulink/controller/planner"
+	"github.com/gpulink/gpulink/controller/report"
+	"github.com/gpulink/gpulink/driver/gang"
+)
+
+// allocatedClaims are the pod's claims (any driver) already allocated.
+func (m *gangMember) allocatedClaims() []*resourceapi.ResourceClaim {
+	var out []*resourceapi.ResourceClaim
+	for _, cl := range m.pc.all {
+		if cl.Status.Allocation != nil {
+			out = append(out, cl)
+		}
+	}
+	return out
+}
+
+// gangDecision is a gang placed and assumed, to be written.
+type gangDecision struct {
+	placement *gang.Placement
+	pods      []gangPodWrite
+}
+
+// gangPodWrite is one pod of a gang decision.
+type gangPodWrite struct {
+	m      *gangMember
+	plan   *planner.Plan
+	writes []pendingWrite
+}
+
+// decideGang places the ready pods of a gang all at once or not at all.
+// Under the decision lock: the node filter and the planner give each
+// candidate node's slots (how many of the gang's pods fit there at once,
+// trialSlots), driver/gang chooses one node per pod at the lowest level,
+// and every pod's claims are planned on its node and assumed in the
+// ledger. Any pod that does not fit drops every assumption: no partial
+// allocation is held while a gang waits. The writes then follow, all
+// claims of all pods before any gate is removed (writeGang).
+func (c *Controller) decideGang(ctx context.Context, spec gangs.Spec, members, ready []*gangMember, need int) error {
+	logger := klog.FromContext(ctx)
+	start := time.Now()
+	rep := ready[0]
+	own, err := planner.PodPlacement(rep.pod, rep.pending)
+	if err == nil {
+		err = planner.MIGMixError(rep.pending)
+	}
+	if err != nil {
+		c.metrics.Decisions.WithLabelValues(OutcomeInvalid).Inc()
+		c.gangEvent(members, corev1.EventTypeWarning, report.ReasonUninterpretable, actionAllocate, fmt.Sprintf("%s: pod %s: %v", spec.Ref, rep.pod.Name, err))
+		c.setGangWaiting(members, true)
+		return nil
+	}
+	gpus := planner.WholeGPUs(rep.pending)
+	req, err := c.gangRequest(spec, len(ready), need, gpus)
+	if err != nil {
+		c.metrics.Decisions.WithLabelValues(OutcomeInvalid).Inc()
+		c.gangEvent(members, corev1.EventTypeWarning, report.ReasonUninterpretable, actionAllocate, err.Error())
+		c.setGangWaiting(members, true)
+		return nil
+	}
+
+	c.decideMu.Lock()
+	for _, m := range ready {
+		for _, ic := range m.pending {
+			if c.ledger.Held(ic.Claim.UID) {
+				c.decideMu.Unlock()
+				logger.V(4).Info("Claim of a gang pod decided meanwhile; waiting for its update", "claim", klog.KObj(ic.Claim))
+				return nil
+			}
+		}
+	}
+	nodes, rej := c.gangCandidates(ctx, spec, rep, own, len(ready))
+	placement, perr := gang.Place(c.hierarchy, req, nodes)
+	var dec *gangDecision
+	if perr == nil {
+		dec, perr = c.assumeGang(ctx, spec, ready, own, placement)
+	}
+	if perr != nil {
+		c.decideMu.Unlock()
+		c.metrics.Decisions.WithLabelValues(OutcomeWaiting).Inc()
+		msg := "waiting: " + perr.Error()
+		if rej != "" {
+			msg += " (" + rej + ")"
+		}
+		if errors.Is(perr, gang.ErrInvalid) {
+			c.gangEvent(members, corev1.EventTypeWarning, report.ReasonUninterpretable, actionAllocate, msg)
+		} else {
+			c.gangEvent(members, corev1.EventTypeWarning, report.ReasonGangWaiting, actionWait, msg)
+			c.considerReserving(ctx, spec, members, req, nodes)
+		}
+		logger.V(2).Info("Gang waiting", "reason", msg)
+		c.setGangWaiting(members, true)
+		return nil
+	}
+	c.metrics.PlanLatency.Observe(time.Since(start).Seconds())
+	c.decideMu.Unlock()
+
+	if err := c.writeGang(ctx, spec, dec); err != nil {
+		c.metrics.Decisions.WithLabelValues(OutcomeError).Inc()
+		return err
+	}
+	c.releaseReservation(spec.Ref.Key())
+	c.setGangWaiting(members, false)
+	p := dec.placement
+	where := fmt.Sprintf("level %s", p.LevelName)
+	if p.Domain != "" {
+		where += " " + p.Domain
+	}
+	logger.Info("Placed gang", "pods", len(dec.pods), "level", p.LevelName, "domain", p.Domain, "relaxed", p.Relaxed, "duration", time.Since(start))
+	for _, pw := range dec.pods {
+		c.metrics.Decisions.WithLabelValues(OutcomeAllocated).Inc()
+		c.metrics.AllocationLatency.Observe(time.Since(pw.m.pod.CreationTimestamp.Time).Seconds())
+		note := fmt.Sprintf("%s: %d pods placed together, spanning %s; this pod: %s", spec.Ref, len(dec.pods), where, pw.plan.Summarize())
+		c.explain.event(pw.m.pod, pw.writes[0].ic.Claim, corev1.EventTypeNormal, report.ReasonGangPlaced, actionAllocate, note)
+		if p.Relaxed {
+			c.explain.rec.Eventf(pw.m.pod, nil, corev1.EventTypeWarning, report.ReasonGangRelaxed, actionAllocate, "%s", p.Note)
+		}
+	}
+	c.metrics.DecisionLatency.Observe(time.Since(start).Seconds())
+	var errs []error
+	for _, pw := range dec.pods {
+		if err := c.ungate(ctx, pw.m.pod); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// gangCandidates returns the nodes the gang's representative pod may run
+// on, with their slots: how many of the gang's pods fit there at once.
+// The second result summarizes the nodes the filter turned down.
+func (c *Controller) gangCandidates(ctx context.Context, spec gangs.Spec, rep *gangMember, own planner.Placement, maxPods int) ([]gang.Node, string) {
+	logger := klog.FromContext(ctx)
+	all := c.inv.All()
+	cands, rej := c.filter.Candidates(logger, rep.pod, all, rep.allocatedClaims(), nil)
+	out := make([]gang.Node, 0, len(cands))
+	for _, n := range cands {
+		node, err := c.nodes.Get(n.Node)
+		if err != nil {
+			continue
+		}
+		slots := c.trialSlots(ctx, rep, own, n.Node, maxPods)
+		free, total := c.planner.GPUCounts(n.Node)
+		out = append(out, gang.Node{Name: n.Node, Domains: c.hierarchy.Domains(node.Labels), Slots: slots, FreeGPUs: free, TotalGPUs: total})
+	}
+	summary := ""
+	if rej != nil && len(cands) < len(all) {
+		summary = fmt.Sprintf("%d of %d nodes turned down for the pods: %s", len(all)-len(cands), len(all), rej.Reasons())
+	}
+	return out, summary
+}
+
+// trialSlots counts how many copies of the representative pod fit on the
+// node at once: the planner places the pod's pending claims there, the
+// devices are assumed in the ledger (and the pod in the node fit) under
+// trial identities, and again, until it no longer fits or maxPods fit.
+// Every trial assumption is dropped before returning. Called under the
+// decision lock, so no other decision sees them.
+func (c *Controller) trialSlots(ctx context.Context, rep *gangMember, own planner.Placement, node string, maxPods int) int {
+	var settles []func(string, bool)
+	var fakes []types.UID
+	defer func() {
+		for _, s := range settles {
+			s("", false)
+		}
+		for _, uid := range fakes {
+			c.fit.Unassume(uid)
+		}
+	}()
+	now := metav1.Now()
+	allocated := rep.allocatedClaims()
+	slots := 0
+	for slots < maxPods {
+		trial := rep.pod
+		if slots > 0 {
+			trial = rep.pod.DeepCopy()
+			trial.UID = types.UID(fmt.Sprintf("gang-trial/%s/%d", rep.pod.UID, slots))
+		}
+		d := c.planner.Decide(ctx, planner.Request{Pod: trial, Pending: rep.pending, Allocated: allocated, Placement: own, Only: node})
+		if d.Chosen == nil {
+			break
+		}
+		slots++
+		if slots == maxPods {
+			break
+		}
+		for i, ic := range rep.pending {
+			_, uses := buildAllocation(ic, d.Chosen.Node, d.Chosen.Claims[i], d.Chosen.ForeignResults(i), now)
+			settle, ok := c.ledger.Assume(types.UID(fmt.Sprintf("gang-trial/%s/%s/%d", ic.Claim.UID, node, slots)), uses)
+			if ok {
+				settles = append(settles, settle)
+			}
+		}
+		fake := rep.pod.DeepCopy()
+		fake.UID = types.UID(fmt.Sprintf("gang-trial/%s/%d", rep.pod.UID, slots))
+		c.fit.Assume(fake, node)
+		fakes = append(fakes, fake.UID)
+	}
+	return slots
+}
+
+// assumeGang plans each pod's claims on the node the placement gave it
+// and assumes them; when one pod does not fit (the gang's pods differ from
+// the representative, or a selector rules the node out), every assumption
+// is dropped and the error says which pod.
+func (c *Controller) assumeGang(ctx context.Context, spec gangs.Spec, ready []*gangMember, own planner.Placement, p *gang.Placement) (*gangDecision, error) {
+	dec := &gangDecision{placement: p}
+	undo := func() {
+		for _, pw := range dec.pods {
+			for _, w := range pw.writes {
+				w.settle("", false)
+			}
+			c.fit.Unassume(pw.m.pod.UID)
+		}
+	}
+	now := metav1.Now()
+	for i, node := range p.Nodes {
+		if i >= len(ready) {
+			break
+		}
+		m := ready[i]
+		pol, err := planner.PodPlacement(m.pod, m.pending)
+		if err != nil {
+			pol = own
+		}
+		d := c.planner.Decide(ctx, planner.Request{Pod: m.pod, Pending: m.pending, Allocated: m.allocatedClaims(), Placement: pol, Only: node})
+		if d.Chosen == nil {
+			undo()
+			return nil, fmt.Errorf("%s: pod %s does not fit on node %s where the gang's placement put it (%s); the gang's pods are planned by the first one's claims, so give them alike claims",
+				spec.Ref, m.pod.Name, node, c.planner.WaitingMessage(m.pending, d))
+		}
+		pw := gangPodWrite{m: m, plan: d.Chosen}
+		for j, ic := range m.pending {
+			alloc, uses := buildAllocation(ic, d.Chosen.Node, d.Chosen.Claims[j], d.Chosen.ForeignResults(j), now)
+			settle, ok := c.ledger.Assume(ic.Claim.UID, uses)
+			if !ok {
+				dec.pods = append(dec.pods, pw)
+				undo()
+				return nil, fmt.Errorf("%s: claim %s/%s was decided by another pod during this decision", spec.Ref, ic.Claim.Namespace, ic.Claim.Name)
+			}
+			pw.writes = append(pw.writes, pendingWrite{ic: ic, alloc: alloc, settle: settle})
+		}
+		c.fit.Assume(m.pod, node)
+		c.planner.Record(ctx, m.pod, d.Chosen)
+		dec.pods = append(dec.pods, pw)
+	}
+	return dec, nil
+}

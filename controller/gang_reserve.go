@@ -1,0 +1,232 @@
+package controller
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/klog/v2"
+
+	"github.com/gpulink/gpulink/controller/gangs"
+	"github.com/gpulink/gpulink/controller/planner"
+	"github.com/gpulink/gpulink/controller/report"
+	"github.com/gpulink/gpulink/driver/gang"
+)
+
+// Starvation policy between singletons and gangs.
+//
+// A gang holds nothing while it waits, so it never blocks a singleton or
+// another gang. The other way round, a stream of singletons could keep a
+// gang from ever fitting. So: a gang that has waited longer than
+// GangConfig.StarvationBound (from its oldest pod's creation) reserves the
+// domain it is closest to fitting in (at its Required level, else at the
+// lowest level with enough GPUs for it when idle: the domain with the most
+// slots for it now, then the most free GPUs, then the name). While the
+// reservation lasts, no other pod, singleton or gang, is placed on the
+// domain's nodes; what runs there is never touched, so the domain drains
+// as its pods end and the gang then fits. One gang reserves at a time (the
+// first to pass the bound while none does), so singletons are only held
+// off one domain, and only while that gang waits. The reservation ends
+// when the gang is placed or none of its pods waits any more. It lives in
+// the leader's memory: a new leader rebuilds it the first time the gang
+// is evaluated.
+
+// reservations holds the current reservation, if any.
+type reservations struct {
+	mu      sync.Mutex
+	gangKey string // "" when none
+	gang    string // for messages
+	domain  string
+	nodes   sets.Set[string]
+}
+
+// reservedFor returns the gang holding node against the gang gangKey (""
+// for a singleton), or "" when the node is free to it.
+func (c *Controller) reservedFor(node, gangKey string) string {
+	r := &c.reserve
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.gangKey == "" || r.gangKey == gangKey || !r.nodes.Has(node) {
+		return ""
+	}
+	return r.gang
+}
+
+// reservedAgainst is the node filter's hook (planner.NodeFilter.Reserved).
+func (c *Controller) reservedAgainst(pod *corev1.Pod, node string) string {
+	key := ""
+	if ref, ok := c.gangOf(pod); ok {
+		key = ref.Key()
+	}
+	holder := c.reservedFor(node, key)
+	if holder == "" {
+		return ""
+	}
+	return fmt.Sprintf("reserved for %s, which waited longer than the starvation bound (%s)", holder, c.gangCfg.StarvationBound)
+}
+
+// releaseReservation ends the gang's reservation, if it holds one.
+func (c *Controller) releaseReservation(gangKey string) {
+	r := &c.reserve
+	r.mu.Lock()
+	released := r.gangKey == gangKey && gangKey != ""
+	if released {
+		r.gangKey, r.gang, r.domain, r.nodes = "", "", "", nil
+	}
+	r.mu.Unlock()
+	if released {
+		// Pods held off the domain may fit now.
+		c.enqueueWaiting()
+	}
+}
+
+// checkReservation ends a reservation whose gang no longer waits (its pods
+// are gone, placed by someone else or finished).
+func (c *Controller) checkReservation() {
+	r := &c.reserve
+	r.mu.Lock()
+	key := r.gangKey
+	r.mu.Unlock()
+	if key == "" {
+		return
+	}
+	objs, err := c.podIdx.ByIndex(podGangIndex, key)
+	if err != nil {
+		return
+	}
+	for _, o := range objs {
+		if pod, ok := o.(*corev1.Pod); ok && pod.DeletionTimestamp == nil && !planner.PodDone(pod) && gateIndex(pod) >= 0 {
+			return
+		}
+	}
+	c.releaseReservation(key)
+}
+
+// considerReserving reserves a domain for a waiting gang that has waited
+// longer than the bound, when no other gang holds a reservation.
+func (c *Controller) considerReserving(ctx context.Context, spec gangs.Spec, members []*gangMember, req gang.Request, nodes []gang.Node) {
+	bound := c.gangCfg.StarvationBound
+	if bound <= 0 || len(nodes) == 0 {
+		return
+	}
+	oldest := time.Time{}
+	for _, m := range members {
+		if t := m.pod.CreationTimestamp.Time; oldest.IsZero() || t.Before(oldest) {
+			oldest = t
+		}
+	}
+	waited := time.Since(oldest)
+	if waited <= bound {
+		return
+	}
+	c.checkReservation()
+	r := &c.reserve
+	r.mu.Lock()
+	if r.gangKey != "" {
+		r.mu.Unlock()
+		return
+	}
+	level, domain, chosen := closestDomain(c.hierarchy, req, nodes)
+	r.gangKey, r.gang, r.domain, r.nodes = spec.Ref.Key(), spec.Ref.String(), domain, chosen
+	r.mu.Unlock()
+	names := sets.List(chosen)
+	if len(names) > 4 {
+		names = append(names[:4], fmt.Sprintf("and %d more", len(chosen)-4))
+	}
+	where := c.hierarchy.Name(level)
+	if domain != "" {
+		where += " " + domain
+	}
+	msg := fmt.Sprintf("%s waited %s, longer than the starvation bound %s: reserving %s (nodes %s); no other pod is placed there until the gang is placed",
+		spec.Ref, waited.Round(time.Second), bound, where, strings.Join(names, ", "))
+	klog.FromContext(ctx).Info("Gang reserves a domain", "level", where, "nodes", len(chosen), "waited", waited)
+	c.gangEvent(members, corev1.EventTypeNormal, report.ReasonGangReserved, actionWait, msg)
+}
+
+// closestDomain picks the domain a waiting gang is closest to fitting in:
+// at its Required level, else the lowest level where a domain has enough
+// GPUs for the gang when idle; there, the domain with the most slots now,
+// then the most free GPUs, then the lowest name.
+func closestDomain(h *gang.Hierarchy, req gang.Request, nodes []gang.Node) (level int, domain string, chosen sets.Set[string]) {
+	need := req.MinCount
+	if need <= 0 {
+		need = req.Pods
+	}
+	perPod := max(req.GPUsPerPod, 1)
+	type dom struct {
+		name              string
+		nodes             []string
+		slots, free, idle int
+	}
+	domainsAt := func(l int) []*dom {
+		by := map[string]*dom{}
+		for _, n := range nodes {
+			name := ""
+			switch {
+			case l == 0:
+				name = n.Name
+			case l < h.Cluster():
+				if l-1 < len(n.Domains) {
+					name = n.Domains[l-1]
+				}
+				if name == "" {
+					continue
+				}
+			}
+			d := by[name]
+			if d == nil {
+				d = &dom{name: name}
+				by[name] = d
+			}
+			d.nodes = append(d.nodes, n.Name)
+			d.slots += n.Slots
+			d.free += n.FreeGPUs
+			d.idle += n.TotalGPUs / perPod
+		}
+		out := make([]*dom, 0, len(by))
+		for _, d := range by {
+			out = append(out, d)
+		}
+		return out
+	}
+	pick := func(ds []*dom) *dom {
+		slices.SortFunc(ds, func(a, b *dom) int {
+			return cmp.Or(cmp.Compare(b.slots, a.slots), cmp.Compare(b.free, a.free), cmp.Compare(a.name, b.name))
+		})
+		return ds[0]
+	}
+	levels := []int{}
+	if req.Constraint == gang.Required {
+		levels = append(levels, req.Level)
+	} else {
+		for l := req.Level; l <= h.Cluster(); l++ {
+			levels = append(levels, l)
+		}
+	}
+	for _, l := range levels {
+		var fits []*dom
+		for _, d := range domainsAt(l) {
+			if d.idle >= need {
+				fits = append(fits, d)
+			}
+		}
+		if len(fits) > 0 {
+			d := pick(fits)
+			return l, d.name, sets.New(d.nodes...)
+		}
+	}
+	// Nothing could hold the gang even idle: reserve the domain with the
+	// most slots at the last level tried, so the gang gets closest.
+	l := levels[len(levels)-1]
+	if ds := domainsAt(l); len(ds) > 0 {
+		d := pick(ds)
+		return l, d.name, sets.New(d.nodes...)
+	}
+	return l, "", sets.New[string]()
+}

@@ -1,0 +1,37 @@
+package planner
+
+import "github.com/gpulink/gpulink/driver/allocate"
+
+// WholeGPUs counts the whole GPUs a pod's pending claims ask for (each
+// request's first alternative; shares, MIG devices and allocationMode All
+// count none): the "× 8 GPUs" of a gang's messages and the weight of its
+// domain-level fragmentation measures.
+func WholeGPUs(pending []*Claim) int {
+	n := 0
+	for _, ic := range pending {
+		for _, rs := range ic.Requests {
+			if len(rs.Alternatives) == 0 {
+				continue
+			}
+			if a := rs.Alternatives[0]; !a.Share && !a.All && !a.MIG {
+				n += a.Count
+			}
+		}
+	}
+	return n
+}
+
+// GPUCounts returns a node's free GPUs (no claim holds them, whole or in
+// shares) and its GPUs, as the ledger counts them now.
+func (p *Planner) GPUCounts(node string) (free, total int) {
+	n := p.inv.Node(node)
+	if n == nil {
+		return 0, 0
+	}
+	for _, u := range p.ledger.NodeUsage(n) {
+		if u == (allocate.GPUUsage{}) {
+			free++
+		}
+	}
+	return free, len(n.Devices)
+}
