@@ -9,9 +9,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
-	schedulinglisters "k8s.io/client-go/listers/scheduling/v1beta1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/discovery"
 	"k8s.io/klog/v2"
 
 	"github.com/gpulink/gpulink/controller/gangs"
@@ -329,4 +329,23 @@ func (c *Controller) onPodGroup(obj any) {
 		return
 	}
 	c.enqueueGang(gangs.Ref{Namespace: pg.Namespace, Name: pg.Name, Source: gangs.SourcePodGroup}.Key())
+}
+
+// PodGroupsServed tells whether the API server serves PodGroups
+// (scheduling.k8s.io/v1beta1, feature gate GenericWorkload), for
+// GangConfig.PodGroups.
+func PodGroupsServed(d discovery.DiscoveryInterface) (bool, error) {
+	list, err := d.ServerResourcesForGroupVersion(schedulingv1beta1.SchemeGroupVersion.String())
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("discovering %s: %w", schedulingv1beta1.SchemeGroupVersion, err)
+	}
+	for _, r := range list.APIResources {
+		if r.Name == "podgroups" {
+			return true, nil
+		}
+	}
+	return false, nil
 }

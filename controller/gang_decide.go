@@ -126,7 +126,7 @@ func (c *Controller) decideGang(ctx context.Context, spec gangs.Spec, members, r
 		c.metrics.AllocationLatency.Observe(time.Since(pw.m.pod.CreationTimestamp.Time).Seconds())
 		note := fmt.Sprintf("%s: %d pods placed together, spanning %s; this pod: %s", spec.Ref, len(dec.pods), where, pw.plan.Summarize())
 		c.explain.event(pw.m.pod, pw.writes[0].ic.Claim, corev1.EventTypeNormal, report.ReasonGangPlaced, actionAllocate, note)
-		if p.Relaxed {
+		if p.Relaxed && spec.Level != "" {
 			c.explain.rec.Eventf(pw.m.pod, nil, corev1.EventTypeWarning, report.ReasonGangRelaxed, actionAllocate, "%s", p.Note)
 		}
 	}

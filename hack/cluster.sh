@@ -4,7 +4,10 @@
 #   hack/cluster.sh build                      build etcd, Kubernetes, containerd into _output/bin
 #   hack/cluster.sh up [--real-node] [--api-nodes N] [--node-name NAME] [--feature-gates A=true,...]
 #                                              start a cluster with state under _output/cluster
-#                                              (runs test/localcluster/cmd/localcluster in the background)
+#                                              (runs test/localcluster/cmd/localcluster in the background;
+#                                              the Workload API is served and GenericWorkload,
+#                                              DRAWorkloadResourceClaims, TopologyAwareWorkloadScheduling
+#                                              are on unless --feature-gates turns them off)
 #   hack/cluster.sh down                       stop what `up` started (logs stay in _output/cluster/logs)
 #   hack/cluster.sh status                     print whether the cluster runs (exit 3 if not), and its nodes
 #   hack/cluster.sh kubeconfig                 print the path of the cluster's kubeconfig

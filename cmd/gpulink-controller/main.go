@@ -26,8 +26,10 @@ import (
 	"github.com/gpulink/gpulink/compat"
 	"github.com/gpulink/gpulink/compat/admission"
 	"github.com/gpulink/gpulink/controller"
+	"github.com/gpulink/gpulink/controller/gangs"
 	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/driver/allocate"
+	"github.com/gpulink/gpulink/driver/gang"
 	"github.com/gpulink/gpulink/internal/kubeclient"
 	"github.com/gpulink/gpulink/internal/serve"
 )
@@ -61,6 +63,11 @@ type options struct {
 	rankByStranding    bool
 	mixRefresh         int
 	holdNamespace      string
+	gangHierarchy      []string
+	gangPodGroups      string
+	gangDefaultLevel   string
+	gangDefaultPolicy  string
+	gangStarvation     time.Duration
 }
 
 func main() {
@@ -94,6 +101,11 @@ func main() {
 	fs.IntVar(&o.mixWindow, "size-mix-window", allocate.DefaultHistoryWindow, "Recent whole-GPU requests whose sizes weight what the allocator keeps free (the recent size mix); negative: sizes 1-8 equally.")
 	fs.IntVar(&o.mixRefresh, "size-mix-refresh", 0, "Requests between two snapshots of the recent size mix, at most --size-mix-window (0: 64, or the window if smaller).")
 	fs.StringVar(&o.holdNamespace, "hold-namespace", envOr("POD_NAMESPACE", ""), "Namespace for hold records: ResourceClaims that keep the GPUs of claims deleted while their pods run counted for kube-scheduler and across restarts. Only the controller and cluster admins should write there (default: $POD_NAMESPACE; empty: such GPUs are kept counted in memory only).")
+	fs.StringSliceVar(&o.gangHierarchy, "gang-hierarchy", gang.DefaultKeys, "Node label keys of the cluster's hierarchy above one node, tightest first, for placing gangs (a domain at a level is the nodes with one value of its key).")
+	fs.StringVar(&o.gangPodGroups, "gang-podgroups", "auto", "Read gangs from PodGroups (spec.schedulingGroup, scheduling.k8s.io/v1beta1): true, false, or auto (when the API server serves them).")
+	fs.StringVar(&o.gangDefaultLevel, "gang-default-level", "", "Level (a --gang-hierarchy key or level name such as leaf) for gangs that name none; empty: the lowest level that fits.")
+	fs.StringVar(&o.gangDefaultPolicy, "gang-default-policy", string(gangs.Preferred), "Required or Preferred, for --gang-default-level.")
+	fs.DurationVar(&o.gangStarvation, "gang-starvation-bound", 15*time.Minute, "A gang that waited longer than this reserves the domain it is closest to fitting in until it is placed (one gang at a time); 0 disables.")
 	klogFlags := goflag.NewFlagSet("klog", goflag.ExitOnError)
 	klog.InitFlags(klogFlags)
 	fs.AddGoFlagSet(klogFlags)
@@ -151,6 +163,22 @@ func run(ctx context.Context, o options) error {
 	recorder, stopRecorder := controller.NewRecorder(ctx, client)
 	defer stopRecorder()
 
+	hierarchy, err := gang.NewHierarchyFromKeys(o.gangHierarchy)
+	if err != nil {
+		return fmt.Errorf("--gang-hierarchy: %w", err)
+	}
+	podGroups := o.gangPodGroups == "true"
+	switch o.gangPodGroups {
+	case "true", "false":
+	case "auto":
+		if podGroups, err = controller.PodGroupsServed(client.Discovery()); err != nil {
+			return fmt.Errorf("--gang-podgroups=auto: %w", err)
+		}
+	default:
+		return fmt.Errorf("--gang-podgroups=%q: want true, false or auto", o.gangPodGroups)
+	}
+	klog.FromContext(ctx).Info("Gangs", "hierarchy", o.gangHierarchy, "podGroups", podGroups, "starvationBound", o.gangStarvation)
+
 	ctrl, err := controller.New(controller.Config{
 		Client:             client,
 		Recorder:           recorder,
@@ -163,6 +191,8 @@ func run(ctx context.Context, o options) error {
 		Mix:                planner.MixConfig{Window: o.mixWindow, Refresh: o.mixRefresh},
 		RankByStranding:    o.rankByStranding,
 		HoldNamespace:      o.holdNamespace,
+		Gangs: controller.GangConfig{Hierarchy: hierarchy, PodGroups: podGroups, DefaultLevel: o.gangDefaultLevel,
+			DefaultPolicy: gangs.Policy(o.gangDefaultPolicy), StarvationBound: o.gangStarvation},
 	})
 	if err != nil {
 		return err

@@ -20,8 +20,10 @@
 //     level is given) or Preferred.
 //
 // The gang's pods may set LabelLevel and LabelPolicy in the PodGroup path
-// too: they then override the PodGroup's topology key, so that a gang can
-// ask for Preferred, which the Workload API cannot say.
+// too, for a PodGroup without a topology constraint: a gang can then ask
+// for a level of gpulink's hierarchy as Preferred, which the Workload API
+// cannot say. A PodGroup's own topology key is Required: kube-scheduler
+// enforces it as well, so a pod cannot relax it to Preferred.
 package gangs
 
 import (
@@ -173,8 +175,16 @@ func FromPodGroup(ref Ref, pg *schedulingv1beta1.PodGroup, pod *corev1.Pod) (s S
 		s.GroupClaims = append(s.GroupClaims, rc.Name)
 	}
 	if pod != nil {
+		pgLevel := s.Level
 		if err := s.levelFromPod(pod); err != nil {
 			return Spec{}, false, err
+		}
+		if pgLevel != "" && s.Policy == Preferred {
+			// kube-scheduler enforces the PodGroup's topology key too
+			// (TopologyAwareWorkloadScheduling): a placement across its
+			// domains would never be bound.
+			return Spec{}, false, fmt.Errorf("pod %s/%s: %s=Preferred cannot relax PodGroup %s's schedulingConstraints.topology key %s, which kube-scheduler enforces; drop the PodGroup's topology constraint and set %s on the pods instead",
+				pod.Namespace, pod.Name, LabelPolicy, pg.Name, pgLevel, LabelLevel)
 		}
 	}
 	return s, true, nil

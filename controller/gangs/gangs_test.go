@@ -107,9 +107,15 @@ func TestFromPodGroup(t *testing.T) {
 	if !ok || err != nil || s.MinCount != 4 || s.Level != "network.topology.nvidia.com/leaf" || s.Policy != Required || len(s.GroupClaims) != 1 || s.GroupClaims[0] != "shared" {
 		t.Errorf("gang with topology: %+v ok=%v err=%v", s, ok, err)
 	}
-	// A pod of the group asks for Preferred, which PodGroups cannot say.
-	s, _, err = FromPodGroup(ref, pg(4, "network.topology.nvidia.com/leaf"), pod(map[string]string{LabelPolicy: "Preferred"}, nil, "pg"))
-	if err != nil || s.Policy != Preferred || s.Level != "network.topology.nvidia.com/leaf" {
-		t.Errorf("PodGroup with a pod's Preferred: %+v err=%v", s, err)
+	// A pod of a group without a topology constraint asks for a
+	// Preferred level, which PodGroups cannot say.
+	s, _, err = FromPodGroup(ref, pg(4, ""), pod(map[string]string{LabelLevel: "leaf", LabelPolicy: "Preferred"}, nil, "pg"))
+	if err != nil || s.Policy != Preferred || s.Level != "leaf" {
+		t.Errorf("PodGroup with a pod's Preferred level: %+v err=%v", s, err)
+	}
+	// kube-scheduler enforces the PodGroup's own key: no relaxing it.
+	_, _, err = FromPodGroup(ref, pg(4, "network.topology.nvidia.com/leaf"), pod(map[string]string{LabelPolicy: "Preferred"}, nil, "pg"))
+	if err == nil || !strings.Contains(err.Error(), "cannot relax") {
+		t.Errorf("Preferred over a PodGroup topology key: err=%v, want a refusal", err)
 	}
 }

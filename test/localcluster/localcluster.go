@@ -243,12 +243,44 @@ func defaultDir(dir, env, sub string) (string, error) {
 
 func (c *Cluster) bin(name string) string { return filepath.Join(c.binDir, name) }
 
+// WorkloadGates are on in every component unless Options.FeatureGates
+// turns them off: the Workload API (Workload and PodGroup,
+// scheduling.k8s.io/v1beta1, and kube-scheduler's gang scheduling),
+// PodGroup-level ResourceClaims and PodGroup topology constraints. In
+// Kubernetes 1.37.1 (pkg/features/kube_features.go) GenericWorkload and
+// DRAWorkloadResourceClaims are beta and off by default,
+// TopologyAwareWorkloadScheduling alpha; the API server also serves
+// scheduling.k8s.io/v1beta1 (a beta API, off by default), which stores
+// nothing while GenericWorkload is off. gpulink's gangs are tested through
+// PodGroups with them on, and through its labels with them off.
+var WorkloadGates = map[string]bool{
+	"GenericWorkload":                 true,
+	"DRAWorkloadResourceClaims":       true,
+	"TopologyAwareWorkloadScheduling": true,
+}
+
+// gates are WorkloadGates overridden by Options.FeatureGates.
+func (c *Cluster) gates() map[string]bool {
+	out := map[string]bool{}
+	for k, v := range WorkloadGates {
+		out[k] = v
+	}
+	for k, v := range c.opts.FeatureGates {
+		out[k] = v
+	}
+	return out
+}
+
+// WorkloadAPI reports whether the cluster serves PodGroups (GenericWorkload on).
+func (c *Cluster) WorkloadAPI() bool { return c.gates()["GenericWorkload"] }
+
 func (c *Cluster) featureGates() []string {
-	if len(c.opts.FeatureGates) == 0 {
+	gates := c.gates()
+	if len(gates) == 0 {
 		return nil
 	}
 	var kv []string
-	for k, v := range c.opts.FeatureGates {
+	for k, v := range gates {
 		kv = append(kv, fmt.Sprintf("%s=%t", k, v))
 	}
 	sort.Strings(kv)
@@ -342,7 +374,7 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 		"--service-cluster-ip-range=" + serviceCIDR,
 		"--endpoint-reconciler-type=none",
 		"--allow-privileged=true",
-		"--runtime-config=resource.k8s.io/v1=true",
+		"--runtime-config=resource.k8s.io/v1=true,scheduling.k8s.io/v1beta1=true",
 		fmt.Sprintf("--profiling=%t", c.opts.Profiling),
 		"--v=1",
 	}

@@ -250,9 +250,9 @@ func (c *Cluster) startKubelet(ctx context.Context) error {
 		}
 	}
 	var gates string
-	if len(c.opts.FeatureGates) > 0 {
+	if fg := c.gates(); len(fg) > 0 {
 		gates = "featureGates:\n"
-		for k, v := range c.opts.FeatureGates {
+		for k, v := range fg {
 			gates += fmt.Sprintf("  %s: %t\n", k, v)
 		}
 	}
