@@ -182,6 +182,9 @@ func (e *env) startControllerWith(workers int, wrap func(http.RoundTripper) http
 		// Hold records of claims deleted under running pods go to the
 		// test's namespace, which teardown empties.
 		HoldNamespace: e.ns,
+		// Pods are gangs through PodGroups where the cluster serves them
+		// (GPULINK_WORKLOAD_GATES=off turns the Workload API off).
+		Gangs: controller.GangConfig{PodGroups: cluster.WorkloadAPI()},
 	})
 	if err != nil {
 		cancel()

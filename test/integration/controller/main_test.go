@@ -8,6 +8,7 @@
 // controller are the stock ones.
 //
 //	go test -tags integration ./test/integration/controller/
+//	GPULINK_WORKLOAD_GATES=off go test -tags integration -run Gang ./test/integration/controller/
 //	go test -tags integration -run '^$' -bench . ./test/integration/controller/
 package controller_test
 
@@ -25,5 +26,14 @@ var cluster *localcluster.Cluster
 func TestMain(m *testing.M) {
 	// GPULINK_V sets the controller's log verbosity (klog -v).
 	localcluster.KlogVerbosityFromEnv()
-	os.Exit(localcluster.RunShared(m, "gl-ctrl-", localcluster.Options{}, func(c *localcluster.Cluster) { cluster = c }))
+	var opts localcluster.Options
+	if os.Getenv("GPULINK_WORKLOAD_GATES") == "off" {
+		// The gang tests then run through gpulink's labels on a cluster
+		// without the Workload API.
+		opts.FeatureGates = map[string]bool{}
+		for gate := range localcluster.WorkloadGates {
+			opts.FeatureGates[gate] = false
+		}
+	}
+	os.Exit(localcluster.RunShared(m, "gl-ctrl-", opts, func(c *localcluster.Cluster) { cluster = c }))
 }
