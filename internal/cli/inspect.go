@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpulink/gpulink/controller/report"
 	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/driver/gang"
 )
 
 // inspectOptions are the flags of `inspect`.
@@ -32,6 +33,8 @@ type inspectOptions struct {
 	watchInterval time.Duration
 	// onRender, if set, is called after each render in watch mode (tests).
 	onRender func(renders int)
+	// gangHierarchy are the node label keys gangs' levels are named by.
+	gangHierarchy []string
 }
 
 // clientFactory connects to the cluster the options name and returns the
@@ -62,6 +65,8 @@ from the cluster and show, per node: each GPU with its product and memory, the
 claims holding it (whole, or each share's memory and cores) and the pods they
 are reserved for, what is still free, and the node's link matrix as decoded
 from the devices' links attributes. The accounting is the controller's own.
+Then each gang (pods of a PodGroup or with the gpu.gpulink.dev/gang label):
+its pods, where they are placed and the level of --gang-hierarchy they span.
 
 Needs permission to list resourceslices and resourceclaims (all namespaces)
 in the resource.k8s.io/v1 API.`,
@@ -82,6 +87,7 @@ in the resource.k8s.io/v1 API.`,
 	f.VarP(&o.output, "output", "o", "output format: table or json")
 	f.BoolVarP(&o.watch, "watch", "w", false, "after the first view, watch slices and claims and show the view again on every change (table: redrawn in a terminal; json: one line per view) until interrupted")
 	f.DurationVar(&o.watchInterval, "watch-interval", time.Second, "with --watch, the least time between two views; changes in between are shown together")
+	f.StringSliceVar(&o.gangHierarchy, "gang-hierarchy", gang.DefaultKeys, "node label keys of the cluster's hierarchy, tightest first (the controller's --gang-hierarchy): each gang's level is named by them")
 	return cmd
 }
 
@@ -105,11 +111,20 @@ func runInspect(cmd *cobra.Command, o *inspectOptions, newClient clientFactory) 
 	if err != nil {
 		return apiError("list ResourceClaims in all namespaces", server, err)
 	}
-	return renderInspect(cmd, o, server, published, claims)
+	gs, err := listGangs(ctx, client, claims, o.gangHierarchy)
+	if err != nil {
+		if !apierrors.IsForbidden(err) {
+			return apiError("list pods and nodes for the gangs", server, err)
+		}
+		// The nodes' view does not need pods: say what is missing.
+		fmt.Fprintf(cmd.ErrOrStderr(), "Gangs not shown: %v (listing pods and nodes needs list permission on both)\n", err)
+	}
+	return renderInspect(cmd, o, server, published, claims, gs)
 }
 
 // renderInspect shows the report of the slices and claims given.
-func renderInspect(cmd *cobra.Command, o *inspectOptions, server string, published []*resourceapi.ResourceSlice, claims []*resourceapi.ResourceClaim) error {
+// gs are the gangs (nil in watch mode, which watches slices and claims only).
+func renderInspect(cmd *cobra.Command, o *inspectOptions, server string, published []*resourceapi.ResourceSlice, claims []*resourceapi.ResourceClaim, gs []report.Gang) error {
 	reports := report.Build(published, claims)
 	if o.node != "" {
 		var mine []report.Node
@@ -136,11 +151,11 @@ func renderInspect(cmd *cobra.Command, o *inspectOptions, server string, publish
 	}
 	if o.output == outputJSON {
 		if o.watch {
-			return writeJSONLine(cmd.OutOrStdout(), inspectDocument{Nodes: views})
+			return writeJSONLine(cmd.OutOrStdout(), inspectDocument{Nodes: views, Gangs: gs})
 		}
-		return writeJSONDocument(cmd.OutOrStdout(), inspectDocument{Nodes: views})
+		return writeJSONDocument(cmd.OutOrStdout(), inspectDocument{Nodes: views, Gangs: gs})
 	}
-	return writeInspectTable(cmd.OutOrStdout(), views)
+	return writeInspectTable(cmd.OutOrStdout(), views, gs)
 }
 
 // listResourceSlices lists gpulink's slices; the field selector spares

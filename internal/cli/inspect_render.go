@@ -17,6 +17,8 @@ import (
 // `jq .nodes[]` works and an empty cluster is {"nodes": []}.
 type inspectDocument struct {
 	Nodes []inspectNodeView `json:"nodes"`
+	// Gangs are each gang's pods, placement and level (not in --watch).
+	Gangs []report.Gang `json:"gangs,omitempty"`
 }
 
 // inspectNodeView is a node report plus its link matrix in GPU order ("X"
@@ -47,7 +49,7 @@ func newInspectViews(reports []report.Node) ([]inspectNodeView, error) {
 // writeInspectTable renders each node: a summary line, one row per GPU
 // (continuation rows for further holders), notes on taints, problems and
 // unknown devices, then the link matrix.
-func writeInspectTable(w io.Writer, nodes []inspectNodeView) error {
+func writeInspectTable(w io.Writer, nodes []inspectNodeView, gs []report.Gang) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	p := &errWriter{w: tw}
 	for i, n := range nodes {
@@ -77,6 +79,7 @@ func writeInspectTable(w io.Writer, nodes []inspectNodeView) error {
 			writeLinkMatrix(p, n.view)
 		}
 	}
+	writeGangRows(p, gs)
 	p.flush()
 	return p.err
 }

@@ -91,7 +91,7 @@ func watchInspect(ctx context.Context, cmd *cobra.Command, o *inspectOptions, cl
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "Watching %s at %s (%s), Ctrl-C to stop\n\n", server, time.Now().Format(time.TimeOnly), changeCount(renders))
 		}
-		if err := renderInspect(cmd, o, server, published, all); err != nil {
+		if err := renderInspect(cmd, o, server, published, all, nil); err != nil {
 			return err
 		}
 		if o.onRender != nil {
