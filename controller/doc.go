@@ -63,6 +63,11 @@
 //   - A decision is a function of its input, the cluster state and the
 //     decisions before it (the recent request-size mix, Config.Mix),
 //     never of the clock or chance.
+//   - The pods of a gang are decided together: every pod's claims are
+//     assumed before any is written, and written before any gate is
+//     removed; nothing is held while a gang waits, and a decision left
+//     half written by a previous run is rolled back (or, when complete,
+//     finished).
 //   - A restarted controller syncs every cache first and so counts every
 //     allocation made before; pods it had allocated but not ungated lose
 //     the gate; a pod left unschedulable on its node past the grace period
@@ -77,6 +82,9 @@
 // # Where to start reading
 //
 // controller.go: Config, New, Run, the informers and workers.
+// gang.go, gang_decide.go, gang_write.go, gang_reserve.go: gangs (pods of
+// a PodGroup or gang label, controller/gangs) placed all or nothing with
+// driver/gang, their recovery after a restart and the starvation policy.
 // reconcile.go: one pod from the queue to its writes (syncPod), asking
 // planner.Planner.Decide for the node and devices under the decision
 // lock. write.go, status.go, gate.go: the writes and their rollback
