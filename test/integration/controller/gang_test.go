@@ -43,7 +43,11 @@ func gangCluster(t *testing.T) *env {
 		{"a1", "l1", ""}, {"a2", "l1", ""}, {"a3", "l1", ""},
 		{"b1", "l2", ""}, {"b2", "l2", ""}, {"b3", "l2", "cq"}, {"b4", "l2", "cq"},
 	} {
-		add(e.ns+"-"+n.name, e.ns+"-"+n.leaf, n.clique)
+		clique := n.clique
+		if clique != "" {
+			clique = e.ns + "-" + clique
+		}
+		add(e.ns+"-"+n.name, e.ns+"-"+n.leaf, clique)
 	}
 	e.template("four", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("gpus", 4)}})
 	return e
