@@ -17,7 +17,7 @@
 //
 // A Request is the gang: its name, Pods (and MinCount, the fewest that
 // may be placed), GPUsPerPod, and the level it should stay within with a
-// Constraint, Required or Preferred, as minLink is for the GPUs of one
+// Constraint (None, Preferred or Required), as minLink is for the GPUs of one
 // node. Each Node carries its domains (Hierarchy.Domains of its labels),
 // Slots, the number of this gang's pods it can take now (computed by the
 // caller with the in-node allocator, driver/allocate: link-minimal GPU

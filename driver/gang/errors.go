@@ -13,10 +13,10 @@ type UnplaceableError struct {
 	MinCount   int
 	GPUsPerPod int
 	// Level and LevelName are the level the gang had to stay within:
-	// Request.Level under Required, the cluster under Preferred.
+	// Request.Level under Required, else the cluster.
 	Level     int
 	LevelName string
-	// Constraint is the request's (Preferred or Required).
+	// Constraint is the request's (None, Preferred or Required).
 	Constraint Constraint
 	// MostInOne is the most pods that fit in one domain of Level.
 	MostInOne int

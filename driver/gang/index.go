@@ -135,8 +135,11 @@ func (ix *index) best(k, maxLevel, gpusPerPod int) *choice {
 		case lv == 0:
 			for i := range ix.nodes {
 				if ix.slots[i] >= k {
-					consider(candidate{value: ix.nodes[i].Name, nodes: []int{i}, slots: ix.slots[i], free: ix.nodes[i].FreeGPUs, first: i})
+					consider(candidate{value: ix.nodes[i].Name, slots: ix.slots[i], free: ix.nodes[i].FreeGPUs, first: i})
 				}
+			}
+			if win != nil {
+				win.nodes = []int{win.first}
 			}
 		case lv <= ix.labels:
 			for _, d := range ix.levels[lv] {

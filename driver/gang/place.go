@@ -15,9 +15,6 @@ func Place(h *Hierarchy, req Request, nodes []Node) (*Placement, error) {
 	if err := validate(h, req, nodes); err != nil {
 		return nil, err
 	}
-	if req.Constraint == "" {
-		req.Constraint = Preferred
-	}
 	minCount := req.MinCount
 	if minCount == 0 {
 		minCount = req.Pods

@@ -5,7 +5,10 @@ package gang
 type Constraint string
 
 const (
-	// Preferred (the default): the gang is placed at the lowest level it
+	// None (the zero Constraint): the gang is placed at the lowest level
+	// it fits, whatever Request.Level says.
+	None Constraint = ""
+	// Preferred: the gang is placed at the lowest level it
 	// fits; above Request.Level only when it fits nowhere lower, and the
 	// Placement says so (Relaxed, Note).
 	Preferred Constraint = "Preferred"
@@ -29,10 +32,10 @@ type Request struct {
 	GPUsPerPod int
 	// Level is the level the gang should stay within (index into the
 	// Hierarchy: 0 one node, Cluster() every node); with Constraint it
-	// plays the role minLink plays inside a node. 0 with Preferred (the
-	// zero Request) asks for nothing beyond the lowest level that fits.
+	// plays the role minLink plays inside a node. Every gang is placed at
+	// the lowest level it fits; Level says when that is not good enough.
 	Level int
-	// Constraint: Preferred ("" too) or Required.
+	// Constraint: None (""), Preferred or Required.
 	Constraint Constraint
 	// AlignRails asks for one alignment (Node.AlignedSlots key, such as
 	// the NIC rail indices the pods' claims get) on every node of the
