@@ -126,12 +126,15 @@ func (c *Controller) gangSpec(ref gangs.Ref, pod *corev1.Pod) (spec gangs.Spec, 
 
 // gangRequest maps a gang's spec to driver/gang's request.
 func (c *Controller) gangRequest(spec gangs.Spec, pods, need, gpusPerPod int) (gang.Request, error) {
-	req := gang.Request{Name: spec.Name, Pods: pods, MinCount: need, GPUsPerPod: gpusPerPod, Constraint: gang.Preferred}
+	req := gang.Request{Name: spec.Name, Pods: pods, MinCount: need, GPUsPerPod: gpusPerPod}
+	if spec.Level == "" {
+		// No level asked: the lowest level that fits, nothing relaxed.
+		req.Constraint = gang.None
+		return req, nil
+	}
+	req.Constraint = gang.Preferred
 	if spec.Policy == gangs.Required {
 		req.Constraint = gang.Required
-	}
-	if spec.Level == "" {
-		return req, nil
 	}
 	h := c.hierarchy
 	level, ok := h.LevelOfKey(spec.Level)
