@@ -3,9 +3,11 @@ package controller
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -51,9 +53,60 @@ type GangConfig struct {
 // gangRuns serializes the work on each gang: one worker evaluates and
 // writes a gang at a time; others that get one of its pods meanwhile mark
 // it dirty, and the running one queues the pod again when it is done.
+//
+// It also spares a waiting gang the same evaluation once per pod: every
+// change that may help waiting pods (enqueueWaiting) queues all of a
+// gang's pods, and each would evaluate the whole gang again. A gang that
+// waited after an evaluation is not evaluated again until its pods or
+// their claims change (their resourceVersions) or enqueueWaiting runs
+// again (changes).
 type gangRuns struct {
 	mu   sync.Mutex
 	busy map[string][]string // gang key -> pod keys to queue again
+	// waited is the fingerprint of each gang's last evaluation that
+	// ended waiting.
+	waited  map[string]uint64
+	changes atomic.Uint64
+	// evaluations counts evaluateGang calls (tests).
+	evaluations atomic.Int64
+}
+
+// fingerprint identifies what a gang's evaluation read: its pods and
+// claims as the informers show them, and the count of changes.
+func (r *gangRuns) fingerprint(members []*gangMember) uint64 {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%d;", r.changes.Load())
+	for _, m := range members {
+		fmt.Fprintf(h, "%s/%s/%d;", m.pod.Name, m.pod.ResourceVersion, len(m.pc.all))
+		for _, cl := range m.pc.all {
+			fmt.Fprintf(h, "%s/%s;", cl.Name, cl.ResourceVersion)
+		}
+	}
+	return h.Sum64()
+}
+
+// unchanged tells whether the gang waited after an evaluation of the
+// same fingerprint.
+func (r *gangRuns) unchanged(gangKey string, fp uint64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	last, ok := r.waited[gangKey]
+	return ok && last == fp
+}
+
+// waitedAt records (or, with ok false, forgets) the gang's waiting
+// evaluation.
+func (r *gangRuns) waitedAt(gangKey string, fp uint64, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.waited == nil {
+		r.waited = map[string]uint64{}
+	}
+	if ok {
+		r.waited[gangKey] = fp
+	} else {
+		delete(r.waited, gangKey)
+	}
 }
 
 func (r *gangRuns) start(gangKey, podKey string) bool {
@@ -211,8 +264,27 @@ func (c *Controller) syncGang(ctx context.Context, key string, pod *corev1.Pod, 
 	}()
 	logger := klog.FromContext(ctx).WithValues("gang", ref.Key())
 	ctx = klog.NewContext(ctx, logger)
-	spec, isGang, notReady, err := c.gangSpec(ref, pod)
 	members := c.gangMembers(ctx, ref)
+	fp := c.gangRuns.fingerprint(members)
+	if c.gangRuns.unchanged(ref.Key(), fp) {
+		logger.V(5).Info("Gang unchanged since it last waited")
+		return nil
+	}
+	c.gangRuns.evaluations.Add(1)
+	err := c.evaluateGang(ctx, key, pod, ref, members)
+	c.mu.Lock()
+	waiting := c.waiting.Has(key)
+	c.mu.Unlock()
+	// Recorded only when the evaluation ended waiting without an error:
+	// anything else must be evaluated again.
+	c.gangRuns.waitedAt(ref.Key(), fp, err == nil && waiting)
+	return err
+}
+
+// evaluateGang is syncGang's work on the gang's members as read.
+func (c *Controller) evaluateGang(ctx context.Context, key string, pod *corev1.Pod, ref gangs.Ref, members []*gangMember) error {
+	logger := klog.FromContext(ctx)
+	spec, isGang, notReady, err := c.gangSpec(ref, pod)
 	switch {
 	case err != nil:
 		c.gangEvent(members, corev1.EventTypeWarning, report.ReasonUninterpretable, actionWait, err.Error())
@@ -331,7 +403,10 @@ func (c *Controller) onPodGroup(obj any) {
 	if !ok {
 		return
 	}
-	c.enqueueGang(gangs.Ref{Namespace: pg.Namespace, Name: pg.Name, Source: gangs.SourcePodGroup}.Key())
+	key := gangs.Ref{Namespace: pg.Namespace, Name: pg.Name, Source: gangs.SourcePodGroup}.Key()
+	// The PodGroup is not part of the gang's fingerprint: evaluate anew.
+	c.gangRuns.waitedAt(key, 0, false)
+	c.enqueueGang(key)
 }
 
 // PodGroupsServed tells whether the API server serves PodGroups

@@ -145,6 +145,28 @@ func TestGangAllOrNothing(t *testing.T) {
 	}
 }
 
+// TestGangEvaluatedOncePerChange: a change that re-queues every waiting
+// pod makes a waiting gang of 3 be evaluated once, not once per pod.
+func TestGangEvaluatedOncePerChange(t *testing.T) {
+	h := newHarness(t, objs(classes(), leafNode(t, "a", "l1"), leafNode(t, "b", "l1"))...).start()
+	for i := range 3 {
+		h.gangPod(fmt.Sprintf("p%d", i), "big", 3, 4, nil)
+	}
+	h.waitEventWith(ns+"/p0", report.ReasonGangWaiting, "only 2 fit")
+	h.settle()
+	before := h.ctrl.gangRuns.evaluations.Load()
+	h.ctrl.enqueueWaiting()
+	h.eventually("the gang evaluated again", func() bool { return h.ctrl.gangRuns.evaluations.Load() > before })
+	h.eventually("workers idle", func() bool {
+		h.ctrl.gangRuns.mu.Lock()
+		defer h.ctrl.gangRuns.mu.Unlock()
+		return len(h.ctrl.gangRuns.busy) == 0 && h.ctrl.podQueue.Len() == 0
+	})
+	if n := h.ctrl.gangRuns.evaluations.Load() - before; n != 1 {
+		t.Errorf("%d evaluations of the waiting gang after one change, want 1", n)
+	}
+}
+
 // TestGangLevels: Required at the leaf level waits while no leaf has room
 // for the gang; Preferred spans two leaves with a Warning saying so.
 func TestGangLevels(t *testing.T) {

@@ -241,6 +241,8 @@ func (c *Controller) onNodeDelete(obj any) {
 func (c *Controller) onChange(any) { c.enqueueWaiting() }
 
 func (c *Controller) enqueueWaiting() {
+	// A waiting gang is evaluated again after this (gangRuns.unchanged).
+	c.gangRuns.changes.Add(1)
 	c.mu.Lock()
 	keys := c.waiting.UnsortedList()
 	c.mu.Unlock()
