@@ -296,7 +296,7 @@ func (c *Controller) evaluateGang(ctx context.Context, key string, pod *corev1.P
 		return nil
 	case !isGang:
 		// A PodGroup with the basic policy: its pods are placed one by one.
-		return c.syncSingle(ctx, key, pod)
+		return c.syncSingle(ctx, key, pod, nil)
 	}
 	for _, m := range members {
 		for _, ic := range m.pc.ours {
@@ -327,10 +327,11 @@ func (c *Controller) evaluateGang(ctx context.Context, key string, pod *corev1.P
 		}
 	}
 	if running >= spec.MinCount {
-		// The gang runs: a further pod is placed as a singleton, and the
-		// running ones are never touched.
+		// The gang runs: a further pod is placed on its own, within the
+		// running pods' domain of a Required level, and the running ones
+		// are never touched.
 		c.setGangWaiting(members, false)
-		return c.syncSingle(ctx, key, pod)
+		return c.syncSingle(ctx, key, pod, c.gangDomain(spec, members))
 	}
 	need := spec.MinCount - running
 	if len(ready) < need {
@@ -349,9 +350,62 @@ func (c *Controller) evaluateGang(ctx context.Context, key string, pod *corev1.P
 	return c.decideGang(ctx, spec, members, ready, need)
 }
 
+// gangDomain returns the nodes of the domain of the gang's Required level
+// that its placed pods share (nil: no Required level, or they share none).
+func (c *Controller) gangDomain(spec gangs.Spec, members []*gangMember) []string {
+	if spec.Policy != gangs.Required || spec.Level == "" {
+		return nil
+	}
+	level, ok := c.hierarchy.LevelOfKey(spec.Level)
+	if !ok {
+		level, ok = c.hierarchy.LevelOfName(spec.Level)
+	}
+	if !ok {
+		return nil
+	}
+	key := c.hierarchy.Key(level)
+	value := ""
+	for _, m := range members {
+		node := m.pod.Spec.NodeName
+		if node == "" {
+			for _, ic := range m.pc.ours {
+				if n := allocatedNode(ic.Claim); n != "" {
+					node = n
+					break
+				}
+			}
+		}
+		if node == "" {
+			continue
+		}
+		if level == 0 {
+			return []string{node}
+		}
+		n, err := c.nodes.Get(node)
+		if err != nil || key == "" {
+			return nil
+		}
+		v := n.Labels[key]
+		if v == "" || (value != "" && v != value) {
+			return nil
+		}
+		value = v
+	}
+	if value == "" {
+		return nil
+	}
+	var out []string
+	for _, n := range c.inv.All() {
+		if node, err := c.nodes.Get(n.Node); err == nil && node.Labels[key] == value {
+			out = append(out, n.Node)
+		}
+	}
+	return out
+}
+
 // syncSingle places one pod of a gang on its own, as syncPod places pods
-// outside gangs.
-func (c *Controller) syncSingle(ctx context.Context, key string, pod *corev1.Pod) error {
+// outside gangs, on the nodes within (nil: any).
+func (c *Controller) syncSingle(ctx context.Context, key string, pod *corev1.Pod, within []string) error {
 	pc := c.collectClaims(ctx, pod)
 	var pending []*planner.Claim
 	for _, ic := range pc.ours {
@@ -364,7 +418,7 @@ func (c *Controller) syncSingle(ctx context.Context, key string, pod *corev1.Pod
 		// updates.
 		return nil
 	}
-	return c.allocatePod(ctx, key, pod, pc, pending)
+	return c.allocatePodWithin(ctx, key, pod, pc, pending, within)
 }
 
 // gangEvent records an event on every gated pod of the gang.

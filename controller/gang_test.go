@@ -167,6 +167,31 @@ func TestGangEvaluatedOncePerChange(t *testing.T) {
 	}
 }
 
+// TestGangFurtherPodStaysInDomain: a pod that joins a running gang with a
+// Required leaf is placed alone, but within the running pods' leaf.
+func TestGangFurtherPodStaysInDomain(t *testing.T) {
+	h := newHarness(t, objs(classes(), leafNode(t, "a", "l1"), leafNode(t, "b", "l2"), leafNode(t, "c", "l2"), leafNode(t, "d", "l2"))...).start()
+	req := map[string]string{gangs.LabelLevel: "leaf"}
+	h.gangPod("r0", "run", 2, 4, req)
+	h.gangPod("r1", "run", 2, 4, req)
+	h.waitUngated("r0")
+	h.waitUngated("r1")
+	// kube-scheduler's part: bind them where their claims are.
+	for _, name := range []string{"r0", "r1"} {
+		p := h.getPod(name)
+		p.Spec.NodeName = allocatedNode(h.getClaim(name))
+		if _, err := h.client.CoreV1().Pods(ns).Update(h.ctx, p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.gangPod("r2", "run", 2, 4, req)
+	h.waitUngated("r2")
+	nodes := h.allocatedNodes("r0", "r1", "r2")
+	if nodes["r2"] == "a" || nodes["r2"] == nodes["r0"] || nodes["r2"] == nodes["r1"] {
+		t.Errorf("further pod on %s (gang on %v), want the free node of leaf l2", nodes["r2"], nodes)
+	}
+}
+
 // TestGangLevels: Required at the leaf level waits while no leaf has room
 // for the gang; Preferred spans two leaves with a Warning saying so.
 func TestGangLevels(t *testing.T) {

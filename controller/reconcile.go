@@ -228,6 +228,12 @@ func (c *Controller) collectClaims(ctx context.Context, pod *corev1.Pod) podClai
 
 // allocatePod decides and writes the allocation of the pending claims.
 func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Pod, pc podClaims, pending []*planner.Claim) error {
+	return c.allocatePodWithin(ctx, key, pod, pc, pending, nil)
+}
+
+// allocatePodWithin is allocatePod restricted to the nodes within (nil:
+// any): a further pod of a running gang stays in its Required domain.
+func (c *Controller) allocatePodWithin(ctx context.Context, key string, pod *corev1.Pod, pc podClaims, pending []*planner.Claim, within []string) error {
 	logger := klog.FromContext(ctx)
 	start := time.Now()
 	own, err := planner.PodPlacement(pod, pending)
@@ -268,7 +274,7 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 		}
 	}
 	d := c.planner.Decide(ctx, planner.Request{Pod: pod, Pending: pending, Allocated: allocated,
-		Excluded: c.excludedNodes(pod), Placement: own})
+		Excluded: c.excludedNodes(pod), Placement: own, Within: within})
 	if d.ExclusionsIgnored {
 		c.resetExcluded(ctx, pod)
 	}

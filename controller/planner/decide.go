@@ -80,6 +80,9 @@ type Request struct {
 	// Only, when set, restricts the decision to that node: a gang's
 	// placement chose the node, the planner chooses its devices.
 	Only string
+	// Within, when not nil, restricts the decision to these nodes (a
+	// further pod of a gang that must stay in one domain).
+	Within []string
 }
 
 // Decision is what Decide found.
@@ -118,6 +121,9 @@ func (p *Planner) Decide(ctx context.Context, req Request) Decision {
 		if n := p.inv.Node(req.Only); n != nil {
 			all = []*NodeInventory{n}
 		}
+	}
+	if req.Within != nil {
+		all = slices.DeleteFunc(slices.Clone(all), func(n *NodeInventory) bool { return !slices.Contains(req.Within, n.Node) })
 	}
 	d := Decision{Nodes: len(all)}
 	pol := req.Placement.apply(p.demand.policy(p.mix.Policy(ctx, p.policy, pending), func() []allocate.NodeCapacity { return p.filter.capacities(all) }))
