@@ -113,7 +113,7 @@ func (c *Controller) decideGang(ctx context.Context, spec gangs.Spec, members, r
 		c.metrics.Decisions.WithLabelValues(OutcomeError).Inc()
 		return err
 	}
-	c.releaseReservation(spec.Ref.Key())
+	c.releaseReservation(spec.Key())
 	c.setGangWaiting(members, false)
 	p := dec.placement
 	where := fmt.Sprintf("level %s", p.LevelName)

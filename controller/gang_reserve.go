@@ -133,7 +133,7 @@ func (c *Controller) considerReserving(ctx context.Context, spec gangs.Spec, mem
 		return
 	}
 	level, domain, chosen := closestDomain(c.hierarchy, req, nodes)
-	r.gangKey, r.gang, r.domain, r.nodes = spec.Ref.Key(), spec.Ref.String(), domain, chosen
+	r.gangKey, r.gang, r.domain, r.nodes = spec.Key(), spec.String(), domain, chosen
 	r.mu.Unlock()
 	names := sets.List(chosen)
 	if len(names) > 4 {

@@ -61,7 +61,7 @@ func TestDemoIndexedJobs(t *testing.T) {
 				if pg == nil || pg.Name != ref.Name {
 					t.Fatalf("the pods name PodGroup %s, the file has %v", ref.Name, pg)
 				}
-				s, ok, err = FromPodGroup(ref, pg, pod)
+				s, _, err = FromPodGroup(ref, pg, pod)
 			} else {
 				s, err = FromLabels(ref, pod)
 			}

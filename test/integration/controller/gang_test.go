@@ -94,7 +94,9 @@ func (e *env) gangPods(name string, size int, podGroup bool, level string, requi
 			p.Labels[gangs.LabelGang] = name
 			p.Labels[gangs.LabelSize] = strconv.Itoa(size)
 		}
-		if level != "" && !(usePG && required) {
+		// A PodGroup's topology key says a Required level itself.
+		levelOnPods := !usePG || !required
+		if level != "" && levelOnPods {
 			p.Labels[gangs.LabelLevel] = level
 			if !required {
 				p.Labels[gangs.LabelPolicy] = string(gangs.Preferred)
