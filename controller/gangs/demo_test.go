@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 )
 
@@ -17,10 +18,10 @@ import (
 // the labels and through the PodGroup.
 func TestDemoIndexedJobs(t *testing.T) {
 	for _, tc := range []struct {
-		file, source string
+		file, source, level string
 	}{
-		{"indexed-job.yaml", "labels"},
-		{"indexed-job-podgroup.yaml", "PodGroup"},
+		{"indexed-job.yaml", "labels", "leaf"},
+		{"indexed-job-podgroup.yaml", "PodGroup", "network.topology.nvidia.com/leaf"},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			data, err := os.ReadFile("../../demo/gangs/" + tc.file)
@@ -50,6 +51,12 @@ func TestDemoIndexedJobs(t *testing.T) {
 			if job == nil {
 				t.Fatal("no Job")
 			}
+			// Label values are validated as the API server does.
+			for k, v := range job.Spec.Template.Labels {
+				if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
+					t.Errorf("label %s=%s: %v", k, v, errs)
+				}
+			}
 			// A pod as the Job controller creates it from the template.
 			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: job.Namespace, Name: job.Name + "-0", Labels: job.Spec.Template.Labels}, Spec: job.Spec.Template.Spec}
 			ref, ok := RefOf(pod, true)
@@ -65,7 +72,7 @@ func TestDemoIndexedJobs(t *testing.T) {
 			} else {
 				s, err = FromLabels(ref, pod)
 			}
-			if err != nil || s.MinCount != int(*job.Spec.Parallelism) || s.Level != "network.topology.nvidia.com/leaf" || s.Policy != Required {
+			if err != nil || s.MinCount != int(*job.Spec.Parallelism) || s.Level != tc.level || s.Policy != Required {
 				t.Errorf("gang %+v (err %v), want %d pods Required at the leaf", s, err, *job.Spec.Parallelism)
 			}
 		})

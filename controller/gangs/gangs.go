@@ -45,8 +45,10 @@ const (
 	// placed together, a positive integer.
 	LabelSize = "gpu.gpulink.dev/gang-size"
 	// LabelLevel is the level of the cluster's hierarchy the gang's pods
-	// must or should share: a level name of the controller's hierarchy or
-	// one of its node label keys (e.g. network.topology.nvidia.com/leaf).
+	// must or should share: a level name of the controller's hierarchy
+	// (leaf) or one of its node label keys (network.topology.nvidia.com/leaf,
+	// which as a value is valid in an annotation only: label values
+	// cannot hold '/').
 	LabelLevel = "gpu.gpulink.dev/gang-level"
 	// LabelPolicy is Required or Preferred: whether the gang waits until
 	// it fits within one domain of LabelLevel, or may span more when it

@@ -97,7 +97,9 @@ func (e *env) gangPods(name string, size int, podGroup bool, level string, requi
 		// A PodGroup's topology key says a Required level itself.
 		levelOnPods := !usePG || !required
 		if level != "" && levelOnPods {
-			p.Labels[gangs.LabelLevel] = level
+			// A node label key is no valid label value ('/'): it goes
+			// in an annotation, as docs/gangs.md says.
+			p.Annotations = map[string]string{gangs.LabelLevel: level}
 			if !required {
 				p.Labels[gangs.LabelPolicy] = string(gangs.Preferred)
 			}
