@@ -43,18 +43,33 @@
 //     pods first; never more pods on a node than its Slots;
 //  2. the lowest level with one domain holding the pods (under Required,
 //     at most Request.Level): the gang's slowest link;
-//  3. the domain of that level that fits best: fewest slots left after the
-//     gang, then fewest free GPUs left, then the busiest enclosing domains
-//     level by level upwards (an idle spine stays idle when a busy one
-//     fits), then the domain's name;
-//  4. inside the domain, level by level down: while no subdomain holds
-//     the pods left alone, the one with the fewest slots is used up
-//     (partly used subdomains are finished first); the rest goes to the
-//     best-fitting subdomain. The largest subdomains are broken last or
-//     not at all, so they stay whole for the gangs that come later.
+//  3. with Request.Demand (the gang shapes asked for lately, with their
+//     counts), the domain whose placement keeps the most of that demand
+//     placeable: the sum over shapes of the shape's GPUs times the gangs
+//     of it that still fit, each in one domain of the shape's own minimal
+//     level (the lowest the cluster's total GPUs allow), counting no more
+//     gangs than were asked for. The domain level's counterpart of the
+//     in-node allocator's criterion 2: the shapes asked for most keep
+//     their link class, for as many gangs as come;
+//  4. the domain that fits best: fewest slots left after the gang, then
+//     fewest free GPUs left, then the busiest enclosing domains level by
+//     level upwards (an idle spine stays idle when a busy one fits), then
+//     the domain's name;
+//  5. inside the domain, level by level down, subdomains are used in
+//     increasing order of slots (then free GPUs), each up to what is
+//     left: partly used ones are finished first, only the last one used
+//     is left partly used, and the largest are broken last or not at all,
+//     so they stay whole for the gangs that come later.
 //
-// With AlignRails, criteria 1-3 are compared across alignment keys, then
+// With AlignRails, criteria 1-4 are compared across alignment keys, then
 // the key's name.
+//
+// # Cost
+//
+// Linear in the nodes times the levels to group them, plus, with a
+// demand, one fill and a pass over the shapes per candidate domain of the
+// chosen level. A gang of 64 pods × 8 GPUs on 5,000 nodes:
+// BenchmarkPlace (make bench), docs/performance/gangs.md.
 //
 // # Invariants (tested)
 //

@@ -3,7 +3,6 @@ package gang
 import (
 	"cmp"
 	"slices"
-	"sort"
 )
 
 // index is the nodes grouped into domains per level, for one alignment.
@@ -37,20 +36,26 @@ type choice struct {
 	level     int
 	value     string
 	alignment string
+	// future is the demand the placement keeps placeable (future.keeps);
 	// leftSlots and leftFree are the domain's slots and free GPUs left
 	// after the placement: best fit takes the domain that keeps least.
+	future              int64
 	leftSlots, leftFree int
 	takes               []take
 }
 
 // better orders choices of different alignments: more pods, then the lower
-// level, then the tighter fit, then the alignment's name.
+// level, then the demand kept, then the tighter fit, then the alignment's
+// name.
 func (c *choice) better(o *choice) bool {
 	if c.k != o.k {
 		return c.k > o.k
 	}
 	if c.level != o.level {
 		return c.level < o.level
+	}
+	if c.future != o.future {
+		return c.future > o.future
 	}
 	if c.leftSlots != o.leftSlots {
 		return c.leftSlots < o.leftSlots
@@ -118,32 +123,25 @@ type candidate struct {
 }
 
 // best is the placement of k pods within the lowest level up to maxLevel
-// that holds them, or nil.
-func (ix *index) best(k, maxLevel, gpusPerPod int) *choice {
+// that holds them, or nil. With a demand (future), the domain that keeps
+// the most of it placeable wins first (doc.go, criterion 3), then the
+// best fit.
+func (ix *index) best(k, maxLevel, gpusPerPod int, fut *future) *choice {
+	var cands []candidate
 	for lv := 0; lv <= maxLevel; lv++ {
-		var win *candidate
-		consider := func(c candidate) {
-			if c.slots < k {
-				return
-			}
-			if win == nil || ix.fitsBetter(lv, &c, win) {
-				cc := c
-				win = &cc
-			}
-		}
+		cands = cands[:0]
 		switch {
 		case lv == 0:
 			for i := range ix.nodes {
 				if ix.slots[i] >= k {
-					consider(candidate{value: ix.nodes[i].Name, slots: ix.slots[i], free: ix.nodes[i].FreeGPUs, first: i})
+					cands = append(cands, candidate{value: ix.nodes[i].Name, slots: ix.slots[i], free: ix.nodes[i].FreeGPUs, first: i})
 				}
-			}
-			if win != nil {
-				win.nodes = []int{win.first}
 			}
 		case lv <= ix.labels:
 			for _, d := range ix.levels[lv] {
-				consider(candidate{value: d.value, nodes: d.nodes, slots: d.slots, free: d.free, first: d.nodes[0]})
+				if d.slots >= k {
+					cands = append(cands, candidate{value: d.value, nodes: d.nodes, slots: d.slots, free: d.free, first: d.nodes[0]})
+				}
 			}
 		default:
 			if ix.total >= k {
@@ -153,15 +151,42 @@ func (ix *index) best(k, maxLevel, gpusPerPod int) *choice {
 					all[i] = i
 					free += ix.nodes[i].FreeGPUs
 				}
-				win = &candidate{nodes: all, slots: ix.total, free: free}
+				cands = append(cands, candidate{nodes: all, slots: ix.total, free: free})
 			}
 		}
-		if win == nil {
+		if len(cands) == 0 {
 			continue
 		}
-		c := &choice{k: k, level: lv, value: win.value, leftSlots: win.slots - k, leftFree: win.free - k*gpusPerPod}
-		ix.fill(win.nodes, lv, k, &c.takes)
-		return c
+		var win *choice
+		var winCand *candidate
+		for ci := range cands {
+			cd := &cands[ci]
+			if fut == nil && winCand != nil && !ix.fitsBetter(lv, cd, winCand) {
+				continue
+			}
+			c := &choice{k: k, level: lv, value: cd.value, leftSlots: cd.slots - k, leftFree: cd.free - k*gpusPerPod}
+			if fut == nil {
+				win, winCand = c, cd
+				continue
+			}
+			if lv == 0 {
+				c.takes = []take{{node: cd.first, pods: k}}
+			} else {
+				ix.fill(cd.nodes, lv, k, &c.takes)
+			}
+			c.future = fut.keeps(ix, c.takes, gpusPerPod)
+			if win == nil || c.future > win.future || c.future == win.future && ix.fitsBetter(lv, cd, winCand) {
+				win, winCand = c, cd
+			}
+		}
+		if win.takes == nil {
+			if lv == 0 {
+				win.takes = []take{{node: winCand.first, pods: k}}
+			} else {
+				ix.fill(winCand.nodes, lv, k, &win.takes)
+			}
+		}
+		return win
 	}
 	return nil
 }
@@ -204,26 +229,23 @@ type child struct {
 }
 
 // fill places k pods on nodes (a domain of level lv, holding at least k
-// slots), keeping its largest subdomains whole: while no subdomain holds
-// the rest alone, the one with the fewest slots is used up; then the
-// rest goes to the best-fitting subdomain (fewest slots, then free GPUs,
-// that hold it). Partly used subdomains are finished first, and the
-// largest one left is broken last or not at all.
+// slots), keeping its largest subdomains whole: subdomains are used in
+// increasing order of slots (then free GPUs), each up to what is left, so
+// partly used ones are finished first and only the last one used, the
+// smallest that holds the rest, is left partly used; the largest are
+// broken last or not at all.
 func (ix *index) fill(nodes []int, lv, k int, out *[]take) {
 	if lv == 0 || len(nodes) == 1 {
 		*out = append(*out, take{node: nodes[0], pods: k})
 		return
 	}
-	children := ix.children(nodes, lv-1)
-	for p := 0; k > 0 && p < len(children); {
-		j := sort.Search(len(children)-p, func(j int) bool { return children[p+j].slots >= k }) + p
-		if j < len(children) {
-			ix.fill(children[j].nodes, lv-1, k, out)
+	for _, c := range ix.children(nodes, lv-1) {
+		if k == 0 {
 			return
 		}
-		ix.fill(children[p].nodes, lv-1, children[p].slots, out)
-		k -= children[p].slots
-		p++
+		n := min(k, c.slots)
+		ix.fill(c.nodes, lv-1, n, out)
+		k -= n
 	}
 }
 

@@ -260,3 +260,39 @@ func TestHierarchy(t *testing.T) {
 		}
 	}
 }
+
+// TestPlaceDemand: a 16-pod gang on NVL72 racks. Best fit alone takes the
+// clique with 17 free, in an otherwise idle leaf, and leaves no leaf for a
+// 64-pod gang; with 64-pod gangs in the demand, the idle clique of the
+// busy leaf is taken instead and the idle leaf stays whole enough.
+func TestPlaceDemand(t *testing.T) {
+	h := DefaultHierarchy()
+	c := nvl72Cluster(144)
+	used := busy(map[int]int{0: 8}, 90, 144) // clique 0: 17 free; leaf-1: only clique 4 (72-89) free
+	nodes := c.build(used, 8)
+	req := Request{Name: "g16", Pods: 16, GPUsPerPod: 8}
+	p, err := Place(h, req, nodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Domain != "cluster-uuid.0" {
+		t.Fatalf("without demand: %s, want the best fit cluster-uuid.0", p.Domain)
+	}
+	req.Demand = []Shape{{Pods: 64, GPUsPerPod: 8, Count: 2}, {Pods: 16, GPUsPerPod: 8, Count: 2}, {Pods: 1, GPUsPerPod: 1, Count: 50}}
+	p, err = Place(h, req, nodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Domain != "cluster-uuid.4" || p.LevelName != "clique" {
+		t.Fatalf("with demand: %s %s, want clique cluster-uuid.4 (leaf-1), keeping leaf-0 for a 64-pod gang", p.LevelName, p.Domain)
+	}
+	// A demand of small gangs only changes nothing: best fit again.
+	req.Demand = []Shape{{Pods: 2, GPUsPerPod: 8, Count: 5}}
+	if p, err = Place(h, req, nodes); err != nil || p.Domain != "cluster-uuid.0" {
+		t.Fatalf("small demand: %v, %v; want cluster-uuid.0", p, err)
+	}
+	_, err = Place(h, Request{Name: "g", Pods: 1, Demand: []Shape{{Pods: 0, Count: 1}}}, nodes)
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "demand[0]") {
+		t.Fatalf("invalid demand: %v", err)
+	}
+}
