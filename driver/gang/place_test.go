@@ -261,35 +261,41 @@ func TestHierarchy(t *testing.T) {
 	}
 }
 
-// TestPlaceDemand: a 16-pod gang on NVL72 racks. Best fit alone takes the
-// clique with 17 free, in an otherwise idle leaf, and leaves no leaf for a
-// 64-pod gang; with 64-pod gangs in the demand, the idle clique of the
-// busy leaf is taken instead and the idle leaf stays whole enough.
+// TestPlaceDemand: a gang of 4 pods × 8 GPUs and two racks that fit it
+// equally well (6 free nodes and 4 free GPUs beside each), the GPUs
+// beside free as 2 + 2 on one rack and 4 on the other. Without a demand
+// the name decides; with gangs of 5 pods × 4 GPUs in the demand (one
+// rack's worth), the rack whose leftover still holds one (2 idle nodes and
+// the node with 4 free: 5 pods) wins.
 func TestPlaceDemand(t *testing.T) {
-	h := DefaultHierarchy()
-	c := nvl72Cluster(144)
-	used := busy(map[int]int{0: 8}, 90, 144) // clique 0: 17 free; leaf-1: only clique 4 (72-89) free
-	nodes := c.build(used, 8)
-	req := Request{Name: "g16", Pods: 16, GPUsPerPod: 8}
+	h, err := NewHierarchyFromKeys([]string{"example.com/rack"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nodes []Node
+	add := func(rack string, free ...int) {
+		for _, f := range free {
+			nodes = append(nodes, Node{Name: fmt.Sprintf("%s-%d", rack, len(nodes)), Domains: []string{rack}, Slots: f / 8, FreeGPUs: f, TotalGPUs: 8})
+		}
+	}
+	add("rack-a", 8, 8, 8, 8, 8, 8, 2, 2)
+	add("rack-b", 8, 8, 8, 8, 8, 8, 4, 0)
+	req := Request{Name: "g", Pods: 4, GPUsPerPod: 8}
 	p, err := Place(h, req, nodes)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.Domain != "cluster-uuid.0" {
-		t.Fatalf("without demand: %s, want the best fit cluster-uuid.0", p.Domain)
+	if p.Domain != "rack-a" {
+		t.Fatalf("without demand: %s, want rack-a (the name)", p.Domain)
 	}
-	req.Demand = []Shape{{Pods: 64, GPUsPerPod: 8, Count: 2}, {Pods: 16, GPUsPerPod: 8, Count: 2}, {Pods: 1, GPUsPerPod: 1, Count: 50}}
-	p, err = Place(h, req, nodes)
-	if err != nil {
-		t.Fatal(err)
+	req.Demand = []Shape{{Pods: 5, GPUsPerPod: 4, Count: 10}, {Pods: 4, GPUsPerPod: 8, Count: 1}}
+	if p, err = Place(h, req, nodes); err != nil || p.Domain != "rack-b" {
+		t.Fatalf("with demand: %v, %v; want rack-b, which keeps a gang of 5 pods × 4 GPUs placeable", p, err)
 	}
-	if p.Domain != "cluster-uuid.4" || p.LevelName != "clique" {
-		t.Fatalf("with demand: %s %s, want clique cluster-uuid.4 (leaf-1), keeping leaf-0 for a 64-pod gang", p.LevelName, p.Domain)
-	}
-	// A demand of small gangs only changes nothing: best fit again.
-	req.Demand = []Shape{{Pods: 2, GPUsPerPod: 8, Count: 5}}
-	if p, err = Place(h, req, nodes); err != nil || p.Domain != "cluster-uuid.0" {
-		t.Fatalf("small demand: %v, %v; want cluster-uuid.0", p, err)
+	// Best fit comes first: a tighter rack wins whatever the demand.
+	nodes[5].FreeGPUs, nodes[5].Slots = 0, 0
+	if p, err = Place(h, req, nodes); err != nil || p.Domain != "rack-a" {
+		t.Fatalf("tighter rack-a: %v, %v; want rack-a", p, err)
 	}
 	_, err = Place(h, Request{Name: "g", Pods: 1, Demand: []Shape{{Pods: 0, Count: 1}}}, nodes)
 	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "demand[0]") {

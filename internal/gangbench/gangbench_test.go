@@ -185,14 +185,15 @@ func TestKueueDescent(t *testing.T) {
 	if len(got) != 40 || leaves[0] != 10 || leaves[2] != 30 {
 		t.Fatalf("40 pods: per leaf %v, want 10 on leaf-000 and 30 on leaf-002", leaves)
 	}
-	// gpulink finishes the smaller leaves and breaks the largest last.
+	// gpulink: the fewest leaves, leaf-002 used up and the rest on the
+	// best fit, leaf-000, and it keeps those counts down to the nodes.
 	gl := placeGPULink(s, &Job{Pods: 40, GPUsPerPod: 8}, c.H.Cluster(), nil)
 	leaves = map[int]int{}
 	for _, i := range gl {
 		leaves[i/32]++
 	}
-	if len(gl) != 40 || leaves[0] != 10 || leaves[1] != 12 || leaves[2] != 18 {
-		t.Fatalf("gpulink 40 pods: per leaf %v, want 10, 12 and 18", leaves)
+	if len(gl) != 40 || leaves[2] != 32 || leaves[0] != 8 {
+		t.Fatalf("gpulink 40 pods: per leaf %v, want 32 on leaf-002 and 8 on leaf-000", leaves)
 	}
 }
 
