@@ -43,18 +43,37 @@
 //     pods first; never more pods on a node than its Slots;
 //  2. the lowest level with one domain holding the pods (under Required,
 //     at most Request.Level): the gang's slowest link;
-//  3. the domain of that level that fits best: fewest slots left after the
-//     gang, then fewest free GPUs left, then the busiest enclosing domains
-//     level by level upwards (an idle spine stays idle when a busy one
-//     fits), then the domain's name;
-//  4. inside the domain, level by level down: while no subdomain holds
-//     the pods left alone, the one with the fewest slots is used up
-//     (partly used subdomains are finished first); the rest goes to the
-//     best-fitting subdomain. The largest subdomains are broken last or
-//     not at all, so they stay whole for the gangs that come later.
+//  3. the domain of that level that fits best: fewest slots left after
+//     the gang, then fewest free GPUs left (both would be stranded around
+//     the gang, or kept whole elsewhere);
+//  4. with Request.Demand (the gang shapes asked for lately, with their
+//     counts), the domain whose placement keeps the most of that demand
+//     placeable: the sum over shapes of the shape's GPUs times the gangs
+//     of it that still fit, each in one domain of the shape's own minimal
+//     level (the lowest the cluster's total GPUs allow), counting no more
+//     gangs than were asked for: the domain level's counterpart of the
+//     in-node allocator's criterion 2. It comes after best fit because,
+//     placed first, it chased the rounding of capacities at the higher
+//     levels and gave up tighter fits (measured: fewer gangs placed on
+//     the SuperPOD-style replay, docs/performance/gangs.md);
+//  5. the busiest enclosing domains, level by level upwards (an idle
+//     spine stays idle when a busy one fits as well), then the name;
+//  6. inside the domain, level by level down, the fewest subdomains: the
+//     largest are used up first (then those with the fewest free GPUs
+//     beside), and the last one is the best fit for the rest. Fewer
+//     subdomains means fewer hops across them for the gang's
+//     collectives, and the subdomains it uses up are freed together when
+//     it ends, whole for the gangs after it.
 //
-// With AlignRails, criteria 1-3 are compared across alignment keys, then
+// With AlignRails, criteria 1-4 are compared across alignment keys, then
 // the key's name.
+//
+// # Cost
+//
+// Linear in the nodes times the levels to group them, plus, with a
+// demand, one fill and a pass over the shapes per candidate domain of the
+// chosen level. A gang of 64 pods × 8 GPUs on 5,000 nodes:
+// BenchmarkPlace (make bench), docs/performance/gangs.md.
 //
 // # Invariants (tested)
 //

@@ -37,14 +37,17 @@ type choice struct {
 	level     int
 	value     string
 	alignment string
+	// future is the demand the placement keeps placeable (future.keeps);
 	// leftSlots and leftFree are the domain's slots and free GPUs left
 	// after the placement: best fit takes the domain that keeps least.
+	future              int64
 	leftSlots, leftFree int
 	takes               []take
 }
 
 // better orders choices of different alignments: more pods, then the lower
-// level, then the tighter fit, then the alignment's name.
+// level, then the tighter fit, then the demand kept, then the alignment's
+// name.
 func (c *choice) better(o *choice) bool {
 	if c.k != o.k {
 		return c.k > o.k
@@ -57,6 +60,9 @@ func (c *choice) better(o *choice) bool {
 	}
 	if c.leftFree != o.leftFree {
 		return c.leftFree < o.leftFree
+	}
+	if c.future != o.future {
+		return c.future > o.future
 	}
 	return c.alignment < o.alignment
 }
@@ -118,32 +124,25 @@ type candidate struct {
 }
 
 // best is the placement of k pods within the lowest level up to maxLevel
-// that holds them, or nil.
-func (ix *index) best(k, maxLevel, gpusPerPod int) *choice {
+// that holds them, or nil: the best fit there, then, with a demand
+// (future), the domain that keeps the most of it placeable (doc.go,
+// criterion 4), then tieBetter.
+func (ix *index) best(k, maxLevel, gpusPerPod int, fut *future) *choice {
+	var cands []candidate
 	for lv := 0; lv <= maxLevel; lv++ {
-		var win *candidate
-		consider := func(c candidate) {
-			if c.slots < k {
-				return
-			}
-			if win == nil || ix.fitsBetter(lv, &c, win) {
-				cc := c
-				win = &cc
-			}
-		}
+		cands = cands[:0]
 		switch {
 		case lv == 0:
 			for i := range ix.nodes {
 				if ix.slots[i] >= k {
-					consider(candidate{value: ix.nodes[i].Name, slots: ix.slots[i], free: ix.nodes[i].FreeGPUs, first: i})
+					cands = append(cands, candidate{value: ix.nodes[i].Name, slots: ix.slots[i], free: ix.nodes[i].FreeGPUs, first: i})
 				}
-			}
-			if win != nil {
-				win.nodes = []int{win.first}
 			}
 		case lv <= ix.labels:
 			for _, d := range ix.levels[lv] {
-				consider(candidate{value: d.value, nodes: d.nodes, slots: d.slots, free: d.free, first: d.nodes[0]})
+				if d.slots >= k {
+					cands = append(cands, candidate{value: d.value, nodes: d.nodes, slots: d.slots, free: d.free, first: d.nodes[0]})
+				}
 			}
 		default:
 			if ix.total >= k {
@@ -153,30 +152,58 @@ func (ix *index) best(k, maxLevel, gpusPerPod int) *choice {
 					all[i] = i
 					free += ix.nodes[i].FreeGPUs
 				}
-				win = &candidate{nodes: all, slots: ix.total, free: free}
+				cands = append(cands, candidate{nodes: all, slots: ix.total, free: free})
 			}
 		}
-		if win == nil {
+		if len(cands) == 0 {
 			continue
 		}
-		c := &choice{k: k, level: lv, value: win.value, leftSlots: win.slots - k, leftFree: win.free - k*gpusPerPod}
-		ix.fill(win.nodes, lv, k, &c.takes)
-		return c
+		// Best fit first; the demand kept only among the domains that fit
+		// equally well, so only those are filled ahead of the choice.
+		bi := 0
+		for ci := 1; ci < len(cands); ci++ {
+			if fitsTighter(&cands[ci], &cands[bi]) {
+				bi = ci
+			}
+		}
+		var win *choice
+		var winCand *candidate
+		for ci := range cands {
+			cd := &cands[ci]
+			if cd.slots != cands[bi].slots || cd.free != cands[bi].free {
+				continue
+			}
+			c := &choice{k: k, level: lv, value: cd.value, leftSlots: cd.slots - k, leftFree: cd.free - k*gpusPerPod}
+			if fut != nil {
+				ix.fillCandidate(cd, lv, k, &c.takes)
+				c.future = fut.keeps(ix, c.takes, gpusPerPod)
+			}
+			if win == nil || c.future > win.future || c.future == win.future && ix.tieBetter(lv, cd, winCand) {
+				win, winCand = c, cd
+			}
+		}
+		if win.takes == nil {
+			ix.fillCandidate(winCand, lv, k, &win.takes)
+		}
+		return win
 	}
 	return nil
 }
 
-// fitsBetter: best fit, the domain that keeps the fewest slots, then the
-// fewest free GPUs (both would be stranded around the gang, or kept whole
-// elsewhere); then the busiest enclosing domains, level by level upwards,
-// so that idle parents stay idle; then the value.
-func (ix *index) fitsBetter(lv int, a, b *candidate) bool {
+// fitsTighter is best fit: the domain that keeps the fewest slots after
+// the gang, then the fewest free GPUs (both would be stranded around the
+// gang, or kept whole elsewhere).
+func fitsTighter(a, b *candidate) bool {
 	if a.slots != b.slots {
 		return a.slots < b.slots
 	}
-	if a.free != b.free {
-		return a.free < b.free
-	}
+	return a.free < b.free
+}
+
+// tieBetter breaks ties of best fit (and of the demand kept): the busiest
+// enclosing domains, level by level upwards, so that idle parents stay
+// idle; then the value.
+func (ix *index) tieBetter(lv int, a, b *candidate) bool {
 	for pl := lv + 1; pl <= ix.labels; pl++ {
 		fa, fb := ix.parentFree(pl, a.first), ix.parentFree(pl, b.first)
 		if fa != fb {
@@ -184,6 +211,15 @@ func (ix *index) fitsBetter(lv int, a, b *candidate) bool {
 		}
 	}
 	return a.value < b.value
+}
+
+// fillCandidate places k pods in the candidate domain of level lv.
+func (ix *index) fillCandidate(cd *candidate, lv, k int, out *[]take) {
+	if lv == 0 {
+		*out = append(*out, take{node: cd.first, pods: k})
+		return
+	}
+	ix.fill(cd.nodes, lv, k, out)
 }
 
 // parentFree is the free GPUs of node i's domain at level pl (the node's
@@ -204,27 +240,50 @@ type child struct {
 }
 
 // fill places k pods on nodes (a domain of level lv, holding at least k
-// slots), keeping its largest subdomains whole: while no subdomain holds
-// the rest alone, the one with the fewest slots is used up; then the
-// rest goes to the best-fitting subdomain (fewest slots, then free GPUs,
-// that hold it). Partly used subdomains are finished first, and the
-// largest one left is broken last or not at all.
+// slots) on the fewest subdomains, level by level down: the largest are
+// used up first and the last one is the best fit for the rest (the
+// smallest that holds it). Fewer subdomains means fewer hops across them
+// for the gang's collectives, and the subdomains it uses up are freed
+// together when it ends, whole for the gangs after it.
 func (ix *index) fill(nodes []int, lv, k int, out *[]take) {
 	if lv == 0 || len(nodes) == 1 {
 		*out = append(*out, take{node: nodes[0], pods: k})
 		return
 	}
-	children := ix.children(nodes, lv-1)
-	for p := 0; k > 0 && p < len(children); {
-		j := sort.Search(len(children)-p, func(j int) bool { return children[p+j].slots >= k }) + p
-		if j < len(children) {
-			ix.fill(children[j].nodes, lv-1, k, out)
+	// A level none of these nodes carries a label of groups nothing:
+	// the subdomains are those of the next level down.
+	cl := lv - 1
+	for cl > 0 && !ix.labelled(nodes, cl) {
+		cl--
+	}
+	cs := ix.children(nodes, cl)
+	for k > 0 && len(cs) > 0 {
+		// The best fit for the rest: the fewest slots that hold it, then
+		// the fewest free GPUs, then the key (cs is in that order).
+		if j := sort.Search(len(cs), func(j int) bool { return cs[j].slots >= k }); j < len(cs) {
+			ix.fill(cs[j].nodes, cl, k, out)
 			return
 		}
-		ix.fill(children[p].nodes, lv-1, children[p].slots, out)
-		k -= children[p].slots
-		p++
+		// Else use up the largest: the most slots, then the fewest free
+		// GPUs left stranded beside them, then the key.
+		u := len(cs) - 1
+		for j := len(cs) - 2; j >= 0 && cs[j].slots == cs[u].slots; j-- {
+			u = j // same slots, fewer or as many free GPUs, lower key
+		}
+		ix.fill(cs[u].nodes, cl, cs[u].slots, out)
+		k -= cs[u].slots
+		cs = slices.Delete(cs, u, u+1)
 	}
+}
+
+// labelled tells whether any of nodes carries level lv's label.
+func (ix *index) labelled(nodes []int, lv int) bool {
+	for _, i := range nodes {
+		if ix.nodeDomain[lv][i] >= 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // children groups nodes by their domain at level cl (each node alone at

@@ -27,8 +27,9 @@ func Place(h *Hierarchy, req Request, nodes []Node) (*Placement, error) {
 	var bestIdx *index
 	for _, al := range alignments(req, nodes) {
 		ix := newIndex(h, nodes, al, req.AlignRails)
+		fut := newFuture(ix, req.Demand)
 		for k := req.Pods; k >= minCount; k-- {
-			c := ix.best(k, maxLevel, req.GPUsPerPod)
+			c := ix.best(k, maxLevel, req.GPUsPerPod, fut)
 			if c == nil {
 				continue
 			}
@@ -88,7 +89,7 @@ func unplaceable(h *Hierarchy, req Request, nodes []Node, minCount int) error {
 		if level == h.Cluster() {
 			continue
 		}
-		c := ix.best(minCount, h.Cluster(), req.GPUsPerPod)
+		c := ix.best(minCount, h.Cluster(), req.GPUsPerPod, nil)
 		if c == nil {
 			continue
 		}

@@ -260,3 +260,45 @@ func TestHierarchy(t *testing.T) {
 		}
 	}
 }
+
+// TestPlaceDemand: a gang of 4 pods × 8 GPUs and two racks that fit it
+// equally well (6 free nodes and 4 free GPUs beside each), the GPUs
+// beside free as 2 + 2 on one rack and 4 on the other. Without a demand
+// the name decides; with gangs of 5 pods × 4 GPUs in the demand (one
+// rack's worth), the rack whose leftover still holds one (2 idle nodes and
+// the node with 4 free: 5 pods) wins.
+func TestPlaceDemand(t *testing.T) {
+	h, err := NewHierarchyFromKeys([]string{"example.com/rack"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nodes []Node
+	add := func(rack string, free ...int) {
+		for _, f := range free {
+			nodes = append(nodes, Node{Name: fmt.Sprintf("%s-%d", rack, len(nodes)), Domains: []string{rack}, Slots: f / 8, FreeGPUs: f, TotalGPUs: 8})
+		}
+	}
+	add("rack-a", 8, 8, 8, 8, 8, 8, 2, 2)
+	add("rack-b", 8, 8, 8, 8, 8, 8, 4, 0)
+	req := Request{Name: "g", Pods: 4, GPUsPerPod: 8}
+	p, err := Place(h, req, nodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Domain != "rack-a" {
+		t.Fatalf("without demand: %s, want rack-a (the name)", p.Domain)
+	}
+	req.Demand = []Shape{{Pods: 5, GPUsPerPod: 4, Count: 10}, {Pods: 4, GPUsPerPod: 8, Count: 1}}
+	if p, err = Place(h, req, nodes); err != nil || p.Domain != "rack-b" {
+		t.Fatalf("with demand: %v, %v; want rack-b, which keeps a gang of 5 pods × 4 GPUs placeable", p, err)
+	}
+	// Best fit comes first: a tighter rack wins whatever the demand.
+	nodes[5].FreeGPUs, nodes[5].Slots = 0, 0
+	if p, err = Place(h, req, nodes); err != nil || p.Domain != "rack-a" {
+		t.Fatalf("tighter rack-a: %v, %v; want rack-a", p, err)
+	}
+	_, err = Place(h, Request{Name: "g", Pods: 1, Demand: []Shape{{Pods: 0, Count: 1}}}, nodes)
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "demand[0]") {
+		t.Fatalf("invalid demand: %v", err)
+	}
+}

@@ -100,6 +100,9 @@ func TestPlaceMatchesBruteForce(t *testing.T) {
 		nodes := randomCluster(r)
 		req := Request{Name: "g", Pods: 1 + r.IntN(6), GPUsPerPod: 1 + r.IntN(8)}
 		req.MinCount = r.IntN(req.Pods + 1)
+		for range r.IntN(4) { // a demand must never change the level or the count
+			req.Demand = append(req.Demand, Shape{Pods: 1 + r.IntN(8), GPUsPerPod: 1 + r.IntN(8), Count: 1 + r.IntN(3)})
+		}
 		switch r.IntN(3) {
 		case 0:
 			req.Constraint, req.Level = Required, r.IntN(h.Cluster()+1)

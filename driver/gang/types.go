@@ -37,6 +37,12 @@ type Request struct {
 	Level int
 	// Constraint: None (""), Preferred or Required.
 	Constraint Constraint
+	// Demand is the gang shapes asked for lately (the caller keeps the
+	// history, as SizeHistory does for GPU sets): among the domains of
+	// the lowest level that holds the gang, Place takes the one that keeps
+	// the most of it placeable on its own minimal level (doc.go,
+	// criterion 3). Empty: best fit alone.
+	Demand []Shape
 	// AlignRails asks for one alignment (Node.AlignedSlots key, such as
 	// the NIC rail indices the pods' claims get) on every node of the
 	// gang: slots are then counted per alignment and the gang uses one.

@@ -23,6 +23,11 @@ func validate(h *Hierarchy, req Request, nodes []Node) error {
 	default:
 		return fmt.Errorf("%w: gang %q: constraint %q: must be %s or %s", ErrInvalid, req.Name, req.Constraint, Preferred, Required)
 	}
+	for i, d := range req.Demand {
+		if d.Pods < 1 || d.GPUsPerPod < 0 || d.Count < 1 {
+			return fmt.Errorf("%w: gang %q: demand[%d]: pods %d, gpusPerPod %d, count %d: pods and count must be at least 1, gpusPerPod not negative", ErrInvalid, req.Name, i, d.Pods, d.GPUsPerPod, d.Count)
+		}
+	}
 	seen := make(map[string]struct{}, len(nodes))
 	for i := range nodes {
 		n := &nodes[i]

@@ -35,11 +35,11 @@ type gangFlags struct {
 func (f *gangFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.dir, "gang-trace", "", "replay multi-node jobs (gangs) from this directory (kalos_jobs.csv) instead of a scenario")
-	fl.StringSliceVar(&f.workloads, "gang-workloads", []string{gangbench.WorkloadKalos, gangbench.WorkloadSpot}, "with --gang-trace: kalos (the trace's jobs) and/or spot (drawn from the spot trace's published distribution)")
+	fl.StringSliceVar(&f.workloads, "gang-workloads", []string{gangbench.WorkloadKalos, gangbench.WorkloadSpot, gangbench.WorkloadMixed}, "with --gang-trace: kalos (the trace's jobs), spot (drawn from the spot trace's published distribution), mixed (both, half the GPU-seconds each)")
 	fl.StringSliceVar(&f.modes, "gang-modes", []string{gangbench.ModePreferred, gangbench.ModeRequired}, "with --gang-trace: preferred (gangs as low as they fit) and/or required (each gang requires its minimal level)")
 	fl.StringSliceVar(&f.clusters, "gang-clusters", []string{"superpod", "nvl72"}, "with --gang-trace: superpod (32-node leaves) and/or nvl72 (18-node NVLink cliques)")
 	fl.IntVar(&f.nodes, "gang-nodes", 2048, "with --gang-trace: 8-GPU nodes per cluster (rounded up to whole leaves)")
-	fl.IntVar(&f.spotJobs, "gang-spot-jobs", 5000, "with --gang-trace: jobs per seed of the spot workload")
+	fl.IntVar(&f.spotJobs, "gang-spot-jobs", 2000, "with --gang-trace: jobs per seed of the spot workload")
 	fl.Float64SliceVar(&f.loads, "gang-loads", []float64{1, 2, 3}, "with --gang-trace: offered loads (GPU-seconds arriving per window over the cluster's GPU-seconds)")
 	fl.StringSliceVar(&f.policies, "gang-policies", gangbench.AllPolicies, "with --gang-trace: policies to replay")
 	fl.IntVar(&f.seeds, "gang-seeds", 3, "with --gang-trace: seeds 1..N (arrival jitter, spot draws, the baselines' random choices)")

@@ -43,13 +43,14 @@ func placerOf(policy string) placer {
 // placeGPULink is driver/gang's Place, with each node's slots the pods of
 // the job's size its free GPUs hold (the simulated nodes' GPUs are
 // interchangeable; inside a node the allocator's link choice is not
-// replayed here).
+// replayed here) and the demand the shapes of the last jobs to arrive
+// (Options.History).
 func placeGPULink(s *state, j *Job, maxLevel int, _ *rand.Rand) []int {
 	for i := range s.nodes {
 		s.nodes[i].Slots = s.free[i] / j.GPUsPerPod
 		s.nodes[i].FreeGPUs = s.free[i]
 	}
-	req := gang.Request{Name: strconv.Itoa(j.ID), Pods: j.Pods, GPUsPerPod: j.GPUsPerPod}
+	req := gang.Request{Name: strconv.Itoa(j.ID), Pods: j.Pods, GPUsPerPod: j.GPUsPerPod, Demand: s.demand}
 	if maxLevel < s.c.H.Cluster() {
 		req.Level, req.Constraint = maxLevel, gang.Required
 	}

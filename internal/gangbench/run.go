@@ -11,6 +11,7 @@ import (
 const (
 	WorkloadKalos = "kalos"
 	WorkloadSpot  = "spot"
+	WorkloadMixed = "mixed"
 )
 
 // Modes: gangs anywhere as low as they fit, or each gang requiring its
@@ -24,9 +25,10 @@ const (
 type Config struct {
 	// Dir holds kalos_jobs.csv (read at run time).
 	Dir string
-	// Workloads: kalos (the 319 jobs, arrivals jittered per seed) and
-	// spot (SpotJobs jobs drawn per seed from the spot trace's published
-	// distribution with Kalos shapes).
+	// Workloads: kalos (the 319 jobs, arrivals jittered per seed), spot
+	// (SpotJobs jobs drawn per seed from the spot trace's published
+	// distribution with Kalos shapes) and mixed (both over the same span,
+	// half of the GPU-seconds each).
 	Workloads []string
 	SpotJobs  int
 	// Clusters: superpod and nvl72, of Nodes nodes (about; whole leaves).
@@ -138,8 +140,8 @@ func Run(cfg Config) ([]*Cell, error) {
 	var cells []*Cell
 	var tasks []task
 	for _, wl := range cfg.Workloads {
-		if wl != WorkloadKalos && wl != WorkloadSpot {
-			return nil, fmt.Errorf("workload %q: unknown (want kalos or spot)", wl)
+		if wl != WorkloadKalos && wl != WorkloadSpot && wl != WorkloadMixed {
+			return nil, fmt.Errorf("workload %q: unknown (want kalos, spot or mixed)", wl)
 		}
 		for _, mode := range cfg.Modes {
 			if mode != ModePreferred && mode != ModeRequired {
@@ -155,8 +157,11 @@ func Run(cfg Config) ([]*Cell, error) {
 						cells = append(cells, cell)
 						for i, seed := range cfg.Seeds {
 							src := Jitter(kalos, seed)
-							if wl == WorkloadSpot {
+							switch wl {
+							case WorkloadSpot:
 								src = Spot(kalos, cfg.SpotJobs, seed)
+							case WorkloadMixed:
+								src = Mixed(src, Spot(kalos, cfg.SpotJobs, seed))
 							}
 							jobs, win := Scale(src, c.GPUs(), load)
 							tasks = append(tasks, task{cell, i, c, jobs, win, seed, opt})

@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+
+	"github.com/gpulink/gpulink/driver/gang"
 )
 
 // Scale returns the jobs with arrivals rebased to 0 and compressed so that
@@ -49,6 +51,9 @@ type Options struct {
 	// GPUs on NVL72): it waits until one domain of that level holds it.
 	// Otherwise gangs are placed anywhere, as low as they fit.
 	Required bool
+	// History is how many of the last jobs to arrive gpulink's demand
+	// counts (Request.Demand); default 256, negative: none.
+	History int
 }
 
 // Result is one replay's measures, over the arrival window.
@@ -108,6 +113,9 @@ func Replay(c *Cluster, jobs []Job, window float64, policy string, seed uint64, 
 	}
 	if opt.Backoff == 0 {
 		opt.Backoff = 10
+	}
+	if opt.History == 0 {
+		opt.History = 256
 	}
 	place := placerOf(policy)
 	if place == nil && policy != PolicyPerPod {
@@ -171,10 +179,15 @@ func Replay(c *Cluster, jobs []Job, window float64, policy string, seed uint64, 
 			}
 			busy -= len(d.nodes) * d.g
 		}
+		arrived := false
 		for next < len(jobs) && jobs[next].Submit <= t {
 			js[next] = jobState{job: &jobs[next], start: -1}
 			pending = append(pending, next)
 			next++
+			arrived = true
+		}
+		if arrived && policy == PolicyGPULink && opt.History > 0 {
+			s.demand = demandOf(jobs[max(0, next-opt.History):next])
 		}
 		if place != nil {
 			pending = passWhole(s, js, pending, place, opt.Required, r, start)
@@ -316,4 +329,25 @@ func passPerPod(s *state, js []jobState, pending []int, r *rand.Rand, t float64,
 		keep = append(keep, x)
 	}
 	return keep
+}
+
+// maxShapes bounds the demand to its most frequent shapes, so that the
+// decision's cost stays bounded whatever the history's variety.
+const maxShapes = 32
+
+// demandOf counts the shapes of jobs, the maxShapes most frequent.
+func demandOf(jobs []Job) []gang.Shape {
+	idx := map[[2]int]int{}
+	var out []gang.Shape
+	for _, j := range jobs {
+		k := [2]int{j.Pods, j.GPUsPerPod}
+		if i, ok := idx[k]; ok {
+			out[i].Count++
+			continue
+		}
+		idx[k] = len(out)
+		out = append(out, gang.Shape{Pods: j.Pods, GPUsPerPod: j.GPUsPerPod, Count: 1})
+	}
+	slices.SortStableFunc(out, func(a, b gang.Shape) int { return b.Count - a.Count })
+	return out[:min(len(out), maxShapes)]
 }

@@ -17,6 +17,8 @@ type state struct {
 	// nodes is driver/gang's view, refreshed per gpulink decision.
 	nodes []gang.Node
 	index map[string]int
+	// demand is the shapes of the last jobs to arrive (gpulink's history).
+	demand []gang.Shape
 }
 
 func newState(c *Cluster) *state {

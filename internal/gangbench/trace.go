@@ -14,6 +14,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 )
 
@@ -196,6 +197,37 @@ func Jitter(jobs []Job, seed uint64) []Job {
 	r := rand.New(rand.NewPCG(seed, 0x7177))
 	for i := range out {
 		out[i].Submit = max(lo, out[i].Submit+(2*r.Float64()-1)*gap)
+	}
+	return out
+}
+
+// Mixed is the Kalos jobs with a spot draw laid over the same span: the
+// spot jobs' arrivals stretched to the Kalos jobs' and their durations
+// scaled so that both bring the same GPU-seconds. Kalos's large
+// pre-training gangs then share the cluster with the singles and small
+// gangs of a shared cluster.
+func Mixed(kalos, spot []Job) []Job {
+	if len(kalos) == 0 || len(spot) == 0 {
+		return append(slices.Clone(kalos), spot...)
+	}
+	work := func(js []Job) (w, lo, hi float64) {
+		lo, hi = js[0].Submit, js[0].Submit
+		for _, j := range js {
+			w += float64(j.GPUs()) * j.Duration
+			lo, hi = min(lo, j.Submit), max(hi, j.Submit)
+		}
+		return w, lo, hi
+	}
+	kw, klo, khi := work(kalos)
+	sw, slo, shi := work(spot)
+	out := slices.Clone(kalos)
+	for _, j := range spot {
+		if shi > slo {
+			j.Submit = klo + (j.Submit-slo)*(khi-klo)/(shi-slo)
+		}
+		j.Duration *= kw / sw
+		j.ID += len(kalos)
+		out = append(out, j)
 	}
 	return out
 }
