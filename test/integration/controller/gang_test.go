@@ -339,3 +339,37 @@ func TestGangControllerKilledMidDecision(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestPodGroupLevelClaim: a PodGroup-level ResourceClaim (PodGroup
+// spec.resourceClaims, DRAWorkloadResourceClaims) of gpulink devices,
+// created by the real resourceclaim controller for the PodGroup, is
+// refused with a clear event and its pod stays gated.
+func TestPodGroupLevelClaim(t *testing.T) {
+	if !cluster.WorkloadAPI() {
+		t.Skip("the cluster does not serve the Workload API (GPULINK_WORKLOAD_GATES=off)")
+	}
+	e := gangCluster(t)
+	ctrl := e.startController(2)
+	defer ctrl.stop()
+	pg := &schedulingv1beta1.PodGroup{ObjectMeta: metav1.ObjectMeta{Name: "shared", Namespace: e.ns},
+		Spec: schedulingv1beta1.PodGroupSpec{
+			SchedulingPolicy: schedulingv1beta1.PodGroupSchedulingPolicy{Gang: &schedulingv1beta1.GangSchedulingPolicy{MinCount: 1}},
+			ResourceClaims:   []schedulingv1beta1.PodGroupResourceClaim{{Name: "c0", ResourceClaimTemplateName: ptr.To("four")}},
+		}}
+	if _, err := e.client.SchedulingV1beta1().PodGroups(e.ns).Create(e.ctx, pg, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// newPod names its claim c0 from template four: the PodGroup's claim.
+	p := e.newPod("member", true, "four")
+	p.Spec.SchedulingGroup = &corev1.PodSchedulingGroup{PodGroupName: ptr.To("shared")}
+	e.createPod(p)
+	ev := e.waitEvent("member", "PodGroup-level ResourceClaim", time.Minute)
+	t.Logf("event: %s", ev)
+	got, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, "member", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Spec.SchedulingGates) == 0 || got.Spec.NodeName != "" {
+		t.Errorf("pod with a PodGroup-level gpulink claim ungated or bound (node %q)", got.Spec.NodeName)
+	}
+}
