@@ -181,6 +181,13 @@ func (c *Controller) trialSlots(ctx context.Context, rep *gangMember, own planne
 			c.fit.Unassume(uid)
 		}
 	}()
+	// A node with F free GPUs holds at most F/g pods of g whole GPUs: no
+	// planning beyond that bound (nor on a node below one pod), which
+	// spares most nodes the planning that fails.
+	if g := planner.WholeGPUs(rep.pending); g > 0 {
+		free, _ := c.planner.GPUCounts(node)
+		maxPods = min(maxPods, free/g)
+	}
 	now := metav1.Now()
 	allocated := rep.allocatedClaims()
 	slots := 0
