@@ -138,6 +138,8 @@ type Controller struct {
 	podGroups schedulinglisters.PodGroupLister
 	gangRuns  gangRuns
 	reserve   reservations
+	// gangDemand is guarded by decideMu.
+	gangDemand gangDemand
 }
 
 // New creates a controller and registers its informers. Call Run to start.

@@ -83,6 +83,8 @@ func (c *Controller) decideGang(ctx context.Context, spec gangs.Spec, members, r
 			}
 		}
 	}
+	c.gangDemand.record(spec.Key(), need, gpus)
+	req.Demand = c.gangDemand.shapes()
 	nodes, rej := c.gangCandidates(ctx, spec, rep, own, len(ready))
 	placement, perr := gang.Place(c.hierarchy, req, nodes)
 	var dec *gangDecision
