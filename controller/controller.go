@@ -129,6 +129,15 @@ type Controller struct {
 	// rollbacks are claims a failed decision of a pod wrote and could not
 	// roll back yet; see rollbackStale.
 	rollbacks map[types.UID][]*resourceapi.ResourceClaim
+	// decided are the pods whose decision this controller wrote or is
+	// writing, until they are deleted: users of their claims for the MPS
+	// user check before kube-scheduler reserves the claims for them
+	// (mpsusers.go).
+	decided sets.Set[types.UID]
+	// releasing are the claims whose allocation this controller is
+	// removing itself, so that onDeallocated tells them from a
+	// deallocation by kube-scheduler.
+	releasing sets.Set[types.UID]
 }
 
 // New creates a controller and registers its informers. Call Run to start.
@@ -157,20 +166,22 @@ func New(cfg Config) (*Controller, error) {
 	factory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod,
 		informers.WithTransform(transformObject))
 	c := &Controller{
-		client:   cfg.Client,
-		factory:  factory,
-		metrics:  cfg.Metrics,
-		explain:  newExplainer(cfg.Recorder),
-		workers:  cfg.Workers,
-		grace:    cfg.UnschedulableGrace,
-		retry:    cfg.WaitingRetry,
-		inv:      planner.NewInventory(),
-		ledger:   planner.NewLedger(),
-		fit:      planner.NewFitTracker(),
-		ungating: newUngating(),
-		sel:      planner.NewSelectorEvaluator(),
-		waiting:  sets.New[string](),
-		excluded: map[types.UID]sets.Set[string]{},
+		client:    cfg.Client,
+		factory:   factory,
+		metrics:   cfg.Metrics,
+		explain:   newExplainer(cfg.Recorder),
+		workers:   cfg.Workers,
+		grace:     cfg.UnschedulableGrace,
+		retry:     cfg.WaitingRetry,
+		inv:       planner.NewInventory(),
+		ledger:    planner.NewLedger(),
+		fit:       planner.NewFitTracker(),
+		ungating:  newUngating(),
+		sel:       planner.NewSelectorEvaluator(),
+		waiting:   sets.New[string](),
+		excluded:  map[types.UID]sets.Set[string]{},
+		decided:   sets.New[types.UID](),
+		releasing: sets.New[types.UID](),
 		podQueue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "gpulink_pods"}),
 		gcQueue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
@@ -378,10 +389,22 @@ func (c *Controller) onPod(obj any) {
 }
 
 // enqueuePodClaimsGC queues the claims of a pod that is gone or finished
-// for cleanup.
+// for cleanup, and the other pods using them: a pod kept gated by the
+// users of a shared MPS claim (mpsusers.go) may go now, and without a
+// reservation of the pod to drop no claim update would tell it.
 func (c *Controller) enqueuePodClaimsGC(pod *corev1.Pod) {
 	for name := range resourceclaim.PodClaims(pod) {
-		c.gcQueue.Add(pod.Namespace + "/" + name)
+		key := pod.Namespace + "/" + name
+		c.gcQueue.Add(key)
+		objs, err := c.podIdx.ByIndex(podClaimIndex, key)
+		if err != nil {
+			continue
+		}
+		for _, o := range objs {
+			if other, ok := o.(*corev1.Pod); ok && other.UID != pod.UID {
+				c.podQueue.Add(other.Namespace + "/" + other.Name)
+			}
+		}
 	}
 }
 
@@ -397,6 +420,7 @@ func (c *Controller) onPodDelete(obj any) {
 	c.mu.Lock()
 	delete(c.excluded, pod.UID)
 	delete(c.rollbacks, pod.UID)
+	c.decided.Delete(pod.UID)
 	c.waiting.Delete(key)
 	c.metrics.PendingPods.Set(float64(c.waiting.Len()))
 	c.mu.Unlock()
@@ -577,26 +601,24 @@ func (c *Controller) setWaiting(key string, waiting bool) {
 	c.metrics.PendingPods.Set(float64(c.waiting.Len()))
 }
 
-// onDeallocated reacts to an allocation being removed. When kube-scheduler
-// finds a pod unschedulable on the node its claims are allocated on, its
-// DRA plugin deallocates claims reserved only for that pod so that they
-// can be allocated elsewhere (PostFilter). Allocating on the same node
-// again would loop, so the node is excluded for the pods that held the
-// claim, as after the controller's own unschedulable release.
+// onDeallocated reacts to an allocation being removed by someone else
+// than this controller. When kube-scheduler finds a pod unschedulable on
+// the node its claims are allocated on, its DRA plugin deallocates a claim
+// that is unreserved or reserved only for that pod, so that it can be
+// allocated elsewhere (PostFilter). Allocating on the same node again
+// would loop, so the node is excluded for the unbound, ungated pods that
+// use the claim: those it was reserved for and those that reference it
+// (the controller leaves reserving to kube-scheduler, see writeDecision).
 func (c *Controller) onDeallocated(old *resourceapi.ResourceClaim) {
-	if !hasFinalizer(old) {
+	if c.releasedByUs(old.UID) || !hasFinalizer(old) {
 		return
 	}
 	node := allocatedNode(old)
 	if node == "" {
 		return
 	}
-	for _, r := range old.Status.ReservedFor {
-		if r.Resource != "pods" || r.APIGroup != "" {
-			continue
-		}
-		pod, err := c.pods.Pods(old.Namespace).Get(r.Name)
-		if err != nil || pod.UID != r.UID || pod.Spec.NodeName != "" || pod.DeletionTimestamp != nil || gateIndex(pod) >= 0 {
+	for _, pod := range c.claimPods(old) {
+		if pod.Spec.NodeName != "" || pod.DeletionTimestamp != nil || gateIndex(pod) >= 0 || c.excludedNodes(pod).Has(node) {
 			continue
 		}
 		c.exclude(pod, node)
@@ -610,4 +632,55 @@ func (c *Controller) onDeallocated(old *resourceapi.ResourceClaim) {
 		c.metrics.Released.WithLabelValues("scheduler").Inc()
 		c.podQueue.Add(pod.Namespace + "/" + pod.Name)
 	}
+}
+
+// claimPods returns the pods in the cache that the claim is reserved for
+// or that reference it, once each.
+func (c *Controller) claimPods(claim *resourceapi.ResourceClaim) []*corev1.Pod {
+	var out []*corev1.Pod
+	seen := sets.New[types.UID]()
+	for _, r := range claim.Status.ReservedFor {
+		if r.Resource != "pods" || r.APIGroup != "" {
+			continue
+		}
+		if pod, err := c.pods.Pods(claim.Namespace).Get(r.Name); err == nil && pod.UID == r.UID && !seen.Has(pod.UID) {
+			seen.Insert(pod.UID)
+			out = append(out, pod)
+		}
+	}
+	objs, err := c.podIdx.ByIndex(podClaimIndex, claim.Namespace+"/"+claim.Name)
+	if err != nil {
+		return out
+	}
+	for _, o := range objs {
+		if pod, ok := o.(*corev1.Pod); ok && !seen.Has(pod.UID) {
+			seen.Insert(pod.UID)
+			out = append(out, pod)
+		}
+	}
+	return out
+}
+
+// markReleasing records that this controller is about to remove the
+// claim's allocation (done false: the write failed, forget it).
+func (c *Controller) markReleasing(uid types.UID, done bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if done {
+		c.releasing.Insert(uid)
+	} else {
+		c.releasing.Delete(uid)
+	}
+}
+
+// releasedByUs tells (once) whether this controller removed the claim's
+// allocation.
+func (c *Controller) releasedByUs(uid types.UID) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.releasing.Has(uid) {
+		return false
+	}
+	c.releasing.Delete(uid)
+	return true
 }

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
@@ -36,8 +37,15 @@ func (c *Controller) syncClaim(ctx context.Context, key string) error {
 	if c.isHoldRecord(claim) {
 		return c.syncHoldRecord(ctx, claim)
 	}
-	if !hasFinalizer(claim) || c.ledger.InFlight(claim.UID) {
+	if !hasFinalizer(claim) {
 		return nil
+	}
+	if c.ledger.InFlight(claim.UID) {
+		// A decision's write is in flight: its claim update brings the
+		// claim back, but a write that fails brings nothing, and a
+		// Terminating claim would keep the finalizer until a resync (never
+		// with resync 0). Retried with the queue's backoff.
+		return fmt.Errorf("claim %s: %w", key, errDecisionInFlight)
 	}
 	var keep []resourceapi.ResourceClaimConsumerReference
 	for _, r := range claim.Status.ReservedFor {
@@ -49,12 +57,16 @@ func (c *Controller) syncClaim(ctx context.Context, key string) error {
 			keep = append(keep, r)
 		}
 	}
-	if len(keep) > 0 {
-		if len(keep) == len(claim.Status.ReservedFor) {
-			return nil
-		}
+	if len(keep) == len(claim.Status.ReservedFor) && len(keep) > 0 {
+		return nil
+	}
+	if len(keep) > 0 || (len(claim.Status.ReservedFor) > 0 && claim.DeletionTimestamp == nil && c.claimWanted(claim)) {
+		// Pods still use the claim, or a live pod references it (a
+		// shared claim whose reserving pods are all gone while another
+		// pod waits to be bound with it): only the reservations of the
+		// pods that are gone are dropped, the allocation stays.
 		logger.V(2).Info("Removing reservations of pods that are gone", "claim", klog.KObj(claim), "remaining", len(keep))
-		_, err := c.releaseClaim(ctx, claim, keep)
+		_, err := c.keepReservations(ctx, claim, keep)
 		return err
 	}
 	if claim.DeletionTimestamp == nil && len(claim.Status.ReservedFor) == 0 {
@@ -86,6 +98,10 @@ func (c *Controller) syncClaim(ctx context.Context, key string) error {
 	}
 	return nil
 }
+
+// errDecisionInFlight makes the claim clean-up retry a claim whose
+// allocation write is in flight.
+var errDecisionInFlight = errors.New("an allocation decision is being written; retrying")
 
 // consumerGone tells whether a reservedFor entry refers to a pod that no
 // longer exists (or was replaced, or has finished). The cache answers

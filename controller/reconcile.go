@@ -56,14 +56,16 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 		c.forgetRollbacks(pod.UID)
 		return nil
 	}
-	if pod.Spec.NodeName == "" {
-		if did, err := c.rollbackStale(ctx, pod); err != nil {
-			return err
-		} else if did {
-			// The cache shows the rolled-back claims as they were; the
-			// claim updates bring the pod back.
-			return nil
-		}
+	if pod.Spec.NodeName != "" {
+		// Bound: kube-scheduler reserved the claims it bound the pod
+		// with, so no rollback of an earlier decision applies any more.
+		c.forgetRollbacks(pod.UID)
+	} else if did, err := c.rollbackStale(ctx, pod); err != nil {
+		return err
+	} else if did {
+		// The cache shows the rolled-back claims as they were; the
+		// claim updates bring the pod back.
+		return nil
 	}
 	logger = logger.WithValues("pod", klog.KObj(pod))
 	ctx = klog.NewContext(ctx, logger)
@@ -303,7 +305,12 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 	c.metrics.PlanLatency.Observe(time.Since(planStart).Seconds())
 	c.decideMu.Unlock()
 
+	// From here on the pod counts as a user of its claims for the MPS
+	// user check of pods sharing them (mpsusers.go), before its gate is
+	// removed or kube-scheduler reserves the claims for it.
+	c.setDecided(pod.UID, true)
 	if err := c.writeDecision(ctx, pod, writes); err != nil {
+		c.setDecided(pod.UID, false)
 		c.fit.Unassume(pod.UID)
 		c.metrics.Decisions.WithLabelValues(OutcomeError).Inc()
 		return err
@@ -352,8 +359,17 @@ func (c *Controller) countBelowBest(n *planner.NodeInventory, r planner.PlacedRe
 // could not place on the allocated node: the gate is gone, the pod is not
 // bound, PodScheduled is False with reason Unschedulable, and the grace
 // period since the allocation has passed. Only claims gpulink allocated
-// and reserved for this pod alone are released; the node is then excluded
-// for the pod and it is allocated afresh elsewhere.
+// (they carry its finalizer) that nobody reserves are released; the node
+// is then excluded for the pod and it is allocated afresh elsewhere.
+//
+// A claim kube-scheduler reserved is never released here: it may be
+// binding the pod right now (it reserves in PreBind, then binds), and it
+// does not write a claim already reserved for the pod it binds, so no
+// resourceVersion check would catch a release racing that binding. An
+// unreserved claim is safe to release with its resourceVersion: if
+// kube-scheduler reserves it first, the release conflicts; if the release
+// lands first, kube-scheduler's reservation conflicts and the pod is not
+// bound.
 func (c *Controller) checkUnschedulable(ctx context.Context, pod *corev1.Pod, pc podClaims) error {
 	if pod.Spec.NodeName != "" || !podUnschedulable(pod) {
 		return nil
@@ -363,7 +379,7 @@ func (c *Controller) checkUnschedulable(ctx context.Context, pod *corev1.Pod, pc
 	node := ""
 	for _, ic := range pc.ours {
 		cl := ic.Claim
-		if !hasFinalizer(cl) || len(cl.Status.ReservedFor) != 1 || cl.Status.ReservedFor[0].UID != pod.UID {
+		if !hasFinalizer(cl) || cl.Status.Allocation == nil || len(cl.Status.ReservedFor) > 0 {
 			continue
 		}
 		if ts := cl.Status.Allocation.AllocationTimestamp; ts != nil && ts.After(newest) {
