@@ -74,7 +74,10 @@
 //
 // driver.go: Options, New, Run (registration, publishing); slices.go: the
 // slices, from sliceformat.Encode. discovery.go: the GPUs. prepare.go:
-// prepare and unprepare; cdi.go, cdibase.go, cdiviews.go,
+// prepare and unprepare; plan.go: what a claim means on this node;
+// claimshape.go and conflicts.go: a claim's own shape and its conflicts
+// with prepared claims; apply.go: the side effects and their undoing;
+// cdi.go, cdibase.go, cdiviews.go,
 // containergroup.go: the specs; claimconfig.go and priority.go: configs
 // and their checks; prepare_mig.go: MIG devices; mps_limits.go: the MPS
 // limits loop. checkpoint.go, recovery.go, rolling.go: state across
