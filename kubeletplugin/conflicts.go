@@ -3,7 +3,7 @@ package kubeletplugin
 import (
 	"fmt"
 
-	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 
 	apiv1alpha1 "github.com/gpulink/gpulink/api/v1alpha1"
 	"github.com/gpulink/gpulink/driver"
@@ -15,10 +15,12 @@ import (
 // one GPU must fit into it together, in memory and in cores (as the
 // controller counts them), and a GPU with Concurrent MPS shares carries
 // only Concurrent MPS shares of one namespace (checkMPSGroups).
-// Admin-access results are exempt.
-func (d *Driver) checkConflicts(pc *PreparedClaim, resultIdx []int) error {
+// Admin-access results are exempt. A refusal reaches the claim's tenant
+// (the kubelet shows it in the pod's events), so it names no other claim;
+// the log has the claim in the way (refuseBeside).
+func (d *Driver) checkConflicts(logger klog.Logger, pc *PreparedClaim, resultIdx []int) error {
 	type usage struct {
-		wholeBy     types.UID
+		wholeBy     *PreparedClaim
 		mem, cores  int64
 		shareClaims int
 		mpsGroups
@@ -38,7 +40,7 @@ func (d *Driver) checkConflicts(pc *PreparedClaim, resultIdx []int) error {
 				used[dev.Index] = u
 			}
 			if dev.Share == nil {
-				u.wholeBy = uid
+				u.wholeBy = other
 				continue
 			}
 			u.mem += dev.Share.MemoryBytes
@@ -57,8 +59,8 @@ func (d *Driver) checkConflicts(pc *PreparedClaim, resultIdx []int) error {
 			u = &usage{}
 			used[dev.Index] = u
 		}
-		if u.wholeBy != "" {
-			return fmt.Errorf("%s.device: %q is already prepared whole for claim UID %s", field, dev.Device, u.wholeBy)
+		if u.wholeBy != nil {
+			return refuseBeside(logger, pc, u.wholeBy, fmt.Errorf("%s.device: %q is already prepared whole for another claim", field, dev.Device))
 		}
 		if dev.Share == nil {
 			if u.shareClaims > 0 {
@@ -66,8 +68,8 @@ func (d *Driver) checkConflicts(pc *PreparedClaim, resultIdx []int) error {
 			}
 			continue
 		}
-		if err := u.check(pc, dev); err != nil {
-			return fmt.Errorf("%s.device: %w", field, err)
+		if by, err := u.check(pc, dev); err != nil {
+			return refuseBeside(logger, pc, by, fmt.Errorf("%s.device: %w", field, err))
 		}
 		u.mem += dev.Share.MemoryBytes
 		u.cores += dev.Share.Cores
@@ -109,34 +111,50 @@ type mpsGroups struct {
 	// one of their claims; otherBy is a claim with a share of the GPU that
 	// is not a Concurrent MPS share, other that share's kind.
 	group            string
-	groupBy, otherBy types.UID
+	groupBy, otherBy *PreparedClaim
 	other            string
 }
 
 // add records another prepared claim's share.
 func (g *mpsGroups) add(claim *PreparedClaim, s *PreparedShare) {
 	if s.concurrentMPS() {
-		g.group, g.groupBy = claim.Namespace, claim.UID
+		g.group, g.groupBy = claim.Namespace, claim
 		return
 	}
-	g.otherBy, g.other = claim.UID, shareKind(s)
+	g.otherBy, g.other = claim, shareKind(s)
 }
 
-// check refuses dev, a share of pc, on a GPU whose shares it cannot join.
-func (g *mpsGroups) check(pc *PreparedClaim, dev PreparedDevice) error {
+// check refuses dev, a share of pc, on a GPU whose shares it cannot join,
+// and returns the prepared claim in the way. The message names the
+// group's namespace only when it is pc's own.
+func (g *mpsGroups) check(pc *PreparedClaim, dev PreparedDevice) (*PreparedClaim, error) {
 	s := dev.Share
 	switch {
 	case s.concurrentMPS() && g.group != "" && g.group != pc.Namespace:
-		return fmt.Errorf("%q carries Concurrent MPS shares of namespace %s (claim UID %s), whose MPS server serves that namespace only: a Concurrent MPS share of namespace %s cannot join it",
-			dev.Device, g.group, g.groupBy, pc.Namespace)
-	case s.concurrentMPS() && g.otherBy != "":
-		return fmt.Errorf("%q carries a share that is not a Concurrent MPS share (%s, claim UID %s): a Concurrent MPS share's limits are set by its own clients, which that share would not be protected from, so it needs a GPU without other kinds of shares",
-			dev.Device, g.other, g.otherBy)
+		return g.groupBy, fmt.Errorf("%q carries Concurrent MPS shares of another namespace, whose MPS server serves that namespace only: a Concurrent MPS share of namespace %s cannot join it",
+			dev.Device, pc.Namespace)
+	case s.concurrentMPS() && g.otherBy != nil:
+		return g.otherBy, fmt.Errorf("%q carries a share that is not a Concurrent MPS share (%s, of another claim): a Concurrent MPS share's limits are set by its own clients, which that share would not be protected from, so it needs a GPU without other kinds of shares",
+			dev.Device, g.other)
 	case !s.concurrentMPS() && g.group != "":
-		return fmt.Errorf("%q carries Concurrent MPS shares of namespace %s (claim UID %s), whose clients set their own limits: this share (%s) would not be protected from them, so it cannot join the GPU",
-			dev.Device, g.group, g.groupBy, shareKind(s))
+		whose := "of another namespace"
+		if g.group == pc.Namespace {
+			whose = "of this claim's namespace " + pc.Namespace
+		}
+		return g.groupBy, fmt.Errorf("%q carries Concurrent MPS shares %s, whose clients set their own limits: this share (%s) would not be protected from them, so it cannot join the GPU",
+			dev.Device, whose, shareKind(s))
 	}
-	return nil
+	return nil, nil
+}
+
+// refuseBeside returns err, a refusal of pc because of other, a claim
+// prepared before it (perhaps another tenant's): err names nothing of
+// other, since the kubelet shows it in pc's pods' events, so the plugin's
+// log records which claim was in the way.
+func refuseBeside(logger klog.Logger, pc, other *PreparedClaim, err error) error {
+	logger.Info("Refusing a claim that conflicts with a prepared claim", "claim", klog.KRef(pc.Namespace, pc.Name), "claimUID", pc.UID,
+		"preparedClaim", klog.KRef(other.Namespace, other.Name), "preparedClaimUID", other.UID, "reason", err.Error())
+	return err
 }
 
 // shareKind names a share's mechanism in messages: "Isolated MPS",

@@ -231,11 +231,13 @@ func splitPartitionName(name string) (profile, start string) {
 // and every other prepared claim's, must fit on it together (the rule the
 // published counters enforce: no overlap, enough compute slices, memory
 // and instances of limited profiles). It is the last line of defense
-// against an allocator that ignored the counters.
-func (d *Driver) checkPartitionConflicts(pc *PreparedClaim, resultIdx []int) error {
+// against an allocator that ignored the counters. A refusal names the
+// partitions in the way but not their claims (refuseBeside).
+func (d *Driver) checkPartitionConflicts(logger klog.Logger, pc *PreparedClaim, resultIdx []int) error {
 	type held struct {
 		part mig.Partition
-		by   string
+		name string
+		by   *PreparedClaim // nil: pc
 	}
 	byGPU := map[int][]held{}
 	for uid, other := range d.cp.Claims {
@@ -244,7 +246,7 @@ func (d *Driver) checkPartitionConflicts(pc *PreparedClaim, resultIdx []int) err
 		}
 		for _, dev := range other.Devices {
 			if p, ok := d.partitionOf(dev); ok {
-				byGPU[dev.Index] = append(byGPU[dev.Index], held{p, fmt.Sprintf("%s of claim UID %s", dev.Device, uid)})
+				byGPU[dev.Index] = append(byGPU[dev.Index], held{p, dev.Device + " of another claim", other})
 			}
 		}
 	}
@@ -257,15 +259,23 @@ func (d *Driver) checkPartitionConflicts(pc *PreparedClaim, resultIdx []int) err
 		gpu := d.topo.GPUs[pos]
 		parts := []mig.Partition{p}
 		var names []string
+		var by *PreparedClaim
 		for _, h := range byGPU[dev.Index] {
 			parts = append(parts, h.part)
-			names = append(names, h.by)
+			names = append(names, h.name)
+			if by == nil {
+				by = h.by
+			}
 		}
 		if err := gpu.MIG.Capacity().Fits(parts); err != nil {
-			return fmt.Errorf("%s.device: partition %q cannot exist beside the partitions already prepared on GPU %d (%s): %w",
+			err = fmt.Errorf("%s.device: partition %q cannot exist beside the partitions already prepared on GPU %d (%s): %w",
 				resultField(resultIdx[j]), dev.Device, dev.Index, strings.Join(names, ", "), err)
+			if by == nil {
+				return err
+			}
+			return refuseBeside(logger, pc, by, err)
 		}
-		byGPU[dev.Index] = append(byGPU[dev.Index], held{p, fmt.Sprintf("%s of this claim", dev.Device)})
+		byGPU[dev.Index] = append(byGPU[dev.Index], held{p, dev.Device + " of this claim", nil})
 	}
 	return nil
 }

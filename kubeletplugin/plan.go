@@ -100,13 +100,13 @@ func (d *Driver) planClaim(logger klog.Logger, claim *resourceapi.ResourceClaim)
 	if err := checkClaimPriority(pc, resultIdx); err != nil {
 		return nil, err
 	}
-	if err := d.checkConflicts(pc, resultIdx); err != nil {
+	if err := d.checkConflicts(logger, pc, resultIdx); err != nil {
 		return nil, err
 	}
-	if err := d.checkMIGConflicts(pc, resultIdx); err != nil {
+	if err := d.checkMIGConflicts(logger, pc, resultIdx); err != nil {
 		return nil, err
 	}
-	if err := d.checkPartitionConflicts(pc, resultIdx); err != nil {
+	if err := d.checkPartitionConflicts(logger, pc, resultIdx); err != nil {
 		return nil, err
 	}
 	if len(pc.Devices) > 0 {

@@ -5,7 +5,7 @@ import (
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gpulink/gpulink/driver"
@@ -92,16 +92,17 @@ func (d *Driver) planMIG(field string, r resourceapi.DeviceRequestAllocationResu
 }
 
 // checkMIGConflicts: a MIG device is exclusive, within the claim and
-// across prepared claims (admin access exempt).
-func (d *Driver) checkMIGConflicts(pc *PreparedClaim, resultIdx []int) error {
-	held := map[string]types.UID{}
+// across prepared claims (admin access exempt). A refusal names no other
+// claim (refuseBeside).
+func (d *Driver) checkMIGConflicts(logger klog.Logger, pc *PreparedClaim, resultIdx []int) error {
+	held := map[string]*PreparedClaim{}
 	for uid, other := range d.cp.Claims {
 		if uid == pc.UID {
 			continue
 		}
 		for _, dev := range other.Devices {
 			if dev.MIG != nil && !dev.AdminAccess {
-				held[dev.Device] = uid
+				held[dev.Device] = other
 			}
 		}
 	}
@@ -115,8 +116,8 @@ func (d *Driver) checkMIGConflicts(pc *PreparedClaim, resultIdx []int) error {
 			return fmt.Errorf("%s.device: MIG device %q is allocated twice (also in %s)", field, dev.Device, resultField(resultIdx[k]))
 		}
 		inClaim[dev.Device] = j
-		if uid, ok := held[dev.Device]; ok {
-			return fmt.Errorf("%s.device: MIG device %q is already prepared for claim UID %s", field, dev.Device, uid)
+		if other, ok := held[dev.Device]; ok {
+			return refuseBeside(logger, pc, other, fmt.Errorf("%s.device: MIG device %q is already prepared for another claim", field, dev.Device))
 		}
 	}
 	return nil
