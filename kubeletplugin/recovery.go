@@ -80,9 +80,11 @@ func (d *Driver) recoverState(ctx context.Context) error {
 				continue
 			}
 			if err := d.mps.EnsureDaemon(ctx, pc.mpsShare()); err != nil {
-				logger.Error(err, "Restoring MPS daemon reference failed; the claim's containers may not be able to use MPS", "claim", klog.KRef(pc.Namespace, pc.Name), "device", dev.Device)
-				// A kept daemon still holds its reference, so that the
-				// claim's unprepare stops it.
+				logger.Error(err, "Restoring MPS daemon reference failed; a daemon that may serve the claim's containers is kept and started again every --mps-limit-interval", "claim", klog.KRef(pc.Namespace, pc.Name), "device", dev.Device)
+				// A kept daemon (one that existed, or whose state the
+				// API server did not tell) still holds its reference, so
+				// that the claim's unprepare stops it and the limits loop
+				// retries it (mps.Manager.RetryKept).
 				dev.Share.MPSRef = errors.Is(err, mps.ErrDaemonKept)
 			}
 		}

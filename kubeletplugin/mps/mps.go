@@ -189,6 +189,10 @@ type Manager interface {
 	// (see LimitEnforcer) and returns the claim UIDs it could not reach.
 	// Concurrent daemons have no limits of their own.
 	ReassertLimits(ctx context.Context) ([]string, error)
+	// RetryKept starts again (adopting a running one) every daemon whose
+	// start failed without a definite answer and was kept with its
+	// reference (ErrDaemonKept), and returns the IDs still not up.
+	RetryKept(ctx context.Context) ([]string, error)
 }
 
 // LimitEnforcer is implemented by daemons whose limits a container of the
@@ -220,9 +224,10 @@ type Daemon interface {
 }
 
 // ErrDaemonKept marks a Start that failed on a daemon that was already
-// running (adopted after a plugin restart): it may serve running
-// containers, so it is not stopped, and Manager keeps the reference so
-// that the claim's unprepare stops it.
+// running (adopted after a plugin restart), or where the API server gave
+// no definite answer whether one runs: it may serve running containers,
+// so it is not stopped, and Manager keeps the reference, so that the
+// claim's unprepare stops it, and retries the start (RetryKept).
 var ErrDaemonKept = errors.New("the daemon was already running and is kept for the claim's running containers")
 
 type mpsManager struct {
@@ -233,13 +238,16 @@ type mpsManager struct {
 	refs map[string]int
 	// shares are the referenced shares, for ReassertLimits.
 	shares map[string]Share
+	// kept are the referenced daemons whose last start failed with
+	// ErrDaemonKept, for RetryKept.
+	kept map[string]bool
 }
 
 // NewManager counts references to the daemons under root
 // (<root>/<claim UID>/{pipe,log,shm}) and starts and stops them with
 // daemon.
 func NewManager(root string, daemon Daemon) Manager {
-	return &mpsManager{root: root, daemon: daemon, refs: map[string]int{}, shares: map[string]Share{}}
+	return &mpsManager{root: root, daemon: daemon, refs: map[string]int{}, shares: map[string]Share{}, kept: map[string]bool{}}
 }
 
 func (m *mpsManager) Dirs(share Share) Dirs {
@@ -270,6 +278,8 @@ func (m *mpsManager) EnsureDaemon(ctx context.Context, share Share) error {
 		if err := m.daemon.Start(ctx, share, m.Dirs(share)); err != nil {
 			if errors.Is(err, ErrDaemonKept) {
 				m.refs[id]++
+				m.shares[id] = share
+				m.kept[id] = true
 			}
 			return fmt.Errorf("starting MPS control daemon of claim %s on GPU %s: %w", id, share.gpuIDs(), err)
 		}
@@ -295,8 +305,9 @@ func (m *mpsManager) ReassertLimits(ctx context.Context) ([]string, error) {
 	// clients' limits are in their environment.
 	m.mu.Lock()
 	shares := make([]Share, 0, len(m.shares))
-	for _, s := range m.shares {
-		if !s.Concurrent() {
+	for id, s := range m.shares {
+		// A kept daemon did not answer: RetryKept takes it.
+		if !s.Concurrent() && !m.kept[id] {
 			shares = append(shares, s)
 		}
 	}
@@ -315,6 +326,32 @@ func (m *mpsManager) ReassertLimits(ctx context.Context) ([]string, error) {
 			failed = append(failed, s.ID())
 			errs = append(errs, fmt.Errorf("claim %s: %w", s.ID(), err))
 		}
+	}
+	slices.Sort(failed)
+	return failed, errors.Join(errs...)
+}
+
+func (m *mpsManager) RetryKept(ctx context.Context) ([]string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var failed []string
+	var errs []error
+	for id := range m.kept {
+		share := m.shares[id]
+		if m.refs[id] == 0 {
+			delete(m.kept, id)
+			continue
+		}
+		// Start adopts the pod if it runs and starts one if it is gone
+		// (the reference says a prepared claim needs it); it deletes
+		// nothing it could not read.
+		if err := m.daemon.Start(ctx, share, m.Dirs(share)); err != nil {
+			failed = append(failed, id)
+			errs = append(errs, fmt.Errorf("MPS control daemon %s: %w", id, err))
+			continue
+		}
+		delete(m.kept, id)
+		klog.FromContext(ctx).Info("MPS control daemon up after an earlier start failed without a definite answer", "daemon", id, "group", share.Group, "gpus", share.gpuIDs())
 	}
 	slices.Sort(failed)
 	return failed, errors.Join(errs...)
@@ -385,6 +422,7 @@ func (m *mpsManager) ReleaseDaemon(ctx context.Context, share Share) error {
 		}
 		delete(m.refs, id)
 		delete(m.shares, id)
+		delete(m.kept, id)
 		klog.FromContext(ctx).Info("MPS control daemon stopped", "daemon", id, "group", share.Group, "gpus", share.gpuIDs())
 		return nil
 	}
@@ -452,6 +490,7 @@ func (m *mpsManager) AdjustRefs(share Share, delta int) {
 	if n <= 0 {
 		delete(m.refs, id)
 		delete(m.shares, id)
+		delete(m.kept, id)
 		return
 	}
 	m.refs[id] = n

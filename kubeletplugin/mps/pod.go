@@ -293,59 +293,98 @@ func (d *PodDaemon) nodeOwner(ctx context.Context) (*metav1.OwnerReference, erro
 	return &metav1.OwnerReference{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}, nil
 }
 
+// podOrigin is what start learned about the share's daemon pod, which
+// decides what a failed Start may clean up.
+type podOrigin int
+
+const (
+	// originUnknown: the API server gave no definite answer (the Node
+	// read, a create error, a read of the existing pod failed), so a pod
+	// may exist and serve running containers: nothing is deleted.
+	originUnknown podOrigin = iota
+	// originCreated: this call created the pod, or found none, so no
+	// container uses it: a failure deletes it and the directories.
+	originCreated
+	// originAdopted: the pod existed (a plugin restart) and may serve
+	// running containers: kept.
+	originAdopted
+	// originGone: the pod existed and is being deleted: nothing to keep.
+	originGone
+)
+
 // Start creates the share's daemon pod (or adopts the one a previous
 // plugin process created), waits until the daemon answers on its pipe and
 // sets the share's limits as the daemon's defaults. On failure it deletes
-// the pod and the directories and returns the daemon's log tail.
+// the pod and the directories and returns the daemon's log tail, but only
+// where it knows no container can use them: a pod it created, or one
+// already terminating. A pod that existed, or that the API server could
+// not say anything definite about, is kept (ErrDaemonKept): a plugin that
+// starts while etcd changes leaders must not kill running workloads' MPS
+// servers.
 func (d *PodDaemon) Start(ctx context.Context, share Share, dirs Dirs) error {
 	if share.Concurrent() && (len(share.GPUs) != 1 || share.GPUs[0].UUID == "") {
 		// The pod name must be unique among every node's daemon pods,
 		// which only the GPU's UUID makes it.
 		return fmt.Errorf("Concurrent MPS daemon of group %s on GPU %s: needs exactly one GPU with a known UUID", share.Group, share.gpuIDs())
 	}
+	// Directories that exist already may be a running daemon's.
+	_, statErr := os.Lstat(dirs.Base)
+	dirsExisted := statErr == nil
 	if err := dirs.create(); err != nil {
+		if dirsExisted {
+			return err
+		}
 		return errors.Join(err, dirs.remove())
 	}
-	adopted, err := d.start(ctx, share, dirs)
+	origin, err := d.start(ctx, share, dirs)
 	if err == nil {
 		return nil
 	}
 	tail := logTail(filepath.Join(dirs.Log, "control.log"))
-	if adopted {
+	switch origin {
+	case originCreated, originGone:
+		return errors.Join(fmt.Errorf("%w%s", err, tail), d.Stop(ctx, share, dirs))
+	case originAdopted:
 		// The pod predates this call and may serve running containers
 		// (a plugin restart while the API or the daemon hiccups): keep it.
 		return fmt.Errorf("%w%s (%w)", err, tail, ErrDaemonKept)
+	default:
+		return fmt.Errorf("%w: whether a daemon pod runs is unknown, so it is left alone (%w)", err, ErrDaemonKept)
 	}
-	return errors.Join(fmt.Errorf("%w%s", err, tail), d.Stop(ctx, share, dirs))
 }
 
-// start reports whether it adopted an existing pod.
-func (d *PodDaemon) start(ctx context.Context, share Share, dirs Dirs) (adopted bool, err error) {
+// start creates or adopts the pod and waits for the daemon; it reports
+// what it learned about the pod (podOrigin).
+func (d *PodDaemon) start(ctx context.Context, share Share, dirs Dirs) (podOrigin, error) {
 	logger := klog.FromContext(ctx)
 	pods := d.cfg.Pods.Pods(d.cfg.Namespace)
 	name := mpsPodName(share)
 	owner, err := d.nodeOwner(ctx)
 	if err != nil {
-		return false, err
+		return originUnknown, err
 	}
+	origin := originCreated
 	_, err = pods.Create(ctx, d.pod(share, dirs, owner), metav1.CreateOptions{})
-	switch {
-	case apierrors.IsAlreadyExists(err):
+	if err != nil {
+		// AlreadyExists is the usual answer at a restart, but an error
+		// that comes first (a 5xx, a timeout whose write was applied,
+		// an admission refusal) says nothing about the pod: read it.
+		createErr := err
 		old, err := pods.Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return true, fmt.Errorf("getting existing MPS daemon pod %s/%s: %w", d.cfg.Namespace, name, err)
-		}
-		if old.DeletionTimestamp != nil {
+		switch {
+		case apierrors.IsNotFound(err) && !apierrors.IsAlreadyExists(createErr):
+			// Definitely no pod: nothing runs that could be harmed.
+			return originCreated, fmt.Errorf("creating MPS daemon pod %s/%s: %w", d.cfg.Namespace, name, createErr)
+		case err != nil:
+			return originUnknown, fmt.Errorf("creating MPS daemon pod %s/%s: %w; reading the existing one: %w", d.cfg.Namespace, name, createErr, err)
+		case old.DeletionTimestamp != nil:
 			// Already going away: nothing to keep.
-			return false, fmt.Errorf("MPS daemon pod %s/%s of an earlier prepare is still terminating; retry later", d.cfg.Namespace, name)
+			return originGone, fmt.Errorf("MPS daemon pod %s/%s of an earlier prepare is still terminating; retry later", d.cfg.Namespace, name)
+		case old.Spec.NodeName != d.cfg.NodeName:
+			return originAdopted, fmt.Errorf("MPS daemon pod %s/%s exists for node %q, not %q", d.cfg.Namespace, name, old.Spec.NodeName, d.cfg.NodeName)
 		}
-		if old.Spec.NodeName != d.cfg.NodeName {
-			return true, fmt.Errorf("MPS daemon pod %s/%s exists for node %q, not %q", d.cfg.Namespace, name, old.Spec.NodeName, d.cfg.NodeName)
-		}
-		adopted = true
+		origin = originAdopted
 		logger.Info("Adopting running MPS control daemon pod", "pod", klog.KObj(old))
-	case err != nil:
-		return false, fmt.Errorf("creating MPS daemon pod %s/%s: %w", d.cfg.Namespace, name, err)
 	}
 
 	// The daemon is up when it answers on its pipe. A pod that ends first
@@ -377,11 +416,11 @@ func (d *PodDaemon) start(ctx context.Context, share Share, dirs Dirs) (adopted 
 	})
 	if err != nil {
 		if wait.Interrupted(err) {
-			return adopted, fmt.Errorf("MPS daemon pod %s/%s did not answer on %s within %s (last: %s)", d.cfg.Namespace, name, dirs.Pipe, d.cfg.StartTimeout, lastOut)
+			return origin, fmt.Errorf("MPS daemon pod %s/%s did not answer on %s within %s (last: %s)", d.cfg.Namespace, name, dirs.Pipe, d.cfg.StartTimeout, lastOut)
 		}
-		return adopted, err
+		return origin, err
 	}
-	return adopted, d.setLimits(ctx, share, dirs)
+	return origin, d.setLimits(ctx, share, dirs)
 }
 
 // setLimits makes the share's limits the defaults of every server the
