@@ -239,9 +239,11 @@ func New(ctx context.Context, opts Options, deps Dependencies) (*Driver, error) 
 	if err != nil {
 		return nil, err
 	}
-	if d.onDemandChanged {
-		// Recovery refused a GPU or destroyed orphaned instances:
-		// publish what the node has now.
+	if d.onDemandChanged || d.cp.holdsPartitions() {
+		// Recovery refused a GPU or destroyed orphaned instances, or
+		// prepared partitions' instances must not be published as
+		// static MIG devices (withholdClaimedInstances): publish what
+		// the node has now, knowing the checkpoint.
 		if d.topo, res, err = d.discover(ctx); err != nil {
 			return nil, err
 		}
@@ -262,6 +264,7 @@ func (d *Driver) discover(ctx context.Context) (*topology.Topology, resourceslic
 	if err := d.migSelection.markOnDemand(t, d.migRefused); err != nil {
 		return nil, resourceslice.DriverResources{}, err
 	}
+	d.withholdClaimedInstances(klog.FromContext(ctx), t)
 	res, err := driverResources(klog.FromContext(ctx), d.opts.NodeName, t, sliceformat.Options{
 		ManagedByController: d.opts.ManagedByController,
 		DefaultShareMemory:  d.opts.DefaultShareMemory,

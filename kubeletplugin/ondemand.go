@@ -426,6 +426,68 @@ func (d *Driver) reconcileOnDemand(ctx context.Context) (bool, error) {
 	return changed, nil
 }
 
+// withholdClaimedInstances removes from t the MIG instances that prepared
+// claims' partitions created, on GPUs t does not show as partitioned on
+// demand: a GPU left out of --mig-on-demand since, or refused at start.
+// Listed, they would be published as static MIG devices and handed to a
+// second tenant, whose unprepare would not destroy them but whose
+// containers would share them with the first tenant's; the conflict
+// check (checkMIGConflicts) refuses such a claim too. Instances of GPUs
+// partitioned on demand are never published (their partitions are).
+func (d *Driver) withholdClaimedInstances(logger klog.Logger, t *topology.Topology) {
+	type key struct {
+		parent      string
+		start, size int
+	}
+	claimed := map[key]bool{}
+	d.mu.Lock()
+	if d.cp != nil {
+		for _, pc := range d.cp.Claims {
+			for _, dev := range pc.Devices {
+				if dev.MIG != nil && dev.MIG.OnDemand != nil {
+					claimed[key{dev.MIG.ParentUUID, dev.MIG.OnDemand.Placement.Start, dev.MIG.OnDemand.Placement.Size}] = true
+				}
+			}
+		}
+	}
+	d.mu.Unlock()
+	if len(claimed) == 0 {
+		return
+	}
+	for i := range t.GPUs {
+		g := &t.GPUs[i]
+		if !g.MIGEnabled() || g.MIG.OnDemand {
+			continue
+		}
+		kept := make([]mig.Instance, 0, len(g.MIG.Instances))
+		for _, in := range g.MIG.Instances {
+			if claimed[key{g.UUID, in.Placement.Start, in.Placement.Size}] {
+				logger.V(2).Info("Not publishing a MIG instance that a prepared claim's partition created", "gpu", g.Index, "gi", in.GI, "ci", in.CI, "placement", in.Placement)
+				continue
+			}
+			kept = append(kept, in)
+		}
+		if len(kept) != len(g.MIG.Instances) {
+			// A copy: the discoverer may hand out its topology again.
+			m := *g.MIG
+			m.Instances = kept
+			g.MIG = &m
+		}
+	}
+}
+
+// holdsPartitions tells whether a prepared claim holds a partition.
+func (cp *Checkpoint) holdsPartitions() bool {
+	for _, pc := range cp.Claims {
+		for _, dev := range pc.Devices {
+			if dev.MIG != nil && dev.MIG.OnDemand != nil {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // describeInstances lists GPU instances for a log line.
 func describeInstances(gis []discovery.GPUInstance) string {
 	parts := make([]string, 0, len(gis))

@@ -66,6 +66,9 @@ type onDemandEnv struct {
 	lib   nvml.Interface
 	fault *faultyMIG
 	uuid  string
+	// md is the simulated node: discovering it lists the instances that
+	// exist now (env.live).
+	md discovery.Discoverer
 }
 
 func newOnDemandEnv(t *testing.T, server string, gpu1 []string) *onDemandEnv {
@@ -92,7 +95,7 @@ func newOnDemandEnv(t *testing.T, server string, gpu1 []string) *onDemandEnv {
 			t.Fatal(err)
 		}
 	}
-	return &onDemandEnv{env: e, lib: lib, fault: f, uuid: topo.GPUs[0].UUID}
+	return &onDemandEnv{env: e, lib: lib, fault: f, uuid: topo.GPUs[0].UUID, md: md}
 }
 
 // instances lists GPU 0's GPU instances.
