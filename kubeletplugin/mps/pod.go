@@ -488,8 +488,18 @@ func (d *PodDaemon) ReassertLimits(ctx context.Context, share Share, dirs Dirs) 
 	return nil
 }
 
-// control sends one command to the share's daemon.
+// control sends one command to the share's daemon. The control client
+// runs as the plugin's user (root) and opens what it finds in the pipe
+// directory, which the claim's containers can write (they are MPS
+// clients): a symlink planted there would make it open a file of the
+// plugin's choosing, so it does not run while the pipe or log directory
+// holds one (checkNoSymlinks).
 func (d *PodDaemon) control(ctx context.Context, share Share, dirs Dirs, cmd string) (string, error) {
+	for _, dir := range []string{dirs.Pipe, dirs.Log} {
+		if err := checkNoSymlinks(dir); err != nil {
+			return "", fmt.Errorf("not running %s for %q: %w", ControlBinary, cmd, err)
+		}
+	}
 	bin := d.controlBin(d.cfg.DriverRootMount)
 	out, err := d.cfg.Run(ctx, bin, nil, d.env(d.cfg.DriverRootMount, share, dirs), cmd+"\n")
 	text := strings.TrimSpace(string(out))
@@ -501,6 +511,33 @@ func (d *PodDaemon) control(ctx context.Context, share Share, dirs Dirs, cmd str
 		return text, fmt.Errorf("echo %s | %s: %q", cmd, bin, text)
 	}
 	return text, nil
+}
+
+// checkNoSymlinks refuses a directory that is a symlink or holds one. The
+// MPS daemon makes pipes, sockets and lock files there, never symlinks,
+// so one is a container's doing; hard links cannot reach outside the
+// directory's mount (link(2) fails across mounts).
+func checkNoSymlinks(dir string) error {
+	fi, err := os.Lstat(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil // nothing to follow; the client finds no daemon
+	}
+	if err != nil {
+		return fmt.Errorf("MPS directory %s: %w", dir, err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("MPS directory %s is not a directory (%s)", dir, fi.Mode().Type())
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("MPS directory %s: %w", dir, err)
+	}
+	for _, e := range entries {
+		if e.Type()&os.ModeSymlink != 0 {
+			return fmt.Errorf("MPS directory %s holds a symlink %q, which the MPS daemon never makes (planted by a container of the claim?): the control client, run as root, would follow it", dir, e.Name())
+		}
+	}
+	return nil
 }
 
 // ListDaemons lists the IDs (Share.ID) of this node's daemon pods, by
