@@ -45,6 +45,12 @@ type Checkpoint struct {
 	// OnDemandGPUs are the UUIDs of the GPUs partitioned on demand whose
 	// every MIG instance is gpulink's (ondemand.go), sorted.
 	OnDemandGPUs []string `json:"onDemandGPUs,omitempty"`
+	// WithheldGPUs are the UUIDs of GPUs named by --mig-on-demand that
+	// had MIG instances when a corrupt checkpoint lost whose they were:
+	// running pods may use them, so they are neither destroyed nor
+	// published (as static devices they would go to a second tenant)
+	// until the GPU has none left (ondemand.go), sorted.
+	WithheldGPUs []string `json:"withheldGPUs,omitempty"`
 }
 
 // PreparedClaim is one claim the plugin prepared (or started to).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"sync"
@@ -135,6 +136,12 @@ type Driver struct {
 	migSelection migOnDemandSelection
 	migInstances MIGInstanceManager
 	migRefused   map[string]string
+	// migWithheld are GPUs named by --mig-on-demand whose instances'
+	// owners were lost with the checkpoint: published without devices
+	// (UUID to the instances; Checkpoint.WithheldGPUs, ondemand.go).
+	migWithheld map[string]string
+	// stateLost: this start found the checkpoint corrupt.
+	stateLost bool
 
 	// health is nil when health handling is off.
 	health        *healthMonitor
@@ -202,6 +209,7 @@ func New(ctx context.Context, opts Options, deps Dependencies) (*Driver, error) 
 		migSelection: migSelection,
 		migInstances: deps.MIG,
 		migRefused:   map[string]string{},
+		migWithheld:  map[string]string{},
 
 		healthSources: deps.HealthSources,
 	}
@@ -261,7 +269,9 @@ func (d *Driver) discover(ctx context.Context) (*topology.Topology, resourceslic
 	if err != nil {
 		return nil, resourceslice.DriverResources{}, fmt.Errorf("discovering GPUs: %w", err)
 	}
-	if err := d.migSelection.markOnDemand(t, d.migRefused); err != nil {
+	notOnDemand := maps.Clone(d.migRefused)
+	maps.Copy(notOnDemand, d.migWithheld)
+	if err := d.migSelection.markOnDemand(t, notOnDemand); err != nil {
 		return nil, resourceslice.DriverResources{}, err
 	}
 	d.withholdClaimedInstances(klog.FromContext(ctx), t)

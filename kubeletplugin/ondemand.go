@@ -381,7 +381,11 @@ func (d *Driver) reconcileOnDemand(ctx context.Context) (bool, error) {
 	for _, u := range d.cp.OnDemandGPUs {
 		adopted[u] = true
 	}
-	var keep []string
+	withheld := map[string]bool{}
+	for _, u := range d.cp.WithheldGPUs {
+		withheld[u] = true
+	}
+	var keep, keepWithheld []string
 	for _, g := range d.topo.GPUs {
 		if !g.MIGEnabled() || !g.MIG.OnDemand {
 			continue
@@ -398,6 +402,18 @@ func (d *Driver) reconcileOnDemand(ctx context.Context) (bool, error) {
 			if _, ok := held[g.UUID][[3]int{gi.ProfileID, gi.Placement.Start, gi.Placement.Size}]; !ok {
 				foreign = append(foreign, gi)
 			}
+		}
+		if len(foreign) > 0 && (withheld[g.UUID] || (!adopted[g.UUID] && d.stateLost)) {
+			// The checkpoint that said whose they are was lost: they may
+			// be running pods' partitions. Destroying them would break
+			// those pods, publishing them as static MIG devices would put
+			// a second tenant on them: neither, until they are gone.
+			d.migWithheld[g.UUID] = describeInstances(foreign)
+			logger.Error(nil, "GPU is named by --mig-on-demand and has MIG instances whose owners were lost with a corrupt checkpoint; publishing no devices of it until they are gone. Once no pod uses them, destroy them (nvidia-smi mig -i <index> -dci; nvidia-smi mig -i <index> -dgi) and restart the plugin",
+				"gpu", g.Index, "uuid", g.UUID, "instances", d.migWithheld[g.UUID])
+			keepWithheld = append(keepWithheld, g.UUID)
+			changed = true
+			continue
 		}
 		if !adopted[g.UUID] && len(foreign) > 0 {
 			d.migRefused[g.UUID] = describeInstances(foreign)
@@ -419,8 +435,9 @@ func (d *Driver) reconcileOnDemand(ctx context.Context) (bool, error) {
 		keep = append(keep, g.UUID)
 	}
 	slices.Sort(keep)
-	if !slices.Equal(keep, d.cp.OnDemandGPUs) {
-		d.cp.OnDemandGPUs = keep
+	slices.Sort(keepWithheld)
+	if !slices.Equal(keep, d.cp.OnDemandGPUs) || !slices.Equal(keepWithheld, d.cp.WithheldGPUs) {
+		d.cp.OnDemandGPUs, d.cp.WithheldGPUs = keep, keepWithheld
 		d.dirty = true
 	}
 	return changed, nil
@@ -428,7 +445,8 @@ func (d *Driver) reconcileOnDemand(ctx context.Context) (bool, error) {
 
 // withholdClaimedInstances removes from t the MIG instances that prepared
 // claims' partitions created, on GPUs t does not show as partitioned on
-// demand: a GPU left out of --mig-on-demand since, or refused at start.
+// demand: a GPU left out of --mig-on-demand since, or refused at start;
+// and every instance of a withheld GPU (Checkpoint.WithheldGPUs).
 // Listed, they would be published as static MIG devices and handed to a
 // second tenant, whose unprepare would not destroy them but whose
 // containers would share them with the first tenant's; the conflict
@@ -451,7 +469,7 @@ func (d *Driver) withholdClaimedInstances(logger klog.Logger, t *topology.Topolo
 		}
 	}
 	d.mu.Unlock()
-	if len(claimed) == 0 {
+	if len(claimed) == 0 && len(d.migWithheld) == 0 {
 		return
 	}
 	for i := range t.GPUs {
@@ -459,9 +477,10 @@ func (d *Driver) withholdClaimedInstances(logger klog.Logger, t *topology.Topolo
 		if !g.MIGEnabled() || g.MIG.OnDemand {
 			continue
 		}
+		_, withheld := d.migWithheld[g.UUID]
 		kept := make([]mig.Instance, 0, len(g.MIG.Instances))
 		for _, in := range g.MIG.Instances {
-			if claimed[key{g.UUID, in.Placement.Start, in.Placement.Size}] {
+			if withheld || claimed[key{g.UUID, in.Placement.Start, in.Placement.Size}] {
 				logger.V(2).Info("Not publishing a MIG instance that a prepared claim's partition created", "gpu", g.Index, "gi", in.GI, "ci", in.CI, "placement", in.Placement)
 				continue
 			}

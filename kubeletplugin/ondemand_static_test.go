@@ -2,6 +2,7 @@ package kubeletplugin
 
 import (
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -86,5 +87,57 @@ func TestOnDemandInstanceIsNeverAStaticDevice(t *testing.T) {
 	mustUnprepare(t, d, held)
 	if gis := e.instances(t); len(gis) != 0 {
 		t.Errorf("instances after the holder's unprepare: %+v", gis)
+	}
+}
+
+// A corrupt checkpoint loses whose a GPU's MIG instances are. Those on a
+// GPU named by --mig-on-demand may be running pods' partitions: they are
+// neither destroyed nor published as static MIG devices (a second tenant
+// would get them) until they are gone, across restarts.
+func TestOnDemandInstancesWithheldAfterCorruptCheckpoint(t *testing.T) {
+	e := newOnDemandEnv(t, "dgxa100", nil)
+	e.live = e.md
+	d := e.start()
+	held := newClaim("held", []resourceapi.DeviceRequestAllocationResult{partResult("mig", "gpu-0-part-3g-20gb-at-4")})
+	mustPrepare(t, d, held)
+	in := d.cp.Claims[held.UID].Devices[0].MIG
+	static := driver.MIGDeviceName(0, in.GI, in.CI)
+	gpu0 := func(devs []string) []string {
+		var out []string
+		for _, n := range devs {
+			if strings.HasPrefix(n, "gpu-0-") {
+				out = append(out, n)
+			}
+		}
+		return out
+	}
+	if err := os.WriteFile(NewCheckpointStore(e.pluginDir).Path(), []byte("{garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, when := range []string{"after the corrupt checkpoint", "after one more restart"} {
+		d = e.start()
+		if devs := gpu0(publishedDevices(d)); len(devs) != 0 {
+			t.Errorf("%s: GPU 0 publishes %v, want nothing while instances of unknown owners exist", when, devs)
+		}
+		if gis := e.instances(t); len(gis) != 1 {
+			t.Fatalf("%s: instances %+v, want the running pod's kept", when, gis)
+		}
+		thief := newClaim("thief", []resourceapi.DeviceRequestAllocationResult{migResult("g", static)})
+		if err := prepare(t, d, thief)[thief.UID].Err; err == nil {
+			t.Errorf("%s: a claim got %s, an instance of unknown owner", when, static)
+		}
+	}
+	// Its pod ended; the administrator destroys the instance, as the log
+	// says, and restarts the plugin: the GPU is partitioned on demand again.
+	gi := e.instances(t)[0]
+	if err := e.fault.Destroy(e.ctx, e.uuid, gi.ProfileID, gi.Placement); err != nil {
+		t.Fatal(err)
+	}
+	d = e.start()
+	if devs := gpu0(publishedDevices(d)); !slices.Contains(devs, "gpu-0-part-3g-20gb-at-4") {
+		t.Errorf("GPU 0 publishes %v after its instances are gone, want its partitions", devs)
+	}
+	if len(d.cp.WithheldGPUs) != 0 || !slices.Contains(d.cp.OnDemandGPUs, e.uuid) {
+		t.Errorf("withheld %v, on demand %v; want GPU 0 adopted again", d.cp.WithheldGPUs, d.cp.OnDemandGPUs)
 	}
 }

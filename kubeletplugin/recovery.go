@@ -56,6 +56,7 @@ func (d *Driver) recoverState(ctx context.Context) error {
 		}
 		logger.Error(err, "CHECKPOINT CORRUPT: moved it aside and starting with no prepared claims; stray CDI specs will be removed and the kubelet re-prepares the claims of running pods", "movedTo", moved)
 		cp = newCheckpoint(bootID)
+		d.stateLost = true
 	case err != nil:
 		return err
 	case cp.BootID != "" && cp.BootID != bootID:
