@@ -62,7 +62,9 @@
 //     dropped on a new boot) records a claim as PrepareStarted before any
 //     side effect and PrepareCompleted after its CDI spec; at start,
 //     interrupted prepares are rolled back and CDI specs match the
-//     checkpoint. A corrupt checkpoint is moved aside, not fatal.
+//     checkpoint. A corrupt checkpoint is moved aside, not fatal; one of
+//     another format version (a rollback) stops the start untouched, and
+//     one with unknown fields is read for what this version knows.
 //   - Shutdown and rolling updates keep the node's slices and prepared
 //     claims; two plugin instances of one node share the checkpoint under
 //     a file lock and only one publishes.
