@@ -330,26 +330,40 @@ func (m *mpsManager) ReassertLimits(ctx context.Context) ([]string, error) {
 }
 
 func (m *mpsManager) RetryKept(ctx context.Context) ([]string, error) {
+	// Not under the lock: a start may wait for a daemon up to its start
+	// timeout, and prepares must not wait for that.
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	kept := make([]Share, 0, len(m.kept))
+	for id := range m.kept {
+		kept = append(kept, m.shares[id])
+	}
+	m.mu.Unlock()
 	var failed []string
 	var errs []error
-	for id := range m.kept {
-		share := m.shares[id]
-		if m.refs[id] == 0 {
-			delete(m.kept, id)
-			continue
-		}
+	for _, share := range kept {
+		id := share.ID()
 		// Start adopts the pod if it runs and starts one if it is gone
 		// (the reference says a prepared claim needs it); it deletes
 		// nothing it could not read.
-		if err := m.daemon.Start(ctx, share, m.Dirs(share)); err != nil {
+		err := m.daemon.Start(ctx, share, m.Dirs(share))
+		m.mu.Lock()
+		switch {
+		case m.refs[id] == 0:
+			// Released meanwhile (the claim's unprepare, whose stop may
+			// have run before this start): nobody needs the daemon.
+			delete(m.kept, id)
+			if err == nil {
+				err = m.daemon.Stop(ctx, share, m.Dirs(share))
+			}
+		case err == nil:
+			delete(m.kept, id)
+			klog.FromContext(ctx).Info("MPS control daemon up after an earlier start failed without a definite answer", "daemon", id, "group", share.Group, "gpus", share.gpuIDs())
+		}
+		m.mu.Unlock()
+		if err != nil {
 			failed = append(failed, id)
 			errs = append(errs, fmt.Errorf("MPS control daemon %s: %w", id, err))
-			continue
 		}
-		delete(m.kept, id)
-		klog.FromContext(ctx).Info("MPS control daemon up after an earlier start failed without a definite answer", "daemon", id, "group", share.Group, "gpus", share.gpuIDs())
 	}
 	slices.Sort(failed)
 	return failed, errors.Join(errs...)
