@@ -19,9 +19,11 @@ import (
 // Options configure the translation webhook and its leader-side work.
 type Options struct {
 	Address string
-	// ReusePort: see ServeTLS.
+	// ReusePort: see TLSServer.
 	ReusePort bool
 	CertDir   string
+	// Limits bound what the webhook's peers can hold (TLSServer).
+	Limits Limits
 	Config    compat.Config
 	Grace     time.Duration
 	Metrics   prometheus.Registerer
@@ -49,12 +51,14 @@ func Serve(ctx context.Context, client kubernetes.Interface, o Options) error {
 	}
 	// Serve even before the slices are synced: an empty inventory only
 	// puts off the checks that need it (the controller reports those).
+	metrics := NewMetrics(o.Metrics)
 	wh := &Webhook{
-		Translator: tr,
-		Quota:      &QuotaGuard{Lister: quotas.Lister(), Names: tr.ResourceNames(), Prefixes: tr.ResourcePrefixes()},
-		Metrics:    NewMetrics(o.Metrics),
+		Translator:   tr,
+		Quota:        &QuotaGuard{Lister: quotas.Lister(), Names: tr.ResourceNames(), Prefixes: tr.ResourcePrefixes()},
+		Metrics:      metrics,
+		MaxBodyBytes: o.Limits.withDefaults().MaxBodyBytes,
 	}
-	return ServeTLS(ctx, o.Address, o.CertDir, o.ReusePort, wh)
+	return ServeTLS(ctx, TLSServer{Address: o.Address, CertDir: o.CertDir, ReusePort: o.ReusePort, Limits: o.Limits, Metrics: metrics}, wh)
 }
 
 // Lead runs the leader's part until ctx ends: the templates translated
