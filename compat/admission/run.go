@@ -23,11 +23,11 @@ type Options struct {
 	ReusePort bool
 	CertDir   string
 	// Limits bound what the webhook's peers can hold (TLSServer).
-	Limits Limits
-	Config    compat.Config
-	Grace     time.Duration
-	Metrics   prometheus.Registerer
-	Recorder  events.EventRecorder
+	Limits   Limits
+	Config   compat.Config
+	Grace    time.Duration
+	Metrics  prometheus.Registerer
+	Recorder events.EventRecorder
 }
 
 // Serve runs the webhook until ctx ends. Every replica serves it (the
