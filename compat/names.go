@@ -6,6 +6,9 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+
+	"github.com/gpulink/gpulink/driver"
 )
 
 // ResourceNames returns the extended resource names the translation takes
@@ -96,4 +99,42 @@ func (t *Translator) strip(r *corev1.ResourceRequirements) {
 	if len(r.Requests) == 0 {
 		r.Requests = nil
 	}
+}
+
+// QuotaNames sorts the translated names by what a ResourceQuota on them
+// counts.
+type QuotaNames struct {
+	// Devices count GPUs or MIG devices (nvidia.com/gpu, aliyun.com/gpu):
+	// a quota on <class>.deviceclass.resource.k8s.io/devices counts the
+	// same thing once they are translated.
+	Devices []corev1.ResourceName
+	// Capacities measure a GPU's memory or cores (nvidia.com/gpumem,
+	// gpumem-percentage, gpucores, tencent.com/vcuda-memory, vcuda-core):
+	// each maps to the share capacity it becomes (driver.CapacityMemory,
+	// driver.CapacityCores). No quota of Kubernetes 1.37 counts a claim's
+	// capacity: a class quota counts a share as one device whatever its
+	// size.
+	Capacities map[corev1.ResourceName]resourceapi.QualifiedName
+}
+
+// QuotaNames returns the enabled names by what a quota on them counts;
+// MIG names (ResourcePrefixes) count devices too. The task priority counts
+// nothing and is in neither.
+func (t *Translator) QuotaNames() QuotaNames {
+	c := t.Config
+	q := QuotaNames{Capacities: map[corev1.ResourceName]resourceapi.QualifiedName{}}
+	if c.NVIDIA.Enabled {
+		q.Devices = append(q.Devices, corev1.ResourceName(c.NVIDIA.GPU))
+		q.Capacities[corev1.ResourceName(c.NVIDIA.Memory)] = driver.CapacityMemory
+		q.Capacities[corev1.ResourceName(c.NVIDIA.MemoryPercentage)] = driver.CapacityMemory
+		q.Capacities[corev1.ResourceName(c.NVIDIA.Cores)] = driver.CapacityCores
+	}
+	if c.Aliyun.Enabled {
+		q.Devices = append(q.Devices, corev1.ResourceName(c.Aliyun.GPU))
+	}
+	if c.Tencent.Enabled {
+		q.Capacities[corev1.ResourceName(c.Tencent.Memory)] = driver.CapacityMemory
+		q.Capacities[corev1.ResourceName(c.Tencent.Cores)] = driver.CapacityCores
+	}
+	return q
 }

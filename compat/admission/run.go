@@ -54,7 +54,7 @@ func Serve(ctx context.Context, client kubernetes.Interface, o Options) error {
 	metrics := NewMetrics(o.Metrics)
 	wh := &Webhook{
 		Translator:   tr,
-		Quota:        &QuotaGuard{Lister: quotas.Lister(), Names: tr.ResourceNames(), Prefixes: tr.ResourcePrefixes()},
+		Quota:        NewQuotaGuard(quotas.Lister(), tr),
 		Metrics:      metrics,
 		MaxBodyBytes: o.Limits.withDefaults().MaxBodyBytes,
 	}
@@ -81,7 +81,7 @@ func Lead(ctx context.Context, client kubernetes.Interface, o Options) error {
 	tr := &compat.Translator{Config: o.Config}
 	maker, err := NewTemplateMaker(TemplateMakerConfig{
 		Client: client, Config: o.Config, Recorder: o.Recorder, Grace: o.Grace,
-		Quota: &QuotaGuard{Lister: quotas.Lister(), Names: tr.ResourceNames(), Prefixes: tr.ResourcePrefixes()},
+		Quota: NewQuotaGuard(quotas.Lister(), tr),
 	}, pods, templates)
 	if err != nil {
 		return err

@@ -15,6 +15,7 @@ import (
 
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
@@ -28,7 +29,7 @@ const Path = "/translate-pods"
 // QuotaChecker refuses translations in namespaces whose ResourceQuota
 // would not hold for the translated pod (QuotaGuard).
 type QuotaChecker interface {
-	Check(namespace string, classes []string) error
+	Check(namespace string, specs []resourceapi.ResourceClaimSpec) error
 }
 
 // Webhook is the mutating admission webhook that translates pods. It has
@@ -138,12 +139,11 @@ func (w *Webhook) review(ctx context.Context, req *admissionv1.AdmissionRequest)
 		return allow
 	}
 	if w.Quota != nil && len(res.Claims) > 0 {
-		var classes []string
+		specs := make([]resourceapi.ResourceClaimSpec, 0, len(res.Templates))
 		for _, spec := range res.Templates {
-			classes = append(classes, compat.SpecClasses(spec.Spec)...)
+			specs = append(specs, spec.Spec)
 		}
-		slices.Sort(classes)
-		if err := w.Quota.Check(pod.Namespace, slices.Compact(classes)); err != nil {
+		if err := w.Quota.Check(pod.Namespace, specs); err != nil {
 			if isQuotaError(err) {
 				w.Metrics.count("refused")
 				logger.V(2).Info("Refused pod: its namespace's quota would not count the translated GPUs", "err", err)
