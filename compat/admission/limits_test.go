@@ -13,8 +13,10 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	goruntime "runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -30,7 +32,7 @@ import (
 
 // limitsServer serves the real webhook over TLS on a free port within
 // limits and returns its address, a client trusting it and its metrics.
-func limitsServer(t *testing.T, limits Limits) (string, *x509.CertPool, *Metrics) {
+func limitsServer(t testing.TB, limits Limits) (string, *x509.CertPool, *Metrics) {
 	t.Helper()
 	dir := t.TempDir()
 	pool := writeCert(t, dir)
@@ -263,4 +265,125 @@ func BenchmarkReviewMemory(b *testing.B) {
 	goruntime.ReadMemStats(&ms1)
 	b.ReportMetric(float64(len(body)), "review-bytes")
 	b.ReportMetric(float64(ms1.TotalAlloc-ms0.TotalAlloc)/float64(b.N)/float64(len(body)), "alloc/review-byte")
+}
+
+// procStatusMiB reads a field of /proc/self/status (VmRSS, VmHWM) in MiB.
+func procStatusMiB(b *testing.B, field string) float64 {
+	b.Helper()
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		b.Skipf("no /proc/self/status: %v", err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, field+":"); ok {
+			var kib float64
+			if _, err := fmt.Sscanf(strings.TrimSpace(rest), "%f kB", &kib); err != nil {
+				b.Fatalf("%s: %v", line, err)
+			}
+			return kib / 1024
+		}
+	}
+	b.Fatalf("no %s in /proc/self/status", field)
+	return 0
+}
+
+// BenchmarkWebhookHeldOpen loads the webhook on a real TLS listener as a
+// hostile peer and a busy API server would at once: 64 peers that announce
+// a 2 MiB review, send 1.9 MiB of it and stall, and 32 clients posting
+// reviews of a pod near etcd's size limit (1.5 MiB) in a loop, until the
+// stalled peers are cut off. It reports the process's peak RSS over its
+// RSS before (VmHWM, reset through /proc/self/clear_refs), with the
+// default limits (limits; a 1 s read timeout to keep it short) and with
+// the old server's (unbounded: 8 MiB bodies, no read timeout, no caps;
+// the stalled peers are closed by the benchmark after 5 s).
+func BenchmarkWebhookHeldOpen(b *testing.B) {
+	pod := gpuPod("big", map[string]string{"nvidia.com/gpu": "1"})
+	for i := range 1500 {
+		pod.Spec.Containers[0].Env = append(pod.Spec.Containers[0].Env, corev1.EnvVar{Name: fmt.Sprintf("V%d", i), Value: strings.Repeat("x", 1000)})
+	}
+	raw, err := json.Marshal(pod)
+	if err != nil {
+		b.Fatal(err)
+	}
+	body, err := json.Marshal(admissionv1.AdmissionReview{
+		TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
+		Request: &admissionv1.AdmissionRequest{UID: "req", Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"},
+			Namespace: "team", Operation: admissionv1.Create, Object: runtime.RawExtension{Raw: raw}},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		limits Limits
+		hold   time.Duration
+	}{
+		{"limits", Limits{ReadTimeout: time.Second, MaxBodyBytes: DefaultLimits.MaxBodyBytes, MaxInFlight: DefaultLimits.MaxInFlight, MaxBufferedBytes: DefaultLimits.MaxBufferedBytes}, 0},
+		{"unbounded", Limits{ReadTimeout: time.Hour, MaxBodyBytes: 8 << 20, MaxInFlight: 1 << 20, MaxBufferedBytes: 1 << 40}, 5 * time.Second},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			addr, pool, _ := limitsServer(b, tc.limits)
+			client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, MaxIdleConnsPerHost: 32}, Timeout: patience}
+			goruntime.GC()
+			if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
+				b.Skipf("cannot reset VmHWM: %v", err)
+			}
+			before := procStatusMiB(b, "VmRSS")
+			codes := map[int]int{}
+			var mu sync.Mutex
+			for b.Loop() {
+				peers := make([]*tls.Conn, 64)
+				for i := range peers {
+					c, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})
+					if err != nil {
+						b.Fatal(err)
+					}
+					fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: webhook\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", Path, 2<<20)
+					_, _ = c.Write(bytes.Repeat([]byte(" "), 1900<<10))
+					peers[i] = c
+				}
+				stop := make(chan struct{})
+				var wg sync.WaitGroup
+				for range 32 {
+					wg.Go(func() {
+						for {
+							select {
+							case <-stop:
+								return
+							default:
+							}
+							resp, err := client.Post("https://"+addr+Path, "application/json", bytes.NewReader(body))
+							if err != nil {
+								continue
+							}
+							_, _ = io.Copy(io.Discard, resp.Body)
+							_ = resp.Body.Close()
+							mu.Lock()
+							codes[resp.StatusCode]++
+							mu.Unlock()
+						}
+					})
+				}
+				if tc.hold > 0 {
+					time.Sleep(tc.hold)
+					for _, c := range peers {
+						_ = c.Close()
+					}
+				} else {
+					for _, c := range peers {
+						if err := cutOff(c); err != nil {
+							b.Error(err)
+						}
+						_ = c.Close()
+					}
+				}
+				close(stop)
+				wg.Wait()
+			}
+			b.ReportMetric(procStatusMiB(b, "VmHWM")-before, "peak-rss-growth-MiB")
+			b.ReportMetric(float64(codes[http.StatusOK]), "answered")
+			b.ReportMetric(float64(codes[http.StatusTooManyRequests]), "refused-429")
+			client.CloseIdleConnections()
+		})
+	}
 }

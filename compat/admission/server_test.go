@@ -19,7 +19,7 @@ import (
 	"time"
 )
 
-func writeCert(t *testing.T, dir string) *x509.CertPool {
+func writeCert(t testing.TB, dir string) *x509.CertPool {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
