@@ -131,7 +131,7 @@ func TestCompatMemoryQuotaHolds(t *testing.T) {
 		{ObjectMeta: metav1.ObjectMeta{Name: "gpumem"}, Spec: corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{"requests.nvidia.com/gpumem": resource.MustParse("4096")}}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "devices"}, Spec: corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{
 			corev1.ResourceName(driver.DeviceClassShare + corev1.ResourceClaimsPerClass): resource.MustParse("2"),
-			corev1.ResourceName(wholeQuota):                                               resource.MustParse("1"),
+			corev1.ResourceName(wholeQuota):                                              resource.MustParse("1"),
 		}}},
 	} {
 		if _, err := quotas.Create(e.ctx, q, metav1.CreateOptions{}); err != nil {
