@@ -74,6 +74,10 @@ type Config struct {
 	// cluster admins can write (the release namespace). Empty: such
 	// devices are kept counted in this controller's memory only.
 	HoldNamespace string
+	// SelectorAttempt bounds the time one attempt spends evaluating a
+	// pod's claims' CEL selectors before its decision (selectors.go);
+	// 0: 10 s.
+	SelectorAttempt time.Duration
 }
 
 // Controller is the gpulink allocation controller.
@@ -132,6 +136,8 @@ type Controller struct {
 	// removing itself, so that onDeallocated tells them from a
 	// deallocation by kube-scheduler.
 	releasing sets.Set[types.UID]
+	// selectorAttempt: Config.SelectorAttempt.
+	selectorAttempt time.Duration
 }
 
 // New creates a controller and registers its informers. Call Run to start.
@@ -154,28 +160,32 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.UnschedulableGrace <= 0 {
 		cfg.UnschedulableGrace = 30 * time.Second
 	}
+	if cfg.SelectorAttempt <= 0 {
+		cfg.SelectorAttempt = defaultSelectorAttempt
+	}
 	if cfg.WaitingRetry <= 0 {
 		cfg.WaitingRetry = time.Minute
 	}
 	factory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod,
 		informers.WithTransform(transformObject))
 	c := &Controller{
-		client:    cfg.Client,
-		factory:   factory,
-		metrics:   cfg.Metrics,
-		explain:   newExplainer(cfg.Recorder),
-		workers:   cfg.Workers,
-		grace:     cfg.UnschedulableGrace,
-		retry:     cfg.WaitingRetry,
-		inv:       planner.NewInventory(),
-		ledger:    planner.NewLedger(),
-		fit:       planner.NewFitTracker(),
-		ungating:  newUngating(),
-		sel:       planner.NewSelectorEvaluator(),
-		waiting:   sets.New[string](),
-		excluded:  map[types.UID]sets.Set[string]{},
-		decided:   sets.New[types.UID](),
-		releasing: sets.New[types.UID](),
+		client:          cfg.Client,
+		factory:         factory,
+		metrics:         cfg.Metrics,
+		explain:         newExplainer(cfg.Recorder),
+		workers:         cfg.Workers,
+		grace:           cfg.UnschedulableGrace,
+		retry:           cfg.WaitingRetry,
+		selectorAttempt: cfg.SelectorAttempt,
+		inv:             planner.NewInventory(),
+		ledger:          planner.NewLedger(),
+		fit:             planner.NewFitTracker(),
+		ungating:        newUngating(),
+		sel:             planner.NewSelectorEvaluator(),
+		waiting:         sets.New[string](),
+		excluded:        map[types.UID]sets.Set[string]{},
+		decided:         sets.New[types.UID](),
+		releasing:       sets.New[types.UID](),
 		podQueue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "gpulink_pods"}),
 		gcQueue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),

@@ -245,6 +245,13 @@ func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Po
 		}
 	}
 
+	// The claims' selectors are evaluated before the lock, within a time
+	// bound per attempt: a costly selector delays its own pod, not every
+	// other pod's decision (planner.PrepareSelectors).
+	if err := c.prepareSelectors(ctx, key, pod, pending); err != nil {
+		return err
+	}
+
 	c.decideMu.Lock()
 	planStart := time.Now()
 	// The claims were read from the cache before the lock: another pod

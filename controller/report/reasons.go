@@ -25,4 +25,9 @@ const (
 	// already carries shares of other claims, which it cannot be ordered
 	// against.
 	ReasonPriorityScope = "PriorityScope"
+	// ReasonSelectorsCostly is recorded on a pod whose claims' CEL
+	// selectors took longer than one attempt may spend evaluating them
+	// on the cluster's devices (outside the decision lock); the evaluation
+	// goes on at the next attempt.
+	ReasonSelectorsCostly = "SelectorsCostly"
 )
