@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/gpulink/gpulink/driver/discovery"
 	"github.com/gpulink/gpulink/driver/topology"
+	"github.com/gpulink/gpulink/kubeletplugin/mps"
 )
 
 // Config is one run of the suite.
@@ -35,6 +37,15 @@ type Config struct {
 	Runc, NVIDIASMI, NVCC string
 	// ContainerTimeout bounds each container run.
 	ContainerTimeout time.Duration
+	// Work is the fixed work of the throughput checks (DefaultWork when
+	// Reps is 0); StartLead how far ahead of now the containers of one
+	// check are told to start it together (6 s when 0).
+	Work      Work
+	StartLead time.Duration
+	// DaemonDriverRoot is the driver root (host path) the MPS daemon pods
+	// of the daemon pod rows mount and run nvidia-cuda-mps-control from;
+	// empty skips those rows.
+	DaemonDriverRoot string
 }
 
 // Deps are what the suite talks to.
@@ -49,6 +60,16 @@ type Deps struct {
 	// are skipped without them.
 	NewMIGPreparer func(ctx context.Context, gpuIndex int) (Preparer, error)
 	MIG            MIGLister
+	// Processes lists the processes whose environment names an MPS pipe
+	// directory (the daemon and its servers); nil scans /proc.
+	Processes func(pipeDir string) ([]int, error)
+	// NewPreparerWithDaemon builds the plugin's prepare code with its
+	// state under workDir and its MPS daemons started by daemon (the daemon
+	// pod rows: mps.PodDaemon); nil skips those rows.
+	NewPreparerWithDaemon func(ctx context.Context, workDir string, daemon mps.Daemon) (Preparer, error)
+	// Stat stats device nodes for the daemon pods (DryRunStat in a dry
+	// run); nil is os.Stat.
+	Stat func(string) (fs.FileInfo, error)
 }
 
 // ErrNoGPU is returned by CheckHost on a host without an NVIDIA GPU and
@@ -140,6 +161,7 @@ func (s *suite) run(ctx context.Context) {
 	}
 	s.wholeGPU(ctx, prep, gpu)
 	s.share(ctx, prep, gpu, g.MemoryBytes)
+	s.sharingRows(ctx, prep, gpu)
 	if topo.Len() < 2 {
 		s.rep.Add(CheckPrepareShare2, Skip, "one GPU on this host; the claim needs two")
 	} else {
@@ -247,24 +269,77 @@ func (s *suite) prepareProgram(ctx context.Context) bool {
 
 // container runs the probe in a container with the CDI devices injected.
 func (s *suite) container(ctx context.Context, prep Preparer, ids []string, mode RootfsMode, extra ...string) (*ProbeReport, error) {
-	s.n++
-	id := fmt.Sprintf("gpucheck-%d-%d", os.Getpid(), s.n)
-	dir := filepath.Join(s.cfg.WorkDir, "bundles", id)
-	c := Container{ID: id, Program: s.program, Args: append(append([]string{}, s.args...), extra...), Rootfs: mode}
-	if _, err := BuildBundle(ctx, s.deps.Run, dir, c, prep.SpecDirs(), ids); err != nil {
-		return nil, fmt.Errorf("building the OCI bundle: %w", err)
-	}
-	cctx, cancel := context.WithTimeout(ctx, s.cfg.ContainerTimeout)
-	defer cancel()
-	out, err := RunContainer(cctx, s.deps.Run, s.cfg.Runc, filepath.Join(s.cfg.WorkDir, "runc"), dir, id)
-	if err != nil {
-		return nil, fmt.Errorf("%w (output: %q)", err, lastLines(out, 8))
-	}
-	r, err := ParseProbe(out)
+	b, err := s.bundle(prep, probeRun{ids: ids, mode: mode, args: extra})
 	if err != nil {
 		return nil, err
 	}
-	return r, nil
+	return s.runBundle(ctx, b)
+}
+
+// probeRun is one container of the probe: the claim's CDI devices, the
+// root file system, the user and the probe's arguments.
+type probeRun struct {
+	ids  []string
+	mode RootfsMode
+	user specs.User
+	args []string
+}
+
+// builtBundle is an OCI bundle ready for runc.
+type builtBundle struct{ id, dir string }
+
+// bundle writes the OCI bundle of one probe container.
+func (s *suite) bundle(prep Preparer, p probeRun) (builtBundle, error) {
+	s.n++
+	id := fmt.Sprintf("gpucheck-%d-%d", os.Getpid(), s.n)
+	dir := filepath.Join(s.cfg.WorkDir, "bundles", id)
+	c := Container{ID: id, Program: s.program, Args: append(append([]string{}, s.args...), p.args...), Rootfs: p.mode, User: p.user}
+	// The context only bounds ldd (CDI-only roots); a bundle is quick.
+	if _, err := BuildBundle(context.Background(), s.deps.Run, dir, c, prep.SpecDirs(), p.ids); err != nil {
+		return builtBundle{}, fmt.Errorf("building the OCI bundle: %w", err)
+	}
+	return builtBundle{id: id, dir: dir}, nil
+}
+
+// runBundle runs a bundle with runc and parses the probe's report.
+func (s *suite) runBundle(ctx context.Context, b builtBundle) (*ProbeReport, error) {
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.ContainerTimeout)
+	defer cancel()
+	out, err := RunContainer(cctx, s.deps.Run, s.cfg.Runc, filepath.Join(s.cfg.WorkDir, "runc"), b.dir, b.id)
+	if err != nil {
+		return nil, fmt.Errorf("%w (output: %q)", err, lastLines(out, 8))
+	}
+	return ParseProbe(out)
+}
+
+// together runs one probe container per run at the same time (their
+// bundles are built first) and returns their reports in order, or the
+// errors of those that failed.
+func (s *suite) together(ctx context.Context, prep Preparer, runs []probeRun) ([]*ProbeReport, error) {
+	bundles := make([]builtBundle, len(runs))
+	for i, p := range runs {
+		b, err := s.bundle(prep, p)
+		if err != nil {
+			return nil, fmt.Errorf("container %d: %w", i+1, err)
+		}
+		bundles[i] = b
+	}
+	reports := make([]*ProbeReport, len(runs))
+	errs := make([]error, len(runs))
+	var wg sync.WaitGroup
+	for i, b := range bundles {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := s.runBundle(ctx, b)
+			if err != nil {
+				err = fmt.Errorf("container %d: %w", i+1, err)
+			}
+			reports[i], errs[i] = r, err
+		}()
+	}
+	wg.Wait()
+	return reports, errors.Join(errs...)
 }
 
 func (s *suite) wholeGPU(ctx context.Context, prep Preparer, gpu ClaimedGPU) {

@@ -70,7 +70,23 @@ type PodDaemonConfig struct {
 	// PollInterval and StartTimeout bound the wait for a new daemon to
 	// answer (1s and 60s when zero: an image pull may be needed).
 	PollInterval, StartTimeout time.Duration
+	// Chown changes a directory's owner (os.Chown when nil): the pipe and
+	// log directories go to DaemonUID, the user the daemon runs as.
+	Chown func(path string, uid, gid int) error
 }
+
+// DaemonUID and DaemonGID are the user and group the daemon pods run as:
+// the image's USER (deployments/container/Dockerfile, distroless's
+// nonroot), since the pod sets none (the chart's admission policy allows
+// no other securityContext than the one mpsDaemonSecurityContext makes).
+// Without a capability that user can only create its control pipe and
+// its log in directories it owns, so Start gives it the claim's pipe and
+// log directories, which the plugin (root) creates; make gpu-check's
+// daemon pod rows run the pod so on a GPU.
+const (
+	DaemonUID = 65532
+	DaemonGID = 65532
+)
 
 // PodDaemon runs each MPS control daemon (nvidia-cuda-mps-control -f
 // from the driver root: an Isolated claim's, or a sharing group's on one
@@ -306,6 +322,9 @@ func (d *PodDaemon) Start(ctx context.Context, share Share, dirs Dirs) error {
 	if err := dirs.create(); err != nil {
 		return errors.Join(err, dirs.remove())
 	}
+	if err := d.chownDirs(dirs); err != nil {
+		return errors.Join(err, dirs.remove())
+	}
 	adopted, err := d.start(ctx, share, dirs)
 	if err == nil {
 		return nil
@@ -317,6 +336,21 @@ func (d *PodDaemon) Start(ctx context.Context, share Share, dirs Dirs) error {
 		return fmt.Errorf("%w%s (%w)", err, tail, ErrDaemonKept)
 	}
 	return errors.Join(fmt.Errorf("%w%s", err, tail), d.Stop(ctx, share, dirs))
+}
+
+// chownDirs gives the daemon's user the directories it writes: the pipe
+// directory (its control pipe) and the log directory.
+func (d *PodDaemon) chownDirs(dirs Dirs) error {
+	chown := d.cfg.Chown
+	if chown == nil {
+		chown = os.Chown
+	}
+	for _, dir := range []string{dirs.Pipe, dirs.Log} {
+		if err := chown(dir, DaemonUID, DaemonGID); err != nil {
+			return fmt.Errorf("giving the MPS daemon's user %d:%d its directory %s: %w", DaemonUID, DaemonGID, dir, err)
+		}
+	}
+	return nil
 }
 
 // start reports whether it adopted an existing pod.
