@@ -53,7 +53,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.DurationVar(&f.cfg.ContainerTimeout, "container-timeout", 2*time.Minute, "Time limit of each container.")
 	fs.IntVar(&f.cfg.Work.Reps, "spin-reps", gpucheck.DefaultWork.Reps, "Repetitions of the throughput checks' kernel (spin_fma) in each client.")
 	f.cfg.Work.Blocks, f.cfg.Work.Iters = gpucheck.DefaultWork.Blocks, gpucheck.DefaultWork.Iters
-	fs.DurationVar(&f.cfg.StartLead, "start-lead", 6*time.Second, "How far ahead the clients of one throughput check are told to start their kernels together.")
+	fs.DurationVar(&f.cfg.StartLead, "start-lead", 5*time.Second, "How far ahead the clients of one throughput check are told to start their kernels together.")
 	fs.StringVar(&f.daemonDriverRoot, "daemon-driver-root", "/", "Driver root (host path) the MPS daemon pod rows mount into the daemon's pod, as the chart's kubeletplugin.driverRoot; empty skips those rows.")
 	fs.StringVar(&f.mockServer, "mock-server", "dgxh100", "go-nvml mock server of --dry-run.")
 	fs.StringVar(&f.mockMIG, "mock-mig", "7:", `GPUs of the --dry-run mock in MIG mode and their instances, as the kubelet plugin's --mock-mig ("7:": GPU 7 in MIG mode without instances, so that the MIG rows run on the mock; empty: none).`)

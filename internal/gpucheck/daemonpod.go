@@ -26,7 +26,7 @@ const (
 	// daemonPodClientTimeout bounds a client container: a client that
 	// waits for a server its daemon cannot start must not hold the suite
 	// for the default two minutes.
-	daemonPodClientTimeout = 45 * time.Second
+	daemonPodClientTimeout = 30 * time.Second
 	daemonPodCores         = 30
 	daemonPodReps          = 5
 	clientUID              = 1000

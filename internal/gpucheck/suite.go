@@ -39,7 +39,7 @@ type Config struct {
 	ContainerTimeout time.Duration
 	// Work is the fixed work of the throughput checks (DefaultWork when
 	// Reps is 0); StartLead how far ahead of now the containers of one
-	// check are told to start it together (6 s when 0).
+	// check are told to start it together (5 s when 0).
 	Work      Work
 	StartLead time.Duration
 	// DaemonDriverRoot is the driver root (host path) the MPS daemon pods
