@@ -87,7 +87,8 @@ func (s *suite) daemonPod(ctx context.Context, gpu ClaimedGPU, n int, c daemonPo
 	if err != nil {
 		return []string{err.Error()}, ""
 	}
-	prep, err := s.deps.NewPreparerWithDaemon(ctx, filepath.Join(s.cfg.WorkDir, fmt.Sprintf("daemon-pod-%d", n), "plugin"), pd)
+	pluginDir := filepath.Join(s.cfg.WorkDir, fmt.Sprintf("daemon-pod-%d", n), "plugin")
+	prep, err := s.deps.NewPreparerWithDaemon(ctx, pluginDir, pd)
 	if err != nil {
 		return []string{err.Error()}, ""
 	}
@@ -118,6 +119,10 @@ func (s *suite) daemonPod(ctx context.Context, gpu ClaimedGPU, n int, c daemonPo
 		errs, seen = dryRunDaemonPod(r, daemonUID, c.clientUID)
 	default:
 		errs, seen = s.daemonPodVerdict(r, gpu, w, above, limitMiB, daemonUID, c.clientUID, base)
+	}
+	if len(errs) > 0 && !s.cfg.DryRun {
+		// The MPS logs say why; unprepare removes them.
+		errs = append(errs, mpsLogTails(filepath.Join(pluginDir, "mps", string(claim.UID), "log"))...)
 	}
 	errs = append(errs, s.unprepareErrs(ctx, prep, claim)...)
 	if k.running() > 0 {
@@ -166,6 +171,19 @@ func dryRunDaemonPod(r *ProbeReport, daemonUID, clientUID uint32) ([]string, str
 		errs = append(errs, fmt.Sprintf("the stand-in daemon's log %s says %q, want uid %d", log, strings.TrimSpace(string(b)), daemonUID))
 	}
 	return errs, fmt.Sprintf("dry run: the stand-in daemon ran as UID %d and made its control pipe; client UID %d got the pipe directory (no CUDA)", daemonUID, clientUID)
+}
+
+// mpsLogTails are the ends of the MPS control daemon's and server's logs.
+func mpsLogTails(dir string) []string {
+	var tails []string
+	for _, name := range []string{"control.log", "server.log"} {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil || len(b) == 0 {
+			continue
+		}
+		tails = append(tails, fmt.Sprintf("%s ends with: %q", name, lastLines(b, 4)))
+	}
+	return tails
 }
 
 // runBundleWithin is runBundle with its own time limit.
@@ -222,7 +240,14 @@ func WriteDryRunDriverRoot(dir string) error {
 func (k *podKubelet) lastOutput() (string, bool) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	ps := make([]*runningPod, 0, 1)
 	for _, p := range k.pods {
+		ps = append(ps, p)
+	}
+	if len(ps) == 0 && k.last != nil {
+		ps = append(ps, k.last) // a failed start deleted its pod
+	}
+	for _, p := range ps {
 		select {
 		case <-p.done:
 			return strings.TrimSpace(lastLines(p.out, 6)) + fmt.Sprintf(" (%v)", p.err), true

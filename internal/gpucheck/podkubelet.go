@@ -45,6 +45,8 @@ type podKubelet struct {
 
 	mu   sync.Mutex
 	pods map[string]*runningPod
+	// last is the pod stopped last, for its output in an error.
+	last *runningPod
 }
 
 // daemonUser overrides the pod's user and capabilities (a variant that is
@@ -144,6 +146,9 @@ func (k *podKubelet) stop(name string) {
 	k.mu.Lock()
 	p, ok := k.pods[name]
 	delete(k.pods, name)
+	if ok {
+		k.last = p
+	}
 	k.mu.Unlock()
 	if !ok {
 		return
