@@ -15,14 +15,15 @@ import (
 
 // Names of the daemon pod checks: an Isolated share's MPS control daemon
 // run in the pod the plugin's mps.PodDaemon creates (podKubelet runs it),
-// served to a client of another user. The first is the chart's way; the
-// others run the same pod with another user or capabilities, so that one
-// run on a GPU shows what a change of the chart would give.
+// with a client of another user. The first is the chart's pod (root with
+// CAP_SETUID and CAP_SETGID); the others run the same pod as the image's
+// non-root user without capabilities, as the chart did before issue 35,
+// and show why it changed: that daemon serves clients of its own user
+// only.
 const (
 	CheckDaemonPodChart       = "MPS daemon pod as the chart runs it, client UID 1000"
-	CheckDaemonPodSameUser    = "MPS daemon pod as the chart runs it, client UID 65532"
-	CheckDaemonPodRootSetuid  = "MPS daemon pod as UID 0 + SETUID/SETGID, client UID 1000"
-	CheckDaemonPodRootOpenDir = "MPS daemon pod as UID 0 + SETUID/SETGID, dirs 1777, client UID 1000"
+	CheckDaemonPodNonRoot     = "MPS daemon pod as UID 65532, no caps: client UID 1000 refused"
+	CheckDaemonPodNonRootSame = "MPS daemon pod as UID 65532, no caps: client UID 65532 served"
 	// daemonPodClientTimeout bounds a client container: a client that
 	// waits for a server its daemon cannot start must not hold the suite
 	// for the default two minutes.
@@ -30,6 +31,8 @@ const (
 	daemonPodCores         = 30
 	daemonPodReps          = 5
 	clientUID              = 1000
+	// mpsRefused is how CUDA fails a client that its daemon cannot serve.
+	mpsRefused = "MPS client failed to connect"
 )
 
 // daemonPodCase is one way of running the daemon pod, with the user of
@@ -39,15 +42,17 @@ type daemonPodCase struct {
 	// override is nil for the pod as mps.PodDaemon makes it.
 	override  *daemonUser
 	clientUID uint32
+	// refused: the client must not get through (CUDA fails with
+	// mpsRefused); else it must, with the share's limits.
+	refused bool
 }
 
-var setuidCaps = []string{"CAP_SETUID", "CAP_SETGID"}
+var nonRootDaemon = &daemonUser{UID: imageUID, GID: imageGID}
 
 var daemonPodCases = []daemonPodCase{
 	{name: CheckDaemonPodChart, clientUID: clientUID},
-	{name: CheckDaemonPodSameUser, clientUID: mps.DaemonUID},
-	{name: CheckDaemonPodRootSetuid, override: &daemonUser{Caps: setuidCaps}, clientUID: clientUID},
-	{name: CheckDaemonPodRootOpenDir, override: &daemonUser{Caps: setuidCaps, WorldWritableDirs: true}, clientUID: clientUID},
+	{name: CheckDaemonPodNonRoot, override: nonRootDaemon, clientUID: clientUID, refused: true},
+	{name: CheckDaemonPodNonRootSame, override: nonRootDaemon, clientUID: imageUID},
 }
 
 // daemonPodRows runs every daemon pod case.
@@ -117,6 +122,11 @@ func (s *suite) daemonPod(ctx context.Context, gpu ClaimedGPU, n int, c daemonPo
 		errs = append(errs, fmt.Sprintf("client UID %d: %v; daemon: %s", c.clientUID, err, out))
 	case s.cfg.DryRun:
 		errs, seen = dryRunDaemonPod(r, daemonUID, c.clientUID)
+	case c.refused:
+		seen = fmt.Sprintf("daemon UID %d, client UID %d: CUDA: %s", daemonUID, c.clientUID, strings.TrimPrefix(r.CUDA, "fail:"))
+		if !strings.Contains(r.CUDA, mpsRefused) {
+			errs = append(errs, fmt.Sprintf("the client was not refused (CUDA %q, kernel %q, allocation %q): a daemon of UID %d without capabilities served a client of UID %d", r.CUDA, r.Kernel, r.Alloc, daemonUID, c.clientUID))
+		}
 	default:
 		errs, seen = s.daemonPodVerdict(r, gpu, w, above, limitMiB, daemonUID, c.clientUID, base)
 	}

@@ -125,3 +125,19 @@ func writableBy(dir string, uid uint32, caps []string) bool {
 	}
 	return fi.Mode().Perm()&0o002 != 0
 }
+
+// daemonServes tells whether the fake daemon pod of a pipe directory, if
+// there is one (its control.log says its user), can start a server for a
+// client of uid: a daemon that is not root only for its own user, as a
+// GPU showed (docs/mps.md).
+func daemonServes(pipe string, uid uint32) bool {
+	b, err := os.ReadFile(filepath.Join(filepath.Dir(pipe), "log", "control.log"))
+	if err != nil {
+		return true // a host daemon (root), or none
+	}
+	var daemon uint32
+	if _, err := fmt.Sscanf(string(b), "fake daemon, uid %d", &daemon); err != nil {
+		return true
+	}
+	return daemon == 0 || daemon == uid
+}

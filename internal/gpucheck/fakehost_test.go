@@ -144,6 +144,9 @@ func (f *fakeHost) container(bundle, id string) ([]byte, error) {
 	case env["CUDA_MPS_PIPE_DIRECTORY"] != "" && !pipeMounted:
 		out.WriteString("gpucheck: cuda=fail:MPS client failed to connect to the MPS control daemon or the MPS server\n")
 		return []byte(out.String()), nil
+	case !daemonServes(env["CUDA_MPS_PIPE_DIRECTORY"], spec.Process.User.UID):
+		out.WriteString("gpucheck: cuda=fail:MPS client failed to connect to the MPS control daemon or the MPS server\n")
+		return []byte(out.String()), nil
 	}
 	if v := env["NVIDIA_VISIBLE_DEVICES"]; strings.HasPrefix(v, "MIG-") {
 		caps := 0

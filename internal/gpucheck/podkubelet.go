@@ -28,7 +28,7 @@ import (
 // container with runc, from the pod as the API server would store it,
 // the way a kubelet with containerd would: the command and environment,
 // the hostPath volumes as bind mounts, the user (the pod's runAsUser, else
-// the image's USER, mps.DaemonUID), the capabilities (none left after
+// the image's USER, imageUID), the capabilities (none left after
 // drop ALL), no privilege escalation, and the device nodes the MPS daemon
 // device plugin hands a pod for its mps-daemon.gpu.gpulink.dev resources.
 // The pod is Running while the container runs, Failed with its exit code
@@ -50,12 +50,20 @@ type podKubelet struct {
 }
 
 // daemonUser overrides the pod's user and capabilities (a variant that is
-// not the chart's), and makes the daemon's directories world-writable.
+// not the chart's); the claim's pipe and log directories, which the plugin
+// (root) created, are given to that user, so that only the user and the
+// capabilities differ from the chart's pod.
 type daemonUser struct {
-	UID, GID          uint32
-	Caps              []string
-	WorldWritableDirs bool
+	UID, GID uint32
+	Caps     []string
 }
+
+// imageUID and imageGID are the image's USER (deployments/container/
+// Dockerfile, distroless's nonroot), which a pod without runAsUser gets.
+const (
+	imageUID = 65532
+	imageGID = 65532
+)
 
 type runningPod struct {
 	id   string
@@ -194,12 +202,15 @@ func (k *podKubelet) podSpec(pod *corev1.Pod, dir string) (*specs.Spec, uint32, 
 	spec.Process.Env = append(spec.Process.Env, env...)
 	// The kubelet's container: its user and capabilities, no /dev/shm
 	// of its own (the pod mounts one), the pod's volumes.
-	uid, gid := uint32(mps.DaemonUID), uint32(mps.DaemonGID)
+	uid, gid := uint32(imageUID), uint32(imageGID)
 	if sc := pod.Spec.SecurityContext; sc != nil && sc.RunAsUser != nil {
 		uid = uint32(*sc.RunAsUser)
 	}
 	if sc := c.SecurityContext; sc != nil && sc.RunAsUser != nil {
 		uid = uint32(*sc.RunAsUser)
+	}
+	if sc := c.SecurityContext; sc != nil && sc.RunAsGroup != nil {
+		gid = uint32(*sc.RunAsGroup)
 	}
 	caps := containerCaps(c.SecurityContext)
 	if o := k.override; o != nil {
@@ -227,14 +238,7 @@ func (k *podKubelet) podSpec(pod *corev1.Pod, dir string) (*specs.Spec, uint32, 
 			opts = append(opts, "ro")
 		}
 		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: m.MountPath, Type: "bind", Source: src, Options: opts})
-		if k.override != nil && k.override.WorldWritableDirs && m.Name == "mps" {
-			for _, sub := range []string{"pipe", "log"} {
-				if err := os.Chmod(filepath.Join(src, sub), 0o777|os.ModeSticky); err != nil {
-					return nil, 0, err
-				}
-			}
-		}
-		if k.override != nil && !k.override.WorldWritableDirs && m.Name == "mps" {
+		if k.override != nil && m.Name == "mps" {
 			for _, sub := range []string{"pipe", "log"} {
 				if err := os.Chown(filepath.Join(src, sub), int(uid), int(gid)); err != nil {
 					return nil, 0, err

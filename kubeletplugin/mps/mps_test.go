@@ -3,7 +3,6 @@ package mps
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -75,8 +74,6 @@ type fakeControl struct {
 	envs     [][]string
 	bins     []string
 	failCmd  string
-	// chowns are the directories PodDaemon gave its user, "<dir> <uid>:<gid>".
-	chowns []string
 	// servers is what get_server_list prints.
 	servers string
 }
@@ -122,12 +119,6 @@ func newTestPodDaemon(t *testing.T, cs *fake.Clientset, ctl *fakeControl) (*PodD
 		Pods: cs.CoreV1(), Nodes: cs.CoreV1(), Namespace: "gpulink", Image: "gpulink:dev", NodeName: "n1",
 		DriverRoot: "/run/nvidia/driver", DriverRootMount: mount, Run: ctl.run,
 		PollInterval: time.Millisecond, StartTimeout: 200 * time.Millisecond,
-		Chown: func(path string, uid, gid int) error {
-			ctl.mu.Lock()
-			defer ctl.mu.Unlock()
-			ctl.chowns = append(ctl.chowns, fmt.Sprintf("%s %d:%d", path, uid, gid))
-			return nil
-		},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -167,13 +158,6 @@ func TestPodMPSDaemonStartStopAdopt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The daemon runs as the image's user, which must own the directories
-	// it creates its control pipe and log in.
-	ctl.mu.Lock()
-	if want := []string{dirs.Pipe + " 65532:65532", dirs.Log + " 65532:65532"}; !slices.Equal(ctl.chowns, want) {
-		t.Errorf("chowned %v, want %v", ctl.chowns, want)
-	}
-	ctl.mu.Unlock()
 	c := pod.Spec.Containers[0]
 	if pod.Spec.NodeName != "n1" || c.Image != "gpulink:dev" || !slices.Equal(c.Command, []string{"/driver-root/usr/bin/nvidia-cuda-mps-control", "-f"}) {
 		t.Errorf("pod node %q image %q command %v", pod.Spec.NodeName, c.Image, c.Command)

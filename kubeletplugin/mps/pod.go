@@ -70,23 +70,7 @@ type PodDaemonConfig struct {
 	// PollInterval and StartTimeout bound the wait for a new daemon to
 	// answer (1s and 60s when zero: an image pull may be needed).
 	PollInterval, StartTimeout time.Duration
-	// Chown changes a directory's owner (os.Chown when nil): the pipe and
-	// log directories go to DaemonUID, the user the daemon runs as.
-	Chown func(path string, uid, gid int) error
 }
-
-// DaemonUID and DaemonGID are the user and group the daemon pods run as:
-// the image's USER (deployments/container/Dockerfile, distroless's
-// nonroot), since the pod sets none (the chart's admission policy allows
-// no other securityContext than the one mpsDaemonSecurityContext makes).
-// Without a capability that user can only create its control pipe and
-// its log in directories it owns, so Start gives it the claim's pipe and
-// log directories, which the plugin (root) creates; make gpu-check's
-// daemon pod rows run the pod so on a GPU.
-const (
-	DaemonUID = 65532
-	DaemonGID = 65532
-)
 
 // PodDaemon runs each MPS control daemon (nvidia-cuda-mps-control -f
 // from the driver root: an Isolated claim's, or a sharing group's on one
@@ -238,10 +222,9 @@ func (d *PodDaemon) pod(share Share, dirs Dirs, owner *metav1.OwnerReference) *c
 				// GPUs' device nodes, /dev/nvidiactl and the uvm nodes:
 				// the MPS daemon device plugin (deviceplugin.go)
 				// hands exactly those to a pod asking for its GPUs'
-				// resources, so the container needs no privilege. The
-				// image runs as a non-root user, which had no effective
-				// capability even when the container was privileged, so
-				// dropping them all takes nothing the daemon used.
+				// resources, so the container needs no privilege. It
+				// needs root and setuid/setgid for something else:
+				// see mpsDaemonSecurityContext.
 				Resources:       d.resources(share),
 				SecurityContext: mpsDaemonSecurityContext(),
 				VolumeMounts: []corev1.VolumeMount{
@@ -281,11 +264,26 @@ func (d *PodDaemon) resources(share Share) corev1.ResourceRequirements {
 }
 
 // mpsDaemonSecurityContext is the daemon container's security context;
-// the chart's admission policy allows exactly this.
+// the chart's admission policy allows exactly this. The control daemon
+// starts each client's MPS server under the client's user ID (NVIDIA's
+// nvidia-cuda-mps-control(1)), so it must be root and keep CAP_SETUID and
+// CAP_SETGID; every other capability is dropped. As the image's non-root
+// user (65532) without capabilities, as the chart ran it before, a client
+// of another user cannot connect: make gpu-check saw CUDA fail with "MPS
+// client failed to connect to the MPS control daemon or the MPS server"
+// for a client of UID 1000 on an H200 (2026-11-28), and the daemon as UID
+// 0 with only these two capabilities serve it with the share's memory
+// limit. Root without CAP_DAC_OVERRIDE still writes the pipe and log
+// directories, which the plugin (root) creates and so root owns.
 func mpsDaemonSecurityContext() *corev1.SecurityContext {
 	return &corev1.SecurityContext{
+		RunAsUser:                ptr.To[int64](0),
+		RunAsGroup:               ptr.To[int64](0),
 		AllowPrivilegeEscalation: ptr.To(false),
-		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		Capabilities: &corev1.Capabilities{
+			Drop: []corev1.Capability{"ALL"},
+			Add:  []corev1.Capability{"SETUID", "SETGID"},
+		},
 	}
 }
 
@@ -322,9 +320,6 @@ func (d *PodDaemon) Start(ctx context.Context, share Share, dirs Dirs) error {
 	if err := dirs.create(); err != nil {
 		return errors.Join(err, dirs.remove())
 	}
-	if err := d.chownDirs(dirs); err != nil {
-		return errors.Join(err, dirs.remove())
-	}
 	adopted, err := d.start(ctx, share, dirs)
 	if err == nil {
 		return nil
@@ -336,21 +331,6 @@ func (d *PodDaemon) Start(ctx context.Context, share Share, dirs Dirs) error {
 		return fmt.Errorf("%w%s (%w)", err, tail, ErrDaemonKept)
 	}
 	return errors.Join(fmt.Errorf("%w%s", err, tail), d.Stop(ctx, share, dirs))
-}
-
-// chownDirs gives the daemon's user the directories it writes: the pipe
-// directory (its control pipe) and the log directory.
-func (d *PodDaemon) chownDirs(dirs Dirs) error {
-	chown := d.cfg.Chown
-	if chown == nil {
-		chown = os.Chown
-	}
-	for _, dir := range []string{dirs.Pipe, dirs.Log} {
-		if err := chown(dir, DaemonUID, DaemonGID); err != nil {
-			return fmt.Errorf("giving the MPS daemon's user %d:%d its directory %s: %w", DaemonUID, DaemonGID, dir, err)
-		}
-	}
-	return nil
 }
 
 // start reports whether it adopted an existing pod.

@@ -112,12 +112,12 @@ func TestDryRunWithRunc(t *testing.T) {
 	for _, name := range []string{gpucheck.CheckSMLimit, gpucheck.CheckColocIsolated, gpucheck.CheckColocConcurrent,
 		gpucheck.CheckPriorityConc, gpucheck.CheckPriorityConcFull, gpucheck.CheckPriorityIsolated,
 		gpucheck.CheckGroupUnprepareFirst, gpucheck.CheckGroupDaemonStops,
-		gpucheck.CheckDaemonPodChart, gpucheck.CheckDaemonPodSameUser, gpucheck.CheckDaemonPodRootSetuid, gpucheck.CheckDaemonPodRootOpenDir} {
+		gpucheck.CheckDaemonPodChart, gpucheck.CheckDaemonPodNonRoot, gpucheck.CheckDaemonPodNonRootSame} {
 		if r := byName[name]; r.Status != gpucheck.Pass {
 			t.Errorf("%s: %s %s", name, r.Status, r.Detail)
 		}
 	}
-	if r := byName[gpucheck.CheckDaemonPodChart]; !strings.Contains(r.Detail, "ran as UID 65532") {
+	if r := byName[gpucheck.CheckDaemonPodChart]; !strings.Contains(r.Detail, "ran as UID 0") {
 		t.Errorf("%s: %s", gpucheck.CheckDaemonPodChart, r.Detail)
 	}
 	// The partition's container saw GPU 7's node and the instance's cap
