@@ -183,3 +183,17 @@ func TestGroupDaemonLeftRunningFails(t *testing.T) {
 	got := results(t, Run(ctx, cfg, deps).Results)
 	wantResult(t, got, CheckGroupDaemonStops, Fail, "processes [4242] still serve")
 }
+
+// Were a non-root daemon without capabilities to serve a client of another
+// user, the chart would not need root: the row that expects the refusal
+// fails, saying so.
+func TestNonRootDaemonServingAnotherUserFails(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	h := loadHost(t, "h100-1")
+	topo := h.discovered(t, nil)
+	host := &fakeHost{fixture: h, gpus: topo.GPUs, anyUser: true}
+	cfg := gpuConfig(t)
+	got := results(t, Run(ctx, cfg, suiteDeps(t, fakeDiscoverer{topo}, host.run, cfg.WorkDir)).Results)
+	wantResult(t, got, CheckDaemonPodNonRoot, Fail, "the client was not refused", "a daemon of UID 65532 without capabilities served a client of UID 1000")
+	wantResult(t, got, CheckDaemonPodChart, Pass)
+}
