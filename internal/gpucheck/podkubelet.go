@@ -307,7 +307,7 @@ func (k *podKubelet) devices(limits corev1.ResourceList) ([]specs.LinuxDevice, e
 			return nil, fmt.Errorf("device node %s: no device numbers", p)
 		}
 		mode := fi.Mode().Perm()
-		devs = append(devs, specs.LinuxDevice{Path: p, Type: "c", Major: int64(unix.Major(uint64(st.Rdev))), Minor: int64(unix.Minor(uint64(st.Rdev))), FileMode: &mode})
+		devs = append(devs, specs.LinuxDevice{Path: p, Type: "c", Major: int64(unix.Major(st.Rdev)), Minor: int64(unix.Minor(st.Rdev)), FileMode: &mode})
 	}
 	return devs, nil
 }
