@@ -218,10 +218,9 @@ func (d *PodDaemon) pod(share Share, dirs Dirs, owner *metav1.OwnerReference) *c
 				// GPUs' device nodes, /dev/nvidiactl and the uvm nodes:
 				// the MPS daemon device plugin (deviceplugin.go)
 				// hands exactly those to a pod asking for its GPUs'
-				// resources, so the container needs no privilege. The
-				// image runs as a non-root user, which had no effective
-				// capability even when the container was privileged, so
-				// dropping them all takes nothing the daemon used.
+				// resources, so the container needs no privilege. It
+				// needs root and setuid/setgid for something else:
+				// see mpsDaemonSecurityContext.
 				Resources:       d.resources(share),
 				SecurityContext: mpsDaemonSecurityContext(),
 				VolumeMounts: []corev1.VolumeMount{
@@ -261,11 +260,26 @@ func (d *PodDaemon) resources(share Share) corev1.ResourceRequirements {
 }
 
 // mpsDaemonSecurityContext is the daemon container's security context;
-// the chart's admission policy allows exactly this.
+// the chart's admission policy allows exactly this. The control daemon
+// starts each client's MPS server under the client's user ID (NVIDIA's
+// nvidia-cuda-mps-control(1)), so it must be root and keep CAP_SETUID and
+// CAP_SETGID; every other capability is dropped. As the image's non-root
+// user (65532) without capabilities, as the chart ran it before, a client
+// of another user cannot connect: make gpu-check saw CUDA fail with "MPS
+// client failed to connect to the MPS control daemon or the MPS server"
+// for a client of UID 1000 on an H200 (2026-11-28), and the daemon as UID
+// 0 with only these two capabilities serve it with the share's memory
+// limit. Root without CAP_DAC_OVERRIDE still writes the pipe and log
+// directories, which the plugin (root) creates and so root owns.
 func mpsDaemonSecurityContext() *corev1.SecurityContext {
 	return &corev1.SecurityContext{
+		RunAsUser:                ptr.To[int64](0),
+		RunAsGroup:               ptr.To[int64](0),
 		AllowPrivilegeEscalation: ptr.To(false),
-		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		Capabilities: &corev1.Capabilities{
+			Drop: []corev1.Capability{"ALL"},
+			Add:  []corev1.Capability{"SETUID", "SETGID"},
+		},
 	}
 }
 

@@ -342,8 +342,19 @@ func TestMPSDaemonPodPolicy(t *testing.T) {
 		{"privilege escalation", "must not be privileged", func(p *corev1.Pod) {
 			p.Spec.Containers[0].SecurityContext.AllowPrivilegeEscalation = ptr.To(true)
 		}},
-		{"running as root", "must not be privileged", func(p *corev1.Pod) {
-			p.Spec.Containers[0].SecurityContext.RunAsUser = ptr.To[int64](0)
+		// Root with CAP_SETUID and CAP_SETGID, nothing else (the daemon
+		// starts each client's server as the client's user).
+		{"running as another user", "must not be privileged", func(p *corev1.Pod) {
+			p.Spec.Containers[0].SecurityContext.RunAsUser = ptr.To[int64](1000)
+		}},
+		{"no runAsUser", "must not be privileged", func(p *corev1.Pod) {
+			p.Spec.Containers[0].SecurityContext.RunAsUser = nil
+		}},
+		{"another capability beside SETUID and SETGID", "must not be privileged", func(p *corev1.Pod) {
+			p.Spec.Containers[0].SecurityContext.Capabilities.Add = append(p.Spec.Containers[0].SecurityContext.Capabilities.Add, "DAC_OVERRIDE")
+		}},
+		{"capabilities not dropped", "must not be privileged", func(p *corev1.Pod) {
+			p.Spec.Containers[0].SecurityContext.Capabilities.Drop = nil
 		}},
 		{"another resource name", "may only ask for limits of 1", func(p *corev1.Pod) {
 			p.Spec.Containers[0].Resources.Limits["nvidia.com/gpu"] = resource.MustParse("1")
