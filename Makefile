@@ -93,7 +93,7 @@ helm-lint: ## helm lint and helm template of the chart
 	hack/helm.sh
 
 .PHONY: bench
-bench: ## allocator (latency p50/p99, churn quality per topology vs baselines) and kubelet plugin benchmarks
+bench: ## allocator (latency p50/p99, churn quality per topology vs baselines), gang placement (64 pods × 8 GPUs on 5,000 nodes) and kubelet plugin benchmarks
 	$(GO) test -run '^$$' -bench . -benchmem ./driver/... ./kubeletplugin/...
 
 # FGD's production trace (USENIX ATC '23), read from TRACE_DIR at run time
@@ -107,6 +107,22 @@ bench-trace: ## replay FGD's trace (TRACE_DIR, TRACE_SEEDS): unallocated GPUs an
 	@mkdir -p docs/performance
 	$(GO) run ./cmd/gpulink simulate --trace "$(TRACE_DIR)" --seeds $(TRACE_SEEDS) \
 		--markdown docs/performance/trace-results.md --svg docs/performance/trace.svg
+
+# Gang placement (issue 31): multi-node jobs (Kalos's jobs, a draw from
+# the spot trace's published sizes, and both mixed) replayed on SuperPOD-
+# and NVL72-style clusters of 2,048 8-GPU nodes, gpulink against per-pod
+# greedy, Kueue TAS, Volcano HyperNode tiers and random. Reads
+# GANG_TRACE_DIR at run time (never copied into the project); the tables
+# go to docs/performance/gangs-results.md (gangs.md explains them).
+GANG_TRACE_DIR ?= ../shared/traces/gangs
+GANG_SEEDS     ?= 3
+GANG_LOADS     ?= 1,2,3
+.PHONY: bench-gangs
+bench-gangs: ## replay multi-node jobs (GANG_TRACE_DIR, GANG_SEEDS, GANG_LOADS): gangs placed, on their minimal level, GPUs held idle, waits, utilisation per policy
+	@test -d "$(GANG_TRACE_DIR)" || { echo "bench-gangs: no trace at $(GANG_TRACE_DIR) (set GANG_TRACE_DIR; see docs/performance/gangs.md)"; exit 1; }
+	@mkdir -p docs/performance
+	$(GO) run ./cmd/gpulink simulate --gang-trace "$(GANG_TRACE_DIR)" --gang-seeds $(GANG_SEEDS) --gang-loads $(GANG_LOADS) \
+		--gang-markdown docs/performance/gangs-results.md
 
 # The full scale test; `make test` runs TestScale at its quick default size
 # (200 nodes, 400 pods) with the other integration tests. Profiling the

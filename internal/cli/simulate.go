@@ -10,6 +10,7 @@ func newSimulateCommand(prog string) *cobra.Command {
 	output := outputTable
 	var scenario string
 	var trace traceFlags
+	var gangs gangFlags
 	cmd := &cobra.Command{
 		Use:   "simulate --scenario FILE",
 		Short: "Replay allocations and frees against simulated nodes",
@@ -46,12 +47,27 @@ alibaba/clusterdata cluster-trace-gpu-v2023): tasks drawn from each list
 until their GPU requests reach 130 % of the cluster's GPUs, over --seeds
 repetitions, placed by gpulink's allocator and by the paper's baselines;
 it prints per arrival step the GPU requests not allocated and the
-fragmentation rate (docs/performance/trace.md).`,
+fragmentation rate (docs/performance/trace.md).
+
+With --gang-trace DIR it replays multi-node jobs (gangs: Kalos's jobs and a
+draw from the spot trace's published sizes) on clusters of 8-GPU nodes in
+NVLink cliques, leaves and spines, time-scaled to --gang-loads, placed all
+or nothing by gpulink's gang placement and by per-pod greedy, Kueue TAS,
+Volcano HyperNode tiers and random: gangs placed, on their minimal level,
+GPUs held idle by partly placed gangs, queueing delay and GPU utilisation
+(docs/performance/gangs.md).`,
 		Example: "  " + prog + " simulate --scenario demo/scenarios/example.yaml\n" +
 			"  " + prog + " simulate --scenario demo/scenarios/example.yaml -o json\n" +
-			"  " + prog + " simulate --trace ../shared/traces/openb --seeds 3 --svg trace.svg",
+			"  " + prog + " simulate --trace ../shared/traces/openb --seeds 3 --svg trace.svg\n" +
+			"  " + prog + " simulate --gang-trace ../shared/traces/gangs --gang-seeds 3",
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if gangs.dir != "" {
+				if scenario != "" || trace.dir != "" {
+					return usageError{errors.New("--gang-trace excludes --scenario and --trace")}
+				}
+				return gangs.run(cmd.OutOrStdout())
+			}
 			if trace.dir != "" {
 				if scenario != "" {
 					return usageError{errors.New("--scenario and --trace are mutually exclusive")}
@@ -59,7 +75,7 @@ fragmentation rate (docs/performance/trace.md).`,
 				return trace.run(cmd.OutOrStdout())
 			}
 			if scenario == "" {
-				return usageError{errors.New("--scenario is required (or --trace DIR)")}
+				return usageError{errors.New("--scenario is required (or --trace DIR, or --gang-trace DIR)")}
 			}
 			ls, err := loadScenario(scenario)
 			if err != nil {
@@ -83,5 +99,6 @@ fragmentation rate (docs/performance/trace.md).`,
 	cmd.Flags().StringVarP(&scenario, "scenario", "f", "", "scenario file (YAML or JSON)")
 	cmd.Flags().VarP(&output, "output", "o", "output format: table or json")
 	trace.register(cmd)
+	gangs.register(cmd)
 	return cmd
 }

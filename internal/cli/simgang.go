@@ -1,0 +1,95 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpulink/gpulink/internal/gangbench"
+)
+
+// gangFlags are `gpulink simulate --gang-trace`'s options: the replay of
+// multi-node jobs (internal/gangbench, docs/performance/gangs.md).
+type gangFlags struct {
+	dir       string
+	workloads []string
+	modes     []string
+	clusters  []string
+	nodes     int
+	spotJobs  int
+	loads     []float64
+	policies  []string
+	seeds     int
+	markdown  string
+	workers   int
+}
+
+func (f *gangFlags) register(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.dir, "gang-trace", "", "replay multi-node jobs (gangs) from this directory (kalos_jobs.csv) instead of a scenario")
+	fl.StringSliceVar(&f.workloads, "gang-workloads", []string{gangbench.WorkloadKalos, gangbench.WorkloadSpot, gangbench.WorkloadMixed}, "with --gang-trace: kalos (the trace's jobs), spot (drawn from the spot trace's published distribution), mixed (both, half the GPU-seconds each)")
+	fl.StringSliceVar(&f.modes, "gang-modes", []string{gangbench.ModePreferred, gangbench.ModeRequired}, "with --gang-trace: preferred (gangs as low as they fit) and/or required (each gang requires its minimal level)")
+	fl.StringSliceVar(&f.clusters, "gang-clusters", []string{"superpod", "nvl72"}, "with --gang-trace: superpod (32-node leaves) and/or nvl72 (18-node NVLink cliques)")
+	fl.IntVar(&f.nodes, "gang-nodes", 2048, "with --gang-trace: 8-GPU nodes per cluster (rounded up to whole leaves)")
+	fl.IntVar(&f.spotJobs, "gang-spot-jobs", 2000, "with --gang-trace: jobs per seed of the spot workload")
+	fl.Float64SliceVar(&f.loads, "gang-loads", []float64{1, 2, 3}, "with --gang-trace: offered loads (GPU-seconds arriving per window over the cluster's GPU-seconds)")
+	fl.StringSliceVar(&f.policies, "gang-policies", gangbench.AllPolicies, "with --gang-trace: policies to replay")
+	fl.IntVar(&f.seeds, "gang-seeds", 3, "with --gang-trace: seeds 1..N (arrival jitter, spot draws, the baselines' random choices)")
+	fl.StringVar(&f.markdown, "gang-markdown", "", "with --gang-trace: also write the report to this file")
+	fl.IntVar(&f.workers, "gang-workers", runtime.GOMAXPROCS(0), "with --gang-trace: replays run in parallel")
+}
+
+func (f *gangFlags) run(out io.Writer) error {
+	if f.seeds < 1 {
+		return usageError{fmt.Errorf("--gang-seeds must be at least 1, got %d", f.seeds)}
+	}
+	cfg := gangbench.Config{
+		Dir: f.dir, Workloads: f.workloads, SpotJobs: f.spotJobs, Clusters: f.clusters, Nodes: f.nodes,
+		Loads: f.loads, Modes: f.modes, Policies: f.policies, Workers: f.workers,
+	}
+	for s := 1; s <= f.seeds; s++ {
+		cfg.Seeds = append(cfg.Seeds, uint64(s))
+	}
+	start := time.Now()
+	cells, err := gangbench.Run(cfg)
+	if errors.Is(err, gangbench.ErrNoTrace) {
+		return fmt.Errorf("%w (the Kalos jobs come from AcmeTrace; see docs/performance/gangs.md)", err)
+	}
+	if err != nil {
+		return err
+	}
+	var md strings.Builder
+	loads := make([]string, len(f.loads))
+	for i, l := range f.loads {
+		loads[i] = strconv.FormatFloat(l, 'g', -1, 64)
+	}
+	fmt.Fprintf(&md, "Replayed %s at loads %s with seeds 1..%d in %s (%d workers).\n\n", filepath.Clean(f.dir), strings.Join(loads, ", "), f.seeds, time.Since(start).Round(time.Second), f.workers)
+	for _, name := range f.clusters {
+		c, err := gangbench.ClusterByName(name, f.nodes)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(&md, "- %s: %s.\n", name, c.Shape)
+	}
+	md.WriteString("\n")
+	if err := gangbench.WriteMarkdown(&md, cells); err != nil {
+		return err
+	}
+	if _, err := io.WriteString(out, md.String()); err != nil {
+		return err
+	}
+	if f.markdown != "" {
+		if err := os.WriteFile(f.markdown, []byte(md.String()), 0o644); err != nil {
+			return fmt.Errorf("write --gang-markdown: %w", err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,43 @@
+package cli
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestSimulateGangTraceFlags(t *testing.T) {
+	tests := []struct {
+		name       string
+		args       []string
+		wantStderr string
+	}{
+		{"no trace names the file", []string{"simulate", "--gang-trace", t.TempDir()}, "kalos_jobs.csv"},
+		{"seeds at least 1", []string{"simulate", "--gang-trace", t.TempDir(), "--gang-seeds", "0"}, "--gang-seeds must be at least 1"},
+		{"excludes a scenario", []string{"simulate", "--gang-trace", t.TempDir(), "--scenario", "x.yaml"}, "--gang-trace excludes --scenario and --trace"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, stderr, code := runCLI(t, tt.args...)
+			if code == 0 || !strings.Contains(stderr, tt.wantStderr) {
+				t.Fatalf("exit %d, stderr %q; want a failure naming %q", code, stderr, tt.wantStderr)
+			}
+		})
+	}
+}
+
+// TestSimulateGangTraceRuns replays a few jobs written here (not the
+// shared trace) on one small cluster: the report has a row per policy.
+func TestSimulateGangTraceRuns(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "kalos_jobs.csv", "job_id,submit_time_s,duration_s,num_pods,gpus_per_pod\n0,0,100,4,8\n1,10,50,1,2\n2,20,80,40,8\n3,30,10,2,8\n")
+	stdout, stderr, code := runCLI(t, "simulate", "--gang-trace", dir, "--gang-workloads", "kalos", "--gang-clusters", "superpod",
+		"--gang-nodes", "64", "--gang-loads", "1", "--gang-seeds", "1", "--gang-modes", "required", "--gang-workers", "1")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{"### kalos, required (1 seeds)", "| superpod | 1.0 | gpulink |", "| superpod | 1.0 | per-pod-greedy |", "superpod: 64 8-GPU nodes"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("report lacks %q:\n%s", want, stdout)
+		}
+	}
+}

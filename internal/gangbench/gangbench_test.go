@@ -1,0 +1,202 @@
+package gangbench
+
+import (
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const traceDir = "../../../shared/traces/gangs"
+
+func TestLoadKalosTrace(t *testing.T) {
+	jobs, err := LoadKalos(traceDir)
+	if errors.Is(err, ErrNoTrace) {
+		t.Skipf("no gang trace at %s: %v", filepath.Join(traceDir, KalosFile), err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	gangs := 0
+	for _, j := range jobs {
+		if j.Pods > 1 {
+			gangs++
+		}
+	}
+	// gangs/README.md: 319 jobs, 89 of them of one pod.
+	if len(jobs) != 319 || gangs != 319-89 {
+		t.Fatalf("%d jobs, %d gangs; the README says 319 and 230", len(jobs), gangs)
+	}
+}
+
+func TestLoadKalosMissing(t *testing.T) {
+	_, err := LoadKalos(t.TempDir())
+	if !errors.Is(err, ErrNoTrace) || !strings.Contains(err.Error(), KalosFile) {
+		t.Fatalf("got %v, want ErrNoTrace naming %s", err, KalosFile)
+	}
+}
+
+func TestParseKalosErrors(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"a,b\n1,2\n", "header"},
+		{"job_id,submit_time_s,duration_s,num_pods,gpus_per_pod\n0,0,10,x,8\n", `num_pods "x"`},
+		{"job_id,submit_time_s,duration_s,num_pods,gpus_per_pod\n0,0,10,2,9\n", "gpus_per_pod 9"},
+	} {
+		if _, err := parseKalos(strings.NewReader(tc.in), "t.csv"); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: got %v, want an error naming %s", tc.in, err, tc.want)
+		}
+	}
+}
+
+// kalosLike is a stand-in for the Kalos jobs (the trace is not copied into
+// the project): singles of 1, 2 and 8 GPUs and gangs of 8-GPU pods.
+func kalosLike() []Job {
+	var jobs []Job
+	for i := range 60 {
+		j := Job{ID: i, Submit: float64(i * 100), Duration: float64(50 + 37*(i%11)), Pods: 1, GPUsPerPod: []int{1, 2, 8}[i%3]}
+		if i%2 == 1 {
+			j.Pods, j.GPUsPerPod, j.Duration = []int{2, 4, 8, 16, 32, 64}[i%6], 8, float64(300+900*(i%7))
+		}
+		jobs = append(jobs, j)
+	}
+	return jobs
+}
+
+func TestSpotFollowsThePublishedShares(t *testing.T) {
+	jobs := Spot(kalosLike(), 20000, 7)
+	singles, total := 0.0, 0.0
+	gs := make([]float64, len(spotGPUSeconds))
+	for _, j := range jobs {
+		if j.Pods == 1 {
+			singles++
+		}
+		for k, r := range spotGPUSeconds {
+			if j.Pods >= r.lo && j.Pods <= r.hi {
+				gs[k] += float64(j.GPUs()) * j.Duration
+			}
+		}
+		total += float64(j.GPUs()) * j.Duration
+		if j.Pods > 332 || j.Pods < 1 {
+			t.Fatalf("job of %d pods", j.Pods)
+		}
+	}
+	if share := singles / float64(len(jobs)); math.Abs(share-0.9159) > 0.01 {
+		t.Errorf("single-pod share %.4f, published 0.9159", share)
+	}
+	for k, r := range spotGPUSeconds {
+		if got := gs[k] / total; math.Abs(got-float64(r.pm)/1000) > 0.001 {
+			t.Errorf("GPU-seconds of %d-%d workers: %.4f, published %.3f", r.lo, r.hi, got, float64(r.pm)/1000)
+		}
+	}
+}
+
+func TestScaleLoad(t *testing.T) {
+	jobs, window := Scale(kalosLike(), 1024, 0.5)
+	work := 0.0
+	for _, j := range jobs {
+		work += float64(j.GPUs()) * j.Duration
+	}
+	if got := work / (window * 1024); math.Abs(got-0.5) > 1e-9 {
+		t.Fatalf("offered load %.3f, want 0.5", got)
+	}
+	if jobs[0].Submit != 0 || math.Abs(jobs[len(jobs)-1].Submit-window) > 1e-6 {
+		t.Fatalf("arrivals span %g..%g, window %g", jobs[0].Submit, jobs[len(jobs)-1].Submit, window)
+	}
+}
+
+// TestDeadlockPerPod: two gangs of 48 pods arrive together on 64 nodes.
+// Per-pod greedy interleaves their pods, each gang holds part of the
+// cluster idle until its timeout; all-or-nothing policies run one, then
+// the other, and hold nothing idle.
+func TestDeadlockPerPod(t *testing.T) {
+	c := SuperPOD(64)
+	jobs := []Job{{ID: 0, Submit: 0, Duration: 1000, Pods: 48, GPUsPerPod: 8}, {ID: 1, Submit: 0, Duration: 1000, Pods: 48, GPUsPerPod: 8}, {ID: 2, Submit: 5000, Duration: 1, Pods: 1, GPUsPerPod: 1}}
+	for _, p := range AllPolicies {
+		res, err := Replay(c, jobs, 5000, p, 1, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p == PolicyPerPod {
+			if res.HeldPeak == 0 || res.HeldIdle == 0 {
+				t.Errorf("%s: held %v GPUs idle (peak %d), want some", p, res.HeldIdle, res.HeldPeak)
+			}
+			continue
+		}
+		if res.HeldPeak != 0 || res.GangsPlaced != 2 {
+			t.Errorf("%s: %d gangs placed, %d GPUs held idle at peak; want 2 and 0", p, res.GangsPlaced, res.HeldPeak)
+		}
+	}
+}
+
+// TestReplayLevels: on an idle SuperPOD-style cluster a 32-pod gang fits a
+// leaf; gpulink and Kueue put it there, random almost never does.
+func TestReplayLevels(t *testing.T) {
+	c := SuperPOD(256)
+	jobs := []Job{{ID: 0, Submit: 0, Duration: 10, Pods: 20, GPUsPerPod: 8}, {ID: 1, Submit: 1, Duration: 10, Pods: 32, GPUsPerPod: 8}, {ID: 2, Submit: 2, Duration: 10, Pods: 64, GPUsPerPod: 8}}
+	for _, p := range []string{PolicyGPULink, PolicyKueue, PolicyVolcano} {
+		res, err := Replay(c, jobs, 2, p, 1, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.GangsPlaced != 3 || res.GangsMinimal != 3 {
+			t.Errorf("%s: %d placed, %d on their minimal level; want 3 and 3", p, res.GangsPlaced, res.GangsMinimal)
+		}
+	}
+	if got := c.MinLevel(32, 8); c.H.Name(got) != "leaf" {
+		t.Fatalf("MinLevel(32, 8) = %s, want leaf", c.H.Name(got))
+	}
+	if got := c.MinLevel(33, 8); c.H.Name(got) != "spine" {
+		t.Fatalf("MinLevel(33, 8) = %s, want spine", c.H.Name(got))
+	}
+	if got := NVL72(2016).MinLevel(18, 8); got != 1 {
+		t.Fatalf("NVL72 MinLevel(18, 8) = %d, want 1 (clique)", got)
+	}
+}
+
+// TestKueueDescent checks the Kueue baseline as described: the fitting
+// domain with the least room, then the largest children first and the
+// last one best fit.
+func TestKueueDescent(t *testing.T) {
+	c := SuperPOD(256) // leaves of 32 nodes, one spine
+	s := newState(c)
+	// leaf-000: 10 free nodes, leaf-001: 12, leaf-002: 32, others full.
+	for i := range 256 {
+		leaf := i / 32
+		free := leaf == 2 || leaf == 0 && i%32 < 10 || leaf == 1 && i%32 < 12
+		if !free {
+			s.take(i, 8)
+		}
+	}
+	got := placeKueue(s, &Job{Pods: 11, GPUsPerPod: 8}, c.H.Cluster(), nil)
+	if len(got) != 11 || got[0]/32 != 1 {
+		t.Fatalf("11 pods: nodes %v, want leaf-001 (best fit)", got)
+	}
+	got = placeKueue(s, &Job{Pods: 40, GPUsPerPod: 8}, c.H.Cluster(), nil)
+	leaves := map[int]int{}
+	for _, i := range got {
+		leaves[i/32]++
+	}
+	// Leaves: largest first, leaf-002 whole (32), then 8 best fit on
+	// leaf-000 (10); then, as Kueue's descent does, the nodes of both are
+	// sorted together (all of room 1, by name) and the first 40 taken:
+	// leaf-000's 10 and 30 of leaf-002.
+	if len(got) != 40 || leaves[0] != 10 || leaves[2] != 30 {
+		t.Fatalf("40 pods: per leaf %v, want 10 on leaf-000 and 30 on leaf-002", leaves)
+	}
+	// gpulink: the fewest leaves, leaf-002 used up and the rest on the
+	// best fit, leaf-000, and it keeps those counts down to the nodes.
+	gl := placeGPULink(s, &Job{Pods: 40, GPUsPerPod: 8}, c.H.Cluster(), nil)
+	leaves = map[int]int{}
+	for _, i := range gl {
+		leaves[i/32]++
+	}
+	if len(gl) != 40 || leaves[2] != 32 || leaves[0] != 8 {
+		t.Fatalf("gpulink 40 pods: per leaf %v, want 32 on leaf-002 and 8 on leaf-000", leaves)
+	}
+}
+
+func TestMain(m *testing.M) {
+	os.Exit(m.Run())
+}
