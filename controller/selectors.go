@@ -14,9 +14,8 @@ import (
 
 // defaultSelectorAttempt bounds the time one attempt spends evaluating a pod's
 // claims' CEL selectors on the cluster's devices before its decision.
-// Ordinary selectors take milliseconds on thousands of nodes; one at the
-// API's cost limit takes about a second per device. The nodes evaluated
-// within the bound stay memoised, so a costly selector progresses over
+// One at the API's cost limit takes seconds per device
+// (planner.PrepareSelectors). The nodes evaluated within the bound stay memoised, so a costly selector progresses over
 // attempts (each requeued with the workqueue's backoff) and only ever
 // occupies one worker for this long at a time.
 const defaultSelectorAttempt = 10 * time.Second

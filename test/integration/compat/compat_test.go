@@ -119,8 +119,8 @@ func TestCompatQuotaHolds(t *testing.T) {
 
 // Defect 6 of issue 33: a namespace capped at 4096 MiB of GPU memory,
 // with a share-class quota of 2 devices, got a 40000 MiB share, counted
-// as one device. On the live API server with real ResourceQuotas: the
-// share is refused and the message says what to do instead (no device
+// as one device. On the live API server with real ResourceQuotas (its
+// GPUs have 32 GiB, so the share here is 30000 MiB): the share is refused and the message says what to do instead (no device
 // count taken from the memory quota); a whole GPU, counted by the
 // whole-GPU class quota, is admitted and charged to it.
 func TestCompatMemoryQuotaHolds(t *testing.T) {
@@ -139,14 +139,14 @@ func TestCompatMemoryQuotaHolds(t *testing.T) {
 		}
 	}
 	big := e.gpuPod("big", "1")
-	big.Spec.Containers[0].Resources.Limits["nvidia.com/gpumem"] = resource.MustParse("40000")
+	big.Spec.Containers[0].Resources.Limits["nvidia.com/gpumem"] = resource.MustParse("30000")
 	var err error
 	_ = wait.PollUntilContextTimeout(e.ctx, 100*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
 		_, err = e.client.CoreV1().Pods(e.ns).Create(ctx, big.DeepCopy(), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		return err != nil, nil
 	})
 	if _, err = e.client.CoreV1().Pods(e.ns).Create(e.ctx, big.DeepCopy(), metav1.CreateOptions{}); err == nil {
-		t.Fatal("a 40000 MiB share was admitted in a namespace whose ResourceQuota allows requests.nvidia.com/gpumem: 4096")
+		t.Fatal("a 30000 MiB share was admitted in a namespace whose ResourceQuota allows requests.nvidia.com/gpumem: 4096")
 	}
 	t.Logf("refused: %v", err)
 	for _, want := range []string{"ResourceQuota gpumem", "requests.nvidia.com/gpumem: 4096", "ask for whole GPUs", wholeQuota} {
