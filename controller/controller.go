@@ -74,6 +74,11 @@ type Config struct {
 	// cluster admins can write (the release namespace). Empty: such
 	// devices are kept counted in this controller's memory only.
 	HoldNamespace string
+	// ReleaseGrace is how long the claim clean-up waits before it
+	// releases an allocated claim no live pod in the cache references,
+	// so that a pod the cache does not show yet keeps it (gc.go,
+	// releaseWait). Default 2s.
+	ReleaseGrace time.Duration
 }
 
 // Controller is the gpulink allocation controller.
@@ -132,6 +137,10 @@ type Controller struct {
 	// removing itself, so that onDeallocated tells them from a
 	// deallocation by kube-scheduler.
 	releasing sets.Set[types.UID]
+	// unwanted are the allocated claims the clean-up found no live pod
+	// for, since when (releaseWait).
+	unwanted     map[types.UID]time.Time
+	releaseGrace time.Duration
 }
 
 // New creates a controller and registers its informers. Call Run to start.
@@ -153,6 +162,9 @@ func New(cfg Config) (*Controller, error) {
 	}
 	if cfg.UnschedulableGrace <= 0 {
 		cfg.UnschedulableGrace = 30 * time.Second
+	}
+	if cfg.ReleaseGrace <= 0 {
+		cfg.ReleaseGrace = 2 * time.Second
 	}
 	if cfg.WaitingRetry <= 0 {
 		cfg.WaitingRetry = time.Minute
@@ -176,6 +188,9 @@ func New(cfg Config) (*Controller, error) {
 		excluded:  map[types.UID]sets.Set[string]{},
 		decided:   sets.New[types.UID](),
 		releasing: sets.New[types.UID](),
+		unwanted:  map[types.UID]time.Time{},
+
+		releaseGrace: cfg.ReleaseGrace,
 		podQueue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "gpulink_pods"}),
 		gcQueue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
