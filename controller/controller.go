@@ -78,6 +78,11 @@ type Config struct {
 	// pod's claims' CEL selectors before its decision (selectors.go);
 	// 0: 10 s.
 	SelectorAttempt time.Duration
+	// ReleaseGrace is how long the claim clean-up waits before it
+	// releases an allocated claim no live pod in the cache references,
+	// so that a pod the cache does not show yet keeps it (gc.go,
+	// releaseWait). Default 2s.
+	ReleaseGrace time.Duration
 }
 
 // Controller is the gpulink allocation controller.
@@ -138,6 +143,10 @@ type Controller struct {
 	releasing sets.Set[types.UID]
 	// selectorAttempt: Config.SelectorAttempt.
 	selectorAttempt time.Duration
+	// unwanted are the allocated claims the clean-up found no live pod
+	// for, since when (releaseWait).
+	unwanted     map[types.UID]time.Time
+	releaseGrace time.Duration
 }
 
 // New creates a controller and registers its informers. Call Run to start.
@@ -163,6 +172,9 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.SelectorAttempt <= 0 {
 		cfg.SelectorAttempt = defaultSelectorAttempt
 	}
+	if cfg.ReleaseGrace <= 0 {
+		cfg.ReleaseGrace = 2 * time.Second
+	}
 	if cfg.WaitingRetry <= 0 {
 		cfg.WaitingRetry = time.Minute
 	}
@@ -186,6 +198,8 @@ func New(cfg Config) (*Controller, error) {
 		excluded:        map[types.UID]sets.Set[string]{},
 		decided:         sets.New[types.UID](),
 		releasing:       sets.New[types.UID](),
+		unwanted:        map[types.UID]time.Time{},
+		releaseGrace:    cfg.ReleaseGrace,
 		podQueue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "gpulink_pods"}),
 		gcQueue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),

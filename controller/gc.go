@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
@@ -58,9 +60,11 @@ func (c *Controller) syncClaim(ctx context.Context, key string) error {
 		}
 	}
 	if len(keep) == len(claim.Status.ReservedFor) && len(keep) > 0 {
+		c.forgetUnwanted(claim.UID)
 		return nil
 	}
 	if len(keep) > 0 || (len(claim.Status.ReservedFor) > 0 && claim.DeletionTimestamp == nil && c.claimWanted(claim)) {
+		c.forgetUnwanted(claim.UID)
 		// Pods still use the claim, or a live pod references it (a
 		// shared claim whose reserving pods are all gone while another
 		// pod waits to be bound with it): only the reservations of the
@@ -76,6 +80,7 @@ func (c *Controller) syncClaim(ctx context.Context, key string) error {
 			// created with the claim's name after an earlier pod finished).
 			// A pod that references it and still exists keeps it.
 			if c.claimWanted(claim) {
+				c.forgetUnwanted(claim.UID)
 				return nil
 			}
 		case (c.claimWanted(claim) || c.ownerLive(ctx, claim)) && c.mayAllocate(ctx, claim):
@@ -83,6 +88,12 @@ func (c *Controller) syncClaim(ctx context.Context, key string) error {
 			// chart's MutatingAdmissionPolicy adds it at creation, so that
 			// allocating takes one claim write), and the controller will
 			// allocate it for the pod that uses it.
+			return nil
+		}
+	}
+	if claim.Status.Allocation != nil && claim.DeletionTimestamp == nil {
+		if wait := c.releaseWait(claim.UID); wait > 0 {
+			c.gcQueue.AddAfter(key, wait)
 			return nil
 		}
 	}
@@ -173,4 +184,37 @@ func (c *Controller) ownerLive(ctx context.Context, claim *resourceapi.ResourceC
 func (c *Controller) mayAllocate(ctx context.Context, claim *resourceapi.ResourceClaim) bool {
 	_, kind, err := c.interp.Interpret(ctx, claim)
 	return err != nil || kind == planner.ClaimOurs
+}
+
+// releaseWait returns how much longer an allocated claim that no live pod
+// in the cache references must stay so before the clean-up releases it
+// (0: release now). The pod informer can be behind the claim informer: a
+// pod just created with the claim's name is not in the cache yet, while
+// kube-scheduler may already be binding it with that allocation. Its
+// PreBind, on a conflict, reads the claim again and reserves whatever the
+// claim then holds, so a release followed by a new allocation elsewhere
+// could bind the pod to a node its claim is not on. The wait lets the
+// cache catch up first.
+func (c *Controller) releaseWait(uid types.UID) time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	since, ok := c.unwanted[uid]
+	if !ok {
+		c.unwanted[uid] = now
+		return c.releaseGrace
+	}
+	if left := c.releaseGrace - now.Sub(since); left > 0 {
+		return left
+	}
+	delete(c.unwanted, uid)
+	return 0
+}
+
+// forgetUnwanted ends the wait of a claim a pod turned out to want (or
+// that is gone).
+func (c *Controller) forgetUnwanted(uid types.UID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.unwanted, uid)
 }

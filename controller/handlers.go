@@ -128,6 +128,7 @@ func (c *Controller) onClaimDelete(obj any) {
 	if !ok {
 		return
 	}
+	c.forgetUnwanted(claim.UID)
 	if c.isHoldRecord(claim) {
 		c.ledger.Forget(claim.UID)
 		c.enqueueWaiting()

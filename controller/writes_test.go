@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/driver"
 )
 
@@ -307,4 +309,50 @@ func TestCleanupRetriesClaimWithDecisionInFlight(t *testing.T) {
 	h.eventually("clean-up found the decision in flight", func() bool { return h.ctrl.gcQueue.NumRequeues(ns+"/t") > 0 })
 	settle("", false)
 	h.eventually("finalizer removed once the decision failed", func() bool { return !hasFinalizer(h.getClaim("t")) })
+}
+
+// TestCleanupWaitsBeforeReleasingUnreferencedClaim: an allocated claim no
+// pod in the cache references is released only after ReleaseGrace, since
+// the pod that uses it may not be in the cache yet while kube-scheduler
+// binds it with that allocation.
+func TestCleanupWaitsBeforeReleasingUnreferencedClaim(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		grace    time.Duration
+		released bool
+	}{{"within the grace", time.Hour, false}, {"after the grace", 20 * time.Millisecond, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarnessWith(t, Config{Workers: 2, DeviceTaintRules: true, ReleaseGrace: tc.grace},
+				objs(classes(), gpuNode(t, "a", "pcie-4.txt"))...)
+			c := h.claim("late", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}})
+			c.Finalizers = []string{driver.ClaimFinalizer}
+			c, err := h.client.ResourceV1().ResourceClaims(ns).Update(h.ctx, c, metav1.UpdateOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			now := metav1.Now()
+			c.Status.Allocation = &resourceapi.AllocationResult{
+				Devices:             resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{Request: "g", Driver: driver.Name, Pool: "a", Device: driver.DeviceName(0)}}},
+				NodeSelector:        planner.NodeSelectorFor("a"),
+				AllocationTimestamp: &now,
+			}
+			if _, err := h.client.ResourceV1().ResourceClaims(ns).UpdateStatus(h.ctx, c, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			h.start()
+			if tc.released {
+				h.eventually("claim released after the grace", func() bool { return h.getClaim("late").Status.Allocation == nil })
+				return
+			}
+			h.eventually("clean-up found the claim unreferenced", func() bool {
+				h.ctrl.mu.Lock()
+				defer h.ctrl.mu.Unlock()
+				_, ok := h.ctrl.unwanted[c.UID]
+				return ok
+			})
+			if h.getClaim("late").Status.Allocation == nil {
+				t.Error("allocated claim released within the grace")
+			}
+		})
+	}
 }
