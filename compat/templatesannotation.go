@@ -48,6 +48,29 @@ func DecodeTemplates(value string) (map[string]resourceapi.ResourceClaimSpec, er
 	return specs, nil
 }
 
+// SpecCapacities returns the capacities (driver.CapacityMemory,
+// driver.CapacityCores) a claim spec's requests ask for, sorted, each once.
+func SpecCapacities(spec resourceapi.ResourceClaimSpec) []resourceapi.QualifiedName {
+	var out []resourceapi.QualifiedName
+	add := func(c *resourceapi.CapacityRequirements) {
+		if c != nil {
+			for n := range c.Requests {
+				out = append(out, n)
+			}
+		}
+	}
+	for _, r := range spec.Devices.Requests {
+		if r.Exactly != nil {
+			add(r.Exactly.Capacity)
+		}
+		for _, s := range r.FirstAvailable {
+			add(s.Capacity)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
 // SpecClasses returns the DeviceClasses a claim spec asks devices of,
 // sorted, each once.
 func SpecClasses(spec resourceapi.ResourceClaimSpec) []string {

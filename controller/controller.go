@@ -81,6 +81,15 @@ type Config struct {
 	// gang label placed all or nothing, link-minimal across the
 	// cluster's hierarchy (gang.go).
 	Gangs GangConfig
+	// SelectorAttempt bounds the time one attempt spends evaluating a
+	// pod's claims' CEL selectors before its decision (selectors.go);
+	// 0: 10 s.
+	SelectorAttempt time.Duration
+	// ReleaseGrace is how long the claim clean-up waits before it
+	// releases an allocated claim no live pod in the cache references,
+	// so that a pod the cache does not show yet keeps it (gc.go,
+	// releaseWait). Default 2s.
+	ReleaseGrace time.Duration
 }
 
 // Controller is the gpulink allocation controller.
@@ -140,6 +149,21 @@ type Controller struct {
 	reserve   reservations
 	// gangDemand is guarded by decideMu.
 	gangDemand gangDemand
+	// decided are the pods whose decision this controller wrote or is
+	// writing, until they are deleted: users of their claims for the MPS
+	// user check before kube-scheduler reserves the claims for them
+	// (mpsusers.go).
+	decided sets.Set[types.UID]
+	// releasing are the claims whose allocation this controller is
+	// removing itself, so that onDeallocated tells them from a
+	// deallocation by kube-scheduler.
+	releasing sets.Set[types.UID]
+	// selectorAttempt: Config.SelectorAttempt.
+	selectorAttempt time.Duration
+	// unwanted are the allocated claims the clean-up found no live pod
+	// for, since when (releaseWait).
+	unwanted     map[types.UID]time.Time
+	releaseGrace time.Duration
 }
 
 // New creates a controller and registers its informers. Call Run to start.
@@ -162,26 +186,37 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.UnschedulableGrace <= 0 {
 		cfg.UnschedulableGrace = 30 * time.Second
 	}
+	if cfg.SelectorAttempt <= 0 {
+		cfg.SelectorAttempt = defaultSelectorAttempt
+	}
+	if cfg.ReleaseGrace <= 0 {
+		cfg.ReleaseGrace = 2 * time.Second
+	}
 	if cfg.WaitingRetry <= 0 {
 		cfg.WaitingRetry = time.Minute
 	}
 	factory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod,
 		informers.WithTransform(transformObject))
 	c := &Controller{
-		client:   cfg.Client,
-		factory:  factory,
-		metrics:  cfg.Metrics,
-		explain:  newExplainer(cfg.Recorder),
-		workers:  cfg.Workers,
-		grace:    cfg.UnschedulableGrace,
-		retry:    cfg.WaitingRetry,
-		inv:      planner.NewInventory(),
-		ledger:   planner.NewLedger(),
-		fit:      planner.NewFitTracker(),
-		ungating: newUngating(),
-		sel:      planner.NewSelectorEvaluator(),
-		waiting:  sets.New[string](),
-		excluded: map[types.UID]sets.Set[string]{},
+		client:          cfg.Client,
+		factory:         factory,
+		metrics:         cfg.Metrics,
+		explain:         newExplainer(cfg.Recorder),
+		workers:         cfg.Workers,
+		grace:           cfg.UnschedulableGrace,
+		retry:           cfg.WaitingRetry,
+		selectorAttempt: cfg.SelectorAttempt,
+		inv:             planner.NewInventory(),
+		ledger:          planner.NewLedger(),
+		fit:             planner.NewFitTracker(),
+		ungating:        newUngating(),
+		sel:             planner.NewSelectorEvaluator(),
+		waiting:         sets.New[string](),
+		excluded:        map[types.UID]sets.Set[string]{},
+		decided:         sets.New[types.UID](),
+		releasing:       sets.New[types.UID](),
+		unwanted:        map[types.UID]time.Time{},
+		releaseGrace:    cfg.ReleaseGrace,
 		podQueue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "gpulink_pods"}),
 		gcQueue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),

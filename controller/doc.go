@@ -56,10 +56,18 @@
 //     pods with several placements) choose exactly the node and devices
 //     that planning every node chooses (TestQuickChoiceMatchesExhaustive,
 //     TestBoundChoiceMatchesExhaustive).
-//   - Every write carries the resourceVersion read. When one write of a
-//     pod fails, the claims already written for it are rolled back (as
-//     kube-scheduler's Unreserve), so an unbound pod never waits holding
-//     part of its devices.
+//   - Every write carries the resourceVersion read. A write that landed
+//     (also one whose response was lost) stands: a decision whose writes
+//     all landed is complete. When one write of an unbound pod's decision
+//     definitely fails, the claims already written for it are rolled back
+//     (as kube-scheduler's Unreserve), so an unbound pod never waits
+//     holding part of its devices.
+//   - A bound pod's claims stay allocated on its node: the controller
+//     reserves a claim only for a pod already bound, leaves every other
+//     reservation to kube-scheduler's PreBind (written against the
+//     claim's resourceVersion), and never releases a claim reserved for a
+//     live pod; rollbacks and releases of unreserved claims carry the
+//     resourceVersion, so they and a binding cannot both succeed.
 //   - A decision is a function of its input, the cluster state and the
 //     decisions before it (the recent request-size mix, Config.Mix),
 //     never of the clock or chance.
@@ -81,15 +89,17 @@
 //
 // # Where to start reading
 //
-// controller.go: Config, New, Run, the informers and workers.
-// gang.go, gang_decide.go, gang_write.go, gang_reserve.go: gangs (pods of
-// a PodGroup or gang label, controller/gangs) placed all or nothing with
-// driver/gang, their recovery after a restart and the starvation policy.
-// reconcile.go: one pod from the queue to its writes (syncPod), asking
+// controller.go: Config, New, Run, the workers. handlers.go: the
+// informers' event handlers. gang.go, gang_decide.go, gang_write.go,
+// gang_reserve.go: gangs (pods of a PodGroup or gang label,
+// controller/gangs) placed all or nothing with driver/gang, their
+// recovery after a restart and the starvation policy. reconcile.go: one
+// pod from the queue to its writes (syncPod), asking
 // planner.Planner.Decide for the node and devices under the decision
-// lock. write.go, status.go, gate.go: the writes and their rollback
-// (unreserve). gc.go, holds.go, exclude.go: claims without pods, deleted
-// claims in use, released nodes. mpsusers.go: the MPS one-user checks
+// lock. write.go, status.go, gate.go, rollback.go: the writes and their
+// rollback (unreserve). gc.go, holds.go, exclude.go, dealloc.go: claims
+// without pods, deleted claims in use, released nodes. mpsusers.go: the
+// MPS one-user checks
 // against the pod cache. metrics.go, metrics_inventory.go: the metrics.
 // Package planner (controller/planner) is the planning core without
 // client code; package report (controller/report) holds what users read

@@ -268,9 +268,8 @@ func TestGangRecovery(t *testing.T) {
 			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "x"}},
 				ResourceClaims:  []corev1.PodResourceClaim{{Name: "gpus", ResourceClaimName: ptr.To(claim.Name)}},
 				SchedulingGates: []corev1.PodSchedulingGate{{Name: driver.SchedulingGate}}}}
-		if claim.Status.Allocation != nil {
-			claim.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: name, UID: p.UID}}
-		}
+		// No reservation: the controller writes none for a pod it has
+		// not seen bound, and kube-scheduler none for a gated pod.
 		return p
 	}
 	// Gang "half": x0 written on node a, x1 not; only node a exists, so

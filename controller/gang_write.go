@@ -103,7 +103,7 @@ func (c *Controller) recoverGang(ctx context.Context, spec gangs.Spec, members [
 	for _, m := range partial {
 		for _, ic := range m.allocated {
 			cl := ic.Claim
-			if !hasFinalizer(cl) || len(cl.Status.ReservedFor) != 1 || cl.Status.ReservedFor[0].UID != m.pod.UID {
+			if !hasFinalizer(cl) || !reservedAtMostFor(cl, m.pod) || c.otherPodUses(cl, m.pod) {
 				// Shared with another pod, or not written by a gang
 				// decision of ours: not ours to release.
 				continue
@@ -125,4 +125,35 @@ func (c *Controller) recoverGang(ctx context.Context, spec gangs.Spec, members [
 	}
 	// The claims' updates bring the pods back to a decision.
 	return true, errors.Join(errs...)
+}
+
+// reservedAtMostFor tells whether a claim is reserved for nobody or for
+// the gated pod alone. The controller writes no reservation for a pod it
+// has not seen bound (writeDecision), and kube-scheduler cannot reserve a
+// claim for a gated pod, so either is what a gang decision of ours left;
+// a reservation for the pod alone is what a controller before that change
+// wrote.
+func reservedAtMostFor(cl *resourceapi.ResourceClaim, pod *corev1.Pod) bool {
+	switch len(cl.Status.ReservedFor) {
+	case 0:
+		return true
+	case 1:
+		return cl.Status.ReservedFor[0].UID == pod.UID
+	}
+	return false
+}
+
+// otherPodUses tells whether a pod other than pod references the claim in
+// the pod cache: its allocation is then that pod's too.
+func (c *Controller) otherPodUses(cl *resourceapi.ResourceClaim, pod *corev1.Pod) bool {
+	objs, err := c.podIdx.ByIndex(podClaimIndex, cl.Namespace+"/"+cl.Name)
+	if err != nil {
+		return true
+	}
+	for _, o := range objs {
+		if other, ok := o.(*corev1.Pod); ok && other.UID != pod.UID {
+			return true
+		}
+	}
+	return false
 }

@@ -2,12 +2,15 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
@@ -36,8 +39,15 @@ func (c *Controller) syncClaim(ctx context.Context, key string) error {
 	if c.isHoldRecord(claim) {
 		return c.syncHoldRecord(ctx, claim)
 	}
-	if !hasFinalizer(claim) || c.ledger.InFlight(claim.UID) {
+	if !hasFinalizer(claim) {
 		return nil
+	}
+	if c.ledger.InFlight(claim.UID) {
+		// A decision's write is in flight: its claim update brings the
+		// claim back, but a write that fails brings nothing, and a
+		// Terminating claim would keep the finalizer until a resync (never
+		// with resync 0). Retried with the queue's backoff.
+		return fmt.Errorf("claim %s: %w", key, errDecisionInFlight)
 	}
 	var keep []resourceapi.ResourceClaimConsumerReference
 	for _, r := range claim.Status.ReservedFor {
@@ -49,12 +59,18 @@ func (c *Controller) syncClaim(ctx context.Context, key string) error {
 			keep = append(keep, r)
 		}
 	}
-	if len(keep) > 0 {
-		if len(keep) == len(claim.Status.ReservedFor) {
-			return nil
-		}
+	if len(keep) == len(claim.Status.ReservedFor) && len(keep) > 0 {
+		c.forgetUnwanted(claim.UID)
+		return nil
+	}
+	if len(keep) > 0 || (len(claim.Status.ReservedFor) > 0 && claim.DeletionTimestamp == nil && c.claimWanted(claim)) {
+		c.forgetUnwanted(claim.UID)
+		// Pods still use the claim, or a live pod references it (a
+		// shared claim whose reserving pods are all gone while another
+		// pod waits to be bound with it): only the reservations of the
+		// pods that are gone are dropped, the allocation stays.
 		logger.V(2).Info("Removing reservations of pods that are gone", "claim", klog.KObj(claim), "remaining", len(keep))
-		_, err := c.releaseClaim(ctx, claim, keep)
+		_, err := c.keepReservations(ctx, claim, keep)
 		return err
 	}
 	if claim.DeletionTimestamp == nil && len(claim.Status.ReservedFor) == 0 {
@@ -64,6 +80,7 @@ func (c *Controller) syncClaim(ctx context.Context, key string) error {
 			// created with the claim's name after an earlier pod finished).
 			// A pod that references it and still exists keeps it.
 			if c.claimWanted(claim) {
+				c.forgetUnwanted(claim.UID)
 				return nil
 			}
 		case (c.claimWanted(claim) || c.ownerLive(ctx, claim)) && c.mayAllocate(ctx, claim):
@@ -71,6 +88,12 @@ func (c *Controller) syncClaim(ctx context.Context, key string) error {
 			// chart's MutatingAdmissionPolicy adds it at creation, so that
 			// allocating takes one claim write), and the controller will
 			// allocate it for the pod that uses it.
+			return nil
+		}
+	}
+	if claim.Status.Allocation != nil && claim.DeletionTimestamp == nil {
+		if wait := c.releaseWait(claim.UID); wait > 0 {
+			c.gcQueue.AddAfter(key, wait)
 			return nil
 		}
 	}
@@ -86,6 +109,10 @@ func (c *Controller) syncClaim(ctx context.Context, key string) error {
 	}
 	return nil
 }
+
+// errDecisionInFlight makes the claim clean-up retry a claim whose
+// allocation write is in flight.
+var errDecisionInFlight = errors.New("an allocation decision is being written; retrying")
 
 // consumerGone tells whether a reservedFor entry refers to a pod that no
 // longer exists (or was replaced, or has finished). The cache answers
@@ -157,4 +184,37 @@ func (c *Controller) ownerLive(ctx context.Context, claim *resourceapi.ResourceC
 func (c *Controller) mayAllocate(ctx context.Context, claim *resourceapi.ResourceClaim) bool {
 	_, kind, err := c.interp.Interpret(ctx, claim)
 	return err != nil || kind == planner.ClaimOurs
+}
+
+// releaseWait returns how much longer an allocated claim that no live pod
+// in the cache references must stay so before the clean-up releases it
+// (0: release now). The pod informer can be behind the claim informer: a
+// pod just created with the claim's name is not in the cache yet, while
+// kube-scheduler may already be binding it with that allocation. Its
+// PreBind, on a conflict, reads the claim again and reserves whatever the
+// claim then holds, so a release followed by a new allocation elsewhere
+// could bind the pod to a node its claim is not on. The wait lets the
+// cache catch up first.
+func (c *Controller) releaseWait(uid types.UID) time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	since, ok := c.unwanted[uid]
+	if !ok {
+		c.unwanted[uid] = now
+		return c.releaseGrace
+	}
+	if left := c.releaseGrace - now.Sub(since); left > 0 {
+		return left
+	}
+	delete(c.unwanted, uid)
+	return 0
+}
+
+// forgetUnwanted ends the wait of a claim a pod turned out to want (or
+// that is gone).
+func (c *Controller) forgetUnwanted(uid types.UID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.unwanted, uid)
 }

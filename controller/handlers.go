@@ -5,7 +5,6 @@ package controller
 
 import (
 	"errors"
-	"fmt"
 	"maps"
 
 	corev1 "k8s.io/api/core/v1"
@@ -55,10 +54,22 @@ func (c *Controller) onPod(obj any) {
 }
 
 // enqueuePodClaimsGC queues the claims of a pod that is gone or finished
-// for cleanup.
+// for cleanup, and the other pods using them: a pod kept gated by the
+// users of a shared MPS claim (mpsusers.go) may go now, and without a
+// reservation of the pod to drop no claim update would tell it.
 func (c *Controller) enqueuePodClaimsGC(pod *corev1.Pod) {
 	for name := range resourceclaim.PodClaims(pod) {
-		c.gcQueue.Add(pod.Namespace + "/" + name)
+		key := pod.Namespace + "/" + name
+		c.gcQueue.Add(key)
+		objs, err := c.podIdx.ByIndex(podClaimIndex, key)
+		if err != nil {
+			continue
+		}
+		for _, o := range objs {
+			if other, ok := o.(*corev1.Pod); ok && other.UID != pod.UID {
+				c.podQueue.Add(other.Namespace + "/" + other.Name)
+			}
+		}
 	}
 }
 
@@ -74,6 +85,7 @@ func (c *Controller) onPodDelete(obj any) {
 	c.mu.Lock()
 	delete(c.excluded, pod.UID)
 	delete(c.rollbacks, pod.UID)
+	c.decided.Delete(pod.UID)
 	c.waiting.Delete(key)
 	c.metrics.PendingPods.Set(float64(c.waiting.Len()))
 	c.mu.Unlock()
@@ -122,6 +134,7 @@ func (c *Controller) onClaimDelete(obj any) {
 	if !ok {
 		return
 	}
+	c.forgetUnwanted(claim.UID)
 	if c.isHoldRecord(claim) {
 		c.ledger.Forget(claim.UID)
 		c.enqueueWaiting()
@@ -260,39 +273,4 @@ func (c *Controller) setWaiting(key string, waiting bool) {
 		c.waiting.Delete(key)
 	}
 	c.metrics.PendingPods.Set(float64(c.waiting.Len()))
-}
-
-// onDeallocated reacts to an allocation being removed. When kube-scheduler
-// finds a pod unschedulable on the node its claims are allocated on, its
-// DRA plugin deallocates claims reserved only for that pod so that they
-// can be allocated elsewhere (PostFilter). Allocating on the same node
-// again would loop, so the node is excluded for the pods that held the
-// claim, as after the controller's own unschedulable release.
-func (c *Controller) onDeallocated(old *resourceapi.ResourceClaim) {
-	if !hasFinalizer(old) {
-		return
-	}
-	node := allocatedNode(old)
-	if node == "" {
-		return
-	}
-	for _, r := range old.Status.ReservedFor {
-		if r.Resource != "pods" || r.APIGroup != "" {
-			continue
-		}
-		pod, err := c.pods.Pods(old.Namespace).Get(r.Name)
-		if err != nil || pod.UID != r.UID || pod.Spec.NodeName != "" || pod.DeletionTimestamp != nil || gateIndex(pod) >= 0 {
-			continue
-		}
-		c.exclude(pod, node)
-		c.fit.Unassume(pod.UID)
-		why := "kube-scheduler could not place the pod there and deallocated the claim"
-		if podUnschedulable(pod) {
-			why += ": " + unschedulableMessage(pod)
-		}
-		c.explain.event(pod, old, corev1.EventTypeWarning, report.ReasonReleased, actionRelease,
-			fmt.Sprintf("allocation on node %s was released (%s); trying other nodes", node, why))
-		c.metrics.Released.WithLabelValues("scheduler").Inc()
-		c.podQueue.Add(pod.Namespace + "/" + pod.Name)
-	}
 }

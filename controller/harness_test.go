@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/uuid"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2/ktesting"
@@ -122,6 +123,7 @@ func newHarnessWith(t *testing.T, cfg Config, objs ...runtime.Object) *harness {
 	ctx, cancel := context.WithCancel(ctx)
 	h := &harness{t: t, ctx: ctx, client: fake.NewClientset(objs...), rec: &testRecorder{}, cancel: cancel, done: make(chan struct{})}
 	withResourceVersions(h.client)
+	copyWatchEvents(h.client)
 	cfg.Client = h.client
 	cfg.Recorder = h.rec
 	if cfg.Policy == (allocate.Policy{}) {
@@ -168,6 +170,30 @@ func withResourceVersions(client *fake.Clientset) {
 		}
 		m.SetResourceVersion(strconv.FormatInt(rv.Add(1), 10))
 		return false, nil, nil
+	})
+}
+
+// copyWatchEvents makes the fake clientset's watches deliver copies, as an
+// API server's decoded events are: the fake hands out the object its
+// tracker stores, and the informers' transform (stripManagedFields)
+// would then write to it while a Get of the tracker copies it (a data
+// race the race detector reports).
+func copyWatchEvents(client *fake.Clientset) {
+	client.PrependWatchReactor("*", func(action clienttesting.Action) (bool, watch.Interface, error) {
+		var opts metav1.ListOptions
+		if wa, ok := action.(clienttesting.WatchActionImpl); ok {
+			opts = wa.ListOptions
+		}
+		w, err := client.Tracker().Watch(action.GetResource(), action.GetNamespace(), opts)
+		if err != nil {
+			return false, nil, err
+		}
+		return true, watch.Filter(w, func(e watch.Event) (watch.Event, bool) {
+			if e.Object != nil {
+				e.Object = e.Object.DeepCopyObject()
+			}
+			return e, true
+		}), nil
 	})
 }
 

@@ -84,6 +84,16 @@ type holdRecord struct {
 	// carries it, so that a record whose status write was lost (a crash
 	// between create and status update) is completed after a restart.
 	Allocation *resourceapi.AllocationResult `json:"allocation"`
+	// Requests (the deleted claim's request of each result, in order) and
+	// Config (its allocation's configuration) are what the record's
+	// status leaves out: its results all name the record's one request,
+	// and the configuration names the deleted claim's requests. With
+	// them the ledger counts each share in the sharing group it had: a
+	// Concurrent MPS share stays in its namespace's group, whose MPS
+	// server still runs (recordUses). Records written before they
+	// existed lack both.
+	Requests []string                                    `json:"requests,omitempty"`
+	Config   []resourceapi.DeviceAllocationConfiguration `json:"config,omitempty"`
 }
 
 type heldPod struct {
@@ -135,22 +145,50 @@ func (c *Controller) indexHeldPods(obj any) ([]string, error) {
 }
 
 // recordUses is what a hold record holds: its allocation, or while that is
-// not written yet, the allocation in its annotation.
+// not written yet, the allocation in its annotation, each share in the
+// sharing group it had in the deleted claim (heldUses).
 func recordUses(rec *resourceapi.ResourceClaim) ([]planner.DeviceUse, types.UID) {
 	r, err := parseHoldRecord(rec)
 	if rec.Status.Allocation != nil {
-		var uid types.UID
-		if err == nil {
-			uid = r.ClaimUID
+		if err != nil {
+			return heldUses(rec.Status.Allocation, nil), ""
 		}
-		return planner.UsesOf(rec), uid
+		return heldUses(rec.Status.Allocation, r), r.ClaimUID
 	}
 	if err != nil || r.Allocation == nil {
 		return nil, ""
 	}
-	probe := &resourceapi.ResourceClaim{Status: resourceapi.ResourceClaimStatus{Allocation: r.Allocation}}
-	return planner.UsesOf(probe), r.ClaimUID
+	return heldUses(r.Allocation, r), r.ClaimUID
 }
+
+// heldUses counts a hold record's allocation as the deleted claim's: with
+// its results' requests, its configuration and its namespace, so that a
+// share keeps the sharing group it had (planner.UsesOf). A record without
+// them (written by an earlier version, or unreadable) cannot tell a
+// Concurrent MPS share from another: each of its shares is then a group
+// of its own, which no other share joins until the record goes.
+func heldUses(alloc *resourceapi.AllocationResult, r *holdRecord) []planner.DeviceUse {
+	probe := &resourceapi.ResourceClaim{Status: resourceapi.ResourceClaimStatus{Allocation: alloc.DeepCopy()}}
+	if r != nil && len(r.Requests) == len(alloc.Devices.Results) {
+		probe.Namespace, _, _ = strings.Cut(r.Claim, "/")
+		for i := range probe.Status.Allocation.Devices.Results {
+			probe.Status.Allocation.Devices.Results[i].Request = r.Requests[i]
+		}
+		probe.Status.Allocation.Devices.Config = r.Config
+		return planner.UsesOf(probe)
+	}
+	uses := planner.UsesOf(probe)
+	for i := range uses {
+		if !uses[i].Exclusive && uses[i].Key.Driver == "" {
+			uses[i].Group = unknownHeldGroup
+		}
+	}
+	return uses
+}
+
+// unknownHeldGroup is the sharing group of a share held by a record that
+// does not say which group it had (heldUses).
+const unknownHeldGroup = "held/unknown-group"
 
 // reservingPods returns the pods in a deleted claim's reservedFor that may
 // still use its devices, judged from the cache: only a pod the cache shows
@@ -261,16 +299,20 @@ func (c *Controller) writeHoldRecord(ctx context.Context, uid types.UID, k *plan
 	claims := c.client.ResourceV1().ResourceClaims(c.holdNS)
 	alloc := k.Allocation.DeepCopy()
 	// The record's results all belong to its one request; the deleted
-	// claim's configuration is left out (it names the deleted claim's
-	// requests, and nothing prepares a record).
+	// claim's configuration is left out of its status (it names the
+	// deleted claim's requests, and nothing prepares a record). Both go
+	// into the annotation, which keeps each share's sharing group.
+	requests := make([]string, len(alloc.Devices.Results))
 	for i := range alloc.Devices.Results {
+		requests[i] = alloc.Devices.Results[i].Request
 		alloc.Devices.Results[i].Request = holdRequest
 	}
+	config := alloc.Devices.Config
 	alloc.Devices.Config = nil
 	if alloc.AllocationTimestamp == nil {
 		alloc.AllocationTimestamp = ptr.To(metav1.Now())
 	}
-	rec := holdRecord{Claim: k.Namespace + "/" + k.Name, ClaimUID: uid, Allocation: alloc}
+	rec := holdRecord{Claim: k.Namespace + "/" + k.Name, ClaimUID: uid, Allocation: alloc, Requests: requests, Config: config}
 	for podUID, name := range k.Pods {
 		rec.Pods = append(rec.Pods, heldPod{Namespace: k.Namespace, Name: name, UID: podUID})
 	}

@@ -35,11 +35,12 @@ func newHoldHarness(t *testing.T, cfg Config, objects ...runtime.Object) *harnes
 	return h
 }
 
-// bindRunning does what kube-scheduler and the kubelet would: binds the
-// pod to node and marks it Running.
+// bindRunning does what kube-scheduler and the kubelet would: reserves the
+// pod's claims (PreBind), binds the pod to node and marks it Running.
 func (h *harness) bindRunning(name, node string) {
 	h.t.Helper()
 	p := h.getPod(name)
+	h.reserve(p)
 	p.Spec.NodeName = node
 	p, err := h.client.CoreV1().Pods(ns).Update(h.ctx, p, metav1.UpdateOptions{})
 	if err != nil {
@@ -48,6 +49,25 @@ func (h *harness) bindRunning(name, node string) {
 	p.Status.Phase = corev1.PodRunning
 	if _, err := h.client.CoreV1().Pods(ns).UpdateStatus(h.ctx, p, metav1.UpdateOptions{}); err != nil {
 		h.t.Fatal(err)
+	}
+}
+
+// reserve adds the pod to reservedFor of each of its claims, as
+// kube-scheduler's PreBind does (against the resourceVersion read).
+func (h *harness) reserve(p *corev1.Pod) {
+	h.t.Helper()
+	for _, pc := range p.Spec.ResourceClaims {
+		if pc.ResourceClaimName == nil {
+			continue
+		}
+		c := h.getClaim(*pc.ResourceClaimName)
+		if slices.ContainsFunc(c.Status.ReservedFor, func(r resourceapi.ResourceClaimConsumerReference) bool { return r.UID == p.UID }) {
+			continue
+		}
+		c.Status.ReservedFor = append(c.Status.ReservedFor, resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: p.Name, UID: p.UID})
+		if _, err := h.client.ResourceV1().ResourceClaims(ns).UpdateStatus(h.ctx, c, metav1.UpdateOptions{}); err != nil {
+			h.t.Fatalf("reserving claim %s for pod %s: %v", c.Name, p.Name, err)
+		}
 	}
 }
 

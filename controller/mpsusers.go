@@ -74,22 +74,41 @@ func (u mpsUsers) String() string {
 	return strings.Join(parts, " and ")
 }
 
-// otherLivePods are the pods besides pod the claim is reserved for that
-// still run: a pod that is gone, replaced by a pod of the same name, or
-// finished does not count.
+// otherLivePods are the pods besides pod that use the claim and still
+// run: those it is reserved for, and those that reference it and are
+// bound, ungated or decided by this controller (kube-scheduler reserves a
+// claim for a pod only when it binds it, see writeDecision). A pod that is
+// gone, replaced by a pod of the same name, or finished does not count.
 func (c *Controller) otherLivePods(claim *resourceapi.ResourceClaim, pod *corev1.Pod) []*corev1.Pod {
 	var out []*corev1.Pod
-	for _, ref := range claim.Status.ReservedFor {
-		if ref.APIGroup != "" || ref.Resource != "pods" || ref.UID == pod.UID {
+	for _, other := range c.claimPods(claim) {
+		if other.UID == pod.UID || planner.PodDone(other) {
 			continue
 		}
-		other, err := c.pods.Pods(claim.Namespace).Get(ref.Name)
-		if err != nil || other.UID != ref.UID || planner.PodDone(other) {
-			continue
+		reserved := slices.ContainsFunc(claim.Status.ReservedFor, func(r resourceapi.ResourceClaimConsumerReference) bool { return r.UID == other.UID })
+		if reserved || other.Spec.NodeName != "" || gateIndex(other) < 0 || c.isDecided(other.UID) {
+			out = append(out, other)
 		}
-		out = append(out, other)
 	}
 	return out
+}
+
+// setDecided records (or forgets) that this controller wrote or is
+// writing the pod's decision.
+func (c *Controller) setDecided(uid types.UID, decided bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if decided {
+		c.decided.Insert(uid)
+	} else {
+		c.decided.Delete(uid)
+	}
+}
+
+func (c *Controller) isDecided(uid types.UID) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.decided.Has(uid)
 }
 
 // containersUsing lists the pod's containers (init containers included)

@@ -57,14 +57,16 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 		c.forgetRollbacks(pod.UID)
 		return nil
 	}
-	if pod.Spec.NodeName == "" {
-		if did, err := c.rollbackStale(ctx, pod); err != nil {
-			return err
-		} else if did {
-			// The cache shows the rolled-back claims as they were; the
-			// claim updates bring the pod back.
-			return nil
-		}
+	if pod.Spec.NodeName != "" {
+		// Bound: kube-scheduler reserved the claims it bound the pod
+		// with, so no rollback of an earlier decision applies any more.
+		c.forgetRollbacks(pod.UID)
+	} else if did, err := c.rollbackStale(ctx, pod); err != nil {
+		return err
+	} else if did {
+		// The cache shows the rolled-back claims as they were; the
+		// claim updates bring the pod back.
+		return nil
 	}
 	logger = logger.WithValues("pod", klog.KObj(pod))
 	ctx = klog.NewContext(ctx, logger)
@@ -260,6 +262,13 @@ func (c *Controller) allocatePodWithin(ctx context.Context, key string, pod *cor
 		}
 	}
 
+	// The claims' selectors are evaluated before the lock, within a time
+	// bound per attempt: a costly selector delays its own pod, not every
+	// other pod's decision (planner.PrepareSelectors).
+	if err := c.prepareSelectors(ctx, key, pod, pending); err != nil {
+		return err
+	}
+
 	c.decideMu.Lock()
 	planStart := time.Now()
 	// The claims were read from the cache before the lock: another pod
@@ -320,7 +329,12 @@ func (c *Controller) allocatePodWithin(ctx context.Context, key string, pod *cor
 	c.metrics.PlanLatency.Observe(time.Since(planStart).Seconds())
 	c.decideMu.Unlock()
 
+	// From here on the pod counts as a user of its claims for the MPS
+	// user check of pods sharing them (mpsusers.go), before its gate is
+	// removed or kube-scheduler reserves the claims for it.
+	c.setDecided(pod.UID, true)
 	if err := c.writeDecision(ctx, pod, writes); err != nil {
+		c.setDecided(pod.UID, false)
 		c.fit.Unassume(pod.UID)
 		c.metrics.Decisions.WithLabelValues(OutcomeError).Inc()
 		return err
@@ -369,8 +383,17 @@ func (c *Controller) countBelowBest(n *planner.NodeInventory, r planner.PlacedRe
 // could not place on the allocated node: the gate is gone, the pod is not
 // bound, PodScheduled is False with reason Unschedulable, and the grace
 // period since the allocation has passed. Only claims gpulink allocated
-// and reserved for this pod alone are released; the node is then excluded
-// for the pod and it is allocated afresh elsewhere.
+// (they carry its finalizer) that nobody reserves are released; the node
+// is then excluded for the pod and it is allocated afresh elsewhere.
+//
+// A claim kube-scheduler reserved is never released here: it may be
+// binding the pod right now (it reserves in PreBind, then binds), and it
+// does not write a claim already reserved for the pod it binds, so no
+// resourceVersion check would catch a release racing that binding. An
+// unreserved claim is safe to release with its resourceVersion: if
+// kube-scheduler reserves it first, the release conflicts; if the release
+// lands first, kube-scheduler's reservation conflicts and the pod is not
+// bound.
 func (c *Controller) checkUnschedulable(ctx context.Context, pod *corev1.Pod, pc podClaims) error {
 	if pod.Spec.NodeName != "" || !podUnschedulable(pod) {
 		return nil
@@ -380,7 +403,7 @@ func (c *Controller) checkUnschedulable(ctx context.Context, pod *corev1.Pod, pc
 	node := ""
 	for _, ic := range pc.ours {
 		cl := ic.Claim
-		if !hasFinalizer(cl) || len(cl.Status.ReservedFor) != 1 || cl.Status.ReservedFor[0].UID != pod.UID {
+		if !hasFinalizer(cl) || cl.Status.Allocation == nil || len(cl.Status.ReservedFor) > 0 {
 			continue
 		}
 		if ts := cl.Status.Allocation.AllocationTimestamp; ts != nil && ts.After(newest) {

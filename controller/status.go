@@ -125,11 +125,12 @@ func hasFinalizer(obj metav1.Object) bool {
 // writeAllocation adds the finalizer (a metadata update) unless the claim
 // carries it already (the chart's admission policy adds it at creation),
 // and in the same update the container group (containerClaimGroups) when
-// it has one, then writes the allocation and the pod's reservation in one
+// it has one, then writes the allocation, and the reservation for
+// consumer when there is one (a bound pod's, see writeDecision), in one
 // status update. Both writes carry the resourceVersion read before, so a
 // claim changed by anyone in between is never overwritten: the update
 // conflicts and the pod is retried with fresh data.
-func (c *Controller) writeAllocation(ctx context.Context, claim *resourceapi.ResourceClaim, alloc *resourceapi.AllocationResult, consumer resourceapi.ResourceClaimConsumerReference, group string) (*resourceapi.ResourceClaim, error) {
+func (c *Controller) writeAllocation(ctx context.Context, claim *resourceapi.ResourceClaim, alloc *resourceapi.AllocationResult, consumer *resourceapi.ResourceClaimConsumerReference, group string) (*resourceapi.ResourceClaim, error) {
 	cur := claim
 	if !hasFinalizer(cur) || (group != "" && cur.Annotations[driver.ContainerClaimsAnnotation] != group) {
 		upd := cur.DeepCopy()
@@ -150,8 +151,8 @@ func (c *Controller) writeAllocation(ctx context.Context, claim *resourceapi.Res
 	}
 	upd := cur.DeepCopy()
 	upd.Status.Allocation = alloc
-	if !slices.ContainsFunc(upd.Status.ReservedFor, func(r resourceapi.ResourceClaimConsumerReference) bool { return r.UID == consumer.UID }) {
-		upd.Status.ReservedFor = append(upd.Status.ReservedFor, consumer)
+	if consumer != nil && !slices.ContainsFunc(upd.Status.ReservedFor, func(r resourceapi.ResourceClaimConsumerReference) bool { return r.UID == consumer.UID }) {
+		upd.Status.ReservedFor = append(upd.Status.ReservedFor, *consumer)
 	}
 	out, err := c.client.ResourceV1().ResourceClaims(upd.Namespace).UpdateStatus(ctx, upd, metav1.UpdateOptions{FieldManager: fieldManager})
 	if err != nil {
@@ -165,34 +166,44 @@ func (c *Controller) writeAllocation(ctx context.Context, claim *resourceapi.Res
 // then the finalizer. A claim being deleted only loses the finalizer once
 // its reservations are gone.
 func (c *Controller) releaseClaim(ctx context.Context, claim *resourceapi.ResourceClaim, keep []resourceapi.ResourceClaimConsumerReference) (*resourceapi.ResourceClaim, error) {
-	cur := claim
 	claims := c.client.ResourceV1().ResourceClaims(claim.Namespace)
-	if len(cur.Status.ReservedFor) != len(keep) {
-		upd := cur.DeepCopy()
-		upd.Status.ReservedFor = keep
-		var err error
-		if cur, err = claims.UpdateStatus(ctx, upd, metav1.UpdateOptions{FieldManager: fieldManager}); err != nil {
-			return nil, fmt.Errorf("removing reservations from claim %s/%s: %w", claim.Namespace, claim.Name, err)
-		}
-	}
-	if len(keep) > 0 {
-		return cur, nil
+	cur, err := c.keepReservations(ctx, claim, keep)
+	if err != nil || len(keep) > 0 {
+		return cur, err
 	}
 	if cur.Status.Allocation != nil && cur.DeletionTimestamp == nil {
 		upd := cur.DeepCopy()
 		upd.Status.Allocation = nil
-		var err error
+		c.markReleasing(claim.UID, true)
 		if cur, err = claims.UpdateStatus(ctx, upd, metav1.UpdateOptions{FieldManager: fieldManager}); err != nil {
+			// A write that failed without an answer may still land; then
+			// onDeallocated takes it for someone else's, which costs the
+			// pods using the claim the node at worst.
+			c.markReleasing(claim.UID, false)
 			return nil, fmt.Errorf("removing allocation from claim %s/%s: %w", claim.Namespace, claim.Name, err)
 		}
 	}
 	if hasFinalizer(cur) {
 		upd := cur.DeepCopy()
 		upd.Finalizers = slices.DeleteFunc(upd.Finalizers, func(f string) bool { return f == driver.ClaimFinalizer })
-		var err error
 		if cur, err = claims.Update(ctx, upd, metav1.UpdateOptions{FieldManager: fieldManager}); err != nil {
 			return nil, fmt.Errorf("removing finalizer %s from claim %s/%s: %w", driver.ClaimFinalizer, claim.Namespace, claim.Name, err)
 		}
+	}
+	return cur, nil
+}
+
+// keepReservations reduces a claim's reservations to keep (one status
+// update carrying the resourceVersion read, none when nothing changes).
+func (c *Controller) keepReservations(ctx context.Context, claim *resourceapi.ResourceClaim, keep []resourceapi.ResourceClaimConsumerReference) (*resourceapi.ResourceClaim, error) {
+	if len(claim.Status.ReservedFor) == len(keep) {
+		return claim, nil
+	}
+	upd := claim.DeepCopy()
+	upd.Status.ReservedFor = keep
+	cur, err := c.client.ResourceV1().ResourceClaims(claim.Namespace).UpdateStatus(ctx, upd, metav1.UpdateOptions{FieldManager: fieldManager})
+	if err != nil {
+		return nil, fmt.Errorf("removing reservations from claim %s/%s: %w", claim.Namespace, claim.Name, err)
 	}
 	return cur, nil
 }

@@ -45,6 +45,12 @@ type Checkpoint struct {
 	// OnDemandGPUs are the UUIDs of the GPUs partitioned on demand whose
 	// every MIG instance is gpulink's (ondemand.go), sorted.
 	OnDemandGPUs []string `json:"onDemandGPUs,omitempty"`
+	// WithheldGPUs are the UUIDs of GPUs named by --mig-on-demand that
+	// had MIG instances when a corrupt checkpoint lost whose they were:
+	// running pods may use them, so they are neither destroyed nor
+	// published (as static devices they would go to a second tenant)
+	// until the GPU has none left (ondemand.go), sorted.
+	WithheldGPUs []string `json:"withheldGPUs,omitempty"`
 }
 
 // PreparedClaim is one claim the plugin prepared (or started to).
@@ -149,6 +155,13 @@ type checkpointFile struct {
 // ErrCorruptCheckpoint marks a checkpoint that cannot be trusted.
 var ErrCorruptCheckpoint = errors.New("corrupt checkpoint")
 
+// ErrCheckpointVersion marks a sound checkpoint (its checksum matches) of
+// another version than checkpointVersion: a newer plugin wrote it, and a
+// rollback brought this one. It describes claims that pods may still use,
+// which this version cannot interpret, so it is neither used nor
+// destroyed.
+var ErrCheckpointVersion = errors.New("checkpoint of another version")
+
 // CheckpointStore reads and writes the checkpoint file. The kubelet's
 // checkpointmanager lives in k8s.io/kubernetes, which gpulink must not
 // import, and neither k8s.io/kubelet nor k8s.io/dynamic-resource-allocation
@@ -172,45 +185,78 @@ func (s *CheckpointStore) Path() string { return s.path }
 
 // Load returns the stored checkpoint, an empty one when there is none, or
 // an error wrapping ErrCorruptCheckpoint when the file is unreadable JSON,
-// fails its checksum or has an unknown version.
+// fails its checksum or has fields this version does not know, or
+// ErrCheckpointVersion when another version wrote it. Strict, because
+// during a rolling update the other instance may be a newer version: a
+// write of what this one decoded would drop that version's fields.
 func (s *CheckpointStore) Load() (*Checkpoint, error) {
+	cp, _, err := s.load(false)
+	return cp, err
+}
+
+// LoadTolerant is Load for the plugin's start, which may follow a rollback
+// from a newer version: fields this version does not know are ignored
+// rather than making the checkpoint corrupt (which would tear down every
+// claim that running pods use), and unknown describes them ("" when there
+// were none). The file is left as it is; the next Store drops them.
+func (s *CheckpointStore) LoadTolerant() (cp *Checkpoint, unknown string, err error) {
+	return s.load(true)
+}
+
+func (s *CheckpointStore) load(tolerant bool) (*Checkpoint, string, error) {
 	raw, err := os.ReadFile(s.path)
 	if errors.Is(err, os.ErrNotExist) {
 		s.last = nil
-		return newCheckpoint(""), nil
+		return newCheckpoint(""), "", nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("reading checkpoint %s: %w", s.path, err)
+		return nil, "", fmt.Errorf("reading checkpoint %s: %w", s.path, err)
 	}
 	var f checkpointFile
 	if err := json.Unmarshal(raw, &f); err != nil {
-		return nil, fmt.Errorf("checkpoint %s: %w: %w", s.path, ErrCorruptCheckpoint, err)
+		return nil, "", fmt.Errorf("checkpoint %s: %w: %w", s.path, ErrCorruptCheckpoint, err)
 	}
 	if len(f.Data) == 0 {
-		return nil, fmt.Errorf("checkpoint %s: %w: no data", s.path, ErrCorruptCheckpoint)
+		return nil, "", fmt.Errorf("checkpoint %s: %w: no data", s.path, ErrCorruptCheckpoint)
 	}
 	if sum := checksum(f.Data); sum != f.Checksum {
-		return nil, fmt.Errorf("checkpoint %s: %w: checksum %q does not match content (%q)", s.path, ErrCorruptCheckpoint, f.Checksum, sum)
+		return nil, "", fmt.Errorf("checkpoint %s: %w: checksum %q does not match content (%q)", s.path, ErrCorruptCheckpoint, f.Checksum, sum)
+	}
+	// The version first: another version's data need not decode as ours.
+	var head struct {
+		Version string `json:"version"`
+	}
+	if err := json.Unmarshal(f.Data, &head); err != nil {
+		return nil, "", fmt.Errorf("checkpoint %s: %w: %w", s.path, ErrCorruptCheckpoint, err)
+	}
+	if head.Version != checkpointVersion {
+		return nil, "", fmt.Errorf("checkpoint %s: %w: version %q, this plugin reads %q", s.path, ErrCheckpointVersion, head.Version, checkpointVersion)
 	}
 	var cp Checkpoint
+	var unknown string
 	dec := json.NewDecoder(bytes.NewReader(f.Data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&cp); err != nil {
-		return nil, fmt.Errorf("checkpoint %s: %w: %w", s.path, ErrCorruptCheckpoint, err)
-	}
-	if cp.Version != checkpointVersion {
-		return nil, fmt.Errorf("checkpoint %s: %w: version %q, want %q", s.path, ErrCorruptCheckpoint, cp.Version, checkpointVersion)
+		if !tolerant {
+			return nil, "", fmt.Errorf("checkpoint %s: %w: %w", s.path, ErrCorruptCheckpoint, err)
+		}
+		cp = Checkpoint{}
+		if lerr := json.Unmarshal(f.Data, &cp); lerr != nil {
+			return nil, "", fmt.Errorf("checkpoint %s: %w: %w", s.path, ErrCorruptCheckpoint, lerr)
+		}
+		// The strict decode failed only on what it did not know.
+		unknown = err.Error()
 	}
 	if cp.Claims == nil {
 		cp.Claims = map[types.UID]*PreparedClaim{}
 	}
 	for uid, c := range cp.Claims {
 		if c == nil || c.UID != uid {
-			return nil, fmt.Errorf("checkpoint %s: %w: entry %q does not describe claim %q", s.path, ErrCorruptCheckpoint, uid, uid)
+			return nil, "", fmt.Errorf("checkpoint %s: %w: entry %q does not describe claim %q", s.path, ErrCorruptCheckpoint, uid, uid)
 		}
 	}
 	s.last = raw
-	return &cp, nil
+	return &cp, unknown, nil
 }
 
 // Store writes cp atomically: a reader sees the old or the new checkpoint,
@@ -245,6 +291,23 @@ func (s *CheckpointStore) MoveAside() (string, error) {
 	to := s.path + ".corrupt"
 	if err := os.Rename(s.path, to); err != nil {
 		return "", fmt.Errorf("moving corrupt checkpoint aside: %w", err)
+	}
+	return to, nil
+}
+
+// newerCheckpointSuffix names the copy of a checkpoint with fields this
+// version does not know (CheckpointStore.KeepCopy).
+const newerCheckpointSuffix = ".newer"
+
+// KeepCopy copies the checkpoint file as last read to <name><suffix>
+// (replacing an older copy) and returns the copy's path.
+func (s *CheckpointStore) KeepCopy(suffix string) (string, error) {
+	to := s.path + suffix
+	if s.last == nil {
+		return "", fmt.Errorf("copying checkpoint %s: nothing was read", s.path)
+	}
+	if err := writeFileAtomic(to, s.last); err != nil {
+		return "", fmt.Errorf("copying checkpoint %s to %s: %w", s.path, to, err)
 	}
 	return to, nil
 }

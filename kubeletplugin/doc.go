@@ -62,7 +62,9 @@
 //     dropped on a new boot) records a claim as PrepareStarted before any
 //     side effect and PrepareCompleted after its CDI spec; at start,
 //     interrupted prepares are rolled back and CDI specs match the
-//     checkpoint. A corrupt checkpoint is moved aside, not fatal.
+//     checkpoint. A corrupt checkpoint is moved aside, not fatal; one of
+//     another format version (a rollback) stops the start untouched, and
+//     one with unknown fields is read for what this version knows.
 //   - Shutdown and rolling updates keep the node's slices and prepared
 //     claims; two plugin instances of one node share the checkpoint under
 //     a file lock and only one publishes.
@@ -72,14 +74,18 @@
 //
 // # Where to start reading
 //
-// driver.go: Options, New, Run (registration, publishing); slices.go: the
-// slices, from sliceformat.Encode. discovery.go: the GPUs. prepare.go:
-// prepare and unprepare; cdi.go, cdibase.go, cdiviews.go,
+// driver.go: Options, New, Run (registration); publish.go: discovery
+// and publishing; slices.go: the slices, from sliceformat.Encode.
+// discovery.go: the GPUs. prepare.go: prepare and unprepare; plan.go:
+// what a claim means on this node; claimshape.go and conflicts.go: a
+// claim's own shape and its conflicts with prepared claims; apply.go:
+// the side effects and their undoing; cdi.go, cdibase.go, cdiviews.go,
 // containergroup.go: the specs; claimconfig.go and priority.go: configs
-// and their checks; prepare_mig.go: MIG devices; mps_limits.go: the MPS
-// limits loop. checkpoint.go, recovery.go, rolling.go: state across
-// restarts. health.go, health_nvml.go, health_file.go: device health
-// (policy in driver/health). metrics.go, podmetrics.go: the metrics.
+// and their checks; prepare_mig.go: MIG devices; ondemand.go and
+// ondemand_recovery.go: MIG on demand; mps_limits.go: the MPS limits
+// loop. checkpoint.go, recovery.go, rolling.go: state across restarts.
+// health.go, health_nvml.go, health_file.go: device health (policy in
+// driver/health). metrics.go, podmetrics.go: the metrics.
 //
 // See docs/design/kubeletplugin.md for the reasoning: the ResourceSlice
 // format and the links encoding, why devices are tainted, what each CDI

@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -23,7 +22,6 @@ import (
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/discovery"
 	"github.com/gpulink/gpulink/driver/topology"
-	"github.com/gpulink/gpulink/internal/sliceformat"
 	"github.com/gpulink/gpulink/kubeletplugin/mps"
 )
 
@@ -135,6 +133,12 @@ type Driver struct {
 	migSelection migOnDemandSelection
 	migInstances MIGInstanceManager
 	migRefused   map[string]string
+	// migWithheld are GPUs named by --mig-on-demand whose instances'
+	// owners were lost with the checkpoint: published without devices
+	// (UUID to the instances; Checkpoint.WithheldGPUs, ondemand.go).
+	migWithheld map[string]string
+	// stateLost: this start found the checkpoint corrupt.
+	stateLost bool
 
 	// health is nil when health handling is off.
 	health        *healthMonitor
@@ -202,6 +206,7 @@ func New(ctx context.Context, opts Options, deps Dependencies) (*Driver, error) 
 		migSelection: migSelection,
 		migInstances: deps.MIG,
 		migRefused:   map[string]string{},
+		migWithheld:  map[string]string{},
 
 		healthSources: deps.HealthSources,
 	}
@@ -239,9 +244,11 @@ func New(ctx context.Context, opts Options, deps Dependencies) (*Driver, error) 
 	if err != nil {
 		return nil, err
 	}
-	if d.onDemandChanged {
-		// Recovery refused a GPU or destroyed orphaned instances:
-		// publish what the node has now.
+	if d.onDemandChanged || d.cp.holdsPartitions() {
+		// Recovery refused a GPU or destroyed orphaned instances, or
+		// prepared partitions' instances must not be published as
+		// static MIG devices (withholdClaimedInstances): publish what
+		// the node has now, knowing the checkpoint.
 		if d.topo, res, err = d.discover(ctx); err != nil {
 			return nil, err
 		}
@@ -251,38 +258,6 @@ func New(ctx context.Context, opts Options, deps Dependencies) (*Driver, error) 
 		return nil, err
 	}
 	return d, nil
-}
-
-// discover runs discovery and builds the node's slices from the result.
-func (d *Driver) discover(ctx context.Context) (*topology.Topology, resourceslice.DriverResources, error) {
-	t, err := d.discoverer.Discover(ctx)
-	if err != nil {
-		return nil, resourceslice.DriverResources{}, fmt.Errorf("discovering GPUs: %w", err)
-	}
-	if err := d.migSelection.markOnDemand(t, d.migRefused); err != nil {
-		return nil, resourceslice.DriverResources{}, err
-	}
-	res, err := driverResources(klog.FromContext(ctx), d.opts.NodeName, t, sliceformat.Options{
-		ManagedByController: d.opts.ManagedByController,
-		DefaultShareMemory:  d.opts.DefaultShareMemory,
-		DefaultShareCores:   d.opts.DefaultShareCores,
-		PCIeRootFromSysfs:   d.opts.PCIeRootFromSysfs,
-		MayTaint:            d.opts.Health != nil,
-	})
-	if err != nil {
-		return nil, resourceslice.DriverResources{}, err
-	}
-	return t, res, nil
-}
-
-// Resources returns a copy of the slices the plugin publishes, unhealthy
-// GPUs tainted.
-func (d *Driver) Resources() resourceslice.DriverResources {
-	d.mu.Lock()
-	res := *d.resources.DeepCopy()
-	d.mu.Unlock()
-	d.applyHealthTaints(&res)
-	return res
 }
 
 // Run registers the plugin with the kubelet, publishes the node's
@@ -342,77 +317,6 @@ func (d *Driver) Run(ctx context.Context, kubeClient kubernetes.Interface, extra
 		return cause
 	}
 	return nil
-}
-
-// RunPublisher publishes the current slices, then reruns discovery every
-// RediscoverInterval and republishes when the result changed, and
-// republishes when a GPU's health changed, until ctx ends. A failed
-// rediscovery keeps the last good publication and is logged as an error.
-func (d *Driver) RunPublisher(ctx context.Context, p Publisher) error {
-	logger := klog.FromContext(ctx)
-	if err := p.PublishResources(ctx, d.Resources()); err != nil {
-		return fmt.Errorf("publishing ResourceSlices: %w", err)
-	}
-	d.metrics.Publications.Inc()
-	logger.Info("Published ResourceSlices", "pool", d.opts.NodeName)
-	var tick <-chan time.Time
-	if d.opts.RediscoverInterval > 0 {
-		ticker := d.clock.NewTicker(d.opts.RediscoverInterval)
-		defer ticker.Stop()
-		tick = ticker.C()
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-d.republish:
-			if err := p.PublishResources(ctx, d.Resources()); err != nil {
-				d.metrics.BackgroundErrors.Inc()
-				logger.Error(err, "Republishing ResourceSlices after a health change failed, retrying at the next change or rediscovery")
-				continue
-			}
-			d.metrics.Publications.Inc()
-			logger.Info("GPU health changed, republished ResourceSlices", "pool", d.opts.NodeName)
-			continue
-		case <-tick:
-		}
-		changed, err := d.Rediscover(ctx)
-		if err != nil {
-			d.metrics.BackgroundErrors.Inc()
-			logger.Error(err, "Rediscovery failed, keeping the published ResourceSlices")
-			continue
-		}
-		if !changed {
-			continue
-		}
-		if err := p.PublishResources(ctx, d.Resources()); err != nil {
-			d.metrics.BackgroundErrors.Inc()
-			logger.Error(err, "Republishing ResourceSlices failed")
-			continue
-		}
-		d.metrics.Publications.Inc()
-		logger.Info("GPUs changed, republished ResourceSlices", "pool", d.opts.NodeName)
-	}
-}
-
-// Rediscover runs discovery again and reports whether the slices changed.
-// Claims already prepared are unaffected: they are served and torn down
-// from the checkpoint.
-func (d *Driver) Rediscover(ctx context.Context) (bool, error) {
-	t, res, err := d.discover(ctx)
-	if err != nil {
-		return false, err
-	}
-	d.mu.Lock()
-	d.topo = t
-	if equality.Semantic.DeepEqual(d.resources, &res) {
-		d.mu.Unlock()
-		return false, nil
-	}
-	d.resources = &res
-	d.mu.Unlock()
-	d.refreshHealthGauges(t)
-	return true, nil
 }
 
 // HandleError implements draplugin.DRAPlugin. Errors the helper marks

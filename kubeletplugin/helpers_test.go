@@ -17,6 +17,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/driver/discovery"
 	"github.com/gpulink/gpulink/driver/topology"
 	"github.com/gpulink/gpulink/driver/topology/topologytest"
 	"github.com/gpulink/gpulink/kubeletplugin/mps"
@@ -77,6 +78,9 @@ type env struct {
 	opts       Options
 	// mig creates MIG instances (MIG on demand); nil: none.
 	mig MIGInstanceManager
+	// live, when set, discovers instead of disc: a simulated node whose
+	// MIG instances show as they are created and destroyed.
+	live discovery.Discoverer
 }
 
 func newEnv(t testing.TB, topo *topology.Topology) *env {
@@ -134,8 +138,12 @@ func (e *env) newDriver() (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
+	var disc discovery.Discoverer = e.disc
+	if e.live != nil {
+		disc = e.live
+	}
 	return New(e.ctx, e.opts, Dependencies{
-		Discoverer: e.disc,
+		Discoverer: disc,
 		CDI:        cdi,
 		MPS:        mps.NewManager(e.mpsRoot, e.daemon),
 		BootID:     func() (string, error) { return e.bootID, nil },

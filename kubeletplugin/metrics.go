@@ -42,20 +42,34 @@ type Metrics struct {
 // plugin, naming its node (PreparedGPUInfoName carries it itself).
 const NodeLabel = "node"
 
-// NewNodeMetrics is NewMetrics for the plugin of node, as the binary
+// NodeMetricsOptions say what the plugin of one node exports.
+type NodeMetricsOptions struct {
+	// Node names the node: every series carries node="<node>".
+	Node string
+	// PodMetrics exports PreparedGPUInfoName, which names the namespace,
+	// pod and claim of every prepared claim on the node. Off by default:
+	// the metrics port has no authentication, and any peer that reaches
+	// it would learn every tenant's workload names (--pod-metrics).
+	PodMetrics bool
+}
+
+// NewNodeMetrics is NewMetrics for the plugin of one node, as the binary
 // registers them: every series carries node="<node>". During a DaemonSet
 // rolling update two plugin pods of one node are scraped side by side
 // (--rolling-update-uid), each reporting the node's state from the shared
 // checkpoint, and both watch the node's GPUs' health; the label lets a
 // query take one value per node (max by (node)) instead of adding the
 // two, whatever labels the scrape puts on the targets (with a pod network
-// the two pods do not even share an address).
-func NewNodeMetrics(reg prometheus.Registerer, node string) *Metrics {
+// the two pods do not even share an address). The per-pod info series is
+// registered only with o.PodMetrics.
+func NewNodeMetrics(reg prometheus.Registerer, o NodeMetricsOptions) *Metrics {
 	m := newMetrics()
-	perNode := prometheus.WrapRegistererWith(prometheus.Labels{NodeLabel: node}, reg)
+	perNode := prometheus.WrapRegistererWith(prometheus.Labels{NodeLabel: o.Node}, reg)
 	perNode.MustRegister(m.ClaimDuration, m.ClaimErrors, m.PreparedClaims, m.CheckpointCorruptions, m.Publications, m.BackgroundErrors,
 		m.DeviceHealthy, m.HealthEvents, m.MPSDaemons)
-	reg.MustRegister(m.PreparedGPUs)
+	if o.PodMetrics {
+		reg.MustRegister(m.PreparedGPUs)
+	}
 	return m
 }
 

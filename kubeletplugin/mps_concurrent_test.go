@@ -157,15 +157,15 @@ func TestPrepareConcurrentMPSPlacementConflicts(t *testing.T) {
 		want        []string
 	}{
 		{"another namespace's Concurrent share", concurrentOn("a", "team-a", 0), concurrentOn("b", "team-b", 0),
-			[]string{"results[0].device", `"gpu-0" carries Concurrent MPS shares of namespace team-a`, "of namespace team-b cannot join it"}},
+			[]string{"results[0].device", `"gpu-0" carries Concurrent MPS shares of another namespace`, "of namespace team-b cannot join it"}},
 		{"Concurrent beside Isolated", isolatedOn("a", "team-a", 0), concurrentOn("b", "team-a", 0),
 			[]string{`"gpu-0" carries a share that is not a Concurrent MPS share (Isolated MPS`, "set by its own clients"}},
 		{"Isolated beside Concurrent", concurrentOn("a", "team-a", 0), isolatedOn("b", "team-a", 0),
-			[]string{`"gpu-0" carries Concurrent MPS shares of namespace team-a`, "this share (Isolated MPS) would not be protected"}},
+			[]string{`"gpu-0" carries Concurrent MPS shares of this claim's namespace team-a`, "this share (Isolated MPS) would not be protected"}},
 		{"HAMi-core beside Concurrent", concurrentOn("a", "team-a", 0), hamiOn("b", "team-b", 0),
-			[]string{"Concurrent MPS shares of namespace team-a", "this share (HAMiCore)"}},
+			[]string{"Concurrent MPS shares of another namespace", "this share (HAMiCore)"}},
 		{"Concurrent beside HAMi-core", hamiOn("a", "team-b", 0), concurrentOn("b", "team-a", 0),
-			[]string{"not a Concurrent MPS share (HAMiCore, claim UID"}},
+			[]string{"not a Concurrent MPS share (HAMiCore, of another claim)"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, loadTopology(t, "pcie-4.txt"))

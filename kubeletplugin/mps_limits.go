@@ -7,7 +7,9 @@ import (
 )
 
 // runMPSLimits sets every MPS daemon's limits again every
-// Options.MPSLimitInterval until ctx ends (see mps.LimitEnforcer for why).
+// Options.MPSLimitInterval until ctx ends (see mps.LimitEnforcer for why),
+// after retrying the daemons kept after a start without a definite
+// answer (mps.ErrDaemonKept).
 func (d *Driver) runMPSLimits(ctx context.Context) {
 	if d.opts.MPSLimitInterval <= 0 {
 		return
@@ -25,6 +27,11 @@ func (d *Driver) runMPSLimits(ctx context.Context) {
 		if err := d.syncMPSRefs(ctx); err != nil {
 			logger.Error(err, "Reading the checkpoint before setting MPS limits again failed")
 			continue
+		}
+		// Daemons whose start at plugin start (or in a prepare) got no
+		// definite answer were kept with their references: try again.
+		if failed, err := d.mps.RetryKept(ctx); err != nil {
+			logger.Error(err, "Starting MPS control daemons that were kept after an unclear failure failed again; retrying at the next interval", "daemons", failed)
 		}
 		failed, err := d.mps.ReassertLimits(ctx)
 		if err != nil {

@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
 	"github.com/gpulink/gpulink/driver"
@@ -231,11 +230,13 @@ func splitPartitionName(name string) (profile, start string) {
 // and every other prepared claim's, must fit on it together (the rule the
 // published counters enforce: no overlap, enough compute slices, memory
 // and instances of limited profiles). It is the last line of defense
-// against an allocator that ignored the counters.
-func (d *Driver) checkPartitionConflicts(pc *PreparedClaim, resultIdx []int) error {
+// against an allocator that ignored the counters. A refusal names the
+// partitions in the way but not their claims (refuseBeside).
+func (d *Driver) checkPartitionConflicts(logger klog.Logger, pc *PreparedClaim, resultIdx []int) error {
 	type held struct {
 		part mig.Partition
-		by   string
+		name string
+		by   *PreparedClaim // nil: pc
 	}
 	byGPU := map[int][]held{}
 	for uid, other := range d.cp.Claims {
@@ -244,7 +245,7 @@ func (d *Driver) checkPartitionConflicts(pc *PreparedClaim, resultIdx []int) err
 		}
 		for _, dev := range other.Devices {
 			if p, ok := d.partitionOf(dev); ok {
-				byGPU[dev.Index] = append(byGPU[dev.Index], held{p, fmt.Sprintf("%s of claim UID %s", dev.Device, uid)})
+				byGPU[dev.Index] = append(byGPU[dev.Index], held{p, dev.Device + " of another claim", other})
 			}
 		}
 	}
@@ -257,15 +258,23 @@ func (d *Driver) checkPartitionConflicts(pc *PreparedClaim, resultIdx []int) err
 		gpu := d.topo.GPUs[pos]
 		parts := []mig.Partition{p}
 		var names []string
+		var by *PreparedClaim
 		for _, h := range byGPU[dev.Index] {
 			parts = append(parts, h.part)
-			names = append(names, h.by)
+			names = append(names, h.name)
+			if by == nil {
+				by = h.by
+			}
 		}
 		if err := gpu.MIG.Capacity().Fits(parts); err != nil {
-			return fmt.Errorf("%s.device: partition %q cannot exist beside the partitions already prepared on GPU %d (%s): %w",
+			err = fmt.Errorf("%s.device: partition %q cannot exist beside the partitions already prepared on GPU %d (%s): %w",
 				resultField(resultIdx[j]), dev.Device, dev.Index, strings.Join(names, ", "), err)
+			if by == nil {
+				return err
+			}
+			return refuseBeside(logger, pc, by, err)
 		}
-		byGPU[dev.Index] = append(byGPU[dev.Index], held{p, fmt.Sprintf("%s of this claim", dev.Device)})
+		byGPU[dev.Index] = append(byGPU[dev.Index], held{p, dev.Device + " of this claim", nil})
 	}
 	return nil
 }
@@ -339,90 +348,6 @@ func (d *Driver) destroyPartitions(ctx context.Context, pc *PreparedClaim) error
 		klog.FromContext(ctx).V(2).Info("Destroyed MIG instance", "claim", klog.KRef(pc.Namespace, pc.Name), "device", dev.Device, "gpu", dev.Index)
 	}
 	return errors.Join(errs...)
-}
-
-// reconcileOnDemand runs at start, after interrupted prepares were rolled
-// back: it adopts the GPUs named by --mig-on-demand that hold no foreign
-// instances, refuses the others (logged), and on adopted GPUs destroys
-// the instances no prepared claim holds. It reports whether it changed
-// what the node publishes (a refusal) or has (a destroyed orphan).
-func (d *Driver) reconcileOnDemand(ctx context.Context) (bool, error) {
-	logger := klog.FromContext(ctx)
-	if d.migSelection.empty() || d.topo == nil {
-		return false, nil
-	}
-	held := map[string]map[[3]int]types.UID{} // parent UUID -> (profile, start, size) -> claim
-	for uid, pc := range d.cp.Claims {
-		for _, dev := range pc.Devices {
-			if dev.MIG == nil || dev.MIG.OnDemand == nil {
-				continue
-			}
-			m := held[dev.MIG.ParentUUID]
-			if m == nil {
-				m = map[[3]int]types.UID{}
-				held[dev.MIG.ParentUUID] = m
-			}
-			o := dev.MIG.OnDemand
-			m[[3]int{o.GIProfileID, o.Placement.Start, o.Placement.Size}] = uid
-		}
-	}
-	changed := false
-	adopted := map[string]bool{}
-	for _, u := range d.cp.OnDemandGPUs {
-		adopted[u] = true
-	}
-	var keep []string
-	for _, g := range d.topo.GPUs {
-		if !g.MIGEnabled() || !g.MIG.OnDemand {
-			continue
-		}
-		if d.migInstances == nil {
-			return false, fmt.Errorf("--mig-on-demand: GPU %d: this discovery backend cannot create MIG instances", g.Index)
-		}
-		gis, err := d.migInstances.GPUInstances(ctx, g.UUID)
-		if err != nil {
-			return false, fmt.Errorf("--mig-on-demand: listing the MIG instances of GPU %d: %w", g.Index, err)
-		}
-		var foreign []discovery.GPUInstance
-		for _, gi := range gis {
-			if _, ok := held[g.UUID][[3]int{gi.ProfileID, gi.Placement.Start, gi.Placement.Size}]; !ok {
-				foreign = append(foreign, gi)
-			}
-		}
-		if !adopted[g.UUID] && len(foreign) > 0 {
-			d.migRefused[g.UUID] = describeInstances(foreign)
-			logger.Error(nil, "GPU is named by --mig-on-demand but has MIG instances gpulink did not create; publishing its instances as static MIG devices instead. Destroy them (nvidia-smi mig -i <index> -dci; nvidia-smi mig -i <index> -dgi) and restart the plugin to partition it on demand",
-				"gpu", g.Index, "uuid", g.UUID, "instances", d.migRefused[g.UUID])
-			changed = true
-			continue
-		}
-		for _, gi := range foreign {
-			// Ours (the GPU is adopted) and no prepared claim's: left by a
-			// crash between creating it and recording the claim's end.
-			if err := d.migInstances.Destroy(ctx, g.UUID, gi.ProfileID, gi.Placement); err != nil {
-				logger.Error(err, "Destroying an orphaned MIG instance failed; the next start tries again", "gpu", g.Index, "gpuInstance", gi.ID, "placement", gi.Placement)
-				continue
-			}
-			changed = true
-			logger.Info("Destroyed orphaned MIG instance that no prepared claim holds", "gpu", g.Index, "gpuInstance", gi.ID, "profile", gi.ProfileID, "placement", gi.Placement)
-		}
-		keep = append(keep, g.UUID)
-	}
-	slices.Sort(keep)
-	if !slices.Equal(keep, d.cp.OnDemandGPUs) {
-		d.cp.OnDemandGPUs = keep
-		d.dirty = true
-	}
-	return changed, nil
-}
-
-// describeInstances lists GPU instances for a log line.
-func describeInstances(gis []discovery.GPUInstance) string {
-	parts := make([]string, 0, len(gis))
-	for _, gi := range gis {
-		parts = append(parts, fmt.Sprintf("GI %d (profile %d) at %d+%d", gi.ID, gi.ProfileID, gi.Placement.Start, gi.Placement.Size))
-	}
-	return strings.Join(parts, ", ")
 }
 
 // MIGInstancesFor returns the MIG instance manager over the same NVML

@@ -66,6 +66,9 @@ type onDemandEnv struct {
 	lib   nvml.Interface
 	fault *faultyMIG
 	uuid  string
+	// md is the simulated node: discovering it lists the instances that
+	// exist now (env.live).
+	md discovery.Discoverer
 }
 
 func newOnDemandEnv(t *testing.T, server string, gpu1 []string) *onDemandEnv {
@@ -92,7 +95,7 @@ func newOnDemandEnv(t *testing.T, server string, gpu1 []string) *onDemandEnv {
 			t.Fatal(err)
 		}
 	}
-	return &onDemandEnv{env: e, lib: lib, fault: f, uuid: topo.GPUs[0].UUID}
+	return &onDemandEnv{env: e, lib: lib, fault: f, uuid: topo.GPUs[0].UUID, md: md}
 }
 
 // instances lists GPU 0's GPU instances.
@@ -230,7 +233,7 @@ func TestPrepareOnDemandBadInput(t *testing.T) {
 		{"no such GPU", partResult("mig", "gpu-9-part-1g-5gb-at-0"), `no GPU with index 9`},
 		{"share", shared, `status.allocation.devices.results[0].shareID: 0b5c6b0e-8f0a-4f7e-9a55-0c6f3c7d2d11: partition "gpu-0-part-1g-5gb-at-0" is given out whole`},
 		{"admin access", admin, `status.allocation.devices.results[0].adminAccess: partition "gpu-0-part-1g-5gb-at-0" exists only while a claim holds it`},
-		{"overlaps a prepared partition", partResult("mig", "gpu-0-part-1g-5gb-at-5"), `partition "gpu-0-part-1g-5gb-at-5" cannot exist beside the partitions already prepared on GPU 0 (gpu-0-part-3g-20gb-at-4 of claim UID ` + string(held.UID) + `): 3g.20gb at 4+4 overlaps 1g.5gb at 5+1`},
+		{"overlaps a prepared partition", partResult("mig", "gpu-0-part-1g-5gb-at-5"), `partition "gpu-0-part-1g-5gb-at-5" cannot exist beside the partitions already prepared on GPU 0 (gpu-0-part-3g-20gb-at-4 of another claim): 3g.20gb at 4+4 overlaps 1g.5gb at 5+1`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			claim := newClaim("bad", []resourceapi.DeviceRequestAllocationResult{c.result})

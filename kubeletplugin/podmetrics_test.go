@@ -16,6 +16,12 @@ import (
 // registry of their own with the node label, as the binary does.
 func startWithRegistry(t *testing.T, e *env) (*Driver, *prometheus.Registry) {
 	t.Helper()
+	return startWithNodeMetrics(t, e, NodeMetricsOptions{Node: e.opts.NodeName, PodMetrics: true})
+}
+
+// startWithNodeMetrics is startWithRegistry with the given options.
+func startWithNodeMetrics(t *testing.T, e *env, o NodeMetricsOptions) (*Driver, *prometheus.Registry) {
+	t.Helper()
 	cdi, err := NewCDIDir(e.cdiDir)
 	if err != nil {
 		t.Fatal(err)
@@ -26,7 +32,7 @@ func startWithRegistry(t *testing.T, e *env) (*Driver, *prometheus.Registry) {
 		CDI:        cdi,
 		MPS:        mps.NewManager(e.mpsRoot, e.daemon),
 		BootID:     func() (string, error) { return e.bootID, nil },
-		Metrics:    NewNodeMetrics(reg, e.opts.NodeName),
+		Metrics:    NewNodeMetrics(reg, o),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -156,5 +162,34 @@ func TestPreparedGPUInfoClaimWithoutPods(t *testing.T) {
 	got := infoSeries(t, reg)
 	if len(got) != 1 || !strings.Contains(got[0], ",pod=,claim=lonely,kind=whole,") {
 		t.Fatalf("got %q, want one series of claim lonely with an empty pod", got)
+	}
+}
+
+// Without PodMetrics (the default) the plugin exports no series naming a
+// tenant's namespace, pod or claim: its metrics port has no
+// authentication. Its other series stay.
+func TestPodMetricsOffByDefault(t *testing.T) {
+	e := newEnv(t, loadTopology(t, "pcie-4.txt"))
+	d, reg := startWithNodeMetrics(t, e, NodeMetricsOptions{Node: e.opts.NodeName})
+	claim := newClaim("secret-claim", []resourceapi.DeviceRequestAllocationResult{wholeGPU("gpus", 0)})
+	claim.Namespace = "secret-tenant"
+	mustPrepare(t, d, reservedFor(claim, "secret-pod"))
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, f := range families {
+		names = append(names, f.GetName())
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if v := l.GetValue(); strings.Contains(v, "secret") {
+					t.Errorf("%s exports %s=%q", f.GetName(), l.GetName(), v)
+				}
+			}
+		}
+	}
+	if slices.Contains(names, PreparedGPUInfoName) || !slices.Contains(names, "gpulink_kubeletplugin_prepared_claims") {
+		t.Errorf("families %v: want gpulink_kubeletplugin_prepared_claims and no %s", names, PreparedGPUInfoName)
 	}
 }

@@ -5,7 +5,7 @@ import (
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gpulink/gpulink/driver"
@@ -57,6 +57,13 @@ func (d *Driver) planMIG(field string, r resourceapi.DeviceRequestAllocationResu
 	if !gpu.MIGEnabled() {
 		return PreparedDevice{}, fmt.Errorf("%s.device: %q: GPU %d is not in MIG mode on node %s", field, r.Device, parent, d.opts.NodeName)
 	}
+	if gpu.MIG.OnDemand {
+		// Every instance on it was created for a claim's partition and
+		// belongs to that claim alone; naming one by its IDs would put
+		// two tenants on one instance, and the first one's unprepare
+		// would destroy it under the second.
+		return PreparedDevice{}, fmt.Errorf("%s.device: %q: GPU %d on node %s is partitioned on demand (--mig-on-demand): its MIG instances belong to the claims whose partitions created them and are never given out as MIG devices", field, r.Device, parent, d.opts.NodeName)
+	}
 	var in *mig.Instance
 	have := make([]string, 0, len(gpu.MIG.Instances))
 	for k := range gpu.MIG.Instances {
@@ -92,16 +99,20 @@ func (d *Driver) planMIG(field string, r resourceapi.DeviceRequestAllocationResu
 }
 
 // checkMIGConflicts: a MIG device is exclusive, within the claim and
-// across prepared claims (admin access exempt).
-func (d *Driver) checkMIGConflicts(pc *PreparedClaim, resultIdx []int) error {
-	held := map[string]types.UID{}
+// across prepared claims (admin access exempt). Prepared instances are
+// known by GPU and IDs, not by device name, so that an instance created
+// for another claim's partition (named gpu-N-part-...) is found too when
+// this claim names it as gpu-N-mig-<GI>-<CI>. A refusal names no other
+// claim (refuseBeside).
+func (d *Driver) checkMIGConflicts(logger klog.Logger, pc *PreparedClaim, resultIdx []int) error {
+	held := map[migInstanceKey]*PreparedClaim{}
 	for uid, other := range d.cp.Claims {
 		if uid == pc.UID {
 			continue
 		}
 		for _, dev := range other.Devices {
-			if dev.MIG != nil && !dev.AdminAccess {
-				held[dev.Device] = uid
+			if k, ok := preparedInstance(dev); ok && !dev.AdminAccess {
+				held[k] = other
 			}
 		}
 	}
@@ -115,11 +126,28 @@ func (d *Driver) checkMIGConflicts(pc *PreparedClaim, resultIdx []int) error {
 			return fmt.Errorf("%s.device: MIG device %q is allocated twice (also in %s)", field, dev.Device, resultField(resultIdx[k]))
 		}
 		inClaim[dev.Device] = j
-		if uid, ok := held[dev.Device]; ok {
-			return fmt.Errorf("%s.device: MIG device %q is already prepared for claim UID %s", field, dev.Device, uid)
+		k, ok := preparedInstance(dev)
+		if !ok {
+			continue // a partition: checkPartitionConflicts
+		}
+		if other, ok := held[k]; ok {
+			return refuseBeside(logger, pc, other, fmt.Errorf("%s.device: MIG device %q is already prepared for another claim", field, dev.Device))
 		}
 	}
 	return nil
+}
+
+// migInstanceKey names a MIG instance on the node: its GPU's index, GPU
+// instance and compute instance IDs.
+type migInstanceKey struct{ gpu, gi, ci int }
+
+// preparedInstance is the instance a prepared device holds: a static MIG
+// device's, or a partition's once its instance is created.
+func preparedInstance(dev PreparedDevice) (migInstanceKey, bool) {
+	if dev.MIG == nil || dev.MIG.GI < 0 || dev.MIG.CI < 0 {
+		return migInstanceKey{}, false
+	}
+	return migInstanceKey{dev.Index, dev.MIG.GI, dev.MIG.CI}, true
 }
 
 // addMIGNodes adds a MIG device's capability nodes to its CDI device,

@@ -118,7 +118,7 @@ func TestPrepareMIGDevices(t *testing.T) {
 	}
 	other := newClaim("other", []resourceapi.DeviceRequestAllocationResult{migResult("gpus", "gpu-0-mig-1-0")})
 	err := prepare(t, d, other)[other.UID].Err
-	if err == nil || !strings.Contains(err.Error(), `MIG device "gpu-0-mig-1-0" is already prepared for claim UID `+string(c.UID)) {
+	if err == nil || !strings.Contains(err.Error(), `MIG device "gpu-0-mig-1-0" is already prepared for another claim`) {
 		t.Errorf("second claim on one MIG device: %v", err)
 	}
 	mustUnprepare(t, d, c)

@@ -14,6 +14,10 @@ import (
 
 // recoverState loads the checkpoint and makes the node match it:
 //
+//   - A checkpoint of another version (ErrCheckpointVersion: a rollback
+//     from a newer plugin) stops the start before anything is touched.
+//     One with fields this version does not know is used for what it
+//     knows, and a copy of the file is kept (checkpoint.json.newer).
 //   - A corrupt checkpoint is moved aside as checkpoint.json.corrupt and
 //     the plugin starts with no prepared claims (every CDI spec of ours is
 //     then stray and removed); the kubelet prepares the claims of pods it
@@ -37,8 +41,13 @@ func (d *Driver) recoverState(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cp, err := d.ckpt.Load()
+	cp, unknown, err := d.ckpt.LoadTolerant()
 	switch {
+	case errors.Is(err, ErrCheckpointVersion):
+		// A rollback from a newer version: its claims may be in use by
+		// running pods, and tearing down what this version cannot read
+		// would break them. Start nothing, destroy nothing.
+		return fmt.Errorf("%w; refusing to start rather than remove the CDI specs, MPS daemons and MIG instances of claims running pods may use: run the plugin version that wrote it, or, once no pod on this node uses a GPU, delete %s", err, d.ckpt.Path())
 	case errors.Is(err, ErrCorruptCheckpoint):
 		d.metrics.CheckpointCorruptions.Inc()
 		moved, mvErr := d.ckpt.MoveAside()
@@ -47,11 +56,19 @@ func (d *Driver) recoverState(ctx context.Context) error {
 		}
 		logger.Error(err, "CHECKPOINT CORRUPT: moved it aside and starting with no prepared claims; stray CDI specs will be removed and the kubelet re-prepares the claims of running pods", "movedTo", moved)
 		cp = newCheckpoint(bootID)
+		d.stateLost = true
 	case err != nil:
 		return err
 	case cp.BootID != "" && cp.BootID != bootID:
 		logger.Info("Node rebooted since the checkpoint was written, dropping its claims", "checkpointBootID", cp.BootID, "bootID", bootID, "claims", len(cp.Claims))
 		cp = newCheckpoint(bootID)
+	}
+	if unknown != "" && err == nil {
+		// A newer version wrote it (a rollback): keep its file for a
+		// roll forward or a post-mortem; the claims are read as this
+		// version knows them and kept.
+		kept, cerr := d.ckpt.KeepCopy(newerCheckpointSuffix)
+		logger.Info("Checkpoint has fields this plugin version does not know (written by a newer version?); using what it knows and keeping its claims", "unknown", unknown, "copy", kept, "copyErr", cerr)
 	}
 	cp.BootID = bootID
 	d.cp = cp
@@ -80,9 +97,11 @@ func (d *Driver) recoverState(ctx context.Context) error {
 				continue
 			}
 			if err := d.mps.EnsureDaemon(ctx, pc.mpsShare()); err != nil {
-				logger.Error(err, "Restoring MPS daemon reference failed; the claim's containers may not be able to use MPS", "claim", klog.KRef(pc.Namespace, pc.Name), "device", dev.Device)
-				// A kept daemon still holds its reference, so that the
-				// claim's unprepare stops it.
+				logger.Error(err, "Restoring MPS daemon reference failed; a daemon that may serve the claim's containers is kept and started again every --mps-limit-interval", "claim", klog.KRef(pc.Namespace, pc.Name), "device", dev.Device)
+				// A kept daemon (one that existed, or whose state the
+				// API server did not tell) still holds its reference, so
+				// that the claim's unprepare stops it and the limits loop
+				// retries it (mps.Manager.RetryKept).
 				dev.Share.MPSRef = errors.Is(err, mps.ErrDaemonKept)
 			}
 		}

@@ -67,7 +67,7 @@ func TestTwoInstancesShareTheCheckpoint(t *testing.T) {
 	w1 := newClaim("w1", []resourceapi.DeviceRequestAllocationResult{wholeGPU("g", 3)})
 	w2 := newClaim("w2", []resourceapi.DeviceRequestAllocationResult{wholeGPU("g", 3)})
 	mustPrepare(t, d1, w1)
-	if r := prepare(t, d2, w2)[w2.UID]; r.Err == nil || !strings.Contains(r.Err.Error(), "already prepared whole for claim UID "+string(w1.UID)) {
+	if r := prepare(t, d2, w2)[w2.UID]; r.Err == nil || !strings.Contains(r.Err.Error(), "already prepared whole for another claim") {
 		t.Errorf("second instance prepared gpu-3 again: error %v", r.Err)
 	}
 	// The kubelet asks the other instance for a claim already prepared:

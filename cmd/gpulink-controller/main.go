@@ -57,6 +57,7 @@ type options struct {
 	webhookAddress     string
 	webhookCertDir     string
 	webhookReusePort   bool
+	webhookLimits      admission.Limits
 	compatConfig       string
 	compatGrace        time.Duration
 	mixWindow          int
@@ -95,6 +96,10 @@ func main() {
 	fs.StringVar(&o.webhookAddress, "webhook-address", "", "Address of the mutating admission webhook that translates device-plugin GPU resources (nvidia.com/gpu, HAMi, aliyun.com/gpu, tencent.com/vcuda-*) into claims; served by every replica; empty disables it.")
 	fs.StringVar(&o.webhookCertDir, "webhook-cert-dir", "/etc/gpulink/webhook", "Directory with the webhook's tls.crt and tls.key (reloaded when they change).")
 	fs.BoolVar(&o.webhookReusePort, "webhook-reuse-port", false, "Set SO_REUSEPORT on the webhook's socket, so that replicas sharing a node's network (hostNetwork) all serve it.")
+	fs.DurationVar(&o.webhookLimits.ReadTimeout, "webhook-read-timeout", admission.DefaultLimits.ReadTimeout, "Longest a webhook request may take from its first byte to its body's last; the peer's connection is closed then.")
+	fs.Int64Var(&o.webhookLimits.MaxBodyBytes, "webhook-max-body-bytes", admission.DefaultLimits.MaxBodyBytes, "Largest AdmissionReview the webhook reads (a pod etcd can store fits in the default).")
+	fs.IntVar(&o.webhookLimits.MaxInFlight, "webhook-max-in-flight", admission.DefaultLimits.MaxInFlight, "Webhook requests served at once; more are answered 429.")
+	fs.Int64Var(&o.webhookLimits.MaxBufferedBytes, "webhook-max-buffered-bytes", admission.DefaultLimits.MaxBufferedBytes, "Bytes of webhook request bodies read and decoded at once (each request reserves its Content-Length); a request that does not fit is answered 429. The webhook's memory for requests is about three times this.")
 	fs.StringVar(&o.compatConfig, "compat-config", "", "YAML file naming the translated resource families (see compat.Config); empty: the nvidia.com/* family with HAMi's annotations.")
 	fs.DurationVar(&o.compatGrace, "compat-template-grace", 5*time.Minute, "How long a translated ResourceClaimTemplate outlives the last pod admitted with it once no pod references it.")
 	fs.BoolVar(&o.rankByStranding, "rank-by-stranding", false, "Rank nodes for pods with one device set by the GPU a placement strands for the recent pods' shapes, counting each node's CPU and memory left (FGD's fragment measure; docs/performance/trace.md); off: by their GPUs alone.")
@@ -207,8 +212,11 @@ func run(ctx context.Context, o options) error {
 		if o.compatGrace <= 0 {
 			return fmt.Errorf("--compat-template-grace %s must be positive", o.compatGrace)
 		}
+		if err := o.webhookLimits.Validate(); err != nil {
+			return fmt.Errorf("--webhook-max-body-bytes and --webhook-max-buffered-bytes: %w", err)
+		}
 		compatOpts = &admission.Options{
-			Address: o.webhookAddress, ReusePort: o.webhookReusePort, CertDir: o.webhookCertDir, Config: cc,
+			Address: o.webhookAddress, ReusePort: o.webhookReusePort, CertDir: o.webhookCertDir, Limits: o.webhookLimits, Config: cc,
 			Grace: o.compatGrace, Metrics: reg, Recorder: recorder,
 		}
 	}

@@ -34,6 +34,8 @@ type flags struct {
 	mockServer  string
 	mockMIG     string
 	keep        bool
+	// daemonDriverRoot is --daemon-driver-root (the dry run makes its own).
+	daemonDriverRoot string
 }
 
 func parseFlags(args []string) (*flags, error) {
@@ -49,6 +51,10 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.cfg.NVIDIASMI, "nvidia-smi", "nvidia-smi", "nvidia-smi binary.")
 	fs.StringVar(&f.cfg.NVCC, "nvcc", "nvcc", "CUDA compiler that builds the probe.")
 	fs.DurationVar(&f.cfg.ContainerTimeout, "container-timeout", 2*time.Minute, "Time limit of each container.")
+	fs.IntVar(&f.cfg.Work.Reps, "spin-reps", gpucheck.DefaultWork.Reps, "Repetitions of the throughput checks' kernel (spin_fma) in each client.")
+	f.cfg.Work.Blocks, f.cfg.Work.Iters = gpucheck.DefaultWork.Blocks, gpucheck.DefaultWork.Iters
+	fs.DurationVar(&f.cfg.StartLead, "start-lead", 5*time.Second, "How far ahead the clients of one throughput check are told to start their kernels together.")
+	fs.StringVar(&f.daemonDriverRoot, "daemon-driver-root", "/", "Driver root (host path) the MPS daemon pod rows mount into the daemon's pod, as the chart's kubeletplugin.driverRoot; empty skips those rows.")
 	fs.StringVar(&f.mockServer, "mock-server", "dgxh100", "go-nvml mock server of --dry-run.")
 	fs.StringVar(&f.mockMIG, "mock-mig", "7:", `GPUs of the --dry-run mock in MIG mode and their instances, as the kubelet plugin's --mock-mig ("7:": GPU 7 in MIG mode without instances, so that the MIG rows run on the mock; empty: none).`)
 	klog.InitFlags(fs)
@@ -65,6 +71,9 @@ func parseFlags(args []string) (*flags, error) {
 	f.cfg.ShareMemoryBytes = q.Value()
 	if f.cfg.ShareCores < 1 || f.cfg.ShareCores > 100 {
 		return nil, fmt.Errorf("--share-cores=%d: want 1..100", f.cfg.ShareCores)
+	}
+	if f.cfg.Work.Reps < 1 || f.cfg.Work.Reps > 100 {
+		return nil, fmt.Errorf("--spin-reps=%d: want 1..100", f.cfg.Work.Reps)
 	}
 	f.cfg.NodeName = "gpucheck"
 	return f, nil
@@ -153,7 +162,13 @@ func wire(f *flags) (gpucheck.Deps, error) {
 			return gpucheck.Deps{}, fmt.Errorf("--mock-server=%s --mock-mig=%q: %w", f.mockServer, f.mockMIG, err)
 		}
 		popts.Discoverer, popts.MPSDaemon, popts.Stat = d, mps.DirOnlyDaemon{}, gpucheck.DryRunStat
+		// The daemon pod rows run a stand-in for nvidia-cuda-mps-control.
+		f.cfg.DaemonDriverRoot = filepath.Join(f.cfg.WorkDir, "dry-run-driver-root")
+		if err := gpucheck.WriteDryRunDriverRoot(f.cfg.DaemonDriverRoot); err != nil {
+			return gpucheck.Deps{}, err
+		}
 	} else {
+		f.cfg.DaemonDriverRoot = f.daemonDriverRoot
 		d, err := kubeletplugin.NewDiscoverer(kubeletplugin.DiscoveryOptions{Backend: kubeletplugin.DiscoveryNVML, DriverRoot: "/"})
 		if err != nil {
 			return gpucheck.Deps{}, err
@@ -184,6 +199,14 @@ func wire(f *flags) (gpucheck.Deps, error) {
 		NewPreparer: func(ctx context.Context) (gpucheck.Preparer, error) {
 			return gpucheck.NewPluginPreparer(ctx, popts)
 		},
+		// The daemon pod rows: a plugin of their own whose daemons run in
+		// pods (mps.PodDaemon).
+		NewPreparerWithDaemon: func(ctx context.Context, workDir string, daemon mps.Daemon) (gpucheck.Preparer, error) {
+			o := popts
+			o.WorkDir, o.MPSDaemon = workDir, daemon
+			return gpucheck.NewPluginPreparer(ctx, o)
+		},
+		Stat: popts.Stat,
 	}
 	// The MIG rows drive a second plugin, with its own checkpoint and CDI
 	// directory, that partitions the GPU they pick on demand; the

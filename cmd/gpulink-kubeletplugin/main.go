@@ -61,6 +61,7 @@ type flags struct {
 	defaultShareMemory  string
 	defaultShareCores   int64
 	metricsAddress      string
+	podMetrics          bool
 	profiling           bool
 	bootIDFile          string
 	rediscoverInterval  time.Duration
@@ -113,6 +114,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.rollingUpdateUID, "rolling-update-uid", os.Getenv("POD_UID"), "UID of this plugin's pod (default: $POD_UID). Set, a new plugin pod registers with the kubelet beside the old one during a DaemonSet rolling update with maxSurge, under a socket name of its own, and both share the plugin directory under a file lock; empty: one plugin instance per node at a time.")
 	fs.StringVar(&f.readyFile, "ready-file", "", "File created once the kubelet has registered the plugin, removed at start and exit; an exec readiness probe checks it (--check-ready). Unlike an HTTP probe it tells the two plugin pods of a rolling update apart when they share the node's network. Empty: none.")
 	fs.BoolVar(&f.checkReady, "check-ready", false, "Do not run the plugin: exit 0 if --ready-file exists (the plugin that writes it is registered with the kubelet), else 1. The readiness probe's command.")
+	fs.BoolVar(&f.podMetrics, "pod-metrics", false, "Export "+kubeletplugin.PreparedGPUInfoName+", which names the namespace, pod and claim of every prepared claim on the node, on --metrics-address. Off by default: the port has no authentication, so turn it on only where a NetworkPolicy keeps the port to the metrics scraper.")
 	fs.BoolVar(&f.profiling, "profiling", false, "Serve Go's runtime profiles (net/http/pprof) under /debug/pprof/ on --metrics-address.")
 	fs.StringVar(&f.bootIDFile, "boot-id-file", "/proc/sys/kernel/random/boot_id", "File holding the node's boot ID; a change invalidates the checkpoint.")
 	fs.DurationVar(&f.rediscoverInterval, "rediscover-interval", time.Minute, "How often GPU discovery runs again; 0 disables.")
@@ -351,7 +353,7 @@ func run(ctx context.Context, f *flags) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics := kubeletplugin.NewNodeMetrics(reg, f.nodeName)
+	metrics := kubeletplugin.NewNodeMetrics(reg, kubeletplugin.NodeMetricsOptions{Node: f.nodeName, PodMetrics: f.podMetrics})
 
 	d, err := kubeletplugin.New(ctx, kubeletplugin.Options{
 		NodeName:            f.nodeName,

@@ -4,10 +4,12 @@ import "github.com/prometheus/client_golang/prometheus"
 
 // Metrics counts admission outcomes.
 type Metrics struct {
-	pods *prometheus.CounterVec
+	pods    *prometheus.CounterVec
+	refused *prometheus.CounterVec
 }
 
-// NewMetrics registers gpulink_compat_pods_total{result} on reg:
+// NewMetrics registers gpulink_compat_pods_total{result} and
+// gpulink_compat_requests_refused_total{reason} on reg. Results:
 // translated, refused (a bad value, or a namespace quota the translation
 // would escape, answered with its message) or error (the quotas could not
 // be read, or the patch not encoded).
@@ -15,9 +17,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{pods: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "gpulink_compat_pods_total",
 		Help: "Pods with device-plugin GPU resources seen by the translation webhook, by result (translated, refused, error).",
-	}, []string{"result"})}
-	reg.MustRegister(m.pods)
+	}, []string{"result"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpulink_compat_requests_refused_total",
+			Help: "Requests to the translation webhook refused before their body was read, by reason (too-large, in-flight, memory): see the webhook's Limits.",
+		}, []string{"reason"})}
+	reg.MustRegister(m.pods, m.refused)
 	return m
+}
+
+func (m *Metrics) refuse(reason string) {
+	if m != nil {
+		m.refused.WithLabelValues(reason).Inc()
+	}
 }
 
 func (m *Metrics) count(result string) {

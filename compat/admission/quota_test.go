@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
@@ -58,7 +59,7 @@ func TestCheckQuotas(t *testing.T) {
 		{"other prefix", []*corev1.ResourceQuota{quota("q", "ns", map[string]string{"requests.example.com/mig-1g.10gb": "1"})}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := checkQuotas("ns", tc.quotas, names, []string{"nvidia.com/mig-"}, whole)
+			err := checkQuotas(quotaCheck{namespace: "ns", quotas: tc.quotas, names: names, prefixes: []string{"nvidia.com/mig-"}, classes: whole})
 			if tc.refused == "" {
 				if err != nil {
 					t.Fatalf("refused: %v", err)
@@ -81,10 +82,11 @@ func TestCheckQuotas(t *testing.T) {
 
 func TestQuotaGuardReadsTheNamespace(t *testing.T) {
 	g := &QuotaGuard{Lister: quotaLister(quota("gpus", "a", map[string]string{"requests.nvidia.com/gpu": "1"})), Names: []corev1.ResourceName{"nvidia.com/gpu"}}
-	if err := g.Check("a", []string{driver.DeviceClassWhole}); !isQuotaError(err) {
+	spec := []resourceapi.ResourceClaimSpec{{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: driver.DeviceClassWhole}}}}}}
+	if err := g.Check("a", spec); !isQuotaError(err) {
 		t.Errorf("namespace a: %v", err)
 	}
-	if err := g.Check("b", []string{driver.DeviceClassWhole}); err != nil {
+	if err := g.Check("b", spec); err != nil {
 		t.Errorf("namespace b: %v", err)
 	}
 }

@@ -19,13 +19,15 @@ import (
 // Options configure the translation webhook and its leader-side work.
 type Options struct {
 	Address string
-	// ReusePort: see ServeTLS.
+	// ReusePort: see TLSServer.
 	ReusePort bool
 	CertDir   string
-	Config    compat.Config
-	Grace     time.Duration
-	Metrics   prometheus.Registerer
-	Recorder  events.EventRecorder
+	// Limits bound what the webhook's peers can hold (TLSServer).
+	Limits   Limits
+	Config   compat.Config
+	Grace    time.Duration
+	Metrics  prometheus.Registerer
+	Recorder events.EventRecorder
 }
 
 // Serve runs the webhook until ctx ends. Every replica serves it (the
@@ -49,12 +51,14 @@ func Serve(ctx context.Context, client kubernetes.Interface, o Options) error {
 	}
 	// Serve even before the slices are synced: an empty inventory only
 	// puts off the checks that need it (the controller reports those).
+	metrics := NewMetrics(o.Metrics)
 	wh := &Webhook{
-		Translator: tr,
-		Quota:      &QuotaGuard{Lister: quotas.Lister(), Names: tr.ResourceNames(), Prefixes: tr.ResourcePrefixes()},
-		Metrics:    NewMetrics(o.Metrics),
+		Translator:   tr,
+		Quota:        NewQuotaGuard(quotas.Lister(), tr),
+		Metrics:      metrics,
+		MaxBodyBytes: o.Limits.withDefaults().MaxBodyBytes,
 	}
-	return ServeTLS(ctx, o.Address, o.CertDir, o.ReusePort, wh)
+	return ServeTLS(ctx, TLSServer{Address: o.Address, CertDir: o.CertDir, ReusePort: o.ReusePort, Limits: o.Limits, Metrics: metrics}, wh)
 }
 
 // Lead runs the leader's part until ctx ends: the templates translated
@@ -77,7 +81,7 @@ func Lead(ctx context.Context, client kubernetes.Interface, o Options) error {
 	tr := &compat.Translator{Config: o.Config}
 	maker, err := NewTemplateMaker(TemplateMakerConfig{
 		Client: client, Config: o.Config, Recorder: o.Recorder, Grace: o.Grace,
-		Quota: &QuotaGuard{Lister: quotas.Lister(), Names: tr.ResourceNames(), Prefixes: tr.ResourcePrefixes()},
+		Quota: NewQuotaGuard(quotas.Lister(), tr),
 	}, pods, templates)
 	if err != nil {
 		return err

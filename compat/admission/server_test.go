@@ -19,7 +19,7 @@ import (
 	"time"
 )
 
-func writeCert(t *testing.T, dir string) *x509.CertPool {
+func writeCert(t testing.TB, dir string) *x509.CertPool {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -64,7 +64,7 @@ func TestServeTLSReusePort(t *testing.T) {
 	errs := make(chan error, 2)
 	for i := range 2 {
 		h := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintf(w, "replica %d", i) })
-		go func() { errs <- ServeTLS(ctx, addr, dir, true, h) }()
+		go func() { errs <- ServeTLS(ctx, TLSServer{Address: addr, CertDir: dir, ReusePort: true}, h) }()
 	}
 	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}, Timeout: 5 * time.Second}
 	var resp *http.Response
@@ -88,7 +88,7 @@ func TestServeTLSReusePort(t *testing.T) {
 	ctx2, cancel2 := context.WithCancel(context.Background())
 	defer cancel2()
 	first := make(chan error, 1)
-	go func() { first <- ServeTLS(ctx2, addr, dir, false, http.NotFoundHandler()) }()
+	go func() { first <- ServeTLS(ctx2, TLSServer{Address: addr, CertDir: dir}, http.NotFoundHandler()) }()
 	for range 100 {
 		if c, err := net.Dial("tcp", addr); err == nil {
 			_ = c.Close()
@@ -96,7 +96,7 @@ func TestServeTLSReusePort(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if err := ServeTLS(ctx2, addr, dir, false, http.NotFoundHandler()); err == nil {
+	if err := ServeTLS(ctx2, TLSServer{Address: addr, CertDir: dir}, http.NotFoundHandler()); err == nil {
 		t.Error("a second listener without SO_REUSEPORT succeeded")
 	}
 	cancel2()
@@ -106,7 +106,7 @@ func TestServeTLSReusePort(t *testing.T) {
 }
 
 func TestServeTLSWithoutCertificate(t *testing.T) {
-	err := ServeTLS(context.Background(), "127.0.0.1:0", t.TempDir(), false, http.NotFoundHandler())
+	err := ServeTLS(context.Background(), TLSServer{Address: "127.0.0.1:0", CertDir: t.TempDir()}, http.NotFoundHandler())
 	if err == nil {
 		t.Fatal("served without a certificate")
 	}

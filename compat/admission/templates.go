@@ -263,7 +263,7 @@ func (m *TemplateMaker) sync(ctx context.Context, key string) error {
 			continue
 		}
 		if m.quota != nil {
-			if err := m.quota.Check(ns, compat.SpecClasses(spec)); err != nil {
+			if err := m.quota.Check(ns, []resourceapi.ResourceClaimSpec{spec}); err != nil {
 				if !isQuotaError(err) {
 					errs = append(errs, err)
 					continue

@@ -39,7 +39,7 @@ func startMaker(t *testing.T, quotas ...*corev1.ResourceQuota) *makerEnv {
 	templates := factory.Resource().V1().ResourceClaimTemplates().Informer()
 	m, err := NewTemplateMaker(TemplateMakerConfig{
 		Client: e.client, Config: compat.DefaultConfig(), Recorder: e.rec, Grace: time.Minute,
-		Quota: &QuotaGuard{Lister: quotaLister(quotas...), Names: (&compat.Translator{Config: compat.DefaultConfig()}).ResourceNames()},
+		Quota: NewQuotaGuard(quotaLister(quotas...), &compat.Translator{Config: compat.DefaultConfig()}),
 	}, pods, templates)
 	if err != nil {
 		t.Fatal(err)
@@ -219,5 +219,20 @@ func TestTemplateMakerHonoursQuota(t *testing.T) {
 	}
 	if _, err := e.client.ResourceV1().ResourceClaimTemplates("team").Get(e.ctx, templateOf(p), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("template: %v", err)
+	}
+}
+
+// A pod carrying a share's template in its annotation, in a namespace
+// whose quota limits GPU memory, gets no template from the leader either,
+// whatever class quota the namespace has.
+func TestTemplateMakerKeepsMemoryQuota(t *testing.T) {
+	e := startMaker(t, quota("gpumem", "team", map[string]string{"requests.nvidia.com/gpumem": "4096"}),
+		quota("shares", "team", map[string]string{driver.DeviceClassShare + ".deviceclass.resource.k8s.io/devices": "2"}))
+	p := translated(t, "big", map[string]string{"nvidia.com/gpu": "1", "nvidia.com/gpumem": "40000"})
+	e.createPod(p)
+	e.waitEvent("Warning", ReasonTemplateRefused, "requests.nvidia.com/gpumem: 4096")
+	e.settle()
+	if got := e.templates(); len(got) != 0 {
+		t.Errorf("templates %v created past the memory quota", got)
 	}
 }

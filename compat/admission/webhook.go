@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,6 +15,7 @@ import (
 
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
@@ -24,13 +26,10 @@ import (
 // Path is where the webhook is served.
 const Path = "/translate-pods"
 
-// maxBody bounds an AdmissionReview; pods are far smaller.
-const maxBody = 8 << 20
-
 // QuotaChecker refuses translations in namespaces whose ResourceQuota
 // would not hold for the translated pod (QuotaGuard).
 type QuotaChecker interface {
-	Check(namespace string, classes []string) error
+	Check(namespace string, specs []resourceapi.ResourceClaimSpec) error
 }
 
 // Webhook is the mutating admission webhook that translates pods. It has
@@ -45,6 +44,9 @@ type Webhook struct {
 	// ResourceQuota on the device-plugin names would not count.
 	Quota   QuotaChecker
 	Metrics *Metrics
+	// MaxBodyBytes bounds the review read; 0: DefaultLimits.MaxBodyBytes.
+	// ServeTLS's limits refuse larger ones before reading them.
+	MaxBodyBytes int64
 }
 
 // ServeHTTP answers one AdmissionReview (admission.k8s.io/v1).
@@ -53,9 +55,9 @@ func (w *Webhook) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		http.Error(rw, "POST an AdmissionReview", http.StatusMethodNotAllowed)
 		return
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
-	if err != nil || len(body) > maxBody {
-		http.Error(rw, "reading the AdmissionReview failed or it is too large", http.StatusBadRequest)
+	body, err := readBody(r, cmp.Or(w.MaxBodyBytes, DefaultLimits.MaxBodyBytes))
+	if err != nil {
+		http.Error(rw, err.Error(), http.StatusBadRequest)
 		return
 	}
 	var review admissionv1.AdmissionReview
@@ -73,6 +75,30 @@ func (w *Webhook) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	if err := json.NewEncoder(rw).Encode(out); err != nil {
 		klog.FromContext(r.Context()).Error(err, "Writing admission response")
 	}
+}
+
+// readBody reads at most limit bytes of the request's body, into a buffer
+// of its Content-Length when it has one (io.ReadAll's doubling would hold
+// up to twice the body).
+func readBody(r *http.Request, limit int64) ([]byte, error) {
+	if r.ContentLength > limit {
+		return nil, fmt.Errorf("the AdmissionReview's Content-Length %d exceeds %d bytes", r.ContentLength, limit)
+	}
+	if r.ContentLength >= 0 {
+		body := make([]byte, r.ContentLength)
+		if _, err := io.ReadFull(r.Body, body); err != nil {
+			return nil, fmt.Errorf("reading the AdmissionReview (%d bytes): %w", r.ContentLength, err)
+		}
+		return body, nil
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading the AdmissionReview: %w", err)
+	}
+	if int64(len(body)) > limit {
+		return nil, fmt.Errorf("the AdmissionReview exceeds %d bytes", limit)
+	}
+	return body, nil
 }
 
 func (w *Webhook) review(ctx context.Context, req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
@@ -113,12 +139,11 @@ func (w *Webhook) review(ctx context.Context, req *admissionv1.AdmissionRequest)
 		return allow
 	}
 	if w.Quota != nil && len(res.Claims) > 0 {
-		var classes []string
+		specs := make([]resourceapi.ResourceClaimSpec, 0, len(res.Templates))
 		for _, spec := range res.Templates {
-			classes = append(classes, compat.SpecClasses(spec.Spec)...)
+			specs = append(specs, spec.Spec)
 		}
-		slices.Sort(classes)
-		if err := w.Quota.Check(pod.Namespace, slices.Compact(classes)); err != nil {
+		if err := w.Quota.Check(pod.Namespace, specs); err != nil {
 			if isQuotaError(err) {
 				w.Metrics.count("refused")
 				logger.V(2).Info("Refused pod: its namespace's quota would not count the translated GPUs", "err", err)

@@ -87,7 +87,7 @@ func apply(t *testing.T, pod *corev1.Pod, resp *admissionv1.AdmissionResponse) *
 
 func newWebhook(quotas ...*corev1.ResourceQuota) *Webhook {
 	tr := &compat.Translator{Config: compat.DefaultConfig(), Inventory: staticSizes{40 << 30}}
-	return &Webhook{Translator: tr, Quota: &QuotaGuard{Lister: quotaLister(quotas...), Names: tr.ResourceNames()}}
+	return &Webhook{Translator: tr, Quota: NewQuotaGuard(quotaLister(quotas...), tr)}
 }
 
 type staticSizes []int64
@@ -216,6 +216,55 @@ func TestWebhookRefusesTranslationEscapingQuota(t *testing.T) {
 	cpu := quota("cpu", "team", map[string]string{"requests.cpu": "4"})
 	if resp := review(t, newWebhook(other, cpu), gpuPod("eight", whole), false); !resp.Allowed {
 		t.Errorf("no GPU quota in the namespace: %+v", resp.Result)
+	}
+}
+
+// A quota on GPU memory keeps meaning memory: a namespace capped at 4096
+// MiB of GPU memory, with a share-class quota of 2 devices, does not get a
+// 40000 MiB share translated and counted as one device. The refusal says
+// what to do instead and never suggests a device count taken from a
+// memory or core quota (4096 devices would be 4096 shares of any size).
+func TestWebhookKeepsMemoryAndCoreQuotas(t *testing.T) {
+	memQuota := quota("gpumem", "team", map[string]string{"requests.nvidia.com/gpumem": "4096"})
+	shareQuota := quota("shares", "team", map[string]string{driver.DeviceClassShare + ".deviceclass.resource.k8s.io/devices": "2"})
+	wholeQuota := quota("whole", "team", map[string]string{driver.DeviceClassWhole + ".deviceclass.resource.k8s.io/devices": "1"})
+	for _, tc := range []struct {
+		name   string
+		quota  *corev1.ResourceQuota
+		limits map[string]string
+		want   []string
+	}{
+		{"40000 MiB past a 4096 MiB quota", memQuota, map[string]string{"nvidia.com/gpu": "1", "nvidia.com/gpumem": "40000"},
+			[]string{"ResourceQuota gpumem", "requests.nvidia.com/gpumem: 4096", "GPU memory", "ask for whole GPUs", driver.DeviceClassWhole + ".deviceclass.resource.k8s.io/devices"}},
+		{"a memory percentage", memQuota, map[string]string{"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "90"},
+			[]string{"requests.nvidia.com/gpumem: 4096", "GPU memory"}},
+		{"cores past a core quota", quota("cores", "team", map[string]string{"limits.nvidia.com/gpucores": "50"}), map[string]string{"nvidia.com/gpu": "1", "nvidia.com/gpucores": "100"},
+			[]string{"limits.nvidia.com/gpucores: 50", "GPU cores"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp := review(t, newWebhook(tc.quota, shareQuota, wholeQuota), gpuPod("big", tc.limits), false)
+			if resp.Allowed || resp.Result.Code != http.StatusForbidden {
+				t.Fatalf("translated past the quota: %+v", resp)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(resp.Result.Message, w) {
+					t.Errorf("refusal %q does not mention %q", resp.Result.Message, w)
+				}
+			}
+			if strings.Contains(resp.Result.Message, "devices: ") {
+				t.Errorf("refusal %q suggests a device count", resp.Result.Message)
+			}
+		})
+	}
+	// Whole GPUs are counted by the whole class's quota: translated.
+	if resp := review(t, newWebhook(memQuota, wholeQuota), gpuPod("whole", map[string]string{"nvidia.com/gpu": "1"}), false); !resp.Allowed {
+		t.Errorf("a whole GPU beside a memory quota, with the whole-GPU class quota: %+v", resp.Result)
+	}
+	// Without the class quota, the refusal asks for one without taking
+	// its value from the memory quota.
+	resp := review(t, newWebhook(memQuota), gpuPod("whole", map[string]string{"nvidia.com/gpu": "1"}), false)
+	if resp.Allowed || strings.Contains(resp.Result.Message, "devices: 4096") || !strings.Contains(resp.Result.Message, "devices: <how many devices") {
+		t.Errorf("a whole GPU beside a memory quota, without a class quota: %+v", resp.Result)
 	}
 }
 

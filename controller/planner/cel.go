@@ -151,12 +151,20 @@ func (e *SelectorEvaluator) matchesMemoised(ctx context.Context, n *NodeInventor
 	}
 	row = make([]selectorOutcome, count)
 	for i := range count {
+		// A row cut short by ctx is not kept: its devices would count as
+		// not matching for later decisions (PrepareSelectors' deadline).
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("CEL selector %q on node %s: %w", expr, n.Node, err)
+		}
 		name, dev := device(i)
 		m, _, err := prog.DeviceMatches(ctx, dev)
 		if err != nil {
 			err = fmt.Errorf("CEL selector %q on device %s/%s: %w", expr, n.Pool, name, err)
 		}
 		row[i] = selectorOutcome{match: m && err == nil, err: err}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("CEL selector %q on node %s: %w", expr, n.Node, err)
 	}
 	n.memoMu.Lock()
 	n.memo.put(key, row)

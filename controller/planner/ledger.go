@@ -159,9 +159,9 @@ func UsesOf(claim *resourceapi.ResourceClaim) []DeviceUse {
 // claims allocated before a restart, or by kube-scheduler, count in their
 // group too. A configuration that does not decode is not a concurrent MPS
 // share: the kubelet plugin refuses to prepare it anyway. A hold record
-// (holds.go) lives in another namespace than the claim it stands for, so
-// its concurrent shares form a group of their own until it goes: no share
-// joins their GPU meanwhile, which errs on the safe side.
+// (controller/holds.go) is counted with the deleted claim's namespace,
+// requests and configuration, which its annotation keeps, so its shares
+// keep their groups.
 func allocatedShareGroup(claim *resourceapi.ResourceClaim, request string) string {
 	base := resourceclaim.BaseRequestRef(request)
 	var classLayers, claimLayers [][]byte

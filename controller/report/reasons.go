@@ -41,4 +41,9 @@ const (
 	// ReasonGangReserved is recorded on the pods of a gang that waited
 	// longer than the starvation bound and now reserves a domain.
 	ReasonGangReserved = "GangReservedDomain"
+	// ReasonSelectorsCostly is recorded on a pod whose claims' CEL
+	// selectors took longer than one attempt may spend evaluating them
+	// on the cluster's devices (outside the decision lock); the evaluation
+	// goes on at the next attempt.
+	ReasonSelectorsCostly = "SelectorsCostly"
 )

@@ -50,9 +50,11 @@
 //     counts), the domain whose placement keeps the most of that demand
 //     placeable: the sum over shapes of the shape's GPUs times the gangs
 //     of it that still fit, each in one domain of the shape's own minimal
-//     level (the lowest the cluster's total GPUs allow), counting no more
-//     gangs than were asked for: the domain level's counterpart of the
-//     in-node allocator's criterion 2. It comes after best fit because,
+//     level (the lowest the cluster's total GPUs allow; room counted from
+//     the nodes' free GPUs, as their other resources are the caller's),
+//     counting no more gangs than were asked for: the domain level's
+//     counterpart of the in-node allocator's criterion 2. It comes after
+//     best fit because,
 //     placed first, it chased the rounding of capacities at the higher
 //     levels and gave up tighter fits (measured: fewer gangs placed on
 //     the SuperPOD-style replay, docs/performance/gangs.md);
@@ -71,8 +73,8 @@
 // # Cost
 //
 // Linear in the nodes times the levels to group them, plus, with a
-// demand, one fill and a pass over the shapes per candidate domain of the
-// chosen level. A gang of 64 pods × 8 GPUs on 5,000 nodes:
+// demand, one fill and a pass over the shapes per domain tied on best
+// fit. A gang of 64 pods × 8 GPUs on 5,000 nodes:
 // BenchmarkPlace (make bench), docs/performance/gangs.md.
 //
 // # Invariants (tested)

@@ -27,6 +27,8 @@ type Container struct {
 	// Env is added to the spec's environment before the CDI edits.
 	Env    []string
 	Rootfs RootfsMode
+	// User is the process's user; the zero value is root.
+	User specs.User
 }
 
 // ProgramPath is where the program lies inside the container.
@@ -42,6 +44,7 @@ func BuildBundle(ctx context.Context, run Runner, dir string, c Container, specD
 		return nil, err
 	}
 	spec := baseSpec(append([]string{c.ProgramPath()}, c.Args...), c.Env)
+	spec.Process.User = c.User
 	spec.Mounts = append(spec.Mounts, mounts...)
 	if err := InjectCDI(spec, specDirs, cdiDevices); err != nil {
 		return nil, err

@@ -21,6 +21,11 @@
 //   - probe.go, probe/gpucheck-probe.cu: the CUDA program in the containers,
 //     built on the GPU host with nvcc, reports facts as "gpucheck: key=value"
 //     lines; the verdicts (CheckIsolation, CheckCUDA, CheckAlloc) are Go.
+//   - containers.go: building bundles and running probe containers, one or
+//     several at once (the throughput rows start them together).
+//   - sharing.go, throughput.go, lifetime.go: what shares give, measured
+//     with the probe's timed kernel; daemonpod.go, podkubelet.go: the MPS
+//     daemon pod run as the kubelet would run it.
 //   - suite.go: the order of the checks (Run), CheckHost's fast failure on a
 //     host without a GPU, and the dry run, which runs the GPU-less parts
 //     with go-nvml mock GPUs, /dev/null standing in for /dev/nvidia* and a

@@ -35,8 +35,20 @@ type fakeHost struct {
 	migMemoryBytes int64
 	smiList        string
 
+	// spinMS is the fixed work's repetition time on the whole GPU
+	// (fakeSpin; 100 when 0).
+	spinMS float64
+	// noPriority: MPS client priorities change nothing on this fake GPU.
+	noPriority bool
+	// anyUser: a daemon pod of any user serves clients of every user.
+	anyUser bool
+
 	mu   sync.Mutex
 	runs []string
+	// killed ends the fake daemon pods' containers by ID (daemonPod);
+	// daemonUsers are the users they ran as.
+	killed      map[string]chan struct{}
+	daemonUsers []uint32
 }
 
 func (f *fakeHost) run(_ context.Context, name string, args ...string) ([]byte, error) {
@@ -63,7 +75,11 @@ func (f *fakeHost) run(_ context.Context, name string, args ...string) ([]byte, 
 		return []byte("\tnot a dynamic executable\n"), errors.New("exit status 1")
 	case "runc":
 		if len(args) >= 6 && args[2] == "run" && args[3] == "--bundle" {
-			return f.container(args[4])
+			return f.container(args[4], args[5])
+		}
+		if len(args) >= 4 && args[2] == "kill" {
+			f.kill(args[3])
+			return nil, nil
 		}
 		if len(args) >= 3 && args[2] == "delete" {
 			return nil, nil
@@ -72,7 +88,7 @@ func (f *fakeHost) run(_ context.Context, name string, args ...string) ([]byte, 
 	return nil, fmt.Errorf("fake host: unexpected command %s %v", name, args)
 }
 
-func (f *fakeHost) container(bundle string) ([]byte, error) {
+func (f *fakeHost) container(bundle, id string) ([]byte, error) {
 	b, err := os.ReadFile(filepath.Join(bundle, "config.json"))
 	if err != nil {
 		return nil, err
@@ -85,6 +101,9 @@ func (f *fakeHost) container(bundle string) ([]byte, error) {
 	for _, kv := range spec.Process.Env {
 		k, v, _ := strings.Cut(kv, "=")
 		env[k] = v
+	}
+	if filepath.Base(spec.Process.Args[0]) == "nvidia-cuda-mps-control" {
+		return f.daemonPod(id, &spec)
 	}
 	var allocMiB int64
 	args := spec.Process.Args[1:]
@@ -101,7 +120,7 @@ func (f *fakeHost) container(bundle string) ([]byte, error) {
 	}
 	var out strings.Builder
 	out.WriteString("runc: some noise the parser must ignore\n")
-	for _, k := range []string{"NVIDIA_VISIBLE_DEVICES", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"} {
+	for _, k := range []string{"NVIDIA_VISIBLE_DEVICES", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_CLIENT_PRIORITY"} {
 		if v, ok := env[k]; ok {
 			fmt.Fprintf(&out, "gpucheck: env.%s=%s\n", k, v)
 		}
@@ -125,6 +144,9 @@ func (f *fakeHost) container(bundle string) ([]byte, error) {
 		out.WriteString("gpucheck: cuda=fail:CUDA driver version is insufficient for CUDA runtime version\n")
 		return []byte(out.String()), nil
 	case env["CUDA_MPS_PIPE_DIRECTORY"] != "" && !pipeMounted:
+		out.WriteString("gpucheck: cuda=fail:MPS client failed to connect to the MPS control daemon or the MPS server\n")
+		return []byte(out.String()), nil
+	case !f.anyUser && !daemonServes(env["CUDA_MPS_PIPE_DIRECTORY"], spec.Process.User.UID):
 		out.WriteString("gpucheck: cuda=fail:MPS client failed to connect to the MPS control daemon or the MPS server\n")
 		return []byte(out.String()), nil
 	}
@@ -173,6 +195,7 @@ func (f *fakeHost) container(bundle string) ([]byte, error) {
 			out.WriteString("gpucheck: alloc=fail:out of memory\n")
 		}
 	}
+	out.WriteString(f.fakeSpin(env, args))
 	return []byte(out.String()), nil
 }
 

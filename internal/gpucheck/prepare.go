@@ -5,15 +5,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"os"
 	"path/filepath"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	draplugin "k8s.io/dynamic-resource-allocation/kubeletplugin"
 
+	apiv1alpha1 "github.com/gpulink/gpulink/api/v1alpha1"
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/discovery"
 	"github.com/gpulink/gpulink/kubeletplugin"
@@ -178,6 +181,55 @@ func ShareClaim(node string, index int, memoryBytes, cores int64) *resourceapi.R
 // control daemon serves both.
 func ShareClaimTwoGPUs(node string, a, b int, memoryBytes, cores int64) *resourceapi.ResourceClaim {
 	return allocatedClaim("share-two", shareResult(node, a, 0, memoryBytes, cores), shareResult(node, b, 1, memoryBytes, cores))
+}
+
+// ShareSpec is one MPS share claim of the throughput, priority and daemon
+// checks.
+type ShareSpec struct {
+	// Name makes the claim's name and UID (gpucheck-<Name>) and its
+	// share ID; unique among the claims prepared at one time.
+	Name        string
+	GPU         int
+	MemoryBytes int64
+	Cores       int64
+	// Concurrent puts the share in its namespace's Concurrent MPS group,
+	// as a DeviceClass with sharing.mpsMode Concurrent does (the chart's
+	// gpu-share-concurrent.gpulink.dev): the allocator copies the class's
+	// configuration into the claim (FromClass).
+	Concurrent bool
+	// Priority is the claim's sharing.priority (nil: unset).
+	Priority *int
+}
+
+// ShareClaimOf is an allocated claim for one MPS share as the controller
+// writes it, with the class and claim configuration of the spec.
+func ShareClaimOf(node string, s ShareSpec) *resourceapi.ResourceClaim {
+	r := shareResult(node, s.GPU, 0, s.MemoryBytes, s.Cores)
+	// A share ID of its own: the claims of one GPU never share one.
+	id := types.UID(fmt.Sprintf("0f0f0f0f-0000-4000-8000-%012x", crc32.ChecksumIEEE([]byte(s.Name))))
+	r.ShareID = &id
+	c := allocatedClaim(s.Name, r)
+	if s.Concurrent {
+		c.Status.Allocation.Devices.Config = append(c.Status.Allocation.Devices.Config, gpuConfigEntry(resourceapi.AllocationConfigSourceClass,
+			fmt.Sprintf(`{"strategy":%q,"mpsMode":%q}`, apiv1alpha1.SharingMPS, apiv1alpha1.MPSConcurrent)))
+	}
+	if s.Priority != nil {
+		c.Status.Allocation.Devices.Config = append(c.Status.Allocation.Devices.Config, gpuConfigEntry(resourceapi.AllocationConfigSourceClaim,
+			fmt.Sprintf(`{"priority":%d}`, *s.Priority)))
+	}
+	return c
+}
+
+// gpuConfigEntry is an opaque configuration entry of this driver with the
+// given sharing configuration.
+func gpuConfigEntry(source resourceapi.AllocationConfigSource, sharing string) resourceapi.DeviceAllocationConfiguration {
+	raw := fmt.Sprintf(`{"apiVersion":%q,"kind":%q,"sharing":%s}`, apiv1alpha1.APIVersion, apiv1alpha1.Kind, sharing)
+	return resourceapi.DeviceAllocationConfiguration{
+		Source: source,
+		DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+			Driver: driver.Name, Parameters: runtime.RawExtension{Raw: []byte(raw)},
+		}},
+	}
 }
 
 // shareResult is the n-th share result of a claim, with its own share ID.

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	_ "embed"
 	"fmt"
+	"math"
 	"regexp"
 	"slices"
 	"sort"
@@ -24,7 +25,7 @@ const ProbeSourceName = "gpucheck-probe.cu"
 // ShellProbeScript reports what gpucheck-probe reports about the
 // environment and device nodes, without CUDA: the dry run's container
 // program (run with /bin/sh -c).
-const ShellProbeScript = `for v in NVIDIA_VISIBLE_DEVICES CUDA_VISIBLE_DEVICES CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_PINNED_DEVICE_MEM_LIMIT CUDA_MPS_ACTIVE_THREAD_PERCENTAGE; do
+const ShellProbeScript = `for v in NVIDIA_VISIBLE_DEVICES CUDA_VISIBLE_DEVICES CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_PINNED_DEVICE_MEM_LIMIT CUDA_MPS_ACTIVE_THREAD_PERCENTAGE CUDA_MPS_CLIENT_PRIORITY; do
   eval "set=\${$v+x} val=\${$v-}"
   [ -n "$set" ] && echo "gpucheck: env.$v=$val"
 done
@@ -45,12 +46,24 @@ type ProbeReport struct {
 	MemoryBytes []int64
 	Kernel      string
 	Alloc       string
+	// SMs is device 0's multiprocessor count as CUDA reports it, 0 when
+	// not reported.
+	SMs int
+	// Spin is the outcome of the timed kernel (--spin-reps): "ok" or
+	// "fail:<error>"; empty when it did not run.
+	Spin string
+	// SpinMS are the repetitions' times (CUDA events), SpinStart and
+	// SpinEnd the wall clock (ms since the epoch) around them, SpinLate
+	// how late they started after --start-at (NaN when not reported).
+	SpinMS             []float64
+	SpinStart, SpinEnd float64
+	SpinLate           float64
 }
 
 // ParseProbe reads the "gpucheck: key=value" lines among a container's
 // output; other lines (runc, CUDA warnings) are ignored.
 func ParseProbe(out []byte) (*ProbeReport, error) {
-	r := &ProbeReport{Env: map[string]string{}, Devices: -1}
+	r := &ProbeReport{Env: map[string]string{}, Devices: -1, SpinLate: math.NaN()}
 	uuids := map[int]string{}
 	mems := map[int]int64{}
 	sc := bufio.NewScanner(bytes.NewReader(out))
@@ -93,6 +106,35 @@ func ParseProbe(out []byte) (*ProbeReport, error) {
 			r.Kernel = val
 		case key == "alloc":
 			r.Alloc = val
+		case key == "sms":
+			n, err := strconv.Atoi(val)
+			if err != nil || n < 1 {
+				return nil, fmt.Errorf("probe line %q: sms: want a count", line)
+			}
+			r.SMs = n
+		case key == "spin":
+			r.Spin = val
+		case key == "spin.ms":
+			for _, f := range strings.Split(val, ",") {
+				ms, err := strconv.ParseFloat(f, 64)
+				if err != nil || !(ms > 0) {
+					return nil, fmt.Errorf("probe line %q: spin.ms: want positive times in ms", line)
+				}
+				r.SpinMS = append(r.SpinMS, ms)
+			}
+		case key == "spin.start", key == "spin.end", key == "spin.late":
+			v, err := strconv.ParseFloat(val, 64)
+			if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+				return nil, fmt.Errorf("probe line %q: want a time in ms", line)
+			}
+			switch key {
+			case "spin.start":
+				r.SpinStart = v
+			case "spin.end":
+				r.SpinEnd = v
+			default:
+				r.SpinLate = v
+			}
 		default:
 			return nil, fmt.Errorf("probe line %q: unknown key %q", line, key)
 		}

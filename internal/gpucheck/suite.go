@@ -15,6 +15,7 @@ import (
 
 	"github.com/gpulink/gpulink/driver/discovery"
 	"github.com/gpulink/gpulink/driver/topology"
+	"github.com/gpulink/gpulink/kubeletplugin/mps"
 )
 
 // Config is one run of the suite.
@@ -35,6 +36,15 @@ type Config struct {
 	Runc, NVIDIASMI, NVCC string
 	// ContainerTimeout bounds each container run.
 	ContainerTimeout time.Duration
+	// Work is the fixed work of the throughput checks (DefaultWork when
+	// Reps is 0); StartLead how far ahead of now the containers of one
+	// check are told to start it together (5 s when 0).
+	Work      Work
+	StartLead time.Duration
+	// DaemonDriverRoot is the driver root (host path) the MPS daemon pods
+	// of the daemon pod rows mount and run nvidia-cuda-mps-control from;
+	// empty skips those rows.
+	DaemonDriverRoot string
 }
 
 // Deps are what the suite talks to.
@@ -49,6 +59,16 @@ type Deps struct {
 	// are skipped without them.
 	NewMIGPreparer func(ctx context.Context, gpuIndex int) (Preparer, error)
 	MIG            MIGLister
+	// Processes lists the processes whose environment names an MPS pipe
+	// directory (the daemon and its servers); nil scans /proc.
+	Processes func(pipeDir string) ([]int, error)
+	// NewPreparerWithDaemon builds the plugin's prepare code with its
+	// state under workDir and its MPS daemons started by daemon (the daemon
+	// pod rows: mps.PodDaemon); nil skips those rows.
+	NewPreparerWithDaemon func(ctx context.Context, workDir string, daemon mps.Daemon) (Preparer, error)
+	// Stat stats device nodes for the daemon pods (DryRunStat in a dry
+	// run); nil is os.Stat.
+	Stat func(string) (fs.FileInfo, error)
 }
 
 // ErrNoGPU is returned by CheckHost on a host without an NVIDIA GPU and
@@ -140,6 +160,7 @@ func (s *suite) run(ctx context.Context) {
 	}
 	s.wholeGPU(ctx, prep, gpu)
 	s.share(ctx, prep, gpu, g.MemoryBytes)
+	s.sharingRows(ctx, prep, gpu)
 	if topo.Len() < 2 {
 		s.rep.Add(CheckPrepareShare2, Skip, "one GPU on this host; the claim needs two")
 	} else {
@@ -243,28 +264,6 @@ func (s *suite) prepareProgram(ctx context.Context) bool {
 	s.rep.Add(CheckProbeBuild, Pass, "%s", bin)
 	s.program = bin
 	return true
-}
-
-// container runs the probe in a container with the CDI devices injected.
-func (s *suite) container(ctx context.Context, prep Preparer, ids []string, mode RootfsMode, extra ...string) (*ProbeReport, error) {
-	s.n++
-	id := fmt.Sprintf("gpucheck-%d-%d", os.Getpid(), s.n)
-	dir := filepath.Join(s.cfg.WorkDir, "bundles", id)
-	c := Container{ID: id, Program: s.program, Args: append(append([]string{}, s.args...), extra...), Rootfs: mode}
-	if _, err := BuildBundle(ctx, s.deps.Run, dir, c, prep.SpecDirs(), ids); err != nil {
-		return nil, fmt.Errorf("building the OCI bundle: %w", err)
-	}
-	cctx, cancel := context.WithTimeout(ctx, s.cfg.ContainerTimeout)
-	defer cancel()
-	out, err := RunContainer(cctx, s.deps.Run, s.cfg.Runc, filepath.Join(s.cfg.WorkDir, "runc"), dir, id)
-	if err != nil {
-		return nil, fmt.Errorf("%w (output: %q)", err, lastLines(out, 8))
-	}
-	r, err := ParseProbe(out)
-	if err != nil {
-		return nil, err
-	}
-	return r, nil
 }
 
 func (s *suite) wholeGPU(ctx context.Context, prep Preparer, gpu ClaimedGPU) {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/klog/v2/ktesting"
 
@@ -27,13 +28,25 @@ func suiteDeps(t *testing.T, d discovery.Discoverer, run Runner, workDir string)
 				MPSDaemon: mps.DirOnlyDaemon{}, Stat: DryRunStat,
 			})
 		},
+		NewPreparerWithDaemon: func(ctx context.Context, dir string, daemon mps.Daemon) (Preparer, error) {
+			return NewPluginPreparer(ctx, PluginPreparerOptions{
+				WorkDir: dir, NodeName: "gpucheck", Discoverer: d, MPSDaemon: daemon, Stat: DryRunStat,
+			})
+		},
+		Stat: DryRunStat,
 	}
 }
 
 func gpuConfig(t *testing.T) Config {
+	root := t.TempDir()
+	if err := WriteDryRunDriverRoot(root); err != nil {
+		t.Fatal(err)
+	}
 	return Config{
 		WorkDir: t.TempDir(), NodeName: "gpucheck", ShareMemoryBytes: 4 << 30, ShareCores: 50,
 		Runc: "runc", NVIDIASMI: "nvidia-smi", NVCC: "nvcc",
+		// The fake probe does not wait for the start time.
+		StartLead: 50 * time.Millisecond, DaemonDriverRoot: root,
 	}
 }
 
@@ -72,8 +85,26 @@ func TestRunOnGPUHostWithClientSideMPSLimits(t *testing.T) {
 	// A GPU not in MIG mode: the MIG rows only read its mode.
 	wantResult(t, got, CheckMIGMode, Pass, "GPU 0: off")
 	wantResult(t, got, CheckMIGCreate, Skip, "no GPU is in MIG mode")
-	if len(rep.Results) != 22 {
-		t.Errorf("%d results, want 22", len(rep.Results))
+	// The throughput rows, from the fake GPU's spin_fma times (fakeSpin:
+	// 100 ms a repetition on the whole GPU, 100/cores times that in a share).
+	wantResult(t, got, CheckSpinWhole, Pass, "median 100.00 ms", "132 SMs")
+	wantResult(t, got, CheckSMLimit, Pass, "cores 30: 30.0 % of the whole GPU", "39 SMs in the share")
+	wantResult(t, got, CheckColocIsolated, Pass, "30.0 % + 30.0 % + 30.0 % = 90.0 % of the whole GPU", "overlap 100 %")
+	wantResult(t, got, CheckColocConcurrent, Pass, "= 90.0 % of the whole GPU")
+	wantResult(t, got, CheckPriorityConc, Pass, "priority 0 finished 0 % sooner")
+	wantResult(t, got, CheckPriorityConcFull, Pass, "raised to 100 by both clients", "priority 0 finished 50 % sooner")
+	wantResult(t, got, CheckPriorityIsolated, Pass, "priority 0 finished 0 % sooner")
+	wantResult(t, got, CheckGroupUnprepareFirst, Pass, "group-a unprepared", "40 repetitions computed right")
+	wantResult(t, got, CheckGroupDaemonStops, Pass, "every process serving it gone")
+	// The daemon pod as the chart runs it (root, SETUID and SETGID) serves
+	// a client of another user; the fake GPU enforces the memory limit
+	// from the client's environment. As a non-root user it serves only
+	// its own user's clients.
+	wantResult(t, got, CheckDaemonPodChart, Pass, "daemon UID 0, client UID 1000", "5120 MiB past a 4096 MiB limit: fail:out of memory", "cores 30: 30.0 %")
+	wantResult(t, got, CheckDaemonPodNonRoot, Pass, "daemon UID 65532, client UID 1000: CUDA: MPS client failed to connect")
+	wantResult(t, got, CheckDaemonPodNonRootSame, Pass, "daemon UID 65532, client UID 65532", "fail:out of memory", "cores 30: 30.0 %")
+	if len(rep.Results) != 34 {
+		t.Errorf("%d results, want 34", len(rep.Results))
 	}
 	if rep.ExitCode() != 1 {
 		t.Errorf("exit code %d, want 1", rep.ExitCode())
@@ -133,6 +164,16 @@ func TestRunDryRun(t *testing.T) {
 		wantResult(t, got, name, Pass, "/dev/nvidia3,", "dry run")
 	}
 	wantResult(t, got, CheckAllocRewritten, Skip, "needs a GPU")
+	// The throughput rows prepare and check the MPS environment; the
+	// daemon pod rows run the stand-in daemon as the pod's user.
+	wantResult(t, got, CheckSpinWhole, Skip, "needs a GPU")
+	for _, name := range []string{CheckSMLimit, CheckColocIsolated, CheckColocConcurrent, CheckPriorityConc, CheckPriorityConcFull, CheckPriorityIsolated} {
+		wantResult(t, got, name, Pass, dryRunEnvOnly)
+	}
+	wantResult(t, got, CheckGroupUnprepareFirst, Pass, "dry run")
+	wantResult(t, got, CheckGroupDaemonStops, Pass, "gone")
+	wantResult(t, got, CheckDaemonPodChart, Pass, "ran as UID 0", "client UID 1000")
+	wantResult(t, got, CheckDaemonPodNonRoot, Pass, "ran as UID 65532", "client UID 1000")
 	if rep.ExitCode() != 0 {
 		var b strings.Builder
 		_ = rep.Print(&b)

@@ -40,6 +40,21 @@ type Options struct {
 	// a node's network (hostNetwork) all serve the port and the kernel
 	// spreads connections over them.
 	ReusePort bool
+	// ReadTimeout, when set, bounds the time from a request's first byte
+	// to its body's last (http.Server.ReadTimeout): the header timeout
+	// alone lets a peer that sent headers hold the handler, and whatever
+	// it buffered, for as long as it trickles the body. The header
+	// timeout is then the smaller of the two.
+	ReadTimeout time.Duration
+	// WriteTimeout, when set, bounds the time to write a response, so a
+	// peer that does not read its answer cannot hold the handler either.
+	WriteTimeout time.Duration
+	// IdleTimeout, when set, is how long a kept-alive connection may wait
+	// for its next request (without it, net/http uses ReadTimeout, which
+	// would close the API server's reused connections between calls).
+	IdleTimeout time.Duration
+	// MaxHeaderBytes, when set, replaces net/http's 1 MiB default.
+	MaxHeaderBytes int
 }
 
 // Serve serves h on addr until ctx ends, then shuts the server down,
@@ -62,7 +77,11 @@ func Serve(ctx context.Context, addr string, h http.Handler, o Options) error {
 	if err != nil {
 		return fmt.Errorf("%s: listening on %s: %w", o.Name, addr, err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: readHeaderTimeout, TLSConfig: o.TLS}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: readHeaderTimeout, TLSConfig: o.TLS,
+		ReadTimeout: o.ReadTimeout, WriteTimeout: o.WriteTimeout, IdleTimeout: o.IdleTimeout, MaxHeaderBytes: o.MaxHeaderBytes}
+	if o.ReadTimeout > 0 && o.ReadTimeout < readHeaderTimeout {
+		srv.ReadHeaderTimeout = o.ReadTimeout
+	}
 	go func() {
 		<-ctx.Done()
 		shutdown, cancel := context.WithTimeout(context.Background(), shutdownTimeout)

@@ -2,6 +2,8 @@ package mps
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -55,6 +57,10 @@ const KubeletDevicePluginDir = "/var/lib/kubelet/device-plugins"
 
 // mpsSocketPrefix starts the names of this plugin's sockets in the
 // device plugin directory, so that stale ones can be told from others'.
+// Each DevicePlugin adds an instance tag of its own: during a rolling
+// update two plugin processes serve on one node, and with shared names
+// each would delete the other's sockets (at start as stale, at stop as
+// its own) and the kubelet's registrations would flap.
 const mpsSocketPrefix = "gpulink-mps-"
 
 // DevicePluginConfig configures DevicePlugin.
@@ -89,6 +95,8 @@ type DevicePluginConfig struct {
 // no limits: the controller does not count these, so see docs/security.md.
 type DevicePlugin struct {
 	cfg DevicePluginConfig
+	// tag tells this process's sockets from another instance's.
+	tag string
 
 	mu      sync.Mutex
 	servers []*mpsGPUServer
@@ -113,7 +121,11 @@ func NewDevicePlugin(cfg DevicePluginConfig) (*DevicePlugin, error) {
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = time.Second
 	}
-	return &DevicePlugin{cfg: cfg}, nil
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return nil, fmt.Errorf("MPS daemon device plugin: instance tag: %w", err)
+	}
+	return &DevicePlugin{cfg: cfg, tag: hex.EncodeToString(b[:])}, nil
 }
 
 // kubeletSocket is the kubelet's registration socket.
@@ -204,7 +216,10 @@ func sameGPUs(a, b []topology.GPU) bool {
 }
 
 // removeStaleSockets removes sockets a previous process left behind: the
-// kubelet would otherwise keep dialling them until it notices.
+// kubelet would otherwise keep dialling them until it notices. A socket
+// that accepts a connection is another instance's (a rolling update) and
+// stays, and so does one whose state a dial does not tell: only a refused
+// connection (no listener) or a vanished file is a definite "stale".
 func (p *DevicePlugin) removeStaleSockets() error {
 	entries, err := os.ReadDir(p.cfg.Dir)
 	if errors.Is(err, os.ErrNotExist) {
@@ -214,10 +229,20 @@ func (p *DevicePlugin) removeStaleSockets() error {
 		return fmt.Errorf("reading the kubelet's device plugin directory %s: %w", p.cfg.Dir, err)
 	}
 	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), mpsSocketPrefix) && strings.HasSuffix(e.Name(), ".sock") {
-			if err := os.Remove(filepath.Join(p.cfg.Dir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
-				return fmt.Errorf("removing stale device plugin socket: %w", err)
-			}
+		if !strings.HasPrefix(e.Name(), mpsSocketPrefix) || !strings.HasSuffix(e.Name(), ".sock") {
+			continue
+		}
+		path := filepath.Join(p.cfg.Dir, e.Name())
+		conn, err := net.DialTimeout("unix", path, time.Second)
+		if err == nil {
+			_ = conn.Close()
+			continue // served by another instance
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, syscall.ENOENT) {
+			continue
+		}
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("removing stale device plugin socket: %w", err)
 		}
 	}
 	return nil
@@ -240,7 +265,7 @@ func (p *DevicePlugin) socketsPresent() bool {
 func (p *DevicePlugin) startAndRegister(ctx context.Context, gpus []topology.GPU) error {
 	devMount, devHost := p.cfg.DevRoots()
 	for _, g := range gpus {
-		s := newMPSGPUServer(g, p.cfg.Slots, devMount, devHost, filepath.Join(p.cfg.Dir, mpsSocketPrefix+driver.DeviceName(g.Index)+".sock"))
+		s := newMPSGPUServer(g, p.cfg.Slots, devMount, devHost, filepath.Join(p.cfg.Dir, mpsSocketPrefix+p.tag+"-"+driver.DeviceName(g.Index)+".sock"))
 		if err := s.serve(klog.FromContext(ctx)); err != nil {
 			return err
 		}

@@ -169,7 +169,7 @@ func TestMPSDevicePluginServes(t *testing.T) {
 	if r0 == nil || r1 == nil || len(byResource) != 2 {
 		t.Fatalf("registered %v, want one resource per GPU", byResource)
 	}
-	if r0.Endpoint != "gpulink-mps-gpu-0.sock" || strings.Contains(r0.Endpoint, "/") {
+	if !strings.HasPrefix(r0.Endpoint, "gpulink-mps-") || !strings.HasSuffix(r0.Endpoint, "-gpu-0.sock") || strings.Contains(r0.Endpoint, "/") {
 		t.Errorf("endpoint %q, want a socket name in the device plugin directory", r0.Endpoint)
 	}
 
@@ -293,5 +293,62 @@ func TestMPSDaemonResourceName(t *testing.T) {
 	}
 	if errs := validation.IsQualifiedName("requests." + string(got)); len(errs) > 0 {
 		t.Errorf("requests.%s is not a qualified name: %v", got, errs)
+	}
+}
+
+// During a rolling update of the kubelet plugin two instances serve the
+// MPS daemon device plugin on one node. The new one must not remove the
+// old one's sockets as stale, and the old one, stopping, must not remove
+// the new one's: otherwise the kubelet loses the resources until the new
+// instance notices and registers again (registration flaps).
+func TestMPSDevicePluginRollingUpdate(t *testing.T) {
+	dir := shortTempDir(t)
+	root := fakeDevRoot(t, 0)
+	kubelet := startFakeKubelet(t, dir)
+	cfg := DevicePluginConfig{Dir: dir, GPUs: func() []topology.GPU { return []topology.GPU{{Index: 0, Minor: 0}} }, DevRoots: func() (string, string) { return root, root },
+		// Polls only once within the test: what is checked is what each
+		// instance does to the other's sockets, not how fast it repairs.
+		PollInterval: time.Hour}
+	start := func() (stop func()) {
+		p, err := NewDevicePlugin(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- p.Run(ctx) }()
+		return func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		}
+	}
+	serves := func(r *pluginapi.RegisterRequest, who string) {
+		t.Helper()
+		if _, err := os.Stat(filepath.Join(dir, r.Endpoint)); err != nil {
+			t.Fatalf("%s: socket %s: %v", who, r.Endpoint, err)
+		}
+		stream, err := dial(t, dir, r).ListAndWatch(t.Context(), &pluginapi.Empty{})
+		if err == nil {
+			_, err = stream.Recv()
+		}
+		if err != nil {
+			t.Fatalf("%s: %s does not serve: %v", who, r.Endpoint, err)
+		}
+	}
+	stopOld := start()
+	old := kubelet.waitRegistrations(t, 1)[0]
+	stopNew := start()
+	defer stopNew()
+	regs := kubelet.waitRegistrations(t, 2)
+	current := regs[1]
+	serves(old, "the old instance, after the new one started")
+	serves(current, "the new instance")
+	// The old instance ends, as a rolling update stops it.
+	stopOld()
+	serves(current, "the new instance, after the old one stopped")
+	if n := len(kubelet.registered()); n != 2 {
+		t.Errorf("%d registrations, want one per instance", n)
 	}
 }

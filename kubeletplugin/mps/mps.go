@@ -1,12 +1,10 @@
 package mps
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -189,6 +187,10 @@ type Manager interface {
 	// (see LimitEnforcer) and returns the claim UIDs it could not reach.
 	// Concurrent daemons have no limits of their own.
 	ReassertLimits(ctx context.Context) ([]string, error)
+	// RetryKept starts again (adopting a running one) every daemon whose
+	// start failed without a definite answer and was kept with its
+	// reference (ErrDaemonKept), and returns the IDs still not up.
+	RetryKept(ctx context.Context) ([]string, error)
 }
 
 // LimitEnforcer is implemented by daemons whose limits a container of the
@@ -220,9 +222,10 @@ type Daemon interface {
 }
 
 // ErrDaemonKept marks a Start that failed on a daemon that was already
-// running (adopted after a plugin restart): it may serve running
-// containers, so it is not stopped, and Manager keeps the reference so
-// that the claim's unprepare stops it.
+// running (adopted after a plugin restart), or where the API server gave
+// no definite answer whether one runs: it may serve running containers,
+// so it is not stopped, and Manager keeps the reference, so that the
+// claim's unprepare stops it, and retries the start (RetryKept).
 var ErrDaemonKept = errors.New("the daemon was already running and is kept for the claim's running containers")
 
 type mpsManager struct {
@@ -233,13 +236,16 @@ type mpsManager struct {
 	refs map[string]int
 	// shares are the referenced shares, for ReassertLimits.
 	shares map[string]Share
+	// kept are the referenced daemons whose last start failed with
+	// ErrDaemonKept, for RetryKept.
+	kept map[string]bool
 }
 
 // NewManager counts references to the daemons under root
 // (<root>/<claim UID>/{pipe,log,shm}) and starts and stops them with
 // daemon.
 func NewManager(root string, daemon Daemon) Manager {
-	return &mpsManager{root: root, daemon: daemon, refs: map[string]int{}, shares: map[string]Share{}}
+	return &mpsManager{root: root, daemon: daemon, refs: map[string]int{}, shares: map[string]Share{}, kept: map[string]bool{}}
 }
 
 func (m *mpsManager) Dirs(share Share) Dirs {
@@ -270,6 +276,8 @@ func (m *mpsManager) EnsureDaemon(ctx context.Context, share Share) error {
 		if err := m.daemon.Start(ctx, share, m.Dirs(share)); err != nil {
 			if errors.Is(err, ErrDaemonKept) {
 				m.refs[id]++
+				m.shares[id] = share
+				m.kept[id] = true
 			}
 			return fmt.Errorf("starting MPS control daemon of claim %s on GPU %s: %w", id, share.gpuIDs(), err)
 		}
@@ -295,8 +303,9 @@ func (m *mpsManager) ReassertLimits(ctx context.Context) ([]string, error) {
 	// clients' limits are in their environment.
 	m.mu.Lock()
 	shares := make([]Share, 0, len(m.shares))
-	for _, s := range m.shares {
-		if !s.Concurrent() {
+	for id, s := range m.shares {
+		// A kept daemon did not answer: RetryKept takes it.
+		if !s.Concurrent() && !m.kept[id] {
 			shares = append(shares, s)
 		}
 	}
@@ -314,6 +323,46 @@ func (m *mpsManager) ReassertLimits(ctx context.Context) ([]string, error) {
 		if live {
 			failed = append(failed, s.ID())
 			errs = append(errs, fmt.Errorf("claim %s: %w", s.ID(), err))
+		}
+	}
+	slices.Sort(failed)
+	return failed, errors.Join(errs...)
+}
+
+func (m *mpsManager) RetryKept(ctx context.Context) ([]string, error) {
+	// Not under the lock: a start may wait for a daemon up to its start
+	// timeout, and prepares must not wait for that.
+	m.mu.Lock()
+	kept := make([]Share, 0, len(m.kept))
+	for id := range m.kept {
+		kept = append(kept, m.shares[id])
+	}
+	m.mu.Unlock()
+	var failed []string
+	var errs []error
+	for _, share := range kept {
+		id := share.ID()
+		// Start adopts the pod if it runs and starts one if it is gone
+		// (the reference says a prepared claim needs it); it deletes
+		// nothing it could not read.
+		err := m.daemon.Start(ctx, share, m.Dirs(share))
+		m.mu.Lock()
+		switch {
+		case m.refs[id] == 0:
+			// Released meanwhile (the claim's unprepare, whose stop may
+			// have run before this start): nobody needs the daemon.
+			delete(m.kept, id)
+			if err == nil {
+				err = m.daemon.Stop(ctx, share, m.Dirs(share))
+			}
+		case err == nil:
+			delete(m.kept, id)
+			klog.FromContext(ctx).Info("MPS control daemon up after an earlier start failed without a definite answer", "daemon", id, "group", share.Group, "gpus", share.gpuIDs())
+		}
+		m.mu.Unlock()
+		if err != nil {
+			failed = append(failed, id)
+			errs = append(errs, fmt.Errorf("MPS control daemon %s: %w", id, err))
 		}
 	}
 	slices.Sort(failed)
@@ -385,60 +434,12 @@ func (m *mpsManager) ReleaseDaemon(ctx context.Context, share Share) error {
 		}
 		delete(m.refs, id)
 		delete(m.shares, id)
+		delete(m.kept, id)
 		klog.FromContext(ctx).Info("MPS control daemon stopped", "daemon", id, "group", share.Group, "gpus", share.gpuIDs())
 		return nil
 	}
 	m.refs[id] = n - 1
 	return nil
-}
-
-// CommandRunner runs a program with extra environment variables and stdin
-// and returns its combined output.
-type CommandRunner func(ctx context.Context, name string, args, env []string, stdin string) ([]byte, error)
-
-// ExecCommand is the CommandRunner that runs real processes.
-func ExecCommand(ctx context.Context, name string, args, env []string, stdin string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Env = append(os.Environ(), env...)
-	if stdin != "" {
-		cmd.Stdin = strings.NewReader(stdin)
-	}
-	var out bytes.Buffer
-	cmd.Stdout = &out
-	cmd.Stderr = &out
-	err := cmd.Run()
-	return out.Bytes(), err
-}
-
-// DirOnlyDaemon is used on nodes without NVIDIA drivers (mock and
-// topology-file discovery): it creates the directories a daemon would use,
-// so CDI mounts stay valid, and logs that no daemon runs.
-type DirOnlyDaemon struct{}
-
-func (DirOnlyDaemon) Start(ctx context.Context, share Share, dirs Dirs) error {
-	if err := dirs.create(); err != nil {
-		return err
-	}
-	klog.FromContext(ctx).Info("No NVIDIA driver on this node: not starting an MPS control daemon, only its directories", "claimUID", share.ID(), "gpus", share.gpuIDs(), "pipeDir", dirs.Pipe)
-	return nil
-}
-
-func (DirOnlyDaemon) Stop(_ context.Context, _ Share, dirs Dirs) error {
-	return dirs.remove()
-}
-
-// UnavailableDaemon stands in when the node cannot run MPS daemons
-// (no nvidia-cuda-mps-control in the driver root, no daemon image): the
-// plugin serves whole GPUs and other strategies, and every MPS claim fails
-// with Err.
-type UnavailableDaemon struct{ Err error }
-
-func (u UnavailableDaemon) Start(context.Context, Share, Dirs) error {
-	return fmt.Errorf("MPS sharing is unavailable on this node: %w", u.Err)
-}
-
-func (UnavailableDaemon) Stop(_ context.Context, _ Share, dirs Dirs) error {
-	return dirs.remove()
 }
 
 // AdjustRefs changes the reference count of a share's daemon without
@@ -452,6 +453,7 @@ func (m *mpsManager) AdjustRefs(share Share, delta int) {
 	if n <= 0 {
 		delete(m.refs, id)
 		delete(m.shares, id)
+		delete(m.kept, id)
 		return
 	}
 	m.refs[id] = n

@@ -6,17 +6,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
-	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
 	"github.com/gpulink/gpulink/driver"
@@ -222,10 +218,9 @@ func (d *PodDaemon) pod(share Share, dirs Dirs, owner *metav1.OwnerReference) *c
 				// GPUs' device nodes, /dev/nvidiactl and the uvm nodes:
 				// the MPS daemon device plugin (deviceplugin.go)
 				// hands exactly those to a pod asking for its GPUs'
-				// resources, so the container needs no privilege. The
-				// image runs as a non-root user, which had no effective
-				// capability even when the container was privileged, so
-				// dropping them all takes nothing the daemon used.
+				// resources, so the container needs no privilege. It
+				// needs root and setuid/setgid for something else:
+				// see mpsDaemonSecurityContext.
 				Resources:       d.resources(share),
 				SecurityContext: mpsDaemonSecurityContext(),
 				VolumeMounts: []corev1.VolumeMount{
@@ -265,11 +260,26 @@ func (d *PodDaemon) resources(share Share) corev1.ResourceRequirements {
 }
 
 // mpsDaemonSecurityContext is the daemon container's security context;
-// the chart's admission policy allows exactly this.
+// the chart's admission policy allows exactly this. The control daemon
+// starts each client's MPS server under the client's user ID (NVIDIA's
+// nvidia-cuda-mps-control(1)), so it must be root and keep CAP_SETUID and
+// CAP_SETGID; every other capability is dropped. As the image's non-root
+// user (65532) without capabilities, as the chart ran it before, a client
+// of another user cannot connect: make gpu-check saw CUDA fail with "MPS
+// client failed to connect to the MPS control daemon or the MPS server"
+// for a client of UID 1000 on an H200 (2026-11-28), and the daemon as UID
+// 0 with only these two capabilities serve it with the share's memory
+// limit. Root without CAP_DAC_OVERRIDE still writes the pipe and log
+// directories, which the plugin (root) creates and so root owns.
 func mpsDaemonSecurityContext() *corev1.SecurityContext {
 	return &corev1.SecurityContext{
+		RunAsUser:                ptr.To[int64](0),
+		RunAsGroup:               ptr.To[int64](0),
 		AllowPrivilegeEscalation: ptr.To(false),
-		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		Capabilities: &corev1.Capabilities{
+			Drop: []corev1.Capability{"ALL"},
+			Add:  []corev1.Capability{"SETUID", "SETGID"},
+		},
 	}
 }
 
@@ -291,247 +301,4 @@ func (d *PodDaemon) nodeOwner(ctx context.Context) (*metav1.OwnerReference, erro
 		return nil, fmt.Errorf("getting node %s for the daemon pod's owner: %w", d.cfg.NodeName, err)
 	}
 	return &metav1.OwnerReference{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}, nil
-}
-
-// Start creates the share's daemon pod (or adopts the one a previous
-// plugin process created), waits until the daemon answers on its pipe and
-// sets the share's limits as the daemon's defaults. On failure it deletes
-// the pod and the directories and returns the daemon's log tail.
-func (d *PodDaemon) Start(ctx context.Context, share Share, dirs Dirs) error {
-	if share.Concurrent() && (len(share.GPUs) != 1 || share.GPUs[0].UUID == "") {
-		// The pod name must be unique among every node's daemon pods,
-		// which only the GPU's UUID makes it.
-		return fmt.Errorf("Concurrent MPS daemon of group %s on GPU %s: needs exactly one GPU with a known UUID", share.Group, share.gpuIDs())
-	}
-	if err := dirs.create(); err != nil {
-		return errors.Join(err, dirs.remove())
-	}
-	adopted, err := d.start(ctx, share, dirs)
-	if err == nil {
-		return nil
-	}
-	tail := logTail(filepath.Join(dirs.Log, "control.log"))
-	if adopted {
-		// The pod predates this call and may serve running containers
-		// (a plugin restart while the API or the daemon hiccups): keep it.
-		return fmt.Errorf("%w%s (%w)", err, tail, ErrDaemonKept)
-	}
-	return errors.Join(fmt.Errorf("%w%s", err, tail), d.Stop(ctx, share, dirs))
-}
-
-// start reports whether it adopted an existing pod.
-func (d *PodDaemon) start(ctx context.Context, share Share, dirs Dirs) (adopted bool, err error) {
-	logger := klog.FromContext(ctx)
-	pods := d.cfg.Pods.Pods(d.cfg.Namespace)
-	name := mpsPodName(share)
-	owner, err := d.nodeOwner(ctx)
-	if err != nil {
-		return false, err
-	}
-	_, err = pods.Create(ctx, d.pod(share, dirs, owner), metav1.CreateOptions{})
-	switch {
-	case apierrors.IsAlreadyExists(err):
-		old, err := pods.Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return true, fmt.Errorf("getting existing MPS daemon pod %s/%s: %w", d.cfg.Namespace, name, err)
-		}
-		if old.DeletionTimestamp != nil {
-			// Already going away: nothing to keep.
-			return false, fmt.Errorf("MPS daemon pod %s/%s of an earlier prepare is still terminating; retry later", d.cfg.Namespace, name)
-		}
-		if old.Spec.NodeName != d.cfg.NodeName {
-			return true, fmt.Errorf("MPS daemon pod %s/%s exists for node %q, not %q", d.cfg.Namespace, name, old.Spec.NodeName, d.cfg.NodeName)
-		}
-		adopted = true
-		logger.Info("Adopting running MPS control daemon pod", "pod", klog.KObj(old))
-	case err != nil:
-		return false, fmt.Errorf("creating MPS daemon pod %s/%s: %w", d.cfg.Namespace, name, err)
-	}
-
-	// The daemon is up when it answers on its pipe. A pod that ends first
-	// (bad image, missing device) fails right away with its state.
-	var lastOut string
-	err = wait.PollUntilContextTimeout(ctx, d.cfg.PollInterval, d.cfg.StartTimeout, true, func(ctx context.Context) (bool, error) {
-		p, err := pods.Get(ctx, name, metav1.GetOptions{})
-		switch {
-		case apierrors.IsNotFound(err):
-			return false, fmt.Errorf("MPS daemon pod %s/%s was deleted while starting", d.cfg.Namespace, name)
-		case err != nil:
-			// Transient (an API hiccup, the client's rate limit at the
-			// end of the wait): keep waiting until the start timeout.
-			lastOut = fmt.Sprintf("getting the pod: %v", err)
-			return false, nil
-		}
-		if p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded {
-			return false, fmt.Errorf("MPS daemon pod %s/%s ended (%s)%s", d.cfg.Namespace, name, p.Status.Phase, podState(p))
-		}
-		if p.Status.Phase != corev1.PodRunning {
-			lastOut = "pod " + string(p.Status.Phase) + podState(p)
-			return false, nil
-		}
-		if _, err := d.control(ctx, share, dirs, "get_server_list"); err != nil {
-			lastOut = err.Error()
-			return false, nil
-		}
-		return true, nil
-	})
-	if err != nil {
-		if wait.Interrupted(err) {
-			return adopted, fmt.Errorf("MPS daemon pod %s/%s did not answer on %s within %s (last: %s)", d.cfg.Namespace, name, dirs.Pipe, d.cfg.StartTimeout, lastOut)
-		}
-		return adopted, err
-	}
-	return adopted, d.setLimits(ctx, share, dirs)
-}
-
-// setLimits makes the share's limits the defaults of every server the
-// daemon spawns. The daemon serves only this claim, so these are the
-// claim's limits; a client's CUDA_MPS_* environment can lower them, not
-// raise them. The daemon sees the claim's GPUs (CUDA_VISIBLE_DEVICES) as
-// devices 0..n-1 in share.GPUs order, so each pinned memory limit goes to
-// that ordinal; the active thread percentage is one per server.
-// Sent on adoption too: it is idempotent, and a daemon restarted by hand
-// would otherwise run without limits.
-func (d *PodDaemon) setLimits(ctx context.Context, share Share, dirs Dirs) error {
-	if share.Concurrent() {
-		// The group's daemon serves claims of different sizes: each
-		// client's limits are in its own environment (CDI edits).
-		return nil
-	}
-	if len(share.GPUs) == 0 {
-		return fmt.Errorf("MPS share of claim %s: no GPU", share.ID())
-	}
-	if share.Cores < 1 || share.Cores > maxThreadPercentage {
-		return fmt.Errorf("MPS share of claim %s: active thread percentage %d is not within 1..%d", share.ID(), share.Cores, maxThreadPercentage)
-	}
-	cmds := []string{"set_default_active_thread_percentage " + strconv.FormatInt(share.Cores, 10)}
-	for i, g := range share.GPUs {
-		mib := g.MemoryBytes / mib
-		if mib < 1 {
-			return fmt.Errorf("MPS share of claim %s on GPU %s: pinned memory limit %d bytes is less than 1Mi", share.ID(), g.ID(), g.MemoryBytes)
-		}
-		cmds = append(cmds, fmt.Sprintf("set_default_device_pinned_mem_limit %d %dM", i, mib))
-	}
-	for _, cmd := range cmds {
-		if _, err := d.control(ctx, share, dirs, cmd); err != nil {
-			return fmt.Errorf("setting the claim's limit on its MPS daemon: %w", err)
-		}
-	}
-	return nil
-}
-
-// ReassertLimits sets the claim's limits on its daemon again: the defaults
-// for servers it spawns later, and the active thread percentage of every
-// server running now (set_active_thread_percentage <PID>), in case a
-// container of the claim changed them through the pipe directory it
-// shares with the daemon. Pinned memory limits reach a running server's
-// clients when they connect; a client connected under raised limits keeps
-// them until it exits, which the README says ("What MPS guarantees").
-func (d *PodDaemon) ReassertLimits(ctx context.Context, share Share, dirs Dirs) error {
-	if share.Concurrent() {
-		return nil // no limits of its own (setLimits)
-	}
-	if err := d.setLimits(ctx, share, dirs); err != nil {
-		return err
-	}
-	out, err := d.control(ctx, share, dirs, "get_server_list")
-	if err != nil {
-		return fmt.Errorf("listing the MPS servers of claim %s: %w", share.ID(), err)
-	}
-	for _, pid := range strings.Fields(out) {
-		if _, err := strconv.Atoi(pid); err != nil {
-			continue // not a PID: a message of the control client
-		}
-		if _, err := d.control(ctx, share, dirs, "set_active_thread_percentage "+pid+" "+strconv.FormatInt(share.Cores, 10)); err != nil {
-			return fmt.Errorf("setting the claim's active thread percentage on MPS server %s: %w", pid, err)
-		}
-	}
-	return nil
-}
-
-// control sends one command to the share's daemon.
-func (d *PodDaemon) control(ctx context.Context, share Share, dirs Dirs, cmd string) (string, error) {
-	bin := d.controlBin(d.cfg.DriverRootMount)
-	out, err := d.cfg.Run(ctx, bin, nil, d.env(d.cfg.DriverRootMount, share, dirs), cmd+"\n")
-	text := strings.TrimSpace(string(out))
-	if err != nil {
-		return text, fmt.Errorf("echo %s | %s: %w (output: %q)", cmd, bin, err, text)
-	}
-	// The control client exits 0 on some refusals and says so.
-	if l := strings.ToLower(text); strings.Contains(l, "error") || strings.Contains(l, "invalid") || strings.Contains(l, "cannot find") {
-		return text, fmt.Errorf("echo %s | %s: %q", cmd, bin, text)
-	}
-	return text, nil
-}
-
-// ListDaemons lists the IDs (Share.ID) of this node's daemon pods, by
-// label: claim UIDs of Isolated daemons, group daemon IDs of Concurrent ones.
-func (d *PodDaemon) ListDaemons(ctx context.Context) ([]string, error) {
-	sel := mpsComponentLabel + "=" + mpsComponentValue + "," + mpsNodeLabel + "=" + d.cfg.NodeName
-	list, err := d.cfg.Pods.Pods(d.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
-	if err != nil {
-		return nil, fmt.Errorf("listing this node's MPS daemon pods in %s (%s): %w", d.cfg.Namespace, sel, err)
-	}
-	var ids []string
-	for _, p := range list.Items {
-		// Pods named otherwise are not ours to delete (the admission
-		// policy would refuse it anyway).
-		if p.Spec.NodeName != d.cfg.NodeName {
-			continue
-		}
-		if id := p.Labels[mpsClaimLabel]; id != "" && p.Name == mpsPodPrefix+id {
-			ids = append(ids, id)
-			continue
-		}
-		// A group's daemon: its name starts with the group's.
-		if g := p.Labels[mpsGroupLabel]; g != "" && strings.HasPrefix(p.Name, mpsPodPrefix+g+"-gpu-") {
-			ids = append(ids, strings.TrimPrefix(p.Name, mpsPodPrefix))
-		}
-	}
-	return ids, nil
-}
-
-// Stop deletes the daemon pod (killing the daemon and its server) and the
-// share's directories. A pod that is already gone is fine.
-func (d *PodDaemon) Stop(ctx context.Context, share Share, dirs Dirs) error {
-	name := mpsPodName(share)
-	err := d.cfg.Pods.Pods(d.cfg.Namespace).Delete(ctx, name, metav1.DeleteOptions{})
-	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("deleting MPS daemon pod %s/%s: %w", d.cfg.Namespace, name, err)
-	}
-	return dirs.remove()
-}
-
-// podState describes why a daemon pod is not running, for error messages.
-func podState(p *corev1.Pod) string {
-	var parts []string
-	for _, cs := range p.Status.ContainerStatuses {
-		switch {
-		case cs.State.Waiting != nil:
-			parts = append(parts, fmt.Sprintf("waiting: %s %s", cs.State.Waiting.Reason, cs.State.Waiting.Message))
-		case cs.State.Terminated != nil:
-			t := cs.State.Terminated
-			parts = append(parts, fmt.Sprintf("exit code %d: %s %s", t.ExitCode, t.Reason, t.Message))
-		}
-	}
-	if len(parts) == 0 {
-		return ""
-	}
-	return ": " + strings.TrimSpace(strings.Join(parts, "; "))
-}
-
-// logTailBytes is how much of the daemon's log an error carries.
-const logTailBytes = 2048
-
-// logTail returns the end of the daemon's log for an error message, or
-// nothing when there is none.
-func logTail(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil || len(b) == 0 {
-		return ""
-	}
-	if len(b) > logTailBytes {
-		b = b[len(b)-logTailBytes:]
-	}
-	return fmt.Sprintf("; daemon log %s ends with: %q", path, strings.TrimSpace(string(b)))
 }

@@ -12,8 +12,9 @@ import (
 
 // TestPodMPSDaemonUnprivileged: the daemon pod asks for one slot of each
 // of its claim's GPUs' MPS daemon resources, and nothing else, and runs
-// without privilege, privilege escalation or capabilities; the device
-// plugin gives it the device nodes.
+// without privilege or privilege escalation, as root with only CAP_SETUID
+// and CAP_SETGID (to start each client's server as the client's user);
+// the device plugin gives it the device nodes.
 func TestPodMPSDaemonUnprivileged(t *testing.T) {
 	d, _ := newTestPodDaemon(t, fake.NewClientset(), &fakeControl{})
 	m := NewManager(t.TempDir(), d)
@@ -31,8 +32,10 @@ func TestPodMPSDaemonUnprivileged(t *testing.T) {
 		t.Errorf("daemon resources %+v, want %+v", c.Resources, want)
 	}
 	wantSC := &corev1.SecurityContext{
+		RunAsUser:                ptr.To[int64](0),
+		RunAsGroup:               ptr.To[int64](0),
 		AllowPrivilegeEscalation: ptr.To(false),
-		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: []corev1.Capability{"SETUID", "SETGID"}},
 	}
 	if !reflect.DeepEqual(c.SecurityContext, wantSC) {
 		t.Errorf("daemon security context %+v, want %+v", c.SecurityContext, wantSC)

@@ -54,3 +54,10 @@ func (f *FakeDaemon) IsRunning(id string) bool {
 	defer f.mu.Unlock()
 	return f.Running[id]
 }
+
+// StartCount is how often the claim's daemon was started.
+func (f *FakeDaemon) StartCount(id string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.Starts[id]
+}

@@ -117,6 +117,57 @@ func TestCompatQuotaHolds(t *testing.T) {
 	})
 }
 
+// Defect 6 of issue 33: a namespace capped at 4096 MiB of GPU memory,
+// with a share-class quota of 2 devices, got a 40000 MiB share, counted
+// as one device. On the live API server with real ResourceQuotas (its
+// GPUs have 32 GiB, so the share here is 30000 MiB): the share is refused and the message says what to do instead (no device
+// count taken from the memory quota); a whole GPU, counted by the
+// whole-GPU class quota, is admitted and charged to it.
+func TestCompatMemoryQuotaHolds(t *testing.T) {
+	e := setup(t, time.Minute)
+	quotas := e.client.CoreV1().ResourceQuotas(e.ns)
+	wholeQuota := driver.DeviceClassWhole + corev1.ResourceClaimsPerClass
+	for _, q := range []*corev1.ResourceQuota{
+		{ObjectMeta: metav1.ObjectMeta{Name: "gpumem"}, Spec: corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{"requests.nvidia.com/gpumem": resource.MustParse("4096")}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "devices"}, Spec: corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{
+			corev1.ResourceName(driver.DeviceClassShare + corev1.ResourceClaimsPerClass): resource.MustParse("2"),
+			corev1.ResourceName(wholeQuota):                                              resource.MustParse("1"),
+		}}},
+	} {
+		if _, err := quotas.Create(e.ctx, q, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	big := e.gpuPod("big", "1")
+	big.Spec.Containers[0].Resources.Limits["nvidia.com/gpumem"] = resource.MustParse("30000")
+	var err error
+	_ = wait.PollUntilContextTimeout(e.ctx, 100*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err = e.client.CoreV1().Pods(e.ns).Create(ctx, big.DeepCopy(), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err != nil, nil
+	})
+	if _, err = e.client.CoreV1().Pods(e.ns).Create(e.ctx, big.DeepCopy(), metav1.CreateOptions{}); err == nil {
+		t.Fatal("a 30000 MiB share was admitted in a namespace whose ResourceQuota allows requests.nvidia.com/gpumem: 4096")
+	}
+	t.Logf("refused: %v", err)
+	for _, want := range []string{"ResourceQuota gpumem", "requests.nvidia.com/gpumem: 4096", "ask for whole GPUs", wholeQuota} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("refusal %q does not mention %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "devices: ") {
+		t.Errorf("refusal %q suggests a device count", err)
+	}
+	// A whole GPU is counted by the whole-GPU class quota.
+	if _, err := e.client.CoreV1().Pods(e.ns).Create(e.ctx, e.gpuPod("whole", "1"), metav1.CreateOptions{}); err != nil {
+		t.Fatalf("a whole GPU beside the memory quota: %v", err)
+	}
+	e.poll("the whole GPU charged to "+wholeQuota, time.Minute, func() bool {
+		q, err := quotas.Get(e.ctx, "devices", metav1.GetOptions{})
+		used := q.Status.Used[corev1.ResourceName(wholeQuota)]
+		return err == nil && used.Value() == 1
+	})
+}
+
 // Hole 4 of issue 17: an AdmissionReview POSTed straight to the webhook's
 // port (any pod could, the API server does not authenticate to it) makes
 // nothing: the answer is only a patch, and the leader creates templates

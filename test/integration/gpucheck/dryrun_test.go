@@ -54,9 +54,15 @@ func TestDryRunWithRunc(t *testing.T) {
 		t.Fatal("the mock discoverer has no MIG instance manager")
 	}
 	work := t.TempDir()
+	// The daemon pod rows run a stand-in nvidia-cuda-mps-control from a
+	// driver root of their own, in the daemon's pod as its user.
+	driverRoot := filepath.Join(work, "dry-run-driver-root")
+	if err := gpucheck.WriteDryRunDriverRoot(driverRoot); err != nil {
+		t.Fatal(err)
+	}
 	cfg := gpucheck.Config{
 		DryRun: true, WorkDir: work, NodeName: "gpucheck", GPUIndex: 5,
-		ShareMemoryBytes: 8 << 30, ShareCores: 30, Runc: runc,
+		ShareMemoryBytes: 8 << 30, ShareCores: 30, Runc: runc, DaemonDriverRoot: driverRoot,
 	}
 	rep := gpucheck.Run(ctx, cfg, gpucheck.Deps{
 		Run:        gpucheck.Exec,
@@ -67,7 +73,13 @@ func TestDryRunWithRunc(t *testing.T) {
 				MPSDaemon: mps.DirOnlyDaemon{}, Stat: gpucheck.DryRunStat,
 			})
 		},
-		MIG: instances,
+		NewPreparerWithDaemon: func(ctx context.Context, dir string, daemon mps.Daemon) (gpucheck.Preparer, error) {
+			return gpucheck.NewPluginPreparer(ctx, gpucheck.PluginPreparerOptions{
+				WorkDir: dir, NodeName: "gpucheck", Discoverer: d, MPSDaemon: daemon, Stat: gpucheck.DryRunStat,
+			})
+		},
+		Stat: gpucheck.DryRunStat,
+		MIG:  instances,
 		NewMIGPreparer: func(ctx context.Context, gpu int) (gpucheck.Preparer, error) {
 			return gpucheck.NewPluginPreparer(ctx, gpucheck.PluginPreparerOptions{
 				WorkDir: filepath.Join(work, "mig"), NodeName: "gpucheck", Discoverer: d,
@@ -93,6 +105,20 @@ func TestDryRunWithRunc(t *testing.T) {
 		if r.Status != gpucheck.Pass || !strings.Contains(r.Detail, "/dev/nvidia5,") {
 			t.Errorf("%s: %s %s", name, r.Status, r.Detail)
 		}
+	}
+	// The share rows prepared their claims and their containers got the
+	// MPS environment of their mode; the daemon pods ran the stand-in
+	// daemon as the pod's user, which could make its control pipe.
+	for _, name := range []string{gpucheck.CheckSMLimit, gpucheck.CheckColocIsolated, gpucheck.CheckColocConcurrent,
+		gpucheck.CheckPriorityConc, gpucheck.CheckPriorityConcFull, gpucheck.CheckPriorityIsolated,
+		gpucheck.CheckGroupUnprepareFirst, gpucheck.CheckGroupDaemonStops,
+		gpucheck.CheckDaemonPodChart, gpucheck.CheckDaemonPodNonRoot, gpucheck.CheckDaemonPodNonRootSame} {
+		if r := byName[name]; r.Status != gpucheck.Pass {
+			t.Errorf("%s: %s %s", name, r.Status, r.Detail)
+		}
+	}
+	if r := byName[gpucheck.CheckDaemonPodChart]; !strings.Contains(r.Detail, "ran as UID 0") {
+		t.Errorf("%s: %s", gpucheck.CheckDaemonPodChart, r.Detail)
 	}
 	// The partition's container saw GPU 7's node and the instance's cap
 	// nodes; it was created and destroyed.

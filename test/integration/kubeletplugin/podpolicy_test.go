@@ -278,6 +278,21 @@ func TestMPSDaemonPodPolicy(t *testing.T) {
 		{"mount propagation", "read-only", func(p *corev1.Pod) {
 			p.Spec.Containers[0].VolumeMounts[1].MountPropagation = ptr.To(corev1.MountPropagationHostToContainer)
 		}},
+		// Each volume only where the plugin mounts it: the MPS directory,
+		// writable by the token's holder, over the driver's binaries
+		// would make the daemon run what they wrote there.
+		{"the MPS directory over the driver's binaries", "may only mount driver-root at", func(p *corev1.Pod) {
+			p.Spec.Containers[0].VolumeMounts[1].MountPath = "/driver-root/usr/bin"
+		}},
+		{"shm over the driver's libraries", "may only mount driver-root at", func(p *corev1.Pod) {
+			p.Spec.Containers[0].VolumeMounts[2].MountPath = "/driver-root/usr/lib/x86_64-linux-gnu"
+		}},
+		{"the driver root elsewhere", "may only mount driver-root at", func(p *corev1.Pod) {
+			p.Spec.Containers[0].VolumeMounts[0].MountPath = "/usr"
+		}},
+		{"the MPS directory mounted twice", "may only mount driver-root at", func(p *corev1.Pod) {
+			p.Spec.Containers[0].VolumeMounts = append(p.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "mps", MountPath: "/driver-root/bin"})
+		}},
 		{"an emptyDir", "hostPath", func(p *corev1.Pod) {
 			p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
 		}},
@@ -327,8 +342,19 @@ func TestMPSDaemonPodPolicy(t *testing.T) {
 		{"privilege escalation", "must not be privileged", func(p *corev1.Pod) {
 			p.Spec.Containers[0].SecurityContext.AllowPrivilegeEscalation = ptr.To(true)
 		}},
-		{"running as root", "must not be privileged", func(p *corev1.Pod) {
-			p.Spec.Containers[0].SecurityContext.RunAsUser = ptr.To[int64](0)
+		// Root with CAP_SETUID and CAP_SETGID, nothing else (the daemon
+		// starts each client's server as the client's user).
+		{"running as another user", "must not be privileged", func(p *corev1.Pod) {
+			p.Spec.Containers[0].SecurityContext.RunAsUser = ptr.To[int64](1000)
+		}},
+		{"no runAsUser", "must not be privileged", func(p *corev1.Pod) {
+			p.Spec.Containers[0].SecurityContext.RunAsUser = nil
+		}},
+		{"another capability beside SETUID and SETGID", "must not be privileged", func(p *corev1.Pod) {
+			p.Spec.Containers[0].SecurityContext.Capabilities.Add = append(p.Spec.Containers[0].SecurityContext.Capabilities.Add, "DAC_OVERRIDE")
+		}},
+		{"capabilities not dropped", "must not be privileged", func(p *corev1.Pod) {
+			p.Spec.Containers[0].SecurityContext.Capabilities.Drop = nil
 		}},
 		{"another resource name", "may only ask for limits of 1", func(p *corev1.Pod) {
 			p.Spec.Containers[0].Resources.Limits["nvidia.com/gpu"] = resource.MustParse("1")
