@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"slices"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -29,6 +30,25 @@ func (h *harness) runPodIn(namespace, name, node string) {
 	p, err := pods.Get(h.ctx, name, metav1.GetOptions{})
 	if err != nil {
 		h.t.Fatal(err)
+	}
+	// kube-scheduler's PreBind reserves the pod's claims before it binds
+	// it: the controller writes no reservation for an unbound pod.
+	claims := h.client.ResourceV1().ResourceClaims(namespace)
+	for _, pc := range p.Spec.ResourceClaims {
+		if pc.ResourceClaimName == nil {
+			continue
+		}
+		c, err := claims.Get(h.ctx, *pc.ResourceClaimName, metav1.GetOptions{})
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		if slices.ContainsFunc(c.Status.ReservedFor, func(r resourceapi.ResourceClaimConsumerReference) bool { return r.UID == p.UID }) {
+			continue
+		}
+		c.Status.ReservedFor = append(c.Status.ReservedFor, resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: p.Name, UID: p.UID})
+		if _, err := claims.UpdateStatus(h.ctx, c, metav1.UpdateOptions{}); err != nil {
+			h.t.Fatalf("reserving claim %s for pod %s: %v", c.Name, p.Name, err)
+		}
 	}
 	p.Spec.NodeName = node
 	if p, err = pods.Update(h.ctx, p, metav1.UpdateOptions{}); err != nil {
