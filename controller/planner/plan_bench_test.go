@@ -152,7 +152,7 @@ func BenchmarkDecision5000Nodes(b *testing.B) {
 		cache := newScoreCache()
 		run(b, func(pending []*Claim) *Plan {
 			pf := filter.forPod(logger, pod, nil, nil)
-			q, verdict := quickChoice(ctx, pc.sel, rec.policy(pol, func() []allocate.NodeCapacity { return filter.capacities(nodes) }), nodes, pc, cache, pf.admit, pending, rec.ranking(filter.HostLeft, pod))
+			q, verdict := quickChoice(ctx, pc.sel, rec.policy(pol, func() []allocate.NodeCapacity { return filter.capacities(nodes, pc.NodeUsage) }), nodes, pc, cache, pf.admit, pending, rec.ranking(filter.HostLeft, pod))
 			if verdict != quickChosen {
 				b.Fatal("shortcut did not apply")
 			}

@@ -46,8 +46,9 @@ type gpulinkPolicy struct {
 	hostAware bool
 	// cpuOnly, when set, places CPU-only tasks instead of ChooseHost.
 	cpuOnly func(c *Cluster, t *Task) (Placement, bool, error)
-	// capacities are the GPU nodes' capacities; lastScarce is lastMix
-	// weighed by their scarcity (demandMix).
+	// capacities are the GPU nodes' capacities and allocated GPU when
+	// lastMix was snapshot; lastScarce is lastMix weighed by their
+	// scarcity (demandMix).
 	capacities          []allocate.NodeCapacity
 	lastMix, lastScarce *allocate.DemandMix
 }
@@ -63,7 +64,8 @@ func newGpulinkPolicy(w *Workload, rng *rand.Rand, hostAware bool, cpuOnly func(
 	}
 	if w != nil {
 		for _, m := range w.classes {
-			s := allocate.DemandShape{GPUs: m.gpus, Host: allocate.Host{CPUMilli: m.cpu, MemoryBytes: m.mem << 20}}
+			s := allocate.DemandShape{GPUs: m.gpus, Host: allocate.Host{CPUMilli: m.cpu, MemoryBytes: m.mem << 20},
+				Products: allocate.ProductsKey(m.models)}
 			if m.milli < MilliPerGPU {
 				s.ShareMilli = int(m.milli)
 			}
@@ -113,7 +115,7 @@ func (g *gpulinkPolicy) place(c *Cluster, t *Task) (Placement, bool, error) {
 		}
 	}
 	var req allocate.Request
-	shape := allocate.DemandShape{GPUs: t.GPUs, Host: hostOf(t)}
+	shape := allocate.DemandShape{GPUs: t.GPUs, Host: hostOf(t), Products: allocate.ProductsKey(t.Models)}
 	if t.Share() {
 		req.Share = shareRequest(t.GPUMilli)
 		shape.ShareMilli = t.GPUMilli
@@ -195,20 +197,22 @@ func kubeScore(c *Cluster, t *Task, rng *rand.Rand, mostAllocated bool) (Placeme
 	return Placement{Node: best.idx}, true, nil
 }
 
-// demandMix is the recent shapes' mix weighed by the scarcity of the nodes
-// that can run each (allocate.DemandMix.WithScarcity, as the controller
-// ranks), computed again when the mix is refreshed.
+// demandMix is the recent shapes' mix weighed by the scarcity of the GPU
+// that could serve each (allocate.DemandMix.WithScarcity, as the
+// controller ranks): computed again, with the GPU allocated by then, when
+// the mix is refreshed.
 func (g *gpulinkPolicy) demandMix(c *Cluster) *allocate.DemandMix {
 	m := g.demand.Mix()
 	if m == g.lastMix {
 		return g.lastScarce
 	}
-	if g.capacities == nil {
-		for _, n := range c.nodes {
-			if n.kind != nil {
-				g.capacities = append(g.capacities, allocate.NodeCapacity{GPUs: n.spec.GPUs,
-					Host: allocate.Host{CPUMilli: n.spec.CPUMilli, MemoryBytes: n.spec.MemoryMiB << 20}})
-			}
+	g.capacities = g.capacities[:0]
+	for _, n := range c.nodes {
+		if n.kind != nil {
+			g.capacities = append(g.capacities, allocate.NodeCapacity{GPUs: n.spec.GPUs,
+				Host:           allocate.Host{CPUMilli: n.spec.CPUMilli, MemoryBytes: n.spec.MemoryMiB << 20},
+				Product:        n.spec.Model,
+				AllocatedMilli: int64(n.spec.GPUs)*MilliPerGPU - n.leftTotal()})
 		}
 	}
 	g.lastMix, g.lastScarce = m, m.WithScarcity(g.capacities)
