@@ -113,7 +113,9 @@ func (r *demandRecorder) policy(base allocate.Policy, capacities func() []alloca
 		return base
 	}
 	if m != r.mix {
-		r.mix, r.weighed = m, m.WithScarcity(capacities())
+		// A new snapshot near the one in use keeps it, and with it every
+		// kept node score (allocate.HoldDemand).
+		r.mix, r.weighed = m, allocate.HoldDemand(r.weighed, m.WithScarcity(capacities()))
 	}
 	base.Demand = r.weighed
 	return base

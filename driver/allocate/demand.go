@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 
@@ -203,7 +204,53 @@ func NewDemandMix(counts map[DemandShape]int) (*DemandMix, error) {
 
 func compareShapes(a, b DemandShape) int {
 	return cmp.Or(cmp.Compare(a.GPUs, b.GPUs), cmp.Compare(a.ShareMilli, b.ShareMilli),
-		cmp.Compare(a.Host.CPUMilli, b.Host.CPUMilli), cmp.Compare(a.Host.MemoryBytes, b.Host.MemoryBytes))
+		cmp.Compare(a.Host.CPUMilli, b.Host.CPUMilli), cmp.Compare(a.Host.MemoryBytes, b.Host.MemoryBytes),
+		cmp.Compare(a.Products, b.Products))
+}
+
+// MixHoldDistance is how far a new snapshot of a mix (DemandMix, SizeMix)
+// may be from the one in use, as the L1 distance between their weights
+// each scaled to add up to 1 (0..2), for the one in use to be kept
+// (HoldDemand, HoldSize). Every new mix makes every kept node score stale,
+// and the next decision of each request shape scores every node again
+// (about 100 ms at 5,000 nodes with the stranding ranking): a workload
+// whose mix does not move keeps its scores, and 0.1 is a tenth of the
+// requests changing shape, which moves a ranking little.
+const MixHoldDistance = 0.1
+
+// HoldDemand returns held when next weighs the same shapes within
+// MixHoldDistance of it, else next (held nil: next).
+func HoldDemand(held, next *DemandMix) *DemandMix {
+	if held == nil || next == nil || len(held.shapes) != len(next.shapes) {
+		return next
+	}
+	var sh, sn float64
+	for i := range held.shapes {
+		if held.shapes[i] != next.shapes[i] {
+			return next
+		}
+		sh += float64(held.weight(i))
+		sn += float64(next.weight(i))
+	}
+	if sh <= 0 || sn <= 0 {
+		return next
+	}
+	var d float64
+	for i := range held.shapes {
+		d += math.Abs(float64(held.weight(i))/sh - float64(next.weight(i))/sn)
+	}
+	if d <= MixHoldDistance {
+		return held
+	}
+	return next
+}
+
+// weight is shape i's count times its scarcity.
+func (m *DemandMix) weight(i int) int64 {
+	if m.scarcity == nil {
+		return m.counts[i]
+	}
+	return m.counts[i] * m.scarcity[i]
 }
 
 // Shapes lists the weighed shapes with their counts, in a fixed order.
@@ -229,10 +276,7 @@ func (m *DemandMix) stranded(left []int32, host *Host, product string) int64 {
 	}
 	var f int64
 	for i, s := range m.shapes {
-		w := m.counts[i]
-		if m.scarcity != nil {
-			w *= m.scarcity[i]
-		}
+		w := m.weight(i)
 		if (host != nil && !s.Host.fits(*host)) || !s.admits(product) {
 			f += w * all
 			continue

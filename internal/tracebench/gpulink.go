@@ -51,6 +51,8 @@ type gpulinkPolicy struct {
 	// scarcity (demandMix).
 	capacities          []allocate.NodeCapacity
 	lastMix, lastScarce *allocate.DemandMix
+	// heldSize is the size mix in use (allocate.HoldSize).
+	heldSize *allocate.SizeMix
 }
 
 func newGpulinkPolicy(w *Workload, rng *rand.Rand, hostAware bool, cpuOnly func(c *Cluster, t *Task) (Placement, bool, error)) (*gpulinkPolicy, error) {
@@ -129,7 +131,10 @@ func (g *gpulinkPolicy) place(c *Cluster, t *Task) (Placement, bool, error) {
 	if len(g.buf) == 0 {
 		return Placement{}, false, nil
 	}
-	pol := allocate.Policy{Node: allocate.Binpack, GPU: allocate.Binpack, Mix: g.hist.Mix()}
+	// The controller keeps a mix while new snapshots stay near it
+	// (allocate.HoldSize, HoldDemand), and so does the replay.
+	g.heldSize = allocate.HoldSize(g.heldSize, g.hist.Mix())
+	pol := allocate.Policy{Node: allocate.Binpack, GPU: allocate.Binpack, Mix: g.heldSize}
 	if g.hostAware {
 		req.Host = hostOf(t)
 		pol.Demand = g.demandMix(c)
@@ -215,6 +220,6 @@ func (g *gpulinkPolicy) demandMix(c *Cluster) *allocate.DemandMix {
 				AllocatedMilli: int64(n.spec.GPUs)*MilliPerGPU - n.leftTotal()})
 		}
 	}
-	g.lastMix, g.lastScarce = m, m.WithScarcity(g.capacities)
+	g.lastMix, g.lastScarce = m, allocate.HoldDemand(g.lastScarce, m.WithScarcity(g.capacities))
 	return g.lastScarce
 }
