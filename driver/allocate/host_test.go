@@ -431,3 +431,39 @@ func TestDemandHistory(t *testing.T) {
 		}
 	}
 }
+
+// TestHoldMixes: a snapshot within MixHoldDistance of the mix in use
+// keeps it (the same pointer, so kept scores stay valid); one that moved
+// further, or weighs other shapes, replaces it.
+func TestHoldMixes(t *testing.T) {
+	a, b := DemandShape{GPUs: 1}, DemandShape{GPUs: 2}
+	held := mustDemand(t, map[DemandShape]int{a: 100, b: 100})
+	near := mustDemand(t, map[DemandShape]int{a: 104, b: 96}) // L1 0.04
+	far := mustDemand(t, map[DemandShape]int{a: 120, b: 80})  // L1 0.2
+	other := mustDemand(t, map[DemandShape]int{a: 100, DemandShape{GPUs: 4}: 100})
+	for _, c := range []struct {
+		name       string
+		held, next *DemandMix
+		want       *DemandMix
+	}{
+		{"near", held, near, held},
+		{"far", held, far, far},
+		{"other shapes", held, other, other},
+		{"nothing held", nil, near, near},
+	} {
+		if got := HoldDemand(c.held, c.next); got != c.want {
+			t.Errorf("HoldDemand %s: got %p, want %p", c.name, got, c.want)
+		}
+	}
+	// Scarcity counts in the distance: the same counts weighed apart.
+	caps := []NodeCapacity{{GPUs: 1}, {GPUs: 1}, {GPUs: 1}, {GPUs: 2}}
+	if got := HoldDemand(held.WithScarcity(nil), held.WithScarcity(caps)); got == nil || got.scarcity[1] != 40 {
+		t.Errorf("HoldDemand kept a mix whose weights moved by scarcity: %+v", got)
+	}
+	sHeld := mustSizeMix(map[int]float64{1: 50, 2: 50})
+	sNear := mustSizeMix(map[int]float64{1: 52, 2: 48})
+	sFar := mustSizeMix(map[int]float64{1: 60, 2: 40})
+	if HoldSize(sHeld, sNear) != sHeld || HoldSize(sHeld, sFar) != sFar || HoldSize(nil, sNear) != sNear {
+		t.Error("HoldSize: want the held mix for a near one only")
+	}
+}
