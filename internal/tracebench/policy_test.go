@@ -342,3 +342,37 @@ func TestReplayRealTraceQuick(t *testing.T) {
 		}
 	}
 }
+
+// TestFGDPaperScore: the artifact's score is sigmoid of the fragment
+// removed (milli GPU, over 1000) times 100, truncated: no change is 50,
+// a fragment grown by 2 GPUs 11, removed by 1 GPU 73, and changes far
+// apart in size can share a score.
+func TestFGDPaperScore(t *testing.T) {
+	for _, c := range []struct {
+		before, after float64
+		want          int64
+	}{{5000, 5000, 50}, {0, 2000, 11}, {1000, 0, 73}, {0, 10000, 0}, {0, 20000, 0}} {
+		if got := fgdPaperScore(c.before, c.after); got != c.want {
+			t.Errorf("fgdPaperScore(%v, %v) = %d, want %d", c.before, c.after, got, c.want)
+		}
+	}
+}
+
+// TestIgnoreMemory: with Options.IgnoreMemory a task asking for more
+// memory than any node has is placed (every policy), as in the paper's
+// simulator; without it, it fails.
+func TestIgnoreMemory(t *testing.T) {
+	tr := &Trace{List: "mem", Nodes: []Node{{Name: "n", CPUMilli: 64000, MemoryMiB: 1024, GPUs: 2, Model: "P100"}},
+		Tasks: []Task{{Name: "big", CPUMilli: 1000, MemoryMiB: 4096, GPUs: 1, GPUMilli: 1000}}}
+	for _, ignore := range []bool{false, true} {
+		r, err := Replay(tr, Options{TopologyDir: testTopologies, Seeds: []uint64{1}, Policies: []string{PolicyFGD, PolicyFGDPaper, PolicyFirstFit}, MaxPercent: 50, StepPercent: 50, IgnoreMemory: ignore})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, run := range r.Runs {
+			if failed := run.Steps[0].FailedTasks > 0; failed == ignore {
+				t.Errorf("ignore memory %v, %s: %d tasks failed", ignore, run.Policy, run.Steps[0].FailedTasks)
+			}
+		}
+	}
+}
