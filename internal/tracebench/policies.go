@@ -13,23 +13,28 @@ type policy interface {
 	place(c *Cluster, t *Task) (p Placement, ok bool, err error)
 }
 
-// Policy names, in the order reports list them.
+// Policy names, in the order reports list them. The headline row is what
+// the chart installs by default; the other gpulink rows are named by the
+// chart value or deployment they stand for.
 const (
-	// PolicyGpulink is gpulink ranking nodes with their CPU and memory
-	// and the recent pods' shapes (allocate.Policy.Demand), and placing
-	// the CPU-only pods too (allocate.ChooseHost).
+	// PolicyGpulink is the chart's defaults: GPU pods ranked with each
+	// node's CPU and memory and the recent pods' shapes
+	// (controller.rankByStranding: true), pods without GPU claims left to
+	// kube-scheduler's default scoring (LeastAllocated).
 	PolicyGpulink = "gpulink"
-	// PolicyGpulinkKube is the same for GPU pods, with the CPU-only pods
-	// left to kube-scheduler's default scoring (LeastAllocated).
-	PolicyGpulinkKube = "gpulink-kube"
-	// PolicyGpulinkMost is gpulink with kube-scheduler configured to
-	// bin-pack the pods gpulink does not place (MostAllocated).
-	PolicyGpulinkMost = "gpulink-mostalloc"
-	// PolicyGpulinkGPUOnly is gpulink's node ranking on GPUs alone
-	// (no Host, no Demand: the allocator before it saw CPU and memory),
-	// CPU-only pods left to kube-scheduler's default scoring.
-	PolicyGpulinkGPUOnly = "gpulink-gpuonly"
-	PolicyFGD            = "fgd"
+	// PolicyGpulinkGPUOnly is the chart with controller.rankByStranding:
+	// false: nodes ranked on GPUs alone (no Host, no Demand), CPU-only
+	// pods left to kube-scheduler's default scoring.
+	PolicyGpulinkGPUOnly = "gpulink:rankByStranding=false"
+	// PolicyGpulinkCPUPods is the chart's defaults with the pods without
+	// GPU claims placed by gpulink too (allocate.ChooseHost): no chart
+	// value yet (issue 32, part 2), what the paper's simulator does.
+	PolicyGpulinkCPUPods = "gpulink+cpu-pods"
+	// PolicyGpulinkMost is the chart's defaults with kube-scheduler
+	// configured to bin-pack the pods gpulink does not place
+	// (MostAllocated): a scheduler profile, not shipped.
+	PolicyGpulinkMost = "gpulink+mostalloc"
+	PolicyFGD         = "fgd"
 	// PolicyFGDPaper is FGD scored as the paper's artifact scores it:
 	// quantized to 0..100 with random ties (fgdPaperScore). With
 	// Options.IgnoreMemory the replay is the paper's setup.
@@ -42,17 +47,18 @@ const (
 	PolicyFirstFit   = "first-fit"
 )
 
-// AllPolicies lists every policy the replay knows.
-var AllPolicies = []string{PolicyGpulink, PolicyGpulinkKube, PolicyGpulinkMost, PolicyGpulinkGPUOnly, PolicyFGD, PolicyFGDPaper, PolicyBestFit, PolicyDotProduct, PolicyPacking, PolicyClustering, PolicyRandomFit, PolicyFirstFit}
+// AllPolicies lists every policy the replay knows, the chart's defaults
+// first.
+var AllPolicies = []string{PolicyGpulink, PolicyGpulinkGPUOnly, PolicyGpulinkCPUPods, PolicyGpulinkMost, PolicyFGD, PolicyFGDPaper, PolicyBestFit, PolicyDotProduct, PolicyPacking, PolicyClustering, PolicyRandomFit, PolicyFirstFit}
 
 // newPolicy builds a policy for one replay; rng breaks ties among equal
 // scores at random, as kube-scheduler's selectHost does (the paper runs
 // every policy as a kube-scheduler score plugin).
 func newPolicy(name string, w *Workload, rng *rand.Rand) (policy, error) {
 	switch name {
-	case PolicyGpulink:
+	case PolicyGpulinkCPUPods:
 		return newGpulinkPolicy(w, rng, true, nil)
-	case PolicyGpulinkKube:
+	case PolicyGpulink:
 		return newGpulinkPolicy(w, rng, true, kubeScheduler(rng, false))
 	case PolicyGpulinkMost:
 		return newGpulinkPolicy(w, rng, true, kubeScheduler(rng, true))
