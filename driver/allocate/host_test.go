@@ -440,7 +440,7 @@ func TestHoldMixes(t *testing.T) {
 	held := mustDemand(t, map[DemandShape]int{a: 100, b: 100})
 	near := mustDemand(t, map[DemandShape]int{a: 104, b: 96}) // L1 0.04
 	far := mustDemand(t, map[DemandShape]int{a: 120, b: 80})  // L1 0.2
-	other := mustDemand(t, map[DemandShape]int{a: 100, DemandShape{GPUs: 4}: 100})
+	other := mustDemand(t, map[DemandShape]int{a: 100, {GPUs: 4}: 100})
 	for _, c := range []struct {
 		name       string
 		held, next *DemandMix
