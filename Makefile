@@ -104,11 +104,14 @@ bench: ## allocator (latency p50/p99, churn quality per topology vs baselines), 
 # baselines, tables and chart into docs/performance/ (trace.md explains).
 TRACE_DIR   ?= ../shared/traces/openb
 TRACE_SEEDS ?= 10
+# The three published lists and lists with GPU-model constraints made from
+# the default one at run time (internal/tracebench/gpuspec.go).
+TRACE_LISTS ?= default,multigpu50,gpushare100,default-spec10,default-spec20,default-spec25,default-spec33,default-spec33u
 .PHONY: bench-trace
 bench-trace: ## replay FGD's trace (TRACE_DIR, TRACE_SEEDS): unallocated GPUs and fragmentation per policy
 	@test -d "$(TRACE_DIR)" || { echo "bench-trace: no trace at $(TRACE_DIR) (set TRACE_DIR; see docs/performance/trace.md)"; exit 1; }
 	@mkdir -p docs/performance
-	$(GO) run ./cmd/gpulink simulate --trace "$(TRACE_DIR)" --seeds $(TRACE_SEEDS) \
+	$(GO) run ./cmd/gpulink simulate --trace "$(TRACE_DIR)" --seeds $(TRACE_SEEDS) --lists $(TRACE_LISTS) \
 		--markdown docs/performance/trace-results.md --svg docs/performance/trace.svg
 
 # Gang placement (issue 31): multi-node jobs (Kalos's jobs, a draw from

@@ -353,6 +353,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
 		return fmt.Errorf("waiting for informer caches: %w", context.Cause(ctx))
 	}
+	c.seedDemand(ctx)
 	logger.Info("Caches synced; starting workers", "workers", c.workers)
 	var wg sync.WaitGroup
 	for range c.workers {

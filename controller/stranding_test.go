@@ -184,3 +184,49 @@ func TestHostChangesTouchTheLedger(t *testing.T) {
 		})
 	}
 }
+
+// A controller that starts with pods already running ranks as one that
+// decided them: the demand mix is seeded from their shapes (Planner.Seed).
+// Node a runs a pod with a GPU and 2 of its 4 CPUs; a new pod asking the
+// same goes to b, where it strands nothing. Without the seed the first
+// decision has no mix, ranks by GPUs alone and packs it onto a, whose
+// last two GPUs are then left without CPU.
+func TestRestartRanksWithRunningPods(t *testing.T) {
+	objs := objs(classes(), gpuNode(t, "a", "pcie-4.txt"), gpuNode(t, "b", "pcie-4.txt"))
+	for _, o := range objs {
+		if n, ok := o.(*corev1.Node); ok && n.Name == "a" {
+			n.Status.Allocatable[corev1.ResourceCPU] = resource.MustParse("4")
+		}
+	}
+	running := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "running", Namespace: ns, UID: uuid.NewUUID(), CreationTimestamp: metav1.Now()},
+		Spec: corev1.PodSpec{
+			NodeName: "a",
+			Containers: []corev1.Container{{Name: "c", Image: "x", Resources: corev1.ResourceRequirements{
+				Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2")}}}},
+			ResourceClaims: []corev1.PodResourceClaim{{Name: "c0", ResourceClaimName: ptr.To("c0")}},
+		},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning},
+	}
+	claim := &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "c0", Namespace: ns, UID: uuid.NewUUID(), Finalizers: []string{driver.ClaimFinalizer}},
+		Spec:       resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}}},
+		Status: resourceapi.ResourceClaimStatus{
+			Allocation: &resourceapi.AllocationResult{NodeSelector: planner.NodeSelectorFor("a"), AllocationTimestamp: ptr.To(metav1.Now()),
+				Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{Request: "g", Driver: driver.Name, Pool: "a", Device: "gpu-0"}}}},
+			ReservedFor: []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: running.Name, UID: running.UID}},
+		},
+	}
+	objs = append(objs, running, claim)
+	h := newHarnessWith(t, Config{Workers: 1, DeviceTaintRules: true, RankByStranding: true,
+		Policy: allocate.Policy{Node: allocate.Binpack, GPU: allocate.Binpack}}, objs...).start()
+	h.claim("c1", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}})
+	h.podAsking("pod-c1", "2", "c1")
+	held, ok, err := gpuview.ClaimDevices(h.waitAllocated("c1"))
+	if err != nil || !ok {
+		t.Fatalf("claim c1: %+v %v %v", held, ok, err)
+	}
+	if held.Node != "b" {
+		t.Errorf("claim c1 on node %s, want b (the running pod's shape seeds the mix)", held.Node)
+	}
+}

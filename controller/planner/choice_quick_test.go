@@ -547,3 +547,57 @@ func TestScoreCacheFollowsHost(t *testing.T) {
 		t.Fatalf("after %s ran short of CPU: got %v, verdict %d; want another node", first, q, verdict)
 	}
 }
+
+// TestScoreCacheKeepsUnfitNodesWithDemand: with a demand mix, a node that
+// cannot take the shape (too few GPUs free) keeps its entry between
+// decisions like one that can; it used to be scored again on every
+// decision, a fifth of a 70 %-busy cluster for a 4-GPU pod.
+func TestScoreCacheKeepsUnfitNodesWithDemand(t *testing.T) {
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(7, 8))
+	pc := newPruneCluster(t, rng, 40, []string{"dgx-a100.txt"}, 0.7)
+	ic, _, err := pc.ip.Interpret(ctx, &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "d"},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 4)}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hist, err := allocate.NewDemandHistory(8, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := hist.Record(allocate.DemandShape{GPUs: 4}); err != nil {
+		t.Fatal(err)
+	}
+	pol := allocate.Policy{Demand: hist.Mix()}
+	nodes := pc.inv.All()
+	cache := newScoreCache()
+	before := nodesScored.Load()
+	if _, verdict := quickChoice(ctx, pc.sel, pol, nodes, pc, cache, admitAll, []*Claim{ic}, nil); verdict == quickUnsure {
+		t.Fatal("shortcut did not apply")
+	}
+	if got := nodesScored.Load() - before; got != int64(len(nodes)) {
+		t.Fatalf("first decision scored %d nodes, want all %d", got, len(nodes))
+	}
+	unfit := 0
+	for _, n := range nodes {
+		free := 0
+		for _, u := range pc.usage[n.Node] {
+			if u == (allocate.GPUUsage{}) {
+				free++
+			}
+		}
+		if free < 4 {
+			unfit++
+		}
+	}
+	if unfit == 0 {
+		t.Fatal("the cluster has no node too busy for 4 GPUs: the test checks nothing")
+	}
+	before = nodesScored.Load()
+	if _, verdict := quickChoice(ctx, pc.sel, pol, nodes, pc, cache, admitAll, []*Claim{ic}, nil); verdict == quickUnsure {
+		t.Fatal("shortcut did not apply")
+	}
+	if got := nodesScored.Load() - before; got != 0 {
+		t.Fatalf("second decision, nothing changed: scored %d nodes again (%d cannot take 4 GPUs), want 0", got, unfit)
+	}
+}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 
@@ -144,19 +146,63 @@ func BenchmarkDecision5000Nodes(b *testing.B) {
 	b.Run("quick", func(b *testing.B) { run(b, quick(newScoreCache())) })
 	// quick-stranding is quick with --rank-by-stranding: each decision is
 	// recorded in the demand mix and ranks by the GPUs it strands for it.
-	b.Run("quick-stranding", func(b *testing.B) {
-		rec, err := newDemandRecorder(true)
+	// The -sizemix variants also keep the recent size mix as the
+	// controller does (every pod's claim is new there, so each whole-GPU
+	// request is recorded and the mix snapshot every 64 of them), which
+	// the plain variants leave out: the benchmark's claims are reused, and
+	// MixRecorder counts a claim once.
+	stranding := func(sizeMix bool) func(b *testing.B) {
+		return func(b *testing.B) {
+			rec, err := newDemandRecorder(true)
+			if err != nil {
+				b.Fatal(err)
+			}
+			hist, err := allocate.NewSizeHistory(allocate.DefaultHistoryWindow, allocate.DefaultHistoryRefresh)
+			if err != nil {
+				b.Fatal(err)
+			}
+			cache := newScoreCache()
+			var held *allocate.SizeMix
+			run(b, func(pending []*Claim) *Plan {
+				p := pol
+				if sizeMix {
+					if a := pending[0].Requests[0].Alternatives[0]; !a.Share {
+						hist.Record(a.Count)
+					}
+					held = allocate.HoldSize(held, hist.Mix())
+					p.Mix = held
+				}
+				pf := filter.forPod(logger, pod, nil, nil)
+				q, verdict := quickChoice(ctx, pc.sel, rec.policy(p, func() []allocate.NodeCapacity { return filter.capacities(nodes, pc.NodeUsage) }), nodes, pc, cache, pf.admit, pending, rec.ranking(filter.HostLeft, pod))
+				if verdict != quickChosen {
+					b.Fatal("shortcut did not apply")
+				}
+				rec.record(ctx, pod, q.plan)
+				return q.plan
+			})
+		}
+	}
+	b.Run("quick-stranding", stranding(false))
+	b.Run("quick-stranding-sizemix", stranding(true))
+	b.Run("quick-sizemix", func(b *testing.B) {
+		hist, err := allocate.NewSizeHistory(allocate.DefaultHistoryWindow, allocate.DefaultHistoryRefresh)
 		if err != nil {
 			b.Fatal(err)
 		}
 		cache := newScoreCache()
+		var held *allocate.SizeMix
 		run(b, func(pending []*Claim) *Plan {
+			p := pol
+			if a := pending[0].Requests[0].Alternatives[0]; !a.Share {
+				hist.Record(a.Count)
+			}
+			held = allocate.HoldSize(held, hist.Mix())
+			p.Mix = held
 			pf := filter.forPod(logger, pod, nil, nil)
-			q, verdict := quickChoice(ctx, pc.sel, rec.policy(pol, func() []allocate.NodeCapacity { return filter.capacities(nodes) }), nodes, pc, cache, pf.admit, pending, rec.ranking(filter.HostLeft, pod))
+			q, verdict := quickChoice(ctx, pc.sel, p, nodes, pc, cache, pf.admit, pending, nil)
 			if verdict != quickChosen {
 				b.Fatal("shortcut did not apply")
 			}
-			rec.record(ctx, pod, q.plan)
 			return q.plan
 		})
 	})
@@ -257,14 +303,23 @@ func runDecisions(b *testing.B, pc *pruneCluster, mix [][]*Claim, decide func([]
 	for j := range mix {
 		step(j)
 	}
-	var took []time.Duration
+	var took, cpu []time.Duration
+	var scored []int64
 	i := 0
+	// The decision's own CPU time besides its wall time: on a shared
+	// machine the wall time counts the waits for a core too. The thread
+	// is locked so that its CPU time is the decision's (GC assists
+	// included, background GC workers not).
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	for b.Loop() {
-		start := time.Now()
+		start, before, cpuStart := time.Now(), nodesScored.Load(), threadCPU(b)
 		if step(i) == nil {
 			b.Fatal("no plan")
 		}
 		took = append(took, time.Since(start))
+		cpu = append(cpu, threadCPU(b)-cpuStart)
+		scored = append(scored, nodesScored.Load()-before)
 		i += 37
 	}
 	// Leave the cluster as it was for the next variant.
@@ -276,7 +331,30 @@ func runDecisions(b *testing.B, pc *pruneCluster, mix [][]*Claim, decide func([]
 	b.ReportMetric(p(0.5), "p50-ms")
 	b.ReportMetric(p(0.99), "p99-ms")
 	b.ReportMetric(p(1), "max-ms")
+	slices.Sort(cpu)
+	b.ReportMetric(float64(cpu[len(cpu)/2].Microseconds())/1000, "p50-cpu-ms")
+	b.ReportMetric(float64(cpu[int(0.99*float64(len(cpu)-1))].Microseconds())/1000, "p99-cpu-ms")
+	// Node scores computed afresh per decision: mean and p99.
+	slices.Sort(scored)
+	var sum int64
+	for _, v := range scored {
+		sum += v
+	}
+	b.ReportMetric(float64(sum)/float64(len(scored)), "scored/op")
+	b.ReportMetric(float64(scored[int(0.99*float64(len(scored)-1))]), "p99-scored")
 }
+
+// threadCPU is the calling thread's CPU time (user and system).
+func threadCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(rusageThread, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// rusageThread is RUSAGE_THREAD (Linux).
+const rusageThread = 1
 
 // BenchmarkSeveralPlacements5000Nodes is BenchmarkDecision5000Nodes for
 // pods with several placements: two claims (2 GPUs and 1 GPU), one claim

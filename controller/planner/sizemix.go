@@ -32,6 +32,7 @@ type MixRecorder struct {
 	Hist   *allocate.SizeHistory // nil: off
 	seen   *lru[struct{}]        // claims already counted
 	logged *allocate.SizeMix     // the last snapshot logged
+	held   *allocate.SizeMix     // the mix decisions use (HoldSize)
 }
 
 func NewMixRecorder(cfg MixConfig) (*MixRecorder, error) {
@@ -82,6 +83,9 @@ func (r *MixRecorder) Policy(ctx context.Context, base allocate.Policy, pending 
 		// The counts replay this mix in `gpulink simulate` (sizeMix).
 		klog.FromContext(ctx).V(2).Info("Request size mix", "counts", r.Hist.String(), "requests", r.Hist.Recorded())
 	}
-	base.Mix = r.Hist.Mix()
+	// A snapshot near the one in use keeps it, and with it the kept node
+	// scores that depend on the mix (allocate.HoldSize).
+	r.held = allocate.HoldSize(r.held, r.Hist.Mix())
+	base.Mix = r.held
 	return base
 }

@@ -113,22 +113,26 @@ func (r *demandRecorder) policy(base allocate.Policy, capacities func() []alloca
 		return base
 	}
 	if m != r.mix {
-		r.mix, r.weighed = m, m.WithScarcity(capacities())
+		// A new snapshot near the one in use keeps it, and with it every
+		// kept node score (allocate.HoldDemand).
+		r.mix, r.weighed = m, allocate.HoldDemand(r.weighed, m.WithScarcity(capacities()))
 	}
 	base.Demand = r.weighed
 	return base
 }
 
-// capacities lists each node's GPUs and allocatable CPU and memory, for
-// the scarcity of the demand mix's shapes. A node whose allocatable is
-// not known yet counts as fitting any pod, as HostLeft never counts it
-// short.
-func (f *NodeFilter) capacities(nodes []*NodeInventory) []allocate.NodeCapacity {
+// capacities lists each node's GPUs, allocatable CPU and memory, GPU
+// product and GPU given out now (usage), for the scarcity of the demand
+// mix's shapes. A node whose allocatable is not known yet counts as
+// fitting any pod, as HostLeft never counts it short.
+func (f *NodeFilter) capacities(nodes []*NodeInventory, usage func(*NodeInventory) []allocate.GPUUsage) []allocate.NodeCapacity {
 	out := make([]allocate.NodeCapacity, 0, len(nodes))
 	for _, n := range nodes {
 		c := allocate.NodeCapacity{Host: allocate.Host{CPUMilli: math.MaxInt64, MemoryBytes: math.MaxInt64}}
-		if n.Topo != nil {
+		if n.Topo != nil && n.Topo.Len() > 0 {
 			c.GPUs = n.Topo.Len()
+			c.Product = n.Topo.GPUs[0].ProductName
+			c.AllocatedMilli = allocate.AllocatedMilli(&allocate.NodeState{Name: n.Node, Topology: n.Topo, Usage: usage(n)})
 		}
 		if host, ok, known := f.Allocatable.Of(n.Node); known && ok {
 			c.Host = host

@@ -55,8 +55,19 @@ func TestDemandPolicyWeighsScarcityOncePerSnapshot(t *testing.T) {
 // not known fits any pod.
 func TestCapacities(t *testing.T) {
 	inv := NewInventory()
+	topo, err := controllertest.ParseFixture("v100-sxm2-8-aliyun-sccgn6.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p := range topo.GPUs {
+		topo.GPUs[p].ProductName = "Tesla V100-SXM2-32GB"
+	}
 	for _, node := range []string{"a", "b"} {
-		if err := inv.Upsert(controllertest.V100Slice(t, node)); err != nil {
+		s, err := controllertest.Slice(node, topo, controllertest.SliceOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := inv.Upsert(s); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -65,13 +76,23 @@ func TestCapacities(t *testing.T) {
 	n.Status.Allocatable[corev1.ResourceCPU] = resource.MustParse("96")
 	n.Status.Allocatable[corev1.ResourceMemory] = resource.MustParse("384Gi")
 	f.Allocatable.Set(n)
+	// Node a has two GPUs given out whole and a quarter share on a third.
+	usage := func(n *NodeInventory) []allocate.GPUUsage {
+		u := make([]allocate.GPUUsage, n.Topo.Len())
+		if n.Node == "a" {
+			u[0].Exclusive, u[1].Exclusive = true, true
+			u[2] = allocate.GPUUsage{Shares: 1, Cores: 25, MemoryBytes: n.Topo.GPUs[2].MemoryBytes / 4}
+		}
+		return u
+	}
 	got := map[int64]allocate.NodeCapacity{}
-	for _, c := range f.capacities(inv.All()) {
+	for _, c := range f.capacities(inv.All(), usage) {
 		got[c.Host.CPUMilli] = c
 	}
+	product := "Tesla V100-SXM2-32GB"
 	want := map[int64]allocate.NodeCapacity{
-		96000:         {GPUs: 8, Host: allocate.Host{CPUMilli: 96000, MemoryBytes: 384 << 30}},
-		math.MaxInt64: {GPUs: 8, Host: allocate.Host{CPUMilli: math.MaxInt64, MemoryBytes: math.MaxInt64}},
+		96000:         {GPUs: 8, Host: allocate.Host{CPUMilli: 96000, MemoryBytes: 384 << 30}, Product: product, AllocatedMilli: 2250},
+		math.MaxInt64: {GPUs: 8, Host: allocate.Host{CPUMilli: math.MaxInt64, MemoryBytes: math.MaxInt64}, Product: product},
 	}
 	if len(got) != 2 || got[96000] != want[96000] || got[math.MaxInt64] != want[math.MaxInt64] {
 		t.Fatalf("capacities = %+v, want %+v", got, want)

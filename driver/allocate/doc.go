@@ -63,7 +63,9 @@
 // on the node's ideal link class, then by the GPU the placement strands
 // for the recent pods' CPU, memory and GPU shapes (FGD's fragment
 // measure), each shape weighed by how often it is asked for and, in a
-// mix from DemandMix.WithScarcity, by how few nodes could run it.
+// mix from DemandMix.WithScarcity, by how scarce the unallocated GPU is
+// that could serve it (nodes with the GPUs, CPU, memory and GPU product
+// it needs).
 //
 // # Invariants
 //
@@ -87,7 +89,8 @@
 // and longrun.go (criteria 2-5), exact.go, memo.go and kind.go (the
 // search up to 16 free GPUs), large.go and beam.go (beyond), share.go and
 // shareset.go (shares), choose.go, score.go and bound.go (ChooseNode),
-// mix.go and history.go (size mix), host.go (CPU, memory, stranding). Benchmarks and the
+// mix.go and history.go (size mix), demand.go (demand shapes and mix,
+// stranding), host.go (CPU, memory, ChooseHost, DemandHistory). Benchmarks and the
 // churn comparisons against first fit, greedy growth, myopic, MAPA and
 // the online optimum (the best policy that knows the workload's
 // distribution, solved exactly) are in *_test.go (BenchmarkChurn,

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"math/bits"
-	"slices"
 	"sync"
 
 	"github.com/gpulink/gpulink/driver/topology"
@@ -26,183 +25,6 @@ func (h Host) validate(field string) error {
 }
 
 func (h Host) fits(in Host) bool { return h.CPUMilli <= in.CPUMilli && h.MemoryBytes <= in.MemoryBytes }
-
-// DemandShape is one kind of GPU pod, as the stranding criterion weighs
-// what a node could still take: whole GPUs (GPUs >= 1, ShareMilli 0) or a
-// share of one GPU (GPUs 1, ShareMilli 1..999, the larger of its memory
-// and compute fractions in thousandths), and the CPU and memory the pod
-// asks for besides.
-type DemandShape struct {
-	GPUs       int
-	ShareMilli int
-	Host       Host
-}
-
-func (s DemandShape) validate() error {
-	switch {
-	case s.GPUs < 1 || s.GPUs > topology.MaxGPUs:
-		return fmt.Errorf("demand shape: gpus must be 1..%d, got %d", topology.MaxGPUs, s.GPUs)
-	case s.ShareMilli < 0 || s.ShareMilli >= milliPerGPU:
-		return fmt.Errorf("demand shape: shareMilli must be 0..%d, got %d", milliPerGPU-1, s.ShareMilli)
-	case s.ShareMilli > 0 && s.GPUs != 1:
-		return fmt.Errorf("demand shape: a share is of one GPU, got gpus=%d", s.GPUs)
-	}
-	return s.Host.validate("demand shape")
-}
-
-// perGPU is what the shape needs of each GPU it uses, in milli GPU.
-func (s DemandShape) perGPU() int32 {
-	if s.ShareMilli > 0 {
-		return int32(s.ShareMilli)
-	}
-	return milliPerGPU
-}
-
-const milliPerGPU = 1000
-
-// maxDemandShapes bounds the shapes a DemandMix weighs: the stranding
-// criterion costs shapes x GPUs per node and decision, and the rare
-// shapes beyond the most frequent 32 move it little.
-const maxDemandShapes = 128
-
-// DemandMix is how often each DemandShape is asked for (the recent pods a
-// controller saw, DemandHistory). With it in Policy.Demand, ChooseNode
-// ranks nodes first by how much GPU the placement strands: GPU that the
-// weighted shapes could no longer use on the node because its CPU or
-// memory would be short, too few GPUs would be left, or what is left of a
-// GPU is smaller than the shape needs of one (the fragment measure of
-// FGD, Weng et al., ATC '23, over the shapes recently asked for).
-type DemandMix struct {
-	shapes []DemandShape
-	counts []int64
-	// scarcity multiplies each shape's count (WithScarcity); nil: 1.
-	scarcity []int64
-}
-
-// NodeCapacity is what a node has in all, not what is left: its GPUs and
-// its allocatable CPU and memory.
-type NodeCapacity struct {
-	GPUs int
-	Host Host
-}
-
-// WithScarcity returns the mix with each shape weighed also by how rare
-// the nodes are that could run it at all, empty: a shape that only k of n
-// nodes have the GPUs, CPU and memory for counts n/k times (an integer,
-// at least 1). FGD's measure weighs a node's stranded GPU by how often
-// each shape is asked for, as if every node could serve every shape; on
-// FGD's trace a few 8-GPU pods ask for 120 of a node's 128 cores, which
-// 39 of the 1,213 nodes have, and a pod of 8 cores placed on one of those
-// strands them as cheaply as on any other node: by 90 % arrived, such
-// pods found no node. A shape no node can run keeps its count (it strands
-// the same GPU everywhere). The result shares m's shapes; m is unchanged.
-func (m *DemandMix) WithScarcity(nodes []NodeCapacity) *DemandMix {
-	out := &DemandMix{shapes: m.shapes, counts: m.counts, scarcity: make([]int64, len(m.shapes))}
-	for i, s := range m.shapes {
-		capable := 0
-		for _, n := range nodes {
-			if n.GPUs >= s.GPUs && s.Host.fits(n.Host) {
-				capable++
-			}
-		}
-		out.scarcity[i] = 1
-		if capable > 0 {
-			out.scarcity[i] = int64(max(1, len(nodes)/capable))
-		}
-	}
-	return out
-}
-
-// NewDemandMix builds a mix from counts per shape (at least one
-// positive). Only the maxDemandShapes most frequent shapes are kept.
-func NewDemandMix(counts map[DemandShape]int) (*DemandMix, error) {
-	keys := slices.SortedFunc(maps.Keys(counts), compareShapes)
-	m := &DemandMix{}
-	for _, s := range keys {
-		if err := s.validate(); err != nil {
-			return nil, err
-		}
-		if c := counts[s]; c < 0 {
-			return nil, fmt.Errorf("demand mix: count of %+v must be >= 0, got %d", s, c)
-		} else if c > 0 {
-			m.shapes = append(m.shapes, s)
-			m.counts = append(m.counts, int64(c))
-		}
-	}
-	if len(m.shapes) == 0 {
-		return nil, fmt.Errorf("demand mix: no shape has a positive count")
-	}
-	if len(m.shapes) > maxDemandShapes {
-		idx := make([]int, len(m.shapes))
-		for i := range idx {
-			idx[i] = i
-		}
-		// Most frequent first; the shape order breaks ties, so the kept
-		// shapes do not depend on map order.
-		slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(m.counts[b], m.counts[a]) })
-		idx = idx[:maxDemandShapes]
-		slices.Sort(idx)
-		kept := &DemandMix{}
-		for _, i := range idx {
-			kept.shapes = append(kept.shapes, m.shapes[i])
-			kept.counts = append(kept.counts, m.counts[i])
-		}
-		m = kept
-	}
-	return m, nil
-}
-
-func compareShapes(a, b DemandShape) int {
-	return cmp.Or(cmp.Compare(a.GPUs, b.GPUs), cmp.Compare(a.ShareMilli, b.ShareMilli),
-		cmp.Compare(a.Host.CPUMilli, b.Host.CPUMilli), cmp.Compare(a.Host.MemoryBytes, b.Host.MemoryBytes))
-}
-
-// Shapes lists the weighed shapes with their counts, in a fixed order.
-func (m *DemandMix) Shapes() ([]DemandShape, []int64) {
-	return slices.Clone(m.shapes), slices.Clone(m.counts)
-}
-
-// stranded is the GPU of a node (left: milli GPU unallocated per GPU)
-// that the mix's shapes could not use, weighted by their counts: for each
-// shape all of the node's unallocated GPU when the shape cannot run there
-// (host short, or too few GPUs with what it needs of each), otherwise the
-// unallocated rest of the GPUs too small for it. host nil: CPU and memory
-// are not known and never short.
-func (m *DemandMix) stranded(left []int32, host *Host) int64 {
-	var all int64
-	for _, l := range left {
-		all += int64(l)
-	}
-	if all == 0 {
-		return 0
-	}
-	var f int64
-	for i, s := range m.shapes {
-		w := m.counts[i]
-		if m.scarcity != nil {
-			w *= m.scarcity[i]
-		}
-		if host != nil && !s.Host.fits(*host) {
-			f += w * all
-			continue
-		}
-		need := s.perGPU()
-		fit, small := 0, int64(0)
-		for _, l := range left {
-			if l >= need {
-				fit++
-			} else {
-				small += int64(l)
-			}
-		}
-		if fit < s.GPUs {
-			f += w * all
-		} else {
-			f += w * small
-		}
-	}
-	return f
-}
 
 // gpuLeft is what is unallocated of each GPU of n, in milli GPU: a whole
 // GPU is gone when given out whole, a shared one has what its dominant
@@ -233,6 +55,29 @@ func shareMilli(s ShareRequest, total int64) int32 {
 	return int32(min(m, milliPerGPU))
 }
 
+// AllocatedMilli is the GPU of n given out, in milli GPU, as the
+// stranding criterion counts it (gpuLeft): for NodeCapacity.AllocatedMilli.
+func AllocatedMilli(n *NodeState) int64 {
+	if n.Topology == nil {
+		return 0
+	}
+	var buf [topology.MaxGPUs]int32
+	var left int64
+	for _, l := range gpuLeft(n, buf[:0]) {
+		left += int64(l)
+	}
+	return int64(n.Topology.Len())*milliPerGPU - left
+}
+
+// nodeProduct is the product of n's GPUs, as DemandShape.Products names
+// them ("" for a node without GPUs or whose first GPU names none).
+func nodeProduct(n *NodeState) string {
+	if n.Topology == nil || n.Topology.Len() == 0 {
+		return ""
+	}
+	return n.Topology.GPUs[0].ProductName
+}
+
 // hostAfter is what the node's host has left once the request is placed
 // (nil when the node's host is unknown).
 func hostAfter(n *NodeState, req Host) *Host {
@@ -248,7 +93,8 @@ func hostAfter(n *NodeState, req Host) *Host {
 func strandDelta(m *DemandMix, n *NodeState, req Request, set uint64) int64 {
 	var buf [topology.MaxGPUs]int32
 	left := gpuLeft(n, buf[:0])
-	before := m.stranded(left, n.Host)
+	product := nodeProduct(n)
+	before := m.stranded(left, n.Host, product)
 	for a := set; a != 0; a &= a - 1 {
 		p := bits.TrailingZeros64(a)
 		if req.Share != nil {
@@ -257,7 +103,7 @@ func strandDelta(m *DemandMix, n *NodeState, req Request, set uint64) int64 {
 			left[p] = 0
 		}
 	}
-	return m.stranded(left, hostAfter(n, req.Host)) - before
+	return m.stranded(left, hostAfter(n, req.Host), product) - before
 }
 
 // lowestFreeSet is k free GPUs of n, the lowest positions: the stranding
@@ -346,7 +192,8 @@ func ChooseHost(nodes []*NodeState, req Host, pol Policy) (string, error) {
 				c.gpu += int64(l)
 			}
 			if pol.Demand != nil {
-				c.delta = pol.Demand.stranded(left, &c.after) - pol.Demand.stranded(left, n.Host)
+				product := nodeProduct(n)
+				c.delta = pol.Demand.stranded(left, &c.after, product) - pol.Demand.stranded(left, n.Host, product)
 			}
 		}
 		better := best == nil

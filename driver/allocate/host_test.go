@@ -3,8 +3,11 @@ package allocate
 import (
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/gpulink/gpulink/driver/topology"
 )
 
 // randomDemand is a mix of a few whole and share shapes with random CPU
@@ -57,7 +60,7 @@ func TestStranded(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			m := mustDemand(t, map[DemandShape]int{c.shape: 1})
-			if got := m.stranded(c.left, c.host); got != c.want {
+			if got := m.stranded(c.left, c.host, ""); got != c.want {
 				t.Fatalf("stranded(%v, %+v) = %d, want %d", c.left, c.host, got, c.want)
 			}
 		})
@@ -154,17 +157,116 @@ func TestWithScarcity(t *testing.T) {
 	}
 	w := m.WithScarcity(nodes)
 	// A host that fits no shape strands all of the GPU left for each:
-	// the weights read off in milli GPU. common: 12 of 12 nodes (x1);
-	// big: 1 of 12 (x12); never: none (its count, x1).
-	if got, want := w.stranded([]int32{1000}, &Host{}), int64(5*1+2*12+3*1)*1000; got != want {
+	// the weights read off in milli GPU, over scarcityScale. 88 GPUs in
+	// all; common: all of them (x1); big: the 8 of the one large node
+	// (x11); never: none (its count, x1).
+	if got, want := w.stranded([]int32{1000}, &Host{}, ""), int64(5*1+2*11+3*1)*scarcityScale*1000; got != want {
 		t.Errorf("weighed by scarcity: stranded = %d, want %d", got, want)
 	}
-	if got, want := m.stranded([]int32{1000}, &Host{}), int64(5+2+3)*1000; got != want {
+	if got, want := m.stranded([]int32{1000}, &Host{}, ""), int64(5+2+3)*1000; got != want {
 		t.Errorf("the original mix changed: stranded = %d, want %d", got, want)
 	}
-	if got := m.WithScarcity(nil).stranded([]int32{1000}, &Host{}); got != int64(5+2+3)*1000 {
+	if got := m.WithScarcity(nil).stranded([]int32{1000}, &Host{}, ""); got != int64(5+2+3)*scarcityScale*1000 {
 		t.Errorf("no nodes: stranded = %d, want the counts alone", got)
 	}
+	// Half the large node given out: its supply is 4 of the 84 GPUs left
+	// (x21), and the others' 80 of 84 still round to x1.
+	nodes[9].AllocatedMilli = 4000
+	if got, want := m.WithScarcity(nodes).stranded([]int32{1000}, &Host{}, ""), int64(5*scarcityScale+2*21*scarcityScale+3*scarcityScale)*1000; got != want {
+		t.Errorf("with GPU allocated: stranded = %d, want %d", got, want)
+	}
+}
+
+// TestWithScarcityByProduct: a shape pinned to a product is weighed by
+// the unallocated GPU of that product's nodes only, and a node of another
+// product strands all of its GPU for it.
+func TestWithScarcityByProduct(t *testing.T) {
+	host := Host{CPUMilli: 8000, MemoryBytes: 32 * gib}
+	anywhere := DemandShape{GPUs: 1, Host: host}
+	pinned := DemandShape{GPUs: 1, Host: host, Products: ProductsKey([]string{"T4"})}
+	m := mustDemand(t, map[DemandShape]int{anywhere: 3, pinned: 1})
+	big := Host{CPUMilli: 96000, MemoryBytes: 384 * gib}
+	nodes := []NodeCapacity{
+		{GPUs: 8, Host: big, Product: "G2"}, {GPUs: 8, Host: big, Product: "G2"}, {GPUs: 8, Host: big, Product: "G2"},
+		{GPUs: 2, Host: big, Product: "T4"}, {GPUs: 2, Host: big, Product: "T4"},
+	}
+	// 28 GPUs; the T4 ones 4: pinned x7, anywhere x1.
+	w := m.WithScarcity(nodes)
+	if got, want := w.stranded([]int32{1000, 1000}, &big, "T4"), int64(0); got != want {
+		t.Errorf("T4 node, both fit: stranded = %d, want %d", got, want)
+	}
+	if got, want := w.stranded([]int32{1000, 1000}, &big, "G2"), int64(7*scarcityScale*2000); got != want {
+		t.Errorf("G2 node: stranded = %d, want the pinned shape's weight times all its GPU, %d", got, want)
+	}
+	// One T4 node's GPUs given out: 2 of 26 left are T4 (x13).
+	nodes[3].AllocatedMilli = 2000
+	if got, want := m.WithScarcity(nodes).stranded([]int32{1000}, &big, "G2"), int64(13*scarcityScale*1000); got != want {
+		t.Errorf("T4 half given out: stranded = %d, want %d", got, want)
+	}
+}
+
+// TestChooseNodeLeavesPinnedProductFree: a pod that may run anywhere goes
+// to the plentiful product, not to the one pods pinned to it are short of,
+// even where the scarce product packs it better.
+func TestChooseNodeLeavesPinnedProductFree(t *testing.T) {
+	host := Host{CPUMilli: 8000, MemoryBytes: 32 * gib}
+	big := Host{CPUMilli: 96000, MemoryBytes: 384 * gib}
+	m := mustDemand(t, map[DemandShape]int{
+		{GPUs: 1, Host: host}:                 4,
+		{GPUs: 1, Host: host, Products: "T4"}: 1,
+		{GPUs: 1, Host: host, Products: "G2"}: 1,
+	})
+	t4 := withProduct(t, v100(t), "T4")
+	g2 := withProduct(t, v100(t), "G2")
+	usedSix := make([]GPUUsage, 8)
+	for p := range 6 {
+		usedSix[p].Exclusive = true
+	}
+	nodes := []*NodeState{
+		{Name: "a-t4", Topology: t4, Usage: usedSix, Host: &big},
+		{Name: "b-g2", Topology: g2, Host: &big},
+	}
+	capacities := []NodeCapacity{
+		{GPUs: 8, Host: big, Product: "T4", AllocatedMilli: 6000},
+		{GPUs: 8, Host: big, Product: "G2"}, {GPUs: 8, Host: big, Product: "G2"}, {GPUs: 8, Host: big, Product: "G2"},
+	}
+	for _, c := range []struct {
+		name   string
+		demand *DemandMix
+		want   string
+	}{
+		{"by frequency alone", m, "a-t4"},
+		{"weighed by scarcity", m.WithScarcity(capacities), "b-g2"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r, err := ChooseNode(nodes, Request{GPUs: 1, Host: host}, Policy{Demand: c.demand})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Node != c.want {
+				t.Fatalf("chose %s, want %s", r.Node, c.want)
+			}
+		})
+	}
+}
+
+// withProduct is a copy of t whose GPUs are all of the given product.
+func withProduct(t *testing.T, topo *topology.Topology, product string) *topology.Topology {
+	t.Helper()
+	gpus := slices.Clone(topo.GPUs)
+	links := make([][]topology.Link, len(gpus))
+	for i := range gpus {
+		gpus[i].ProductName = product
+		links[i] = make([]topology.Link, len(gpus))
+		for j := range gpus {
+			links[i][j] = topo.Link(i, j)
+		}
+	}
+	out, err := topology.New(gpus, links)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // TestChooseNodeKeepsScarceNodeFree: a few pods need a node that only one
@@ -327,5 +429,41 @@ func TestDemandHistory(t *testing.T) {
 		if got[s] != c {
 			t.Fatalf("mix %v, want %v", got, want)
 		}
+	}
+}
+
+// TestHoldMixes: a snapshot within MixHoldDistance of the mix in use
+// keeps it (the same pointer, so kept scores stay valid); one that moved
+// further, or weighs other shapes, replaces it.
+func TestHoldMixes(t *testing.T) {
+	a, b := DemandShape{GPUs: 1}, DemandShape{GPUs: 2}
+	held := mustDemand(t, map[DemandShape]int{a: 100, b: 100})
+	near := mustDemand(t, map[DemandShape]int{a: 104, b: 96}) // L1 0.04
+	far := mustDemand(t, map[DemandShape]int{a: 120, b: 80})  // L1 0.2
+	other := mustDemand(t, map[DemandShape]int{a: 100, {GPUs: 4}: 100})
+	for _, c := range []struct {
+		name       string
+		held, next *DemandMix
+		want       *DemandMix
+	}{
+		{"near", held, near, held},
+		{"far", held, far, far},
+		{"other shapes", held, other, other},
+		{"nothing held", nil, near, near},
+	} {
+		if got := HoldDemand(c.held, c.next); got != c.want {
+			t.Errorf("HoldDemand %s: got %p, want %p", c.name, got, c.want)
+		}
+	}
+	// Scarcity counts in the distance: the same counts weighed apart.
+	caps := []NodeCapacity{{GPUs: 1}, {GPUs: 1}, {GPUs: 1}, {GPUs: 2}}
+	if got := HoldDemand(held.WithScarcity(nil), held.WithScarcity(caps)); got == nil || got.scarcity[1] != 40 {
+		t.Errorf("HoldDemand kept a mix whose weights moved by scarcity: %+v", got)
+	}
+	sHeld := mustSizeMix(map[int]float64{1: 50, 2: 50})
+	sNear := mustSizeMix(map[int]float64{1: 52, 2: 48})
+	sFar := mustSizeMix(map[int]float64{1: 60, 2: 40})
+	if HoldSize(sHeld, sNear) != sHeld || HoldSize(sHeld, sFar) != sFar || HoldSize(nil, sNear) != sNear {
+		t.Error("HoldSize: want the held mix for a near one only")
 	}
 }

@@ -111,6 +111,24 @@ func (m *SizeMix) levels(f, k int) uint32 {
 	return lv
 }
 
+// HoldSize returns held when next is within MixHoldDistance of it (the
+// L1 distance of their weights), else next (held nil: next).
+func HoldSize(held, next *SizeMix) *SizeMix {
+	if held == nil || next == nil {
+		return next
+	}
+	h, n := held.orDefault(), next.orDefault()
+	var d int64
+	for j := range h.w {
+		diff := int64(h.w[j]) - int64(n.w[j])
+		d += max(diff, -diff)
+	}
+	if float64(d) <= MixHoldDistance*mixScale {
+		return held
+	}
+	return next
+}
+
 // String lists the sizes with a weight, as "size:percent".
 func (m *SizeMix) String() string {
 	m = m.orDefault()

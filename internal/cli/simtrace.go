@@ -28,6 +28,7 @@ type traceFlags struct {
 	svg        string
 	minPercent int
 	workers    int
+	noMemory   bool
 }
 
 func (f *traceFlags) register(cmd *cobra.Command) {
@@ -42,13 +43,14 @@ func (f *traceFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.svg, "svg", "", "with --trace: write the chart to this SVG file")
 	fl.IntVar(&f.minPercent, "min-percent", 70, "with --trace: first arrival step (in % of capacity) in tables and chart")
 	fl.IntVar(&f.workers, "workers", runtime.GOMAXPROCS(0), "with --trace: replays run in parallel")
+	fl.BoolVar(&f.noMemory, "ignore-memory", false, "with --trace: count no task's memory, as the FGD paper's simulator does (every policy)")
 }
 
 func (f *traceFlags) run(out io.Writer) error {
 	if f.seeds < 1 {
 		return usageError{fmt.Errorf("--seeds must be at least 1, got %d", f.seeds)}
 	}
-	opt := tracebench.Options{TopologyDir: f.topologies, Policies: f.policies, NodeStride: f.stride, Workers: f.workers}
+	opt := tracebench.Options{TopologyDir: f.topologies, Policies: f.policies, NodeStride: f.stride, Workers: f.workers, IgnoreMemory: f.noMemory}
 	for s := 1; s <= f.seeds; s++ {
 		opt.Seeds = append(opt.Seeds, uint64(s))
 	}
@@ -71,6 +73,9 @@ func (f *traceFlags) run(out io.Writer) error {
 	elapsed := time.Since(start).Round(time.Second)
 	var md strings.Builder
 	fmt.Fprintf(&md, "Replayed %s with seeds 1..%d in %s (%d workers, GOMAXPROCS %d).\n\n", filepath.Clean(f.dir), f.seeds, elapsed, f.workers, runtime.GOMAXPROCS(0))
+	if f.noMemory {
+		md.WriteString("Memory not counted (--ignore-memory), as the FGD paper's simulator.\n\n")
+	}
 	if err := tracebench.WriteMarkdown(&md, results, f.minPercent); err != nil {
 		return err
 	}

@@ -46,10 +46,13 @@ type gpulinkPolicy struct {
 	hostAware bool
 	// cpuOnly, when set, places CPU-only tasks instead of ChooseHost.
 	cpuOnly func(c *Cluster, t *Task) (Placement, bool, error)
-	// capacities are the GPU nodes' capacities; lastScarce is lastMix
-	// weighed by their scarcity (demandMix).
+	// capacities are the GPU nodes' capacities and allocated GPU when
+	// lastMix was snapshot; lastScarce is lastMix weighed by their
+	// scarcity (demandMix).
 	capacities          []allocate.NodeCapacity
 	lastMix, lastScarce *allocate.DemandMix
+	// heldSize is the size mix in use (allocate.HoldSize).
+	heldSize *allocate.SizeMix
 }
 
 func newGpulinkPolicy(w *Workload, rng *rand.Rand, hostAware bool, cpuOnly func(c *Cluster, t *Task) (Placement, bool, error)) (*gpulinkPolicy, error) {
@@ -63,7 +66,8 @@ func newGpulinkPolicy(w *Workload, rng *rand.Rand, hostAware bool, cpuOnly func(
 	}
 	if w != nil {
 		for _, m := range w.classes {
-			s := allocate.DemandShape{GPUs: m.gpus, Host: allocate.Host{CPUMilli: m.cpu, MemoryBytes: m.mem << 20}}
+			s := allocate.DemandShape{GPUs: m.gpus, Host: allocate.Host{CPUMilli: m.cpu, MemoryBytes: m.mem << 20},
+				Products: allocate.ProductsKey(m.models)}
 			if m.milli < MilliPerGPU {
 				s.ShareMilli = int(m.milli)
 			}
@@ -113,7 +117,7 @@ func (g *gpulinkPolicy) place(c *Cluster, t *Task) (Placement, bool, error) {
 		}
 	}
 	var req allocate.Request
-	shape := allocate.DemandShape{GPUs: t.GPUs, Host: hostOf(t)}
+	shape := allocate.DemandShape{GPUs: t.GPUs, Host: hostOf(t), Products: allocate.ProductsKey(t.Models)}
 	if t.Share() {
 		req.Share = shareRequest(t.GPUMilli)
 		shape.ShareMilli = t.GPUMilli
@@ -127,7 +131,10 @@ func (g *gpulinkPolicy) place(c *Cluster, t *Task) (Placement, bool, error) {
 	if len(g.buf) == 0 {
 		return Placement{}, false, nil
 	}
-	pol := allocate.Policy{Node: allocate.Binpack, GPU: allocate.Binpack, Mix: g.hist.Mix()}
+	// The controller keeps a mix while new snapshots stay near it
+	// (allocate.HoldSize, HoldDemand), and so does the replay.
+	g.heldSize = allocate.HoldSize(g.heldSize, g.hist.Mix())
+	pol := allocate.Policy{Node: allocate.Binpack, GPU: allocate.Binpack, Mix: g.heldSize}
 	if g.hostAware {
 		req.Host = hostOf(t)
 		pol.Demand = g.demandMix(c)
@@ -195,22 +202,24 @@ func kubeScore(c *Cluster, t *Task, rng *rand.Rand, mostAllocated bool) (Placeme
 	return Placement{Node: best.idx}, true, nil
 }
 
-// demandMix is the recent shapes' mix weighed by the scarcity of the nodes
-// that can run each (allocate.DemandMix.WithScarcity, as the controller
-// ranks), computed again when the mix is refreshed.
+// demandMix is the recent shapes' mix weighed by the scarcity of the GPU
+// that could serve each (allocate.DemandMix.WithScarcity, as the
+// controller ranks): computed again, with the GPU allocated by then, when
+// the mix is refreshed.
 func (g *gpulinkPolicy) demandMix(c *Cluster) *allocate.DemandMix {
 	m := g.demand.Mix()
 	if m == g.lastMix {
 		return g.lastScarce
 	}
-	if g.capacities == nil {
-		for _, n := range c.nodes {
-			if n.kind != nil {
-				g.capacities = append(g.capacities, allocate.NodeCapacity{GPUs: n.spec.GPUs,
-					Host: allocate.Host{CPUMilli: n.spec.CPUMilli, MemoryBytes: n.spec.MemoryMiB << 20}})
-			}
+	g.capacities = g.capacities[:0]
+	for _, n := range c.nodes {
+		if n.kind != nil {
+			g.capacities = append(g.capacities, allocate.NodeCapacity{GPUs: n.spec.GPUs,
+				Host:           allocate.Host{CPUMilli: n.spec.CPUMilli, MemoryBytes: n.spec.MemoryMiB << 20},
+				Product:        n.spec.Model,
+				AllocatedMilli: int64(n.spec.GPUs)*MilliPerGPU - n.leftTotal()})
 		}
 	}
-	g.lastMix, g.lastScarce = m, m.WithScarcity(g.capacities)
+	g.lastMix, g.lastScarce = m, allocate.HoldDemand(g.lastScarce, m.WithScarcity(g.capacities))
 	return g.lastScarce
 }

@@ -101,7 +101,7 @@ func (ks *kindSet) get(model string, gpus int) (*kind, error) {
 	if gpus > full.Len() {
 		return nil, fmt.Errorf("topology for %s with %d GPUs: %s has only %d GPUs", model, gpus, src.file, full.Len())
 	}
-	t, err := subTopology(full, gpus)
+	t, err := subTopology(full, gpus, model)
 	if err != nil {
 		return nil, fmt.Errorf("topology for %s with %d GPUs from %s: %w", model, gpus, src.file, err)
 	}
@@ -118,13 +118,16 @@ func (ks *kindSet) get(model string, gpus int) (*kind, error) {
 }
 
 // subTopology keeps the first n GPUs of t, each with the nominal memory
-// (shares need a known memory size in the allocator).
-func subTopology(t *topology.Topology, n int) (*topology.Topology, error) {
+// (shares need a known memory size in the allocator) and the trace's
+// model as its product name (what a gpu_spec names, as a claim's selector
+// names productName).
+func subTopology(t *topology.Topology, n int, model string) (*topology.Topology, error) {
 	gpus := make([]topology.GPU, n)
 	links := make([][]topology.Link, n)
 	for i := range n {
 		gpus[i] = t.GPUs[i]
 		gpus[i].MemoryBytes = MilliPerGPU * nominalShareUnit
+		gpus[i].ProductName = model
 		links[i] = make([]topology.Link, n)
 		for j := range n {
 			links[i][j] = t.Link(i, j)

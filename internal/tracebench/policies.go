@@ -2,6 +2,7 @@ package tracebench
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 )
@@ -12,42 +13,52 @@ type policy interface {
 	place(c *Cluster, t *Task) (p Placement, ok bool, err error)
 }
 
-// Policy names, in the order reports list them.
+// Policy names, in the order reports list them. The headline row is what
+// the chart installs by default; the other gpulink rows are named by the
+// chart value or deployment they stand for.
 const (
-	// PolicyGpulink is gpulink ranking nodes with their CPU and memory
-	// and the recent pods' shapes (allocate.Policy.Demand), and placing
-	// the CPU-only pods too (allocate.ChooseHost).
+	// PolicyGpulink is the chart's defaults: GPU pods ranked with each
+	// node's CPU and memory and the recent pods' shapes
+	// (controller.rankByStranding: true), pods without GPU claims left to
+	// kube-scheduler's default scoring (LeastAllocated).
 	PolicyGpulink = "gpulink"
-	// PolicyGpulinkKube is the same for GPU pods, with the CPU-only pods
-	// left to kube-scheduler's default scoring (LeastAllocated).
-	PolicyGpulinkKube = "gpulink-kube"
-	// PolicyGpulinkMost is gpulink with kube-scheduler configured to
-	// bin-pack the pods gpulink does not place (MostAllocated).
-	PolicyGpulinkMost = "gpulink-mostalloc"
-	// PolicyGpulinkGPUOnly is gpulink's node ranking on GPUs alone
-	// (no Host, no Demand: the allocator before it saw CPU and memory),
-	// CPU-only pods left to kube-scheduler's default scoring.
-	PolicyGpulinkGPUOnly = "gpulink-gpuonly"
-	PolicyFGD            = "fgd"
-	PolicyBestFit        = "best-fit"
-	PolicyDotProduct     = "dot-product"
-	PolicyPacking        = "gpu-packing"
-	PolicyClustering     = "gpu-clustering"
-	PolicyRandomFit      = "random-fit"
-	PolicyFirstFit       = "first-fit"
+	// PolicyGpulinkGPUOnly is the chart with controller.rankByStranding:
+	// false: nodes ranked on GPUs alone (no Host, no Demand), CPU-only
+	// pods left to kube-scheduler's default scoring.
+	PolicyGpulinkGPUOnly = "gpulink:rankByStranding=false"
+	// PolicyGpulinkCPUPods is the chart's defaults with the pods without
+	// GPU claims placed by gpulink too (allocate.ChooseHost): no chart
+	// value yet (issue 32, part 2), what the paper's simulator does.
+	PolicyGpulinkCPUPods = "gpulink+cpu-pods"
+	// PolicyGpulinkMost is the chart's defaults with kube-scheduler
+	// configured to bin-pack the pods gpulink does not place
+	// (MostAllocated): a scheduler profile, not shipped.
+	PolicyGpulinkMost = "gpulink+mostalloc"
+	PolicyFGD         = "fgd"
+	// PolicyFGDPaper is FGD scored as the paper's artifact scores it:
+	// quantized to 0..100 with random ties (fgdPaperScore). With
+	// Options.IgnoreMemory the replay is the paper's setup.
+	PolicyFGDPaper   = "fgd-paper"
+	PolicyBestFit    = "best-fit"
+	PolicyDotProduct = "dot-product"
+	PolicyPacking    = "gpu-packing"
+	PolicyClustering = "gpu-clustering"
+	PolicyRandomFit  = "random-fit"
+	PolicyFirstFit   = "first-fit"
 )
 
-// AllPolicies lists every policy the replay knows.
-var AllPolicies = []string{PolicyGpulink, PolicyGpulinkKube, PolicyGpulinkMost, PolicyGpulinkGPUOnly, PolicyFGD, PolicyBestFit, PolicyDotProduct, PolicyPacking, PolicyClustering, PolicyRandomFit, PolicyFirstFit}
+// AllPolicies lists every policy the replay knows, the chart's defaults
+// first.
+var AllPolicies = []string{PolicyGpulink, PolicyGpulinkGPUOnly, PolicyGpulinkCPUPods, PolicyGpulinkMost, PolicyFGD, PolicyFGDPaper, PolicyBestFit, PolicyDotProduct, PolicyPacking, PolicyClustering, PolicyRandomFit, PolicyFirstFit}
 
 // newPolicy builds a policy for one replay; rng breaks ties among equal
 // scores at random, as kube-scheduler's selectHost does (the paper runs
 // every policy as a kube-scheduler score plugin).
 func newPolicy(name string, w *Workload, rng *rand.Rand) (policy, error) {
 	switch name {
-	case PolicyGpulink:
+	case PolicyGpulinkCPUPods:
 		return newGpulinkPolicy(w, rng, true, nil)
-	case PolicyGpulinkKube:
+	case PolicyGpulink:
 		return newGpulinkPolicy(w, rng, true, kubeScheduler(rng, false))
 	case PolicyGpulinkMost:
 		return newGpulinkPolicy(w, rng, true, kubeScheduler(rng, true))
@@ -55,6 +66,8 @@ func newPolicy(name string, w *Workload, rng *rand.Rand) (policy, error) {
 		return newGpulinkPolicy(w, rng, false, kubeScheduler(rng, false))
 	case PolicyFGD:
 		return &fgd{w: w, rng: rng}, nil
+	case PolicyFGDPaper:
+		return &fgd{w: w, rng: rng, quantized: true}, nil
 	case PolicyBestFit:
 		return scored{rng: rng, score: bestFitScore}, nil
 	case PolicyDotProduct:
@@ -270,11 +283,34 @@ type fgd struct {
 	w    *Workload
 	rng  *rand.Rand
 	left []int32 // scratch
+	// quantized scores as the paper's artifact's FGD plugin does
+	// (fgdPaperScore): 0..100 integers, random ties among nodes, a share
+	// on the first GPU of its node's best score.
+	quantized bool
+}
+
+// fgdPaperScore is the artifact's FGD score of a placement that moves the
+// node's fragment from before to after (milli GPU): sigmoid((before -
+// after) / 1000) times kube-scheduler's MaxNodeScore (100), truncated to
+// an integer, higher better (hkust-adsl/kubernetes-scheduler-simulator,
+// pkg/simulator/plugin/fgd_score.go). Many placements share a score, and
+// kube-scheduler's selectHost picks among the nodes of the best at random.
+func fgdPaperScore(before, after float64) int64 {
+	return int64(100 / (1 + math.Exp(-(before-after)/1000)))
 }
 
 func (f *fgd) place(c *Cluster, t *Task) (Placement, bool, error) {
 	best := newArgmin(f.rng)
 	var bestGPU int
+	// cost is what the argmin ranks: the fragment's growth, or minus the
+	// quantized score.
+	total := float64(max(1, f.w.total))
+	cost := func(before, after int64) float64 {
+		if f.quantized {
+			return -float64(fgdPaperScore(float64(before)/total, float64(after)/total))
+		}
+		return float64(after - before)
+	}
 	for i, n := range c.nodes {
 		if !n.fits(t) {
 			continue
@@ -289,7 +325,24 @@ func (f *fgd) place(c *Cluster, t *Task) (Placement, bool, error) {
 		f.left = append(f.left[:0], n.left...)
 		switch {
 		case t.GPUs == 0:
-			best.offer(i, float64(f.w.fragScaled(access, cpu, mem, f.left)-before))
+			best.offer(i, cost(before, f.w.fragScaled(access, cpu, mem, f.left)))
+		case t.Share() && f.quantized:
+			// The artifact scores each GPU that fits and keeps the first
+			// of the best score; the node is offered with that score.
+			nodeBest, nodeGPU := math.Inf(1), -1
+			for g, l := range n.left {
+				if int(l) < t.GPUMilli {
+					continue
+				}
+				f.left[g] = l - int32(t.GPUMilli)
+				if v := cost(before, f.w.fragScaled(access, cpu, mem, f.left)); v < nodeBest {
+					nodeBest, nodeGPU = v, g
+				}
+				f.left[g] = l
+			}
+			if best.offer(i, nodeBest) {
+				bestGPU = nodeGPU
+			}
 		case t.Share():
 			// GPUs with equal left give equal fragments: try each value once.
 			for g, l := range n.left {
@@ -297,7 +350,7 @@ func (f *fgd) place(c *Cluster, t *Task) (Placement, bool, error) {
 					continue
 				}
 				f.left[g] = l - int32(t.GPUMilli)
-				if best.offer(i, float64(f.w.fragScaled(access, cpu, mem, f.left)-before)) {
+				if best.offer(i, cost(before, f.w.fragScaled(access, cpu, mem, f.left))) {
 					bestGPU = g
 				}
 				f.left[g] = l
@@ -306,7 +359,7 @@ func (f *fgd) place(c *Cluster, t *Task) (Placement, bool, error) {
 			for _, g := range lowestFree(n, t.GPUs) {
 				f.left[g] = 0
 			}
-			best.offer(i, float64(f.w.fragScaled(access, cpu, mem, f.left)-before))
+			best.offer(i, cost(before, f.w.fragScaled(access, cpu, mem, f.left)))
 		}
 	}
 	return placeOnBest(c, t, best.idx, bestGPU)

@@ -130,7 +130,7 @@ func TestBaselineChoices(t *testing.T) {
 	t.Run("best fit and the others skip nodes short of CPU", func(t *testing.T) {
 		c := testCluster(t, big("T4", 2), big("T4", 2))
 		use(t, c, 0, 63500, 200) // node 0 fuller but only 500 millicores left
-		for _, p := range []string{PolicyBestFit, PolicyFGD, PolicyPacking, PolicyClustering, PolicyDotProduct, PolicyFirstFit, PolicyRandomFit, PolicyGpulink} {
+		for _, p := range []string{PolicyBestFit, PolicyFGD, PolicyPacking, PolicyClustering, PolicyDotProduct, PolicyFirstFit, PolicyRandomFit, PolicyGpulinkCPUPods} {
 			if got := place(t, p, c, share, nil); got.Node != 1 {
 				t.Errorf("%s: got %+v, want node 1", p, got)
 			}
@@ -139,7 +139,7 @@ func TestBaselineChoices(t *testing.T) {
 	t.Run("a gpu_spec keeps tasks to their models", func(t *testing.T) {
 		c := testCluster(t, big("T4", 2), big("V100M16", 8))
 		v := &Task{Name: "v", CPUMilli: 1000, MemoryMiB: 1024, GPUs: 1, GPUMilli: 1000, Models: []string{"V100M16", "V100M32"}}
-		for _, p := range append([]string{PolicyGpulink}, AllPolicies...) {
+		for _, p := range append([]string{PolicyGpulinkCPUPods}, AllPolicies...) {
 			if got := place(t, p, c, v, nil); got.Node != 1 {
 				t.Errorf("%s: got %+v, want the V100 node", p, got)
 			}
@@ -201,7 +201,7 @@ func TestBaselineChoices(t *testing.T) {
 	t.Run("gpulink takes an NVLink pair and packs shares", func(t *testing.T) {
 		c := testCluster(t, big("V100M32", 8))
 		pair := &Task{Name: "p", CPUMilli: 1000, MemoryMiB: 1024, GPUs: 2, GPUMilli: 1000}
-		got := place(t, PolicyGpulink, c, pair, nil)
+		got := place(t, PolicyGpulinkCPUPods, c, pair, nil)
 		if l := weakest(c.nodes[0], got.GPUs); l < topology.NVLink(2) {
 			t.Errorf("pair %v on %s, want NV2", got.GPUs, l)
 		}
@@ -209,7 +209,7 @@ func TestBaselineChoices(t *testing.T) {
 			t.Errorf("first fit should take GPUs 0,1: %+v", got)
 		}
 		use(t, c, 0, 0, 0, 0, 0, 300) // GPU 3 holds a share
-		if got := place(t, PolicyGpulink, c, share, nil); got.GPUs[0] != 3 {
+		if got := place(t, PolicyGpulinkCPUPods, c, share, nil); got.GPUs[0] != 3 {
 			t.Errorf("share on %+v, want GPU 3 (already shared)", got)
 		}
 	})
@@ -221,7 +221,7 @@ func TestBaselineChoices(t *testing.T) {
 			t.Fatal(err)
 		}
 		cpu := &Task{Name: "c", CPUMilli: 4000, MemoryMiB: 1024}
-		if got := place(t, PolicyGpulinkKube, c, cpu, nil); got.Node != 1 {
+		if got := place(t, PolicyGpulink, c, cpu, nil); got.Node != 1 {
 			t.Errorf("LeastAllocated: got %+v, want the emptier node 1", got)
 		}
 		if got := place(t, PolicyGpulinkMost, c, cpu, nil); got.Node != 0 {
@@ -231,11 +231,11 @@ func TestBaselineChoices(t *testing.T) {
 		// CPU-only task there would strand both its GPUs; gpulink
 		// (allocate.ChooseHost) puts it on node 1, where they stay usable.
 		w := NewWorkload([]Task{{GPUs: 1, GPUMilli: 1000, CPUMilli: 30000, MemoryMiB: 1024}})
-		if got := place(t, PolicyGpulink, c, cpu, w); got.Node != 1 {
+		if got := place(t, PolicyGpulinkCPUPods, c, cpu, w); got.Node != 1 {
 			t.Errorf("gpulink: got %+v, want node 1, where the GPUs keep their CPU", got)
 		}
 		// Without that shape to come it packs, as MostAllocated.
-		if got := place(t, PolicyGpulink, c, cpu, nil); got.Node != 0 {
+		if got := place(t, PolicyGpulinkCPUPods, c, cpu, nil); got.Node != 0 {
 			t.Errorf("gpulink, no GPU task known: got %+v, want the fuller node 0", got)
 		}
 	})
@@ -318,7 +318,7 @@ func TestReplayDeterministicPerSeed(t *testing.T) {
 			t.Errorf("%s seed %d: idle %d is not capacity less allocated", r.Policy, r.Seed, last.Idle)
 		}
 	}
-	if s := a.Summarize(PolicyGpulink, 12); s.IdealShare != 1 && s.Multi > 0 {
+	if s := a.Summarize(PolicyGpulinkCPUPods, 12); s.IdealShare != 1 && s.Multi > 0 {
 		t.Logf("gpulink ideal-class share %.3f", s.IdealShare)
 	}
 }
@@ -339,6 +339,40 @@ func TestReplayRealTraceQuick(t *testing.T) {
 		s := r.Summarize(p, len(r.StepPercents())-1)
 		if s.Unalloc < 30 || s.FragRate <= 0 || s.FragRate > 100 {
 			t.Errorf("%s at 130 %%: unallocated %.2f %% (must be at least the 30 %% excess), fragmentation %.1f %%", p, s.Unalloc, s.FragRate)
+		}
+	}
+}
+
+// TestFGDPaperScore: the artifact's score is sigmoid of the fragment
+// removed (milli GPU, over 1000) times 100, truncated: no change is 50,
+// a fragment grown by 2 GPUs 11, removed by 1 GPU 73, and changes far
+// apart in size can share a score.
+func TestFGDPaperScore(t *testing.T) {
+	for _, c := range []struct {
+		before, after float64
+		want          int64
+	}{{5000, 5000, 50}, {0, 2000, 11}, {1000, 0, 73}, {0, 10000, 0}, {0, 20000, 0}} {
+		if got := fgdPaperScore(c.before, c.after); got != c.want {
+			t.Errorf("fgdPaperScore(%v, %v) = %d, want %d", c.before, c.after, got, c.want)
+		}
+	}
+}
+
+// TestIgnoreMemory: with Options.IgnoreMemory a task asking for more
+// memory than any node has is placed (every policy), as in the paper's
+// simulator; without it, it fails.
+func TestIgnoreMemory(t *testing.T) {
+	tr := &Trace{List: "mem", Nodes: []Node{{Name: "n", CPUMilli: 64000, MemoryMiB: 1024, GPUs: 2, Model: "P100"}},
+		Tasks: []Task{{Name: "big", CPUMilli: 1000, MemoryMiB: 4096, GPUs: 1, GPUMilli: 1000}}}
+	for _, ignore := range []bool{false, true} {
+		r, err := Replay(tr, Options{TopologyDir: testTopologies, Seeds: []uint64{1}, Policies: []string{PolicyFGD, PolicyFGDPaper, PolicyFirstFit}, MaxPercent: 50, StepPercent: 50, IgnoreMemory: ignore})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, run := range r.Runs {
+			if failed := run.Steps[0].FailedTasks > 0; failed == ignore {
+				t.Errorf("ignore memory %v, %s: %d tasks failed", ignore, run.Policy, run.Steps[0].FailedTasks)
+			}
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"hash/fnv"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 )
 
@@ -26,6 +27,9 @@ type Options struct {
 	NodeStride int
 	// Workers run (seed, policy) replays in parallel (1 when 0).
 	Workers int
+	// IgnoreMemory replays as the paper's simulator does: no task's
+	// memory is counted, by any policy, in the fit or the fragment.
+	IgnoreMemory bool
 }
 
 func (o *Options) defaults() {
@@ -103,6 +107,13 @@ func sequence(tasks []Task, limit int64, seed uint64, list string) []int {
 // Replay runs every policy over every seed on one task list.
 func Replay(tr *Trace, opt Options) (*ListResult, error) {
 	opt.defaults()
+	if opt.IgnoreMemory {
+		tasks := slices.Clone(tr.Tasks)
+		for i := range tasks {
+			tasks[i].MemoryMiB = 0
+		}
+		tr = &Trace{Nodes: tr.Nodes, Tasks: tasks, List: tr.List}
+	}
 	var nodes []Node
 	for i := 0; i < len(tr.Nodes); i += opt.NodeStride {
 		nodes = append(nodes, tr.Nodes[i])

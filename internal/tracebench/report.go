@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strings"
 )
 
@@ -17,7 +18,12 @@ func WriteMarkdown(w io.Writer, results []*ListResult, minPercent int) error {
 		steps := r.StepPercents()
 		fmt.Fprintf(&b, "### %s (%d nodes, %d GPUs, %d task classes in M, %d seeds)\n\n", r.List, r.Nodes, r.GPUs, r.Classes, len(r.Seeds))
 		b.WriteString("GPU requests not allocated, % of GPU capacity (mean ± sd over seeds):\n\n")
-		header(&b, "arrived", r.Policies, "gpulink / FGD")
+		ratios := ratioColumns(r)
+		var names []string
+		for _, rc := range ratios {
+			names = append(names, rc[0]+" / "+rc[1])
+		}
+		header(&b, "arrived", r.Policies, names...)
 		for si, pct := range steps {
 			if pct < minPercent {
 				continue
@@ -27,10 +33,13 @@ func WriteMarkdown(w io.Writer, results []*ListResult, minPercent int) error {
 				s := r.Summarize(p, si)
 				fmt.Fprintf(&b, " %.2f ± %.2f |", s.Unalloc, s.UnallocSD)
 			}
-			fmt.Fprintf(&b, " %s |\n", ratio(r, PolicyGpulink, PolicyFGD, si))
+			for _, rc := range ratios {
+				fmt.Fprintf(&b, " %s |", ratio(r, rc[0], rc[1], si))
+			}
+			b.WriteString("\n")
 		}
 		b.WriteString("\nFragmentation rate (fragmented / unallocated GPU, %):\n\n")
-		header(&b, "arrived", r.Policies, "")
+		header(&b, "arrived", r.Policies)
 		for si, pct := range steps {
 			if pct < minPercent {
 				continue
@@ -44,7 +53,7 @@ func WriteMarkdown(w io.Writer, results []*ListResult, minPercent int) error {
 		last := len(steps) - 1
 		if last >= 0 {
 			fmt.Fprintf(&b, "\nMulti-GPU tasks placed by %d %% arrived (mean per seed) and the share of them on their ideal link class:\n\n", steps[last])
-			header(&b, "", r.Policies, "")
+			header(&b, "", r.Policies)
 			b.WriteString("| placed |")
 			for _, p := range r.Policies {
 				fmt.Fprintf(&b, " %.0f |", r.Summarize(p, last).Multi)
@@ -65,22 +74,31 @@ func WriteMarkdown(w io.Writer, results []*ListResult, minPercent int) error {
 	return err
 }
 
-func header(b *strings.Builder, first string, policies []string, last string) {
+func header(b *strings.Builder, first string, policies []string, last ...string) {
 	fmt.Fprintf(b, "| %s |", first)
-	for _, p := range policies {
+	for _, p := range append(slices.Clone(policies), last...) {
 		fmt.Fprintf(b, " %s |", p)
 	}
-	if last != "" {
-		fmt.Fprintf(b, " %s |", last)
-	}
 	b.WriteString("\n|---|")
-	for range policies {
-		b.WriteString("---|")
-	}
-	if last != "" {
+	for range len(policies) + len(last) {
 		b.WriteString("---|")
 	}
 	b.WriteString("\n")
+}
+
+// ratioColumns are the ratios the unallocated-GPU table ends with: the
+// chart's defaults and gpulink placing the pods without GPUs too, each
+// against FGD and first fit, where both rows were replayed.
+func ratioColumns(r *ListResult) [][2]string {
+	var out [][2]string
+	for _, a := range []string{PolicyGpulink, PolicyGpulinkCPUPods} {
+		for _, b := range []string{PolicyFGD, PolicyFirstFit} {
+			if has(r.Policies, a) && has(r.Policies, b) {
+				out = append(out, [2]string{a, b})
+			}
+		}
+	}
+	return out
 }
 
 // ratio is a's mean unallocated GPU over b's at step si ("–" when either
@@ -112,7 +130,8 @@ func has(list []string, s string) bool {
 var policyStyle = map[string]string{
 	PolicyGpulink:        `stroke="#d62728" stroke-width="2.5"`,
 	PolicyGpulinkMost:    `stroke="#d62728" stroke-width="1.5" stroke-dasharray="6 3"`,
-	PolicyGpulinkKube:    `stroke="#d62728" stroke-width="1.5" stroke-dasharray="2 2"`,
+	PolicyGpulinkCPUPods: `stroke="#d62728" stroke-width="1.5" stroke-dasharray="2 2"`,
+	PolicyFGDPaper:       `stroke="#1f77b4" stroke-width="1.2" stroke-dasharray="4 2"`,
 	PolicyGpulinkGPUOnly: `stroke="#d62728" stroke-width="1" stroke-dasharray="8 2 2 2"`,
 	PolicyFGD:            `stroke="#1f77b4" stroke-width="2.5"`,
 	PolicyBestFit:        `stroke="#2ca02c" stroke-width="1.2"`,

@@ -82,7 +82,9 @@ func TaskFile(list string) string { return "openb_pod_list_" + list + ".csv" }
 // not exist, so callers can skip instead of fail.
 var ErrNoTrace = errors.New("trace directory not found")
 
-// Load reads the node list and the task list named list from dir.
+// Load reads the node list and the task list named list from dir. A list
+// whose file is not there and whose name is BASE-specNN[u] is made from
+// BASE's file with GPU-model constraints (gpuspec.go).
 func Load(dir, list string) (*Trace, error) {
 	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
 		return nil, fmt.Errorf("%w: %s", ErrNoTrace, dir)
@@ -91,7 +93,24 @@ func Load(dir, list string) (*Trace, error) {
 	if err != nil {
 		return nil, err
 	}
-	tasks, err := readFile(filepath.Join(dir, TaskFile(list)), ParseTasks)
+	path := filepath.Join(dir, TaskFile(list))
+	if _, statErr := os.Stat(path); statErr != nil {
+		base, percent, uniform, ok, err := parseSpecName(list)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			tasks, err := readFile(filepath.Join(dir, TaskFile(base)), ParseTasks)
+			if err != nil {
+				return nil, fmt.Errorf("list %s: %w", list, err)
+			}
+			if tasks, err = WithModelConstraints(nodes, tasks, percent, uniform, list); err != nil {
+				return nil, err
+			}
+			return &Trace{Nodes: nodes, Tasks: tasks, List: list}, nil
+		}
+	}
+	tasks, err := readFile(path, ParseTasks)
 	if err != nil {
 		return nil, err
 	}

@@ -516,9 +516,10 @@ func startControllerProcess(t *testing.T, e *env, profiling bool) *controllerPro
 	if profiling {
 		args = append(args, "--profiling")
 	}
-	// GPULINK_SCALE_STRANDING=1: the controller ranks by stranded GPU
-	// (--rank-by-stranding), to measure what it costs at scale.
-	if os.Getenv("GPULINK_SCALE_STRANDING") != "" {
+	// The controller ranks by stranded GPU (--rank-by-stranding) as the
+	// chart's default deploys it; GPULINK_SCALE_STRANDING=0 measures it
+	// without, for comparison.
+	if os.Getenv("GPULINK_SCALE_STRANDING") != "0" {
 		args = append(args, "--rank-by-stranding")
 	}
 	c.cmd = exec.CommandContext(ctx, bin, args...)

@@ -1,0 +1,300 @@
+package allocate
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strings"
+
+	"github.com/gpulink/gpulink/driver/topology"
+)
+
+// DemandShape is one kind of GPU pod, as the stranding criterion weighs
+// what a node could still take: whole GPUs (GPUs >= 1, ShareMilli 0) or a
+// share of one GPU (GPUs 1, ShareMilli 1..999, the larger of its memory
+// and compute fractions in thousandths), and the CPU and memory the pod
+// asks for besides. Products, when not empty, is the GPU products the
+// pod may run on (the node's Topology.GPUs[0].ProductName, the product a
+// claim's selector admits), sorted and joined by "|": a node of another
+// product cannot run the shape, whatever it has left.
+type DemandShape struct {
+	GPUs       int
+	ShareMilli int
+	Host       Host
+	Products   string
+}
+
+// ProductsKey is the DemandShape.Products of a pod that may run on the
+// given products: sorted, duplicates dropped, joined by "|" ("" for any).
+func ProductsKey(products []string) string {
+	if len(products) == 0 {
+		return ""
+	}
+	p := slices.Clone(products)
+	slices.Sort(p)
+	return strings.Join(slices.Compact(p), "|")
+}
+
+// admits tells whether a node of the given GPU product may run the shape.
+func (s DemandShape) admits(product string) bool {
+	if s.Products == "" {
+		return true
+	}
+	for p := range strings.SplitSeq(s.Products, "|") {
+		if p == product {
+			return true
+		}
+	}
+	return false
+}
+
+func (s DemandShape) validate() error {
+	switch {
+	case s.GPUs < 1 || s.GPUs > topology.MaxGPUs:
+		return fmt.Errorf("demand shape: gpus must be 1..%d, got %d", topology.MaxGPUs, s.GPUs)
+	case s.ShareMilli < 0 || s.ShareMilli >= milliPerGPU:
+		return fmt.Errorf("demand shape: shareMilli must be 0..%d, got %d", milliPerGPU-1, s.ShareMilli)
+	case s.ShareMilli > 0 && s.GPUs != 1:
+		return fmt.Errorf("demand shape: a share is of one GPU, got gpus=%d", s.GPUs)
+	case s.Products != "" && s.Products != ProductsKey(strings.Split(s.Products, "|")):
+		return fmt.Errorf("demand shape: products must be sorted, distinct and joined by |, got %q", s.Products)
+	case slices.Contains(strings.Split(s.Products, "|"), "") && s.Products != "":
+		return fmt.Errorf("demand shape: products %q names an empty product", s.Products)
+	}
+	return s.Host.validate("demand shape")
+}
+
+// perGPU is what the shape needs of each GPU it uses, in milli GPU.
+func (s DemandShape) perGPU() int32 {
+	if s.ShareMilli > 0 {
+		return int32(s.ShareMilli)
+	}
+	return milliPerGPU
+}
+
+const milliPerGPU = 1000
+
+// maxDemandShapes bounds the shapes a DemandMix weighs: the stranding
+// criterion costs shapes x GPUs per node and decision, and the rare
+// shapes beyond the most frequent 32 move it little.
+const maxDemandShapes = 128
+
+// DemandMix is how often each DemandShape is asked for (the recent pods a
+// controller saw, DemandHistory). With it in Policy.Demand, ChooseNode
+// ranks nodes first by how much GPU the placement strands: GPU that the
+// weighted shapes could no longer use on the node because its CPU or
+// memory would be short, too few GPUs would be left, or what is left of a
+// GPU is smaller than the shape needs of one (the fragment measure of
+// FGD, Weng et al., ATC '23, over the shapes recently asked for).
+type DemandMix struct {
+	shapes []DemandShape
+	counts []int64
+	// scarcity multiplies each shape's count (WithScarcity); nil: 1.
+	scarcity []int64
+}
+
+// NodeCapacity is what a node has in all, not what is left: its GPUs,
+// its allocatable CPU and memory, and its GPU product (for shapes with
+// Products; "" when unknown, which no such shape admits). AllocatedMilli
+// is the GPU given out on it now, in milli GPU (0: idle), which
+// WithScarcity takes off its supply.
+type NodeCapacity struct {
+	GPUs           int
+	Host           Host
+	Product        string
+	AllocatedMilli int64
+}
+
+// scarcityScale is what WithScarcity multiplies every weight by, so that
+// the ratios of supplies keep a fraction (an integer ratio would weigh a
+// shape with 1.4 times less supply than all like one with as much).
+const scarcityScale = 16
+
+// WithScarcity returns the mix with each shape weighed also by how scarce
+// the GPU is that could serve it: a shape that only some nodes could run
+// at all, idle (enough GPUs, CPU and memory, and a product it admits),
+// counts as many times more as the unallocated GPU of all nodes is larger
+// than the unallocated GPU of those nodes (times scarcityScale, at least
+// scarcityScale). FGD's measure weighs a node's stranded GPU by how often
+// each shape is asked for, as if every node could serve every shape, and
+// that fails twice on FGD's trace:
+//
+//   - a few 8-GPU pods ask for 120 of a node's 128 cores, which 39 of the
+//     1,213 nodes have, and a pod of 8 cores placed on one of those strands
+//     them as cheaply as on any other node: by 90 % arrived, such pods
+//     found no node;
+//   - pods pinned to a GPU product (Products) need the nodes of that
+//     product, and pods that may run anywhere took the small T4 and P100
+//     nodes first (they pack best), so that the pinned pods found none
+//     left while a third of the G2 nodes stood idle. Each GPU a placement
+//     takes from a product costs the pinned shapes of that product (the
+//     node's GPU is no longer all stranded for the shapes it cannot run,
+//     FGD's measure), and with their weight grown as the product's
+//     unallocated GPU shrinks, the pods that may run anywhere go where
+//     the GPU is least wanted.
+//
+// A shape whose nodes have no GPU left keeps the least weight (it strands
+// the same GPU everywhere). The result shares m's shapes; m is unchanged.
+func (m *DemandMix) WithScarcity(nodes []NodeCapacity) *DemandMix {
+	out := &DemandMix{shapes: m.shapes, counts: m.counts, scarcity: make([]int64, len(m.shapes))}
+	var all int64
+	for _, n := range nodes {
+		all += supply(n)
+	}
+	for i, s := range m.shapes {
+		var capable int64
+		for _, n := range nodes {
+			if n.GPUs >= s.GPUs && s.Host.fits(n.Host) && s.admits(n.Product) {
+				capable += supply(n)
+			}
+		}
+		out.scarcity[i] = scarcityScale
+		if capable > 0 {
+			out.scarcity[i] = max(scarcityScale, all*scarcityScale/capable)
+		}
+	}
+	return out
+}
+
+// supply is a node's unallocated GPU, in milli GPU.
+func supply(n NodeCapacity) int64 {
+	return max(0, int64(n.GPUs)*milliPerGPU-n.AllocatedMilli)
+}
+
+// NewDemandMix builds a mix from counts per shape (at least one
+// positive). Only the maxDemandShapes most frequent shapes are kept.
+func NewDemandMix(counts map[DemandShape]int) (*DemandMix, error) {
+	keys := slices.SortedFunc(maps.Keys(counts), compareShapes)
+	m := &DemandMix{}
+	for _, s := range keys {
+		if err := s.validate(); err != nil {
+			return nil, err
+		}
+		if c := counts[s]; c < 0 {
+			return nil, fmt.Errorf("demand mix: count of %+v must be >= 0, got %d", s, c)
+		} else if c > 0 {
+			m.shapes = append(m.shapes, s)
+			m.counts = append(m.counts, int64(c))
+		}
+	}
+	if len(m.shapes) == 0 {
+		return nil, fmt.Errorf("demand mix: no shape has a positive count")
+	}
+	if len(m.shapes) > maxDemandShapes {
+		idx := make([]int, len(m.shapes))
+		for i := range idx {
+			idx[i] = i
+		}
+		// Most frequent first; the shape order breaks ties, so the kept
+		// shapes do not depend on map order.
+		slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(m.counts[b], m.counts[a]) })
+		idx = idx[:maxDemandShapes]
+		slices.Sort(idx)
+		kept := &DemandMix{}
+		for _, i := range idx {
+			kept.shapes = append(kept.shapes, m.shapes[i])
+			kept.counts = append(kept.counts, m.counts[i])
+		}
+		m = kept
+	}
+	return m, nil
+}
+
+func compareShapes(a, b DemandShape) int {
+	return cmp.Or(cmp.Compare(a.GPUs, b.GPUs), cmp.Compare(a.ShareMilli, b.ShareMilli),
+		cmp.Compare(a.Host.CPUMilli, b.Host.CPUMilli), cmp.Compare(a.Host.MemoryBytes, b.Host.MemoryBytes),
+		cmp.Compare(a.Products, b.Products))
+}
+
+// MixHoldDistance is how far a new snapshot of a mix (DemandMix, SizeMix)
+// may be from the one in use, as the L1 distance between their weights
+// each scaled to add up to 1 (0..2), for the one in use to be kept
+// (HoldDemand, HoldSize). Every new mix makes every kept node score stale,
+// and the next decision of each request shape scores every node again
+// (about 100 ms at 5,000 nodes with the stranding ranking): a workload
+// whose mix does not move keeps its scores, and 0.1 is a tenth of the
+// requests changing shape, which moves a ranking little.
+const MixHoldDistance = 0.1
+
+// HoldDemand returns held when next weighs the same shapes within
+// MixHoldDistance of it, else next (held nil: next).
+func HoldDemand(held, next *DemandMix) *DemandMix {
+	if held == nil || next == nil || len(held.shapes) != len(next.shapes) {
+		return next
+	}
+	var sh, sn float64
+	for i := range held.shapes {
+		if held.shapes[i] != next.shapes[i] {
+			return next
+		}
+		sh += float64(held.weight(i))
+		sn += float64(next.weight(i))
+	}
+	if sh <= 0 || sn <= 0 {
+		return next
+	}
+	var d float64
+	for i := range held.shapes {
+		d += math.Abs(float64(held.weight(i))/sh - float64(next.weight(i))/sn)
+	}
+	if d <= MixHoldDistance {
+		return held
+	}
+	return next
+}
+
+// weight is shape i's count times its scarcity.
+func (m *DemandMix) weight(i int) int64 {
+	if m.scarcity == nil {
+		return m.counts[i]
+	}
+	return m.counts[i] * m.scarcity[i]
+}
+
+// Shapes lists the weighed shapes with their counts, in a fixed order.
+func (m *DemandMix) Shapes() ([]DemandShape, []int64) {
+	return slices.Clone(m.shapes), slices.Clone(m.counts)
+}
+
+// stranded is the GPU of a node (left: milli GPU unallocated per GPU)
+// that the mix's shapes could not use, weighted by their counts: for each
+// shape all of the node's unallocated GPU when the shape cannot run there
+// (host short, or too few GPUs with what it needs of each), otherwise the
+// unallocated rest of the GPUs too small for it. host nil: CPU and memory
+// are not known and never short. product is the node's GPU product: a
+// shape whose Products exclude it cannot run there (FGD's measure counts
+// all of such a node's GPU for it too).
+func (m *DemandMix) stranded(left []int32, host *Host, product string) int64 {
+	var all int64
+	for _, l := range left {
+		all += int64(l)
+	}
+	if all == 0 {
+		return 0
+	}
+	var f int64
+	for i, s := range m.shapes {
+		w := m.weight(i)
+		if (host != nil && !s.Host.fits(*host)) || !s.admits(product) {
+			f += w * all
+			continue
+		}
+		need := s.perGPU()
+		fit, small := 0, int64(0)
+		for _, l := range left {
+			if l >= need {
+				fit++
+			} else {
+				small += int64(l)
+			}
+		}
+		if fit < s.GPUs {
+			f += w * all
+		} else {
+			f += w * small
+		}
+	}
+	return f
+}
