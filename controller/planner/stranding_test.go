@@ -41,8 +41,11 @@ func TestDemandPolicyWeighsScarcityOncePerSnapshot(t *testing.T) {
 	if first.Demand == rec.hist.Mix() {
 		t.Fatal("the policy's mix is the history's own, not weighed by scarcity")
 	}
+	// A refresh whose mix moved (here half the pods ask for one GPU) is a
+	// new snapshot; one within HoldDemand's distance keeps the old.
+	other := allocate.DemandShape{GPUs: 1, Host: allocate.Host{CPUMilli: 8000, MemoryBytes: 64 << 30}}
 	for range demandRefresh {
-		if err := rec.hist.Record(shape); err != nil {
+		if err := rec.hist.Record(other); err != nil {
 			t.Fatal(err)
 		}
 	}
