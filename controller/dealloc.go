@@ -58,12 +58,12 @@ func (c *Controller) claimPods(claim *resourceapi.ResourceClaim) []*corev1.Pod {
 			out = append(out, pod)
 		}
 	}
-	objs, err := c.podIdx.ByIndex(podClaimIndex, claim.Namespace+"/"+claim.Name)
+	pods, err := c.podsReferencing(claim.Namespace + "/" + claim.Name)
 	if err != nil {
 		return out
 	}
-	for _, o := range objs {
-		if pod, ok := o.(*corev1.Pod); ok && !seen.Has(pod.UID) {
+	for _, pod := range pods {
+		if !seen.Has(pod.UID) {
 			seen.Insert(pod.UID)
 			out = append(out, pod)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -146,14 +147,9 @@ func reservedAtMostFor(cl *resourceapi.ResourceClaim, pod *corev1.Pod) bool {
 // otherPodUses tells whether a pod other than pod references the claim in
 // the pod cache: its allocation is then that pod's too.
 func (c *Controller) otherPodUses(cl *resourceapi.ResourceClaim, pod *corev1.Pod) bool {
-	objs, err := c.podIdx.ByIndex(podClaimIndex, cl.Namespace+"/"+cl.Name)
+	pods, err := c.podsReferencing(cl.Namespace + "/" + cl.Name)
 	if err != nil {
 		return true
 	}
-	for _, o := range objs {
-		if other, ok := o.(*corev1.Pod); ok && other.UID != pod.UID {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(pods, func(other *corev1.Pod) bool { return other.UID != pod.UID })
 }

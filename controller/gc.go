@@ -141,12 +141,12 @@ func (c *Controller) consumerGone(ctx context.Context, ns string, r resourceapi.
 // names it).
 func (c *Controller) claimWanted(claim *resourceapi.ResourceClaim) bool {
 	live := func(pod *corev1.Pod) bool { return pod.DeletionTimestamp == nil && !planner.PodDone(pod) }
-	objs, err := c.podIdx.ByIndex(podClaimIndex, claim.Namespace+"/"+claim.Name)
+	pods, err := c.podsReferencing(claim.Namespace + "/" + claim.Name)
 	if err != nil {
 		return true
 	}
-	for _, o := range objs {
-		if pod, ok := o.(*corev1.Pod); ok && live(pod) {
+	for _, pod := range pods {
+		if live(pod) {
 			return true
 		}
 	}

@@ -19,6 +19,22 @@ import (
 	"github.com/gpulink/gpulink/internal/sliceformat"
 )
 
+// podsReferencing returns the pods in the cache that use the claim
+// namespace/name (pod.spec.resourceClaims), through podClaimIndex.
+func (c *Controller) podsReferencing(key string) ([]*corev1.Pod, error) {
+	objs, err := c.podIdx.ByIndex(podClaimIndex, key)
+	if err != nil {
+		return nil, err
+	}
+	pods := make([]*corev1.Pod, 0, len(objs))
+	for _, o := range objs {
+		if pod, ok := o.(*corev1.Pod); ok {
+			pods = append(pods, pod)
+		}
+	}
+	return pods, nil
+}
+
 // indexPodClaims returns namespace/name of every claim a pod uses.
 func indexPodClaims(obj any) ([]string, error) {
 	pod, ok := obj.(*corev1.Pod)
