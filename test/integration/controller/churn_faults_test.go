@@ -183,37 +183,9 @@ func faultChurn(t *testing.T, o faultChurnOptions) {
 		p.Name = name + "-" + kind
 		return p
 	}
-	checkBound := func(p *corev1.Pod) {
-		var names []string
-		for _, s := range p.Status.ResourceClaimStatuses {
-			if s.ResourceClaimName != nil {
-				names = append(names, *s.ResourceClaimName)
-			}
-		}
-		for _, pc := range p.Spec.ResourceClaims {
-			if pc.ResourceClaimName != nil {
-				names = append(names, *pc.ResourceClaimName)
-			}
-		}
-		for _, name := range names {
-			c, err := e.client.ResourceV1().ResourceClaims(e.ns).Get(e.ctx, name, metav1.GetOptions{})
-			if err != nil {
-				continue
-			}
-			if c.Status.Allocation == nil || nodeOf(c) != p.Spec.NodeName {
-				t.Errorf("pod %s bound to %s but its claim %s is allocated on %q", p.Name, p.Spec.NodeName, c.Name, nodeOf(c))
-			}
-		}
-	}
 
-	type livePod struct {
-		created   time.Time
-		boundLife time.Duration
-		maxWait   time.Duration
-	}
-	live := map[string]*livePod{}
-	boundAt := map[string]time.Time{}
-	var bound, created, deletedPending int
+	cp := newChurnPods()
+	var created int
 	start := time.Now()
 	stopBurn := func() {}
 	if o.burners > 0 {
@@ -221,39 +193,16 @@ func faultChurn(t *testing.T, o faultChurnOptions) {
 		defer stopBurn()
 		t.Logf("load: %d goroutines spinning for at most %s", o.burners, o.maxChurn)
 	}
-	for created < total || len(live) > 0 {
+	for created < total || len(cp.live) > 0 {
 		if o.maxChurn > 0 && time.Since(start) > o.maxChurn && created < total {
 			t.Logf("churn time limit %s reached after %d of %d pods", o.maxChurn, created, total)
 			total = created
 		}
 		now := time.Now()
-		pods, err := e.client.CoreV1().Pods(e.ns).List(e.ctx, metav1.ListOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i := range pods.Items {
-			p := &pods.Items[i]
-			if _, ok := live[p.Name]; ok && p.Spec.NodeName != "" && boundAt[p.Name].IsZero() {
-				boundAt[p.Name] = now
-				bound++
-				checkBound(p)
-			}
-		}
-		for name, lp := range live {
-			b := boundAt[name]
-			switch {
-			case !b.IsZero() && now.Sub(b) > lp.boundLife:
-			case b.IsZero() && now.Sub(lp.created) > lp.maxWait:
-				deletedPending++
-			default:
-				continue
-			}
-			e.deletePod(name)
-			delete(live, name)
-		}
-		for created < total && len(live) < maxLive {
+		cp.sweep(t, e, now)
+		for created < total && len(cp.live) < maxLive {
 			name := e.createPod(newPod(fmt.Sprintf("f%04d", created))).Name
-			live[name] = &livePod{created: now,
+			cp.live[name] = &livePod{created: now,
 				boundLife: time.Duration(rng.IntN(2000)) * time.Millisecond,
 				maxWait:   time.Duration(3000+rng.IntN(8000)) * time.Millisecond}
 			created++
@@ -287,8 +236,8 @@ func faultChurn(t *testing.T, o faultChurnOptions) {
 		t.Errorf("invariant violated during churn: %s", v)
 	}
 	t.Logf("churn with faults: %d pods %v (%d bound, %d deleted while pending) in %s; injected %s; %d invariant checks",
-		created, kinds, bound, deletedPending, churn.Round(time.Millisecond), faults, checks.Load())
-	if bound == 0 {
+		created, kinds, cp.bound, cp.deletedPending, churn.Round(time.Millisecond), faults, checks.Load())
+	if cp.bound == 0 {
 		t.Error("no pod was ever bound")
 	}
 	if faults.injected429.Load()+faults.injected409.Load()+faults.injectedTimeout.Load() == 0 {

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -106,64 +105,17 @@ func TestChurnWithRestarts(t *testing.T) {
 		}
 	})
 
-	// A pod lives a random time after it is bound, or is deleted while
-	// still pending after a random longer time (kube-controller-manager
-	// creates the claims from templates at its own pace).
-	type livePod struct {
-		name      string
-		created   time.Time
-		boundLife time.Duration
-		maxWait   time.Duration
-	}
-	live := map[string]*livePod{}
-	var bound, created, deletedPending int
+	cp := newChurnPods()
+	var created int
 	start := time.Now()
-	checkBound := func(p *corev1.Pod) {
-		for _, s := range p.Status.ResourceClaimStatuses {
-			if s.ResourceClaimName == nil {
-				continue
-			}
-			c, err := e.client.ResourceV1().ResourceClaims(e.ns).Get(e.ctx, *s.ResourceClaimName, metav1.GetOptions{})
-			if err != nil {
-				continue
-			}
-			if c.Status.Allocation == nil || nodeOf(c) != p.Spec.NodeName {
-				t.Errorf("pod %s bound to %s but its claim %s is allocated on %q", p.Name, p.Spec.NodeName, c.Name, nodeOf(c))
-			}
-		}
-	}
-	boundAt := map[string]time.Time{}
-	for created < total || len(live) > 0 {
+	for created < total || len(cp.live) > 0 {
 		now := time.Now()
-		pods, err := e.client.CoreV1().Pods(e.ns).List(e.ctx, metav1.ListOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i := range pods.Items {
-			p := &pods.Items[i]
-			if _, ok := live[p.Name]; ok && p.Spec.NodeName != "" && boundAt[p.Name].IsZero() {
-				boundAt[p.Name] = now
-				bound++
-				checkBound(p)
-			}
-		}
-		for name, lp := range live {
-			b := boundAt[name]
-			switch {
-			case !b.IsZero() && now.Sub(b) > lp.boundLife:
-			case b.IsZero() && now.Sub(lp.created) > lp.maxWait:
-				deletedPending++
-			default:
-				continue
-			}
-			e.deletePod(name)
-			delete(live, name)
-		}
-		for created < total && len(live) < maxLive {
+		cp.sweep(t, e, now)
+		for created < total && len(cp.live) < maxLive {
 			name := fmt.Sprintf("p%04d", created)
 			tpl := names[rng.IntN(len(names))]
 			e.createPod(e.newPod(name, rng.IntN(5) != 0, tpl))
-			live[name] = &livePod{name: name, created: now,
+			cp.live[name] = &livePod{created: now,
 				boundLife: time.Duration(rng.IntN(1500)) * time.Millisecond,
 				maxWait:   time.Duration(2000+rng.IntN(8000)) * time.Millisecond}
 			created++
@@ -191,8 +143,8 @@ func TestChurnWithRestarts(t *testing.T) {
 		t.Errorf("invariant violated during churn: %s", v)
 	}
 	t.Logf("churn: %d pods (%d bound, %d deleted while pending) in %s, %d controller restarts, %d invariant checks",
-		created, bound, deletedPending, churn.Round(time.Millisecond), restarts.Load(), checks.Load())
-	if bound == 0 {
+		created, cp.bound, cp.deletedPending, churn.Round(time.Millisecond), restarts.Load(), checks.Load())
+	if cp.bound == 0 {
 		t.Error("no pod was ever bound")
 	}
 }
