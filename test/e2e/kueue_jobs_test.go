@@ -68,7 +68,6 @@ func (j kueueJob) create(ctx context.Context, t *testing.T, s *kueueSuite) *batc
 			Parallelism:    ptr.To(j.pods),
 			Completions:    ptr.To(j.pods),
 			CompletionMode: ptr.To(batchv1.IndexedCompletion),
-			BackoffLimit:   ptr.To[int32](0),
 			Template:       tmpl,
 		},
 	}
