@@ -200,9 +200,16 @@ func startKueue(ctx context.Context, t *testing.T, o kueueOptions) {
 	installKueueCRDs(ctx, t, dyn, filepath.Join(module, "config", "components", "crd", "bases"), webhookURL)
 	installKueueWebhooks(ctx, t, dyn, filepath.Join(module, "config", "components", "webhook", "manifests.yaml"), webhookURL)
 
+	// The Secret's files in Kueue's cert directory, as the kubelet mounts
+	// it into Kueue's pod: its certificate management waits for them.
 	certDir := filepath.Join(o.dir, "kueue-certs")
 	if err := os.MkdirAll(certDir, 0o700); err != nil {
 		t.Fatal(err)
+	}
+	for name, data := range secret.Data {
+		if err := os.WriteFile(filepath.Join(certDir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	config := filepath.Join(o.dir, "kueue.yaml")
 	if err := os.WriteFile(config, []byte(kueueConfig(o, webhookPort, healthPort, metricsPort, certDir)), 0o600); err != nil {
