@@ -70,10 +70,16 @@ var (
 var kueueConversionCRDs = []string{"localqueues", "clusterqueues", "cohorts", "workloads", "multikueueclusters"}
 
 // kueueWebhookGroups are the API groups whose webhooks the test installs:
-// Kueue's own objects and batch/v1 Jobs, the one integration enabled
-// (a webhook of a disabled integration has no handler and, with
-// failurePolicy Fail, would refuse its objects).
-var kueueWebhookGroups = []string{kueueGroup, "batch"}
+// Kueue's own objects, batch/v1 Jobs and plain pods (core, ""), the
+// integrations enabled (a webhook of a disabled integration has no handler
+// and, with failurePolicy Fail, would refuse its objects).
+var kueueWebhookGroups = []string{kueueGroup, "batch", ""}
+
+// kueuePodWebhookNamespaces is the namespaceSelector Kueue's kustomization
+// (config/components/webhook/kustomization.yaml) gives its pod webhooks.
+var kueuePodWebhookNamespaces = map[string]any{"matchExpressions": []any{map[string]any{
+	"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": []any{"kube-system", kueueNamespace},
+}}}
 
 // kueueOptions configure startKueue.
 type kueueOptions struct {
@@ -92,7 +98,7 @@ type kueueOptions struct {
 // kueueConfig is Kueue's Configuration for gpulink: quota on gpulink's
 // whole-GPU DeviceClass counted as nvidia.com/gpu (the DRA mapping, Kueue's
 // KEP 2941), waitForPodsReady so that a job gpulink cannot place gives its
-// quota back, batch/v1 Jobs only. docs/kueue.md shows the same.
+// quota back, batch/v1 Jobs and plain pods. docs/kueue.md shows the same.
 func kueueConfig(o kueueOptions, webhookPort, healthPort, metricsPort int, certDir string) string {
 	return fmt.Sprintf(`apiVersion: config.kueue.x-k8s.io/v1beta2
 kind: Configuration
@@ -114,6 +120,7 @@ internalCertManagement:
 integrations:
   frameworks:
   - batch/job
+  - pod
 waitForPodsReady:
   timeout: %s
   requeuingStrategy:
@@ -350,6 +357,9 @@ func installKueueWebhooks(ctx context.Context, t *testing.T, dyn dynamic.Interfa
 				t.Fatalf("%s: webhook %v has no service path", manifest, hook["name"])
 			}
 			hook["clientConfig"] = map[string]any{"url": webhookURL + path}
+			if hook["name"] == "mpod.kb.io" || hook["name"] == "vpod.kb.io" {
+				hook["namespaceSelector"] = kueuePodWebhookNamespaces
+			}
 			kept = append(kept, hook)
 		}
 		if err := unstructured.SetNestedSlice(obj.Object, kept, "webhooks"); err != nil {

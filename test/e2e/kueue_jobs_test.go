@@ -149,17 +149,17 @@ func (s *kueueSuite) markReady(ctx context.Context, t *testing.T, pods []corev1.
 	}
 }
 
-// workload returns the Kueue Workload of the Job (owned by it), nil while
-// Kueue has not created it.
-func (s *kueueSuite) workload(ctx context.Context, t *testing.T, job *batchv1.Job) *unstructured.Unstructured {
+// workload returns the Kueue Workload of the Job or plain pod (owned by
+// it), nil while Kueue has not created it.
+func (s *kueueSuite) workload(ctx context.Context, t *testing.T, owner metav1.Object) *unstructured.Unstructured {
 	t.Helper()
-	list, err := s.dyn.Resource(workloadGVR).Namespace(job.Namespace).List(ctx, metav1.ListOptions{})
+	list, err := s.dyn.Resource(workloadGVR).Namespace(owner.GetNamespace()).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := range list.Items {
 		for _, o := range list.Items[i].GetOwnerReferences() {
-			if o.UID == job.UID {
+			if o.UID == owner.GetUID() {
 				return &list.Items[i]
 			}
 		}
@@ -187,16 +187,17 @@ func conditions(wl *unstructured.Unstructured) map[string]kueueCondition {
 	return out
 }
 
-// waitWorkload waits until the Job's Workload satisfies cond and returns it.
-func (s *kueueSuite) waitWorkload(ctx context.Context, t *testing.T, job *batchv1.Job, what string, timeout time.Duration, cond func(map[string]kueueCondition) bool) *unstructured.Unstructured {
+// waitWorkload waits until the Workload of the Job or plain pod satisfies
+// cond and returns it.
+func (s *kueueSuite) waitWorkload(ctx context.Context, t *testing.T, owner metav1.Object, what string, timeout time.Duration, cond func(map[string]kueueCondition) bool) *unstructured.Unstructured {
 	t.Helper()
 	var wl *unstructured.Unstructured
 	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		wl = s.workload(ctx, t, job)
+		wl = s.workload(ctx, t, owner)
 		return wl != nil && cond(conditions(wl)), nil
 	})
 	if err != nil {
-		t.Fatalf("Workload of Job %s/%s: %s: not within %s (conditions %v)", job.Namespace, job.Name, what, timeout, conditions(wl))
+		t.Fatalf("Workload of %s/%s: %s: not within %s (conditions %v)", owner.GetNamespace(), owner.GetName(), what, timeout, conditions(wl))
 	}
 	return wl
 }
@@ -206,16 +207,23 @@ func is(typ, status string) func(map[string]kueueCondition) bool {
 	return func(c map[string]kueueCondition) bool { return c[typ].Status == status }
 }
 
+// waitPendingForQuota waits until Kueue keeps the Workload of the Job or
+// plain pod in its queue for want of quota.
+func (s *kueueSuite) waitPendingForQuota(ctx context.Context, t *testing.T, owner metav1.Object) {
+	t.Helper()
+	wl := s.waitWorkload(ctx, t, owner, "pending for quota", time.Minute, func(c map[string]kueueCondition) bool {
+		q := c["QuotaReserved"]
+		return q.Status == "False" && strings.Contains(q.Message, "insufficient")
+	})
+	t.Logf("%s waits in Kueue's queue: %s", owner.GetName(), conditions(wl)["QuotaReserved"].Message)
+}
+
 // checkSuspendedByKueue checks that the Job waits in Kueue's queue: its
 // Workload has no quota reserved, the Job is suspended, it has no pods and
 // no claims, so gpulink never saw it.
 func (s *kueueSuite) checkSuspendedByKueue(ctx context.Context, t *testing.T, job *batchv1.Job) {
 	t.Helper()
-	wl := s.waitWorkload(ctx, t, job, "pending for quota", time.Minute, func(c map[string]kueueCondition) bool {
-		q := c["QuotaReserved"]
-		return q.Status == "False" && strings.Contains(q.Message, "insufficient")
-	})
-	t.Logf("Job %s waits in Kueue's queue: %s", job.Name, conditions(wl)["QuotaReserved"].Message)
+	s.waitPendingForQuota(ctx, t, job)
 	got, err := s.client.BatchV1().Jobs(job.Namespace).Get(ctx, job.Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)

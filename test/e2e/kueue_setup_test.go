@@ -28,12 +28,13 @@ import (
 )
 
 // kueueNodes are the API-only GPU nodes of the Kueue tests: 4 GPUs each,
-// two NVLink-bridged pairs (workstation-4-nvbridge.txt), under two leaf
+// two NVLink-bridged pairs (workstation-4-nvbridge.txt), under three leaf
 // switches of one spine. Leaf l1 holds exactly one gang of 4 pods × 2
-// GPUs, l2 holds 12 GPUs: no leaf holds 4 pods × 4 GPUs.
+// GPUs, l2 holds 12 GPUs, l3 4: no leaf holds 4 pods × 4 GPUs.
 var kueueNodes = []struct{ name, leaf string }{
 	{"kq-a1", "l1"}, {"kq-a2", "l1"},
 	{"kq-b1", "l2"}, {"kq-b2", "l2"}, {"kq-b3", "l2"},
+	{"kq-c1", "l3"},
 }
 
 const kueueTopologyFixture = "workstation-4-nvbridge.txt"
@@ -276,4 +277,20 @@ func fromUnstructured(u *unstructured.Unstructured, field string, out any) error
 		return err
 	}
 	return yaml.Unmarshal(raw, out)
+}
+
+// checkClusterQueueGPUs waits until the ClusterQueue's status (which Kueue
+// updates after its decisions, not with them) reports gpus nvidia.com/gpu
+// reserved by workloads, and fails if it does not within a minute.
+func (s *kueueSuite) checkClusterQueueGPUs(ctx context.Context, t *testing.T, name string, gpus, workloads int64, why string) {
+	t.Helper()
+	var got, wls int64
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		got, wls, last = s.clusterQueueGPUs(ctx, name)
+		return last == nil && got == gpus && wls == workloads, nil
+	})
+	if err != nil {
+		t.Errorf("ClusterQueue %s reserves %d nvidia.com/gpu for %d workloads (%v), want %d for %d%s", name, got, wls, last, gpus, workloads, why)
+	}
 }

@@ -46,6 +46,9 @@ func TestKueue(t *testing.T) {
 	t.Run("device-plugin-style pods count against nvidia.com/gpu quota after gpulink translates them", func(t *testing.T) {
 		s.devicePluginQuota(ctx, t)
 	})
+	t.Run("plain pods under Kueue: both webhooks on one pod, the translated claim counted, no GPUs while Kueue holds the pod", func(t *testing.T) {
+		s.plainPodsQuota(ctx, t)
+	})
 	t.Logf("Kueue e2e took %.1fs", time.Since(begin).Seconds())
 }
 
@@ -85,9 +88,7 @@ func (s *kueueSuite) gangUnderQuota(ctx context.Context, t *testing.T) {
 
 	second := kueueJob{namespace: team, name: "train-b", queue: team, pods: 4, template: "two-gpus", gangLevel: "leaf"}.create(ctx, t, s)
 	s.checkSuspendedByKueue(ctx, t, second)
-	if gpus, wls, err := s.clusterQueueGPUs(ctx, team); err != nil || gpus != 8 || wls != 1 {
-		t.Errorf("ClusterQueue %s reserves %d nvidia.com/gpu for %d workloads (%v), want 8 for 1", team, gpus, wls, err)
-	}
+	s.checkClusterQueueGPUs(ctx, t, team, 8, 1, "")
 }
 
 // unplaceableReleasesQuota: team-b's quota is 16 GPUs. A Job of 4 pods × 4
@@ -147,9 +148,7 @@ func (s *kueueSuite) unplaceableReleasesQuota(ctx context.Context, t *testing.T)
 	if err != nil || got.Spec.Suspend == nil || !*got.Spec.Suspend {
 		t.Errorf("evicted Job %s is not suspended (%v)", big.Name, err)
 	}
-	if gpus, wls, err := s.clusterQueueGPUs(ctx, team); err != nil || gpus != 8 || wls != 1 {
-		t.Errorf("ClusterQueue %s reserves %d nvidia.com/gpu for %d workloads (%v), want 8 for 1 (the evicted Job's 16 released)", team, gpus, wls, err)
-	}
+	s.checkClusterQueueGPUs(ctx, t, team, 8, 1, " (the evicted Job's 16 released)")
 }
 
 // devicePluginQuota: team-c's quota is 4 nvidia.com/gpu. A Job of 2 pods
@@ -194,7 +193,5 @@ func (s *kueueSuite) devicePluginQuota(ctx context.Context, t *testing.T) {
 
 	second := kueueJob{namespace: team, name: "dp-b", queue: team, pods: 2, gpus: 2}.create(ctx, t, s)
 	s.checkSuspendedByKueue(ctx, t, second)
-	if gpus, wls, err := s.clusterQueueGPUs(ctx, team); err != nil || gpus != 4 || wls != 1 {
-		t.Errorf("ClusterQueue %s reserves %d nvidia.com/gpu for %d workloads (%v), want 4 for 1", team, gpus, wls, err)
-	}
+	s.checkClusterQueueGPUs(ctx, t, team, 4, 1, "")
 }
