@@ -49,6 +49,9 @@ func TestKueue(t *testing.T) {
 	t.Run("plain pods under Kueue: both webhooks on one pod, the translated claim counted, no GPUs while Kueue holds the pod", func(t *testing.T) {
 		s.plainPodsQuota(ctx, t)
 	})
+	t.Run("docs/kueue.md's examples are accepted", func(t *testing.T) {
+		s.docsExamplesAccepted(ctx, t)
+	})
 	t.Logf("Kueue e2e took %.1fs", time.Since(begin).Seconds())
 }
 
