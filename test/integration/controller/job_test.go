@@ -14,6 +14,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	schedulingv1alpha3 "k8s.io/api/scheduling/v1alpha3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
 
@@ -63,6 +64,11 @@ func gateIndexOf(p *corev1.Pod) int {
 // template. The Job is deleted after the test.
 func (e *env) indexedJob(name string, workloadAPI bool) *batchv1.Job {
 	e.t.Helper()
+	return e.createJob(e.newIndexedJob(name, workloadAPI))
+}
+
+// newIndexedJob is indexedJob's Job, not created yet.
+func (e *env) newIndexedJob(name string, workloadAPI bool) *batchv1.Job {
 	job := &batchv1.Job{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns},
 		Spec: batchv1.JobSpec{
@@ -102,14 +108,20 @@ func (e *env) indexedJob(name string, workloadAPI bool) *batchv1.Job {
 			gangs.LabelLevel: "leaf",
 		}
 	}
+	return job
+}
+
+// createJob creates the Job and deletes it after the test.
+func (e *env) createJob(job *batchv1.Job) *batchv1.Job {
+	e.t.Helper()
 	out, err := e.client.BatchV1().Jobs(e.ns).Create(e.ctx, job, metav1.CreateOptions{})
 	if err != nil {
-		e.t.Fatalf("creating Job %s: %v", name, err)
+		e.t.Fatalf("creating Job %s: %v", job.Name, err)
 	}
 	e.t.Cleanup(func() {
 		// Before the namespace's teardown, so that the Job controller
 		// makes no new pods while the pods are deleted.
-		_ = e.client.BatchV1().Jobs(e.ns).Delete(context.Background(), name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
+		_ = e.client.BatchV1().Jobs(e.ns).Delete(context.Background(), job.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
 	})
 	return out
 }
@@ -339,5 +351,58 @@ func TestJobGangDoesNotFit(t *testing.T) {
 	}
 	if err := e.checkInvariants(); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestJobGangSuspended: a Job created suspended and resumed later, as
+// Kueue does on admission, is still one gang. The Job controller creates a
+// Job's Workload and PodGroup only while the Job has never started
+// (isNewJob in pkg/controller/job/job_scheduling_manager.go, which counts
+// the Suspended condition as started); its first sync does so before it
+// adds that condition, so the PodGroup exists before the Job is resumed.
+// Through the Workload API where served, else the labels.
+func TestJobGangSuspended(t *testing.T) {
+	e := jobCluster(t)
+	ctrl := e.startController(4)
+	defer ctrl.stop()
+	e.blocker("block-a1", e.node("a1"))
+	e.blocker("block-a2", e.node("a2"))
+	workloadAPI := cluster.WorkloadAPI()
+	job := e.newIndexedJob("train-s", workloadAPI)
+	job.Spec.Suspend = ptr.To(true)
+	e.createJob(job)
+	e.poll("Job train-s suspended", time.Minute, func() bool {
+		j, err := e.client.BatchV1().Jobs(e.ns).Get(e.ctx, "train-s", metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		for _, c := range j.Status.Conditions {
+			if c.Type == batchv1.JobSuspended && c.Status == corev1.ConditionTrue {
+				return true
+			}
+		}
+		return false
+	})
+	if workloadAPI {
+		pgs, err := e.client.SchedulingV1beta1().PodGroups(e.ns).List(e.ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(pgs.Items) != 1 {
+			t.Fatalf("%d PodGroups for the suspended Job, want the Job controller's one", len(pgs.Items))
+		}
+	}
+	ungated := e.ungatingWatch("train-s")
+	patch := []byte(`{"spec":{"suspend":false}}`)
+	if _, err := e.client.BatchV1().Jobs(e.ns).Patch(e.ctx, "train-s", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pods := e.checkOneGang(t, "train-s", ungated)
+	if workloadAPI {
+		for _, p := range pods {
+			if p.Spec.SchedulingGroup == nil {
+				t.Errorf("pod %s of the resumed Job names no PodGroup", p.Name)
+			}
+		}
 	}
 }
