@@ -75,6 +75,7 @@ test-integration: cluster-build build helm ## integration and e2e tests on a rea
 	# The gangs and Jobs once more on a cluster without the Workload API: through
 	# gpulink's labels instead of PodGroups.
 	GPULINK_WORKLOAD_GATES=off $(GO) test -count=1 -p 1 -timeout 10m -tags integration,e2e -run 'Gang|Job' ./test/integration/controller/
+	GPULINK_WORKLOAD_GATES=off $(GO) test -count=1 -p 1 -timeout 10m -tags integration,e2e -run 'TestJob' ./test/e2e/
 
 .PHONY: helm
 helm: ## build _output/bin/helm (from hack/tools/helm) if missing or outdated
