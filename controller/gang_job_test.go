@@ -4,13 +4,17 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/utils/ptr"
 
+	"github.com/gpulink/gpulink/controller/controllertest"
 	"github.com/gpulink/gpulink/controller/gangs"
 	"github.com/gpulink/gpulink/controller/report"
+	"github.com/gpulink/gpulink/driver"
 )
 
 // TestBasicPodGroupYieldsToLabels: with WorkloadWithJob, Kubernetes 1.37's
@@ -70,4 +74,56 @@ func TestGangNameFromLabel(t *testing.T) {
 	member("g1-1", "k1")
 	h.waitUngated("g1-0")
 	h.waitUngated("g1-1")
+}
+
+// TestBasicPodGroupPodsOneByOne: the pods of a Job without gang labels in
+// the Job controller's basic PodGroup are placed as pods outside gangs
+// are. Three of them exist before the controller starts, with room for
+// one: the other two each wait with their own WaitingForGPUs event (as one
+// "gang" evaluated once, only one of them would), and each is placed when
+// room appears.
+func TestBasicPodGroupPodsOneByOne(t *testing.T) {
+	pg := &schedulingv1beta1.PodGroup{ObjectMeta: metav1.ObjectMeta{Name: "job-pg", Namespace: ns},
+		Spec: schedulingv1beta1.PodGroupSpec{SchedulingPolicy: schedulingv1beta1.PodGroupSchedulingPolicy{Basic: &schedulingv1beta1.BasicSchedulingPolicy{}}}}
+	extra := []runtime.Object{pg}
+	pods := []string{"p0", "p1", "p2"}
+	for _, name := range pods {
+		extra = append(extra, &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, UID: uuid.NewUUID()},
+			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 4)}}}})
+		extra = append(extra, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, UID: uuid.NewUUID(), CreationTimestamp: metav1.Now()},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "x"}},
+				SchedulingGroup: &corev1.PodSchedulingGroup{PodGroupName: ptr.To("job-pg")},
+				ResourceClaims:  []corev1.PodResourceClaim{{Name: "gpus", ResourceClaimName: ptr.To(name)}},
+				SchedulingGates: []corev1.PodSchedulingGate{{Name: driver.SchedulingGate}}}})
+	}
+	cfg := Config{Workers: 2, DeviceTaintRules: true, Gangs: GangConfig{PodGroups: true}}
+	h := newHarnessWith(t, cfg, objs(classes(), leafNode(t, "a", "l1"), extra)...).start()
+	var waiting []string
+	h.eventually("a WaitingForGPUs event on each of the two pods that do not fit", func() bool {
+		waiting = nil
+		for _, p := range pods {
+			if _, ok := h.rec.find(ns+"/"+p, report.ReasonWaiting); ok {
+				waiting = append(waiting, p)
+			}
+		}
+		return len(waiting) == 2
+	})
+	// Room for both: each is retried and placed.
+	for _, n := range []string{"b", "c"} {
+		for _, o := range leafNode(t, n, "l1") {
+			var err error
+			switch o := o.(type) {
+			case *corev1.Node:
+				_, err = h.client.CoreV1().Nodes().Create(h.ctx, o, metav1.CreateOptions{})
+			case *resourceapi.ResourceSlice:
+				_, err = h.client.ResourceV1().ResourceSlices().Create(h.ctx, o, metav1.CreateOptions{})
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, p := range pods {
+		h.waitUngated(p)
+	}
 }

@@ -22,11 +22,11 @@
 //     names another label of the pod whose value is the gang's name (the
 //     group key its controller sets on each group's pods).
 //
-// A pod that names a PodGroup with the basic policy and has gang labels is
-// in its label gang (Resolve): Kubernetes 1.37's Job controller (feature
-// gate WorkloadWithJob) puts the pods of every Job in a basic PodGroup
-// unless the Job's spec.scheduling asks for a gang, and that PodGroup says
-// nothing about placing them together.
+// A pod that names a PodGroup with the basic policy is in its label gang if
+// it has gang labels, and in no gang otherwise (Resolve): Kubernetes
+// 1.37's Job controller (feature gate WorkloadWithJob) puts the pods of
+// every Job in a basic PodGroup unless the Job's spec.scheduling asks for
+// a gang, and that PodGroup says nothing about placing them together.
 //
 // The gang's pods may set LabelLevel and LabelPolicy in the PodGroup path
 // too, for a PodGroup without a topology constraint: a gang can then ask
@@ -145,9 +145,11 @@ func RefOf(pod *corev1.Pod, podGroups bool) (Ref, bool) {
 type PodGroupLookup func(namespace, name string) (*schedulingv1beta1.PodGroup, bool)
 
 // Resolve returns the pod's gang: its PodGroup, unless that PodGroup
-// exists with the basic policy and the pod has gang labels, which then
-// make the gang. A PodGroup that does not exist (yet) keeps the pod in it
-// (its gang waits for it: the policy is not known); lookup nil: RefOf.
+// exists with the basic policy, which makes no gang: then the pod's gang
+// labels, if any, and otherwise none (the pod is placed on its own, as a
+// pod outside any PodGroup). A PodGroup that does not exist (yet) keeps
+// the pod in it (its gang waits for it: the policy is not known); lookup
+// nil: RefOf.
 func Resolve(pod *corev1.Pod, podGroups bool, lookup PodGroupLookup) (Ref, bool) {
 	ref, ok := podGroupRef(pod, podGroups)
 	if !ok {
@@ -157,9 +159,7 @@ func Resolve(pod *corev1.Pod, podGroups bool, lookup PodGroupLookup) (Ref, bool)
 		return ref, true
 	}
 	if pg, found := lookup(ref.Namespace, ref.Name); found && pg.Spec.SchedulingPolicy.Gang == nil {
-		if lref, ok := labelRef(pod); ok {
-			return lref, true
-		}
+		return labelRef(pod)
 	}
 	return ref, true
 }

@@ -153,8 +153,8 @@ func TestLabelNameFrom(t *testing.T) {
 
 // TestResolve: a basic PodGroup (what the Job controller creates for every
 // Job with WorkloadWithJob unless spec.scheduling asks for a gang) gives
-// way to the pod's gang labels; a gang PodGroup, a missing one and a basic
-// one without labels do not.
+// way to the pod's gang labels, or makes no gang without them; a gang
+// PodGroup and a missing one keep the pod.
 func TestResolve(t *testing.T) {
 	basic := &schedulingv1beta1.PodGroup{Spec: schedulingv1beta1.PodGroupSpec{SchedulingPolicy: schedulingv1beta1.PodGroupSchedulingPolicy{Basic: &schedulingv1beta1.BasicSchedulingPolicy{}}}}
 	gangPG := &schedulingv1beta1.PodGroup{Spec: schedulingv1beta1.PodGroupSpec{SchedulingPolicy: schedulingv1beta1.PodGroupSchedulingPolicy{Gang: &schedulingv1beta1.GangSchedulingPolicy{MinCount: 4}}}}
@@ -171,7 +171,7 @@ func TestResolve(t *testing.T) {
 		want   string
 	}{
 		{"basic PodGroup, labels", pod(labels, nil, "basic"), lookup, "ns/labels/train"},
-		{"basic PodGroup, no labels", pod(nil, nil, "basic"), lookup, "ns/PodGroup/basic"},
+		{"basic PodGroup, no labels: no gang", pod(nil, nil, "basic"), lookup, ""},
 		{"gang PodGroup wins", pod(labels, nil, "gang"), lookup, "ns/PodGroup/gang"},
 		{"PodGroup not created yet", pod(labels, nil, "later"), lookup, "ns/PodGroup/later"},
 		{"no lookup", pod(labels, nil, "basic"), nil, "ns/PodGroup/basic"},
@@ -179,8 +179,12 @@ func TestResolve(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, ok := Resolve(tc.pod, true, tc.lookup)
-			if !ok || r.Key() != tc.want {
-				t.Errorf("Resolve = %q (%v), want %q", r.Key(), ok, tc.want)
+			got := ""
+			if ok {
+				got = r.Key()
+			}
+			if got != tc.want {
+				t.Errorf("Resolve = %q (%v), want %q", got, ok, tc.want)
 			}
 		})
 	}

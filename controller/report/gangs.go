@@ -82,12 +82,10 @@ func Gangs(pods []*corev1.Pod, claims []*resourceapi.ResourceClaim, nodeLabels m
 		if !ok || p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue
 		}
+		// Resolve left out basic PodGroups: a PodGroup found here is a gang.
 		var pg *schedulingv1beta1.PodGroup
 		if ref.Source == gangs.SourcePodGroup && podGroups != nil {
-			if found, ok := podGroups(ref.Namespace, ref.Name); ok {
-				if found.Spec.SchedulingPolicy.Gang == nil {
-					continue
-				}
+			if found, ok := podGroups(ref.Namespace, ref.Name); ok && found.Spec.SchedulingPolicy.Gang != nil {
 				pg = found
 			}
 		}
