@@ -72,9 +72,10 @@ cluster-build: ## build etcd, Kubernetes 1.37 components and containerd into _ou
 .PHONY: test-integration
 test-integration: cluster-build build helm kueue ## integration and e2e tests on a real local control plane (the e2e test renders the chart with helm; the Kueue e2e test runs _output/bin/kueue)
 	$(GO) test -count=1 -p 1 -timeout 40m -tags integration,e2e $(INTEGRATION_PKGS)
-	# The gangs once more on a cluster without the Workload API: through
+	# The gangs and Jobs once more on a cluster without the Workload API: through
 	# gpulink's labels instead of PodGroups.
-	GPULINK_WORKLOAD_GATES=off $(GO) test -count=1 -p 1 -timeout 10m -tags integration,e2e -run Gang ./test/integration/controller/
+	GPULINK_WORKLOAD_GATES=off $(GO) test -count=1 -p 1 -timeout 10m -tags integration,e2e -run 'Gang|Job' ./test/integration/controller/
+	GPULINK_WORKLOAD_GATES=off $(GO) test -count=1 -p 1 -timeout 10m -tags integration,e2e -run 'TestJob' ./test/e2e/
 
 .PHONY: helm
 helm: ## build _output/bin/helm (from hack/tools/helm) if missing or outdated

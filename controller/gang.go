@@ -130,21 +130,51 @@ func (r *gangRuns) done(gangKey string) []string {
 	return again
 }
 
-// gangOf returns the gang a pod names, if any.
+// gangOf returns the gang a pod is in, if any: gangs.Resolve with the
+// PodGroups as the informer has them (a basic PodGroup yields to the pod's
+// gang labels).
 func (c *Controller) gangOf(pod *corev1.Pod) (gangs.Ref, bool) {
-	return gangs.RefOf(pod, c.gangCfg.PodGroups)
+	var lookup gangs.PodGroupLookup
+	if c.podGroups != nil {
+		lookup = func(ns, name string) (*schedulingv1beta1.PodGroup, bool) {
+			pg, err := c.podGroups.PodGroups(ns).Get(name)
+			return pg, err == nil
+		}
+	}
+	return gangs.Resolve(pod, c.gangCfg.PodGroups, lookup)
 }
 
-// indexPodGang indexes a pod by its gang's key.
+// indexPodGang indexes a pod under every gang it may be in (its PodGroup
+// and its label gang): which one it is depends on the PodGroup's policy,
+// which the pod's index entry cannot follow. gangPods keeps the pods that
+// are in the gang.
 func (c *Controller) indexPodGang(obj any) ([]string, error) {
 	pod, ok := obj.(*corev1.Pod)
 	if !ok {
 		return nil, nil
 	}
-	if ref, ok := c.gangOf(pod); ok {
-		return []string{ref.Key()}, nil
+	var keys []string
+	for _, ref := range gangs.Candidates(pod, c.gangCfg.PodGroups) {
+		keys = append(keys, ref.Key())
 	}
-	return nil, nil
+	return keys, nil
+}
+
+// gangPods returns the pods in the gang of key (gangOf), live or not.
+func (c *Controller) gangPods(key string) []*corev1.Pod {
+	objs, err := c.podIdx.ByIndex(podGangIndex, key)
+	if err != nil {
+		return nil
+	}
+	var out []*corev1.Pod
+	for _, o := range objs {
+		if pod, ok := o.(*corev1.Pod); ok {
+			if ref, ok := c.gangOf(pod); ok && ref.Key() == key {
+				out = append(out, pod)
+			}
+		}
+	}
+	return out
 }
 
 // gangSpec reads what the gang asks for; notReady says why it cannot be
@@ -221,14 +251,9 @@ func (m *gangMember) ready() bool { return m.pc.broken == nil && m.pc.notReady =
 
 // members lists the gang's live pods (not deleted, not finished), by name.
 func (c *Controller) gangMembers(ctx context.Context, ref gangs.Ref) []*gangMember {
-	objs, err := c.podIdx.ByIndex(podGangIndex, ref.Key())
-	if err != nil {
-		return nil
-	}
 	var out []*gangMember
-	for _, o := range objs {
-		pod, ok := o.(*corev1.Pod)
-		if !ok || pod.DeletionTimestamp != nil || planner.PodDone(pod) {
+	for _, pod := range c.gangPods(ref.Key()) {
+		if pod.DeletionTimestamp != nil || planner.PodDone(pod) {
 			continue
 		}
 		m := &gangMember{pod: pod, key: pod.Namespace + "/" + pod.Name}

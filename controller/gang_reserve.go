@@ -96,12 +96,8 @@ func (c *Controller) checkReservation() {
 	if key == "" {
 		return
 	}
-	objs, err := c.podIdx.ByIndex(podGangIndex, key)
-	if err != nil {
-		return
-	}
-	for _, o := range objs {
-		if pod, ok := o.(*corev1.Pod); ok && pod.DeletionTimestamp == nil && !planner.PodDone(pod) && gateIndex(pod) >= 0 {
+	for _, pod := range c.gangPods(key) {
+		if pod.DeletionTimestamp == nil && !planner.PodDone(pod) && gateIndex(pod) >= 0 {
 			return
 		}
 	}

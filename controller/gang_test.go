@@ -40,6 +40,12 @@ func leafNode(t *testing.T, name, leaf string) []runtime.Object {
 // gpus whole GPUs; extra labels are added to the pod's.
 func (h *harness) gangPod(name, gangName string, size, gpus int, extra map[string]string) *corev1.Pod {
 	h.t.Helper()
+	return h.createGangPod(h.newGangPod(name, gangName, size, gpus, extra))
+}
+
+// newGangPod is gangPod's pod and claim, the pod not created yet.
+func (h *harness) newGangPod(name, gangName string, size, gpus int, extra map[string]string) *corev1.Pod {
+	h.t.Helper()
 	h.claim(name, resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", int64(gpus))}})
 	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, UID: uuid.NewUUID(), CreationTimestamp: metav1.Now(),
@@ -53,6 +59,12 @@ func (h *harness) gangPod(name, gangName string, size, gpus int, extra map[strin
 	for k, v := range extra {
 		p.Labels[k] = v
 	}
+	return p
+}
+
+// createGangPod creates a pod of newGangPod.
+func (h *harness) createGangPod(p *corev1.Pod) *corev1.Pod {
+	h.t.Helper()
 	out, err := h.client.CoreV1().Pods(ns).Create(h.ctx, p, metav1.CreateOptions{})
 	if err != nil {
 		h.t.Fatal(err)

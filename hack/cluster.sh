@@ -6,7 +6,8 @@
 #                                              start a cluster with state under _output/cluster
 #                                              (runs test/localcluster/cmd/localcluster in the background;
 #                                              the Workload API is served and GenericWorkload,
-#                                              DRAWorkloadResourceClaims, TopologyAwareWorkloadScheduling
+#                                              DRAWorkloadResourceClaims, TopologyAwareWorkloadScheduling,
+#                                              WorkloadWithJob
 #                                              are on unless --feature-gates turns them off)
 #   hack/cluster.sh down                       stop what `up` started (logs stay in _output/cluster/logs)
 #   hack/cluster.sh status                     print whether the cluster runs (exit 3 if not), and its nodes

@@ -17,7 +17,16 @@
 //     LabelGang names the gang (unique per namespace), LabelSize its
 //     minCount, and optionally LabelLevel a level (a hierarchy level name
 //     or node label key) with LabelPolicy Required (the default when a
-//     level is given) or Preferred.
+//     level is given) or Preferred. Where one pod template serves many
+//     gangs (a LeaderWorkerSet's groups, a JobSet's child Jobs), LabelNameFrom
+//     names another label of the pod whose value is the gang's name (the
+//     group key its controller sets on each group's pods).
+//
+// A pod that names a PodGroup with the basic policy is in its label gang if
+// it has gang labels, and in no gang otherwise (Resolve): Kubernetes
+// 1.37's Job controller (feature gate WorkloadWithJob) puts the pods of
+// every Job in a basic PodGroup unless the Job's spec.scheduling asks for
+// a gang, and that PodGroup says nothing about placing them together.
 //
 // The gang's pods may set LabelLevel and LabelPolicy in the PodGroup path
 // too, for a PodGroup without a topology constraint: a gang can then ask
@@ -55,6 +64,12 @@ const (
 	// does not fit (with an event saying so). Default: Required when a
 	// level is given.
 	LabelPolicy = "gpu.gpulink.dev/gang-policy"
+	// LabelNameFrom is the key of another label of the pod whose value
+	// names the gang, instead of LabelGang: for controllers that stamp
+	// one pod template into many groups and label each group's pods
+	// (leaderworkerset.sigs.k8s.io/group-key, batch.kubernetes.io/job-name).
+	// A label key holds '/', so as a value it fits in an annotation only.
+	LabelNameFrom = "gpu.gpulink.dev/gang-name-from"
 )
 
 // Policy says whether a gang's level is a requirement or a preference.
@@ -115,16 +130,75 @@ type Spec struct {
 }
 
 // RefOf returns the gang a pod names, if any: its PodGroup first, else
-// its LabelGang label or annotation. podGroups tells whether the Workload
-// API is served; without it a pod's schedulingGroup is ignored.
+// its label gang (labelRef). podGroups tells whether the Workload API is
+// served; without it a pod's schedulingGroup is ignored. Resolve refines
+// this with the PodGroup's policy.
 func RefOf(pod *corev1.Pod, podGroups bool) (Ref, bool) {
-	if podGroups {
-		if g := pod.Spec.SchedulingGroup; g != nil && g.PodGroupName != nil && *g.PodGroupName != "" {
-			return Ref{Namespace: pod.Namespace, Name: *g.PodGroupName, Source: SourcePodGroup}, true
-		}
+	if ref, ok := podGroupRef(pod, podGroups); ok {
+		return ref, true
 	}
+	return labelRef(pod)
+}
+
+// PodGroupLookup returns the PodGroup of a namespace and name, if it
+// exists (an informer's lister, or a list a CLI read).
+type PodGroupLookup func(namespace, name string) (*schedulingv1beta1.PodGroup, bool)
+
+// Resolve returns the pod's gang: its PodGroup, unless that PodGroup
+// exists with the basic policy, which makes no gang: then the pod's gang
+// labels, if any, and otherwise none (the pod is placed on its own, as a
+// pod outside any PodGroup). A PodGroup that does not exist (yet) keeps
+// the pod in it (its gang waits for it: the policy is not known); lookup
+// nil: RefOf.
+func Resolve(pod *corev1.Pod, podGroups bool, lookup PodGroupLookup) (Ref, bool) {
+	ref, ok := podGroupRef(pod, podGroups)
+	if !ok {
+		return labelRef(pod)
+	}
+	if lookup == nil {
+		return ref, true
+	}
+	if pg, found := lookup(ref.Namespace, ref.Name); found && pg.Spec.SchedulingPolicy.Gang == nil {
+		return labelRef(pod)
+	}
+	return ref, true
+}
+
+// Candidates returns every gang the pod may be in, its PodGroup and its
+// label gang, for indexes that must find the pod under either while the
+// PodGroup's policy is not known.
+func Candidates(pod *corev1.Pod, podGroups bool) []Ref {
+	var out []Ref
+	if ref, ok := podGroupRef(pod, podGroups); ok {
+		out = append(out, ref)
+	}
+	if ref, ok := labelRef(pod); ok {
+		out = append(out, ref)
+	}
+	return out
+}
+
+// podGroupRef is the PodGroup the pod's spec.schedulingGroup names.
+func podGroupRef(pod *corev1.Pod, podGroups bool) (Ref, bool) {
+	if !podGroups {
+		return Ref{}, false
+	}
+	if g := pod.Spec.SchedulingGroup; g != nil && g.PodGroupName != nil && *g.PodGroupName != "" {
+		return Ref{Namespace: pod.Namespace, Name: *g.PodGroupName, Source: SourcePodGroup}, true
+	}
+	return Ref{}, false
+}
+
+// labelRef is the gang of the pod's LabelGang, else the one named by the
+// value of the label LabelNameFrom names. A pod whose LabelNameFrom label
+// is missing is in a gang without a name, which FromLabels refuses: its
+// pods wait with the reason rather than run one by one.
+func labelRef(pod *corev1.Pod) (Ref, bool) {
 	if name, ok := value(pod, LabelGang); ok && name != "" {
 		return Ref{Namespace: pod.Namespace, Name: name, Source: SourceLabels}, true
+	}
+	if key, ok := value(pod, LabelNameFrom); ok && key != "" {
+		return Ref{Namespace: pod.Namespace, Name: strings.TrimSpace(pod.Labels[key]), Source: SourceLabels}, true
 	}
 	return Ref{}, false
 }
@@ -141,6 +215,11 @@ func value(pod *corev1.Pod, key string) (string, bool) {
 // FromLabels reads a label gang's spec from one of its pods.
 func FromLabels(ref Ref, pod *corev1.Pod) (Spec, error) {
 	s := Spec{Ref: ref}
+	if ref.Name == "" {
+		key, _ := value(pod, LabelNameFrom)
+		return Spec{}, fmt.Errorf("pod %s/%s: %s=%s names the label that holds the gang's name, but the pod has no such label (or it is empty)",
+			pod.Namespace, pod.Name, LabelNameFrom, key)
+	}
 	raw, ok := value(pod, LabelSize)
 	if !ok {
 		return Spec{}, fmt.Errorf("pod %s/%s: label %s=%s names a gang but %s is missing: set it to the number of pods to place together",

@@ -119,3 +119,80 @@ func TestFromPodGroup(t *testing.T) {
 		t.Errorf("Preferred over a PodGroup topology key: err=%v, want a refusal", err)
 	}
 }
+
+// TestLabelNameFrom: a shared pod template names the label that holds each
+// group's gang name (LeaderWorkerSet's group key); pods of two groups are
+// two gangs, and a pod without that label is refused, not placed alone.
+func TestLabelNameFrom(t *testing.T) {
+	const groupKey = "leaderworkerset.sigs.k8s.io/group-key"
+	ann := map[string]string{LabelNameFrom: groupKey}
+	a := pod(map[string]string{groupKey: "5d41402abc", LabelSize: "4"}, ann, "")
+	b := pod(map[string]string{groupKey: "7d793037a0", LabelSize: "4"}, ann, "")
+	ra, oka := RefOf(a, true)
+	rb, okb := RefOf(b, true)
+	if !oka || !okb || ra.Key() != "ns/labels/5d41402abc" || rb.Key() != "ns/labels/7d793037a0" {
+		t.Fatalf("refs %q (%v), %q (%v): want one gang per group key", ra.Key(), oka, rb.Key(), okb)
+	}
+	if s, err := FromLabels(ra, a); err != nil || s.MinCount != 4 || s.Name != "5d41402abc" {
+		t.Errorf("spec %+v err %v, want gang 5d41402abc of 4", s, err)
+	}
+	// LabelGang wins over LabelNameFrom.
+	both := pod(map[string]string{LabelGang: "fixed", groupKey: "5d41402abc"}, ann, "")
+	if r, _ := RefOf(both, true); r.Name != "fixed" {
+		t.Errorf("LabelGang and LabelNameFrom: gang %q, want fixed", r.Name)
+	}
+	missing := pod(map[string]string{LabelSize: "4"}, ann, "")
+	r, ok := RefOf(missing, true)
+	if !ok {
+		t.Fatal("a pod with LabelNameFrom but not its label is in no gang: it would be placed alone")
+	}
+	if _, err := FromLabels(r, missing); err == nil || !strings.Contains(err.Error(), groupKey) {
+		t.Errorf("err = %v, want one naming %s", err, groupKey)
+	}
+}
+
+// TestResolve: a basic PodGroup (what the Job controller creates for every
+// Job with WorkloadWithJob unless spec.scheduling asks for a gang) gives
+// way to the pod's gang labels, or makes no gang without them; a gang
+// PodGroup and a missing one keep the pod.
+func TestResolve(t *testing.T) {
+	basic := &schedulingv1beta1.PodGroup{Spec: schedulingv1beta1.PodGroupSpec{SchedulingPolicy: schedulingv1beta1.PodGroupSchedulingPolicy{Basic: &schedulingv1beta1.BasicSchedulingPolicy{}}}}
+	gangPG := &schedulingv1beta1.PodGroup{Spec: schedulingv1beta1.PodGroupSpec{SchedulingPolicy: schedulingv1beta1.PodGroupSchedulingPolicy{Gang: &schedulingv1beta1.GangSchedulingPolicy{MinCount: 4}}}}
+	groups := map[string]*schedulingv1beta1.PodGroup{"basic": basic, "gang": gangPG}
+	lookup := func(ns, name string) (*schedulingv1beta1.PodGroup, bool) {
+		pg, ok := groups[name]
+		return pg, ok && ns == "ns"
+	}
+	labels := map[string]string{LabelGang: "train", LabelSize: "4"}
+	for _, tc := range []struct {
+		name   string
+		pod    *corev1.Pod
+		lookup PodGroupLookup
+		want   string
+	}{
+		{"basic PodGroup, labels", pod(labels, nil, "basic"), lookup, "ns/labels/train"},
+		{"basic PodGroup, no labels: no gang", pod(nil, nil, "basic"), lookup, ""},
+		{"gang PodGroup wins", pod(labels, nil, "gang"), lookup, "ns/PodGroup/gang"},
+		{"PodGroup not created yet", pod(labels, nil, "later"), lookup, "ns/PodGroup/later"},
+		{"no lookup", pod(labels, nil, "basic"), nil, "ns/PodGroup/basic"},
+		{"labels only", pod(labels, nil, ""), lookup, "ns/labels/train"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, ok := Resolve(tc.pod, true, tc.lookup)
+			got := ""
+			if ok {
+				got = r.Key()
+			}
+			if got != tc.want {
+				t.Errorf("Resolve = %q (%v), want %q", got, ok, tc.want)
+			}
+		})
+	}
+	var keys []string
+	for _, r := range Candidates(pod(labels, nil, "basic"), true) {
+		keys = append(keys, r.Key())
+	}
+	if strings.Join(keys, ",") != "ns/PodGroup/basic,ns/labels/train" {
+		t.Errorf("Candidates = %v, want the PodGroup and the label gang", keys)
+	}
+}

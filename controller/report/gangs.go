@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 
 	"github.com/gpulink/gpulink/controller/gangs"
 	"github.com/gpulink/gpulink/driver"
@@ -21,7 +22,8 @@ type Gang struct {
 	Name      string `json:"name"`
 	// Source is PodGroup or labels (gangs.Source).
 	Source string `json:"source"`
-	// MinCount is the labels' gang size; 0 for a PodGroup (read it there).
+	// MinCount is the gang's size: its labels' or its PodGroup's (0 when
+	// the PodGroup could not be read).
 	MinCount int       `json:"minCount,omitempty"`
 	Pods     []GangPod `json:"pods"`
 	// Placed counts the pods with a node.
@@ -44,10 +46,14 @@ type GangPod struct {
 	Gated bool `json:"gated"`
 }
 
-// Gangs groups the pods of gangs (gangs.RefOf) and finds each gang's
+// Gangs groups the pods of gangs (gangs.Resolve) and finds each gang's
 // placement and level in h from the nodes' labels. A pod's node is its
 // spec.nodeName, else the node of a gpulink claim reserved for it.
-func Gangs(pods []*corev1.Pod, claims []*resourceapi.ResourceClaim, nodeLabels map[string]map[string]string, h *gang.Hierarchy) []Gang {
+// podGroups finds the PodGroups the pods name (nil: not read): a PodGroup
+// of the basic policy is no gang (Kubernetes 1.37's Job controller puts
+// every Job's pods in one with WorkloadWithJob) unless its pods carry gang
+// labels, and a gang PodGroup gives the gang its minCount.
+func Gangs(pods []*corev1.Pod, claims []*resourceapi.ResourceClaim, nodeLabels map[string]map[string]string, h *gang.Hierarchy, podGroups gangs.PodGroupLookup) []Gang {
 	allocatedOn := map[string]string{} // pod UID -> node
 	for _, c := range claims {
 		a := c.Status.Allocation
@@ -72,14 +78,24 @@ func Gangs(pods []*corev1.Pod, claims []*resourceapi.ResourceClaim, nodeLabels m
 	}
 	byKey := map[string]*Gang{}
 	for _, p := range pods {
-		ref, ok := gangs.RefOf(p, true)
+		ref, ok := gangs.Resolve(p, true, podGroups)
 		if !ok || p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue
+		}
+		// Resolve left out basic PodGroups: a PodGroup found here is a gang.
+		var pg *schedulingv1beta1.PodGroup
+		if ref.Source == gangs.SourcePodGroup && podGroups != nil {
+			if found, ok := podGroups(ref.Namespace, ref.Name); ok && found.Spec.SchedulingPolicy.Gang != nil {
+				pg = found
+			}
 		}
 		g := byKey[ref.Key()]
 		if g == nil {
 			g = &Gang{Namespace: ref.Namespace, Name: ref.Name, Source: string(ref.Source)}
-			if ref.Source == gangs.SourceLabels {
+			switch {
+			case pg != nil:
+				g.MinCount = int(pg.Spec.SchedulingPolicy.Gang.MinCount)
+			case ref.Source == gangs.SourceLabels:
 				if s, err := gangs.FromLabels(ref, p); err == nil {
 					g.MinCount = s.MinCount
 				}

@@ -6,10 +6,13 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/gpulink/gpulink/controller/gangs"
 	"github.com/gpulink/gpulink/controller/report"
 	"github.com/gpulink/gpulink/driver/gang"
 )
@@ -39,7 +42,36 @@ func listGangs(ctx context.Context, client kubernetes.Interface, claims []*resou
 	if err != nil {
 		return nil, err
 	}
-	return report.Gangs(pods, claims, labels, h), nil
+	lookup, err := listPodGroups(ctx, client)
+	if err != nil {
+		return nil, err
+	}
+	return report.Gangs(pods, claims, labels, h, lookup), nil
+}
+
+// listPodGroups reads the cluster's PodGroups, so that pods in a PodGroup
+// of the basic policy (every Job's, where the Job controller runs with
+// WorkloadWithJob) are not listed as a gang. Where the Workload API is not
+// served or the user may not list PodGroups, it returns no lookup: every
+// PodGroup a pod names is then shown as a gang.
+func listPodGroups(ctx context.Context, client kubernetes.Interface) (gangs.PodGroupLookup, error) {
+	byKey := map[string]*schedulingv1beta1.PodGroup{}
+	err := listAll(ctx, metav1.ListOptions{}, func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+		return client.SchedulingV1beta1().PodGroups(metav1.NamespaceAll).List(ctx, opts)
+	}, func(obj runtime.Object) {
+		pg := obj.(*schedulingv1beta1.PodGroup)
+		byKey[pg.Namespace+"/"+pg.Name] = pg
+	})
+	if apierrors.IsNotFound(err) || apierrors.IsForbidden(err) || apierrors.IsMethodNotSupported(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing PodGroups (%s): %w", schedulingv1beta1.SchemeGroupVersion, err)
+	}
+	return func(ns, name string) (*schedulingv1beta1.PodGroup, bool) {
+		pg, ok := byKey[ns+"/"+name]
+		return pg, ok
+	}, nil
 }
 
 // writeGangRows renders the gangs after the nodes.

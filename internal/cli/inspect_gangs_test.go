@@ -5,8 +5,10 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	"github.com/gpulink/gpulink/controller/gangs"
 	"github.com/gpulink/gpulink/driver/gang"
@@ -45,5 +47,23 @@ func TestInspectGangs(t *testing.T) {
 	}
 	if !strings.Contains(stdout, `"level": "leaf"`) || !strings.Contains(stdout, `"domain": "leaf-1"`) {
 		t.Errorf("JSON lacks the gang's level and domain:\n%s", stdout)
+	}
+}
+
+// TestInspectGangsSkipsBasicPodGroups: the pods of a Job that the Job
+// controller put in a PodGroup of the basic policy (WorkloadWithJob) are
+// not listed as a gang.
+func TestInspectGangsSkipsBasicPodGroups(t *testing.T) {
+	pg := &schedulingv1beta1.PodGroup{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "job-pg"},
+		Spec: schedulingv1beta1.PodGroupSpec{SchedulingPolicy: schedulingv1beta1.PodGroupSchedulingPolicy{Basic: &schedulingv1beta1.BasicSchedulingPolicy{}}}}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "job-0", UID: "job-0"},
+		Spec: corev1.PodSpec{SchedulingGroup: &corev1.PodSchedulingGroup{PodGroupName: ptr.To("job-pg")}}}
+	newClient, _ := fakeClient(append(demoCluster(t), pg, pod)...)
+	stdout, _, err := runInspectCmd(t, newClient)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(stdout, "GANGS") {
+		t.Errorf("a basic PodGroup's pods listed as a gang:\n%s", stdout)
 	}
 }

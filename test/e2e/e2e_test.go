@@ -170,6 +170,9 @@ type setupOptions struct {
 	// the /dev/nvidia-caps stand-ins its MIG devices need.
 	realDevices  int
 	migCapMinors []int
+	// workloadGatesOff runs the cluster without the Workload API
+	// (localcluster.WorkloadGates off).
+	workloadGatesOff bool
 }
 
 // setupOpts is setup with extra flags.
@@ -211,7 +214,14 @@ func setupOpts(ctx context.Context, t *testing.T, o setupOptions) *suite {
 	dir, logDir := testDir(t, "gle2e", "component logs in c/logs, gpulink logs in logs")
 	// Its stop is registered first, so it runs last: after the gpulink
 	// processes stopped.
-	cluster := localcluster.StartForTest(ctx, t, dir, localcluster.Options{RealNode: true})
+	copts := localcluster.Options{RealNode: true}
+	if o.workloadGatesOff {
+		copts.FeatureGates = map[string]bool{}
+		for gate := range localcluster.WorkloadGates {
+			copts.FeatureGates[gate] = false
+		}
+	}
+	cluster := localcluster.StartForTest(ctx, t, dir, copts)
 	s := &suite{cluster: cluster, client: cluster.Client(), realNode: cluster.NodeName(), mpsRoot: filepath.Join(dir, "mps")}
 	for _, n := range []string{v100Node, p40Node} {
 		if err := cluster.AddAPINode(ctx, n); err != nil {

@@ -251,12 +251,19 @@ func (c *Cluster) bin(name string) string { return filepath.Join(c.binDir, name)
 // DRAWorkloadResourceClaims are beta and off by default,
 // TopologyAwareWorkloadScheduling alpha; the API server also serves
 // scheduling.k8s.io/v1beta1 (a beta API, off by default), which stores
-// nothing while GenericWorkload is off. gpulink's gangs are tested through
-// PodGroups with them on, and through its labels with them off.
+// nothing while GenericWorkload is off. WorkloadWithJob (alpha, off by
+// default; needs GenericWorkload) lets the API server accept a Job's
+// spec.scheduling and makes kube-controller-manager's Job controller
+// create a Workload and a PodGroup for each new Job that has no owner
+// (pkg/controller/job/job_scheduling_manager.go): a gang PodGroup when
+// spec.scheduling.schedulingPolicy.gang is set, a basic one otherwise.
+// gpulink's gangs are tested through PodGroups with them on, and through
+// its labels with them off.
 var WorkloadGates = map[string]bool{
 	"GenericWorkload":                 true,
 	"DRAWorkloadResourceClaims":       true,
 	"TopologyAwareWorkloadScheduling": true,
+	"WorkloadWithJob":                 true,
 }
 
 // gates are WorkloadGates overridden by Options.FeatureGates.

@@ -3,82 +3,29 @@
 package controller_test
 
 import (
-	"bytes"
-	"context"
-	"encoding/json"
 	"fmt"
-	"os"
 	"slices"
-	"strconv"
-	"strings"
 	"testing"
-	"text/template"
 	"time"
 
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/yaml"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
 	"github.com/gpulink/gpulink/driver"
 )
 
-// claimFinalizerPolicy renders the chart's claim-finalizer template with
-// the few template functions it uses (no helm needed) and returns the
-// policy and its binding, the binding limited to namespace ns so that the
-// other tests on the shared cluster keep running without the policy.
+// claimFinalizerPolicy renders the chart's claim-finalizer template
+// (chartPolicy), its binding limited to namespace ns.
 func claimFinalizerPolicy(t testing.TB, ns string) (*admissionv1.MutatingAdmissionPolicy, *admissionv1.MutatingAdmissionPolicyBinding) {
 	t.Helper()
-	raw, err := os.ReadFile("../../../deployments/helm/gpulink/templates/claim-finalizer.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	funcs := template.FuncMap{
-		"include": func(name string, _ any) string {
-			if name == "gpulink.fullname" {
-				return "gl-" + ns
-			}
-			return "labels: {}"
-		},
-		"toJson": func(v any) string { b, _ := json.Marshal(v); return string(b) },
-		"quote":  strconv.Quote,
-		"list":   func(v ...any) []any { return v },
-		"dict":   func(...any) map[string]any { return nil },
-		"concat": func(a []any, b []any) []any { return append(append([]any{}, a...), b...) },
-		"append": func(a []any, v any) []any { return append(append([]any{}, a...), v) },
-		"nindent": func(n int, s string) string {
-			return "\n" + strings.Repeat(" ", n) + strings.ReplaceAll(s, "\n", "\n"+strings.Repeat(" ", n))
-		},
-	}
-	tpl, err := template.New("policy").Funcs(funcs).Parse(string(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out bytes.Buffer
-	values := map[string]any{"Values": map[string]any{
+	return chartPolicy(t, "claim-finalizer.yaml", ns, map[string]any{
 		"controller":     map[string]any{"enabled": true},
 		"claimFinalizer": map[string]any{"enabled": true, "extraDeviceClasses": []any{}},
 		"deviceClasses":  map[string]any{"enabled": true, "concurrentShareClass": true},
-	}}
-	if err := tpl.Execute(&out, values); err != nil {
-		t.Fatal(err)
-	}
-	docs := strings.Split(out.String(), "\n---\n")
-	if len(docs) != 2 {
-		t.Fatalf("rendered %d documents, want policy and binding:\n%s", len(docs), out.String())
-	}
-	policy := &admissionv1.MutatingAdmissionPolicy{}
-	binding := &admissionv1.MutatingAdmissionPolicyBinding{}
-	if err := yaml.UnmarshalStrict([]byte(docs[0]), policy); err != nil {
-		t.Fatalf("policy: %v\n%s", err, docs[0])
-	}
-	if err := yaml.UnmarshalStrict([]byte(docs[1]), binding); err != nil {
-		t.Fatalf("binding: %v\n%s", err, docs[1])
-	}
-	binding.Spec.MatchResources = &admissionv1.MatchResources{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}}}
-	return policy, binding
+	})
 }
 
 // installClaimFinalizerPolicy installs the chart's claim finalizer policy
@@ -87,20 +34,7 @@ func claimFinalizerPolicy(t testing.TB, ns string) (*admissionv1.MutatingAdmissi
 func (e *env) installClaimFinalizerPolicy() *resourceapi.ResourceClaim {
 	t := e.t
 	t.Helper()
-	policy, binding := claimFinalizerPolicy(t, e.ns)
-	adm := e.client.AdmissionregistrationV1()
-	if _, err := adm.MutatingAdmissionPolicies().Create(e.ctx, policy, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = adm.MutatingAdmissionPolicies().Delete(context.Background(), policy.Name, metav1.DeleteOptions{})
-	})
-	if _, err := adm.MutatingAdmissionPolicyBindings().Create(e.ctx, binding, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = adm.MutatingAdmissionPolicyBindings().Delete(context.Background(), binding.Name, metav1.DeleteOptions{})
-	})
+	e.installPolicy(claimFinalizerPolicy(t, e.ns))
 	probe := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{GenerateName: "probe-", Namespace: e.ns},
 		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}}}}
 	e.poll("claim finalizer policy in effect", time.Minute, func() bool {

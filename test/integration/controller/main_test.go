@@ -8,7 +8,7 @@
 // controller are the stock ones.
 //
 //	go test -tags integration ./test/integration/controller/
-//	GPULINK_WORKLOAD_GATES=off go test -tags integration -run Gang ./test/integration/controller/
+//	GPULINK_WORKLOAD_GATES=off go test -tags integration -run 'Gang|Job' ./test/integration/controller/
 //	go test -tags integration -run '^$' -bench . ./test/integration/controller/
 package controller_test
 
