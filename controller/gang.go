@@ -385,7 +385,7 @@ func (c *Controller) gangDomain(spec gangs.Spec, members []*gangMember) []string
 		if err != nil || key == "" {
 			return nil
 		}
-		v := n.Labels[key]
+		v := c.nodeDomain(n, key)
 		if v == "" || (value != "" && v != value) {
 			return nil
 		}
@@ -396,7 +396,7 @@ func (c *Controller) gangDomain(spec gangs.Spec, members []*gangMember) []string
 	}
 	var out []string
 	for _, n := range c.inv.All() {
-		if node, err := c.nodes.Get(n.Node); err == nil && node.Labels[key] == value {
+		if node, err := c.nodes.Get(n.Node); err == nil && c.nodeDomain(node, key) == value {
 			out = append(out, n.Node)
 		}
 	}

@@ -157,7 +157,7 @@ func (c *Controller) gangCandidates(ctx context.Context, spec gangs.Spec, rep *g
 		}
 		slots := c.trialSlots(ctx, rep, own, n.Node, maxPods)
 		free, total := c.planner.GPUCounts(n.Node)
-		out = append(out, gang.Node{Name: n.Node, Domains: c.hierarchy.Domains(node.Labels), Slots: slots, FreeGPUs: free, TotalGPUs: total})
+		out = append(out, gang.Node{Name: n.Node, Domains: c.nodeDomains(node, n), Slots: slots, FreeGPUs: free, TotalGPUs: total})
 	}
 	summary := ""
 	if rej != nil && len(cands) < len(all) {
