@@ -298,6 +298,11 @@ func (c *Controller) evaluateGang(ctx context.Context, key string, pod *corev1.P
 		// A PodGroup with the basic policy: its pods are placed one by one.
 		return c.syncSingle(ctx, key, pod, nil)
 	}
+	if spec, err = c.computeDomainSpec(spec, members); err != nil {
+		c.gangEvent(members, corev1.EventTypeWarning, report.ReasonGangWaiting, actionWait, "waiting: "+err.Error())
+		c.setGangWaiting(members, true)
+		return nil
+	}
 	for _, m := range members {
 		for _, ic := range m.pc.ours {
 			if c.ledger.InFlight(ic.Claim.UID) {

@@ -94,7 +94,7 @@ func (c *Controller) decideGang(ctx context.Context, spec gangs.Spec, members, r
 	if perr != nil {
 		c.decideMu.Unlock()
 		c.metrics.Decisions.WithLabelValues(OutcomeWaiting).Inc()
-		msg := "waiting: " + perr.Error()
+		msg := "waiting: " + perr.Error() + computeDomainNote(spec)
 		if rej != "" {
 			msg += " (" + rej + ")"
 		}
