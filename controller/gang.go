@@ -48,6 +48,11 @@ type GangConfig struct {
 	// placed or gone; one gang at a time, the longest waiting
 	// (gang_reserve.go). 0: gangs never reserve.
 	StarvationBound time.Duration
+	// RailAttribute is the fully qualified attribute (domain/name) of
+	// other drivers' devices that names a NIC's rail, for gangs with
+	// aligned rails (gang_rails.go); empty: a NIC's position among its
+	// driver's devices of the node in natural name order.
+	RailAttribute string
 }
 
 // gangRuns serializes the work on each gang: one worker evaluates and
