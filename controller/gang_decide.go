@@ -53,7 +53,7 @@ type gangPodWrite struct {
 func (c *Controller) decideGang(ctx context.Context, spec gangs.Spec, members, ready []*gangMember, need int) error {
 	logger := klog.FromContext(ctx)
 	start := time.Now()
-	rep := ready[0]
+	rep := gangRepresentative(ready)
 	own, err := planner.PodPlacement(rep.pod, rep.pending)
 	if err == nil {
 		err = planner.MIGMixError(rep.pending)
