@@ -22,7 +22,7 @@ import (
 // GetGpuFabricInfoV returns a handler over the C call that no mock can
 // stand in for, and v1 carries every field used here.
 func readClique(index int, h nvml.Device) (string, error) {
-	info, ret := h.GetGpuFabricInfo() //nolint:staticcheck // v1 is mockable and has what is read here (see above)
+	info, ret := h.GetGpuFabricInfo()
 	switch {
 	case unavailable(ret):
 		return "", nil
