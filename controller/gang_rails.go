@@ -36,7 +36,7 @@ import (
 // AlignRails, gang.Node.AlignedSlots): for each node, how many of the
 // gang's pods fit when each uses the NICs of those rails. The controller
 // finds the keys worth trying by planning the gang's first pod on each
-// node as for its slots (the rails the planner's own choice lands on),
+// node (the rails the planner's own choice lands on),
 // keeps the maxRailKeys most common, and counts each node's slots under
 // each key with the node's other NICs held for the trial. The pods are
 // then planned on their nodes with the same NICs held off, so each gets
@@ -46,6 +46,13 @@ import (
 // maxRailKeys bounds the alignment keys tried per gang decision: each
 // costs one planning per candidate node.
 const maxRailKeys = 8
+
+// railDiscoveryPods bounds the copies of the gang's first pod planned on
+// each node to find the rail keys worth trying: the planner's first
+// choices on the nodes, which differ where nodes differ in what is free,
+// give the common keys; planning every slot of every node cost 4 times an
+// unaligned decision (BenchmarkGangDecisionRails).
+const railDiscoveryPods = 1
 
 // railTrials numbers the ledger entries that hold NICs off for a trial.
 var railTrials atomic.Uint64
@@ -181,7 +188,7 @@ func (c *Controller) railSlots(ctx context.Context, rep *gangMember, own planner
 		if nodes[i].Slots == 0 {
 			continue
 		}
-		for _, k := range c.plannedRailKeys(ctx, rep, own, nodes[i].Name, nodes[i].Slots) {
+		for _, k := range c.plannedRailKeys(ctx, rep, own, nodes[i].Name, min(nodes[i].Slots, railDiscoveryPods)) {
 			count[k]++
 		}
 	}
@@ -196,9 +203,14 @@ func (c *Controller) railSlots(ctx context.Context, rep *gangMember, own planner
 			continue
 		}
 		nodes[i].AlignedSlots = map[string]int{}
+		rails := c.railsOn(nodes[i].Name)
 		for _, k := range keys {
+			most := min(nodes[i].Slots, c.railCap(nodes[i].Name, k, rails))
+			if most == 0 {
+				continue
+			}
 			release := c.holdOffRails(nodes[i].Name, k)
-			s := c.trialSlots(ctx, rep, own, nodes[i].Name, nodes[i].Slots)
+			s := c.trialSlots(ctx, rep, own, nodes[i].Name, most)
 			release()
 			if s > 0 {
 				nodes[i].AlignedSlots[k] = s
@@ -206,6 +218,36 @@ func (c *Controller) railSlots(ctx context.Context, rep *gangMember, own planner
 		}
 	}
 	return true
+}
+
+// railCap bounds the pods the node can take under a rail key by its free
+// devices on the key's rails: a pod takes as many of each driver's devices
+// as the key lists. It spares the planning that would fail (the second
+// pod of a rail set on a node whose NICs are one per rail).
+func (c *Controller) railCap(node, key string, rails map[planner.DeviceKey]string) int {
+	fn := c.inv.Foreign(node)
+	if fn == nil {
+		return 0
+	}
+	most := -1
+	for _, part := range strings.Split(key, ";") {
+		drv, list, ok := strings.Cut(part, "=")
+		if !ok {
+			return 0
+		}
+		want := strings.Split(list, ",")
+		allowed := sets.New(want...)
+		free := 0
+		for _, d := range fn.Devices {
+			if r, has := rails[d.Key()]; d.Driver == drv && has && allowed.Has(r) && !c.ledger.ForeignHeld(d.Key()) {
+				free++
+			}
+		}
+		if n := free / len(want); most < 0 || n < most {
+			most = n
+		}
+	}
+	return max(most, 0)
 }
 
 // plannedRailKeys plans copies of the representative pod on the node, one
