@@ -39,11 +39,10 @@ func BenchmarkGangDecisionRails(b *testing.B) {
 }
 
 func benchGangRails(b *testing.B, nodes, pods int, aligned bool) {
-	t := &testing.T{}
 	objs := objs(classes(), []runtime.Object{controllertest.NICDeviceClass()})
 	for i := range nodes {
 		name := fmt.Sprintf("n%04d", i)
-		node := nicNodeB(b, t, name)
+		node := nicNode(b, name, railNICs())
 		node[0].(*corev1.Node).Labels = map[string]string{corev1.LabelHostname: name, gang.LabelLeaf: fmt.Sprintf("leaf-%d", i/32)}
 		objs = append(objs, node...)
 	}
@@ -99,14 +98,4 @@ func benchGangRails(b *testing.B, nodes, pods int, aligned bool) {
 		}
 	}
 	b.StopTimer()
-}
-
-// nicNodeB is nicNode for benchmarks.
-func nicNodeB(b *testing.B, t *testing.T, name string) []runtime.Object {
-	b.Helper()
-	out := nicNode(t, name, railNICs())
-	if t.Failed() {
-		b.Fatal("building node", name)
-	}
-	return out
 }
