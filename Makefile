@@ -70,7 +70,7 @@ cluster-build: ## build etcd, Kubernetes 1.37 components and containerd into _ou
 	hack/cluster.sh build
 
 .PHONY: test-integration
-test-integration: cluster-build build helm ## integration and e2e tests on a real local control plane (the e2e test renders the chart with helm)
+test-integration: cluster-build build helm kueue ## integration and e2e tests on a real local control plane (the e2e test renders the chart with helm; the Kueue e2e test runs _output/bin/kueue)
 	$(GO) test -count=1 -p 1 -timeout 40m -tags integration,e2e $(INTEGRATION_PKGS)
 	# The gangs once more on a cluster without the Workload API: through
 	# gpulink's labels instead of PodGroups.
@@ -79,6 +79,10 @@ test-integration: cluster-build build helm ## integration and e2e tests on a rea
 .PHONY: helm
 helm: ## build _output/bin/helm (from hack/tools/helm) if missing or outdated
 	hack/helm.sh --build
+
+.PHONY: kueue
+kueue: ## build _output/bin/kueue (Kueue v0.17's manager, from hack/tools/kueue) if missing or outdated, for test/e2e/kueue_*_test.go
+	hack/kueue.sh
 
 .PHONY: prometheus
 prometheus: ## build _output/bin/prometheus (Prometheus 3.16, from hack/tools/prometheus) if missing or outdated

@@ -17,7 +17,9 @@
 // # Inputs and outputs
 //
 // In: pods held behind the scheduling gate driver.SchedulingGate (the
-// chart's admission policy adds it to pods with resource claims), their
+// chart's admission policy adds it to pods with resource claims; a pod
+// that another controller's gate still holds, Kueue's admission gate say,
+// waits until that gate is gone: othergates.go), their
 // claims, DeviceClasses, the kubelet plugins' slices, Nodes and the pods
 // already on them (for node fit). A request is gpulink's when its class
 // selects gpulink devices; a share when its class has SharingLabel or it

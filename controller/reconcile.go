@@ -32,6 +32,9 @@ type podClaims struct {
 	notReady string
 	// missingClass is set when notReady is a DeviceClass that does not exist.
 	missingClass bool
+	// heldByGate is set when notReady is another controller's scheduling
+	// gate (othergates.go).
+	heldByGate bool
 	// broken is a claim gpulink cannot allocate exactly.
 	broken error
 }
@@ -91,6 +94,9 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 		logger.V(4).Info("Pod not ready for allocation", "reason", pc.notReady)
 		if pc.missingClass {
 			c.explain.event(pod, nil, corev1.EventTypeWarning, report.ReasonWaiting, actionWait, "waiting: "+pc.notReady)
+		}
+		if pc.heldByGate {
+			c.explain.event(pod, nil, corev1.EventTypeNormal, report.ReasonWaiting, actionWait, "waiting: "+pc.notReady)
 		}
 		return nil
 	}
@@ -229,6 +235,9 @@ func (c *Controller) collectClaims(ctx context.Context, pod *corev1.Pod) podClai
 		case kind == planner.ClaimOurs:
 			pc.ours = append(pc.ours, ic)
 		}
+	}
+	if held := heldByOtherGate(pod, pc); held != "" {
+		pc.notReady, pc.heldByGate = held, true
 	}
 	return pc
 }

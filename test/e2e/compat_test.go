@@ -194,6 +194,20 @@ func setupCompat(ctx context.Context, t *testing.T, o setupOptions) *suite {
 	t.Helper()
 	port := localcluster.FreePort(t)
 	chart := renderCompat(ctx, t, port)
+	o.controllerArgs = append(o.controllerArgs, compatControllerArgs(t, chart, port)...)
+	s := setupOpts(ctx, t, o)
+	if _, err := s.client.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(ctx, &chart.webhook, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitWebhook(ctx, t, s)
+	return s
+}
+
+// compatControllerArgs writes the chart's certificate and compat
+// ConfigMap for a controller process and returns its flags to serve the
+// translation webhook on 127.0.0.1:port with them.
+func compatControllerArgs(t *testing.T, chart *compatChart, port int) []string {
+	t.Helper()
 	files := t.TempDir()
 	for name, data := range map[string][]byte{
 		"tls.crt":     chart.secret.Data["tls.crt"],
@@ -210,18 +224,12 @@ func setupCompat(ctx context.Context, t *testing.T, o setupOptions) *suite {
 	if ca := chart.webhook.Webhooks[0].ClientConfig.CABundle; !bytes.Equal(ca, chart.secret.Data["ca.crt"]) {
 		t.Fatalf("webhook caBundle %q is not the Secret's ca.crt", base64.StdEncoding.EncodeToString(ca))
 	}
-	o.controllerArgs = append(o.controllerArgs,
+	return []string{
 		fmt.Sprintf("--webhook-address=127.0.0.1:%d", port),
-		"--webhook-cert-dir="+files,
-		"--compat-config="+filepath.Join(files, "compat.yaml"),
+		"--webhook-cert-dir=" + files,
+		"--compat-config=" + filepath.Join(files, "compat.yaml"),
 		"--compat-template-grace=10s",
-	)
-	s := setupOpts(ctx, t, o)
-	if _, err := s.client.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(ctx, &chart.webhook, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
 	}
-	waitWebhook(ctx, t, s)
-	return s
 }
 
 // hamiShareClass switches the share class to HAMi-core. The controller
