@@ -95,7 +95,10 @@
 // informers' event handlers. gang.go, gang_decide.go, gang_write.go,
 // gang_reserve.go: gangs (pods of a PodGroup or gang label,
 // controller/gangs) placed all or nothing with driver/gang, their
-// recovery after a restart and the starvation policy. reconcile.go: one
+// recovery after a restart and the starvation policy; gang_clique.go,
+// gang_computedomain.go, gang_rails.go: the clique level from the GPUs'
+// published clique, ComputeDomain gangs kept in one clique, NIC rails
+// aligned across a gang's pods. reconcile.go: one
 // pod from the queue to its writes (syncPod), asking
 // planner.Planner.Decide for the node and devices under the decision
 // lock. write.go, status.go, gate.go, rollback.go: the writes and their

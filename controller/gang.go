@@ -48,6 +48,11 @@ type GangConfig struct {
 	// placed or gone; one gang at a time, the longest waiting
 	// (gang_reserve.go). 0: gangs never reserve.
 	StarvationBound time.Duration
+	// RailAttribute is the fully qualified attribute (domain/name) of
+	// other drivers' devices that names a NIC's rail, for gangs with
+	// aligned rails (gang_rails.go); empty: a NIC's position among its
+	// driver's devices of the node in natural name order.
+	RailAttribute string
 }
 
 // gangRuns serializes the work on each gang: one worker evaluates and
@@ -323,6 +328,11 @@ func (c *Controller) evaluateGang(ctx context.Context, key string, pod *corev1.P
 		// A PodGroup with the basic policy: its pods are placed one by one.
 		return c.syncSingle(ctx, key, pod, nil)
 	}
+	if spec, err = c.computeDomainSpec(spec, members); err != nil {
+		c.gangEvent(members, corev1.EventTypeWarning, report.ReasonGangWaiting, actionWait, "waiting: "+err.Error())
+		c.setGangWaiting(members, true)
+		return nil
+	}
 	for _, m := range members {
 		for _, ic := range m.pc.ours {
 			if c.ledger.InFlight(ic.Claim.UID) {
@@ -410,7 +420,7 @@ func (c *Controller) gangDomain(spec gangs.Spec, members []*gangMember) []string
 		if err != nil || key == "" {
 			return nil
 		}
-		v := n.Labels[key]
+		v := c.nodeDomain(n, key)
 		if v == "" || (value != "" && v != value) {
 			return nil
 		}
@@ -421,7 +431,7 @@ func (c *Controller) gangDomain(spec gangs.Spec, members []*gangMember) []string
 	}
 	var out []string
 	for _, n := range c.inv.All() {
-		if node, err := c.nodes.Get(n.Node); err == nil && node.Labels[key] == value {
+		if node, err := c.nodes.Get(n.Node); err == nil && c.nodeDomain(node, key) == value {
 			out = append(out, n.Node)
 		}
 	}

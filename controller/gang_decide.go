@@ -53,7 +53,7 @@ type gangPodWrite struct {
 func (c *Controller) decideGang(ctx context.Context, spec gangs.Spec, members, ready []*gangMember, need int) error {
 	logger := klog.FromContext(ctx)
 	start := time.Now()
-	rep := ready[0]
+	rep := gangRepresentative(ready)
 	own, err := planner.PodPlacement(rep.pod, rep.pending)
 	if err == nil {
 		err = planner.MIGMixError(rep.pending)
@@ -86,6 +86,9 @@ func (c *Controller) decideGang(ctx context.Context, spec gangs.Spec, members, r
 	c.gangDemand.record(spec.Key(), need, gpus)
 	req.Demand = c.gangDemand.shapes()
 	nodes, rej := c.gangCandidates(ctx, spec, rep, own, len(ready))
+	if spec.AlignRails {
+		req.AlignRails = c.railSlots(ctx, rep, own, nodes)
+	}
 	placement, perr := gang.Place(c.hierarchy, req, nodes)
 	var dec *gangDecision
 	if perr == nil {
@@ -94,7 +97,7 @@ func (c *Controller) decideGang(ctx context.Context, spec gangs.Spec, members, r
 	if perr != nil {
 		c.decideMu.Unlock()
 		c.metrics.Decisions.WithLabelValues(OutcomeWaiting).Inc()
-		msg := "waiting: " + perr.Error()
+		msg := "waiting: " + perr.Error() + gangWaitNote(spec, req)
 		if rej != "" {
 			msg += " (" + rej + ")"
 		}
@@ -121,6 +124,9 @@ func (c *Controller) decideGang(ctx context.Context, spec gangs.Spec, members, r
 	where := fmt.Sprintf("level %s", p.LevelName)
 	if p.Domain != "" {
 		where += " " + p.Domain
+	}
+	if p.Alignment != "" {
+		where += ", NIC rails " + p.Alignment
 	}
 	logger.Info("Placed gang", "pods", len(dec.pods), "level", p.LevelName, "domain", p.Domain, "relaxed", p.Relaxed, "duration", time.Since(start))
 	for _, pw := range dec.pods {
@@ -157,7 +163,7 @@ func (c *Controller) gangCandidates(ctx context.Context, spec gangs.Spec, rep *g
 		}
 		slots := c.trialSlots(ctx, rep, own, n.Node, maxPods)
 		free, total := c.planner.GPUCounts(n.Node)
-		out = append(out, gang.Node{Name: n.Node, Domains: c.hierarchy.Domains(node.Labels), Slots: slots, FreeGPUs: free, TotalGPUs: total})
+		out = append(out, gang.Node{Name: n.Node, Domains: c.nodeDomains(node, n), Slots: slots, FreeGPUs: free, TotalGPUs: total})
 	}
 	summary := ""
 	if rej != nil && len(cands) < len(all) {
@@ -246,7 +252,9 @@ func (c *Controller) assumeGang(ctx context.Context, spec gangs.Spec, ready []*g
 		if err != nil {
 			pol = own
 		}
+		release := c.holdOffRails(node, p.Alignment)
 		d := c.planner.Decide(ctx, planner.Request{Pod: m.pod, Pending: m.pending, Allocated: m.allocatedClaims(), Placement: pol, Only: node})
+		release()
 		if d.Chosen == nil {
 			undo()
 			return nil, fmt.Errorf("%s: pod %s does not fit on node %s where the gang's placement put it (%s); the gang's pods are planned by the first one's claims, so give them alike claims",

@@ -86,7 +86,7 @@ type harness struct {
 const ns = "default"
 
 // fixtureTopology parses a topology file from driver/topology/testdata.
-func fixtureTopology(t *testing.T, name string) *topology.Topology {
+func fixtureTopology(t testing.TB, name string) *topology.Topology {
 	t.Helper()
 	topo, err := topology.ParseFile("../driver/topology/testdata/" + name)
 	if err != nil {

@@ -16,7 +16,7 @@ import (
 
 // nicNode is a pcie-switch-8 node with PCIe roots (one per PIX pair: 00,
 // 20, 80, a0) and the test NIC driver's slice.
-func nicNode(t *testing.T, name string, nics []controllertest.NIC) []runtime.Object {
+func nicNode(t testing.TB, name string, nics []controllertest.NIC) []runtime.Object {
 	t.Helper()
 	topo, err := controllertest.WithPCIeRoots(fixtureTopology(t, "pcie-switch-8.txt"),
 		[]string{"pci0000:00", "pci0000:00", "pci0000:20", "pci0000:20", "pci0000:80", "pci0000:80", "pci0000:a0", "pci0000:a0"})

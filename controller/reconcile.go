@@ -172,6 +172,11 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 		}
 		return c.checkUnschedulable(ctx, pod, pc)
 	}
+	if ref, ok := c.gangOf(pod); ok {
+		// Ungated, its allocation refused by kube-scheduler: placed
+		// again within its gang's domain (gang_replace.go).
+		return c.replaceGangPod(ctx, key, pod, ref, pc, pending)
+	}
 	return c.allocatePod(ctx, key, pod, pc, pending)
 }
 

@@ -59,6 +59,12 @@ const (
 	AttrDriverVersion         = "driverVersion"         // version
 	AttrNUMANode              = "numaNode"              // int
 	AttrNVLinkIsland          = "nvlinkIsland"          // int
+	// AttrCliqueID is the GPU's multi-node NVLink clique (GB200/GB300
+	// NVL72): "<cluster UUID>.<clique ID>", the value GPU Feature
+	// Discovery gives the node label nvidia.com/gpu.clique. Published
+	// only when NVML reports the GPU's fabric registration completed
+	// successfully; absent on GPUs without a multi-node NVLink fabric.
+	AttrCliqueID = "cliqueID" // string
 	// AttrLinks carries the GPU's row of the node's link matrix; see
 	// topology.EncodeLinkRow for the format.
 	AttrLinks = "links" // string

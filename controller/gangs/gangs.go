@@ -127,6 +127,9 @@ type Spec struct {
 	// GroupClaims are the names of the PodGroup's own ResourceClaims
 	// (spec.resourceClaims, KEP-5729), shared by all its pods.
 	GroupClaims []string
+	// AlignRails: the pods' NICs share rail indices across nodes
+	// (LabelRails, rails.go).
+	AlignRails bool
 }
 
 // RefOf returns the gang a pod names, if any: its PodGroup first, else
@@ -233,6 +236,9 @@ func FromLabels(ref Ref, pod *corev1.Pod) (Spec, error) {
 	if err := s.levelFromPod(pod); err != nil {
 		return Spec{}, err
 	}
+	if err := s.railsFrom(pod, nil); err != nil {
+		return Spec{}, err
+	}
 	return s, nil
 }
 
@@ -267,6 +273,9 @@ func FromPodGroup(ref Ref, pg *schedulingv1beta1.PodGroup, pod *corev1.Pod) (s S
 			return Spec{}, false, fmt.Errorf("pod %s/%s: %s=Preferred cannot relax PodGroup %s's schedulingConstraints.topology key %s, which kube-scheduler enforces; drop the PodGroup's topology constraint and set %s on the pods instead",
 				pod.Namespace, pod.Name, LabelPolicy, pg.Name, pgLevel, LabelLevel)
 		}
+	}
+	if err := s.railsFrom(pod, pg); err != nil {
+		return Spec{}, false, err
 	}
 	return s, true, nil
 }

@@ -73,6 +73,12 @@ func (ip *Interpreter) foreignRequest(s subRequest, class *resourceapi.DeviceCla
 		return nil, field.Invalid(s.path.Child("deviceClassName"), class.Name,
 			"the DeviceClass has no selectors, so it selects every driver's devices; in a claim with gpulink devices, other drivers' devices need a class that selects them by CEL")
 	}
+	if kind := ip.cel.ComputeDomainClass(class); kind != "" {
+		// A ComputeDomain's devices come with its own claim and config,
+		// which kube-scheduler and NVIDIA's driver allocate and prepare.
+		return nil, field.Forbidden(s.path.Child("deviceClassName"), fmt.Sprintf("DeviceClass %s selects ComputeDomain %s devices (driver %s), which gpulink never allocates; claim the channel in a claim of its own (the ComputeDomain's resourceClaimTemplate) next to the claim of gpulink devices",
+			class.Name, kind, ComputeDomainDriver))
+	}
 	if s.adminAccess != nil && *s.adminAccess {
 		return nil, field.Forbidden(s.path.Child("adminAccess"), fmt.Sprintf("gpulink does not allocate admin access to other drivers' devices (DeviceClass %s); ask for them in a claim of their own", class.Name))
 	}

@@ -41,6 +41,10 @@ const (
 	// ReasonGangReserved is recorded on the pods of a gang that waited
 	// longer than the starvation bound and now reserves a domain.
 	ReasonGangReserved = "GangReservedDomain"
+	// ReasonGangPodReplaced is recorded on a pod of a gang that
+	// kube-scheduler refused after it was ungated, when the controller
+	// places it again on its own within its gang's domain.
+	ReasonGangPodReplaced = "GangPodReplaced"
 	// ReasonSelectorsCostly is recorded on a pod whose claims' CEL
 	// selectors took longer than one attempt may spend evaluating them
 	// on the cluster's devices (outside the decision lock); the evaluation

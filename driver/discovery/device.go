@@ -83,6 +83,9 @@ func (d *nvmlDiscoverer) readGPU(handleIndex int, h nvml.Device) (topology.GPU, 
 	if g.CPUAffinity, err = d.sys.cpuAffinity(busID); err != nil {
 		return g, fmt.Errorf("GPU %d: %w", i, err)
 	}
+	if g.Clique, err = readClique(i, h); err != nil {
+		return g, err
+	}
 	return g, nil
 }
 

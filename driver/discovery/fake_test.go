@@ -100,6 +100,10 @@ func fakeDevice(i int, g fakeGPU) *mock.Device {
 		},
 		GetPciInfoFunc:    func() (nvml.PciInfo, nvml.Return) { return pciInfo(g.busID), nvml.SUCCESS },
 		GetNumaNodeIdFunc: func() (int, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED },
+		// An RTX A6000 has no NVLink fabric.
+		GetGpuFabricInfoFunc: func() (nvml.GpuFabricInfo, nvml.Return) {
+			return nvml.GpuFabricInfo{}, nvml.ERROR_NOT_SUPPORTED
+		},
 		// An RTX A6000 cannot do MIG.
 		GetMigModeFunc: func() (int, int, nvml.Return) { return 0, 0, nvml.ERROR_NOT_SUPPORTED },
 		GetNvLinkStateFunc: func(l int) (nvml.EnableState, nvml.Return) {

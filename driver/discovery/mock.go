@@ -52,6 +52,14 @@ func NewMockWith(name string, o MockOptions) (Discoverer, error) {
 	if err := createMockMIG(s, o.MIG); err != nil {
 		return nil, fmt.Errorf("mock server %q: %w", name, err)
 	}
+	if o.Fabric != nil {
+		info := *o.Fabric
+		for _, d := range s.Devices {
+			if dev, ok := d.(*server.Device); ok {
+				dev.GetGpuFabricInfoFunc = func() (nvml.GpuFabricInfo, nvml.Return) { return info, nvml.SUCCESS }
+			}
+		}
+	}
 	d := newNVML(s, m.sysfs())
 	d.proc = mockProc(len(s.Devices))
 	return d, nil
@@ -161,6 +169,14 @@ func (m mockMachine) installDevice(p int, dev *server.Device, addr pciAddress, s
 		// leaves the answer to sysfs.
 		dev.GetNumaNodeIdFunc = func() (int, nvml.Return) {
 			return 0, nvml.ERROR_NOT_SUPPORTED
+		}
+	}
+	if dev.GetGpuFabricInfoFunc == nil {
+		// A DGX's NVSwitches are inside the box: no multi-node NVLink
+		// fabric, which NVML reports as not supported
+		// (MockOptions.Fabric simulates one).
+		dev.GetGpuFabricInfoFunc = func() (nvml.GpuFabricInfo, nvml.Return) {
+			return nvml.GpuFabricInfo{}, nvml.ERROR_NOT_SUPPORTED
 		}
 	}
 }

@@ -23,6 +23,11 @@ type MockOptions struct {
 	// free placement with one compute instance: the whole GPU instance,
 	// or <n> of its slices for a name "<n>c.<GPU instance profile>".
 	MIG map[int][]string
+	// Fabric, when set, is the NVLink fabric info every GPU reports
+	// (GetGpuFabricInfo), as the GPUs of a GB200 NVL72 tray do: a
+	// completed registration puts them in its cluster's clique. Nil: no
+	// fabric (ERROR_NOT_SUPPORTED), as a DGX reports.
+	Fabric *nvml.GpuFabricInfo
 }
 
 // ParseMockMIG parses the --mock-mig flag: GPUs separated by ";", each

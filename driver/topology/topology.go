@@ -30,6 +30,12 @@ type GPU struct {
 	PCIeRoot    string `json:"pcieRoot,omitempty"`
 	NUMANode    int    `json:"numaNode"`
 	CPUAffinity string `json:"cpuAffinity,omitempty"`
+	// Clique is the GPU's multi-node NVLink clique (GB200/GB300 NVL72
+	// racks), "<cluster UUID>.<clique ID>" as NVML's fabric info gives it
+	// once the fabric manager has registered the GPU; empty for GPUs
+	// without an NVLink fabric or not registered (yet). GPUs of one
+	// clique on different nodes reach each other over NVLink.
+	Clique string `json:"clique,omitempty"`
 	// MIG is the GPU's MIG state; nil when the GPU (or the source) knows
 	// no MIG. A GPU with MIG.Enabled is given out as its MIG devices
 	// only, never whole or in shares.

@@ -111,7 +111,7 @@ func runInspect(cmd *cobra.Command, o *inspectOptions, newClient clientFactory) 
 	if err != nil {
 		return apiError("list ResourceClaims in all namespaces", server, err)
 	}
-	gs, err := listGangs(ctx, client, claims, o.gangHierarchy)
+	gs, err := listGangs(ctx, client, published, claims, o.gangHierarchy)
 	if err != nil {
 		if !apierrors.IsForbidden(err) {
 			return apiError("list pods and nodes for the gangs", server, err)

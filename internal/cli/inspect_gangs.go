@@ -19,8 +19,9 @@ import (
 
 // listGangs reads the pods and nodes of the cluster and returns each
 // gang's pods, placement and the level it spans in the hierarchy of keys
-// (the controller's --gang-hierarchy).
-func listGangs(ctx context.Context, client kubernetes.Interface, claims []*resourceapi.ResourceClaim, keys []string) ([]report.Gang, error) {
+// (the controller's --gang-hierarchy); a node without the NVLink clique
+// label is in the clique its published slices name, as for the controller.
+func listGangs(ctx context.Context, client kubernetes.Interface, published []*resourceapi.ResourceSlice, claims []*resourceapi.ResourceClaim, keys []string) ([]report.Gang, error) {
 	h, err := gang.NewHierarchyFromKeys(keys)
 	if err != nil {
 		return nil, fmt.Errorf("--gang-hierarchy: %w", err)
@@ -46,7 +47,7 @@ func listGangs(ctx context.Context, client kubernetes.Interface, claims []*resou
 	if err != nil {
 		return nil, err
 	}
-	return report.Gangs(pods, claims, labels, h, lookup), nil
+	return report.Gangs(pods, claims, report.WithPublishedCliques(labels, published), h, lookup), nil
 }
 
 // listPodGroups reads the cluster's PodGroups, so that pods in a PodGroup

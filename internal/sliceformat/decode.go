@@ -305,6 +305,7 @@ func topologyGPU(dev *resourceapi.Device, index int) topology.GPU {
 		DriverVersion:         str(driver.AttrDriverVersion),
 		PCIBusID:              str(driver.AttrPCIBusID),
 		PCIeRoot:              str(driver.AttrPCIeRoot),
+		Clique:                str(driver.AttrCliqueID),
 		NUMANode:              -1,
 	}
 	if a, ok := Attribute(dev, driver.AttrMinor); ok && a.IntValue != nil {

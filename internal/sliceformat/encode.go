@@ -216,6 +216,9 @@ func identityAttributes(logger klog.Logger, g topology.GPU, opts Options) (map[r
 	setString(driver.AttrUUID, g.UUID)
 	setString(driver.AttrProductName, g.ProductName)
 	setString(driver.AttrArchitecture, g.Architecture)
+	// A MIG device is in its GPU's clique: the clique is a property of
+	// the physical GPU's NVLinks.
+	setString(driver.AttrCliqueID, g.Clique)
 	for _, v := range []struct{ name, value string }{
 		{driver.AttrCUDAComputeCapability, g.CUDAComputeCapability},
 		{driver.AttrDriverVersion, g.DriverVersion},

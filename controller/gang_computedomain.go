@@ -1,0 +1,101 @@
+package controller
+
+import (
+	"fmt"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+
+	"github.com/gpulink/gpulink/controller/gangs"
+	"github.com/gpulink/gpulink/driver/gang"
+)
+
+// Gangs with ComputeDomains.
+//
+// A pod that claims a channel of an NVIDIA ComputeDomain (a claim whose
+// request's DeviceClass selects driver compute-domain.nvidia.com's
+// channel devices) shares GPU memory over multi-node NVLink with the
+// domain's other pods, through an IMEX domain that cannot span two NVLink
+// cliques. gpulink never allocates that claim (kube-scheduler does, and
+// NVIDIA's driver prepares it), but it places the pod's GPUs: a gang with
+// such a pod is kept in one clique, Required at the hierarchy's clique
+// level (gang.LabelClique), whatever level the gang names above it. A
+// gang that names a tighter Required level (one node) keeps it. A
+// hierarchy without the clique level cannot honour this: the gang waits
+// with an event saying so, rather than be spread over racks whose GPUs
+// cannot reach each other.
+
+// computeDomainChannel names the first claim of the member's pod that asks
+// for a ComputeDomain channel, and its DeviceClass; "" when none does.
+func (c *Controller) computeDomainChannel(m *gangMember) (claim, class string) {
+	for _, cl := range m.pc.all {
+		for _, name := range requestClasses(cl) {
+			dc, err := c.classes.Get(name)
+			if err != nil {
+				continue
+			}
+			if c.sel.ComputeDomainClass(dc) == "channel" {
+				return cl.Name, name
+			}
+		}
+	}
+	return "", ""
+}
+
+// requestClasses are the DeviceClasses a claim's requests name, the
+// alternatives of firstAvailable included.
+func requestClasses(cl *resourceapi.ResourceClaim) []string {
+	var out []string
+	for _, r := range cl.Spec.Devices.Requests {
+		if r.Exactly != nil {
+			out = append(out, r.Exactly.DeviceClassName)
+		}
+		for _, s := range r.FirstAvailable {
+			out = append(out, s.DeviceClassName)
+		}
+	}
+	return out
+}
+
+// computeDomainSpec returns the gang's spec kept within one NVLink clique
+// when one of its pods claims a ComputeDomain channel: Required at the
+// clique level unless it asks for a tighter Required level. The error
+// says why that cannot be done (no clique level in the hierarchy).
+func (c *Controller) computeDomainSpec(spec gangs.Spec, members []*gangMember) (gangs.Spec, error) {
+	var pod, claim, class string
+	for _, m := range members {
+		if claim, class = c.computeDomainChannel(m); claim != "" {
+			pod = m.pod.Name
+			break
+		}
+	}
+	if claim == "" {
+		return spec, nil
+	}
+	clique, ok := c.hierarchy.LevelOfKey(gang.LabelClique)
+	if !ok {
+		return spec, fmt.Errorf("%s: pod %s claims a ComputeDomain channel (claim %s, DeviceClass %s), whose pods must share one NVLink clique, but the controller's gang hierarchy (%v) has no %s level; add it to the chart's gangs.hierarchy",
+			spec.Ref, pod, claim, class, c.hierarchy.Keys(), gang.LabelClique)
+	}
+	if spec.Level != "" && spec.Policy == gangs.Required {
+		level, ok := c.hierarchy.LevelOfKey(spec.Level)
+		if !ok {
+			level, ok = c.hierarchy.LevelOfName(spec.Level)
+		}
+		if ok && level <= clique {
+			return spec, nil
+		}
+	}
+	spec.Level, spec.Policy = gang.LabelClique, gangs.Required
+	spec.Why = fmt.Sprintf("pod %s claims ComputeDomain channel %s (DeviceClass %s)", pod, claim, class)
+	return spec, nil
+}
+
+// computeDomainNote is what a waiting gang's event adds when its level
+// comes from a ComputeDomain ("" otherwise).
+func computeDomainNote(spec gangs.Spec) string {
+	if !strings.Contains(spec.Why, "ComputeDomain") {
+		return ""
+	}
+	return "; kept in one " + gang.LabelClique + " domain because " + spec.Why
+}

@@ -1,0 +1,332 @@
+package controller
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+
+	"github.com/gpulink/gpulink/controller/gangs"
+	"github.com/gpulink/gpulink/controller/planner"
+	"github.com/gpulink/gpulink/driver/gang"
+	"github.com/gpulink/gpulink/internal/sliceformat"
+)
+
+// NIC rail alignment across the pods of a gang (gangs.LabelRails).
+//
+// Each pod of a gang whose claims ask for GPUs and another driver's
+// devices (RDMA NICs next to the GPUs, usage.md) is planned with its own
+// alignment as any pod. On a rail-optimized network NIC k of every node
+// hangs off leaf switch (rail) k, and traffic between NICs of different
+// rails crosses the spine; a gang with gang-rails: aligned therefore gets
+// NICs of the same rails on every node. A NIC's rail is its position
+// among its driver's devices of the node's pool in natural name order
+// (mlx5_0, mlx5_1, ..., mlx5_10), or the value of an attribute the NIC
+// driver publishes (GangConfig.RailAttribute).
+//
+// driver/gang places such a gang per alignment key (gang.Request
+// AlignRails, gang.Node.AlignedSlots): for each node, how many of the
+// gang's pods fit when each uses the NICs of those rails. The controller
+// finds the keys worth trying by planning the gang's first pod on each
+// node (the rails the planner's own choice lands on),
+// keeps the maxRailKeys most common, and counts each node's slots under
+// each key with the node's other NICs held for the trial. The pods are
+// then planned on their nodes with the same NICs held off, so each gets
+// the rails of the chosen key. Devices a pod of the gang does not ask for
+// are never held off.
+
+// maxRailKeys bounds the alignment keys tried per gang decision: each
+// costs one planning per candidate node.
+const maxRailKeys = 8
+
+// railDiscoveryPods bounds the copies of the gang's first pod planned on
+// each node to find the rail keys worth trying: the planner's first
+// choices on the nodes, which differ where nodes differ in what is free,
+// give the common keys; planning every slot of every node cost 4 times an
+// unaligned decision (BenchmarkGangDecisionRails).
+const railDiscoveryPods = 1
+
+// railTrials numbers the ledger entries that hold NICs off for a trial.
+var railTrials atomic.Uint64
+
+// railsOn maps each foreign device of the node to its rail (absent: it
+// has none, when RailAttribute names an attribute it lacks or whose value
+// cannot be part of a key).
+func (c *Controller) railsOn(node string) map[planner.DeviceKey]string {
+	fn := c.inv.Foreign(node)
+	if fn == nil {
+		return nil
+	}
+	type pool struct{ driver, pool string }
+	byPool := map[pool][]*planner.ForeignDevice{}
+	for _, d := range fn.Devices {
+		k := pool{d.Driver, d.Pool}
+		byPool[k] = append(byPool[k], d)
+	}
+	out := make(map[planner.DeviceKey]string, len(fn.Devices))
+	for _, devs := range byPool {
+		devs = slices.Clone(devs)
+		slices.SortFunc(devs, func(a, b *planner.ForeignDevice) int { return naturalCompare(a.Name, b.Name) })
+		for i, d := range devs {
+			rail := strconv.Itoa(i)
+			if attr := c.gangCfg.RailAttribute; attr != "" {
+				rail = ""
+				if a, ok := sliceformat.Lookup(d.CEL.Attributes, d.Driver, resourceapi.FullyQualifiedName(attr)); ok {
+					switch {
+					case a.IntValue != nil:
+						rail = strconv.FormatInt(*a.IntValue, 10)
+					case a.StringValue != nil && !strings.ContainsAny(*a.StringValue, ",;="):
+						rail = *a.StringValue
+					}
+				}
+			}
+			if rail != "" {
+				out[d.Key()] = rail
+			}
+		}
+	}
+	return out
+}
+
+// railKey is the alignment key of a plan's other drivers' devices:
+// "driver=r1,r2" per driver, sorted, joined by ";". ok is false when the
+// plan takes none, or one without a rail.
+func railKey(plan *planner.Plan, claims int, rails map[planner.DeviceKey]string) (string, bool) {
+	byDriver := map[string][]string{}
+	for i := range claims {
+		for _, fr := range plan.ForeignResults(i) {
+			for _, d := range fr.Devices {
+				r, ok := rails[d.Key()]
+				if !ok {
+					return "", false
+				}
+				byDriver[d.Driver] = append(byDriver[d.Driver], r)
+			}
+		}
+	}
+	if len(byDriver) == 0 {
+		return "", false
+	}
+	parts := make([]string, 0, len(byDriver))
+	for drv, rs := range byDriver {
+		slices.SortFunc(rs, naturalCompare)
+		parts = append(parts, drv+"="+strings.Join(rs, ","))
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, ";"), true
+}
+
+// parseRailKey is railKey's inverse: the rails allowed per driver.
+func parseRailKey(key string) map[string]sets.Set[string] {
+	out := map[string]sets.Set[string]{}
+	for _, part := range strings.Split(key, ";") {
+		drv, rails, ok := strings.Cut(part, "=")
+		if !ok {
+			continue
+		}
+		out[drv] = sets.New(strings.Split(rails, ",")...)
+	}
+	return out
+}
+
+// holdOffRails holds, in the ledger, the node's devices of the key's
+// drivers that are not on its rails, so that a planning on the node can
+// only take devices of those rails; the returned function releases them.
+// Called under the decision lock.
+func (c *Controller) holdOffRails(node, key string) func() {
+	noop := func() {}
+	fn := c.inv.Foreign(node)
+	if key == "" || fn == nil {
+		return noop
+	}
+	allowed := parseRailKey(key)
+	rails := c.railsOn(node)
+	var uses []planner.DeviceUse
+	for _, d := range fn.Devices {
+		ok, used := allowed[d.Driver]
+		if !used {
+			continue
+		}
+		if r, has := rails[d.Key()]; has && ok.Has(r) {
+			continue
+		}
+		uses = append(uses, planner.DeviceUse{Key: d.Key(), Exclusive: true})
+	}
+	if len(uses) == 0 {
+		return noop
+	}
+	uid := types.UID(fmt.Sprintf("gang-rails/%s/%d", node, railTrials.Add(1)))
+	settle, ok := c.ledger.Assume(uid, uses)
+	if !ok {
+		return noop
+	}
+	return func() { settle("", false) }
+}
+
+// railSlots fills the candidate nodes' AlignedSlots for a gang with
+// aligned rails and tells whether alignment applies: false when the
+// representative pod's claims ask for no other driver's devices (there
+// is nothing to align). Called under the decision lock.
+func (c *Controller) railSlots(ctx context.Context, rep *gangMember, own planner.Placement, nodes []gang.Node) bool {
+	foreign := false
+	for _, ic := range rep.pending {
+		foreign = foreign || len(ic.Foreign) > 0
+	}
+	if !foreign {
+		return false
+	}
+	count := map[string]int{}
+	for i := range nodes {
+		if nodes[i].Slots == 0 {
+			continue
+		}
+		for _, k := range c.plannedRailKeys(ctx, rep, own, nodes[i].Name, min(nodes[i].Slots, railDiscoveryPods)) {
+			count[k]++
+		}
+	}
+	keys := make([]string, 0, len(count))
+	for k := range count {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b string) int { return cmp.Or(cmp.Compare(count[b], count[a]), cmp.Compare(a, b)) })
+	keys = keys[:min(len(keys), maxRailKeys)]
+	for i := range nodes {
+		if nodes[i].Slots == 0 {
+			continue
+		}
+		nodes[i].AlignedSlots = map[string]int{}
+		rails := c.railsOn(nodes[i].Name)
+		for _, k := range keys {
+			most := min(nodes[i].Slots, c.railCap(nodes[i].Name, k, rails))
+			if most == 0 {
+				continue
+			}
+			release := c.holdOffRails(nodes[i].Name, k)
+			s := c.trialSlots(ctx, rep, own, nodes[i].Name, most)
+			release()
+			if s > 0 {
+				nodes[i].AlignedSlots[k] = s
+			}
+		}
+	}
+	return true
+}
+
+// railCap bounds the pods the node can take under a rail key by its free
+// devices on the key's rails: a pod takes as many of each driver's devices
+// as the key lists. It spares the planning that would fail (the second
+// pod of a rail set on a node whose NICs are one per rail).
+func (c *Controller) railCap(node, key string, rails map[planner.DeviceKey]string) int {
+	fn := c.inv.Foreign(node)
+	if fn == nil {
+		return 0
+	}
+	most := -1
+	for _, part := range strings.Split(key, ";") {
+		drv, list, ok := strings.Cut(part, "=")
+		if !ok {
+			return 0
+		}
+		want := strings.Split(list, ",")
+		allowed := sets.New(want...)
+		free := 0
+		for _, d := range fn.Devices {
+			if r, has := rails[d.Key()]; d.Driver == drv && has && allowed.Has(r) && !c.ledger.ForeignHeld(d.Key()) {
+				free++
+			}
+		}
+		if n := free / len(want); most < 0 || n < most {
+			most = n
+		}
+	}
+	return max(most, 0)
+}
+
+// plannedRailKeys plans copies of the representative pod on the node, one
+// after the other as trialSlots does, and returns the rail key of each
+// plan: the alignments the planner's own choice offers there. Every trial
+// assumption is dropped before returning.
+func (c *Controller) plannedRailKeys(ctx context.Context, rep *gangMember, own planner.Placement, node string, maxPods int) []string {
+	var settles []func(string, bool)
+	var fakes []types.UID
+	defer func() {
+		for _, s := range settles {
+			s("", false)
+		}
+		for _, uid := range fakes {
+			c.fit.Unassume(uid)
+		}
+	}()
+	rails := c.railsOn(node)
+	now := metav1.Now()
+	allocated := rep.allocatedClaims()
+	var keys []string
+	for n := range maxPods {
+		trial := rep.pod.DeepCopy()
+		trial.UID = types.UID(fmt.Sprintf("gang-rails/%s/%d", rep.pod.UID, n))
+		d := c.planner.Decide(ctx, planner.Request{Pod: trial, Pending: rep.pending, Allocated: allocated, Placement: own, Only: node})
+		if d.Chosen == nil {
+			break
+		}
+		if k, ok := railKey(d.Chosen, len(rep.pending), rails); ok && !slices.Contains(keys, k) {
+			keys = append(keys, k)
+		}
+		for i, ic := range rep.pending {
+			_, uses := buildAllocation(ic, d.Chosen.Node, d.Chosen.Claims[i], d.Chosen.ForeignResults(i), now)
+			if settle, ok := c.ledger.Assume(types.UID(fmt.Sprintf("gang-rails/%s/%s/%d", ic.Claim.UID, node, n)), uses); ok {
+				settles = append(settles, settle)
+			}
+		}
+		c.fit.Assume(trial, node)
+		fakes = append(fakes, trial.UID)
+	}
+	return keys
+}
+
+// naturalCompare orders names with their digit runs as numbers:
+// nic-2 before nic-10.
+func naturalCompare(a, b string) int {
+	for a != "" && b != "" {
+		da, db := digitRun(a), digitRun(b)
+		if da > 0 && db > 0 {
+			na, nb := strings.TrimLeft(a[:da], "0"), strings.TrimLeft(b[:db], "0")
+			if c := cmp.Or(cmp.Compare(len(na), len(nb)), cmp.Compare(na, nb)); c != 0 {
+				return c
+			}
+			a, b = a[da:], b[db:]
+			continue
+		}
+		if a[0] != b[0] {
+			return cmp.Compare(a[0], b[0])
+		}
+		a, b = a[1:], b[1:]
+	}
+	return cmp.Compare(len(a), len(b))
+}
+
+func digitRun(s string) int {
+	n := 0
+	for n < len(s) && s[n] >= '0' && s[n] <= '9' {
+		n++
+	}
+	return n
+}
+
+// gangWaitNote is what a waiting gang's event adds to driver/gang's
+// reason: why its level is a clique (computeDomainNote) and that its pods
+// were counted per NIC rail.
+func gangWaitNote(spec gangs.Spec, req gang.Request) string {
+	note := computeDomainNote(spec)
+	if req.AlignRails {
+		note += "; pods counted per NIC rail (" + gangs.LabelRails + ": " + gangs.RailsAligned + "): at most one pod of the gang per node and rail set unless NICs share a rail"
+	}
+	return note
+}

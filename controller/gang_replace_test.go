@@ -1,0 +1,66 @@
+package controller
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/gpulink/gpulink/controller/gangs"
+	"github.com/gpulink/gpulink/controller/report"
+	"github.com/gpulink/gpulink/driver/gang"
+)
+
+// TestGangPodRefusedAfterUngating: kube-scheduler binds one pod of a gang
+// Required in one leaf and refuses the other, deallocating its claim. The
+// refused pod is placed again on its own within the leaf its bound pod
+// runs in (the free node of leaf l1), not on the other leaf's half-free
+// node, which alone it fits tighter, with an event saying so; the bound
+// pod is not touched.
+func TestGangPodRefusedAfterUngating(t *testing.T) {
+	big := gpuNode(t, "d", "pcie-switch-8.txt")
+	big[0].(*corev1.Node).Labels = map[string]string{corev1.LabelHostname: "d", gang.LabelLeaf: "l2"}
+	h := newHarness(t, objs(classes(), leafNode(t, "a", "l1"), leafNode(t, "b", "l1"), leafNode(t, "c", "l1"), []runtime.Object{big[0], big[1]})...).start()
+	// d keeps 4 of its 8 GPUs free: the tightest fit for a lone 4-GPU pod.
+	h.singletonOn("sd", "d", 4)
+
+	req := map[string]string{gangs.LabelLevel: "leaf"}
+	h.gangPod("r0", "run", 2, 4, req)
+	h.gangPod("r1", "run", 2, 4, req)
+	h.waitUngated("r0")
+	h.waitUngated("r1")
+	nodes := h.allocatedNodes("r0", "r1")
+	if nodes["r0"] == "d" || nodes["r1"] == "d" {
+		t.Fatalf("gang Required in one leaf on %v", nodes)
+	}
+	// kube-scheduler binds r0 and refuses r1 on its node: its DRA plugin
+	// deallocates r1's claim.
+	p := h.getPod("r0")
+	p.Spec.NodeName = nodes["r0"]
+	if _, err := h.client.CoreV1().Pods(ns).Update(h.ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c := h.getClaim("r1")
+	c.Status.ReservedFor, c.Status.Allocation = nil, nil
+	if _, err := h.client.ResourceV1().ResourceClaims(ns).UpdateStatus(h.ctx, c, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	free := ""
+	for _, n := range []string{"a", "b", "c"} {
+		if n != nodes["r0"] && n != nodes["r1"] {
+			free = n
+		}
+	}
+	h.eventually("r1 allocated again", func() bool { return allocatedNode(h.getClaim("r1")) != "" })
+	if got := allocatedNode(h.getClaim("r1")); got != free {
+		t.Errorf("refused gang pod placed again on %s, want %s (the free node of leaf l1; %s was refused)", got, free, nodes["r1"])
+	}
+	e := h.waitEvent(ns+"/r1", report.ReasonGangPodReplaced)
+	if !contains(e.Note, "within the leaf") || !contains(e.Note, "not moved") {
+		t.Errorf("event %q, want it to say the pod is placed again within the leaf", e.Note)
+	}
+	if got := allocatedNode(h.getClaim("r0")); got != nodes["r0"] {
+		t.Errorf("bound pod's claim moved from %s to %q", nodes["r0"], got)
+	}
+}
