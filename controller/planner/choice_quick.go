@@ -97,7 +97,6 @@ func quickChoice(ctx context.Context, sel *SelectorEvaluator, pol allocate.Polic
 			h.items = append(h.items, rankedNode{node: n, score: e.score})
 		}
 	}
-	scores.prune(nodes)
 	heap.Init(h)
 	for h.Len() > 0 {
 		n := heap.Pop(h).(rankedNode).node
@@ -370,6 +369,20 @@ func (s *shapeScores) put(n *NodeInventory, e *scoreEntry) {
 	s.mu.Lock()
 	s.byNode[n.Node] = e
 	s.mu.Unlock()
+}
+
+// prune drops, in every shape, the entries of nodes that are gone
+// (Planner.Decide, over the whole inventory: a decision restricted to some
+// nodes must not drop the others' scores).
+func (c *scoreCache) prune(nodes []*NodeInventory) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for e := c.shapes.order.Front(); e != nil; e = e.Next() {
+		e.Value.(*lruEntry[*shapeScores]).val.prune(nodes)
+	}
 }
 
 // prune drops the entries of nodes that are gone, once they could make up

@@ -1,7 +1,5 @@
 package planner
 
-import "github.com/gpulink/gpulink/driver/allocate"
-
 // WholeGPUs counts the whole GPUs a pod's pending claims ask for (each
 // request's first alternative; shares, MIG devices and allocationMode All
 // count none): the "× 8 GPUs" of a gang's messages and the weight of its
@@ -28,10 +26,5 @@ func (p *Planner) GPUCounts(node string) (free, total int) {
 	if n == nil {
 		return 0, 0
 	}
-	for _, u := range p.ledger.NodeUsage(n) {
-		if u == (allocate.GPUUsage{}) {
-			free++
-		}
-	}
-	return free, len(n.Devices)
+	return freeGPUs(p.ledger.NodeUsage(n)), len(n.Devices)
 }
