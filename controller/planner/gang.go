@@ -26,5 +26,5 @@ func (p *Planner) GPUCounts(node string) (free, total int) {
 	if n == nil {
 		return 0, 0
 	}
-	return freeGPUs(p.ledger.NodeUsage(n)), len(n.Devices)
+	return p.ledger.FreeGPUs(n), len(n.Devices)
 }

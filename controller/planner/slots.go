@@ -77,11 +77,9 @@ func (p *Planner) Slots(ctx context.Context, req SlotRequest) ([]NodeSlots, bool
 	perPod := WholeGPUs(req.Pending)
 	out := make([]NodeSlots, len(nodes))
 	for i, n := range nodes {
-		var usage []allocate.GPUUsage
 		free, ok := p.slots.free(n, gens[i])
 		if !ok {
-			usage = p.ledger.NodeUsage(n)
-			free = freeGPUs(usage)
+			free = p.ledger.FreeGPUs(n)
 			p.slots.setFree(n, gens[i], free)
 		}
 		out[i] = NodeSlots{FreeGPUs: free, TotalGPUs: len(n.Devices)}
@@ -96,10 +94,7 @@ func (p *Planner) Slots(ctx context.Context, req SlotRequest) ([]NodeSlots, bool
 		}
 		devices := shape.get(n, gens[i], pol, limit)
 		if devices < 0 {
-			if usage == nil {
-				usage = p.ledger.NodeUsage(n)
-			}
-			devices = deviceCopies(ctx, p.sel, pol, n, usage, req.Pending, limit)
+			devices = deviceCopies(ctx, p.sel, pol, n, p.ledger.NodeUsage(n), req.Pending, limit)
 			shape.put(n, slotEntry{node: n, gen: gens[i], pol: pol, count: devices, limit: limit})
 		}
 		out[i].Slots = devices
@@ -119,16 +114,7 @@ func (p *Planner) Slots(ctx context.Context, req SlotRequest) ([]NodeSlots, bool
 	return out, true
 }
 
-// freeGPUs counts the GPUs nothing uses, whole or in shares.
-func freeGPUs(usage []allocate.GPUUsage) int {
-	free := 0
-	for _, u := range usage {
-		if u == (allocate.GPUUsage{}) {
-			free++
-		}
-	}
-	return free
-}
+
 
 // slotsCountable tells whether Slots counts the pod's copies itself:
 // every alternative of every request is for whole GPUs (no shares, no MIG
@@ -151,9 +137,9 @@ func slotsCountable(pod *corev1.Pod, pending []*Claim) bool {
 
 // deviceCopies plans copies of the pending claims on the node one after
 // the other, each on the usage the ones before it leave, up to limit, and
-// returns how many fit.
+// returns how many fit. usage is the caller's copy (NodeUsage's): the
+// copies are marked in it.
 func deviceCopies(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, n *NodeInventory, usage []allocate.GPUUsage, pending []*Claim, limit int) int {
-	usage = append([]allocate.GPUUsage(nil), usage...)
 	count := 0
 	for count < limit {
 		plan, _ := planNode(ctx, sel, pol, n, usage, pending)
