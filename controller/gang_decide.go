@@ -175,7 +175,7 @@ func (c *Controller) gangCandidates(ctx context.Context, spec gangs.Spec, rep *g
 		}
 		out = append(out, gang.Node{Name: n.Node, Domains: c.gangDomains.of(c.hierarchy, node), Slots: s.Slots, FreeGPUs: s.FreeGPUs, TotalGPUs: s.TotalGPUs})
 	}
-	c.gangDomains.prune(all)
+	c.gangDomains.prune(objs)
 	summary := ""
 	if rej != nil && len(cands) < len(all) {
 		summary = fmt.Sprintf("%d of %d nodes turned down for the pods: %s", len(all)-len(cands), len(all), rej.Reasons())
@@ -188,24 +188,19 @@ func (c *Controller) gangCandidates(ctx context.Context, spec gangs.Spec, rep *g
 // its labels) rather than once per node and gang decision. Used under the
 // decision lock.
 type nodeDomains struct {
-	byNode map[string]nodeDomainsEntry
+	byNode map[*corev1.Node][]string
 }
 
-type nodeDomainsEntry struct {
-	node    *corev1.Node
-	domains []string
-}
-
-// prune forgets the nodes that are gone, once they could make up half of
-// the map (nodes: the nodes with gpulink devices now).
-func (d *nodeDomains) prune(nodes []*planner.NodeInventory) {
-	if len(d.byNode) <= 2*len(nodes)+64 {
+// prune forgets the Node objects no longer current, once they could make
+// up half of the map (objs: the current ones of this decision).
+func (d *nodeDomains) prune(objs []*corev1.Node) {
+	if len(d.byNode) <= 2*len(objs)+64 {
 		return
 	}
-	keep := make(map[string]nodeDomainsEntry, len(nodes))
-	for _, n := range nodes {
-		if e, ok := d.byNode[n.Node]; ok {
-			keep[n.Node] = e
+	keep := make(map[*corev1.Node][]string, len(objs))
+	for _, n := range objs {
+		if doms, ok := d.byNode[n]; ok {
+			keep[n] = doms
 		}
 	}
 	d.byNode = keep
@@ -214,14 +209,14 @@ func (d *nodeDomains) prune(nodes []*planner.NodeInventory) {
 // of returns the node's domains (gang.Hierarchy.Domains); they are shared,
 // read-only.
 func (d *nodeDomains) of(h *gang.Hierarchy, node *corev1.Node) []string {
-	if e, ok := d.byNode[node.Name]; ok && e.node == node {
-		return e.domains
+	if doms, ok := d.byNode[node]; ok {
+		return doms
 	}
 	if d.byNode == nil {
-		d.byNode = map[string]nodeDomainsEntry{}
+		d.byNode = map[*corev1.Node][]string{}
 	}
 	doms := h.Domains(node.Labels)
-	d.byNode[node.Name] = nodeDomainsEntry{node: node, domains: doms}
+	d.byNode[node] = doms
 	return doms
 }
 

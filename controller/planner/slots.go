@@ -77,10 +77,10 @@ func (p *Planner) Slots(ctx context.Context, req SlotRequest) ([]NodeSlots, bool
 	perPod := WholeGPUs(req.Pending)
 	out := make([]NodeSlots, len(nodes))
 	for i, n := range nodes {
-		free, ok := p.slots.free(n, gens[i])
+		free, ok := p.slots.freeAt(n, gens[i])
 		if !ok {
 			free = p.ledger.FreeGPUs(n)
-			p.slots.setFree(n, gens[i], free)
+			p.slots.free[n] = freeEntry{gen: gens[i], free: free}
 		}
 		out[i] = NodeSlots{FreeGPUs: free, TotalGPUs: len(n.Devices)}
 		limit := req.Max
@@ -95,7 +95,7 @@ func (p *Planner) Slots(ctx context.Context, req SlotRequest) ([]NodeSlots, bool
 		devices := shape.get(n, gens[i], pol, limit)
 		if devices < 0 {
 			devices = deviceCopies(ctx, p.sel, pol, n, p.ledger.NodeUsage(n), req.Pending, limit)
-			shape.put(n, slotEntry{node: n, gen: gens[i], pol: pol, count: devices, limit: limit})
+			shape.put(n, slotEntry{gen: gens[i], pol: pol, count: devices, limit: limit})
 		}
 		out[i].Slots = devices
 		if fc != nil && devices > 0 {
@@ -109,12 +109,12 @@ func (p *Planner) Slots(ctx context.Context, req SlotRequest) ([]NodeSlots, bool
 			out[i].Slots = fc.copies(node, devices, p.filter.mappedByDRA)
 		}
 	}
-	shape.prune(p.inv)
-	p.slots.pruneFree(p.inv)
+	if shape != nil {
+		shape.byNode = prune(shape.byNode, p.inv)
+	}
+	p.slots.free = prune(p.slots.free, p.inv)
 	return out, true
 }
-
-
 
 // slotsCountable tells whether Slots counts the pod's copies itself:
 // every alternative of every request is for whole GPUs (no shares, no MIG
@@ -163,65 +163,44 @@ func deviceCopies(ctx context.Context, sel *SelectorEvaluator, pol allocate.Poli
 // slotCache keeps each node's device count of copies per pod shape
 // between gang decisions, bounded to the shapes most recently asked for,
 // and each node's free GPUs, until the node's usage generation changes.
+// Keyed by inventory: a node whose devices change gets a new one.
 type slotCache struct {
 	shapes *lru[*slotShape]
-	byNode map[string]freeEntry
+	free   map[*NodeInventory]freeEntry
 }
 
 // freeEntry is a node's count of free GPUs at a usage generation.
 type freeEntry struct {
-	node *NodeInventory
 	gen  uint64
 	free int
 }
 
-func (c *slotCache) free(n *NodeInventory, gen uint64) (int, bool) {
-	e, ok := c.byNode[n.Node]
-	if !ok || e.node != n || e.gen != gen {
+func (c *slotCache) freeAt(n *NodeInventory, gen uint64) (int, bool) {
+	e, ok := c.free[n]
+	if !ok || e.gen != gen {
 		return 0, false
 	}
 	return e.free, true
 }
 
-func (c *slotCache) setFree(n *NodeInventory, gen uint64, free int) {
-	c.byNode[n.Node] = freeEntry{node: n, gen: gen, free: free}
-}
-
-// pruneFree drops the counts of nodes that are gone, once they could make
-// up half of the map.
-func (c *slotCache) pruneFree(inv *Inventory) {
-	if len(c.byNode) <= 2*inv.Len()+64 {
-		return
-	}
-	nodes := inv.All()
-	keep := make(map[string]freeEntry, len(nodes))
-	for _, n := range nodes {
-		if e, ok := c.byNode[n.Node]; ok && e.node == n {
-			keep[n.Node] = e
-		}
-	}
-	c.byNode = keep
-}
-
-// maxSlotShapes bounds the shapes whose counts are kept (about 60 bytes a
+// maxSlotShapes bounds the shapes whose counts are kept (about 80 bytes a
 // node each).
 const maxSlotShapes = 8
 
 func newSlotCache() *slotCache {
-	return &slotCache{shapes: newLRU[*slotShape](maxSlotShapes), byNode: map[string]freeEntry{}}
+	return &slotCache{shapes: newLRU[*slotShape](maxSlotShapes), free: map[*NodeInventory]freeEntry{}}
 }
 
-// slotShape is the device counts of one shape by node name; nil (for
-// shapes not kept) keeps nothing.
+// slotShape is the device counts of one shape by node; nil (for shapes
+// not kept) keeps nothing.
 type slotShape struct {
-	byNode map[string]slotEntry
+	byNode map[*NodeInventory]slotEntry
 }
 
-// slotEntry is a node's count, valid for its inventory and usage
-// generation, the policy, and counts up to limit (a count below the limit
-// at which it was computed is final).
+// slotEntry is a node's count, valid for its usage generation and the
+// policy, and for counts up to limit (a count below the limit at which
+// it was computed is final).
 type slotEntry struct {
-	node         *NodeInventory
 	gen          uint64
 	pol          allocate.Policy
 	count, limit int
@@ -243,7 +222,7 @@ func (p *Planner) slotShape(pending []*Claim) *slotShape {
 	key := fmt.Sprintf("%s\x03%d/%d", quickSignature(alt), alt.Count, alt.RequiredLink)
 	s, ok := p.slots.shapes.get(key)
 	if !ok {
-		s = &slotShape{byNode: map[string]slotEntry{}}
+		s = &slotShape{byNode: map[*NodeInventory]slotEntry{}}
 		p.slots.shapes.put(key, s)
 	}
 	return s
@@ -255,8 +234,8 @@ func (s *slotShape) get(n *NodeInventory, gen uint64, pol allocate.Policy, limit
 	if s == nil {
 		return -1
 	}
-	e, ok := s.byNode[n.Node]
-	if !ok || e.node != n || e.gen != gen || e.pol != pol {
+	e, ok := s.byNode[n]
+	if !ok || e.gen != gen || e.pol != pol {
 		return -1
 	}
 	switch {
@@ -271,22 +250,22 @@ func (s *slotShape) get(n *NodeInventory, gen uint64, pol allocate.Policy, limit
 
 func (s *slotShape) put(n *NodeInventory, e slotEntry) {
 	if s != nil {
-		s.byNode[n.Node] = e
+		s.byNode[n] = e
 	}
 }
 
-// prune drops the counts of nodes that are gone, once they could make up
-// half of the map.
-func (s *slotShape) prune(inv *Inventory) {
-	if s == nil || len(s.byNode) <= 2*inv.Len()+64 {
-		return
+// prune drops the entries of inventories no longer current (nodes gone or
+// republished), once they could make up half of the map.
+func prune[V any](m map[*NodeInventory]V, inv *Inventory) map[*NodeInventory]V {
+	if len(m) <= 2*inv.Len()+64 {
+		return m
 	}
 	nodes := inv.All()
-	keep := make(map[string]slotEntry, len(nodes))
+	keep := make(map[*NodeInventory]V, len(nodes))
 	for _, n := range nodes {
-		if e, ok := s.byNode[n.Node]; ok && e.node == n {
-			keep[n.Node] = e
+		if e, ok := m[n]; ok {
+			keep[n] = e
 		}
 	}
-	s.byNode = keep
+	return keep
 }
