@@ -425,47 +425,6 @@ func (fc *fitCheck) reject(node *corev1.Node, mappedByDRA func(corev1.ResourceNa
 	return ""
 }
 
-// copies counts how many copies of the pod fit the node's resources at
-// once, up to max: the first as reject counts it (the pod itself), each
-// further one under its own identity with the copies before it counted on
-// the node, as a gang's slots are counted (Planner.Slots). Resources
-// only: the callers count copies of pods without pod (anti-)affinity
-// terms, which the affinity checks see alike whatever the copies.
-func (fc *fitCheck) copies(node *corev1.Node, max int, mappedByDRA func(corev1.ResourceName) bool) int {
-	if max < 1 {
-		return 0
-	}
-	fc.t.mu.Lock()
-	defer fc.t.mu.Unlock()
-	var pods int
-	var requested demand
-	u := fc.t.Nodes[node.Name]
-	if u != nil {
-		pods, requested = u.pods, u.requested
-	}
-	firstPods, first := pods, requested
-	if u != nil {
-		if _, self := u.members[fc.uid]; self {
-			firstPods--
-			first = subtractDemand(requested, fc.t.pods[fc.uid].demand)
-		}
-	}
-	if fc.resourcesLocked(node, firstPods, first, mappedByDRA) != "" {
-		return 0
-	}
-	n := 1
-	for ; n < max; n++ {
-		with := make(demand, len(fc.demand))
-		for name, v := range fc.demand {
-			with[name] = requested[name] + int64(n)*v
-		}
-		if fc.resourcesLocked(node, pods+n, with, mappedByDRA) != "" {
-			break
-		}
-	}
-	return n
-}
-
 func subtractDemand(a, b demand) demand {
 	out := make(demand, len(a))
 	for k, v := range a {

@@ -1,5 +1,7 @@
 package planner
 
+import "github.com/gpulink/gpulink/driver/allocate"
+
 // WholeGPUs counts the whole GPUs a pod's pending claims ask for (each
 // request's first alternative; shares, MIG devices and allocationMode All
 // count none): the "× 8 GPUs" of a gang's messages and the weight of its
@@ -27,4 +29,18 @@ func (p *Planner) GPUCounts(node string) (free, total int) {
 		return 0, 0
 	}
 	return p.ledger.FreeGPUs(n), len(n.Devices)
+}
+
+// FreeGPUs counts a node's GPUs nothing uses (NodeUsage's zero usage),
+// without copying their usage.
+func (l *Ledger) FreeGPUs(n *NodeInventory) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	free := 0
+	for _, d := range n.Devices {
+		if t := l.usage[DeviceKey{Pool: n.Pool, Device: d.Name}]; t == nil || t.gpuUsage() == (allocate.GPUUsage{}) {
+			free++
+		}
+	}
+	return free
 }

@@ -364,20 +364,6 @@ func (l *Ledger) NodeUsage(n *NodeInventory) []allocate.GPUUsage {
 	return out
 }
 
-// FreeGPUs counts a node's GPUs nothing uses (NodeUsage's zero usage),
-// without copying their usage.
-func (l *Ledger) FreeGPUs(n *NodeInventory) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	free := 0
-	for _, d := range n.Devices {
-		if t := l.usage[DeviceKey{Pool: n.Pool, Device: d.Name}]; t == nil || t.gpuUsage() == (allocate.GPUUsage{}) {
-			free++
-		}
-	}
-	return free
-}
-
 // Generations sets out[i] to the usage generation of nodes[i]'s pool.
 // touch counts a change of what decisions rank a pool's node by besides
 // its device usage (its CPU and memory left, with ranking by stranding),
