@@ -271,13 +271,13 @@ func prune[V any](m map[*NodeInventory]V, inv *Inventory) map[*NodeInventory]V {
 }
 
 // copies counts how many copies of the pod fit the node's resources at
-// once, up to max: the first as reject counts it (the pod itself), each
+// once, up to limit: the first as reject counts it (the pod itself), each
 // further one under its own identity with the copies before it counted on
 // the node, as a gang's slots are counted (Planner.Slots). Resources
 // only: the callers count copies of pods without pod (anti-)affinity
 // terms, which the affinity checks see alike whatever the copies.
-func (fc *fitCheck) copies(node *corev1.Node, max int, mappedByDRA func(corev1.ResourceName) bool) int {
-	if max < 1 {
+func (fc *fitCheck) copies(node *corev1.Node, limit int, mappedByDRA func(corev1.ResourceName) bool) int {
+	if limit < 1 {
 		return 0
 	}
 	fc.t.mu.Lock()
@@ -299,7 +299,7 @@ func (fc *fitCheck) copies(node *corev1.Node, max int, mappedByDRA func(corev1.R
 		return 0
 	}
 	n := 1
-	for ; n < max; n++ {
+	for ; n < limit; n++ {
 		with := make(demand, len(fc.demand))
 		for name, v := range fc.demand {
 			with[name] = requested[name] + int64(n)*v
