@@ -147,8 +147,9 @@ type Controller struct {
 	podGroups schedulinglisters.PodGroupLister
 	gangRuns  gangRuns
 	reserve   reservations
-	// gangDemand is guarded by decideMu.
-	gangDemand gangDemand
+	// gangDemand and gangDomains are guarded by decideMu.
+	gangDemand  gangDemand
+	gangDomains nodeDomains
 	// decided are the pods whose decision this controller wrote or is
 	// writing, until they are deleted: users of their claims for the MPS
 	// user check before kube-scheduler reserves the claims for them

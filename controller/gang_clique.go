@@ -1,6 +1,8 @@
 package controller
 
 import (
+	"slices"
+
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/gpulink/gpulink/controller/planner"
@@ -24,10 +26,24 @@ import (
 // from its GPUs' published clique where the label is missing. inv is the
 // node's inventory (nil: none known).
 func (c *Controller) nodeDomains(node *corev1.Node, inv *planner.NodeInventory) []string {
-	d := c.hierarchy.Domains(node.Labels)
-	if level, ok := c.hierarchy.LevelOfKey(gang.LabelClique); ok && d[level-1] == "" && inv != nil {
-		d[level-1] = inv.Clique()
+	return c.withPublishedClique(c.hierarchy.Domains(node.Labels), inv)
+}
+
+// withPublishedClique fills the clique level of the node's domains d from
+// its GPUs' published clique where the label left it empty. d may be the
+// decision's shared, read-only copy (nodeDomains' cache), so it is cloned
+// before it is changed.
+func (c *Controller) withPublishedClique(d []string, inv *planner.NodeInventory) []string {
+	level, ok := c.hierarchy.LevelOfKey(gang.LabelClique)
+	if !ok || d[level-1] != "" || inv == nil {
+		return d
 	}
+	clique := inv.Clique()
+	if clique == "" {
+		return d
+	}
+	d = slices.Clone(d)
+	d[level-1] = clique
 	return d
 }
 

@@ -85,15 +85,7 @@ func (c *Controller) decideGang(ctx context.Context, spec gangs.Spec, members, r
 	}
 	c.gangDemand.record(spec.Key(), need, gpus)
 	req.Demand = c.gangDemand.shapes()
-	nodes, rej := c.gangCandidates(ctx, spec, rep, own, len(ready))
-	if spec.AlignRails {
-		req.AlignRails = c.railSlots(ctx, rep, own, nodes)
-	}
-	placement, perr := gang.Place(c.hierarchy, req, nodes)
-	var dec *gangDecision
-	if perr == nil {
-		dec, perr = c.assumeGang(ctx, spec, ready, own, placement)
-	}
+	dec, nodes, rej, perr := c.placeGang(ctx, spec, rep, ready, own, &req)
 	if perr != nil {
 		c.decideMu.Unlock()
 		c.metrics.Decisions.WithLabelValues(OutcomeWaiting).Inc()
@@ -148,28 +140,90 @@ func (c *Controller) decideGang(ctx context.Context, spec gangs.Spec, members, r
 	return errors.Join(errs...)
 }
 
+// placeGang is the part of a gang decision taken under the decision
+// lock: the candidate nodes with their slots, driver/gang's placement,
+// and every pod planned and assumed on its node (assumeGang). It returns
+// the candidates and the node filter's summary for the waiting message.
+func (c *Controller) placeGang(ctx context.Context, spec gangs.Spec, rep *gangMember, ready []*gangMember, own planner.Placement, req *gang.Request) (*gangDecision, []gang.Node, string, error) {
+	nodes, rej := c.gangCandidates(ctx, spec, rep, own, len(ready))
+	if spec.AlignRails {
+		req.AlignRails = c.railSlots(ctx, rep, own, nodes)
+	}
+	placement, err := gang.Place(c.hierarchy, *req, nodes)
+	if err != nil {
+		return nil, nodes, rej, err
+	}
+	dec, err := c.assumeGang(ctx, spec, ready, own, placement)
+	return dec, nodes, rej, err
+}
+
 // gangCandidates returns the nodes the gang's representative pod may run
 // on, with their slots: how many of the gang's pods fit there at once.
-// The second result summarizes the nodes the filter turned down.
+// The planner counts the slots of the usual pods itself (planner.Slots,
+// which keeps each node's count until the node changes); for the others
+// (MIG, other drivers' devices, shares, pod affinity) each node's copies
+// are tried one by one (trialSlots). The second result summarizes the
+// nodes the filter turned down.
 func (c *Controller) gangCandidates(ctx context.Context, spec gangs.Spec, rep *gangMember, own planner.Placement, maxPods int) ([]gang.Node, string) {
 	logger := klog.FromContext(ctx)
 	all := c.inv.All()
-	cands, rej := c.filter.Candidates(logger, rep.pod, all, rep.allocatedClaims(), nil)
+	cands, objs, rej := c.filter.CandidateNodes(logger, rep.pod, all, rep.allocatedClaims())
+	counted, ok := c.planner.Slots(ctx, planner.SlotRequest{Pod: rep.pod, Pending: rep.pending, Placement: own, Nodes: cands, Objects: objs, Max: maxPods})
 	out := make([]gang.Node, 0, len(cands))
-	for _, n := range cands {
-		node, err := c.nodes.Get(n.Node)
-		if err != nil {
-			continue
+	for i, n := range cands {
+		node := objs[i]
+		var s planner.NodeSlots
+		if ok {
+			s = counted[i]
+		} else {
+			s.Slots = c.trialSlots(ctx, rep, own, n.Node, maxPods)
+			s.FreeGPUs, s.TotalGPUs = c.planner.GPUCounts(n.Node)
 		}
-		slots := c.trialSlots(ctx, rep, own, n.Node, maxPods)
-		free, total := c.planner.GPUCounts(n.Node)
-		out = append(out, gang.Node{Name: n.Node, Domains: c.nodeDomains(node, n), Slots: slots, FreeGPUs: free, TotalGPUs: total})
+		out = append(out, gang.Node{Name: n.Node, Domains: c.withPublishedClique(c.gangDomains.of(c.hierarchy, node), n), Slots: s.Slots, FreeGPUs: s.FreeGPUs, TotalGPUs: s.TotalGPUs})
 	}
+	c.gangDomains.prune(objs)
 	summary := ""
 	if rej != nil && len(cands) < len(all) {
 		summary = fmt.Sprintf("%d of %d nodes turned down for the pods: %s", len(all)-len(cands), len(all), rej.Reasons())
 	}
 	return out, summary
+}
+
+// nodeDomains keeps each node's domains in the gang hierarchy, computed
+// once per Node object (the informer replaces the object on any change of
+// its labels) rather than once per node and gang decision. Used under the
+// decision lock.
+type nodeDomains struct {
+	byNode map[*corev1.Node][]string
+}
+
+// prune forgets the Node objects no longer current, once they could make
+// up half of the map (objs: the current ones of this decision).
+func (d *nodeDomains) prune(objs []*corev1.Node) {
+	if len(d.byNode) <= 2*len(objs)+64 {
+		return
+	}
+	keep := make(map[*corev1.Node][]string, len(objs))
+	for _, n := range objs {
+		if doms, ok := d.byNode[n]; ok {
+			keep[n] = doms
+		}
+	}
+	d.byNode = keep
+}
+
+// of returns the node's domains (gang.Hierarchy.Domains); they are shared,
+// read-only.
+func (d *nodeDomains) of(h *gang.Hierarchy, node *corev1.Node) []string {
+	if doms, ok := d.byNode[node]; ok {
+		return doms
+	}
+	if d.byNode == nil {
+		d.byNode = map[*corev1.Node][]string{}
+	}
+	doms := h.Domains(node.Labels)
+	d.byNode[node] = doms
+	return doms
 }
 
 // trialSlots counts how many copies of the representative pod fit on the
@@ -202,8 +256,11 @@ func (c *Controller) trialSlots(ctx context.Context, rep *gangMember, own planne
 	for slots < maxPods {
 		trial := rep.pod
 		if slots > 0 {
+			// Its own identity, not that of a copy assumed before it:
+			// the fit filter does not count the pod it decides on the
+			// node, so the copy would not count.
 			trial = rep.pod.DeepCopy()
-			trial.UID = types.UID(fmt.Sprintf("gang-trial/%s/%d", rep.pod.UID, slots))
+			trial.UID = types.UID(fmt.Sprintf("gang-trial/%s/next", rep.pod.UID))
 		}
 		d := c.planner.Decide(ctx, planner.Request{Pod: trial, Pending: rep.pending, Allocated: allocated, Placement: own, Only: node})
 		if d.Chosen == nil {
@@ -234,14 +291,7 @@ func (c *Controller) trialSlots(ctx context.Context, rep *gangMember, own planne
 // is dropped and the error says which pod.
 func (c *Controller) assumeGang(ctx context.Context, spec gangs.Spec, ready []*gangMember, own planner.Placement, p *gang.Placement) (*gangDecision, error) {
 	dec := &gangDecision{placement: p}
-	undo := func() {
-		for _, pw := range dec.pods {
-			for _, w := range pw.writes {
-				w.settle("", false)
-			}
-			c.fit.Unassume(pw.m.pod.UID)
-		}
-	}
+	undo := func() { c.dropGang(dec) }
 	now := metav1.Now()
 	for i, node := range p.Nodes {
 		if i >= len(ready) {
@@ -276,4 +326,14 @@ func (c *Controller) assumeGang(ctx context.Context, spec gangs.Spec, ready []*g
 		dec.pods = append(dec.pods, pw)
 	}
 	return dec, nil
+}
+
+// dropGang drops every assumption of a gang decision not written.
+func (c *Controller) dropGang(dec *gangDecision) {
+	for _, pw := range dec.pods {
+		for _, w := range pw.writes {
+			w.settle("", false)
+		}
+		c.fit.Unassume(pw.m.pod.UID)
+	}
 }

@@ -77,9 +77,6 @@ func boundChoice(ctx context.Context, sel *SelectorEvaluator, pol allocate.Polic
 			cands = append(cands, bounded{n, b})
 		}
 	}
-	for _, s := range shapes {
-		s.prune(nodes)
-	}
 	slices.SortFunc(cands, func(a, b bounded) int {
 		if c := a.bound.compare(b.bound, pol); c != 0 {
 			return -c

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 
 	"github.com/gpulink/gpulink/driver/allocate"
@@ -97,7 +96,6 @@ func quickChoice(ctx context.Context, sel *SelectorEvaluator, pol allocate.Polic
 			h.items = append(h.items, rankedNode{node: n, score: e.score})
 		}
 	}
-	scores.prune(nodes)
 	heap.Init(h)
 	for h.Len() > 0 {
 		n := heap.Pop(h).(rankedNode).node
@@ -302,91 +300,6 @@ type scoreEntry struct {
 	// free counts the node's GPUs nothing uses (whatever the request may
 	// use), as scorePlan counts them; shared those that hold shares only.
 	free, shared int
-}
-
-// scoreCache keeps node scores per request shape and policy, bounded to
-// the shapes most recently asked for.
-type scoreCache struct {
-	mu     sync.Mutex
-	shapes *lru[*shapeScores]
-}
-
-// maxCachedShapes bounds the request shapes whose scores are kept: a
-// shape costs about 100 bytes per node.
-const maxCachedShapes = 32
-
-func newScoreCache() *scoreCache {
-	return &scoreCache{shapes: newLRU[*shapeScores](maxCachedShapes)}
-}
-
-// entries counts the node scores the cache keeps.
-func (c *scoreCache) entries() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := 0
-	for e := c.shapes.order.Front(); e != nil; e = e.Next() {
-		s := e.Value.(*lruEntry[*shapeScores]).val
-		s.mu.Lock()
-		n += len(s.byNode)
-		s.mu.Unlock()
-	}
-	return n
-}
-
-// shape returns the scores kept for a shape; a nil cache keeps nothing.
-func (c *scoreCache) shape(key string, nodes int) *shapeScores {
-	if c == nil {
-		return &shapeScores{byNode: make(map[string]*scoreEntry, nodes)}
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	s, ok := c.shapes.get(key)
-	if !ok {
-		s = &shapeScores{byNode: make(map[string]*scoreEntry, nodes)}
-		c.shapes.put(key, s)
-	}
-	return s
-}
-
-// shapeScores are the scores of one shape by node name. Decisions are
-// serialized, so a shape's entries are used by one decision at a time; the
-// lock only guards against a test or caller that does not.
-type shapeScores struct {
-	mu     sync.Mutex
-	byNode map[string]*scoreEntry
-}
-
-func (s *shapeScores) get(n *NodeInventory, gen uint64, mix *allocate.SizeMix) *scoreEntry {
-	s.mu.Lock()
-	e := s.byNode[n.Node]
-	s.mu.Unlock()
-	if e == nil || e.node != n || e.gen != gen || (e.mix != nil && e.mix != mix) {
-		return nil
-	}
-	return e
-}
-
-func (s *shapeScores) put(n *NodeInventory, e *scoreEntry) {
-	s.mu.Lock()
-	s.byNode[n.Node] = e
-	s.mu.Unlock()
-}
-
-// prune drops the entries of nodes that are gone, once they could make up
-// half of the map.
-func (s *shapeScores) prune(nodes []*NodeInventory) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.byNode) <= 2*len(nodes)+64 {
-		return
-	}
-	keep := make(map[string]*scoreEntry, len(nodes))
-	for _, n := range nodes {
-		if e, ok := s.byNode[n.Node]; ok {
-			keep[n.Node] = e
-		}
-	}
-	s.byNode = keep
 }
 
 // mayFit is a cheap necessary condition for the alternative to fit on a

@@ -46,6 +46,9 @@ type Planner struct {
 	// scores keeps nodes' scores per request shape between decisions
 	// (quickChoice).
 	scores *scoreCache
+	// slots keeps nodes' counts of a gang's copies between decisions
+	// (Slots).
+	slots *slotCache
 }
 
 // New returns a Planner over the state in cfg.
@@ -62,7 +65,7 @@ func New(cfg Config) (*Planner, error) {
 		return nil, fmt.Errorf("planner config: %w", err)
 	}
 	return &Planner{policy: cfg.Policy, mix: mix, demand: demand, inv: cfg.Inventory, ledger: cfg.Ledger,
-		filter: cfg.Filter, sel: cfg.Selectors, scores: newScoreCache()}, nil
+		filter: cfg.Filter, sel: cfg.Selectors, scores: newScoreCache(), slots: newSlotCache()}, nil
 }
 
 // Request is one pod's decision to take.
@@ -115,12 +118,14 @@ type Decision struct {
 func (p *Planner) Decide(ctx context.Context, req Request) Decision {
 	logger := klog.FromContext(ctx)
 	pod, pending, allocated, excluded := req.Pod, req.Pending, req.Allocated, req.Excluded
-	all := p.inv.All()
+	var all []*NodeInventory
 	if req.Only != "" {
-		all = nil
+		// Not the whole inventory: a gang decides one node per pod.
 		if n := p.inv.Node(req.Only); n != nil {
 			all = []*NodeInventory{n}
 		}
+	} else {
+		all = p.inv.All()
 	}
 	if req.Within != nil {
 		all = slices.DeleteFunc(slices.Clone(all), func(n *NodeInventory) bool { return !slices.Contains(req.Within, n.Node) })
@@ -155,6 +160,9 @@ func (p *Planner) Decide(ctx context.Context, req Request) Decision {
 			d.Rejections.add(noFit)
 		}
 		return d
+	}
+	if req.Only == "" && req.Within == nil {
+		p.scores.prune(all)
 	}
 	pf := p.filter.forPod(logger, pod, allocated, excluded)
 	q, verdict := quickChoice(ctx, p.sel, pol, all, p.ledger, p.scores, pf.admit, pending, rank)

@@ -144,3 +144,37 @@ func TestDecideWaitsWhenNothingFits(t *testing.T) {
 		t.Errorf("waiting message %q: want %q and the 8 GPUs asked for", msg, want)
 	}
 }
+
+// A decision restricted to one node (a gang's pod on the node its
+// placement chose) keeps the scores of the other nodes: the next pod's
+// decision over every node scores none of them again.
+func TestDecideOnOneNodeKeepsOtherScores(t *testing.T) {
+	fixtures := make([]string, 100)
+	for i := range fixtures {
+		fixtures[i] = "dgx-a100.txt"
+	}
+	p, ip := decideCluster(t, fixtures...)
+	ctx := context.Background()
+	if d := p.Decide(ctx, decideRequest(t, ip, 2)); d.Chosen == nil {
+		t.Fatal("no node for 2 GPUs")
+	}
+	kept := p.scores.entries()
+	if kept < len(fixtures) {
+		t.Fatalf("%d scores kept after a decision over %d nodes", kept, len(fixtures))
+	}
+	only := decideRequest(t, ip, 2)
+	only.Only = "n42"
+	if d := p.Decide(ctx, only); d.Chosen == nil || d.Chosen.Node.Node != "n42" {
+		t.Fatalf("decision on n42 chose %+v", d.Chosen)
+	}
+	if got := p.scores.entries(); got < kept {
+		t.Errorf("%d scores kept after a decision on one node, %d before", got, kept)
+	}
+	before := nodesScored.Load()
+	if d := p.Decide(ctx, decideRequest(t, ip, 2)); d.Chosen == nil {
+		t.Fatal("no node for 2 GPUs")
+	}
+	if scored := nodesScored.Load() - before; scored > 1 {
+		t.Errorf("%d nodes scored again after a decision on one node, want none but n42 (its own usage unchanged too)", scored)
+	}
+}

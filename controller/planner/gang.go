@@ -28,10 +28,19 @@ func (p *Planner) GPUCounts(node string) (free, total int) {
 	if n == nil {
 		return 0, 0
 	}
-	for _, u := range p.ledger.NodeUsage(n) {
-		if u == (allocate.GPUUsage{}) {
+	return p.ledger.FreeGPUs(n), len(n.Devices)
+}
+
+// FreeGPUs counts a node's GPUs nothing uses (NodeUsage's zero usage),
+// without copying their usage.
+func (l *Ledger) FreeGPUs(n *NodeInventory) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	free := 0
+	for _, d := range n.Devices {
+		if t := l.usage[DeviceKey{Pool: n.Pool, Device: d.Name}]; t == nil || t.gpuUsage() == (allocate.GPUUsage{}) {
 			free++
 		}
 	}
-	return free, len(n.Devices)
+	return free
 }

@@ -211,6 +211,13 @@ func (inv *Inventory) Node(name string) *NodeInventory {
 	return inv.nodes[name]
 }
 
+// Len counts the usable node inventories.
+func (inv *Inventory) Len() int {
+	inv.mu.RLock()
+	defer inv.mu.RUnlock()
+	return len(inv.nodes)
+}
+
 // All returns every usable node inventory, sorted by node name.
 func (inv *Inventory) All() []*NodeInventory {
 	inv.mu.RLock()

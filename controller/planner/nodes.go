@@ -94,6 +94,22 @@ func (f *NodeFilter) Candidates(logger klog.Logger, pod *corev1.Pod, all []*Node
 	return out, pf.rej
 }
 
+// CandidateNodes is Candidates with the Node object of each node admitted
+// (parallel to the inventories), for callers that read the nodes' labels
+// next (a gang's domains), sparing them a second lookup per node.
+func (f *NodeFilter) CandidateNodes(logger klog.Logger, pod *corev1.Pod, all []*NodeInventory, allocated []*resourceapi.ResourceClaim) ([]*NodeInventory, []*corev1.Node, *Rejections) {
+	pf := f.forPod(logger, pod, allocated, nil)
+	var out []*NodeInventory
+	var objs []*corev1.Node
+	for _, n := range all {
+		if node, ok := pf.admitNode(n); ok {
+			out = append(out, n)
+			objs = append(objs, node)
+		}
+	}
+	return out, objs, pf.rej
+}
+
 // podFilter is the node filter prepared for one pod: what depends only on
 // the pod is computed once, so that admit costs little per node and can
 // be asked of only the nodes a decision needs (quickChoice).
@@ -133,47 +149,53 @@ func (pf *podFilter) skip(reason, format string, args ...any) bool {
 // admit tells whether the pod may run on the node, counting the reason in
 // rej when not.
 func (pf *podFilter) admit(n *NodeInventory) bool {
+	_, ok := pf.admitNode(n)
+	return ok
+}
+
+// admitNode is admit with the node's Node object when admitted.
+func (pf *podFilter) admitNode(n *NodeInventory) (*corev1.Node, bool) {
 	pod := pf.pod
 	if pod.Spec.NodeName != "" && n.Node != pod.Spec.NodeName {
 		pf.rej.add(rejectNodeName)
-		return false
+		return nil, false
 	}
 	if pf.excluded.Has(n.Node) {
-		return pf.skip(rejectExcluded, "node %s: the pod was unschedulable there before", n.Node)
+		return nil, pf.skip(rejectExcluded, "node %s: the pod was unschedulable there before", n.Node)
 	}
 	if pf.f.Reserved != nil && pod.Spec.NodeName == "" {
 		if why := pf.f.Reserved(pod, n.Node); why != "" {
-			return pf.skip(rejectReserved, "node %s: %s", n.Node, why)
+			return nil, pf.skip(rejectReserved, "node %s: %s", n.Node, why)
 		}
 	}
 	node, err := pf.f.Nodes.Get(n.Node)
 	if err != nil {
-		return pf.skip(rejectNoNode, "node %s: no Node object", n.Node)
+		return nil, pf.skip(rejectNoNode, "node %s: no Node object", n.Node)
 	}
 	if pod.Spec.NodeName == "" {
 		if node.Spec.Unschedulable {
-			return pf.skip(rejectCordoned, "node %s: cordoned", n.Node)
+			return nil, pf.skip(rejectCordoned, "node %s: cordoned", n.Node)
 		}
 		if ok, err := pf.affinity.Match(node); err != nil || !ok {
-			return pf.skip(rejectAffinity, "node %s: does not match the pod's node selector or affinity", n.Node)
+			return nil, pf.skip(rejectAffinity, "node %s: does not match the pod's node selector or affinity", n.Node)
 		}
 		if t, bad := corev1helpers.FindMatchingUntoleratedTaint(pf.logger, node.Spec.Taints, pod.Spec.Tolerations, func(t *corev1.Taint) bool {
 			return t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
 		}, false); bad {
-			return pf.skip(rejectTaint, "node %s: taint %s=%s:%s not tolerated by the pod", n.Node, t.Key, t.Value, t.Effect)
+			return nil, pf.skip(rejectTaint, "node %s: taint %s=%s:%s not tolerated by the pod", n.Node, t.Key, t.Value, t.Effect)
 		}
 	}
 	for _, s := range pf.selectors {
 		if m, err := s.Match(node); err != nil || !m {
-			return pf.skip(rejectOtherClaims, "node %s: another claim of the pod is already allocated elsewhere", n.Node)
+			return nil, pf.skip(rejectOtherClaims, "node %s: another claim of the pod is already allocated elsewhere", n.Node)
 		}
 	}
 	if pf.fc != nil && pod.Spec.NodeName == "" {
 		if reason := pf.fc.reject(node, pf.f.mappedByDRA); reason != "" {
-			return pf.skip(reason, "node %s: %s", n.Node, reason)
+			return nil, pf.skip(reason, "node %s: %s", n.Node, reason)
 		}
 	}
-	return true
+	return node, true
 }
 
 // NodeSelectorFor is the allocation's node selector, as kube-scheduler's

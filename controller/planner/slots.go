@@ -1,0 +1,312 @@
+package planner
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/gpulink/gpulink/driver/allocate"
+)
+
+// SlotRequest asks how many copies of a pod fit on each of some nodes at
+// once: a gang's slots, its pods being planned by the first one's claims.
+type SlotRequest struct {
+	Pod *corev1.Pod
+	// Pending are the pod's gpulink claims to allocate.
+	Pending []*Claim
+	// Placement is the pod's own placement policy (PodPlacement).
+	Placement Placement
+	// Nodes are the nodes the node filter admitted for the pod
+	// (NodeFilter.Candidates, with the pod's allocated claims).
+	Nodes []*NodeInventory
+	// Objects, when set, are the nodes' Node objects, parallel to Nodes
+	// (NodeFilter.CandidateNodes); otherwise they are looked up.
+	Objects []*corev1.Node
+	// Max bounds the count per node (the gang's pods).
+	Max int
+}
+
+// NodeSlots is one node's answer to a SlotRequest.
+type NodeSlots struct {
+	// Slots is how many copies of the pod fit on the node at once.
+	Slots int
+	// FreeGPUs and TotalGPUs are the node's free and total GPUs
+	// (GPUCounts).
+	FreeGPUs, TotalGPUs int
+}
+
+// Slots counts, for each of req.Nodes, how many copies of the pod fit on
+// it at once: what placing a copy (Decide with Only), assuming its
+// devices and its pod, and again until one does not fit would count,
+// without assuming anything. ok is false for pods it does not count
+// that way (MIG devices, other drivers' devices, shares, pod
+// (anti-)affinity terms): the caller then tries the copies one by one.
+//
+// Why it is exact for the others: with every request for whole GPUs and
+// no MIG or foreign devices, Decide restricted to one node chooses
+// planNode's plan on that node under the decision's policy, when the
+// node filter admits the pod (quickChoice plans the node; the other paths
+// plan it too); a copy's devices, once assumed, show in the node's usage
+// as given out whole, which is what the next copy is planned on here; and
+// without affinity terms the node filter tells the copies apart by their
+// CPU, memory and the like only (fitCheck.copies). The devices and the
+// host resources stop the count independently, so the count is the lower
+// of the two.
+//
+// What makes it cheap: nodes with fewer free GPUs than one copy takes are
+// not planned, and for a pod of one request of one alternative (a gang's
+// usual shape) the device count is kept per node until the node's usage
+// generation or the policy changes (slotCache): a decision plans only the
+// nodes that changed since the last one for the shape.
+func (p *Planner) Slots(ctx context.Context, req SlotRequest) ([]NodeSlots, bool) {
+	if !slotsCountable(req.Pod, req.Pending) {
+		return nil, false
+	}
+	nodes := req.Nodes
+	pol := req.Placement.apply(p.demand.policy(p.mix.Policy(ctx, p.policy, req.Pending), func() []allocate.NodeCapacity {
+		return p.filter.capacities(nodes, p.ledger.NodeUsage)
+	}))
+	var fc *fitCheck
+	if p.filter.Fit != nil {
+		fc = p.filter.Fit.check(req.Pod, p.filter.labelsOf)
+	}
+	shape := p.slotShape(req.Pending)
+	gens := make([]uint64, len(nodes))
+	p.ledger.Generations(nodes, gens)
+	perPod := WholeGPUs(req.Pending)
+	out := make([]NodeSlots, len(nodes))
+	for i, n := range nodes {
+		free, ok := p.slots.freeAt(n, gens[i])
+		if !ok {
+			free = p.ledger.FreeGPUs(n)
+			p.slots.free[n] = freeEntry{gen: gens[i], free: free}
+		}
+		out[i] = NodeSlots{FreeGPUs: free, TotalGPUs: len(n.Devices)}
+		limit := req.Max
+		if perPod > 0 {
+			// A node with F free GPUs holds at most F/g copies of g
+			// whole GPUs: no planning beyond (nor below one copy).
+			limit = min(limit, free/perPod)
+		}
+		if limit < 1 {
+			continue
+		}
+		devices := shape.get(n, gens[i], pol, limit)
+		if devices < 0 {
+			devices = deviceCopies(ctx, p.sel, pol, n, p.ledger.NodeUsage(n), req.Pending, limit)
+			shape.put(n, slotEntry{gen: gens[i], pol: pol, count: devices, limit: limit})
+		}
+		out[i].Slots = devices
+		if fc != nil && devices > 0 {
+			var node *corev1.Node
+			if req.Objects != nil {
+				node = req.Objects[i]
+			} else if node, _ = p.filter.Nodes.Get(n.Node); node == nil {
+				out[i].Slots = 0
+				continue
+			}
+			out[i].Slots = fc.copies(node, devices, p.filter.mappedByDRA)
+		}
+	}
+	if shape != nil {
+		shape.byNode = prune(shape.byNode, p.inv)
+	}
+	p.slots.free = prune(p.slots.free, p.inv)
+	return out, true
+}
+
+// slotsCountable tells whether Slots counts the pod's copies itself:
+// every alternative of every request is for whole GPUs (no shares, no MIG
+// devices), no other driver's devices, no pod (anti-)affinity terms.
+func slotsCountable(pod *corev1.Pod, pending []*Claim) bool {
+	if len(pending) == 0 || wantsForeign(pending) || len(requiredAffinity(pod)) > 0 || len(requiredAntiAffinity(pod)) > 0 {
+		return false
+	}
+	for _, ic := range pending {
+		for _, r := range ic.Requests {
+			for _, alt := range r.Alternatives {
+				if alt.Share || alt.MIG {
+					return false
+				}
+			}
+		}
+	}
+	return true
+}
+
+// deviceCopies plans copies of the pending claims on the node one after
+// the other, each on the usage the ones before it leave, up to limit, and
+// returns how many fit. usage is the caller's copy (NodeUsage's): the
+// copies are marked in it.
+func deviceCopies(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, n *NodeInventory, usage []allocate.GPUUsage, pending []*Claim, limit int) int {
+	count := 0
+	for count < limit {
+		plan, _ := planNode(ctx, sel, pol, n, usage, pending)
+		if plan == nil {
+			break
+		}
+		count++
+		// As the ledger shows the copy once assumed: its GPUs given out
+		// whole.
+		for _, claim := range plan.Claims {
+			for _, r := range claim {
+				for _, pos := range r.Positions {
+					usage[pos].Exclusive = true
+				}
+			}
+		}
+	}
+	return count
+}
+
+// slotCache keeps each node's device count of copies per pod shape
+// between gang decisions, bounded to the shapes most recently asked for,
+// and each node's free GPUs, until the node's usage generation changes.
+// Keyed by inventory: a node whose devices change gets a new one.
+type slotCache struct {
+	shapes *lru[*slotShape]
+	free   map[*NodeInventory]freeEntry
+}
+
+// freeEntry is a node's count of free GPUs at a usage generation.
+type freeEntry struct {
+	gen  uint64
+	free int
+}
+
+func (c *slotCache) freeAt(n *NodeInventory, gen uint64) (int, bool) {
+	e, ok := c.free[n]
+	if !ok || e.gen != gen {
+		return 0, false
+	}
+	return e.free, true
+}
+
+// maxSlotShapes bounds the shapes whose counts are kept (about 80 bytes a
+// node each).
+const maxSlotShapes = 8
+
+func newSlotCache() *slotCache {
+	return &slotCache{shapes: newLRU[*slotShape](maxSlotShapes), free: map[*NodeInventory]freeEntry{}}
+}
+
+// slotShape is the device counts of one shape by node; nil (for shapes
+// not kept) keeps nothing.
+type slotShape struct {
+	byNode map[*NodeInventory]slotEntry
+}
+
+// slotEntry is a node's count, valid for its usage generation and the
+// policy, and for counts up to limit (a count below the limit at which
+// it was computed is final).
+type slotEntry struct {
+	gen          uint64
+	pol          allocate.Policy
+	count, limit int
+}
+
+// slotShape returns the counts kept for the pending claims' shape: one
+// claim of one request of one alternative for whole GPUs by count, no
+// constraints; nil for any other (counted afresh on every decision).
+// Decisions are serialized (the decision lock), so it needs no lock of
+// its own.
+func (p *Planner) slotShape(pending []*Claim) *slotShape {
+	if len(pending) != 1 || len(pending[0].Requests) != 1 || len(pending[0].Constraints) != 0 || len(pending[0].Requests[0].Alternatives) != 1 {
+		return nil
+	}
+	alt := pending[0].Requests[0].Alternatives[0]
+	if alt.All || alt.Share || alt.MIG || alt.Count < 1 {
+		return nil
+	}
+	key := fmt.Sprintf("%s\x03%d/%d", quickSignature(alt), alt.Count, alt.RequiredLink)
+	s, ok := p.slots.shapes.get(key)
+	if !ok {
+		s = &slotShape{byNode: map[*NodeInventory]slotEntry{}}
+		p.slots.shapes.put(key, s)
+	}
+	return s
+}
+
+// get returns the node's kept count for up to limit copies, -1 when none
+// is valid.
+func (s *slotShape) get(n *NodeInventory, gen uint64, pol allocate.Policy, limit int) int {
+	if s == nil {
+		return -1
+	}
+	e, ok := s.byNode[n]
+	if !ok || e.gen != gen || e.pol != pol {
+		return -1
+	}
+	switch {
+	case e.count < e.limit:
+		// The copies stopped fitting below the limit: final.
+		return min(e.count, limit)
+	case limit <= e.limit:
+		return limit
+	}
+	return -1
+}
+
+func (s *slotShape) put(n *NodeInventory, e slotEntry) {
+	if s != nil {
+		s.byNode[n] = e
+	}
+}
+
+// prune drops the entries of inventories no longer current (nodes gone or
+// republished), once they could make up half of the map.
+func prune[V any](m map[*NodeInventory]V, inv *Inventory) map[*NodeInventory]V {
+	if len(m) <= 2*inv.Len()+64 {
+		return m
+	}
+	nodes := inv.All()
+	keep := make(map[*NodeInventory]V, len(nodes))
+	for _, n := range nodes {
+		if e, ok := m[n]; ok {
+			keep[n] = e
+		}
+	}
+	return keep
+}
+
+// copies counts how many copies of the pod fit the node's resources at
+// once, up to limit: the first as reject counts it (the pod itself), each
+// further one under its own identity with the copies before it counted on
+// the node, as a gang's slots are counted (Planner.Slots). Resources
+// only: the callers count copies of pods without pod (anti-)affinity
+// terms, which the affinity checks see alike whatever the copies.
+func (fc *fitCheck) copies(node *corev1.Node, limit int, mappedByDRA func(corev1.ResourceName) bool) int {
+	if limit < 1 {
+		return 0
+	}
+	fc.t.mu.Lock()
+	defer fc.t.mu.Unlock()
+	var pods int
+	var requested demand
+	u := fc.t.Nodes[node.Name]
+	if u != nil {
+		pods, requested = u.pods, u.requested
+	}
+	firstPods, first := pods, requested
+	if u != nil {
+		if _, self := u.members[fc.uid]; self {
+			firstPods--
+			first = subtractDemand(requested, fc.t.pods[fc.uid].demand)
+		}
+	}
+	if fc.resourcesLocked(node, firstPods, first, mappedByDRA) != "" {
+		return 0
+	}
+	n := 1
+	for ; n < limit; n++ {
+		with := make(demand, len(fc.demand))
+		for name, v := range fc.demand {
+			with[name] = requested[name] + int64(n)*v
+		}
+		if fc.resourcesLocked(node, pods+n, with, mappedByDRA) != "" {
+			break
+		}
+	}
+	return n
+}
