@@ -60,12 +60,20 @@
 //     the SuperPOD-style replay, docs/performance/gangs.md);
 //  5. the busiest enclosing domains, level by level upwards (an idle
 //     spine stays idle when a busy one fits as well), then the name;
-//  6. inside the domain, level by level down, the fewest subdomains: the
-//     largest are used up first (then those with the fewest free GPUs
-//     beside), and the last one is the best fit for the rest. Fewer
-//     subdomains means fewer hops across them for the gang's
-//     collectives, and the subdomains it uses up are freed together when
-//     it ends, whole for the gangs after it.
+//  6. inside the domain, level by level down, the last subdomain used is
+//     the best fit for the rest; before it, subdomains below the gang's
+//     minimal level (the lowest level one domain of the idle cluster could
+//     hold it in) are used up largest first (then those with the fewest
+//     free GPUs beside): the fewest subdomains, so fewer hops across them
+//     for the gang's collectives, freed together when it ends, whole for
+//     the gangs after it. Subdomains at or above the minimal level, which
+//     a gang spans only where none of them holds it now (relaxed under
+//     Preferred, or within a Required level above its minimal one), are
+//     used up smallest first: the gang takes the fragments the other jobs
+//     left, and the domain closest to holding a gang of its size whole
+//     stays so for the next one, which then lands on its minimal level
+//     (measured: more gangs on their minimal level under Preferred on the
+//     NVL72-style replay, docs/performance/gangs.md).
 //
 // With AlignRails, criteria 1-4 are compared across alignment keys, then
 // the key's name.

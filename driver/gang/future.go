@@ -30,10 +30,12 @@ func newFuture(ix *index, demand []Shape) *future {
 		return nil
 	}
 	f := &future{}
-	most := map[int][]int{}
+	if ix.most == nil {
+		ix.most = map[int][]int{}
+	}
 	for _, d := range demand {
 		s := fshape{pods: d.Pods, g: max(d.GPUsPerPod, 1), count: d.Count, gpus: int64(d.Pods) * int64(max(d.GPUsPerPod, 1))}
-		s.level = ix.minimalLevel(s.pods, s.g, most)
+		s.level = ix.minimalLevel(s.pods, s.g, ix.most)
 		switch {
 		case s.level == 0:
 			for i := range ix.nodes {

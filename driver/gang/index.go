@@ -17,6 +17,12 @@ type index struct {
 	levels     [][]domain
 	nodeDomain [][]int
 	total      int
+	// minimal is the minimal level of the gang being filled (the lowest
+	// level one domain of the idle cluster could hold it in): fill packs
+	// the subdomains of that level and above fragments first (fill).
+	minimal int
+	// most caches minimalLevel's per-level capacities, per GPUs per pod.
+	most map[int][]int
 }
 
 type domain struct {
@@ -128,6 +134,10 @@ type candidate struct {
 // (future), the domain that keeps the most of it placeable (doc.go,
 // criterion 4), then tieBetter.
 func (ix *index) best(k, maxLevel, gpusPerPod int, fut *future) *choice {
+	if ix.most == nil {
+		ix.most = map[int][]int{}
+	}
+	ix.minimal = ix.minimalLevel(k, max(gpusPerPod, 1), ix.most)
 	var cands []candidate
 	for lv := 0; lv <= maxLevel; lv++ {
 		cands = cands[:0]
@@ -240,11 +250,19 @@ type child struct {
 }
 
 // fill places k pods on nodes (a domain of level lv, holding at least k
-// slots) on the fewest subdomains, level by level down: the largest are
-// used up first and the last one is the best fit for the rest (the
-// smallest that holds it). Fewer subdomains means fewer hops across them
-// for the gang's collectives, and the subdomains it uses up are freed
-// together when it ends, whole for the gangs after it.
+// slots), level by level down; at each level the last subdomain used is
+// the best fit for the rest (the smallest that holds it). Before it:
+//   - subdomains below the gang's minimal level (ix.minimal) are used up
+//     largest first: the fewest of them, so fewer hops across them for
+//     the gang's collectives, and the subdomains it uses up are freed
+//     together when it ends, whole for the gangs after it;
+//   - subdomains at or above it, which a gang spans only where no domain
+//     of its minimal level holds it now (relaxed under Preferred, or a
+//     Required level above the minimal one), are used up smallest first
+//     (then the fewest free GPUs): the gang takes the fragments the
+//     others left, and the domains closest to holding a gang of its size
+//     whole stay so for the next one, which then lands on its minimal
+//     level (measured: docs/performance/gangs.md).
 func (ix *index) fill(nodes []int, lv, k int, out *[]take) {
 	if lv == 0 || len(nodes) == 1 {
 		*out = append(*out, take{node: nodes[0], pods: k})
@@ -264,11 +282,16 @@ func (ix *index) fill(nodes []int, lv, k int, out *[]take) {
 			ix.fill(cs[j].nodes, cl, k, out)
 			return
 		}
-		// Else use up the largest: the most slots, then the fewest free
-		// GPUs left stranded beside them, then the key.
-		u := len(cs) - 1
-		for j := len(cs) - 2; j >= 0 && cs[j].slots == cs[u].slots; j-- {
-			u = j // same slots, fewer or as many free GPUs, lower key
+		// Else use one up: at or above the gang's minimal level the
+		// smallest (the fewest slots, then the fewest free GPUs, then the
+		// key: cs[0]); below it the largest (the most slots, then the
+		// fewest free GPUs left stranded beside them, then the key).
+		u := 0
+		if cl < ix.minimal {
+			u = len(cs) - 1
+			for j := len(cs) - 2; j >= 0 && cs[j].slots == cs[u].slots; j-- {
+				u = j // same slots, fewer or as many free GPUs, lower key
+			}
 		}
 		ix.fill(cs[u].nodes, cl, cs[u].slots, out)
 		k -= cs[u].slots
