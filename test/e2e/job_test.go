@@ -14,9 +14,11 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	schedulingv1alpha3 "k8s.io/api/scheduling/v1alpha3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
+	"github.com/gpulink/gpulink/controller/report"
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/test/e2e/gpuview"
 	"github.com/gpulink/gpulink/test/localcluster"
@@ -104,8 +106,12 @@ func TestJobGangOnRealNode(t *testing.T) {
 	node := s.nodes(ctx, t)[s.realNode]
 	seen := map[string]string{}
 	for _, p := range pods {
-		if gated(&p) != 1 {
-			t.Errorf("pod %s created with gates %v, want the chart's policy to add gpulink's", p.Name, p.Spec.SchedulingGates)
+		// The gang may be placed before the list above sees all 4 pods: a
+		// pod without gpulink's gate by then must have been placed with
+		// its gang by the controller (its GangPlaced event; the controller
+		// decides gated pods only), not been created without the gate.
+		if gated(&p) != 1 && !s.podEvent(ctx, t, ns, p.Name, report.ReasonGangPlaced) {
+			t.Errorf("pod %s has gates %v and no %s event: the chart's policy did not add gpulink's gate", p.Name, p.Spec.SchedulingGates, report.ReasonGangPlaced)
 		}
 		if workloadAPI && (p.Spec.SchedulingGroup == nil || p.Spec.SchedulingGroup.PodGroupName == nil) {
 			t.Errorf("pod %s names no PodGroup: the Job controller (WorkloadWithJob) names its gang PodGroup", p.Name)
@@ -154,4 +160,19 @@ func TestJobGangOnRealNode(t *testing.T) {
 		}
 		t.Logf("the Job controller's PodGroup %s: gang of %d", pg.Name, pg.Spec.SchedulingPolicy.Gang.MinCount)
 	}
+}
+
+// podEvent reports whether the pod has an event of the reason, waiting a
+// little for it.
+func (s *suite) podEvent(ctx context.Context, t *testing.T, namespace, pod, reason string) bool {
+	t.Helper()
+	selector := fields.Set{"involvedObject.name": pod, "reason": reason}.AsSelector().String()
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		l, err := s.client.CoreV1().Events(namespace).List(ctx, metav1.ListOptions{FieldSelector: selector})
+		if err != nil {
+			return false, err
+		}
+		return len(l.Items) > 0, nil
+	})
+	return err == nil
 }
