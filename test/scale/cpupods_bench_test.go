@@ -116,7 +116,9 @@ func TestCPUPodsSideBySide(t *testing.T) {
 // probe pod (a dry-run create).
 func installCPUPodsPolicy(t *testing.T, e *env, probe *corev1.Pod) {
 	t.Helper()
-	out, err := localcluster.HelmTemplate(e.ctx, "gpulink", e.ns, "--set", "gate.cpuPods.enabled=true", "--show-only", "templates/cpu-pods-gate.yaml")
+	// Rendered for another namespace: the policy never gates pods of the
+	// release's own.
+	out, err := localcluster.HelmTemplate(e.ctx, "gpulink", "gpulink-system", "--set", "gate.cpuPods.enabled=true", "--show-only", "templates/cpu-pods-gate.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
