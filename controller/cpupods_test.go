@@ -88,8 +88,8 @@ func withCPU(objs []runtime.Object, cpu map[string]string) []runtime.Object {
 	return objs
 }
 
-// A gated pod without claims is ungated with a preferred term for the node
-// ChooseHost picks: the node without GPUs over the GPU node (although the
+// A gated pod without claims is nominated for the node ChooseHost picks
+// and ungated with a preferred term for it: the node without GPUs over the GPU node (although the
 // GPU node has more CPU left, which kube-scheduler's default scoring
 // prefers), unless the pod's node selector rules the node without GPUs
 // out. Without PlaceCPUPods the gate goes without a preference.
@@ -112,6 +112,10 @@ func TestCPUPodPreferredNode(t *testing.T) {
 			got := preferredNodes(h.getPod("p"))
 			if len(got) != len(tc.want) || (len(got) == 1 && got[0] != tc.want[0]) {
 				t.Fatalf("preferred nodes %v, want %v (affinity %+v)", got, tc.want, h.getPod("p").Spec.Affinity)
+			}
+			nominated := h.getPod("p").Status.NominatedNodeName
+			if (len(tc.want) == 1 && nominated != tc.want[0]) || (len(tc.want) == 0 && nominated != "") {
+				t.Errorf("nominated node %q, want %v", nominated, tc.want)
 			}
 			ev := h.waitEvent(ns+"/p", report.ReasonGateRemoved)
 			if tc.place && !contains(ev.Note, "preferring node "+tc.want[0]) {

@@ -26,9 +26,10 @@ const (
 // testCPUPods installs the chart with gate.cpuPods.enabled=true over the
 // default installation and checks that its policy gates exactly the pods
 // without claims of opted-in namespaces (not the release's namespace, not
-// DaemonSet pods), and that the controller's pod policy lets it append
-// one preferred node term in the update that lifts its gate from such a
-// pod, and nothing else. The default installation is restored after.
+// DaemonSet pods), that the controller's pod policy lets it append one
+// preferred node term in the update that lifts its gate from such a pod,
+// and nothing else, and that its status policy lets it set only
+// status.nominatedNodeName of such a pod while it is gated. The default installation is restored after.
 func (e *env) testCPUPods(t *testing.T) {
 	ctx := e.ctx
 	rendered, err := localcluster.HelmTemplate(ctx, release, chartNS, "--set", "gate.cpuPods.enabled=true")
@@ -102,6 +103,19 @@ func (e *env) testCPUPods(t *testing.T) {
 	e.poll(t, "the controller pod policy to allow the preferred node term", func() bool {
 		return patchPod(ctx, e, cpuPodsNS, "placed", liftWithPreference("", 100), true) == nil
 	})
+	// The nomination before the gate goes (controller/cpupods.go).
+	statusPolicy := release + "-controller-pod-status"
+	e.poll(t, "the controller pod status policy to take effect", func() bool {
+		_, err := e.controller.CoreV1().Pods(cpuPodsNS).Patch(ctx, "placed", types.MergePatchType, []byte(`{"status":{"message":"probe"}}`),
+			metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}}, "status")
+		return err != nil
+	})
+	allow(t, "controller nominates a node for a gated pod without claims",
+		patchStatus(ctx, e, cpuPodsNS, "placed", `{"status":{"nominatedNodeName":"node-a"}}`))
+	denyBy(t, "controller changes another status field", statusPolicy,
+		patchStatus(ctx, e, cpuPodsNS, "placed", `{"status":{"message":"hello"}}`))
+	denyBy(t, "controller nominates a node for a pod with claims", statusPolicy,
+		patchStatus(ctx, e, cpuPodsNS, "with-claim", `{"status":{"nominatedNodeName":"node-a"}}`))
 	term := func(weight int) string {
 		return fmt.Sprintf(`{"weight":%d,"preference":{"matchFields":[{"key":"metadata.name","operator":"In","values":["node-a"]}]}}`, weight)
 	}
@@ -130,6 +144,8 @@ func (e *env) testCPUPods(t *testing.T) {
 		patchPod(ctx, e, cpuPodsNS, "own-preference", liftWithPreference("", 100), false))
 	allow(t, "controller appends its term to the pod's own",
 		patchPod(ctx, e, cpuPodsNS, "own-preference", liftWithPreference("/spec/affinity/nodeAffinity/preferredDuringSchedulingIgnoredDuringExecution/-", 100), false))
+	denyBy(t, "controller nominates a node for a pod it already ungated", statusPolicy,
+		patchStatus(ctx, e, cpuPodsNS, "placed", `{"status":{"nominatedNodeName":"node-b"}}`))
 	for _, name := range []string{"placed", "own-preference"} {
 		p, err := e.admin.CoreV1().Pods(cpuPodsNS).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
@@ -163,6 +179,12 @@ func patchPod(ctx context.Context, e *env, ns, name, body string, dry bool) erro
 	return err
 }
 
+// patchStatus sends a merge patch of the pod's status as the controller.
+func patchStatus(ctx context.Context, e *env, ns, name, body string) error {
+	_, err := e.controller.CoreV1().Pods(ns).Patch(ctx, name, types.MergePatchType, []byte(body), metav1.PatchOptions{}, "status")
+	return err
+}
+
 // restoreDefaults puts the default installation back: the cpu-pods gate
 // policy deleted, the default renderings of the others applied, the
 // release namespace's opt-in label removed.
@@ -170,6 +192,8 @@ func (e *env) restoreDefaults(t *testing.T) {
 	ctx := context.Background()
 	_ = e.admin.AdmissionregistrationV1().MutatingAdmissionPolicyBindings().Delete(ctx, cpuPodsGate, metav1.DeleteOptions{})
 	_ = e.admin.AdmissionregistrationV1().MutatingAdmissionPolicies().Delete(ctx, cpuPodsGate, metav1.DeleteOptions{})
+	_ = e.admin.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Delete(ctx, release+"-controller-pod-status", metav1.DeleteOptions{})
+	_ = e.admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Delete(ctx, release+"-controller-pod-status", metav1.DeleteOptions{})
 	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:null}}}`, cpuPodsLabel)
 	_, _ = e.admin.CoreV1().Namespaces().Patch(ctx, chartNS, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 	rendered, err := localcluster.HelmTemplate(ctx, release, chartNS)

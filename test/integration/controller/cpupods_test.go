@@ -88,11 +88,12 @@ func preferred(p *corev1.Pod) []string {
 
 // A pod without GPU claims, gated, on a cluster of a GPU node with 1,000
 // CPUs and a node without GPUs with 8: kube-scheduler's default scoring
-// (LeastAllocated) puts it on the GPU node (pod control). The controller lifts the
-// gate preferring the node without GPUs, and kube-scheduler binds it
-// there. A second pod, also steered to the node without GPUs, is held by
-// another component's gate while that node is cordoned: the preference is
-// no requirement, and kube-scheduler binds it to the GPU node instead.
+// (LeastAllocated) puts it on the GPU node (pod control). The controller
+// nominates the node without GPUs and lifts the gate preferring it, and
+// kube-scheduler binds it there. A second pod, also steered to the node without GPUs, is held by
+// another component's gate while that node is cordoned: neither the
+// nomination nor the preference is a requirement, and kube-scheduler binds
+// it to the GPU node instead.
 func TestCPUOnlyPodsPreferredNode(t *testing.T) {
 	e := setup(t, map[string]string{})
 	e.configure = func(c *controller.Config) { c.PlaceCPUPods, c.RankByStranding = true, true }
@@ -139,6 +140,9 @@ func TestCPUOnlyPodsPreferredNode(t *testing.T) {
 	}
 	if got := preferred(held); !slices.Equal(got, []string{cpuNode}) {
 		t.Fatalf("pod fallback: preferred nodes %v, want [%s]", got, cpuNode)
+	}
+	if held.Status.NominatedNodeName != cpuNode {
+		t.Fatalf("pod fallback: nominated node %q, want %s", held.Status.NominatedNodeName, cpuNode)
 	}
 	release, err := json.Marshal([]map[string]any{
 		{"op": "test", "path": "/spec/schedulingGates/0/name", "value": holdGate},
