@@ -87,10 +87,15 @@ func (c *Controller) placeHostPod(ctx context.Context, pod *corev1.Pod) error {
 		d.Node = ""
 	}
 	if d.Node != "" {
-		if err := c.nominate(ctx, pod, d.Node); err != nil {
+		nominated, err := c.nominate(ctx, pod, d.Node)
+		if err != nil {
 			// The preferred term still steers the pod where kube-scheduler
 			// scores the node.
 			logger.V(2).Info("Could not nominate the node; the preferred node term alone steers the pod", "node", d.Node, "err", err)
+		} else {
+			// The gate removal tests the pod's resourceVersion: the one
+			// the nomination wrote, not the cache's.
+			pod = nominated
 		}
 	}
 	if err := c.ungatePreferring(ctx, pod, d.Node); err != nil {
@@ -160,19 +165,19 @@ func (c *Controller) patchPreferring(ctx context.Context, pod *corev1.Pod, node 
 // kube-scheduler looks at the node at all: past 100 nodes it stops
 // filtering once it found percentageOfNodesToScore of them feasible
 // (about half of 200 nodes, a tenth of 5,000), and then scores only those.
-func (c *Controller) nominate(ctx context.Context, pod *corev1.Pod, node string) error {
+func (c *Controller) nominate(ctx context.Context, pod *corev1.Pod, node string) (*corev1.Pod, error) {
 	patch, err := json.Marshal(map[string]any{
 		"metadata": map[string]any{"uid": pod.UID},
 		"status":   map[string]any{"nominatedNodeName": node},
 	})
 	if err != nil {
-		return fmt.Errorf("encoding the nomination of pod %s/%s: %w", pod.Namespace, pod.Name, err)
+		return nil, fmt.Errorf("encoding the nomination of pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
-	_, err = c.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: fieldManager}, "status")
+	out, err := c.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: fieldManager}, "status")
 	if err != nil {
-		return fmt.Errorf("nominating node %s for pod %s/%s: %w", node, pod.Namespace, pod.Name, err)
+		return nil, fmt.Errorf("nominating node %s for pod %s/%s: %w", node, pod.Namespace, pod.Name, err)
 	}
-	return nil
+	return out, nil
 }
 
 // preferredNodeTerm prefers the node by name, as a claim allocation's node

@@ -1,14 +1,17 @@
 package controller
 
 import (
+	"maps"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/uuid"
+	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
@@ -190,5 +193,45 @@ func TestCPUPodsCountBeforeBinding(t *testing.T) {
 	}
 	if want := []string{"cpu", "cpu", "gpu"}; len(got) != 3 || got[0] != want[0] || got[1] != want[1] || got[2] != want[2] {
 		t.Errorf("preferred nodes %v, want %v", got, want)
+	}
+}
+
+// Placing a pod costs two writes: the nomination and the gate removal
+// with the preferred term, the latter tested against the resourceVersion
+// the nomination returned (not the cache's, which would fail the patch's
+// test and cost a read and a third write).
+func TestCPUPodWrites(t *testing.T) {
+	h := newHarnessWith(t, Config{Workers: 1, DeviceTaintRules: true, PlaceCPUPods: true},
+		objs(classes(), gpuNode(t, "gpu", "pcie-4.txt"), []runtime.Object{cpuNode("cpu", "4")})...).start()
+	h.client.PrependReactor("patch", "pods", func(action clienttesting.Action) (bool, runtime.Object, error) {
+		pa := action.(clienttesting.PatchAction)
+		if pa.GetSubresource() == "status" {
+			// As the API server: a write moves the resourceVersion on.
+			obj, err := h.client.Tracker().Get(pa.GetResource(), pa.GetNamespace(), pa.GetName())
+			if err == nil {
+				if m, err := meta.Accessor(obj); err == nil {
+					m.SetResourceVersion(m.GetResourceVersion() + "1")
+					_ = h.client.Tracker().Update(pa.GetResource(), obj, pa.GetNamespace())
+				}
+			}
+		}
+		return false, nil, nil
+	})
+	h.client.ClearActions()
+	h.cpuPod(cpuPodSpec{name: "p", cpu: "1", gated: true})
+	// Read from the tracker: the test's own reads are not the controller's.
+	podsGVR := corev1.SchemeGroupVersion.WithResource("pods")
+	h.eventually("pod p ungated", func() bool {
+		obj, err := h.client.Tracker().Get(podsGVR, ns, "p")
+		return err == nil && gateIndex(obj.(*corev1.Pod)) < 0
+	})
+	counts := map[string]int{}
+	for _, a := range h.client.Actions() {
+		if a.GetResource().Resource == "pods" && a.GetVerb() != "list" && a.GetVerb() != "watch" {
+			counts[a.GetVerb()+"/"+a.GetSubresource()]++
+		}
+	}
+	if want := map[string]int{"create/": 1, "patch/status": 1, "patch/": 1}; !maps.Equal(counts, want) {
+		t.Errorf("pod requests %v, want %v", counts, want)
 	}
 }
