@@ -235,3 +235,25 @@ func TestCPUPodWrites(t *testing.T) {
 		t.Errorf("pod requests %v, want %v", counts, want)
 	}
 }
+
+// A placed pod counts on its node until kube-scheduler finds it
+// unschedulable: then it counts nowhere until bound.
+func TestCPUPodUnschedulableCountsNowhere(t *testing.T) {
+	h := newHarnessWith(t, Config{Workers: 1, DeviceTaintRules: true, PlaceCPUPods: true},
+		objs(classes(), gpuNode(t, "gpu", "pcie-4.txt"), []runtime.Object{cpuNode("cpu", "4")})...).start()
+	left := func() int64 {
+		if l := h.ctrl.filter.HostLeft("cpu"); l != nil {
+			return l.CPUMilli
+		}
+		return -1
+	}
+	h.cpuPod(cpuPodSpec{name: "p", cpu: "1", gated: true})
+	h.waitUngated("p")
+	h.eventually("the pod counted on node cpu", func() bool { return left() == 3000 })
+	p := h.getPod("p")
+	p.Status.Conditions = append(p.Status.Conditions, corev1.PodCondition{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable})
+	if _, err := h.client.CoreV1().Pods(ns).UpdateStatus(h.ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually("the unschedulable pod no longer counted on node cpu", func() bool { return left() == 4000 })
+}
