@@ -63,10 +63,10 @@ func newPolicy(name string, w *Workload, rng *rand.Rand) (policy, error) {
 		return newGpulinkPolicy(w, rng, true, kubeScheduler(rng, false))
 	case PolicyGpulinkMost:
 		return newGpulinkPolicy(w, rng, true, kubeScheduler(rng, true))
-	case PolicyGpulinkTaint:
-		return newGpulinkPolicy(w, rng, true, offGPUNodes)
 	case PolicyGpulinkGPUOnly:
 		return newGpulinkPolicy(w, rng, false, kubeScheduler(rng, false))
+	case PolicyGpulinkTaint:
+		return newGpulinkPolicy(w, rng, true, offGPUNodes)
 	case PolicyFGD:
 		return &fgd{w: w, rng: rng}, nil
 	case PolicyFGDPaper:
