@@ -165,6 +165,12 @@ bench-scheduler: cluster-build helm ## gpulink vs stock kube-scheduler, pods/s a
 	GPULINK_SCHED_BENCH=1 GPULINK_SCHED_NODES=$(SCHED_NODES) GPULINK_SCHED_REPORT=$(OUTPUT)/scheduler-report.json \
 	  $(GO) test -count=1 -v -timeout 60m -tags integration -run '^TestSchedulerSideBySide$$' ./test/scale/
 
+.PHONY: bench-cpu-pods
+bench-cpu-pods: cluster-build helm ## pods without GPU claims: gate.cpuPods (controller places them) vs kube-scheduler alone, pods/s and create→bound (SCHED_NODES); report in _output/cpu-pods-report.json
+	@mkdir -p $(OUTPUT)
+	GPULINK_SCHED_BENCH=1 GPULINK_SCHED_NODES=$(SCHED_NODES) GPULINK_SCHED_REPORT=$(OUTPUT)/cpu-pods-report.json \
+	  $(GO) test -count=1 -v -timeout 60m -tags integration -run '^TestCPUPodsSideBySide$$' ./test/scale/
+
 .PHONY: bench-running
 bench-running: cluster-build build helm ## gpulink vs stock kube-scheduler, create→Running on the real node (root); report in _output/running-report.json
 	@mkdir -p $(OUTPUT)

@@ -70,6 +70,11 @@ type Config struct {
 	// node's CPU and memory left (stranding.go); off, nodes are ranked
 	// by their GPUs alone.
 	RankByStranding bool
+	// PlaceCPUPods places the gated pods that reference no resource claim
+	// (the chart's opt-in gate.cpuPods gates them) on the node where they
+	// strand the least GPU, as a preferred node affinity kube-scheduler
+	// may still override (cpupods.go); off, their gate is lifted at once.
+	PlaceCPUPods bool
 	// HoldNamespace is where the controller records the devices of
 	// claims deleted while their pods still run (hold records, see
 	// holds.go), so that kube-scheduler counts them too and a restarted
@@ -165,6 +170,8 @@ type Controller struct {
 	// for, since when (releaseWait).
 	unwanted     map[types.UID]time.Time
 	releaseGrace time.Duration
+	// placeCPUPods: Config.PlaceCPUPods.
+	placeCPUPods bool
 }
 
 // New creates a controller and registers its informers. Call Run to start.
@@ -218,6 +225,7 @@ func New(cfg Config) (*Controller, error) {
 		releasing:       sets.New[types.UID](),
 		unwanted:        map[types.UID]time.Time{},
 		releaseGrace:    cfg.ReleaseGrace,
+		placeCPUPods:    cfg.PlaceCPUPods,
 		podQueue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "gpulink_pods"}),
 		gcQueue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),

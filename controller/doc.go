@@ -116,7 +116,9 @@
 // See docs/design/controller.md for the reasoning: which claims are
 // gpulink's and why, the shortcut and branch-and-bound choices, MIG
 // placement, node fit and pod affinity, the size mix and
-// --rank-by-stranding, the writes and rollback, deleted claims in use,
+// --rank-by-stranding, --place-cpu-pods (pods without GPU claims placed
+// by a preferred node, cpupods.go and docs/cpu-pods.md), the writes and
+// rollback, deleted claims in use,
 // recovery, the metrics' definitions, and why device-plugin pods are
 // translated at admission rather than through DRA extended resources.
 package controller

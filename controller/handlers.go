@@ -57,6 +57,7 @@ func (c *Controller) onPod(obj any) {
 	}
 	// Every pod counts for the node fit, GPU pods or not.
 	c.fit.Observe(pod)
+	c.hostPodObserved(pod)
 	if len(pod.Spec.ResourceClaims) == 0 && gateIndex(pod) < 0 {
 		return
 	}

@@ -102,6 +102,9 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 	}
 	if len(pc.ours) == 0 {
 		c.setWaiting(key, false)
+		if c.placeCPUPods && len(pod.Spec.ResourceClaims) == 0 && gateIndex(pod) >= 0 && pod.Spec.NodeName == "" {
+			return c.placeHostPod(ctx, pod)
+		}
 		if gateIndex(pod) >= 0 {
 			if err := c.ungate(ctx, pod); err != nil {
 				return err

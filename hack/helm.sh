@@ -156,6 +156,16 @@ grep -q 'maxSurge: 1' <<<"${ds_local}" &&
 	die "the plugin DaemonSet with hostNetwork does not keep maxSurge 1 without host ports and the registration readiness probe"
 render gated-namespaces --set-string 'gate.namespaceSelector.matchLabels.gpulink\.dev/gated=true' \
 	--set kubeletPlugin.driverRoot=/run/nvidia/driver
+# Pods without GPUs (gate.cpuPods, off by default): the second gate policy
+# and the controller's flag come together, and the controller is needed.
+render cpu-pods --set gate.cpuPods.enabled=true
+grep -q -- '- --place-cpu-pods$' "${WORK}/cpu-pods.yaml" && grep -q 'name: gpulink-cpu-pods-gate$' "${WORK}/cpu-pods.yaml" ||
+	die "gate.cpuPods.enabled=true does not render the cpu-pods gate policy and --place-cpu-pods"
+if grep -qE -- '--place-cpu-pods|cpu-pods-gate' "${WORK}/defaults.yaml"; then
+	die "the default values render the cpu-pods gate or --place-cpu-pods"
+fi
+expect_failure "gate.cpuPods without the controller" "gate.cpuPods.enabled=true needs controller.enabled=true" \
+	--set gate.cpuPods.enabled=true --set controller.enabled=false --set gate.enabled=false --set kubeletPlugin.managedByController=false
 # GPU health: NoExecute and custom XID lists reach the plugin's flags, the
 # liveness probe goes with the health checks.
 render health-noexecute --set kubeletPlugin.health.taintEffect=NoExecute \

@@ -62,6 +62,7 @@ type options struct {
 	compatGrace        time.Duration
 	mixWindow          int
 	rankByStranding    bool
+	placeCPUPods       bool
 	mixRefresh         int
 	holdNamespace      string
 	gangHierarchy      []string
@@ -104,6 +105,7 @@ func main() {
 	fs.StringVar(&o.compatConfig, "compat-config", "", "YAML file naming the translated resource families (see compat.Config); empty: the nvidia.com/* family with HAMi's annotations.")
 	fs.DurationVar(&o.compatGrace, "compat-template-grace", 5*time.Minute, "How long a translated ResourceClaimTemplate outlives the last pod admitted with it once no pod references it.")
 	fs.BoolVar(&o.rankByStranding, "rank-by-stranding", false, "Rank nodes for pods with one device set by the GPU a placement strands for the recent pods' shapes, counting each node's CPU and memory left (FGD's fragment measure; docs/performance/trace.md); off: by their GPUs alone.")
+	fs.BoolVar(&o.placeCPUPods, "place-cpu-pods", false, "Place gated pods that reference no resource claim (the chart's opt-in gate.cpuPods gates them) on the node where their CPU and memory strand the least GPU, as a preferred node affinity kube-scheduler may override (docs/cpu-pods.md); off: their gate is lifted at once.")
 	fs.IntVar(&o.mixWindow, "size-mix-window", allocate.DefaultHistoryWindow, "Recent whole-GPU requests whose sizes weight what the allocator keeps free (the recent size mix); negative: sizes 1-8 equally.")
 	fs.IntVar(&o.mixRefresh, "size-mix-refresh", 0, "Requests between two snapshots of the recent size mix, at most --size-mix-window (0: 64, or the window if smaller).")
 	fs.StringVar(&o.holdNamespace, "hold-namespace", envOr("POD_NAMESPACE", ""), "Namespace for hold records: ResourceClaims that keep the GPUs of claims deleted while their pods run counted for kube-scheduler and across restarts. Only the controller and cluster admins should write there (default: $POD_NAMESPACE; empty: such GPUs are kept counted in memory only).")
@@ -197,6 +199,7 @@ func run(ctx context.Context, o options) error {
 		DeviceTaintRules:   o.deviceTaintRules,
 		Mix:                planner.MixConfig{Window: o.mixWindow, Refresh: o.mixRefresh},
 		RankByStranding:    o.rankByStranding,
+		PlaceCPUPods:       o.placeCPUPods,
 		HoldNamespace:      o.holdNamespace,
 		Gangs: controller.GangConfig{Hierarchy: hierarchy, PodGroups: podGroups, DefaultLevel: o.gangDefaultLevel,
 			DefaultPolicy: gangs.Policy(o.gangDefaultPolicy), StarvationBound: o.gangStarvation, RailAttribute: o.gangRailAttribute},

@@ -56,6 +56,9 @@ func (f *traceFlags) run(out io.Writer) error {
 	}
 	start := time.Now()
 	var results []*tracebench.ListResult
+	// offGPU is what tainting the GPU nodes moves to CPU nodes, per list
+	// (with the taint row only).
+	var offGPU strings.Builder
 	for _, list := range f.lists {
 		tr, err := tracebench.Load(f.dir, list)
 		if errors.Is(err, tracebench.ErrNoTrace) {
@@ -69,6 +72,15 @@ func (f *traceFlags) run(out io.Writer) error {
 			return fmt.Errorf("list %s: %w", list, err)
 		}
 		results = append(results, r)
+		if tracebench.HasTaintRow(opt) {
+			steps, err := tracebench.OffGPUDemand(tr, opt)
+			if err != nil {
+				return fmt.Errorf("list %s: %w", list, err)
+			}
+			if err := tracebench.WriteOffGPUDemand(&offGPU, tr, steps, opt, f.minPercent); err != nil {
+				return fmt.Errorf("list %s: %w", list, err)
+			}
+		}
 	}
 	elapsed := time.Since(start).Round(time.Second)
 	var md strings.Builder
@@ -79,6 +91,7 @@ func (f *traceFlags) run(out io.Writer) error {
 	if err := tracebench.WriteMarkdown(&md, results, f.minPercent); err != nil {
 		return err
 	}
+	md.WriteString(offGPU.String())
 	if _, err := io.WriteString(out, md.String()); err != nil {
 		return err
 	}

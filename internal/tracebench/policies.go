@@ -27,12 +27,13 @@ const (
 	// pods left to kube-scheduler's default scoring.
 	PolicyGpulinkGPUOnly = "gpulink:rankByStranding=false"
 	// PolicyGpulinkCPUPods is the chart's defaults with the pods without
-	// GPU claims placed by gpulink too (allocate.ChooseHost): no chart
-	// value yet (issue 32, part 2), what the paper's simulator does.
+	// GPU claims placed by gpulink too (allocate.ChooseHost): chart value
+	// gate.cpuPods.enabled (docs/cpu-pods.md), what the paper's simulator
+	// does.
 	PolicyGpulinkCPUPods = "gpulink+cpu-pods"
 	// PolicyGpulinkMost is the chart's defaults with kube-scheduler
 	// configured to bin-pack the pods gpulink does not place
-	// (MostAllocated): a scheduler profile, not shipped.
+	// (MostAllocated): the profile deployments/scheduler/gpulink-mostalloc.yaml.
 	PolicyGpulinkMost = "gpulink+mostalloc"
 	PolicyFGD         = "fgd"
 	// PolicyFGDPaper is FGD scored as the paper's artifact scores it:
@@ -49,7 +50,7 @@ const (
 
 // AllPolicies lists every policy the replay knows, the chart's defaults
 // first.
-var AllPolicies = []string{PolicyGpulink, PolicyGpulinkGPUOnly, PolicyGpulinkCPUPods, PolicyGpulinkMost, PolicyFGD, PolicyFGDPaper, PolicyBestFit, PolicyDotProduct, PolicyPacking, PolicyClustering, PolicyRandomFit, PolicyFirstFit}
+var AllPolicies = []string{PolicyGpulink, PolicyGpulinkGPUOnly, PolicyGpulinkCPUPods, PolicyGpulinkMost, PolicyGpulinkTaint, PolicyFGD, PolicyFGDPaper, PolicyBestFit, PolicyDotProduct, PolicyPacking, PolicyClustering, PolicyRandomFit, PolicyFirstFit}
 
 // newPolicy builds a policy for one replay; rng breaks ties among equal
 // scores at random, as kube-scheduler's selectHost does (the paper runs
@@ -64,6 +65,8 @@ func newPolicy(name string, w *Workload, rng *rand.Rand) (policy, error) {
 		return newGpulinkPolicy(w, rng, true, kubeScheduler(rng, true))
 	case PolicyGpulinkGPUOnly:
 		return newGpulinkPolicy(w, rng, false, kubeScheduler(rng, false))
+	case PolicyGpulinkTaint:
+		return newGpulinkPolicy(w, rng, true, offGPUNodes)
 	case PolicyFGD:
 		return &fgd{w: w, rng: rng}, nil
 	case PolicyFGDPaper:

@@ -491,7 +491,7 @@ type controllerProcess struct {
 
 // startControllerProcess builds and starts the controller; with profiling,
 // it serves /debug/pprof/ on its metrics address (--profiling).
-func startControllerProcess(t *testing.T, e *env, profiling bool) *controllerProcess {
+func startControllerProcess(t *testing.T, e *env, profiling bool, extraArgs ...string) *controllerProcess {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "gpulink-controller")
 	build := exec.CommandContext(e.ctx, "go", "build", "-o", bin, "../../cmd/gpulink-controller")
@@ -522,6 +522,7 @@ func startControllerProcess(t *testing.T, e *env, profiling bool) *controllerPro
 	if os.Getenv("GPULINK_SCALE_STRANDING") != "0" {
 		args = append(args, "--rank-by-stranding")
 	}
+	args = append(args, extraArgs...)
 	c.cmd = exec.CommandContext(ctx, bin, args...)
 	f, err := os.Create(c.log)
 	if err != nil {

@@ -153,14 +153,14 @@ func TestSchedulerSideBySide(t *testing.T) {
 
 	// Stock first, on untainted devices and without the controller.
 	republish(t, e, nodes, topo, false)
-	rep.Stock = runPath(t, e, stages, "stock", rep.Fill, cfg, nil)
+	rep.Stock = runPath(t, e, stages, "stock", rep.Fill, cfg, nil, nil)
 	republish(t, e, nodes, topo, true)
 	// As the chart deploys gpulink: its admission policies gate the pods
 	// and put the controller's finalizer on their claims at creation.
 	installChartPolicies(t, e)
 	ctrl := startControllerProcess(t, e, cfg.ProfileDir != "")
 	ctrl.waitReady(t)
-	rep.Gpulink = runPath(t, e, stages, "gpulink", rep.Fill, cfg, ctrl)
+	rep.Gpulink = runPath(t, e, stages, "gpulink", rep.Fill, cfg, ctrl, nil)
 	ctrl.stop()
 
 	rep.PodsPerSecondRatio = rep.Gpulink.BurstPodsPerSecond / rep.Stock.BurstPodsPerSecond
@@ -212,10 +212,14 @@ func republish(t *testing.T, e *env, nodes []string, topo *topology.Topology, ma
 }
 
 // runPath fills half the GPUs, then measures a burst and pods created
-// one at a time, and deletes everything it created.
-func runPath(t *testing.T, e *env, stages *stageWatch, path string, fill int, cfg schedConfig, ctrl *controllerProcess) pathFigures {
+// one at a time, and deletes everything it created. podFor makes the
+// pods (nil: one GPU from the claim template named path).
+func runPath(t *testing.T, e *env, stages *stageWatch, path string, fill int, cfg schedConfig, ctrl *controllerProcess, podFor func(name string) *corev1.Pod) pathFigures {
 	t.Helper()
 	newPod := func(name string) *corev1.Pod {
+		if podFor != nil {
+			return podFor(name)
+		}
 		p := e.newPod(name, path)
 		// gpulink's gate comes from the chart's admission policy.
 		p.Spec.SchedulingGates = nil
@@ -363,12 +367,34 @@ func installChartPolicies(t *testing.T, e *env) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if policies, bindings := createPolicies(t, e, out); policies != 2 || bindings != 2 {
+		t.Fatalf("rendered %d policies and %d bindings, want 2 and 2:\n%s", policies, bindings, out)
+	}
+	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	probePod := e.newPod("policy-probe", "gpulink")
+	probePod.Spec.SchedulingGates = nil
+	probeClaim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "policy-probe", Namespace: e.ns},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("gpus", 1)}}}}
+	e.poll("the chart's gate and finalizer policies in effect", time.Minute, func() bool {
+		p, err := e.client.CoreV1().Pods(e.ns).Create(e.ctx, probePod, dryRun)
+		if err != nil || !gated(p) {
+			return false
+		}
+		c, err := e.client.ResourceV1().ResourceClaims(e.ns).Create(e.ctx, probeClaim, dryRun)
+		return err == nil && slices.Contains(c.Finalizers, driver.ClaimFinalizer)
+	})
+}
+
+// createPolicies creates the MutatingAdmissionPolicies and bindings of a
+// rendering, the bindings limited to the test's namespace, deleted when
+// the test ends.
+func createPolicies(t *testing.T, e *env, out []byte) (policies, bindings int) {
+	t.Helper()
 	objs, err := localcluster.DecodeObjects(out)
 	if err != nil {
 		t.Fatal(err)
 	}
 	adm := e.client.AdmissionregistrationV1()
-	var policies, bindings int
 	for _, o := range objs {
 		raw, err := o.MarshalJSON()
 		if err != nil {
@@ -404,22 +430,7 @@ func installChartPolicies(t *testing.T, e *env) {
 			t.Fatalf("the chart's policy templates rendered a %s", o.GetKind())
 		}
 	}
-	if policies != 2 || bindings != 2 {
-		t.Fatalf("rendered %d policies and %d bindings, want 2 and 2:\n%s", policies, bindings, out)
-	}
-	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
-	probePod := e.newPod("policy-probe", "gpulink")
-	probePod.Spec.SchedulingGates = nil
-	probeClaim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "policy-probe", Namespace: e.ns},
-		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("gpus", 1)}}}}
-	e.poll("the chart's gate and finalizer policies in effect", time.Minute, func() bool {
-		p, err := e.client.CoreV1().Pods(e.ns).Create(e.ctx, probePod, dryRun)
-		if err != nil || !gated(p) {
-			return false
-		}
-		c, err := e.client.ResourceV1().ResourceClaims(e.ns).Create(e.ctx, probeClaim, dryRun)
-		return err == nil && slices.Contains(c.Finalizers, driver.ClaimFinalizer)
-	})
+	return policies, bindings
 }
 
 // profileBurst starts CPU profiles of the API server, kube-scheduler and

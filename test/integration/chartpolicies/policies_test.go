@@ -87,6 +87,8 @@ func TestChartPolicies(t *testing.T) {
 	t.Run("PluginSlices", e.testPluginSlices)
 	t.Run("ControllerRBAC", e.testControllerRBAC)
 	t.Run("ControllerPodPolicy", e.testControllerPodPolicy)
+	// Last: it installs gate.cpuPods over the defaults (and restores them).
+	t.Run("CPUPods", e.testCPUPods)
 }
 
 // setup creates the namespaces, installs the rendered chart (no gpulink

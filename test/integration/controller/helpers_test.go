@@ -37,6 +37,9 @@ type env struct {
 	client kubernetes.Interface
 	ns     string
 	topo   map[string]*topology.Topology // node -> topology
+	// configure, when set, adjusts the configuration of the controllers
+	// the test starts.
+	configure func(*controller.Config)
 }
 
 func fixture(t testing.TB, name string) *topology.Topology {
@@ -173,7 +176,7 @@ func (e *env) startControllerWith(workers int, wrap func(http.RoundTripper) http
 		e.t.Fatal(err)
 	}
 	rec, stopRec := controller.NewRecorder(ctx, client)
-	ctrl, err := controller.New(controller.Config{
+	ccfg := controller.Config{
 		Client: client, Recorder: rec, Workers: workers,
 		Policy:             allocate.Policy{Node: allocate.Binpack, GPU: allocate.Binpack},
 		UnschedulableGrace: 10 * time.Second,
@@ -185,7 +188,11 @@ func (e *env) startControllerWith(workers int, wrap func(http.RoundTripper) http
 		// Pods are gangs through PodGroups where the cluster serves them
 		// (GPULINK_WORKLOAD_GATES=off turns the Workload API off).
 		Gangs: controller.GangConfig{PodGroups: cluster.WorkloadAPI()},
-	})
+	}
+	if e.configure != nil {
+		e.configure(&ccfg)
+	}
+	ctrl, err := controller.New(ccfg)
 	if err != nil {
 		cancel()
 		e.t.Fatal(err)

@@ -102,6 +102,9 @@ combination that installs cleanly but leaves GPU pods Pending forever.
 {{- if and .Values.gate.enabled (not .Values.controller.enabled) -}}
 {{- fail "gate.enabled=true needs controller.enabled=true: only the controller lifts the scheduling gate, gated pods would never be scheduled" -}}
 {{- end -}}
+{{- if and .Values.gate.cpuPods.enabled (not .Values.controller.enabled) -}}
+{{- fail "gate.cpuPods.enabled=true needs controller.enabled=true: only the controller lifts the scheduling gate, gated pods would never be scheduled" -}}
+{{- end -}}
 {{- if and $kp.managedByController (not .Values.controller.enabled) -}}
 {{- fail "kubeletPlugin.managedByController=true needs controller.enabled=true: the devices are tainted against kube-scheduler and nothing else would allocate them" -}}
 {{- end -}}
