@@ -85,12 +85,13 @@ type demandRecorder struct {
 }
 
 // demandRefresh is how many decided pods pass between two snapshots of the
-// demand mix. Every snapshot invalidates the kept score of every node (a
+// demand mix (allocate.DefaultDemandRefresh; the replay of FGD's trace uses
+// the same). Every snapshot invalidates the kept score of every node (a
 // score ranks only against scores of the same mix), so the decision after
 // it rescores the whole cluster: about 100 ms on 5,000 nodes. Every 256th
 // pod keeps those decisions under 1 in 200, and the mix still follows a
 // change of workload within half its window.
-const demandRefresh = allocate.DefaultHistoryWindow / 2
+const demandRefresh = allocate.DefaultDemandRefresh
 
 func newDemandRecorder(on bool) (*demandRecorder, error) {
 	if !on {
