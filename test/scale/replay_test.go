@@ -102,7 +102,7 @@ func TestReplayController(t *testing.T) {
 		t.Fatal(err)
 	}
 	opt := tracebench.Options{TopologyDir: "../../driver/topology/testdata", NodeStride: cfg.Stride, MaxPercent: cfg.MaxPercent,
-		Seeds: []uint64{cfg.Seed}, Policies: []string{tracebench.PolicyGpulinkFresh}}
+		Seeds: []uint64{cfg.Seed}, Policies: []string{tracebench.PolicyGpulinkFresh}, RecordPlacements: true}
 	plan, err := tracebench.NewReplayPlan(tr, opt, cfg.Seed)
 	if err != nil {
 		t.Fatal(err)
@@ -143,15 +143,29 @@ func TestReplayController(t *testing.T) {
 	})
 	time.Sleep(5 * time.Second)
 
+	index := make(map[string]int, len(names))
+	for i, n := range names {
+		index[n] = i
+	}
 	var steps []replayStep
+	var diverged []string
 	var arrived int64
 	failed, next := 0, 10
 	start := time.Now()
 	for i := range plan.Tasks {
 		task := &plan.Tasks[i]
 		arrived += task.TotalMilli()
-		if !replayTask(t, e, ctrl, i, task) {
+		node := replayTask(t, e, ctrl, i, task)
+		got := -1
+		if node != "" {
+			got = index[node]
+		} else {
 			failed++
+		}
+		// The first tasks placed elsewhere than in the simulator say
+		// where a difference comes from.
+		if want := sim.Runs[0].Placements[i]; got != want && len(diverged) < 10 {
+			diverged = append(diverged, fmt.Sprintf("task %d (%+v): cluster node %d, simulator node %d (-1: not placed)", i, *task, got, want))
 		}
 		for next <= cfg.MaxPercent && arrived*100 >= plan.CapacityMilli*int64(next) {
 			idle := 100 * float64(plan.CapacityMilli-clusterAllocatedMilli(t, e)) / float64(plan.CapacityMilli)
@@ -177,6 +191,9 @@ func TestReplayController(t *testing.T) {
 		}
 	}
 	t.Logf("replay through the controller against the simulator (%s, seed %d, every %d-th node):\n%s", cfg.List, cfg.Seed, cfg.Stride, table.String())
+	if len(diverged) > 0 {
+		t.Logf("first tasks placed differently:\n%s", strings.Join(diverged, "\n"))
+	}
 	if cfg.Report != "" {
 		out, err := json.MarshalIndent(map[string]any{"Config": cfg, "Nodes": len(plan.Nodes), "Tasks": len(plan.Tasks), "Steps": steps}, "", "  ")
 		if err != nil {
@@ -188,11 +205,11 @@ func TestReplayController(t *testing.T) {
 	}
 }
 
-// replayTask creates task i and waits until it is bound to a node (true)
-// or nothing can hold it (false; it is deleted, as the replay drops it):
+// replayTask creates task i and waits until it is bound to a node (its
+// name) or nothing can hold it ("": it is deleted, as the replay drops it):
 // for a GPU pod, the controller's decision to wait; for a pod without
 // GPUs, kube-scheduler's Unschedulable condition.
-func replayTask(t *testing.T, e *env, ctrl *controllerProcess, i int, task *tracebench.Task) bool {
+func replayTask(t *testing.T, e *env, ctrl *controllerProcess, i int, task *tracebench.Task) string {
 	t.Helper()
 	name := fmt.Sprintf("t%05d", i)
 	pod := &corev1.Pod{
@@ -228,14 +245,14 @@ func replayTask(t *testing.T, e *env, ctrl *controllerProcess, i int, task *trac
 	if _, err := e.client.CoreV1().Pods(e.ns).Create(e.ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	placed := false
+	placed := ""
 	e.poll("task "+name+" placed or refused", 2*time.Minute, func() bool {
 		p, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false
 		}
 		if p.Spec.NodeName != "" {
-			placed = true
+			placed = p.Spec.NodeName
 			return true
 		}
 		if task.GPUs > 0 {
@@ -248,7 +265,7 @@ func replayTask(t *testing.T, e *env, ctrl *controllerProcess, i int, task *trac
 		}
 		return false
 	})
-	if !placed {
+	if placed == "" {
 		if err := e.client.CoreV1().Pods(e.ns).Delete(e.ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
 			t.Fatal(err)
 		}
