@@ -155,6 +155,21 @@ scale: cluster-build ## scale test: SCALE_NODES API-only 8-GPU nodes (5000), SCA
 	  GPULINK_SCALE_REPORT=$(OUTPUT)/scale-report.json \
 	  $(GO) test -count=1 -v -timeout 120m -tags integration -run '^TestScale$$' ./test/scale/
 
+# FGD's trace through the real controller (issue 32, part 3): every
+# REPLAY_STRIDE-th openb node as an API-only node, one seed of REPLAY_LIST,
+# each task created in the replay's order; the cluster's unallocated GPU at
+# each 10 % step against `gpulink simulate --trace` (docs/performance/trace.md).
+REPLAY_STRIDE ?= 8
+REPLAY_SEED   ?= 1
+REPLAY_LIST   ?= default
+.PHONY: replay-controller
+replay-controller: cluster-build ## FGD's trace replayed through gpulink-controller on a reduced openb cluster vs the simulator (TRACE_DIR, REPLAY_STRIDE, REPLAY_SEED, REPLAY_LIST); report in _output/replay-report.json
+	@test -d "$(TRACE_DIR)" || { echo "replay-controller: no trace at $(TRACE_DIR) (set TRACE_DIR)"; exit 1; }
+	@mkdir -p $(OUTPUT)
+	GPULINK_REPLAY=1 GPULINK_REPLAY_TRACE=$(abspath $(TRACE_DIR)) GPULINK_REPLAY_STRIDE=$(REPLAY_STRIDE) GPULINK_REPLAY_SEED=$(REPLAY_SEED) \
+	  GPULINK_REPLAY_LIST=$(REPLAY_LIST) GPULINK_REPLAY_REPORT=$(OUTPUT)/replay-report.json \
+	  $(GO) test -count=1 -v -timeout 90m -tags integration -run '^TestReplayController$$' ./test/scale/
+
 # gpulink against the stock kube-scheduler on the same cluster, in one run
 # (docs/performance/scheduler.md): pods/s to bound and create→bound
 # latency, a burst and one pod at a time, the cluster half full first.

@@ -39,6 +39,7 @@ func (c *Controller) runningPods(ctx context.Context) []planner.RunningPod {
 			continue
 		}
 		var claims []*resourceapi.ResourceClaim
+		var interpreted []*planner.Claim
 		for i := range pod.Spec.ResourceClaims {
 			name, _, err := resourceclaim.Name(pod, &pod.Spec.ResourceClaims[i])
 			if err != nil || name == nil {
@@ -49,9 +50,17 @@ func (c *Controller) runningPods(ctx context.Context) []planner.RunningPod {
 				continue
 			}
 			claims = append(claims, claim)
+			// Its selectors give the shape the products it may run on;
+			// a claim that is not gpulink's or no longer interprets
+			// (its class gone) gives none.
+			ic, kind, err := c.interp.Interpret(ctx, claim)
+			if err != nil || kind != planner.ClaimOurs {
+				ic = nil
+			}
+			interpreted = append(interpreted, ic)
 		}
 		if len(claims) > 0 {
-			out = append(out, planner.RunningPod{Pod: pod, Claims: claims})
+			out = append(out, planner.RunningPod{Pod: pod, Claims: claims, Interpreted: interpreted})
 		}
 	}
 	return out

@@ -64,6 +64,9 @@ func New(cfg Config) (*Planner, error) {
 	if err != nil {
 		return nil, fmt.Errorf("planner config: %w", err)
 	}
+	if demand.hist != nil {
+		demand.products = newProductAdmission(cfg.Inventory, cfg.Selectors)
+	}
 	return &Planner{policy: cfg.Policy, mix: mix, demand: demand, inv: cfg.Inventory, ledger: cfg.Ledger,
 		filter: cfg.Filter, sel: cfg.Selectors, scores: newScoreCache(), slots: newSlotCache()}, nil
 }

@@ -110,7 +110,11 @@ type Inventory struct {
 	nodes    map[string]*NodeInventory // by node name
 	poolNode map[string]string         // pool -> node it was built for
 	// sorted caches all()'s answer until a node changes; read-only.
-	sorted   []*NodeInventory
+	sorted []*NodeInventory
+	// gen counts rebuilds of pools, so that what is derived from the node
+	// set (productAdmission's representatives) knows when to derive it
+	// again.
+	gen      uint64
 	problems map[string]string // pool -> why it is unusable
 	// foreign keeps other drivers' devices per node (foreign_inventory.go).
 	foreign foreignInventory
@@ -240,6 +244,13 @@ func (inv *Inventory) All() []*NodeInventory {
 	return slices.Clone(sorted)
 }
 
+// Generation changes whenever a node's inventory is rebuilt or dropped.
+func (inv *Inventory) Generation() uint64 {
+	inv.mu.RLock()
+	defer inv.mu.RUnlock()
+	return inv.gen
+}
+
 // ProblemsSnapshot returns why pools are unusable, by pool name.
 func (inv *Inventory) ProblemsSnapshot() map[string]string {
 	inv.mu.RLock()
@@ -253,6 +264,7 @@ func (inv *Inventory) ProblemsSnapshot() map[string]string {
 
 func (inv *Inventory) rebuildLocked(pool string) error {
 	inv.sorted = nil
+	inv.gen++
 	if old, ok := inv.poolNode[pool]; ok {
 		delete(inv.nodes, old)
 		delete(inv.poolNode, pool)

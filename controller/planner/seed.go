@@ -18,6 +18,11 @@ import (
 type RunningPod struct {
 	Pod    *corev1.Pod
 	Claims []*resourceapi.ResourceClaim
+	// Interpreted are the claims as the controller interprets them, in
+	// the order of Claims (nil for a claim that is not gpulink's): their
+	// selectors give the shape its products (DemandShape.Products). Nil
+	// as a whole: the shapes are recorded without products.
+	Interpreted []*Claim
 }
 
 // RanksByStranding tells whether decisions rank by stranded GPU
@@ -42,11 +47,14 @@ func (p *Planner) Seed(ctx context.Context, pods []RunningPod) int {
 	})
 	n := 0
 	for _, rp := range pods {
-		shape, ok := p.allocatedShape(rp.Claims)
+		shape, alt, ok := p.allocatedShape(rp)
 		if !ok {
 			continue
 		}
 		shape.Host = podHost(rp.Pod)
+		if alt != nil {
+			shape.Products = p.demand.products.of(ctx, alt.Selectors)
+		}
 		if err := p.demand.hist.Record(shape); err != nil {
 			klog.FromContext(ctx).V(2).Info("Not seeding the demand mix with the pod's shape", "pod", klog.KObj(rp.Pod), "shape", shape, "err", err)
 			continue
@@ -59,12 +67,18 @@ func (p *Planner) Seed(ctx context.Context, pods []RunningPod) int {
 // allocatedShape is the shape demandRecorder.record gives a decided pod,
 // from its claims' allocations: the largest whole-GPU set of one request,
 // else the first share (its dominant fraction of the GPU, whose memory
-// the inventory knows).
-func (p *Planner) allocatedShape(claims []*resourceapi.ResourceClaim) (allocate.DemandShape, bool) {
+// the inventory knows); with the alternative of the request it came from
+// when the pod's interpreted claims are known (nil otherwise).
+func (p *Planner) allocatedShape(rp RunningPod) (allocate.DemandShape, *Alternative, bool) {
 	maxWhole, share := 0, 0
-	for _, c := range claims {
+	var wholeAlt, shareAlt *Alternative
+	for ci, c := range rp.Claims {
 		if c == nil || c.Status.Allocation == nil {
 			continue
+		}
+		var ic *Claim
+		if ci < len(rp.Interpreted) {
+			ic = rp.Interpreted[ci]
 		}
 		whole := map[string]int{}
 		for i := range c.Status.Allocation.Devices.Results {
@@ -74,12 +88,15 @@ func (p *Planner) allocatedShape(claims []*resourceapi.ResourceClaim) (allocate.
 			case !ok:
 			case u.Exclusive:
 				whole[r.Request]++
-				maxWhole = max(maxWhole, whole[r.Request])
+				if whole[r.Request] > maxWhole {
+					maxWhole, wholeAlt = whole[r.Request], ic.alternative(r.Request)
+				}
 			case share == 0:
 				// Pools are named after their nodes.
 				if n := p.inv.Node(u.Pool); n != nil && n.Topo != nil {
 					if d, ok := n.byName[u.Device]; ok && d.Pos < n.Topo.Len() {
 						share = shareMilli(allocate.ShareRequest{MemoryBytes: u.MemoryBytes, Cores: u.Cores}, n.Topo.GPUs[d.Pos].MemoryBytes)
+						shareAlt = ic.alternative(r.Request)
 					}
 				}
 			}
@@ -87,9 +104,26 @@ func (p *Planner) allocatedShape(claims []*resourceapi.ResourceClaim) (allocate.
 	}
 	switch {
 	case maxWhole > 0:
-		return allocate.DemandShape{GPUs: maxWhole}, true
+		return allocate.DemandShape{GPUs: maxWhole}, wholeAlt, true
 	case share > 0:
-		return allocate.DemandShape{GPUs: 1, ShareMilli: share}, true
+		return allocate.DemandShape{GPUs: 1, ShareMilli: share}, shareAlt, true
 	}
-	return allocate.DemandShape{}, false
+	return allocate.DemandShape{}, nil, false
+}
+
+// alternative returns the claim's alternative whose results carry the
+// request name result ("req" or "req/sub"), nil when none does or the
+// claim is nil.
+func (ic *Claim) alternative(result string) *Alternative {
+	if ic == nil {
+		return nil
+	}
+	for _, r := range ic.Requests {
+		for _, a := range r.Alternatives {
+			if a.ResultName == result {
+				return a
+			}
+		}
+	}
+	return nil
 }

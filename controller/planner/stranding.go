@@ -79,15 +79,19 @@ type demandRecorder struct {
 	// between snapshots. Nodes added or resized in between count from
 	// the next snapshot on.
 	mix, weighed *allocate.DemandMix
+	// products turns the recorded pods' selectors into the products
+	// they admit (products.go); nil in tests that record shapes only.
+	products *productAdmission
 }
 
 // demandRefresh is how many decided pods pass between two snapshots of the
-// demand mix. Every snapshot invalidates the kept score of every node (a
+// demand mix (allocate.DefaultDemandRefresh; the replay of FGD's trace uses
+// the same). Every snapshot invalidates the kept score of every node (a
 // score ranks only against scores of the same mix), so the decision after
 // it rescores the whole cluster: about 100 ms on 5,000 nodes. Every 256th
 // pod keeps those decisions under 1 in 200, and the mix still follows a
 // change of workload within half its window.
-const demandRefresh = allocate.DefaultHistoryWindow / 2
+const demandRefresh = allocate.DefaultDemandRefresh
 
 func newDemandRecorder(on bool) (*demandRecorder, error) {
 	if !on {
@@ -159,14 +163,15 @@ func (r *demandRecorder) record(ctx context.Context, pod *corev1.Pod, plan *Plan
 		return
 	}
 	var shape allocate.DemandShape
+	var alt *Alternative
 	for _, claim := range plan.Claims {
 		for _, res := range claim {
 			switch {
 			case res.Share == nil && len(res.Positions) > shape.GPUs:
-				shape = allocate.DemandShape{GPUs: len(res.Positions)}
+				shape, alt = allocate.DemandShape{GPUs: len(res.Positions)}, res.Alt
 			case res.Share != nil && shape.GPUs == 0 && len(res.Positions) == 1:
 				total := plan.Node.Topo.GPUs[res.Positions[0]].MemoryBytes
-				shape = allocate.DemandShape{GPUs: 1, ShareMilli: shareMilli(*res.Share, total)}
+				shape, alt = allocate.DemandShape{GPUs: 1, ShareMilli: shareMilli(*res.Share, total)}, res.Alt
 			}
 		}
 	}
@@ -174,6 +179,9 @@ func (r *demandRecorder) record(ctx context.Context, pod *corev1.Pod, plan *Plan
 		return
 	}
 	shape.Host = podHost(pod)
+	if alt != nil {
+		shape.Products = r.products.of(ctx, alt.Selectors)
+	}
 	if err := r.hist.Record(shape); err != nil {
 		klog.FromContext(ctx).V(2).Info("Not recording the pod's shape in the demand mix", "shape", shape, "err", err)
 		return

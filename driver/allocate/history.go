@@ -19,6 +19,12 @@ const (
 	// by mix (memo.go), so a mix that changed on every request would make
 	// every such decision cold.
 	DefaultHistoryRefresh = 64
+	// DefaultDemandRefresh is how many pods pass between two snapshots of
+	// the demand mix of ranking by stranding (DemandHistory) in the
+	// controller, and in the replay that models it: every new mix makes
+	// every kept node score stale (a rescore of the cluster, about 100 ms
+	// at 5,000 nodes), so it is refreshed less often than the size mix.
+	DefaultDemandRefresh = DefaultHistoryWindow / 2
 	// historyPrior is the pseudo-count every size 1..8 gets on top of the
 	// window's counts, so a size nobody asked for lately keeps a small
 	// weight instead of none: the fragmentation criterion still keeps one

@@ -24,7 +24,7 @@ import (
 //
 // hostAware gives the allocator each node's CPU and memory left and the
 // recent GPU pods' shapes (allocate.DemandHistory, same window and
-// refresh, each pod counted before it is decided): nodes are then ranked
+// refresh as the controller's, each pod counted once placed, as the controller records it): nodes are then ranked
 // by the GPU a placement strands first (Policy.Demand), each shape also
 // weighed by how few nodes could run it (DemandMix.WithScarcity). The history
 // knows the list's GPU task shapes from the start (DemandHistory.Know,
@@ -60,7 +60,7 @@ func newGpulinkPolicy(w *Workload, rng *rand.Rand, hostAware bool, cpuOnly func(
 	if err != nil {
 		return nil, err
 	}
-	d, err := allocate.NewDemandHistory(allocate.DefaultHistoryWindow, allocate.DefaultHistoryRefresh)
+	d, err := allocate.NewDemandHistory(allocate.DefaultHistoryWindow, allocate.DefaultDemandRefresh)
 	if err != nil {
 		return nil, err
 	}
@@ -125,9 +125,6 @@ func (g *gpulinkPolicy) place(c *Cluster, t *Task) (Placement, bool, error) {
 		req.GPUs = t.GPUs
 		g.hist.Record(t.GPUs)
 	}
-	if err := g.demand.Record(shape); err != nil {
-		return Placement{}, false, fmt.Errorf("gpulink: task %s: %w", t.Name, err)
-	}
 	if len(g.buf) == 0 {
 		return Placement{}, false, nil
 	}
@@ -149,6 +146,12 @@ func (g *gpulinkPolicy) place(c *Cluster, t *Task) (Placement, bool, error) {
 	i, ok := g.index[r.Node]
 	if !ok {
 		return Placement{}, false, fmt.Errorf("gpulink: task %s placed on unknown node %q", t.Name, r.Node)
+	}
+	// As the controller, which records a pod's shape once it decided it
+	// (controller/planner demandRecorder.record): a pod that found no
+	// node is not in the mix.
+	if err := g.demand.Record(shape); err != nil {
+		return Placement{}, false, fmt.Errorf("gpulink: task %s: %w", t.Name, err)
 	}
 	return Placement{Node: i, GPUs: r.GPUs}, true, nil
 }

@@ -26,6 +26,12 @@ const (
 	// false: nodes ranked on GPUs alone (no Host, no Demand), CPU-only
 	// pods left to kube-scheduler's default scoring.
 	PolicyGpulinkGPUOnly = "gpulink:rankByStranding=false"
+	// PolicyGpulinkFresh is the chart's defaults on a controller started
+	// on an empty cluster: no shape known before the first pods (nothing
+	// running to seed the demand mix from). The replay through the real
+	// controller (test/scale TestReplayController) is held against it;
+	// not in AllPolicies.
+	PolicyGpulinkFresh = "gpulink:fresh"
 	// PolicyGpulinkCPUPods is the chart's defaults with the pods without
 	// GPU claims placed by gpulink too (allocate.ChooseHost): chart value
 	// gate.cpuPods.enabled (docs/cpu-pods.md), what the paper's simulator
@@ -63,6 +69,8 @@ func newPolicy(name string, w *Workload, rng *rand.Rand) (policy, error) {
 		return newGpulinkPolicy(w, rng, true, kubeScheduler(rng, false))
 	case PolicyGpulinkMost:
 		return newGpulinkPolicy(w, rng, true, kubeScheduler(rng, true))
+	case PolicyGpulinkFresh:
+		return newGpulinkPolicy(nil, rng, true, kubeScheduler(rng, false))
 	case PolicyGpulinkGPUOnly:
 		return newGpulinkPolicy(w, rng, false, kubeScheduler(rng, false))
 	case PolicyGpulinkTaint:

@@ -30,6 +30,9 @@ type Options struct {
 	// IgnoreMemory replays as the paper's simulator does: no task's
 	// memory is counted, by any policy, in the fit or the fragment.
 	IgnoreMemory bool
+	// RecordPlacements keeps each task's node in Run.Placements (for the
+	// replay through the real controller, which compares task by task).
+	RecordPlacements bool
 }
 
 func (o *Options) defaults() {
@@ -75,6 +78,9 @@ type Run struct {
 	// Capacity is the cluster's GPU capacity in milli GPUs.
 	Capacity int64
 	Tasks    int
+	// Placements is each task's node, by index among the replayed nodes,
+	// -1 when it was not placed (Options.RecordPlacements only).
+	Placements []int
 }
 
 // ListResult is every run of one task list.
@@ -208,6 +214,13 @@ func replayOne(tr *Trace, nodes []Node, ks *kindSet, seq []int, seed uint64, nam
 		p, ok, err := pol.place(c, t)
 		if err != nil {
 			return Run{}, fmt.Errorf("%s, seed %d: %w", name, seed, err)
+		}
+		if opt.RecordPlacements {
+			node := -1
+			if ok {
+				node = p.Node
+			}
+			run.Placements = append(run.Placements, node)
 		}
 		if ok {
 			if err := c.apply(t, p); err != nil {

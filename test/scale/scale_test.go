@@ -394,7 +394,14 @@ var sliceMu sync.Mutex
 // publishNode creates an API-only node and publishes the slice the
 // kubelet plugin would publish for it.
 func publishNode(ctx context.Context, client kubernetes.Interface, name string, topo *topology.Topology) error {
-	n, err := client.CoreV1().Nodes().Create(ctx, controllertest.Node(name), metav1.CreateOptions{})
+	return publishNodeObject(ctx, client, controllertest.Node(name), topo)
+}
+
+// publishNodeObject is publishNode for a Node object of the caller's (its
+// own allocatable, say).
+func publishNodeObject(ctx context.Context, client kubernetes.Interface, node *corev1.Node, topo *topology.Topology) error {
+	name := node.Name
+	n, err := client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("creating node %s: %w", name, err)
 	}
