@@ -22,6 +22,11 @@ type SelectorEvaluator struct {
 	// resourceVersion) matches the driver-only probe device.
 	probeMu sync.Mutex
 	probe   map[string]bool
+
+	// preparedMu guards prepared: the selectors PrepareSelectors has
+	// evaluated on every node at the inventory's current generation.
+	preparedMu sync.Mutex
+	prepared   *preparedSelectors
 }
 
 func NewSelectorEvaluator() *SelectorEvaluator {

@@ -95,3 +95,64 @@ func TestPrepareSelectorsDeadlineInsideANode(t *testing.T) {
 		t.Errorf("devices %v: a row cut short by the deadline was kept", elig)
 	}
 }
+
+// PrepareSelectors evaluates a selector on every node once per inventory
+// generation: called again with nothing changed it looks at no node (a
+// row dropped meanwhile stays dropped, for Decide to evaluate), and once
+// a node's slices change it evaluates the selector on every node again.
+func TestPrepareSelectorsOncePerInventoryGeneration(t *testing.T) {
+	pc := newPruneCluster(t, rand.New(rand.NewPCG(5, 1)), 4, controllertest.EightGPUFixtures, 0)
+	p := &Planner{inv: pc.inv, sel: pc.sel}
+	const expr = `device.driver == "gpu.gpulink.dev"`
+	req := controllertest.WholeRequest("gpus", 1)
+	req.Exactly.Selectors = append(req.Exactly.Selectors, resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{Expression: expr}})
+	ic, _, err := pc.ip.Interpret(context.Background(), &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "d"},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	memoised := func(n *NodeInventory) bool {
+		n.memoMu.Lock()
+		defer n.memoMu.Unlock()
+		_, ok := n.memo.get(expr)
+		return ok
+	}
+	forget := func(n *NodeInventory) {
+		n.memoMu.Lock()
+		defer n.memoMu.Unlock()
+		n.memo = newLRU[[]selectorOutcome](memoEntriesPerNode)
+	}
+
+	if err := p.PrepareSelectors(context.Background(), []*Claim{ic}); err != nil {
+		t.Fatal(err)
+	}
+	nodes := pc.inv.All()
+	for _, n := range nodes {
+		if !memoised(n) {
+			t.Fatalf("node %s: no memoised row after PrepareSelectors", n.Node)
+		}
+	}
+	forgotten := nodes[0]
+	forget(forgotten)
+	if err := p.PrepareSelectors(context.Background(), []*Claim{ic}); err != nil {
+		t.Fatal(err)
+	}
+	if memoised(forgotten) {
+		t.Errorf("node %s: evaluated again with the inventory unchanged", forgotten.Node)
+	}
+
+	// Another node's slices change: the generation moves.
+	changed := pc.slices[nodes[1].Node].DeepCopy()
+	changed.Spec.Pool.Generation++
+	if err := pc.inv.Upsert(changed); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.PrepareSelectors(context.Background(), []*Claim{ic}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range pc.inv.All() {
+		if !memoised(n) {
+			t.Errorf("node %s: not evaluated after the inventory changed", n.Node)
+		}
+	}
+}
