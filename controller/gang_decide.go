@@ -230,12 +230,19 @@ func (d *nodeDomains) of(h *gang.Hierarchy, node *corev1.Node) []string {
 }
 
 // trialSlots counts how many copies of the representative pod fit on the
-// node at once: the planner places the pod's pending claims there, the
-// devices are assumed in the ledger (and the pod in the node fit) under
-// trial identities, and again, until it no longer fits or maxPods fit.
-// Every trial assumption is dropped before returning. Called under the
-// decision lock, so no other decision sees them.
+// node at once (planCopies). Called under the decision lock.
 func (c *Controller) trialSlots(ctx context.Context, rep *gangMember, own planner.Placement, node string, maxPods int) int {
+	return c.planCopies(ctx, rep, own, node, maxPods, nil)
+}
+
+// planCopies plans copies of the representative pod on the node one after
+// the other: each plan's devices are assumed in the ledger (and the pod in
+// the node fit) under trial identities before the next copy is planned,
+// until one no longer fits or maxPods were planned. visit (if not nil)
+// sees each plan. It returns how many were planned. Every trial
+// assumption is dropped before returning. Called under the decision lock,
+// so no other decision sees them.
+func (c *Controller) planCopies(ctx context.Context, rep *gangMember, own planner.Placement, node string, maxPods int, visit func(*planner.Plan)) int {
 	var settles []func(string, bool)
 	var fakes []types.UID
 	defer func() {
@@ -255,10 +262,10 @@ func (c *Controller) trialSlots(ctx context.Context, rep *gangMember, own planne
 	}
 	now := metav1.Now()
 	allocated := rep.allocatedClaims()
-	slots := 0
-	for slots < maxPods {
+	planned := 0
+	for planned < maxPods {
 		trial := rep.pod
-		if slots > 0 {
+		if planned > 0 {
 			// Its own identity, not that of a copy assumed before it:
 			// the fit filter does not count the pod it decides on the
 			// node, so the copy would not count.
@@ -269,23 +276,26 @@ func (c *Controller) trialSlots(ctx context.Context, rep *gangMember, own planne
 		if d.Chosen == nil {
 			break
 		}
-		slots++
-		if slots == maxPods {
+		planned++
+		if visit != nil {
+			visit(d.Chosen)
+		}
+		if planned == maxPods {
 			break
 		}
 		for i, ic := range rep.pending {
 			_, uses := buildAllocation(ic, d.Chosen.Node, d.Chosen.Claims[i], d.Chosen.ForeignResults(i), now)
-			settle, ok := c.ledger.Assume(types.UID(fmt.Sprintf("gang-trial/%s/%s/%d", ic.Claim.UID, node, slots)), uses)
+			settle, ok := c.ledger.Assume(types.UID(fmt.Sprintf("gang-trial/%s/%s/%d", ic.Claim.UID, node, planned)), uses)
 			if ok {
 				settles = append(settles, settle)
 			}
 		}
 		fake := rep.pod.DeepCopy()
-		fake.UID = types.UID(fmt.Sprintf("gang-trial/%s/%d", rep.pod.UID, slots))
+		fake.UID = types.UID(fmt.Sprintf("gang-trial/%s/%d", rep.pod.UID, planned))
 		c.fit.Assume(fake, node)
 		fakes = append(fakes, fake.UID)
 	}
-	return slots
+	return planned
 }
 
 // assumeGang plans each pod's claims on the node the placement gave it

@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 
 	resourceapi "k8s.io/api/resource/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 
@@ -251,43 +250,17 @@ func (c *Controller) railCap(node, key string, rails map[planner.DeviceKey]strin
 }
 
 // plannedRailKeys plans copies of the representative pod on the node, one
-// after the other as trialSlots does, and returns the rail key of each
-// plan: the alignments the planner's own choice offers there. Every trial
-// assumption is dropped before returning.
+// after the other (planCopies, as trialSlots counts them), and returns
+// the rail key of each plan: the alignments the planner's own choice
+// offers there.
 func (c *Controller) plannedRailKeys(ctx context.Context, rep *gangMember, own planner.Placement, node string, maxPods int) []string {
-	var settles []func(string, bool)
-	var fakes []types.UID
-	defer func() {
-		for _, s := range settles {
-			s("", false)
-		}
-		for _, uid := range fakes {
-			c.fit.Unassume(uid)
-		}
-	}()
 	rails := c.railsOn(node)
-	now := metav1.Now()
-	allocated := rep.allocatedClaims()
 	var keys []string
-	for n := range maxPods {
-		trial := rep.pod.DeepCopy()
-		trial.UID = types.UID(fmt.Sprintf("gang-rails/%s/%d", rep.pod.UID, n))
-		d := c.planner.Decide(ctx, planner.Request{Pod: trial, Pending: rep.pending, Allocated: allocated, Placement: own, Only: node})
-		if d.Chosen == nil {
-			break
-		}
-		if k, ok := railKey(d.Chosen, len(rep.pending), rails); ok && !slices.Contains(keys, k) {
+	c.planCopies(ctx, rep, own, node, maxPods, func(plan *planner.Plan) {
+		if k, ok := railKey(plan, len(rep.pending), rails); ok && !slices.Contains(keys, k) {
 			keys = append(keys, k)
 		}
-		for i, ic := range rep.pending {
-			_, uses := buildAllocation(ic, d.Chosen.Node, d.Chosen.Claims[i], d.Chosen.ForeignResults(i), now)
-			if settle, ok := c.ledger.Assume(types.UID(fmt.Sprintf("gang-rails/%s/%s/%d", ic.Claim.UID, node, n)), uses); ok {
-				settles = append(settles, settle)
-			}
-		}
-		c.fit.Assume(trial, node)
-		fakes = append(fakes, trial.UID)
-	}
+	})
 	return keys
 }
 
