@@ -124,21 +124,9 @@ func (c *Controller) placeHostPod(ctx context.Context, pod *corev1.Pod) error {
 // and resourceVersion, so that a pod changed since the cache saw it
 // (affinity or gates edited) is read again rather than overwritten.
 func (c *Controller) ungatePreferring(ctx context.Context, pod *corev1.Pod, node string) error {
-	err := c.patchPreferring(ctx, pod, node)
-	if err == nil || ctx.Err() != nil {
-		return err
-	}
-	fresh, getErr := c.client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
-	if apierrors.IsNotFound(getErr) {
-		return nil
-	}
-	if getErr != nil {
-		return fmt.Errorf("%w (re-reading the pod: %w)", err, getErr)
-	}
-	if fresh.UID != pod.UID {
-		return nil
-	}
-	return c.patchPreferring(ctx, fresh, node)
+	return c.patchPodOrFresh(ctx, pod, func(ctx context.Context, p *corev1.Pod) error {
+		return c.patchPreferring(ctx, p, node)
+	})
 }
 
 func (c *Controller) patchPreferring(ctx context.Context, pod *corev1.Pod, node string) error {

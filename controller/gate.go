@@ -82,13 +82,19 @@ func (c *Controller) ungate(ctx context.Context, pod *corev1.Pod) error {
 // removing someone else's gate. A pod that is gone or no longer carries the
 // gate needs nothing.
 func (c *Controller) removeGate(ctx context.Context, pod *corev1.Pod) error {
-	err := c.patchGate(ctx, pod)
+	return c.patchPodOrFresh(ctx, pod, c.patchGate)
+}
+
+// patchPodOrFresh applies patch, a JSON patch that tests what it relies
+// on, to the pod as the cache has it, and once more to the pod as the API
+// server has it when that fails: the cached pod may be stale (the gate
+// moved or is already gone, so the patch's test failed). A pod gone or
+// replaced (another UID) meanwhile needs nothing.
+func (c *Controller) patchPodOrFresh(ctx context.Context, pod *corev1.Pod, patch func(context.Context, *corev1.Pod) error) error {
+	err := patch(ctx, pod)
 	if err == nil || ctx.Err() != nil {
 		return err
 	}
-	// The cached pod may be stale (the gate moved or is already gone, so
-	// the patch's test failed): retry once with the pod as the API server
-	// has it.
 	fresh, getErr := c.client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(getErr) {
 		return nil
@@ -99,7 +105,7 @@ func (c *Controller) removeGate(ctx context.Context, pod *corev1.Pod) error {
 	if fresh.UID != pod.UID {
 		return nil
 	}
-	return c.patchGate(ctx, fresh)
+	return patch(ctx, fresh)
 }
 
 func (c *Controller) patchGate(ctx context.Context, pod *corev1.Pod) error {
