@@ -288,29 +288,14 @@ func placeVolcano(s *state, j *Job, maxLevel int, r *rand.Rand) []int {
 // spreadPods puts k pods one by one on the node of nodes with the most
 // free GPUs left (ties at random); nil if they do not fit.
 func spreadPods(s *state, nodes []int, g, k int, r *rand.Rand) []int {
-	free := make(map[int]int, k)
+	taken := make(map[int]int, k)
 	out := make([]int, 0, k)
 	for range k {
-		best, bestFree, ties := -1, -1, 0
-		for _, i := range nodes {
-			f := s.free[i] - free[i]
-			if f < g {
-				continue
-			}
-			switch {
-			case f > bestFree:
-				best, bestFree, ties = i, f, 1
-			case f == bestFree:
-				ties++
-				if r.IntN(ties) == 0 {
-					best = i
-				}
-			}
-		}
+		best := s.leastAllocatedTaking(nodes, g, taken, r)
 		if best < 0 {
 			return nil
 		}
-		free[best] += g
+		taken[best] += g
 		out = append(out, best)
 	}
 	return out

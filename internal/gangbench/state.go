@@ -72,9 +72,15 @@ func (s *state) leastAllocated(g int, r *rand.Rand) int {
 
 // leastAllocatedIn is leastAllocated among nodes.
 func (s *state) leastAllocatedIn(nodes []int, g int, r *rand.Rand) int {
+	return s.leastAllocatedTaking(nodes, g, nil, r)
+}
+
+// leastAllocatedTaking is leastAllocatedIn with taken[i] of node i's free
+// GPUs already promised (to earlier pods of the same job).
+func (s *state) leastAllocatedTaking(nodes []int, g int, taken map[int]int, r *rand.Rand) int {
 	best, bestFree, ties := -1, -1, 0
 	for _, i := range nodes {
-		f := s.free[i]
+		f := s.free[i] - taken[i]
 		if f < g {
 			continue
 		}
