@@ -4,7 +4,6 @@ package scale_test
 
 import (
 	"encoding/json"
-	"fmt"
 	"os"
 	"strings"
 	"sync"
@@ -18,7 +17,6 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 
-	"github.com/gpulink/gpulink/driver/topology"
 	"github.com/gpulink/gpulink/test/localcluster"
 )
 
@@ -52,22 +50,7 @@ func TestCPUPodsSideBySide(t *testing.T) {
 	}
 	cfg := schedConfigFromEnv(t)
 	e := setup(t)
-	topo, err := topology.ParseFile("../../driver/topology/testdata/v100-sxm2-8-aliyun-sccgn6.txt")
-	if err != nil {
-		t.Fatal(err)
-	}
-	nodes := make([]string, cfg.Nodes)
-	for i := range nodes {
-		nodes[i] = fmt.Sprintf("%s-cpu%04d", e.ns, i)
-	}
-	parallel(t, 32, cfg.Nodes, func(i int) error { return publishNode(e.ctx, e.client, nodes[i], topo) })
-	t.Cleanup(func() {
-		parallel(t, 32, cfg.Nodes, func(i int) error {
-			_ = e.client.ResourceV1().ResourceSlices().Delete(e.ctx, nodes[i]+"-gpu.gpulink.dev", metav1.DeleteOptions{})
-			_ = e.client.CoreV1().Nodes().Delete(e.ctx, nodes[i], metav1.DeleteOptions{})
-			return nil
-		})
-	})
+	publishBenchNodes(t, e, cfg.Nodes, "cpu")
 	cpuPod := func(name string) *corev1.Pod {
 		return &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns},

@@ -119,22 +119,7 @@ func TestSchedulerSideBySide(t *testing.T) {
 	}
 	cfg := schedConfigFromEnv(t)
 	e := setup(t)
-	topo, err := topology.ParseFile("../../driver/topology/testdata/v100-sxm2-8-aliyun-sccgn6.txt")
-	if err != nil {
-		t.Fatal(err)
-	}
-	nodes := make([]string, cfg.Nodes)
-	for i := range nodes {
-		nodes[i] = fmt.Sprintf("%s-sched%04d", e.ns, i)
-	}
-	parallel(t, 32, cfg.Nodes, func(i int) error { return publishNode(e.ctx, e.client, nodes[i], topo) })
-	t.Cleanup(func() {
-		parallel(t, 32, cfg.Nodes, func(i int) error {
-			_ = e.client.ResourceV1().ResourceSlices().Delete(e.ctx, nodes[i]+"-gpu.gpulink.dev", metav1.DeleteOptions{})
-			_ = e.client.CoreV1().Nodes().Delete(e.ctx, nodes[i], metav1.DeleteOptions{})
-			return nil
-		})
-	})
+	nodes, topo := publishBenchNodes(t, e, cfg.Nodes, "sched")
 
 	// The stock path's class: the driver's devices, nothing else.
 	plain := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: e.ns + "-plain"}, Spec: resourceapi.DeviceClassSpec{
@@ -472,4 +457,28 @@ func profileBurst(t *testing.T, cfg schedConfig, path string, ctrl *controllerPr
 		}
 		t.Logf("%s: CPU profiles of the burst's first %s in %s", path, d, cfg.ProfileDir)
 	}
+}
+
+// publishBenchNodes publishes n API-only 8-GPU nodes (V100 SXM2, the
+// scheduler benchmarks' node) named <namespace>-<infix>NNNN, removed with
+// their slices when the test ends, and returns their names and topology.
+func publishBenchNodes(t *testing.T, e *env, n int, infix string) ([]string, *topology.Topology) {
+	t.Helper()
+	topo, err := topology.ParseFile("../../driver/topology/testdata/v100-sxm2-8-aliyun-sccgn6.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes := make([]string, n)
+	for i := range nodes {
+		nodes[i] = fmt.Sprintf("%s-%s%04d", e.ns, infix, i)
+	}
+	parallel(t, 32, n, func(i int) error { return publishNode(e.ctx, e.client, nodes[i], topo) })
+	t.Cleanup(func() {
+		parallel(t, 32, n, func(i int) error {
+			_ = e.client.ResourceV1().ResourceSlices().Delete(e.ctx, nodes[i]+"-gpu.gpulink.dev", metav1.DeleteOptions{})
+			_ = e.client.CoreV1().Nodes().Delete(e.ctx, nodes[i], metav1.DeleteOptions{})
+			return nil
+		})
+	})
+	return nodes, topo
 }
