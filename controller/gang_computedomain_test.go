@@ -18,25 +18,6 @@ import (
 	"github.com/gpulink/gpulink/driver/gang"
 )
 
-// computeDomainClasses are the DeviceClasses NVIDIA's driver ships for
-// ComputeDomains, with their selectors.
-func computeDomainClasses() []*resourceapi.DeviceClass {
-	class := func(name, expr string) *resourceapi.DeviceClass {
-		return &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: name},
-			Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: expr}}}}}
-	}
-	return []*resourceapi.DeviceClass{
-		class("compute-domain-default-channel.nvidia.com", "device.driver == 'compute-domain.nvidia.com' && device.attributes['compute-domain.nvidia.com'].type == 'channel' && device.attributes['compute-domain.nvidia.com'].id == 0"),
-		class("compute-domain-daemon.nvidia.com", "device.driver == 'compute-domain.nvidia.com' && device.attributes['compute-domain.nvidia.com'].type == 'daemon'"),
-	}
-}
-
-// channelRequest asks for the default channel of a ComputeDomain, as the
-// ResourceClaimTemplate a ComputeDomain creates does.
-func channelRequest() resourceapi.DeviceRequest {
-	return resourceapi.DeviceRequest{Name: "channel", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "compute-domain-default-channel.nvidia.com"}}
-}
-
 // cdGangPod creates a gated pod of a label gang with a claim of gpus
 // whole GPUs and, with channel set, a second claim (<name>-cd) for a
 // ComputeDomain channel.
@@ -53,7 +34,7 @@ func (h *harness) cdGangPod(name, gangName string, size, gpus int, channel bool,
 		},
 	}
 	if channel {
-		h.claim(name+"-cd", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{channelRequest()}})
+		h.claim(name+"-cd", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.ChannelRequest()}})
 		p.Spec.ResourceClaims = append(p.Spec.ResourceClaims, corev1.PodResourceClaim{Name: "channel", ResourceClaimName: ptr.To(name + "-cd")})
 	}
 	for k, v := range extra {
@@ -67,7 +48,7 @@ func (h *harness) cdGangPod(name, gangName string, size, gpus int, channel bool,
 func cdObjects(t *testing.T) []runtime.Object {
 	t.Helper()
 	var out []runtime.Object
-	for _, c := range computeDomainClasses() {
+	for _, c := range controllertest.ComputeDomainClasses() {
 		out = append(out, c)
 	}
 	return out
@@ -156,7 +137,7 @@ func TestGangComputeDomainNeedsCliqueLevel(t *testing.T) {
 // to claim the channel apart; gpulink never allocates the channel.
 func TestComputeDomainInGpulinkClaimRefused(t *testing.T) {
 	h := newHarness(t, objs(classes(), cdObjects(t), leafNode(t, "a", "l1"))...).start()
-	h.claim("mixed", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1), channelRequest()}})
+	h.claim("mixed", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1), controllertest.ChannelRequest()}})
 	h.pod("mixed", true, "mixed")
 	e := h.waitEvent(ns+"/mixed", report.ReasonUninterpretable)
 	if !contains(e.Note, "ComputeDomain channel devices") || !contains(e.Note, "claim of its own") {

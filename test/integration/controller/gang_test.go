@@ -72,35 +72,65 @@ func (e *env) leafOf(t *testing.T, node string) string {
 // pods (a gang level or policy).
 func (e *env) gangPods(name string, size int, podGroup bool, level string, required bool) []string {
 	e.t.Helper()
-	usePG := podGroup && cluster.WorkloadAPI()
+	return e.gangPodsOf(gangOf{Name: name, Size: size, PodGroup: podGroup, Level: level, Required: required})
+}
+
+// gangOf is a gang gangPodsOf creates.
+type gangOf struct {
+	Name string
+	Size int
+	// PodGroup makes it a PodGroup's gang where the cluster serves the
+	// Workload API, else a gang of gpulink's labels.
+	PodGroup bool
+	// Level is a level name or node label key (none: ""), Required or
+	// Preferred.
+	Level    string
+	Required bool
+	// Templates are each pod's claims' templates (default: "four").
+	Templates []string
+	// Labels are added to each pod (gang-rails, say).
+	Labels map[string]string
+}
+
+// gangPodsOf creates the gang's pods and returns their names.
+func (e *env) gangPodsOf(g gangOf) []string {
+	e.t.Helper()
+	usePG := g.PodGroup && cluster.WorkloadAPI()
 	if usePG {
-		pg := &schedulingv1beta1.PodGroup{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns},
+		pg := &schedulingv1beta1.PodGroup{ObjectMeta: metav1.ObjectMeta{Name: g.Name, Namespace: e.ns},
 			Spec: schedulingv1beta1.PodGroupSpec{SchedulingPolicy: schedulingv1beta1.PodGroupSchedulingPolicy{
-				Gang: &schedulingv1beta1.GangSchedulingPolicy{MinCount: int32(size)}}}}
-		if level != "" && required {
-			pg.Spec.SchedulingConstraints = &schedulingv1beta1.PodGroupSchedulingConstraints{Topology: []schedulingv1beta1.TopologyConstraint{{Key: level}}}
+				Gang: &schedulingv1beta1.GangSchedulingPolicy{MinCount: int32(g.Size)}}}}
+		if g.Level != "" && g.Required {
+			pg.Spec.SchedulingConstraints = &schedulingv1beta1.PodGroupSchedulingConstraints{Topology: []schedulingv1beta1.TopologyConstraint{{Key: g.Level}}}
 		}
 		if _, err := e.client.SchedulingV1beta1().PodGroups(e.ns).Create(e.ctx, pg, metav1.CreateOptions{}); err != nil {
 			e.t.Fatal(err)
 		}
 	}
+	templates := g.Templates
+	if len(templates) == 0 {
+		templates = []string{"four"}
+	}
 	var names []string
-	for i := range size {
-		p := e.newPod(fmt.Sprintf("%s-%d", name, i), true, "four")
+	for i := range g.Size {
+		p := e.newPod(fmt.Sprintf("%s-%d", g.Name, i), true, templates...)
 		p.Labels = map[string]string{}
+		for k, v := range g.Labels {
+			p.Labels[k] = v
+		}
 		if usePG {
-			p.Spec.SchedulingGroup = &corev1.PodSchedulingGroup{PodGroupName: ptr.To(name)}
+			p.Spec.SchedulingGroup = &corev1.PodSchedulingGroup{PodGroupName: ptr.To(g.Name)}
 		} else {
-			p.Labels[gangs.LabelGang] = name
-			p.Labels[gangs.LabelSize] = strconv.Itoa(size)
+			p.Labels[gangs.LabelGang] = g.Name
+			p.Labels[gangs.LabelSize] = strconv.Itoa(g.Size)
 		}
 		// A PodGroup's topology key says a Required level itself.
-		levelOnPods := !usePG || !required
-		if level != "" && levelOnPods {
+		levelOnPods := !usePG || !g.Required
+		if g.Level != "" && levelOnPods {
 			// A node label key is no valid label value ('/'): it goes
 			// in an annotation, as docs/gangs.md says.
-			p.Annotations = map[string]string{gangs.LabelLevel: level}
-			if !required {
+			p.Annotations = map[string]string{gangs.LabelLevel: g.Level}
+			if !g.Required {
 				p.Labels[gangs.LabelPolicy] = string(gangs.Preferred)
 			}
 		}
