@@ -1,7 +1,9 @@
 package controller
 
 import (
+	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -92,10 +94,74 @@ func (c *Controller) computeDomainSpec(spec gangs.Spec, members []*gangMember) (
 }
 
 // computeDomainNote is what a waiting gang's event adds when its level
-// comes from a ComputeDomain ("" otherwise).
+// comes from a ComputeDomain ("" otherwise), with how its pods were
+// counted per node (channelSlots).
 func computeDomainNote(spec gangs.Spec) string {
 	if !strings.Contains(spec.Why, "ComputeDomain") {
 		return ""
 	}
-	return "; kept in one " + gang.LabelClique + " domain because " + spec.Why
+	return "; kept in one " + gang.LabelClique + " domain because " + spec.Why +
+		"; at most one pod per free ComputeDomain channel of a node (kube-scheduler gives each pod's channel claim a channel of its node)"
+}
+
+// channelRequest is a request for a ComputeDomain channel in one of a
+// pod's claims: its class's and its own CEL selectors, tolerations and
+// count.
+type channelRequest struct {
+	selectors   []string
+	tolerations []resourceapi.DeviceToleration
+	count       int
+}
+
+// channelRequests are the channel requests of the pod's unallocated
+// claims (firstAvailable alternatives are not counted).
+func (c *Controller) channelRequests(m *gangMember) []channelRequest {
+	var out []channelRequest
+	for _, cl := range m.pc.all {
+		if cl.Status.Allocation != nil {
+			continue
+		}
+		for _, r := range cl.Spec.Devices.Requests {
+			if r.Exactly == nil {
+				continue
+			}
+			dc, err := c.classes.Get(r.Exactly.DeviceClassName)
+			if err != nil || c.sel.ComputeDomainClass(dc) != "channel" {
+				continue
+			}
+			cr := channelRequest{tolerations: r.Exactly.Tolerations, count: int(max(r.Exactly.Count, 1))}
+			for _, s := range append(slices.Clone(dc.Spec.Selectors), r.Exactly.Selectors...) {
+				if s.CEL != nil {
+					cr.selectors = append(cr.selectors, s.CEL.Expression)
+				}
+			}
+			out = append(out, cr)
+		}
+	}
+	return out
+}
+
+// channelSlots bounds how many pods with the channel requests reqs (of
+// the gang's representative pod, not empty) the node holds:
+// kube-scheduler allocates each pod's channel claim on the node gpulink
+// put the pod's GPUs on, once the gate is gone, and NVIDIA's driver
+// publishes one default channel per node (channel-0), which one claim
+// holds at a time. A pod placed beyond the node's free channels would be
+// refused by kube-scheduler after the gang was ungated, and the gang
+// would run in part. The bound is, over the requests, the node's free
+// devices the request's class and selectors match, divided by its count.
+func (c *Controller) channelSlots(ctx context.Context, reqs []channelRequest, node string) int {
+	slots := -1
+	for _, r := range reqs {
+		n := 0
+		// A selector that does not compile matches nothing for
+		// kube-scheduler either: no pod fits.
+		if free, err := c.planner.FreeForeignDevices(ctx, node, r.selectors, r.tolerations); err == nil {
+			n = free / r.count
+		}
+		if slots < 0 || n < slots {
+			slots = n
+		}
+	}
+	return max(slots, 0)
 }

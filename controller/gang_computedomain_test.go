@@ -45,6 +45,13 @@ func (h *harness) cdGangPod(name, gangName string, size, gpus int, channel bool,
 	}
 }
 
+// cdNode is cliqueNode with the slice NVIDIA's compute-domain kubelet
+// plugin publishes (one channel and the daemon device).
+func cdNode(t *testing.T, name, label, published string) []runtime.Object {
+	t.Helper()
+	return append(cliqueNode(t, name, label, published), controllertest.ComputeDomainSlice(name, 1))
+}
+
 func cdObjects(t *testing.T) []runtime.Object {
 	t.Helper()
 	var out []runtime.Object
@@ -61,8 +68,8 @@ func cdObjects(t *testing.T) []runtime.Object {
 // across cliques; the channel claims are left to kube-scheduler.
 func TestGangComputeDomainOneClique(t *testing.T) {
 	h := newHarness(t, objs(classes(), cdObjects(t),
-		cliqueNode(t, "a", cliqueX, ""), cliqueNode(t, "b", cliqueX, ""),
-		cliqueNode(t, "c", "", cliqueY), cliqueNode(t, "d", "", cliqueY))...).start()
+		cdNode(t, "a", cliqueX, ""), cdNode(t, "b", cliqueX, ""),
+		cdNode(t, "c", "", cliqueY), cdNode(t, "d", "", cliqueY))...).start()
 	// Each clique keeps one free node.
 	h.singletonOn("sa", "a", 4)
 	h.singletonOn("sc", "c", 4)
@@ -145,5 +152,43 @@ func TestComputeDomainInGpulinkClaimRefused(t *testing.T) {
 	}
 	if c := h.getClaim("mixed"); c.Status.Allocation != nil {
 		t.Errorf("mixed claim allocated: %v", c.Status.Allocation)
+	}
+}
+
+// TestGangComputeDomainChannelPerNode: kube-scheduler gives each pod of a
+// ComputeDomain its node's channel-0, which one claim holds at a time, so
+// a node holds one pod of such a gang, and none while another claim holds
+// its channel, however many GPUs it has free. A gang of 2 pods × 2 GPUs
+// (two would fit on one 4-GPU node) waits while no clique has two nodes
+// with a free channel, and is then placed one pod per node.
+func TestGangComputeDomainChannelPerNode(t *testing.T) {
+	h := newHarness(t, objs(classes(), cdObjects(t),
+		cdNode(t, "a", "", cliqueX), cdNode(t, "b", "", cliqueX), cdNode(t, "c", "", cliqueY))...).start()
+	// Another ComputeDomain's pod holds a's channel (kube-scheduler
+	// allocated it).
+	h.claim("held", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.ChannelRequest()}})
+	held := h.getClaim("held")
+	held.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{
+		{Request: "channel", Driver: controllertest.ComputeDomainDriver, Pool: "a", Device: "channel-0"}}}}
+	if _, err := h.client.ResourceV1().ResourceClaims(ns).UpdateStatus(h.ctx, held, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	h.cdGangPod("p0", "cd", 2, 2, true, nil)
+	h.cdGangPod("p1", "cd", 2, 2, true, nil)
+	h.waitEventWith(ns+"/p0", report.ReasonGangWaiting, "only 1 fit in one clique")
+	h.settle()
+	if nodes := h.allocatedNodes("p0", "p1"); nodes["p0"] != "" || nodes["p1"] != "" {
+		t.Fatalf("ComputeDomain gang allocated on %v, beyond the free channels of its nodes", nodes)
+	}
+
+	if err := h.client.ResourceV1().ResourceClaims(ns).Delete(h.ctx, "held", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.ctrl.enqueueWaiting()
+	h.waitUngated("p0")
+	h.waitUngated("p1")
+	if nodes := h.allocatedNodes("p0", "p1"); !samePair(nodes["p0"], nodes["p1"], "a", "b") {
+		t.Errorf("ComputeDomain gang on %v, want one pod on each of a and b (one channel per node)", nodes)
 	}
 }

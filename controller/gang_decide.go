@@ -165,13 +165,15 @@ func (c *Controller) placeGang(ctx context.Context, spec gangs.Spec, rep *gangMe
 // The planner counts the slots of the usual pods itself (planner.Slots,
 // which keeps each node's count until the node changes); for the others
 // (MIG, other drivers' devices, shares, pod affinity) each node's copies
-// are tried one by one (trialSlots). The second result summarizes the
-// nodes the filter turned down.
+// are tried one by one (trialSlots). A pod claiming a ComputeDomain
+// channel bounds each node's slots by its free channels (channelSlots).
+// The second result summarizes the nodes the filter turned down.
 func (c *Controller) gangCandidates(ctx context.Context, spec gangs.Spec, rep *gangMember, own planner.Placement, maxPods int) ([]gang.Node, string) {
 	logger := klog.FromContext(ctx)
 	all := c.inv.All()
 	cands, objs, rej := c.filter.CandidateNodes(logger, rep.pod, all, rep.allocatedClaims())
 	counted, ok := c.planner.Slots(ctx, planner.SlotRequest{Pod: rep.pod, Pending: rep.pending, Placement: own, Nodes: cands, Objects: objs, Max: maxPods})
+	channels := c.channelRequests(rep)
 	out := make([]gang.Node, 0, len(cands))
 	for i, n := range cands {
 		node := objs[i]
@@ -181,6 +183,9 @@ func (c *Controller) gangCandidates(ctx context.Context, spec gangs.Spec, rep *g
 		} else {
 			s.Slots = c.trialSlots(ctx, rep, own, n.Node, maxPods)
 			s.FreeGPUs, s.TotalGPUs = c.planner.GPUCounts(n.Node)
+		}
+		if len(channels) > 0 {
+			s.Slots = min(s.Slots, c.channelSlots(ctx, channels, n.Node))
 		}
 		out = append(out, gang.Node{Name: n.Node, Domains: c.withPublishedClique(c.gangDomains.of(c.hierarchy, node), n), Slots: s.Slots, FreeGPUs: s.FreeGPUs, TotalGPUs: s.TotalGPUs})
 	}

@@ -66,3 +66,51 @@ func (e *SelectorEvaluator) ComputeDomainClass(class *resourceapi.DeviceClass) s
 	}
 	return ""
 }
+
+// FreeForeignDevices counts the devices of other drivers on the node that
+// kube-scheduler could give a request with these CEL selectors (its
+// class's and its own) and tolerations: those every selector matches,
+// that no claim holds (as the ledger knows them: allocated, or assumed by
+// a decision of ours) and whose NoSchedule and NoExecute taints are
+// tolerated. A device that allows multiple allocations counts as free
+// whoever holds it. The error is a selector's compilation error.
+//
+// It bounds how many pods claiming a ComputeDomain channel a node holds
+// (controller/gang_computedomain.go): kube-scheduler allocates each such
+// pod's channel claim on the node gpulink placed the pod's GPUs on, and
+// NVIDIA's driver publishes one default channel per node.
+func (p *Planner) FreeForeignDevices(ctx context.Context, node string, selectors []string, tolerations []resourceapi.DeviceToleration) (int, error) {
+	v := p.inv.Foreign(node)
+	if v == nil {
+		return 0, nil
+	}
+	match := make([]bool, len(v.Devices))
+	for i := range match {
+		match[i] = true
+	}
+	for _, expr := range selectors {
+		row, err := v.matching(ctx, p.sel, expr)
+		if err != nil {
+			return 0, err
+		}
+		for i, m := range row {
+			match[i] = match[i] && m
+		}
+	}
+	fr := &ForeignRequest{Tolerations: tolerations}
+	free := 0
+	for i, d := range v.Devices {
+		if !match[i] {
+			continue
+		}
+		if _, bad := untoleratedForeignTaint(d, fr); bad {
+			continue
+		}
+		shared := d.CEL.AllowMultipleAllocations != nil && *d.CEL.AllowMultipleAllocations
+		if !shared && p.ledger.ForeignHeld(d.Key()) {
+			continue
+		}
+		free++
+	}
+	return free, nil
+}

@@ -124,34 +124,46 @@ func (p *placer) foreignCandidates(fr *ForeignRequest) []*ForeignDevice {
 // (k8s.io/dynamic-resource-allocation/cel, as for gpulink's devices). A
 // runtime error (a missing attribute) is no match, and noted.
 func (p *placer) foreignMatches(fr *ForeignRequest, i int) bool {
-	v := p.foreign.view
 	for _, expr := range fr.Selectors {
-		v.memoMu.Lock()
-		row, ok := v.memo.get(expr)
-		v.memoMu.Unlock()
-		if !ok {
-			prog, err := p.sel.compile(expr)
-			if err != nil {
-				p.note("request %s: %v", fr.ResultName, err)
-				return false
-			}
-			row = make([]bool, len(v.Devices))
-			for k, dev := range v.Devices {
-				m, _, err := prog.DeviceMatches(p.ctx, dev.CEL)
-				if err != nil {
-					klog.FromContext(p.ctx).V(5).Info("CEL selector failed on another driver's device", "selector", expr, "driver", dev.Driver, "pool", dev.Pool, "device", dev.Name, "err", err)
-				}
-				row[k] = m && err == nil
-			}
-			v.memoMu.Lock()
-			v.memo.put(expr, row)
-			v.memoMu.Unlock()
+		row, err := p.foreign.view.matching(p.ctx, p.sel, expr)
+		if err != nil {
+			p.note("request %s: %v", fr.ResultName, err)
+			return false
 		}
 		if !row[i] {
 			return false
 		}
 	}
 	return true
+}
+
+// matching tells, per device of the node, whether the CEL expression
+// matches it, memoised per expression. A runtime error on a device (a
+// missing attribute) is no match; the error is the expression's
+// compilation error.
+func (v *ForeignNode) matching(ctx context.Context, sel *SelectorEvaluator, expr string) ([]bool, error) {
+	v.memoMu.Lock()
+	row, ok := v.memo.get(expr)
+	v.memoMu.Unlock()
+	if ok {
+		return row, nil
+	}
+	prog, err := sel.compile(expr)
+	if err != nil {
+		return nil, err
+	}
+	row = make([]bool, len(v.Devices))
+	for k, dev := range v.Devices {
+		m, _, err := prog.DeviceMatches(ctx, dev.CEL)
+		if err != nil {
+			klog.FromContext(ctx).V(5).Info("CEL selector failed on another driver's device", "selector", expr, "driver", dev.Driver, "pool", dev.Pool, "device", dev.Name, "err", err)
+		}
+		row[k] = m && err == nil
+	}
+	v.memoMu.Lock()
+	v.memo.put(expr, row)
+	v.memoMu.Unlock()
+	return row, nil
 }
 
 // foreignSearch is the backtracking choice of a claim's other drivers'

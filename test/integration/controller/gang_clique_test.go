@@ -223,6 +223,62 @@ func TestGangComputeDomain(t *testing.T) {
 	}
 }
 
+// TestGangComputeDomainChannelPerNode: NVIDIA's driver publishes one
+// default channel per node, and kube-scheduler gives each pod's channel
+// claim a channel of the pod's node, so a node holds one pod of a
+// ComputeDomain gang however many GPUs it has free. A gang of 2 pods × 2
+// GPUs, which a 4-GPU node would hold by its GPUs, waits, gated and
+// holding nothing, while clique X has one node and clique Y one free node;
+// then it runs in Y, one pod per node, its channels allocated by
+// kube-scheduler. (Placed two to a node, one pod was refused by
+// kube-scheduler after the gates were gone and the gang ran in part.)
+func TestGangComputeDomainChannelPerNode(t *testing.T) {
+	e, cq := cliqueCluster(t, 1, 2)
+	x1, y1, y2 := e.node("x1"), e.node("y1"), e.node("y2")
+	e.publishComputeDomains(x1, y1, y2)
+	e.template("two", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("gpus", 2)}})
+	ctrl := e.startController(4)
+	defer ctrl.stop()
+	e.blocker("block-y1", y1)
+
+	cd := e.gangPodsOf(gangOf{Name: "cd", Size: 2, PodGroup: true, Templates: []string{"two", "channel"}})
+	ev := e.waitEvent(cd[0], "gang cd: 2 pods × 2 GPUs: only 1 fit in one clique", time.Minute)
+	t.Logf("ComputeDomain gang waits: %s", ev)
+	for _, name := range cd {
+		p, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(p.Spec.SchedulingGates) == 0 || p.Spec.NodeName != "" {
+			t.Fatalf("pod %s of the waiting gang ungated or bound (node %q)", name, p.Spec.NodeName)
+		}
+	}
+	if n := e.allocatedCount(cd); n != 0 {
+		t.Fatalf("%d claims of the waiting ComputeDomain gang allocated", n)
+	}
+
+	e.deletePod("block-y1")
+	nodes := e.boundNodes(cd, 2*time.Minute)
+	if nodes[0] == nodes[1] {
+		t.Errorf("ComputeDomain gang pods both on %s, want one per node", nodes[0])
+	}
+	e.inOneClique(t, "ComputeDomain gang", nodes, cq.y)
+	for i, name := range cd {
+		p, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range e.claimsOf(p) {
+			if c.Status.Allocation == nil || c.Status.Allocation.Devices.Results[0].Pool != nodes[i] {
+				t.Errorf("claim %s of pod %s on %s not allocated there: %+v", c.Name, name, nodes[i], c.Status.Allocation)
+			}
+		}
+	}
+	if err := e.checkInvariants(); err != nil {
+		t.Error(err)
+	}
+}
+
 // TestGangRailsAligned: a gang of 2 pods × (2 GPUs + 1 NIC under one PCIe
 // root, issue 22's claim) with gang-rails: aligned, on two nodes with a
 // NIC per root (nic-k on rail k), one of whose rails is held by a
