@@ -40,29 +40,45 @@ func cliqueCluster(t *testing.T, inX, inY int) (*env, cliques) {
 	e := setup(t, nil)
 	fabric := string(uuid.NewUUID())
 	cq := cliques{x: fabric + ".1", y: fabric + ".2"}
-	add := func(short, clique string) {
-		topo := fixture(t, "pcie-4.txt")
-		for i := range topo.GPUs {
-			topo.GPUs[i].Clique = clique
-		}
-		name := e.node(short)
-		n := controllertest.Node(name)
-		n.Labels = map[string]string{corev1.LabelHostname: name, gang.LabelLeaf: e.ns + "-l1", gang.LabelSpine: "s1"}
-		e.addNodeWith(name, topo, n)
-	}
 	for i := range inX {
-		add(fmt.Sprintf("x%d", i+1), cq.x)
+		e.cliqueNode(fmt.Sprintf("x%d", i+1), cq.x, "")
 	}
 	for i := range inY {
-		add(fmt.Sprintf("y%d", i+1), cq.y)
+		e.cliqueNode(fmt.Sprintf("y%d", i+1), cq.y, "")
 	}
 	e.template("four", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("gpus", 4)}})
 	return e, cq
 }
 
-// cliqueOf is the clique a node's GPUs publish, read from its slice.
+// cliqueNode creates an API-only 4-GPU node (pcie-4.txt) in leaf l1 whose
+// GPUs publish the clique published and whose nvidia.com/gpu.clique label
+// is label (none where "").
+func (e *env) cliqueNode(short, published, label string) {
+	e.t.Helper()
+	topo := fixture(e.t, "pcie-4.txt")
+	for i := range topo.GPUs {
+		topo.GPUs[i].Clique = published
+	}
+	name := e.node(short)
+	n := controllertest.Node(name)
+	n.Labels = map[string]string{corev1.LabelHostname: name, gang.LabelLeaf: e.ns + "-l1", gang.LabelSpine: "s1"}
+	if label != "" {
+		n.Labels[gang.LabelClique] = label
+	}
+	e.addNodeWith(name, topo, n)
+}
+
+// cliqueOf is a node's clique: its label, else what its GPUs publish
+// (read from its slice).
 func (e *env) cliqueOf(node string) string {
 	e.t.Helper()
+	n, err := e.client.CoreV1().Nodes().Get(e.ctx, node, metav1.GetOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if v := n.Labels[gang.LabelClique]; v != "" {
+		return v
+	}
 	s, err := e.client.ResourceV1().ResourceSlices().Get(e.ctx, node+"-"+driver.Name, metav1.GetOptions{})
 	if err != nil {
 		e.t.Fatal(err)
@@ -91,8 +107,11 @@ func (e *env) inOneClique(t *testing.T, what string, nodes []string, want string
 // nothing, while no clique has room for it although the two together
 // would, with the message; once a clique has room it runs there,
 // bound by kube-scheduler, and its GangPlaced event names the clique.
+// x3's GPUs publish nothing; its label puts it in clique X with x1 and x2,
+// whose GPUs publish X.
 func TestGangCliqueFromAttribute(t *testing.T) {
-	e, cq := cliqueCluster(t, 3, 2)
+	e, cq := cliqueCluster(t, 2, 2)
+	e.cliqueNode("x3", "", cq.x)
 	ctrl := e.startController(4)
 	defer ctrl.stop()
 
