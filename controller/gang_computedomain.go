@@ -141,6 +141,30 @@ func (c *Controller) channelRequests(m *gangMember) []channelRequest {
 	return out
 }
 
+// boundByChannels bounds each candidate node's slots by how many pods
+// with channel requests it holds (channelSlots), when a ready pod of the
+// gang claims a ComputeDomain channel: the first such pod's requests
+// (pods of a gang share one template). Pods without a channel (a
+// launcher) are counted alike, which may keep them off a node they would
+// fit on, but never places more channel pods on a node than it has
+// channels. Called under the decision lock.
+func (c *Controller) boundByChannels(ctx context.Context, ready []*gangMember, nodes []gang.Node) {
+	var reqs []channelRequest
+	for _, m := range ready {
+		if reqs = c.channelRequests(m); len(reqs) > 0 {
+			break
+		}
+	}
+	if len(reqs) == 0 {
+		return
+	}
+	for i := range nodes {
+		if nodes[i].Slots > 0 {
+			nodes[i].Slots = min(nodes[i].Slots, c.channelSlots(ctx, reqs, nodes[i].Name))
+		}
+	}
+}
+
 // channelSlots bounds how many pods with the channel requests reqs (of
 // the gang's representative pod, not empty) the node holds:
 // kube-scheduler allocates each pod's channel claim on the node gpulink

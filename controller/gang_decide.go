@@ -144,11 +144,13 @@ func (c *Controller) decideGang(ctx context.Context, spec gangs.Spec, members, r
 // lock: the candidate nodes with their slots, driver/gang's placement,
 // and every pod planned and assumed on its node (assumeGang). It returns
 // the candidates and the node filter's summary for the waiting message.
-// rep is the pod the slots are counted for (gangRepresentative: the one
+// Pods claiming ComputeDomain channels bound each node's slots by its free
+// channels (boundByChannels). rep is the pod the slots are counted for (gangRepresentative: the one
 // asking the most GPUs). req.AlignRails is set here, after the rails of
 // the candidates are known, so the caller's waiting note can name them.
 func (c *Controller) placeGang(ctx context.Context, spec gangs.Spec, rep *gangMember, ready []*gangMember, own planner.Placement, req *gang.Request) (*gangDecision, []gang.Node, string, error) {
 	nodes, rej := c.gangCandidates(ctx, spec, rep, own, len(ready))
+	c.boundByChannels(ctx, ready, nodes)
 	if spec.AlignRails {
 		req.AlignRails = c.railSlots(ctx, rep, own, nodes)
 	}
@@ -165,15 +167,13 @@ func (c *Controller) placeGang(ctx context.Context, spec gangs.Spec, rep *gangMe
 // The planner counts the slots of the usual pods itself (planner.Slots,
 // which keeps each node's count until the node changes); for the others
 // (MIG, other drivers' devices, shares, pod affinity) each node's copies
-// are tried one by one (trialSlots). A pod claiming a ComputeDomain
-// channel bounds each node's slots by its free channels (channelSlots).
-// The second result summarizes the nodes the filter turned down.
+// are tried one by one (trialSlots). The second result summarizes the
+// nodes the filter turned down.
 func (c *Controller) gangCandidates(ctx context.Context, spec gangs.Spec, rep *gangMember, own planner.Placement, maxPods int) ([]gang.Node, string) {
 	logger := klog.FromContext(ctx)
 	all := c.inv.All()
 	cands, objs, rej := c.filter.CandidateNodes(logger, rep.pod, all, rep.allocatedClaims())
 	counted, ok := c.planner.Slots(ctx, planner.SlotRequest{Pod: rep.pod, Pending: rep.pending, Placement: own, Nodes: cands, Objects: objs, Max: maxPods})
-	channels := c.channelRequests(rep)
 	out := make([]gang.Node, 0, len(cands))
 	for i, n := range cands {
 		node := objs[i]
@@ -183,9 +183,6 @@ func (c *Controller) gangCandidates(ctx context.Context, spec gangs.Spec, rep *g
 		} else {
 			s.Slots = c.trialSlots(ctx, rep, own, n.Node, maxPods)
 			s.FreeGPUs, s.TotalGPUs = c.planner.GPUCounts(n.Node)
-		}
-		if len(channels) > 0 {
-			s.Slots = min(s.Slots, c.channelSlots(ctx, channels, n.Node))
 		}
 		out = append(out, gang.Node{Name: n.Node, Domains: c.withPublishedClique(c.gangDomains.of(c.hierarchy, node), n), Slots: s.Slots, FreeGPUs: s.FreeGPUs, TotalGPUs: s.TotalGPUs})
 	}
