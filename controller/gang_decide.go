@@ -144,9 +144,9 @@ func (c *Controller) decideGang(ctx context.Context, spec gangs.Spec, members, r
 // lock: the candidate nodes with their slots, driver/gang's placement,
 // and every pod planned and assumed on its node (assumeGang). It returns
 // the candidates and the node filter's summary for the waiting message.
-// Pods claiming ComputeDomain channels bound each node's slots by its free
-// channels (boundByChannels). rep is the pod the slots are counted for (gangRepresentative: the one
-// asking the most GPUs). req.AlignRails is set here, after the rails of
+// Pods claiming ComputeDomain channels bound each node's slots by its
+// free channels (boundByChannels). rep is the pod the slots are counted
+// for (gangRepresentative: the one asking the most GPUs). req.AlignRails is set here, after the rails of
 // the candidates are known, so the caller's waiting note can name them.
 func (c *Controller) placeGang(ctx context.Context, spec gangs.Spec, rep *gangMember, ready []*gangMember, own planner.Placement, req *gang.Request) (*gangDecision, []gang.Node, string, error) {
 	nodes, rej := c.gangCandidates(ctx, spec, rep, own, len(ready))
