@@ -260,3 +260,25 @@ func TestPaired(t *testing.T) {
 		t.Errorf("matched by seed: mean %.2f over %d, want 0.5 over 2 (1 then 0)", d.Mean, d.N)
 	}
 }
+
+// TestGPULinkSingleAsController: a single pod is placed as the
+// controller's planner does, without domains: the node with the fewest
+// free GPUs that holds it, then the first by name, even where driver/gang
+// would take a node of the busiest leaf.
+func TestGPULinkSingleAsController(t *testing.T) {
+	c := SuperPOD(64) // leaf-000: nodes 0-31, leaf-001: 32-63
+	s := newState(c)
+	for i := 32; i < 63; i++ {
+		s.take(i, 8) // leaf-001 busy but node 63
+	}
+	s.take(5, 6) // node 5: 2 free
+	s.take(7, 4) // node 7: 4 free
+	for _, tc := range []struct {
+		g, want int
+	}{{2, 5}, {3, 7}, {8, 0}} {
+		got := placeGPULink(s, &Job{Pods: 1, GPUsPerPod: tc.g}, c.H.Cluster(), nil)
+		if len(got) != 1 || got[0] != tc.want {
+			t.Errorf("%d GPUs: node %v, want %d", tc.g, got, tc.want)
+		}
+	}
+}
