@@ -282,3 +282,22 @@ func TestGPULinkSingleAsController(t *testing.T) {
 		}
 	}
 }
+
+// TestFmtDiff: a verdict is never printed beside a difference that rounds
+// to zero.
+func TestFmtDiff(t *testing.T) {
+	for _, tc := range []struct {
+		d    Diff
+		want string
+	}{
+		{Diff{Mean: 0, SE: 0}, "+0.0 ± 0.0"},
+		{Diff{Mean: 0.03, SE: 0.01, Verdict: Ahead}, "+0.03 ± 0.01 **ahead**"},
+		{Diff{Mean: -1.26, SE: 0.4, Verdict: Behind}, "-1.3 ± 0.4 **behind**"},
+		{Diff{Mean: -412.4, SE: 120.2, Verdict: Ahead}, "-412 ± 120 **ahead**"},
+		{Diff{Mean: math.NaN()}, "–"},
+	} {
+		if got := fmtDiff(tc.d); got != tc.want {
+			t.Errorf("%+v: %q, want %q", tc.d, got, tc.want)
+		}
+	}
+}

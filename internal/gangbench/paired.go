@@ -152,9 +152,15 @@ func fmtDiff(d Diff) string {
 	if math.IsNaN(d.Mean) {
 		return "–"
 	}
-	s := fmt.Sprintf("%+.1f ± %.1f", d.Mean, d.SE)
-	if math.Abs(d.Mean) >= 100 {
+	var s string
+	switch m := math.Abs(d.Mean); {
+	case m >= 100:
 		s = fmt.Sprintf("%+.0f ± %.0f", d.Mean, d.SE)
+	case m > 0 && m < 0.1:
+		// Small but maybe beyond noise (every seed alike): show it.
+		s = fmt.Sprintf("%+.2f ± %.2f", d.Mean, d.SE)
+	default:
+		s = fmt.Sprintf("%+.1f ± %.1f", d.Mean, d.SE)
 	}
 	if d.Verdict != Level {
 		s += " **" + string(d.Verdict) + "**"
