@@ -129,11 +129,12 @@ bench-trace: ## replay FGD's trace (TRACE_DIR, TRACE_SEEDS): unallocated GPUs an
 GANG_TRACE_DIR ?= ../shared/traces/gangs
 GANG_SEEDS     ?= 3
 GANG_LOADS     ?= 1,2,3
+GANG_WORKLOADS ?= kalos,spot,mixed
 .PHONY: bench-gangs
-bench-gangs: ## replay multi-node jobs (GANG_TRACE_DIR, GANG_SEEDS, GANG_LOADS): gangs placed, on their minimal level, GPUs held idle, waits, utilisation per policy
+bench-gangs: ## replay multi-node jobs (GANG_TRACE_DIR, GANG_SEEDS, GANG_LOADS, GANG_WORKLOADS): gangs placed, on their minimal level, GPUs held idle, waits, utilisation per policy
 	@test -d "$(GANG_TRACE_DIR)" || { echo "bench-gangs: no trace at $(GANG_TRACE_DIR) (set GANG_TRACE_DIR; see docs/performance/gangs.md)"; exit 1; }
 	@mkdir -p docs/performance
-	$(GO) run ./cmd/gpulink simulate --gang-trace "$(GANG_TRACE_DIR)" --gang-seeds $(GANG_SEEDS) --gang-loads $(GANG_LOADS) \
+	$(GO) run ./cmd/gpulink simulate --gang-trace "$(GANG_TRACE_DIR)" --gang-seeds $(GANG_SEEDS) --gang-loads $(GANG_LOADS) --gang-workloads $(GANG_WORKLOADS) \
 		--gang-markdown docs/performance/gangs-results.md
 
 # The full scale test; `make test` runs TestScale at its quick default size

@@ -153,7 +153,7 @@ type Controller struct {
 	gangRuns  gangRuns
 	reserve   reservations
 	// gangDemand and gangDomains are guarded by decideMu.
-	gangDemand  gangDemand
+	gangDemand  gang.DemandHistory
 	gangDomains nodeDomains
 	// decided are the pods whose decision this controller wrote or is
 	// writing, until they are deleted: users of their claims for the MPS

@@ -83,8 +83,8 @@ func (c *Controller) decideGang(ctx context.Context, spec gangs.Spec, members, r
 			}
 		}
 	}
-	c.gangDemand.record(spec.Key(), need, gpus)
-	req.Demand = c.gangDemand.shapes()
+	c.gangDemand.Record(spec.Key(), need, gpus)
+	req.Demand = c.gangDemand.Shapes()
 	dec, nodes, rej, perr := c.placeGang(ctx, spec, rep, ready, own, &req)
 	if perr != nil {
 		c.decideMu.Unlock()

@@ -38,7 +38,8 @@ type Request struct {
 	// Constraint: None (""), Preferred or Required.
 	Constraint Constraint
 	// Demand is the gang shapes asked for lately (the caller keeps the
-	// history, as SizeHistory does for GPU sets): among the domains of
+	// history, DemandHistory.Shapes, as SizeHistory does for GPU sets;
+	// the controller and the replay share it): among the domains of
 	// the lowest level that holds the gang, Place takes the one that keeps
 	// the most of it placeable on its own minimal level (doc.go,
 	// criterion 3). Empty: best fit alone.

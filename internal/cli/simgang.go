@@ -83,6 +83,10 @@ func (f *gangFlags) run(out io.Writer) error {
 	if err := gangbench.WriteMarkdown(&md, cells); err != nil {
 		return err
 	}
+	fmt.Fprintf(&md, "## Paired differences\n\ngpulink minus each baseline, per seed on the same jobs, then mean ± standard error over the seeds; **ahead** or **behind** where |mean| > %d standard errors with at least %d seeds (gpulink better or worse; lower waits and fewer GPUs held idle are better), else within noise.\n\n", gangbench.NoiseSE, gangbench.MinPairedSeeds)
+	if err := gangbench.WritePaired(&md, cells); err != nil {
+		return err
+	}
 	if _, err := io.WriteString(out, md.String()); err != nil {
 		return err
 	}

@@ -35,7 +35,7 @@ func TestSimulateGangTraceRuns(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
-	for _, want := range []string{"### kalos, required (1 seeds)", "| superpod | 1.0 | gpulink |", "| superpod | 1.0 | per-pod-greedy |", "superpod: 64 8-GPU nodes"} {
+	for _, want := range []string{"### kalos, required (1 seeds)", "| superpod | 1.0 | gpulink |", "| superpod | 1.0 | per-pod-greedy |", "superpod: 64 8-GPU nodes", "### gpulink − baseline: kalos, required (1 seeds)", "| superpod | 1.0 | kueue-tas |"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("report lacks %q:\n%s", want, stdout)
 		}

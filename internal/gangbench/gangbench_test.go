@@ -200,3 +200,104 @@ func TestKueueDescent(t *testing.T) {
 func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
+
+// TestPaired: the difference is taken per seed (matched by seed, not by
+// position), judged beyond noise only past NoiseSE standard errors with
+// MinPairedSeeds seeds, in the measure's direction.
+func TestPaired(t *testing.T) {
+	cell := func(placed []int, wait []float64, seeds []uint64) *Cell {
+		c := &Cell{}
+		for i := range placed {
+			c.Runs = append(c.Runs, Result{Seed: seeds[i], Gangs: 100, GangsPlaced: placed[i], WaitGangs: wait[i]})
+		}
+		return c
+	}
+	seeds := func(n int) []uint64 {
+		s := make([]uint64, n)
+		for i := range s {
+			s[i] = uint64(i + 1)
+		}
+		return s
+	}
+	rep := func(x, n int) []int {
+		out := make([]int, n)
+		for i := range out {
+			out[i] = x + i%2 // a spread of 1 over seeds
+		}
+		return out
+	}
+	waits := func(x float64, n int) []float64 {
+		out := make([]float64, n)
+		for i := range out {
+			out[i] = x + float64(7*i)
+		}
+		return out
+	}
+	placed, wait := PairedMeasures[0], PairedMeasures[3]
+	for _, tc := range []struct {
+		name string
+		a, b *Cell
+		m    PairedMeasure
+		mean float64
+		want Verdict
+	}{
+		{"same every seed: level", cell(rep(90, 10), waits(0, 10), seeds(10)), cell(rep(90, 10), waits(0, 10), seeds(10)), placed, 0, Level},
+		{"2 points more every seed: ahead", cell(rep(92, 10), waits(0, 10), seeds(10)), cell(rep(90, 10), waits(0, 10), seeds(10)), placed, 2, Ahead},
+		{"too few seeds: level", cell(rep(92, 9), waits(0, 9), seeds(9)), cell(rep(90, 9), waits(0, 9), seeds(9)), placed, 2, Level},
+		{"longer wait: behind", cell(rep(90, 10), waits(100, 10), seeds(10)), cell(rep(90, 10), waits(0, 10), seeds(10)), wait, 100, Behind},
+		{"shorter wait: ahead", cell(rep(90, 10), waits(0, 10), seeds(10)), cell(rep(90, 10), waits(100, 10), seeds(10)), wait, -100, Ahead},
+		{"one seed off, rest equal: within noise", cell([]int{90, 90, 90, 90, 90, 90, 90, 90, 90, 99}, waits(0, 10), seeds(10)), cell(rep(90, 10), waits(0, 10), seeds(10)), placed, 0.4, Level},
+	} {
+		d := Paired(tc.a, tc.b, tc.m)
+		if math.Abs(d.Mean-tc.mean) > 0.05 || d.Verdict != tc.want {
+			t.Errorf("%s: mean %.2f ± %.2f %q, want %.2f %q", tc.name, d.Mean, d.SE, d.Verdict, tc.mean, tc.want)
+		}
+	}
+	// Seeds are matched by Result.Seed: b's runs in reverse order give
+	// the same difference.
+	a, b := cell([]int{91, 95}, waits(0, 2), []uint64{1, 2}), cell([]int{95, 90}, waits(0, 2), []uint64{2, 1})
+	if d := Paired(a, b, placed); d.N != 2 || d.Mean != 0.5 {
+		t.Errorf("matched by seed: mean %.2f over %d, want 0.5 over 2 (1 then 0)", d.Mean, d.N)
+	}
+}
+
+// TestGPULinkSingleAsController: a single pod is placed as the
+// controller's planner does, without domains: the node with the fewest
+// free GPUs that holds it, then the first by name, even where driver/gang
+// would take a node of the busiest leaf.
+func TestGPULinkSingleAsController(t *testing.T) {
+	c := SuperPOD(64) // leaf-000: nodes 0-31, leaf-001: 32-63
+	s := newState(c)
+	for i := 32; i < 63; i++ {
+		s.take(i, 8) // leaf-001 busy but node 63
+	}
+	s.take(5, 6) // node 5: 2 free
+	s.take(7, 4) // node 7: 4 free
+	for _, tc := range []struct {
+		g, want int
+	}{{2, 5}, {3, 7}, {8, 0}} {
+		got := placeGPULink(s, &Job{Pods: 1, GPUsPerPod: tc.g}, c.H.Cluster(), nil)
+		if len(got) != 1 || got[0] != tc.want {
+			t.Errorf("%d GPUs: node %v, want %d", tc.g, got, tc.want)
+		}
+	}
+}
+
+// TestFmtDiff: a verdict is never printed beside a difference that rounds
+// to zero.
+func TestFmtDiff(t *testing.T) {
+	for _, tc := range []struct {
+		d    Diff
+		want string
+	}{
+		{Diff{Mean: 0, SE: 0}, "+0.0 ± 0.0"},
+		{Diff{Mean: 0.03, SE: 0.01, Verdict: Ahead}, "+0.03 ± 0.01 **ahead**"},
+		{Diff{Mean: -1.26, SE: 0.4, Verdict: Behind}, "-1.3 ± 0.4 **behind**"},
+		{Diff{Mean: -412.4, SE: 120.2, Verdict: Ahead}, "-412 ± 120 **ahead**"},
+		{Diff{Mean: math.NaN()}, "–"},
+	} {
+		if got := fmtDiff(tc.d); got != tc.want {
+			t.Errorf("%+v: %q, want %q", tc.d, got, tc.want)
+		}
+	}
+}

@@ -40,12 +40,17 @@ func placerOf(policy string) placer {
 	return nil
 }
 
-// placeGPULink is driver/gang's Place, with each node's slots the pods of
-// the job's size its free GPUs hold (the simulated nodes' GPUs are
-// interchangeable; inside a node the allocator's link choice is not
-// replayed here) and the demand the shapes of the last jobs to arrive
-// (Options.History).
+// placeGPULink is what gpulink's controller does. A gang goes to
+// driver/gang's Place, with each node's slots the pods of the job's size
+// its free GPUs hold (the simulated nodes' GPUs are interchangeable;
+// inside a node the allocator's link choice is not replayed here) and the
+// demand the controller's (driver/gang's DemandHistory of the last
+// Options.History gangs). A single pod is no gang: the controller places
+// it with the planner, not driver/gang (placeSingle).
 func placeGPULink(s *state, j *Job, maxLevel int, _ *rand.Rand) []int {
+	if j.Pods == 1 {
+		return placeSingle(s, j)
+	}
 	for i := range s.nodes {
 		s.nodes[i].Slots = s.free[i] / j.GPUsPerPod
 		s.nodes[i].FreeGPUs = s.free[i]
@@ -347,4 +352,23 @@ func placeRandom(s *state, j *Job, maxLevel int, r *rand.Rand) []int {
 		}
 	}
 	return out
+}
+
+// placeSingle is how gpulink's controller places a pod outside any gang:
+// not through driver/gang but the planner's node choice
+// (allocate.ChooseNode), which knows no domains: the best links (all
+// alike here: the simulated GPUs are interchangeable), the least stranded
+// by the demand mix and then binpack (here both: the fewest free GPUs
+// left on the node), then the node's name.
+func placeSingle(s *state, j *Job) []int {
+	best := -1
+	for i, f := range s.free {
+		if f >= j.GPUsPerPod && (best < 0 || f < s.free[best]) {
+			best = i // nodes are in name order: the first of the fewest
+		}
+	}
+	if best < 0 {
+		return nil
+	}
+	return []int{best}
 }

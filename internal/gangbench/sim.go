@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"strconv"
 
 	"github.com/gpulink/gpulink/driver/gang"
 )
@@ -51,8 +52,9 @@ type Options struct {
 	// GPUs on NVL72): it waits until one domain of that level holds it.
 	// Otherwise gangs are placed anywhere, as low as they fit.
 	Required bool
-	// History is how many of the last jobs to arrive gpulink's demand
-	// counts (Request.Demand); default 256, negative: none.
+	// History is how many of the last gangs to arrive gpulink's demand
+	// counts (Request.Demand, through driver/gang's DemandHistory, as the
+	// controller does); default 256, negative: none.
 	History int
 }
 
@@ -115,7 +117,7 @@ func Replay(c *Cluster, jobs []Job, window float64, policy string, seed uint64, 
 		opt.Backoff = 10
 	}
 	if opt.History == 0 {
-		opt.History = 256
+		opt.History = gang.DefaultDemandWindow
 	}
 	place := placerOf(policy)
 	if place == nil && policy != PolicyPerPod {
@@ -133,6 +135,9 @@ func Replay(c *Cluster, jobs []Job, window float64, policy string, seed uint64, 
 	busy, held := 0, 0
 	next := 0
 	var waitAll, waitGangs float64
+	// gpulink's demand: the controller's history (driver/gang's
+	// DemandHistory), the gangs recorded as they arrive.
+	hist := gang.DemandHistory{Window: opt.History}
 	start := func(x int) {
 		st := &js[x]
 		j := st.job
@@ -183,11 +188,14 @@ func Replay(c *Cluster, jobs []Job, window float64, policy string, seed uint64, 
 		for next < len(jobs) && jobs[next].Submit <= t {
 			js[next] = jobState{job: &jobs[next], start: -1}
 			pending = append(pending, next)
+			if j := &jobs[next]; j.Pods > 1 {
+				hist.Record(strconv.Itoa(j.ID), j.Pods, j.GPUsPerPod)
+				arrived = true
+			}
 			next++
-			arrived = true
 		}
 		if arrived && policy == PolicyGPULink && opt.History > 0 {
-			s.demand = demandOf(jobs[max(0, next-opt.History):next])
+			s.demand = hist.Shapes()
 		}
 		if place != nil {
 			pending = passWhole(s, js, pending, place, opt.Required, r, start)
@@ -329,25 +337,4 @@ func passPerPod(s *state, js []jobState, pending []int, r *rand.Rand, t float64,
 		keep = append(keep, x)
 	}
 	return keep
-}
-
-// maxShapes bounds the demand to its most frequent shapes, so that the
-// decision's cost stays bounded whatever the history's variety.
-const maxShapes = 32
-
-// demandOf counts the shapes of jobs, the maxShapes most frequent.
-func demandOf(jobs []Job) []gang.Shape {
-	idx := map[[2]int]int{}
-	var out []gang.Shape
-	for _, j := range jobs {
-		k := [2]int{j.Pods, j.GPUsPerPod}
-		if i, ok := idx[k]; ok {
-			out[i].Count++
-			continue
-		}
-		idx[k] = len(out)
-		out = append(out, gang.Shape{Pods: j.Pods, GPUsPerPod: j.GPUsPerPod, Count: 1})
-	}
-	slices.SortStableFunc(out, func(a, b gang.Shape) int { return b.Count - a.Count })
-	return out[:min(len(out), maxShapes)]
 }
