@@ -40,7 +40,8 @@ type ClassLister interface {
 // tolerate, match the node selectors of the pod's claims that are already
 // allocated (by anyone), not be excluded for this pod, have room for the
 // pod's CPU, memory, ephemeral storage, extended resources and pod count,
-// and satisfy the pod's required pod (anti-)affinity (see fitTracker).
+// have none of the pod's host ports in use (ports.go), and satisfy the
+// pod's required pod (anti-)affinity (see fitTracker).
 type NodeFilter struct {
 	Nodes   NodeGetter
 	Classes ClassLister
