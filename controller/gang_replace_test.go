@@ -64,3 +64,54 @@ func TestGangPodRefusedAfterUngating(t *testing.T) {
 		t.Errorf("bound pod's claim moved from %s to %q", nodes["r0"], got)
 	}
 }
+
+// TestGangRefusedAsWholePlacedAgainTogether: kube-scheduler refuses every
+// pod of a gang Required in one leaf (its gang scheduling refuses a whole
+// PodGroup when one pod cannot be placed) and their claims are
+// deallocated; no pod of the gang is bound. The gang is placed again as a
+// whole, within one leaf, away from the two nodes it was refused on: not
+// each pod on its own, the first on the other leaf's half-free node, which
+// alone it fits tighter.
+func TestGangRefusedAsWholePlacedAgainTogether(t *testing.T) {
+	big := gpuNode(t, "d", "pcie-switch-8.txt")
+	big[0].(*corev1.Node).Labels = map[string]string{corev1.LabelHostname: "d", gang.LabelLeaf: "l2"}
+	h := newHarness(t, objs(classes(), leafNode(t, "a", "l1"), leafNode(t, "b", "l1"), leafNode(t, "c", "l1"), leafNode(t, "e", "l1"), []runtime.Object{big[0], big[1]})...).start()
+	h.singletonOn("sd", "d", 4)
+
+	req := map[string]string{gangs.LabelLevel: "leaf"}
+	h.gangPod("r0", "run", 2, 4, req)
+	h.gangPod("r1", "run", 2, 4, req)
+	h.waitUngated("r0")
+	h.waitUngated("r1")
+	first := h.allocatedNodes("r0", "r1")
+	// kube-scheduler refuses both: its DRA plugin deallocates the claims,
+	// one after the other.
+	for _, name := range []string{"r0", "r1"} {
+		c := h.getClaim(name)
+		c.Status.ReservedFor, c.Status.Allocation = nil, nil
+		if _, err := h.client.ResourceV1().ResourceClaims(ns).UpdateStatus(h.ctx, c, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.eventually("both allocated again", func() bool {
+		return allocatedNode(h.getClaim("r0")) != "" && allocatedNode(h.getClaim("r1")) != ""
+	})
+	again := h.allocatedNodes("r0", "r1")
+	for _, name := range []string{"r0", "r1"} {
+		if n := again[name]; n == "d" || n == first["r0"] || n == first["r1"] {
+			t.Errorf("refused gang placed again on %v (first on %v), want both in leaf l1 away from the refused nodes", again, first)
+		}
+	}
+	if again["r0"] == again["r1"] {
+		t.Errorf("4-GPU pods on one 4-GPU node: %v", again)
+	}
+	e := h.waitEvent(ns+"/r1", report.ReasonGangPlaced)
+	if !contains(e.Note, "leaf l1") {
+		t.Errorf("placed event %q, want the gang in leaf l1", e.Note)
+	}
+	if _, ok := h.rec.find(ns+"/r1", report.ReasonGangPodReplaced); !ok {
+		if _, ok := h.rec.find(ns+"/r0", report.ReasonGangPodReplaced); !ok {
+			t.Errorf("no %s event on the refused pods", report.ReasonGangPodReplaced)
+		}
+	}
+}
