@@ -21,9 +21,18 @@ import (
 // would run in part or, as a PodGroup, not at all.
 func TestGangHostPortOnePodPerNode(t *testing.T) {
 	e := gangCluster(t)
+	ctrl := e.startController(4)
+	defer ctrl.stop()
 	e.template("two", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("gpus", 2)}})
 	pods := e.gangPodsOf(gangOf{Name: "ported", Size: 2, PodGroup: true, Level: gang.LabelLeaf, Required: true, Templates: []string{"two"},
 		Ports: []corev1.ContainerPort{{ContainerPort: 8080, HostPort: 8080}}})
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, p := range pods {
+				t.Logf("events of %s: %v", p, e.events(p, ""))
+			}
+		}
+	})
 	nodes := e.boundNodes(pods, time.Minute)
 	if nodes[0] == nodes[1] {
 		t.Fatalf("gang pods with hostPort 8080 bound on %v, want one per node", nodes)

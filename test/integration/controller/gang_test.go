@@ -92,6 +92,8 @@ type gangOf struct {
 	Labels map[string]string
 	// Ports are each pod's container's ports (a hostPort, say).
 	Ports []corev1.ContainerPort
+	// Edit, when set, changes pod i before it is created.
+	Edit func(i int, p *corev1.Pod)
 }
 
 // gangPodsOf creates the gang's pods and returns their names.
@@ -136,6 +138,9 @@ func (e *env) gangPodsOf(g gangOf) []string {
 			if !g.Required {
 				p.Labels[gangs.LabelPolicy] = string(gangs.Preferred)
 			}
+		}
+		if g.Edit != nil {
+			g.Edit(i, p)
 		}
 		e.createPod(p)
 		names = append(names, p.Name)
