@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -72,6 +73,10 @@ func (c *Controller) replaceGangPod(ctx context.Context, key string, pod *corev1
 	return c.allocatePodWithin(ctx, key, pod, pc, pending, within)
 }
 
+// holdingRecheck is how soon a refused gang pod waiting for another
+// unbound pod of its gang to be bound or released looks again.
+const holdingRecheck = 5 * time.Second
+
 // replaceWholeGang decides again the gang of a refused pod none of whose
 // pods is bound: all of its refused and gated pods at once, or it waits.
 func (c *Controller) replaceWholeGang(ctx context.Context, key string, pod *corev1.Pod, ref gangs.Ref) error {
@@ -136,6 +141,10 @@ func (c *Controller) replaceWholeGang(ctx context.Context, key string, pod *core
 		logger.V(2).Info("Refused gang pod waits for its gang's other pods", "holding", holding)
 		c.explain.event(pod, nil, corev1.EventTypeNormal, report.ReasonGangWaiting, actionWait, msg)
 		c.setWaiting(key, true)
+		// A release queues the gang (enqueueRefusedGang), a binding does
+		// not: looked at again shortly rather than at the next retry of
+		// waiting pods.
+		c.podQueue.AddAfter(key, holdingRecheck)
 		return nil
 	}
 	if spec, err = c.computeDomainSpec(spec, members); err != nil {

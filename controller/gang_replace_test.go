@@ -141,3 +141,39 @@ func TestGangRefusedFitsOnlyWhereRefused(t *testing.T) {
 		t.Errorf("4-GPU pods on one 4-GPU node: %v", again)
 	}
 }
+
+// TestGangRefusedWhileMateUnbound: kube-scheduler refuses one pod of a
+// gang Required in one leaf while the other, allocated, is not bound yet.
+// The refused pod waits (the other may be bound, or refused too) with an
+// event naming it, holding nothing; once the other is bound it is placed
+// again within that pod's leaf, not on the other leaf's half-free node.
+func TestGangRefusedWhileMateUnbound(t *testing.T) {
+	big := gpuNode(t, "d", "pcie-switch-8.txt")
+	big[0].(*corev1.Node).Labels = map[string]string{corev1.LabelHostname: "d", gang.LabelLeaf: "l2"}
+	h := newHarness(t, objs(classes(), leafNode(t, "a", "l1"), leafNode(t, "b", "l1"), leafNode(t, "c", "l1"), []runtime.Object{big[0], big[1]})...).start()
+	h.singletonOn("sd", "d", 4)
+	req := map[string]string{gangs.LabelLevel: "leaf"}
+	h.gangPod("r0", "run", 2, 4, req)
+	h.gangPod("r1", "run", 2, 4, req)
+	h.waitUngated("r0")
+	h.waitUngated("r1")
+	nodes := h.allocatedNodes("r0", "r1")
+	c := h.getClaim("r1")
+	c.Status.ReservedFor, c.Status.Allocation = nil, nil
+	if _, err := h.client.ResourceV1().ResourceClaims(ns).UpdateStatus(h.ctx, c, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitEventWith(ns+"/r1", report.ReasonGangWaiting, "r0 of its gang, not bound, still hold")
+	if got := allocatedNode(h.getClaim("r1")); got != "" {
+		t.Fatalf("refused pod allocated again on %s while its gang's other pod is neither bound nor released", got)
+	}
+	p := h.getPod("r0")
+	p.Spec.NodeName = nodes["r0"]
+	if _, err := h.client.CoreV1().Pods(ns).Update(h.ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually("r1 allocated again", func() bool { return allocatedNode(h.getClaim("r1")) != "" })
+	if got := allocatedNode(h.getClaim("r1")); got == "d" || got == nodes["r0"] || got == nodes["r1"] {
+		t.Errorf("refused gang pod placed again on %s, want the free node of leaf l1 (r0 on %s, r1 refused on %s)", got, nodes["r0"], nodes["r1"])
+	}
+}
