@@ -41,6 +41,15 @@ func (c *Controller) onDeallocated(old *resourceapi.ResourceClaim) {
 			fmt.Sprintf("allocation on node %s was released (%s); trying other nodes", node, why))
 		c.metrics.Released.WithLabelValues("scheduler").Inc()
 		c.podQueue.Add(pod.Namespace + "/" + pod.Name)
+		c.enqueueRefusedGang(pod)
+	}
+}
+
+// enqueueRefusedGang queues the pods of a refused pod's gang: one of them
+// may be waiting for this pod's allocation to go (replaceWholeGang).
+func (c *Controller) enqueueRefusedGang(pod *corev1.Pod) {
+	if ref, ok := c.gangOf(pod); ok {
+		c.enqueueGang(ref.Key())
 	}
 }
 

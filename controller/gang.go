@@ -246,6 +246,10 @@ type gangMember struct {
 	pending []*planner.Claim
 	// allocated are its claims (any driver) already allocated.
 	allocated []*planner.Claim
+	// refused: ungated, not bound, its gpulink claims released after
+	// kube-scheduler refused it, decided again with its gang
+	// (gang_replace.go).
+	refused bool
 }
 
 // gated: still behind gpulink's scheduling gate.
@@ -456,10 +460,10 @@ func (c *Controller) syncSingle(ctx context.Context, key string, pod *corev1.Pod
 	return c.allocatePodWithin(ctx, key, pod, pc, pending, within)
 }
 
-// gangEvent records an event on every gated pod of the gang.
+// gangEvent records an event on every gated (or refused) pod of the gang.
 func (c *Controller) gangEvent(members []*gangMember, eventType, reason, action, note string) {
 	for _, m := range members {
-		if m.gated() {
+		if m.gated() || m.refused {
 			c.explain.event(m.pod, nil, eventType, reason, action, note)
 		}
 	}
@@ -469,7 +473,7 @@ func (c *Controller) gangEvent(members []*gangMember, eventType, reason, action,
 // cluster changes) or not.
 func (c *Controller) setGangWaiting(members []*gangMember, waiting bool) {
 	for _, m := range members {
-		c.setWaiting(m.key, waiting && m.gated())
+		c.setWaiting(m.key, waiting && (m.gated() || m.refused))
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/klog/v2"
 
 	"github.com/gpulink/gpulink/controller/gangs"
@@ -149,12 +150,26 @@ func (c *Controller) decideGang(ctx context.Context, spec gangs.Spec, members, r
 // for (gangRepresentative: the one asking the most GPUs). req.AlignRails is set here, after the rails of
 // the candidates are known, so the caller's waiting note can name them.
 func (c *Controller) placeGang(ctx context.Context, spec gangs.Spec, rep *gangMember, ready []*gangMember, own planner.Placement, req *gang.Request) (*gangDecision, []gang.Node, string, error) {
-	nodes, rej := c.gangCandidates(ctx, spec, rep, own, len(ready))
-	c.boundByChannels(ctx, ready, nodes)
-	if spec.AlignRails {
-		req.AlignRails = c.railSlots(ctx, rep, own, nodes)
+	excluded := c.refusedExclusions(ready)
+	place := func(excluded sets.Set[string]) (*gang.Placement, []gang.Node, string, error) {
+		nodes, rej := c.gangCandidates(ctx, spec, rep, own, len(ready), excluded)
+		c.boundByChannels(ctx, ready, nodes)
+		if spec.AlignRails {
+			req.AlignRails = c.railSlots(ctx, rep, own, nodes)
+		}
+		placement, err := gang.Place(c.hierarchy, *req, nodes)
+		return placement, nodes, rej, err
 	}
-	placement, err := gang.Place(c.hierarchy, *req, nodes)
+	placement, nodes, rej, err := place(excluded)
+	if err != nil && excluded.Len() > 0 {
+		// As for a single pod whose every node is excluded: the nodes
+		// kube-scheduler refused the gang on are tried again rather
+		// than the gang waiting for ever (gang_replace.go).
+		if p2, n2, r2, err2 := place(nil); err2 == nil {
+			placement, nodes, rej, err = p2, n2, r2, nil
+			c.forgetRefusals(ctx, ready, excluded)
+		}
+	}
 	if err != nil {
 		return nil, nodes, rej, err
 	}
@@ -168,11 +183,12 @@ func (c *Controller) placeGang(ctx context.Context, spec gangs.Spec, rep *gangMe
 // which keeps each node's count until the node changes); for the others
 // (MIG, other drivers' devices, shares, pod affinity) each node's copies
 // are tried one by one (trialSlots). The second result summarizes the
-// nodes the filter turned down.
-func (c *Controller) gangCandidates(ctx context.Context, spec gangs.Spec, rep *gangMember, own planner.Placement, maxPods int) ([]gang.Node, string) {
+// nodes the filter turned down. excluded are nodes kube-scheduler refused
+// the gang's pods on (refusedExclusions; nil for a gang never ungated).
+func (c *Controller) gangCandidates(ctx context.Context, spec gangs.Spec, rep *gangMember, own planner.Placement, maxPods int, excluded sets.Set[string]) ([]gang.Node, string) {
 	logger := klog.FromContext(ctx)
 	all := c.inv.All()
-	cands, objs, rej := c.filter.CandidateNodes(logger, rep.pod, all, rep.allocatedClaims())
+	cands, objs, rej := c.filter.CandidateNodes(logger, rep.pod, all, rep.allocatedClaims(), excluded)
 	counted, ok := c.planner.Slots(ctx, planner.SlotRequest{Pod: rep.pod, Pending: rep.pending, Placement: own, Nodes: cands, Objects: objs, Max: maxPods})
 	out := make([]gang.Node, 0, len(cands))
 	for i, n := range cands {

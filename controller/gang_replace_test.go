@@ -64,3 +64,116 @@ func TestGangPodRefusedAfterUngating(t *testing.T) {
 		t.Errorf("bound pod's claim moved from %s to %q", nodes["r0"], got)
 	}
 }
+
+// refuseGang places a gang of 2 pods × 4 GPUs Required in one leaf on a
+// cluster of 4-GPU nodes in leaf l1 and an 8-GPU node d in leaf l2 with 4
+// GPUs taken, then has kube-scheduler refuse both pods (its DRA plugin
+// deallocates their claims, one after the other), and returns the nodes
+// of the first placement and of the next, once both are allocated again.
+func refuseGang(t *testing.T, l1 ...string) (h *harness, first, again map[string]string) {
+	big := gpuNode(t, "d", "pcie-switch-8.txt")
+	big[0].(*corev1.Node).Labels = map[string]string{corev1.LabelHostname: "d", gang.LabelLeaf: "l2"}
+	groups := [][]runtime.Object{classes(), {big[0], big[1]}}
+	for _, n := range l1 {
+		groups = append(groups, leafNode(t, n, "l1"))
+	}
+	h = newHarness(t, objs(groups...)...).start()
+	h.singletonOn("sd", "d", 4)
+
+	req := map[string]string{gangs.LabelLevel: "leaf"}
+	h.gangPod("r0", "run", 2, 4, req)
+	h.gangPod("r1", "run", 2, 4, req)
+	h.waitUngated("r0")
+	h.waitUngated("r1")
+	first = h.allocatedNodes("r0", "r1")
+	for _, name := range []string{"r0", "r1"} {
+		c := h.getClaim(name)
+		c.Status.ReservedFor, c.Status.Allocation = nil, nil
+		if _, err := h.client.ResourceV1().ResourceClaims(ns).UpdateStatus(h.ctx, c, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.eventually("both allocated again", func() bool {
+		return allocatedNode(h.getClaim("r0")) != "" && allocatedNode(h.getClaim("r1")) != ""
+	})
+	return h, first, h.allocatedNodes("r0", "r1")
+}
+
+// TestGangRefusedAsWholePlacedAgainTogether: kube-scheduler refuses every
+// pod of a gang Required in one leaf (its gang scheduling refuses a whole
+// PodGroup when one pod cannot be placed) and their claims are
+// deallocated; no pod of the gang is bound. The gang is placed again as a
+// whole, within one leaf, away from the two nodes it was refused on: not
+// each pod on its own, the first on the other leaf's half-free node, which
+// alone it fits tighter.
+func TestGangRefusedAsWholePlacedAgainTogether(t *testing.T) {
+	h, first, again := refuseGang(t, "a", "b", "c", "e")
+	for _, name := range []string{"r0", "r1"} {
+		if n := again[name]; n == "d" || n == first["r0"] || n == first["r1"] {
+			t.Errorf("refused gang placed again on %v (first on %v), want both in leaf l1 away from the refused nodes", again, first)
+		}
+	}
+	if again["r0"] == again["r1"] {
+		t.Errorf("4-GPU pods on one 4-GPU node: %v", again)
+	}
+	e, ok := h.rec.find(ns+"/r1", report.ReasonGangPodReplaced)
+	if !ok {
+		e, ok = h.rec.find(ns+"/r0", report.ReasonGangPodReplaced)
+	}
+	if !ok || !contains(e.Note, "placing its 2 pods again together") || !contains(e.Note, "away from the node(s) it was refused on") {
+		t.Errorf("replaced event %+v, want it to say the gang is placed again together away from the refused nodes", e)
+	}
+}
+
+// TestGangRefusedFitsOnlyWhereRefused: the refused gang fits in one leaf
+// only with the nodes it was refused on (l1 keeps one other node, l2 one
+// half-free node): they are tried again, as for a single pod whose every
+// node is excluded, and the gang is placed in l1 again rather than
+// waiting for ever or split across the leaves.
+func TestGangRefusedFitsOnlyWhereRefused(t *testing.T) {
+	_, first, again := refuseGang(t, "a", "b", "c")
+	for _, name := range []string{"r0", "r1"} {
+		if again[name] == "d" {
+			t.Errorf("refused gang placed again on %v (first on %v), want both in leaf l1", again, first)
+		}
+	}
+	if again["r0"] == again["r1"] {
+		t.Errorf("4-GPU pods on one 4-GPU node: %v", again)
+	}
+}
+
+// TestGangRefusedWhileMateUnbound: kube-scheduler refuses one pod of a
+// gang Required in one leaf while the other, allocated, is not bound yet.
+// The refused pod waits (the other may be bound, or refused too) with an
+// event naming it, holding nothing; once the other is bound it is placed
+// again within that pod's leaf, not on the other leaf's half-free node.
+func TestGangRefusedWhileMateUnbound(t *testing.T) {
+	big := gpuNode(t, "d", "pcie-switch-8.txt")
+	big[0].(*corev1.Node).Labels = map[string]string{corev1.LabelHostname: "d", gang.LabelLeaf: "l2"}
+	h := newHarness(t, objs(classes(), leafNode(t, "a", "l1"), leafNode(t, "b", "l1"), leafNode(t, "c", "l1"), []runtime.Object{big[0], big[1]})...).start()
+	h.singletonOn("sd", "d", 4)
+	req := map[string]string{gangs.LabelLevel: "leaf"}
+	h.gangPod("r0", "run", 2, 4, req)
+	h.gangPod("r1", "run", 2, 4, req)
+	h.waitUngated("r0")
+	h.waitUngated("r1")
+	nodes := h.allocatedNodes("r0", "r1")
+	c := h.getClaim("r1")
+	c.Status.ReservedFor, c.Status.Allocation = nil, nil
+	if _, err := h.client.ResourceV1().ResourceClaims(ns).UpdateStatus(h.ctx, c, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitEventWith(ns+"/r1", report.ReasonGangWaiting, "r0 of its gang, not bound, still hold")
+	if got := allocatedNode(h.getClaim("r1")); got != "" {
+		t.Fatalf("refused pod allocated again on %s while its gang's other pod is neither bound nor released", got)
+	}
+	p := h.getPod("r0")
+	p.Spec.NodeName = nodes["r0"]
+	if _, err := h.client.CoreV1().Pods(ns).Update(h.ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually("r1 allocated again", func() bool { return allocatedNode(h.getClaim("r1")) != "" })
+	if got := allocatedNode(h.getClaim("r1")); got == "d" || got == nodes["r0"] || got == nodes["r1"] {
+		t.Errorf("refused gang pod placed again on %s, want the free node of leaf l1 (r0 on %s, r1 refused on %s)", got, nodes["r0"], nodes["r1"])
+	}
+}

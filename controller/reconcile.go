@@ -468,6 +468,7 @@ func (c *Controller) checkUnschedulable(ctx context.Context, pod *corev1.Pod, pc
 	klog.FromContext(ctx).Info("Released allocation of unschedulable pod", "node", node, "reason", msg)
 	c.explain.event(pod, release[0], corev1.EventTypeWarning, report.ReasonReleased, actionRelease, note)
 	c.podQueue.Add(pod.Namespace + "/" + pod.Name)
+	c.enqueueRefusedGang(pod)
 	return nil
 }
 

@@ -6,8 +6,6 @@ import (
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	resourcehelper "k8s.io/component-helpers/resource"
@@ -73,6 +71,8 @@ type fitPod struct {
 	ns     string
 	labels map[string]string
 	demand demand
+	// ports are the host ports it takes on the node (ports.go).
+	ports []hostPort
 	// anti are the pod's required anti-affinity terms, compiled once, kept
 	// to check the pods that come after it (kube-scheduler checks them
 	// both ways).
@@ -87,6 +87,7 @@ type fitPod struct {
 type nodeUse struct {
 	pods      int
 	requested demand
+	ports     portUse
 	members   map[types.UID]*fitPod
 }
 
@@ -114,20 +115,6 @@ func NewFitTracker() *FitTracker {
 	return &FitTracker{pods: map[types.UID]*fitPod{}, Nodes: map[string]*nodeUse{}, withAnti: map[types.UID]*fitPod{}}
 }
 
-func requiredAntiAffinity(pod *corev1.Pod) []corev1.PodAffinityTerm {
-	if a := pod.Spec.Affinity; a != nil && a.PodAntiAffinity != nil {
-		return a.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution
-	}
-	return nil
-}
-
-func requiredAffinity(pod *corev1.Pod) []corev1.PodAffinityTerm {
-	if a := pod.Spec.Affinity; a != nil && a.PodAffinity != nil {
-		return a.PodAffinity.RequiredDuringSchedulingIgnoredDuringExecution
-	}
-	return nil
-}
-
 func (f *FitTracker) setLocked(uid types.UID, p *fitPod) {
 	if f.HostChanged != nil {
 		if old := f.pods[uid]; old != nil && old.demand.countsOnHost() {
@@ -146,6 +133,7 @@ func (f *FitTracker) setLocked(uid types.UID, p *fitPod) {
 				delete(u.requested, name)
 			}
 		}
+		u.ports.add(old.ports, -1)
 		delete(u.members, uid)
 		if u.pods == 0 {
 			delete(f.Nodes, old.node)
@@ -158,13 +146,14 @@ func (f *FitTracker) setLocked(uid types.UID, p *fitPod) {
 	}
 	u := f.Nodes[p.node]
 	if u == nil {
-		u = &nodeUse{requested: demand{}, members: map[types.UID]*fitPod{}}
+		u = &nodeUse{requested: demand{}, ports: portUse{}, members: map[types.UID]*fitPod{}}
 		f.Nodes[p.node] = u
 	}
 	u.pods++
 	for name, v := range p.demand {
 		u.requested[name] += v
 	}
+	u.ports.add(p.ports, 1)
 	u.members[uid] = p
 	f.pods[uid] = p
 	if len(p.anti) > 0 {
@@ -173,7 +162,7 @@ func (f *FitTracker) setLocked(uid types.UID, p *fitPod) {
 }
 
 func newFitPod(pod *corev1.Pod, node string, bound bool) *fitPod {
-	p := &fitPod{node: node, ns: pod.Namespace, labels: pod.Labels, demand: podDemand(pod), bound: bound}
+	p := &fitPod{node: node, ns: pod.Namespace, labels: pod.Labels, demand: podDemand(pod), ports: podHostPorts(pod), bound: bound}
 	for _, term := range requiredAntiAffinity(pod) {
 		if m, ok := compileTerm(term, pod.Namespace); ok {
 			p.anti = append(p.anti, m)
@@ -262,6 +251,7 @@ type fitCheck struct {
 	t      *FitTracker
 	uid    types.UID
 	demand demand
+	ports  []hostPort
 	// names are demand's resources in the order they are checked, sorted
 	// once per decision rather than once per node.
 	names []string
@@ -274,57 +264,9 @@ type fitCheck struct {
 	anti, existingAnti []termDomains
 }
 
-// termDomains are the values of a topology key that hold a matching pod.
-type termDomains struct {
-	key    string
-	values sets.Set[string]
-}
-
-// nodeLabels returns a node's labels (nil when unknown).
-type nodeLabels func(name string) map[string]string
-
-// termMatcher is a compiled pod affinity term.
-type termMatcher struct {
-	key string
-	sel labels.Selector
-	// namespaces: nil means all namespaces.
-	namespaces sets.Set[string]
-}
-
-// compileTerm compiles a term of a pod in namespace ns. Terms with a
-// non-empty namespaceSelector are not evaluated (false): that needs
-// namespace labels, and kube-scheduler still checks them.
-func compileTerm(term corev1.PodAffinityTerm, ns string) (termMatcher, bool) {
-	m := termMatcher{key: term.TopologyKey}
-	if term.TopologyKey == "" {
-		return m, false
-	}
-	if term.NamespaceSelector != nil && (len(term.NamespaceSelector.MatchLabels) > 0 || len(term.NamespaceSelector.MatchExpressions) > 0) {
-		return m, false
-	}
-	sel, err := metav1.LabelSelectorAsSelector(term.LabelSelector)
-	if err != nil {
-		return m, false
-	}
-	m.sel = sel
-	switch {
-	case term.NamespaceSelector != nil:
-		// An empty selector: every namespace.
-	case len(term.Namespaces) > 0:
-		m.namespaces = sets.New(term.Namespaces...)
-	default:
-		m.namespaces = sets.New(ns)
-	}
-	return m, true
-}
-
-func (m termMatcher) matches(ns string, l map[string]string) bool {
-	return (m.namespaces == nil || m.namespaces.Has(ns)) && m.sel.Matches(labels.Set(l))
-}
-
 // check prepares the fit evaluation of a pod.
 func (f *FitTracker) check(pod *corev1.Pod, nodeLabelsOf nodeLabels) *fitCheck {
-	fc := &fitCheck{t: f, uid: pod.UID, demand: podDemand(pod)}
+	fc := &fitCheck{t: f, uid: pod.UID, demand: podDemand(pod), ports: podHostPorts(pod)}
 	for name := range fc.demand {
 		fc.names = append(fc.names, string(name))
 	}
@@ -394,15 +336,20 @@ func (fc *fitCheck) reject(node *corev1.Node, mappedByDRA func(corev1.ResourceNa
 	u := fc.t.Nodes[node.Name]
 	var pods int
 	var requested demand
+	var used portUse
+	var own []hostPort
 	if u != nil {
-		pods = u.pods
-		requested = u.requested
-		if _, self := u.members[fc.uid]; self {
+		pods, requested, used = u.pods, u.requested, u.ports
+		if self, ok := u.members[fc.uid]; ok {
 			pods--
-			requested = subtractDemand(requested, fc.t.pods[fc.uid].demand)
+			requested = subtractDemand(requested, self.demand)
+			own = self.ports
 		}
 	}
 	reason := fc.resourcesLocked(node, pods, requested, mappedByDRA)
+	if reason == "" && portsConflict(used, fc.ports, own) {
+		reason = fitPortsConflict
+	}
 	fc.t.mu.Unlock()
 	if reason != "" {
 		return reason

@@ -40,7 +40,8 @@ type ClassLister interface {
 // tolerate, match the node selectors of the pod's claims that are already
 // allocated (by anyone), not be excluded for this pod, have room for the
 // pod's CPU, memory, ephemeral storage, extended resources and pod count,
-// and satisfy the pod's required pod (anti-)affinity (see fitTracker).
+// have none of the pod's host ports in use (ports.go), and satisfy the
+// pod's required pod (anti-)affinity (see fitTracker).
 type NodeFilter struct {
 	Nodes   NodeGetter
 	Classes ClassLister
@@ -97,8 +98,8 @@ func (f *NodeFilter) Candidates(logger klog.Logger, pod *corev1.Pod, all []*Node
 // CandidateNodes is Candidates with the Node object of each node admitted
 // (parallel to the inventories), for callers that read the nodes' labels
 // next (a gang's domains), sparing them a second lookup per node.
-func (f *NodeFilter) CandidateNodes(logger klog.Logger, pod *corev1.Pod, all []*NodeInventory, allocated []*resourceapi.ResourceClaim) ([]*NodeInventory, []*corev1.Node, *Rejections) {
-	pf := f.forPod(logger, pod, allocated, nil)
+func (f *NodeFilter) CandidateNodes(logger klog.Logger, pod *corev1.Pod, all []*NodeInventory, allocated []*resourceapi.ResourceClaim, excluded sets.Set[string]) ([]*NodeInventory, []*corev1.Node, *Rejections) {
+	pf := f.forPod(logger, pod, allocated, excluded)
 	var out []*NodeInventory
 	var objs []*corev1.Node
 	for _, n := range all {

@@ -50,9 +50,9 @@ type NodeSlots struct {
 // plan it too); a copy's devices, once assumed, show in the node's usage
 // as given out whole, which is what the next copy is planned on here; and
 // without affinity terms the node filter tells the copies apart by their
-// CPU, memory and the like only (fitCheck.copies). The devices and the
-// host resources stop the count independently, so the count is the lower
-// of the two.
+// CPU, memory, host ports and the like only (fitCheck.copies). The
+// devices and the host resources stop the count independently, so the
+// count is the lower of the two.
 //
 // What makes it cheap: nodes with fewer free GPUs than one copy takes are
 // not planned, and for a pod of one request of one alternative (a gang's
@@ -273,9 +273,10 @@ func prune[V any](m map[*NodeInventory]V, inv *Inventory) map[*NodeInventory]V {
 // copies counts how many copies of the pod fit the node's resources at
 // once, up to limit: the first as reject counts it (the pod itself), each
 // further one under its own identity with the copies before it counted on
-// the node, as a gang's slots are counted (Planner.Slots). Resources
-// only: the callers count copies of pods without pod (anti-)affinity
-// terms, which the affinity checks see alike whatever the copies.
+// the node, as a gang's slots are counted (Planner.Slots). Resources and
+// host ports only: the callers count copies of pods without pod
+// (anti-)affinity terms, which the affinity checks see alike whatever the
+// copies.
 func (fc *fitCheck) copies(node *corev1.Node, limit int, mappedByDRA func(corev1.ResourceName) bool) int {
 	if limit < 1 {
 		return 0
@@ -289,14 +290,24 @@ func (fc *fitCheck) copies(node *corev1.Node, limit int, mappedByDRA func(corev1
 		pods, requested = u.pods, u.requested
 	}
 	firstPods, first := pods, requested
+	var used portUse
+	var own []hostPort
 	if u != nil {
-		if _, self := u.members[fc.uid]; self {
+		used = u.ports
+		if self, ok := u.members[fc.uid]; ok {
 			firstPods--
-			first = subtractDemand(requested, fc.t.pods[fc.uid].demand)
+			first = subtractDemand(requested, self.demand)
+			own = self.ports
 		}
 	}
-	if fc.resourcesLocked(node, firstPods, first, mappedByDRA) != "" {
+	if fc.resourcesLocked(node, firstPods, first, mappedByDRA) != "" || portsConflict(used, fc.ports, own) {
 		return 0
+	}
+	if len(fc.ports) > 0 {
+		// Every copy takes the same host ports: a second one on the node
+		// would conflict with the first (kube-scheduler's NodePorts), so
+		// a gang of pods with a hostPort holds one pod per node.
+		return 1
 	}
 	n := 1
 	for ; n < limit; n++ {

@@ -90,6 +90,10 @@ type gangOf struct {
 	Templates []string
 	// Labels are added to each pod (gang-rails, say).
 	Labels map[string]string
+	// Ports are each pod's container's ports (a hostPort, say).
+	Ports []corev1.ContainerPort
+	// Edit, when set, changes pod i before it is created.
+	Edit func(i int, p *corev1.Pod)
 }
 
 // gangPodsOf creates the gang's pods and returns their names.
@@ -115,6 +119,7 @@ func (e *env) gangPodsOf(g gangOf) []string {
 	for i := range g.Size {
 		p := e.newPod(fmt.Sprintf("%s-%d", g.Name, i), true, templates...)
 		p.Labels = map[string]string{}
+		p.Spec.Containers[0].Ports = g.Ports
 		for k, v := range g.Labels {
 			p.Labels[k] = v
 		}
@@ -133,6 +138,9 @@ func (e *env) gangPodsOf(g gangOf) []string {
 			if !g.Required {
 				p.Labels[gangs.LabelPolicy] = string(gangs.Preferred)
 			}
+		}
+		if g.Edit != nil {
+			g.Edit(i, p)
 		}
 		e.createPod(p)
 		names = append(names, p.Name)
