@@ -66,13 +66,21 @@ func newPolicy(name string, w *Workload, rng *rand.Rand) (policy, error) {
 	case PolicyGpulinkCPUPods:
 		return newGpulinkPolicy(w, rng, true, nil)
 	case PolicyGpulink:
-		return newGpulinkPolicy(w, rng, true, kubeScheduler(rng, false))
+		return newGpulinkKube(w, rng, true, false, steerOff)
 	case PolicyGpulinkMost:
-		return newGpulinkPolicy(w, rng, true, kubeScheduler(rng, true))
+		return newGpulinkKube(w, rng, true, true, steerOff)
 	case PolicyGpulinkFresh:
-		return newGpulinkPolicy(nil, rng, true, kubeScheduler(rng, false))
+		return newGpulinkKube(nil, rng, true, false, steerOff)
 	case PolicyGpulinkGPUOnly:
-		return newGpulinkPolicy(w, rng, false, kubeScheduler(rng, false))
+		return newGpulinkKube(w, rng, false, false, steerOff)
+	case "gpulink+steer-any":
+		return newGpulinkKube(w, rng, true, false, steerAnyFree)
+	case "gpulink+steer-whole":
+		return newGpulinkKube(w, rng, true, false, steerWholeFree)
+	case "gpulink+steer-usable":
+		return newGpulinkKube(w, rng, true, false, steerUsable)
+	case "gpulink+steer-wholeusable":
+		return newGpulinkKube(w, rng, true, false, steerWholeUsable)
 	case PolicyGpulinkTaint:
 		return newGpulinkPolicy(w, rng, true, offGPUNodes)
 	case PolicyFGD:
