@@ -280,10 +280,11 @@ func Patch(node *corev1.Node, add bool) ([]byte, error) {
 	case add && hasTaint(taints):
 		return nil, nil
 	case add && len(taints) == 0:
-		ops = []patchOp{
-			{Op: "test", Path: "/metadata/resourceVersion", Value: node.ResourceVersion},
-			{Op: "add", Path: "/spec/taints", Value: []corev1.Taint{Taint}},
+		if node.ResourceVersion != "" {
+			// Always so from an API server; not from every fake.
+			ops = append(ops, patchOp{Op: "test", Path: "/metadata/resourceVersion", Value: node.ResourceVersion})
 		}
+		ops = append(ops, patchOp{Op: "add", Path: "/spec/taints", Value: []corev1.Taint{Taint}})
 	case add:
 		ops = []patchOp{{Op: "add", Path: "/spec/taints/-", Value: Taint}}
 	default:
