@@ -4,6 +4,16 @@ import (
 	"github.com/gpulink/gpulink/driver/allocate"
 )
 
+// Other conditions for the steering taint, measured against the chart's
+// (steerWholeFree, in PolicyGpulink) and kept to reproduce the comparison
+// (docs/performance/trace.md); the controller deploys none of them, and
+// they are not in AllPolicies.
+const (
+	PolicySteerAnyFree     = "gpulink+steer-any-free"
+	PolicySteerUsable      = "gpulink+steer-usable"
+	PolicySteerWholeUsable = "gpulink+steer-whole-usable"
+)
+
 // steerMode is which GPU nodes carry gpulink's PreferNoSchedule steering
 // taint (docs/cpu-pods.md): the controller taints the GPU nodes whose
 // GPUs are still worth keeping for GPU pods, so that kube-scheduler's
@@ -17,7 +27,9 @@ const (
 	// steerAnyFree: a node with any unallocated GPU, whole or the rest
 	// of a shared one.
 	steerAnyFree
-	// steerWholeFree: a node with at least one whole unallocated GPU.
+	// steerWholeFree: a node with at least one whole unallocated GPU (a
+	// GPU neither given out nor shared): what the controller deploys
+	// (planner.Ledger.HasIdleGPU).
 	steerWholeFree
 	// steerUsable: a node whose unallocated GPU some shape of the recent
 	// GPU pods (the demand mix) could still use, given the node's CPU,
