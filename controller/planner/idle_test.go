@@ -6,6 +6,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/topology"
 )
 
@@ -82,5 +83,44 @@ func TestHasIdleGPU(t *testing.T) {
 	}
 	if NewLedger().HasIdleGPU(nil) {
 		t.Error("a node without inventory has an idle GPU")
+	}
+}
+
+// A GPU in MIG mode is idle while none of its MIG devices is held.
+func TestHasIdleGPUMIG(t *testing.T) {
+	// Every GPU of the DGX A100 in MIG mode, two 3g.20gb devices each.
+	layout := map[int][]string{}
+	for g := range 8 {
+		layout[g] = []string{"3g.20gb", "3g.20gb"}
+	}
+	inv := NewInventory()
+	if err := inv.Upsert(controllertest.MIGSlice(t, "a100", layout)); err != nil {
+		t.Fatal(err)
+	}
+	n := inv.Node("a100")
+	if n == nil || len(n.Devices) != 0 || len(n.MIG) != 16 {
+		t.Fatalf("node a100: %d whole GPUs, %d MIG devices; want 0 and 16", len(n.Devices), len(n.MIG))
+	}
+	l := NewLedger()
+	if !l.HasIdleGPU(n) {
+		t.Fatal("no idle GPU on an idle node in MIG mode")
+	}
+	// One device of each GPU held: no GPU is idle, though half of every
+	// GPU is free.
+	var results []resourceapi.DeviceRequestAllocationResult
+	byParent := map[int]bool{}
+	for _, d := range n.MIG {
+		if !byParent[d.Parent] {
+			byParent[d.Parent] = true
+			results = append(results, resourceapi.DeviceRequestAllocationResult{Request: "r", Driver: driver.Name, Pool: "a100", Device: d.Name})
+		}
+	}
+	l.Observe(controllertest.ClaimWith("c", "1", results...))
+	if l.HasIdleGPU(n) {
+		t.Error("an idle GPU while every GPU in MIG mode holds a device")
+	}
+	l.Observe(controllertest.ClaimWith("c", "2", results[1:]...))
+	if !l.HasIdleGPU(n) {
+		t.Error("no idle GPU once the devices of one GPU are all free")
 	}
 }
