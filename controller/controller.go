@@ -27,6 +27,7 @@ import (
 
 	"github.com/gpulink/gpulink/controller/gangs"
 	"github.com/gpulink/gpulink/controller/planner"
+	"github.com/gpulink/gpulink/controller/steer"
 	"github.com/gpulink/gpulink/driver/allocate"
 	"github.com/gpulink/gpulink/driver/gang"
 )
@@ -75,6 +76,17 @@ type Config struct {
 	// strand the least GPU, as a preferred node affinity kube-scheduler
 	// may still override (cpupods.go); off, their gate is lifted at once.
 	PlaceCPUPods bool
+	// SteerCPUPods is how pods without GPU claims are steered off GPU
+	// nodes whose GPUs are still free, without gating them
+	// (controller/steer, docs/cpu-pods.md): steer.ModeTaint keeps a
+	// PreferNoSchedule taint on the GPU nodes with an idle GPU;
+	// steer.ModeOff or "" keeps it on none and removes the taints left
+	// from before once at start-up.
+	SteerCPUPods string
+	// SteerWritesPerSecond and SteerBurst bound the node patches of the
+	// steering taint (0: steer's defaults).
+	SteerWritesPerSecond float32
+	SteerBurst           int
 	// HoldNamespace is where the controller records the devices of
 	// claims deleted while their pods still run (hold records, see
 	// holds.go), so that kube-scheduler counts them too and a restarted
@@ -172,6 +184,10 @@ type Controller struct {
 	releaseGrace time.Duration
 	// placeCPUPods: Config.PlaceCPUPods.
 	placeCPUPods bool
+	// steer keeps the steering taint on nodes (steer.go).
+	steer *steer.Reconciler
+	// steerOn: Config.SteerCPUPods is steer.ModeTaint.
+	steerOn bool
 }
 
 // New creates a controller and registers its informers. Call Run to start.
@@ -274,6 +290,9 @@ func New(cfg Config) (*Controller, error) {
 		// usage (pools are named after their nodes).
 		c.fit.HostChanged = c.ledger.Touch
 		c.filter.Allocatable.Changed = c.ledger.Touch
+	}
+	if err := c.newSteer(cfg); err != nil {
+		return nil, err
 	}
 	var err error
 	c.planner, err = planner.New(planner.Config{Policy: cfg.Policy, Mix: cfg.Mix, RankByStranding: cfg.RankByStranding,
@@ -379,6 +398,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	wg.Go(func() {
 		wait.UntilWithContext(ctx, func(context.Context) { c.enqueueWaiting() }, c.retry)
 	})
+	wg.Go(func() { c.steer.Run(ctx) })
 	<-ctx.Done()
 	c.podQueue.ShutDown()
 	c.gcQueue.ShutDown()

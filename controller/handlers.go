@@ -221,6 +221,7 @@ func (c *Controller) onSlice(obj any) {
 			klog.Background().Error(err, "Ignoring unusable gpulink pool", "pool", slice.Spec.Pool.Name, "slice", klog.KObj(slice))
 		}
 	}
+	c.steerSlice(slice)
 	c.enqueueWaiting()
 }
 
@@ -230,12 +231,14 @@ func (c *Controller) onSliceDelete(obj any) {
 		return
 	}
 	c.inv.Remove(slice)
+	c.steerSlice(slice)
 	c.enqueueWaiting()
 }
 
 func (c *Controller) onNodeAdd(obj any) {
 	if node, ok := obj.(*corev1.Node); ok {
 		c.filter.Allocatable.Set(node)
+		c.steer.NodeChanged(nil, node)
 	}
 	c.onChange(obj)
 }
@@ -248,6 +251,9 @@ func (c *Controller) onNodeUpdate(oldObj, newObj any) {
 	}
 	if ok2 {
 		c.filter.Allocatable.Set(cur)
+	}
+	if ok1 && ok2 {
+		c.steer.NodeChanged(old, cur)
 	}
 	if ok1 && ok2 && old.Spec.Unschedulable == cur.Spec.Unschedulable && apiequality.Semantic.DeepEqual(old.Spec.Taints, cur.Spec.Taints) && maps.Equal(old.Labels, cur.Labels) {
 		// Other status-only updates (heartbeats) change nothing the

@@ -2,6 +2,8 @@ package controller
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpulink/gpulink/controller/steer"
 )
 
 // Metrics are the controller's Prometheus collectors.
@@ -35,6 +37,9 @@ type Metrics struct {
 	// weakest link is below the best a k-GPU set of that node has when the
 	// node is idle.
 	BelowBestLink *prometheus.CounterVec
+	// SteerTaintWrites counts the node patches that added or removed the
+	// steering taint (controller/steer), by action.
+	SteerTaintWrites *prometheus.CounterVec
 
 	// inventory reports GPUs, shares and fragmentation per node at scrape
 	// time from the controller that SetSource names.
@@ -90,6 +95,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Allocated requests of k >= 2 whole GPUs whose weakest link is below the node's best link class for k " +
 				"(the weakest link of the set the allocator picks for k GPUs on the idle node), by k and the link class given.",
 		}, []string{"size", "weakest_link"}),
+		SteerTaintWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gpulink", Subsystem: "controller", Name: "steer_taint_writes_total",
+			Help: "Node patches that added or removed gpulink's PreferNoSchedule taint " + steer.TaintKey + " (--steer-cpu-pods), by action (add, remove).",
+		}, []string{"action"}),
 		inventory: newInventoryCollector(),
 	}
 	// Export the fixed series from the start, zero until something happens,
@@ -97,12 +106,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, o := range []string{OutcomeAllocated, OutcomeWaiting, OutcomeInvalid, OutcomeNotReady, OutcomeError} {
 		m.Decisions.WithLabelValues(o)
 	}
+	for _, a := range []string{steerActionAdd, steerActionRemove} {
+		m.SteerTaintWrites.WithLabelValues(a)
+	}
 	for _, r := range []string{errReasonConflict, errReasonAPI, errReasonUninterpretable, errReasonUnsatisfiable, errReasonInventory} {
 		m.Errors.WithLabelValues(r)
 	}
 	if reg != nil {
 		reg.MustRegister(m.AllocationLatency, m.DecisionLatency, m.PlanLatency, m.Allocations, m.PendingPods, m.Errors, m.Released,
-			m.Decisions, m.GateWait, m.BelowBestLink, m.inventory)
+			m.Decisions, m.GateWait, m.BelowBestLink, m.SteerTaintWrites, m.inventory)
 	}
 	return m
 }

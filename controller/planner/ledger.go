@@ -66,6 +66,9 @@ type Ledger struct {
 	// (scoreCache). Entries are never deleted: a pool that comes back must
 	// not reuse a generation it had.
 	poolGen map[string]uint64
+	// changed, when set, is told the pool of every gpulink device whose
+	// usage changes (OnPoolChange).
+	changed func(pool string)
 }
 
 // devTotals sums the holders of one device. Exclusive holders are counted,
@@ -114,6 +117,12 @@ func (t *devTotals) countGroup(g string, sign int) {
 		t.groups = nil
 	}
 }
+
+// OnPoolChange has f told the pool (named after its node) of every
+// gpulink device whose usage changes, under the ledger's lock: f must be
+// quick and must not call the ledger (a workqueue's Add). Set it before
+// the ledger is used.
+func (l *Ledger) OnPoolChange(f func(pool string)) { l.changed = f }
 
 func NewLedger() *Ledger {
 	return &Ledger{claims: map[types.UID]*claimUse{}, usage: map[DeviceKey]*devTotals{}, kept: map[types.UID]*KeptClaim{}, poolGen: map[string]uint64{}}
@@ -235,6 +244,9 @@ func (l *Ledger) addLocked(uses []DeviceUse, sign int) {
 	for _, u := range uses {
 		if u.Key.Driver == "" {
 			l.poolGen[u.Key.Pool]++
+			if l.changed != nil {
+				l.changed(u.Key.Pool)
+			}
 		}
 		t := l.usage[u.Key]
 		if t == nil {

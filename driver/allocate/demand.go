@@ -311,3 +311,44 @@ func (m *DemandMix) stranded(left []int32, host *Host, product string) int64 {
 	}
 	return f
 }
+
+// Usable tells whether any of the mix's shapes could still run on n as it
+// is now (its CPU and memory left, its GPU product, enough GPUs with what
+// the shape needs of each): whether n's unallocated GPU is still worth
+// keeping for GPU pods. A node without GPUs, or whose GPUs are all
+// allocated, is never usable. Host nil: CPU and memory are not known and
+// never short. A nil mix knows no shape: then any unallocated GPU counts
+// as usable.
+func (m *DemandMix) Usable(n *NodeState) bool {
+	if n == nil || n.Topology == nil {
+		return false
+	}
+	var buf [topology.MaxGPUs]int32
+	left := gpuLeft(n, buf[:0])
+	var all int64
+	for _, l := range left {
+		all += int64(l)
+	}
+	if all == 0 {
+		return false
+	}
+	if m == nil {
+		return true
+	}
+	product := nodeProduct(n)
+	for _, s := range m.shapes {
+		if (n.Host != nil && !s.Host.fits(*n.Host)) || !s.admits(product) {
+			continue
+		}
+		need, fit := s.perGPU(), 0
+		for _, l := range left {
+			if l >= need {
+				fit++
+			}
+		}
+		if fit >= s.GPUs {
+			return true
+		}
+	}
+	return false
+}

@@ -27,6 +27,10 @@ type nodeState struct {
 	// after a change.
 	frag   int64
 	fragOK bool
+	// changes counts the tasks placed on the node, so that what is
+	// derived from its state (the steering taint, steer.go) is computed
+	// again only after a change.
+	changes uint64
 }
 
 func (n *nodeState) freeGPUs() int {
@@ -146,6 +150,7 @@ func (c *Cluster) apply(t *Task, p Placement) error {
 	n.memLeft -= t.MemoryMiB
 	n.alloc.Host = &allocate.Host{CPUMilli: n.cpuLeft, MemoryBytes: n.memLeft << 20}
 	n.fragOK = false
+	n.changes++
 	if t.GPUs == 0 {
 		return nil
 	}

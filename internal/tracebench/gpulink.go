@@ -79,11 +79,6 @@ func newGpulinkPolicy(w *Workload, rng *rand.Rand, hostAware bool, cpuOnly func(
 	return &gpulinkPolicy{rng: rng, hist: h, demand: d, hostAware: hostAware, cpuOnly: cpuOnly}, nil
 }
 
-// kubeScheduler returns kube-scheduler's placement of pods without claims.
-func kubeScheduler(rng *rand.Rand, mostAllocated bool) func(c *Cluster, t *Task) (Placement, bool, error) {
-	return func(c *Cluster, t *Task) (Placement, bool, error) { return kubeScore(c, t, rng, mostAllocated) }
-}
-
 // hostOf is a task's CPU and memory in the allocator's terms.
 func hostOf(t *Task) allocate.Host {
 	return allocate.Host{CPUMilli: t.CPUMilli, MemoryBytes: t.MemoryMiB << 20}
@@ -171,38 +166,6 @@ func (g *gpulinkPolicy) placeHost(c *Cluster, t *Task) (Placement, bool, error) 
 		return Placement{}, false, fmt.Errorf("gpulink: task %s: %w", t.Name, err)
 	}
 	return Placement{Node: g.index[name]}, true, nil
-}
-
-// kubeScore is kube-scheduler's scoring for a pod without GPU claims:
-// NodeResourcesFit over CPU and memory with equal weights (LeastAllocated,
-// the default, or MostAllocated) plus NodeResourcesBalancedAllocation,
-// each 0..100 in integers as the plugins compute them; the highest sum
-// wins and ties are broken at random (selectHost).
-func kubeScore(c *Cluster, t *Task, rng *rand.Rand, mostAllocated bool) (Placement, bool, error) {
-	best := newArgmin(rng)
-	for i, n := range c.nodes {
-		if !n.fits(t) {
-			continue
-		}
-		cpuCap, memCap := max(1, n.spec.CPUMilli), max(1, n.spec.MemoryMiB)
-		cpuFree, memFree := n.cpuLeft-t.CPUMilli, n.memLeft-t.MemoryMiB
-		fit := (cpuFree*100/cpuCap + memFree*100/memCap) / 2
-		if mostAllocated {
-			fit = ((cpuCap-cpuFree)*100/cpuCap + (memCap-memFree)*100/memCap) / 2
-		}
-		cpuFrac := float64(cpuCap-cpuFree) / float64(cpuCap)
-		memFrac := float64(memCap-memFree) / float64(memCap)
-		d := cpuFrac - memFrac
-		if d < 0 {
-			d = -d
-		}
-		balanced := int64((1 - d/2) * 100)
-		best.offer(i, -float64(fit+balanced))
-	}
-	if best.idx < 0 {
-		return Placement{}, false, nil
-	}
-	return Placement{Node: best.idx}, true, nil
 }
 
 // demandMix is the recent shapes' mix weighed by the scarcity of the GPU

@@ -20,11 +20,17 @@ const (
 	// PolicyGpulink is the chart's defaults: GPU pods ranked with each
 	// node's CPU and memory and the recent pods' shapes
 	// (controller.rankByStranding: true), pods without GPU claims left to
-	// kube-scheduler's default scoring (LeastAllocated).
+	// kube-scheduler's default scoring (LeastAllocated) on GPU nodes that
+	// carry the controller's PreferNoSchedule taint while they have an
+	// idle GPU (controller.steerCPUPods: taint; steer.go).
 	PolicyGpulink = "gpulink"
+	// PolicyGpulinkNoSteer is the chart with controller.steerCPUPods: off:
+	// pods without GPU claims spread by kube-scheduler over every node
+	// (the chart's defaults before the taint).
+	PolicyGpulinkNoSteer = "gpulink:steerCPUPods=off"
 	// PolicyGpulinkGPUOnly is the chart with controller.rankByStranding:
 	// false: nodes ranked on GPUs alone (no Host, no Demand), CPU-only
-	// pods left to kube-scheduler's default scoring.
+	// pods left to kube-scheduler with the steering taint.
 	PolicyGpulinkGPUOnly = "gpulink:rankByStranding=false"
 	// PolicyGpulinkFresh is the chart's defaults on a controller started
 	// on an empty cluster: no shape known before the first pods (nothing
@@ -39,7 +45,8 @@ const (
 	PolicyGpulinkCPUPods = "gpulink+cpu-pods"
 	// PolicyGpulinkMost is the chart's defaults with kube-scheduler
 	// configured to bin-pack the pods gpulink does not place
-	// (MostAllocated): the profile deployments/scheduler/gpulink-mostalloc.yaml.
+	// (MostAllocated): the profile deployments/scheduler/gpulink-mostalloc.yaml,
+	// on the nodes the steering taint marks.
 	PolicyGpulinkMost = "gpulink+mostalloc"
 	PolicyFGD         = "fgd"
 	// PolicyFGDPaper is FGD scored as the paper's artifact scores it:
@@ -56,7 +63,7 @@ const (
 
 // AllPolicies lists every policy the replay knows, the chart's defaults
 // first.
-var AllPolicies = []string{PolicyGpulink, PolicyGpulinkGPUOnly, PolicyGpulinkCPUPods, PolicyGpulinkMost, PolicyGpulinkTaint, PolicyFGD, PolicyFGDPaper, PolicyBestFit, PolicyDotProduct, PolicyPacking, PolicyClustering, PolicyRandomFit, PolicyFirstFit}
+var AllPolicies = []string{PolicyGpulink, PolicyGpulinkNoSteer, PolicyGpulinkGPUOnly, PolicyGpulinkCPUPods, PolicyGpulinkMost, PolicyGpulinkTaint, PolicyFGD, PolicyFGDPaper, PolicyBestFit, PolicyDotProduct, PolicyPacking, PolicyClustering, PolicyRandomFit, PolicyFirstFit}
 
 // newPolicy builds a policy for one replay; rng breaks ties among equal
 // scores at random, as kube-scheduler's selectHost does (the paper runs
@@ -66,13 +73,21 @@ func newPolicy(name string, w *Workload, rng *rand.Rand) (policy, error) {
 	case PolicyGpulinkCPUPods:
 		return newGpulinkPolicy(w, rng, true, nil)
 	case PolicyGpulink:
-		return newGpulinkPolicy(w, rng, true, kubeScheduler(rng, false))
+		return newGpulinkKube(w, rng, true, false, steerWholeFree)
+	case PolicyGpulinkNoSteer:
+		return newGpulinkKube(w, rng, true, false, steerOff)
 	case PolicyGpulinkMost:
-		return newGpulinkPolicy(w, rng, true, kubeScheduler(rng, true))
+		return newGpulinkKube(w, rng, true, true, steerWholeFree)
 	case PolicyGpulinkFresh:
-		return newGpulinkPolicy(nil, rng, true, kubeScheduler(rng, false))
+		return newGpulinkKube(nil, rng, true, false, steerWholeFree)
 	case PolicyGpulinkGPUOnly:
-		return newGpulinkPolicy(w, rng, false, kubeScheduler(rng, false))
+		return newGpulinkKube(w, rng, false, false, steerWholeFree)
+	case PolicySteerAnyFree:
+		return newGpulinkKube(w, rng, true, false, steerAnyFree)
+	case PolicySteerUsable:
+		return newGpulinkKube(w, rng, true, false, steerUsable)
+	case PolicySteerWholeUsable:
+		return newGpulinkKube(w, rng, true, false, steerWholeUsable)
 	case PolicyGpulinkTaint:
 		return newGpulinkPolicy(w, rng, true, offGPUNodes)
 	case PolicyFGD:

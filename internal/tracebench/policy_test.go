@@ -221,8 +221,13 @@ func TestBaselineChoices(t *testing.T) {
 			t.Fatal(err)
 		}
 		cpu := &Task{Name: "c", CPUMilli: 4000, MemoryMiB: 1024}
-		if got := place(t, PolicyGpulink, c, cpu, nil); got.Node != 1 {
+		if got := place(t, PolicyGpulinkNoSteer, c, cpu, nil); got.Node != 1 {
 			t.Errorf("LeastAllocated: got %+v, want the emptier node 1", got)
+		}
+		// Both nodes have idle GPUs, so both carry the steering taint:
+		// the taint ranks them alike and LeastAllocated decides.
+		if got := place(t, PolicyGpulink, c, cpu, nil); got.Node != 1 {
+			t.Errorf("LeastAllocated among tainted nodes: got %+v, want the emptier node 1", got)
 		}
 		if got := place(t, PolicyGpulinkMost, c, cpu, nil); got.Node != 0 {
 			t.Errorf("MostAllocated: got %+v, want the fuller node 0", got)

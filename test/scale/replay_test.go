@@ -30,9 +30,10 @@ import (
 // task list, each task created in the replay's order through the API
 // server and placed before the next arrives: GPU tasks as a pod with one
 // claim, gated, allocated by gpulink-controller with the chart's defaults
-// (--rank-by-stranding), then bound by kube-scheduler; tasks without GPUs
-// as a plain pod, placed by kube-scheduler alone, as a cluster with the
-// chart's defaults places them. A task nothing can hold is deleted (the
+// (--rank-by-stranding, --steer-cpu-pods=taint), then bound by
+// kube-scheduler; tasks without GPUs as a plain pod, placed by
+// kube-scheduler alone on nodes the controller's steering taint marks, as
+// a cluster with the chart's defaults places them. A task nothing can hold is deleted (the
 // replay drops it). At each 10 % step of GPU requests arrived, the GPU
 // allocated is read from the cluster's claims and compared with `gpulink
 // simulate --trace` (tracebench.Replay) for the same nodes, seed and
@@ -211,6 +212,16 @@ func TestReplayController(t *testing.T) {
 		}
 	}
 	t.Logf("replay through the controller against the simulator (%s, seed %d, every %d-th node):\n%s", cfg.List, cfg.Seed, cfg.Stride, table.String())
+	// What the steering taint cost (--steer-cpu-pods=taint): node patches.
+	m := ctrl.scrape(t)
+	gpuTasks := 0
+	for i := range plan.Tasks {
+		if plan.Tasks[i].GPUs > 0 {
+			gpuTasks++
+		}
+	}
+	t.Logf("steering taint: %.0f node patches adding it, %.0f removing it, for %d nodes and %d GPU tasks",
+		m[`gpulink_controller_steer_taint_writes_total{action="add"}`], m[`gpulink_controller_steer_taint_writes_total{action="remove"}`], len(plan.Nodes), gpuTasks)
 	if len(diverged) > 0 {
 		t.Logf("first tasks placed differently:\n%s", strings.Join(diverged, "\n"))
 	}

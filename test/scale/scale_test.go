@@ -529,6 +529,15 @@ func startControllerProcess(t *testing.T, e *env, profiling bool, extraArgs ...s
 	if os.Getenv("GPULINK_SCALE_STRANDING") != "0" {
 		args = append(args, "--rank-by-stranding")
 	}
+	// And it keeps the steering taint on GPU nodes with an idle GPU
+	// (--steer-cpu-pods=taint, the chart's default): its node patches
+	// are part of what the chart costs. GPULINK_SCALE_STEER=off measures
+	// without.
+	steerMode := "taint"
+	if os.Getenv("GPULINK_SCALE_STEER") == "off" {
+		steerMode = "off"
+	}
+	args = append(args, "--steer-cpu-pods="+steerMode)
 	args = append(args, extraArgs...)
 	c.cmd = exec.CommandContext(ctx, bin, args...)
 	f, err := os.Create(c.log)

@@ -87,6 +87,7 @@ func TestChartPolicies(t *testing.T) {
 	t.Run("PluginSlices", e.testPluginSlices)
 	t.Run("ControllerRBAC", e.testControllerRBAC)
 	t.Run("ControllerPodPolicy", e.testControllerPodPolicy)
+	t.Run("ControllerNodePolicy", e.testControllerNodePolicy)
 	// Last: it installs gate.cpuPods over the defaults (and restores them).
 	t.Run("CPUPods", e.testCPUPods)
 }

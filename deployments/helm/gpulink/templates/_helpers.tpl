@@ -162,3 +162,8 @@ a CEL clause for the webhook's matchConditions, empty when off. */ -}}
 {{- end -}}
 {{- toJson $names -}}
 {{- end -}}
+
+{{/* The controller's steering taint key (controller/steer.TaintKey); effect PreferNoSchedule. */}}
+{{- define "gpulink.steerTaintKey" -}}
+gpu.gpulink.dev/free-gpus
+{{- end -}}

@@ -1,0 +1,95 @@
+package tracebench
+
+import (
+	"github.com/gpulink/gpulink/driver/allocate"
+)
+
+// Other conditions for the steering taint, measured against the chart's
+// (steerWholeFree, in PolicyGpulink) and kept to reproduce the comparison
+// (docs/performance/trace.md); the controller deploys none of them, and
+// they are not in AllPolicies.
+const (
+	PolicySteerAnyFree     = "gpulink+steer-any-free"
+	PolicySteerUsable      = "gpulink+steer-usable"
+	PolicySteerWholeUsable = "gpulink+steer-whole-usable"
+)
+
+// steerMode is which GPU nodes carry gpulink's PreferNoSchedule steering
+// taint (docs/cpu-pods.md): the controller taints the GPU nodes whose
+// GPUs are still worth keeping for GPU pods, so that kube-scheduler's
+// TaintToleration score sends a pod without GPU claims (which tolerates
+// none of it) to a node without the taint whenever one fits it.
+type steerMode int
+
+const (
+	// steerOff: no taint (kube-scheduler's spreading alone).
+	steerOff steerMode = iota
+	// steerAnyFree: a node with any unallocated GPU, whole or the rest
+	// of a shared one.
+	steerAnyFree
+	// steerWholeFree: a node with at least one whole unallocated GPU (a
+	// GPU neither given out nor shared): what the controller deploys
+	// (planner.Ledger.HasIdleGPU).
+	steerWholeFree
+	// steerUsable: a node whose unallocated GPU some shape of the recent
+	// GPU pods (the demand mix) could still use, given the node's CPU,
+	// memory, product and GPUs left (allocate.DemandMix.Usable): GPU
+	// already stranded is not kept.
+	steerUsable
+	// steerWholeUsable: a node with a whole unallocated GPU that some
+	// shape of the demand mix could still use (steerWholeFree and
+	// steerUsable both).
+	steerWholeUsable
+)
+
+// steerTaint answers whether node i carries the steering taint now,
+// under one mode, computing it again only after the node changed or (for
+// steerUsable) the demand mix was refreshed, as the controller's
+// reconciler would.
+type steerTaint struct {
+	mode steerMode
+	// mix is the demand mix in use (steerUsable).
+	mix func() *allocate.DemandMix
+	// Per node: the taint, the node's change count and the mix it was
+	// computed at; valid marks entries computed at least once.
+	tainted, valid []bool
+	at             []uint64
+	mixAt          []*allocate.DemandMix
+}
+
+func (s *steerTaint) taint(c *Cluster, i int) bool {
+	if s.tainted == nil {
+		s.tainted = make([]bool, len(c.nodes))
+		s.valid = make([]bool, len(c.nodes))
+		s.at = make([]uint64, len(c.nodes))
+		s.mixAt = make([]*allocate.DemandMix, len(c.nodes))
+	}
+	n := c.nodes[i]
+	var m *allocate.DemandMix
+	if s.mode == steerUsable || s.mode == steerWholeUsable {
+		m = s.mix()
+	}
+	if s.valid[i] && s.at[i] == n.changes && s.mixAt[i] == m {
+		return s.tainted[i]
+	}
+	s.tainted[i] = s.compute(n, m)
+	s.valid[i], s.at[i], s.mixAt[i] = true, n.changes, m
+	return s.tainted[i]
+}
+
+func (s *steerTaint) compute(n *nodeState, m *allocate.DemandMix) bool {
+	if n.kind == nil {
+		return false
+	}
+	switch s.mode {
+	case steerAnyFree:
+		return n.leftTotal() > 0
+	case steerWholeFree:
+		return n.freeGPUs() > 0
+	case steerUsable:
+		return m.Usable(n.alloc)
+	case steerWholeUsable:
+		return n.freeGPUs() > 0 && m.Usable(n.alloc)
+	}
+	return false
+}

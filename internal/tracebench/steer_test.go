@@ -1,0 +1,69 @@
+package tracebench
+
+import (
+	"slices"
+	"testing"
+)
+
+// kube-scheduler's TaintToleration NormalizeScore (reverse): 0 for a node
+// with the taint when a node without it is among those scored, 100 for
+// that node; 100 for every node when none or all have it.
+func TestTaintTolerationScores(t *testing.T) {
+	for _, tc := range []struct {
+		tainted []bool
+		want    []int64
+	}{
+		{[]bool{false, false}, []int64{100, 100}},
+		{[]bool{true, true}, []int64{0, 0}},
+		{[]bool{true, false, true}, []int64{0, 100, 0}},
+	} {
+		if got := taintTolerationScores(tc.tainted); !slices.Equal(got, tc.want) {
+			t.Errorf("tainted %v: scores %v, want %v", tc.tainted, got, tc.want)
+		}
+	}
+}
+
+// The steering taint outweighs kube-scheduler's spreading: a CPU-only
+// task goes to the node whose GPUs are all taken although it is the
+// fuller one, under each condition that leaves that node untainted; a
+// node with a whole GPU left stays tainted (and so spreading decides)
+// under steerWholeFree but not under steerUsable when no GPU task could
+// use that GPU any more.
+func TestSteerTaintOutweighsSpreading(t *testing.T) {
+	big := func(model string, gpus int) Node {
+		return Node{CPUMilli: 64000, MemoryMiB: 256 << 10, GPUs: gpus, Model: model}
+	}
+	fresh := func() *Cluster {
+		c := testCluster(t, big("T4", 2), big("T4", 2), big("T4", 2))
+		use(t, c, 0, 32000, 1000, 1000) // node 0: both GPUs taken, half its CPU
+		use(t, c, 2, 63000, 1000)       // node 2: one GPU left, 1 core
+		return c
+	}
+	cpu := &Task{Name: "c", CPUMilli: 500, MemoryMiB: 1024}
+	// GPU tasks of the mix need 4 cores: node 2's last GPU is stranded.
+	w := NewWorkload([]Task{{GPUs: 1, GPUMilli: 1000, CPUMilli: 4000, MemoryMiB: 1024}})
+	if got := place(t, PolicyGpulinkNoSteer, fresh(), cpu, w); got.Node != 1 {
+		t.Fatalf("no taint: got node %d, want the idle node 1 (LeastAllocated)", got.Node)
+	}
+	for _, name := range []string{PolicyGpulink, PolicySteerAnyFree, PolicySteerWholeUsable} {
+		if got := place(t, name, fresh(), cpu, w); got.Node != 0 {
+			t.Errorf("%s: got node %d, want node 0, whose GPUs are all taken", name, got.Node)
+		}
+	}
+	// Node 0 full in CPU: the untainted node does not fit, the task
+	// spreads over the tainted ones, and steerUsable adds node 2 (its GPU
+	// is stranded) to the untainted.
+	full := func() *Cluster {
+		c := fresh()
+		if err := c.apply(&Task{Name: "fill", CPUMilli: 32000}, Placement{Node: 0}); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	if got := place(t, PolicyGpulink, full(), cpu, w); got.Node != 1 {
+		t.Errorf("%s, node 0 full: got node %d, want node 1 (LeastAllocated among the tainted)", PolicyGpulink, got.Node)
+	}
+	if got := place(t, PolicySteerUsable, full(), cpu, w); got.Node != 2 {
+		t.Errorf("%s, node 0 full: got node %d, want node 2, whose last GPU no task of the mix can use", PolicySteerUsable, got.Node)
+	}
+}
