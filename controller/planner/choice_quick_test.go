@@ -33,6 +33,7 @@ type pruneCluster struct {
 	slices map[string]*resourceapi.ResourceSlice
 	usage  map[string][]allocate.GPUUsage
 	gen    map[string]uint64
+	log    usageLog
 	ip     *Interpreter
 	sel    *SelectorEvaluator
 }
@@ -41,17 +42,29 @@ func (pc *pruneCluster) NodeUsage(n *NodeInventory) []allocate.GPUUsage {
 	return slices.Clone(pc.usage[n.Node])
 }
 
-func (pc *pruneCluster) Generations(nodes []*NodeInventory, out []uint64) {
+func (pc *pruneCluster) Generations(nodes []*NodeInventory, out []uint64) uint64 {
 	for i, n := range nodes {
 		out[i] = pc.gen[n.Node]
 	}
+	return pc.log.seq
+}
+
+func (pc *pruneCluster) Changes(since uint64, out []string) ([]string, uint64, bool) {
+	return pc.log.since(since, out)
 }
 
 // setUsage changes a node's usage, as the ledger does when a claim is
 // allocated or released.
 func (pc *pruneCluster) setUsage(node string, u []allocate.GPUUsage) {
 	pc.usage[node] = u
+	pc.touch(node)
+}
+
+// touch moves a node's generation, as the ledger does when its usage or
+// its CPU and memory left change. Pools are named after their nodes.
+func (pc *pruneCluster) touch(node string) {
 	pc.gen[node]++
+	pc.log.add(node)
 }
 
 // commit adds a plan's devices to its node's usage.
@@ -184,7 +197,8 @@ func randomPod(rng *rand.Rand) []*resourceapi.ResourceClaim {
 func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(9, 5000))
-	quick, shortcutShapes, cached, noFit, bounded := 0, 0, 0, 0, 0
+	quick, shortcutShapes, cached, noFit, bounded, indexed := 0, 0, 0, 0, 0, 0
+	podHosts := []allocate.Host{{}, {CPUMilli: 2_000, MemoryBytes: 8 << 30}, {CPUMilli: 6_000, MemoryBytes: 24 << 30}}
 	for round := range 12 {
 		pc := newPruneCluster(t, rng, 40+rng.IntN(80), pruneFixtures, []float64{0.3, 0.7, 1}[round%3])
 		cache := newScoreCache()
@@ -228,12 +242,17 @@ func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 			if demand != nil {
 				// Pods without GPUs come and go: CPU and memory change on
 				// nodes whose GPU usage does not.
+				// A change of a node's CPU or memory left moves its
+				// generation, as the controller's ledger.Touch does.
 				for range 1 + rng.IntN(len(nodes)/4+1) {
 					n := nodes[rng.IntN(len(nodes))]
 					hosts[n.Node] = &allocate.Host{CPUMilli: int64(rng.IntN(24_000)), MemoryBytes: int64(rng.IntN(96)) << 30}
+					pc.touch(n.Node)
 				}
+				// Pods of a few sizes, so that scores are kept for each
+				// between decisions.
 				rank = &hostRanking{left: func(n string) *allocate.Host { return hosts[n] },
-					pod: allocate.Host{CPUMilli: int64(rng.IntN(8_000)), MemoryBytes: int64(rng.IntN(32)) << 30}}
+					pod: podHosts[rng.IntN(len(podHosts))]}
 				pol.Demand = demand.Mix()
 			}
 			// A pod filter that turns down some nodes, as node fit does
@@ -253,6 +272,16 @@ func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 			plans, _, _ := exhaustivePlans(ctx, pc.sel, pol, cands, pc.NodeUsage, pending)
 			ref := choosePlan(plans, pol, rank)
 			before := cache.entries()
+			// Most decisions over the inventory's list, ranked by each
+			// shape's index, the others by its scores kept per node (a
+			// decision restricted to some nodes): the index catches up
+			// with the changes in between.
+			if rng.IntN(4) != 0 {
+				cache.inventory(nodes)
+				indexed++
+			} else {
+				cache.inventory(nil)
+			}
 			got, verdict := quickChoice(ctx, pc.sel, pol, nodes, pc, cache, admit, pending, rank)
 			ok := verdict == quickChosen
 			if verdict == quickNoFit {
@@ -303,13 +332,14 @@ func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 					h := hosts[ref.Node.Node]
 					h.CPUMilli -= rank.pod.CPUMilli
 					h.MemoryBytes -= rank.pod.MemoryBytes
+					pc.touch(ref.Node.Node)
 					rec := &demandRecorder{hist: demand}
 					rec.record(ctx, podAsking(rank.pod), ref)
 				}
 			}
 		}
 	}
-	t.Logf("%d decisions by the shortcut (%d with scores kept from earlier decisions) out of %d single-placement pods that fit; %d found to fit nowhere; %d pods with several placements by branch and bound", quick, cached, shortcutShapes, noFit, bounded)
+	t.Logf("%d decisions by the shortcut (%d with scores kept from earlier decisions) out of %d single-placement pods that fit; %d found to fit nowhere; %d pods with several placements by branch and bound; %d decisions over the inventory's list", quick, cached, shortcutShapes, noFit, bounded, indexed)
 	// Shares whose default size differs across nodes fall back; most
 	// single-placement pods must take the shortcut or it is not tested.
 	if shortcutShapes == 0 || quick*10 < shortcutShapes*7 || cached*2 < quick || noFit == 0 || bounded < 20 {
@@ -541,7 +571,7 @@ func TestScoreCacheFollowsHost(t *testing.T) {
 	// A change of a node's CPU or memory left counts in its generation,
 	// as the controller's ledger.touch counts it for the fit tracker and
 	// the Node handlers (TestHostChangesTouchTheLedger).
-	pc.gen[first]++
+	pc.touch(first)
 	q, verdict = quickChoice(ctx, pc.sel, pol, nodes, pc, cache, admitAll, pending, rank)
 	if verdict != quickChosen || q.plan.Node.Node == first {
 		t.Fatalf("after %s ran short of CPU: got %v, verdict %d; want another node", first, q, verdict)

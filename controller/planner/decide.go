@@ -166,6 +166,7 @@ func (p *Planner) Decide(ctx context.Context, req Request) Decision {
 	}
 	if req.Only == "" && req.Within == nil {
 		p.scores.prune(all)
+		p.scores.inventory(all)
 	}
 	pf := p.filter.forPod(logger, pod, allocated, excluded)
 	q, verdict := quickChoice(ctx, p.sel, pol, all, p.ledger, p.scores, pf.admit, pending, rank)
