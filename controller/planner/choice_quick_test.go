@@ -496,6 +496,14 @@ func TestBoundChoiceMatchesExhaustive(t *testing.T) {
 			}
 			plans, _, _ := exhaustivePlans(ctx, pc.sel, pol, nodes, pc.NodeUsage, pending)
 			ref := choosePlan(plans, pol, nil)
+			// Most decisions with the requests' scores from their shapes'
+			// indexes over the inventory's list, the others from the
+			// scores kept per node.
+			if rng.IntN(4) != 0 {
+				cache.inventory(nodes)
+			} else {
+				cache.inventory(nil)
+			}
 			got, v := boundChoice(ctx, pc.sel, pol, nodes, pc, cache, admitAll, pending)
 			switch v {
 			case quickChosen:
