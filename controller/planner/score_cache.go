@@ -14,6 +14,8 @@ type scoreCache struct {
 	// all is the inventory's whole node list as Planner.Decide last saw
 	// it: a decision over it ranks with the shape's rankIndex.
 	all []*NodeInventory
+	// positions are the pools' positions in it, for every index.
+	positions poolPositions
 }
 
 // maxCachedShapes bounds the request shapes whose scores are kept: a
@@ -64,7 +66,7 @@ func (c *scoreCache) indexFor(s *shapeScores, nodes []*NodeInventory) *rankIndex
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.index == nil {
-		s.index = &rankIndex{}
+		s.index = &rankIndex{positions: &c.positions}
 	}
 	return s.index
 }

@@ -3,6 +3,7 @@ package planner
 import (
 	"context"
 	"slices"
+	"sync"
 	"sync/atomic"
 
 	"github.com/gpulink/gpulink/driver/allocate"
@@ -27,8 +28,9 @@ type rankIndex struct {
 	// nodes is the list the index is over (Inventory.All's: a copy per
 	// call, compared by its nodes, which are replaced when they change);
 	// pools finds a pool's positions in it.
-	nodes []*NodeInventory
-	pools map[string][]int32
+	nodes     []*NodeInventory
+	pools     map[string][]int32
+	positions *poolPositions
 	// entries are the nodes' scores by position, valid for the usage
 	// changes up to seq, the size mix mix and the demand mix demand.
 	entries []*scoreEntry
@@ -124,10 +126,7 @@ func (ix *rankIndex) build(ctx context.Context, in scoreInput, nodes []*NodeInve
 	indexSyncs.built.Add(1)
 	if !slices.Equal(ix.nodes, nodes) {
 		ix.nodes = nodes
-		ix.pools = make(map[string][]int32, len(nodes))
-		for i, n := range nodes {
-			ix.pools[n.Pool] = append(ix.pools[n.Pool], int32(i))
-		}
+		ix.pools = ix.positions.of(nodes)
 		ix.mark = make([]bool, len(nodes))
 	}
 	ix.gens = growTo(ix.gens, len(nodes))
@@ -329,4 +328,26 @@ func growTo[T any](s []T, n int) []T {
 		return s[:n]
 	}
 	return make([]T, n)
+}
+
+// poolPositions finds each pool's positions in the inventory's list, for
+// every shape's index (one map of every pool, not one per shape).
+type poolPositions struct {
+	mu    sync.Mutex
+	nodes []*NodeInventory
+	pools map[string][]int32
+}
+
+// of returns the positions of each pool in nodes; read-only.
+func (pp *poolPositions) of(nodes []*NodeInventory) map[string][]int32 {
+	pp.mu.Lock()
+	defer pp.mu.Unlock()
+	if pp.pools == nil || !slices.Equal(pp.nodes, nodes) {
+		pp.nodes = nodes
+		pp.pools = make(map[string][]int32, len(nodes))
+		for i, n := range nodes {
+			pp.pools[n.Pool] = append(pp.pools[n.Pool], int32(i))
+		}
+	}
+	return pp.pools
 }
