@@ -57,8 +57,30 @@ type rankIndex struct {
 }
 
 // indexSyncs counts how rankIndex.sync went: incremental (only what
-// changed rescored) or built anew (TestRankIndexMatchesExhaustive).
-var indexSyncs struct{ incremental, built atomic.Int64 }
+// changed rescored) or built anew, because the node list changed (a
+// shape's first decision included), the usage log no longer held the
+// changes since its last, or the demand mix changed.
+var indexSyncs struct {
+	incremental, builtNodes, builtLog, builtDemand atomic.Int64
+}
+
+// RankingCounts are the process's counts of ranking work since it
+// started (the controller's metrics export them): node scores computed
+// afresh, and the shapes' ranked indexes synced incrementally and built
+// anew by reason ("nodes", "log", "demand").
+type RankingCounts struct {
+	NodesScored, IncrementalSyncs int64
+	Builds                        map[string]int64
+}
+
+// Ranking returns the counts so far.
+func Ranking() RankingCounts {
+	return RankingCounts{NodesScored: nodesScored.Load(), IncrementalSyncs: indexSyncs.incremental.Load(), Builds: map[string]int64{
+		"nodes": indexSyncs.builtNodes.Load(), "log": indexSyncs.builtLog.Load(), "demand": indexSyncs.builtDemand.Load()}}
+}
+
+// built is the count of builds for any reason.
+func (c RankingCounts) built() int64 { return c.Builds["nodes"] + c.Builds["log"] + c.Builds["demand"] }
 
 // scoreInput is what scoring a node for the shape needs besides the node.
 type scoreInput struct {
@@ -75,13 +97,20 @@ type scoreInput struct {
 // shapeScores keeps, to take over when the index is built anew.
 func (ix *rankIndex) sync(ctx context.Context, in scoreInput, nodes []*NodeInventory, kept *shapeScores) {
 	if !slices.Equal(ix.nodes, nodes) {
+		indexSyncs.builtNodes.Add(1)
 		ix.build(ctx, in, nodes, kept)
 		return
 	}
 	changed, now, ok := in.usage.Changes(ix.seq, ix.changed[:0])
 	ix.changed = changed[:0]
-	if !ok || in.pol.Demand != ix.demand {
+	switch {
+	case !ok:
+		indexSyncs.builtLog.Add(1)
+		ix.build(ctx, in, nodes, kept)
+		return
+	case in.pol.Demand != ix.demand:
 		// Every score ranks against the others only under one demand mix.
+		indexSyncs.builtDemand.Add(1)
 		ix.build(ctx, in, nodes, kept)
 		return
 	}
@@ -123,7 +152,6 @@ func (ix *rankIndex) sync(ctx context.Context, in scoreInput, nodes []*NodeInven
 // build scores every node afresh, or takes the score kept for it when
 // still valid, and ranks them.
 func (ix *rankIndex) build(ctx context.Context, in scoreInput, nodes []*NodeInventory, kept *shapeScores) {
-	indexSyncs.built.Add(1)
 	if !slices.Equal(ix.nodes, nodes) {
 		ix.nodes = nodes
 		ix.pools = ix.positions.of(nodes)

@@ -131,10 +131,11 @@ func TestRankIndexMatchesExhaustive(t *testing.T) {
 			ref := choosePlan(plans, p, rank)
 
 			indexedCache.inventory(nodes)
-			beforeIncr, beforeBuilt := indexSyncs.incremental.Load(), indexSyncs.built.Load()
+			before := Ranking()
 			got, verdict := quickChoice(ctx, pc.sel, p, nodes, pc, indexedCache, admit, pending[k], rank)
-			incremental += int(indexSyncs.incremental.Load() - beforeIncr)
-			built += int(indexSyncs.built.Load() - beforeBuilt)
+			after := Ranking()
+			incremental += int(after.IncrementalSyncs - before.IncrementalSyncs)
+			built += int(after.built() - before.built())
 			kept, keptVerdict := quickChoice(ctx, pc.sel, p, nodes, pc, keptCache, admit, pending[k], rank)
 			if verdict != keptVerdict {
 				t.Fatalf("round %d, step %d: verdict %d with the index, %d ranking every node", round, step, verdict, keptVerdict)
