@@ -128,7 +128,8 @@ func (p *Planner) Decide(ctx context.Context, req Request) Decision {
 			all = []*NodeInventory{n}
 		}
 	} else {
-		all = p.inv.All()
+		// Read only (a Within decision below copies it).
+		all = p.inv.sortedNodes()
 	}
 	if req.Within != nil {
 		all = slices.DeleteFunc(slices.Clone(all), func(n *NodeInventory) bool { return !slices.Contains(req.Within, n.Node) })

@@ -224,6 +224,14 @@ func (inv *Inventory) Len() int {
 
 // All returns every usable node inventory, sorted by node name.
 func (inv *Inventory) All() []*NodeInventory {
+	return slices.Clone(inv.sortedNodes())
+}
+
+// sortedNodes is All without the copy: the inventory's own list, which it
+// replaces and never changes when a node changes. Callers must not modify
+// it; a decision reads it whole, and a copy of 5,000 pointers per decision
+// was a tenth of the controller's allocations in make scale.
+func (inv *Inventory) sortedNodes() []*NodeInventory {
 	inv.mu.RLock()
 	sorted := inv.sorted
 	inv.mu.RUnlock()
@@ -241,7 +249,7 @@ func (inv *Inventory) All() []*NodeInventory {
 		sorted = inv.sorted
 		inv.mu.Unlock()
 	}
-	return slices.Clone(sorted)
+	return sorted
 }
 
 // Generation changes whenever a node's inventory is rebuilt or dropped.

@@ -96,7 +96,7 @@ type scoreInput struct {
 // the policy's mixes, rescoring what changed. kept gives the entries
 // shapeScores keeps, to take over when the index is built anew.
 func (ix *rankIndex) sync(ctx context.Context, in scoreInput, nodes []*NodeInventory, kept *shapeScores) {
-	if !slices.Equal(ix.nodes, nodes) {
+	if !sameNodes(ix.nodes, nodes) {
 		indexSyncs.builtNodes.Add(1)
 		ix.build(ctx, in, nodes, kept)
 		return
@@ -152,7 +152,7 @@ func (ix *rankIndex) sync(ctx context.Context, in scoreInput, nodes []*NodeInven
 // build scores every node afresh, or takes the score kept for it when
 // still valid, and ranks them.
 func (ix *rankIndex) build(ctx context.Context, in scoreInput, nodes []*NodeInventory, kept *shapeScores) {
-	if !slices.Equal(ix.nodes, nodes) {
+	if !sameNodes(ix.nodes, nodes) {
 		ix.nodes = nodes
 		ix.pools = ix.positions.of(nodes)
 		ix.mark = make([]bool, len(nodes))
@@ -345,6 +345,12 @@ func (w *rankWalk) frontDown(i int) {
 	}
 }
 
+// sameNodes tells whether a and b list the same nodes in the same order:
+// the same slice (the inventory's own, Inventory.sortedNodes) or a copy.
+func sameNodes(a, b []*NodeInventory) bool {
+	return sameList(a, b) || slices.Equal(a, b)
+}
+
 // sameList tells whether a and b are the same slice.
 func sameList(a, b []*NodeInventory) bool {
 	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
@@ -370,7 +376,7 @@ type poolPositions struct {
 func (pp *poolPositions) of(nodes []*NodeInventory) map[string][]int32 {
 	pp.mu.Lock()
 	defer pp.mu.Unlock()
-	if pp.pools == nil || !slices.Equal(pp.nodes, nodes) {
+	if pp.pools == nil || !sameNodes(pp.nodes, nodes) {
 		pp.nodes = nodes
 		pp.pools = make(map[string][]int32, len(nodes))
 		for i, n := range nodes {
