@@ -271,14 +271,14 @@ func scoreNode(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy,
 	req.Host = rank.request()
 	st := &allocate.NodeState{Name: n.Node, Topology: n.Topo, Usage: u,
 		MaxSharesPerGPU: maxSharesPerGPU(alt), MemoryOvercommitPercent: memoryOvercommit(alt), Host: host}
-	s, ok, err := allocate.ScoreNode(st, req, pol)
+	s, basis, ok, err := allocate.ScoreNodeWithBasis(st, req, pol)
 	if err != nil {
 		// Cannot happen for sanitized usage; let planning every node
 		// explain it.
 		e.nonUniform = true
 		return e
 	}
-	e.fits, e.score = ok, s
+	e.fits, e.score, e.basis = ok, s, basis
 	if ok && s.DependsOnMix() {
 		// Valid only for this size mix, the default one (nil) included.
 		e.mixDependent, e.mix = true, pol.Mix
@@ -326,8 +326,10 @@ type scoreEntry struct {
 	// mixDependent: the score is only valid for the size mix mix.
 	mixDependent bool
 	mix          *allocate.SizeMix
-	// demand is the demand mix the score was computed with (nil: none).
+	// demand is the demand mix the score was computed with (nil: none);
+	// basis ranks it under another one (rankIndex.restrand).
 	demand *allocate.DemandMix
+	basis  *allocate.StrandBasis
 	// skip: the shape cannot fit (too few GPUs free, no eligible device);
 	// nonUniform: the node's devices take several share sizes.
 	skip, nonUniform bool

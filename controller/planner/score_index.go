@@ -15,9 +15,11 @@ import (
 // (usageSource.Changes), moves them in the ranking, and reads the
 // best-ranked nodes off it, instead of reading every node's generation and
 // kept score and ranking them all again (which cost a 5,000-node decision
-// 2-4 ms of CPU with nothing to rescore). A new demand mix rescores every
-// node, a new size mix the nodes whose score depended on it, as the kept
-// scores of shapeScores.entry would.
+// 2-4 ms of CPU with nothing to rescore). A new size mix rescores the
+// nodes whose score depended on it, as the kept scores of
+// shapeScores.entry would; a new demand mix ranks every node anew, the
+// ones that did not change from their kept stranding basis
+// (rankIndex.restrand), without scoring them again.
 //
 // The ranking is a binary heap of the positions of the nodes the shape
 // fits, ordered as rankHeap orders them (allocate.NodeScore.Better, names
@@ -57,25 +59,27 @@ type rankIndex struct {
 }
 
 // indexSyncs counts how rankIndex.sync went: incremental (only what
-// changed rescored) or built anew, because the node list changed (a
+// changed rescored; restranded: the others ranked under a new demand mix
+// from their basis) or built anew, because the node list changed (a
 // shape's first decision included), the usage log no longer held the
-// changes since its last, or the demand mix changed.
+// changes since its last, or ranking by stranding started or stopped.
 var indexSyncs struct {
-	incremental, builtNodes, builtLog, builtDemand atomic.Int64
+	incremental, restranded, builtNodes, builtLog, builtDemand atomic.Int64
 }
 
 // RankingCounts are the process's counts of ranking work since it
 // started (the controller's metrics export them): node scores computed
-// afresh, and the shapes' ranked indexes synced incrementally and built
-// anew by reason ("nodes", "log", "demand").
+// afresh, the shapes' ranked indexes synced incrementally (of which
+// Restranded under a new demand mix) and built anew by reason ("nodes",
+// "log", "demand").
 type RankingCounts struct {
-	NodesScored, IncrementalSyncs int64
-	Builds                        map[string]int64
+	NodesScored, IncrementalSyncs, Restranded int64
+	Builds                                    map[string]int64
 }
 
 // Ranking returns the counts so far.
 func Ranking() RankingCounts {
-	return RankingCounts{NodesScored: nodesScored.Load(), IncrementalSyncs: indexSyncs.incremental.Load(), Builds: map[string]int64{
+	return RankingCounts{NodesScored: nodesScored.Load(), IncrementalSyncs: indexSyncs.incremental.Load(), Restranded: indexSyncs.restranded.Load(), Builds: map[string]int64{
 		"nodes": indexSyncs.builtNodes.Load(), "log": indexSyncs.builtLog.Load(), "demand": indexSyncs.builtDemand.Load()}}
 }
 
@@ -108,8 +112,9 @@ func (ix *rankIndex) sync(ctx context.Context, in scoreInput, nodes []*NodeInven
 		indexSyncs.builtLog.Add(1)
 		ix.build(ctx, in, nodes, kept)
 		return
-	case in.pol.Demand != ix.demand:
-		// Every score ranks against the others only under one demand mix.
+	case in.pol.Demand != ix.demand && (in.pol.Demand == nil || ix.demand == nil):
+		// Ranking by stranding started (the first demand mix) or
+		// stopped: every score ranks against the others only under one.
 		indexSyncs.builtDemand.Add(1)
 		ix.build(ctx, in, nodes, kept)
 		return
@@ -131,6 +136,15 @@ func (ix *rankIndex) sync(ctx context.Context, in scoreInput, nodes []*NodeInven
 		for p := range ix.mixDependent {
 			markPos(p)
 		}
+	}
+	if in.pol.Demand != ix.demand {
+		// A new demand mix: the nodes that did not change are ranked
+		// under it from their kept stranding basis, not scored again.
+		indexSyncs.restranded.Add(1)
+		for _, p := range ix.restrand(in.pol.Demand, kept) {
+			markPos(p)
+		}
+		ix.demand = in.pol.Demand
 	}
 	ix.seq, ix.mix = now, in.pol.Mix
 	if len(ix.marked) == 0 {
@@ -173,6 +187,37 @@ func (ix *rankIndex) build(ctx context.Context, in scoreInput, nodes []*NodeInve
 		}
 		ix.set(int32(i), e)
 	}
+}
+
+// restrand ranks the entries not marked for rescoring under the demand
+// mix d (the index's is another, neither nil): an entry's score depends
+// on the demand mix only through the GPU its placement strands, which its
+// basis gives under d exactly as scoring the node again would
+// (allocate.NodeScore.WithStranded). It returns the positions it could
+// not restrand (none expected: a fitting entry computed with a demand mix
+// has a basis), for the caller to score again.
+func (ix *rankIndex) restrand(d *allocate.DemandMix, kept *shapeScores) (rescore []int32) {
+	for p, e := range ix.entries {
+		if ix.mark[p] {
+			continue
+		}
+		ne := *e
+		ne.demand = d
+		if e.fits && !e.skip && !e.nonUniform {
+			if e.basis == nil {
+				rescore = append(rescore, int32(p))
+				continue
+			}
+			ne.score = e.score.WithStranded(d, e.basis)
+		}
+		ix.entries[p] = &ne
+		kept.put(ne.node, &ne)
+	}
+	// Every fitting node's score moved: order the ranking again.
+	for i := len(ix.heap)/2 - 1; i >= 0; i-- {
+		ix.down(i)
+	}
+	return rescore
 }
 
 // score computes a node's entry and keeps it in shapeScores too.

@@ -19,7 +19,8 @@ import (
 // one planning every admitted node gives, and the one ranking every node
 // by its kept score gives (same verdict too), while plans are committed
 // and released, nodes' CPU and memory change, device taints replace
-// nodes, and the size mix and the demand mix move. Most decisions must
+// nodes, and the size mix and the demand mix move (the nodes that did not
+// change then ranked from their kept stranding basis). Most decisions must
 // take the index's incremental path (only the changed nodes rescored), or
 // it is not what is tested. Node kinds include a 32-GPU node, whose
 // whole-GPU scores depend on the size mix.
@@ -43,7 +44,7 @@ func TestRankIndexMatchesExhaustive(t *testing.T) {
 		claim([]resourceapi.DeviceRequest{controllertest.ShareRequest("s", "12Gi", "50")}),
 	}
 	podHosts := []allocate.Host{{}, {CPUMilli: 4_000, MemoryBytes: 16 << 30}}
-	var decided, noFit, unsure, incremental, built int
+	var decided, noFit, unsure, incremental, restranded, built int
 	for round := range 5 {
 		pc := newPruneCluster(t, rng, 60+rng.IntN(60), fixtures, []float64{0.3, 0.7}[round%2])
 		var pending [][]*Claim
@@ -135,6 +136,7 @@ func TestRankIndexMatchesExhaustive(t *testing.T) {
 			got, verdict := quickChoice(ctx, pc.sel, p, nodes, pc, indexedCache, admit, pending[k], rank)
 			after := Ranking()
 			incremental += int(after.IncrementalSyncs - before.IncrementalSyncs)
+			restranded += int(after.Restranded - before.Restranded)
 			built += int(after.built() - before.built())
 			kept, keptVerdict := quickChoice(ctx, pc.sel, p, nodes, pc, keptCache, admit, pending[k], rank)
 			if verdict != keptVerdict {
@@ -172,9 +174,9 @@ func TestRankIndexMatchesExhaustive(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d decisions, %d found to fit nowhere, %d unsure; the index synced incrementally %d times, was built %d times", decided, noFit, unsure, incremental, built)
-	if decided < 1000 || incremental < 3*built || noFit == 0 {
-		t.Fatalf("%d decisions (want 1000), %d incremental syncs against %d builds, %d found to fit nowhere: the index's paths are not tested", decided, incremental, built, noFit)
+	t.Logf("%d decisions, %d found to fit nowhere, %d unsure; the index synced incrementally %d times (%d under a new demand mix), was built %d times", decided, noFit, unsure, incremental, restranded, built)
+	if decided < 1000 || incremental < 3*built || noFit == 0 || restranded < 20 {
+		t.Fatalf("%d decisions (want 1000), %d incremental syncs (%d under a new demand mix) against %d builds, %d found to fit nowhere: the index's paths are not tested", decided, incremental, restranded, built, noFit)
 	}
 }
 
