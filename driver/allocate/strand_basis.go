@@ -21,9 +21,12 @@ func ScoreNodeWithBasis(n *NodeState, req Request, pol Policy) (NodeScore, *Stra
 	if err != nil || !ok || !s.demand {
 		return s, nil, ok, err
 	}
+	// One array for both: the GPU left before, then after.
 	k := n.Topology.Len()
-	left := gpuLeft(n, make([]int32, 0, 2*k))
-	after := append(left[k:], left...)
+	both := make([]int32, 2*k)
+	left := gpuLeft(n, both[:0])
+	after := both[k:]
+	copy(after, left)
 	takeFrom(after, n, req, set)
 	b := &StrandBasis{before: left[:k:k], after: after, hostAfter: hostAfter(n, req.Host), product: nodeProduct(n)}
 	if n.Host != nil {
