@@ -114,7 +114,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.AllocationLatency, m.DecisionLatency, m.PlanLatency, m.Allocations, m.PendingPods, m.Errors, m.Released,
-			m.Decisions, m.GateWait, m.BelowBestLink, m.SteerTaintWrites, m.inventory)
+			m.Decisions, m.GateWait, m.BelowBestLink, m.SteerTaintWrites, m.inventory, rankingCollector{})
 	}
 	return m
 }

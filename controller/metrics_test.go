@@ -221,6 +221,8 @@ func TestDecisionMetrics(t *testing.T) {
 	}
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
+	// The ranking counts are the process's: compare with what they were.
+	rankingBefore := planner.Ranking()
 	h := newHarnessWith(t, Config{Workers: 1, DeviceTaintRules: true, Metrics: m},
 		objs(classes(), gpuNode(t, "nb", "pcie-nvbridge-8.txt"), []runtime.Object{held})...).start()
 	h.claim("pair", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("gpus", 2)}})
@@ -262,6 +264,25 @@ gpulink_controller_below_best_link_total{size="2",weakest_link="PXB"} 1
 	}
 	if observed != 1 {
 		t.Errorf("gate wait observations = %d, want 1 (one pod ungated)", observed)
+	}
+	// The first decision of each request shape ranks the node afresh: one
+	// node score at least, and the shape's ranking built for the node
+	// list.
+	var scores, builtForNodes float64
+	for _, f := range families {
+		switch f.GetName() {
+		case "gpulink_controller_node_scores_total":
+			scores = f.GetMetric()[0].GetCounter().GetValue()
+		case "gpulink_controller_ranking_syncs_total":
+			for _, mt := range f.GetMetric() {
+				if mt.GetLabel()[0].GetValue() == "nodes" {
+					builtForNodes = mt.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	if scores < float64(rankingBefore.NodesScored+1) || builtForNodes < float64(rankingBefore.Builds["nodes"]+1) {
+		t.Errorf("node scores %v (before %d), rankings built for the node list %v (before %d): want both up", scores, rankingBefore.NodesScored, builtForNodes, rankingBefore.Builds["nodes"])
 	}
 }
 

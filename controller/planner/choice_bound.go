@@ -1,8 +1,8 @@
 package planner
 
 import (
+	"container/heap"
 	"context"
-	"slices"
 
 	"github.com/gpulink/gpulink/driver/allocate"
 	"github.com/gpulink/gpulink/driver/topology"
@@ -65,30 +65,43 @@ func boundChoice(ctx context.Context, sel *SelectorEvaluator, pol allocate.Polic
 	for i, alt := range alts {
 		sigs[i], shapes[i] = shapeOf(cache, alt, pol, len(nodes), nil)
 	}
-	gens := make([]uint64, len(nodes))
-	usage.Generations(nodes, gens)
-	type bounded struct {
-		node  *NodeInventory
-		bound podScore
+	// Over the inventory's list, each request's scores come from its
+	// shape's index (only the nodes changed since rescored), by position;
+	// otherwise from the scores kept per node.
+	indexes := make([]*rankIndex, len(alts))
+	for i, alt := range alts {
+		if indexes[i] = cache.indexFor(shapes[i], nodes); indexes[i] == nil {
+			indexes = nil
+			break
+		}
+		indexes[i].sync(ctx, scoreInput{sel: sel, pol: pol, usage: usage, alt: alt, sig: sigs[i]}, nodes, shapes[i])
 	}
-	cands := make([]bounded, 0, len(nodes))
+	var gens []uint64
+	if indexes == nil {
+		gens = make([]uint64, len(nodes))
+		usage.Generations(nodes, gens)
+	}
+	cands := &boundHeap{pol: pol, items: make([]boundedNode, 0, len(nodes))}
+	entries := make([]*scoreEntry, len(alts))
 	for i, n := range nodes {
-		if b, ok := podBound(ctx, sel, pol, n, usage, alts, sigs, shapes, gens[i]); ok {
-			cands = append(cands, bounded{n, b})
+		for a, alt := range alts {
+			if indexes != nil {
+				entries[a] = indexes[a].entries[i]
+			} else {
+				entries[a] = shapes[a].entry(ctx, sel, pol, n, usage, alt, sigs[a], gens[i], nil)
+			}
+		}
+		if b, ok := podBound(pol, alts, entries); ok {
+			cands.items = append(cands.items, boundedNode{n, b})
 		}
 	}
-	slices.SortFunc(cands, func(a, b bounded) int {
-		if c := a.bound.compare(b.bound, pol); c != 0 {
-			return -c
-		}
-		if a.node.Node < b.node.Node {
-			return -1
-		}
-		return 1
-	})
+	// Taken best first; usually the first node planned reaches its bound,
+	// so a heap, not a sort of every node.
+	heap.Init(cands)
 	var best *Plan
 	var bestScore podScore
-	for _, c := range cands {
+	for cands.Len() > 0 {
+		c := heap.Pop(cands).(boundedNode)
 		if best != nil {
 			cmp := c.bound.compare(bestScore, pol)
 			if cmp < 0 {
@@ -133,11 +146,11 @@ func boundChoice(ctx context.Context, sel *SelectorEvaluator, pol allocate.Polic
 // the whole GPUs left free are then exactly the free ones less the whole
 // GPUs taken and the fresh GPUs opened. On an idle node the bound is what
 // the plan gets unless the requests get in each other's way.
-func podBound(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, n *NodeInventory, usage usageSource, alts []*Alternative, sigs []string, shapes []*shapeScores, gen uint64) (podScore, bool) {
+func podBound(pol allocate.Policy, alts []*Alternative, entries []*scoreEntry) (podScore, bool) {
 	b := podScore{worst: topology.Link(255)}
 	free, shared, whole, shares, widest := -1, 0, 0, 0, 0
 	for i, alt := range alts {
-		e := shapes[i].entry(ctx, sel, pol, n, usage, alt, sigs[i], gen, nil)
+		e := entries[i]
 		if e.skip || (!e.nonUniform && !e.fits) {
 			return podScore{}, false
 		}
@@ -165,4 +178,33 @@ func podBound(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, 
 	}
 	b.freeAfter = free - whole - b.opened
 	return b, true
+}
+
+// boundedNode is a node with the bound of its plans.
+type boundedNode struct {
+	node  *NodeInventory
+	bound podScore
+}
+
+// boundHeap pops the node of the best bound first, names ascending among
+// equal bounds.
+type boundHeap struct {
+	pol   allocate.Policy
+	items []boundedNode
+}
+
+func (h *boundHeap) Len() int { return len(h.items) }
+func (h *boundHeap) Less(i, j int) bool {
+	a, b := h.items[i], h.items[j]
+	if c := a.bound.compare(b.bound, h.pol); c != 0 {
+		return c > 0
+	}
+	return a.node.Node < b.node.Node
+}
+func (h *boundHeap) Swap(i, j int) { h.items[i], h.items[j] = h.items[j], h.items[i] }
+func (h *boundHeap) Push(x any)    { h.items = append(h.items, x.(boundedNode)) }
+func (h *boundHeap) Pop() any {
+	last := h.items[len(h.items)-1]
+	h.items = h.items[:len(h.items)-1]
+	return last
 }

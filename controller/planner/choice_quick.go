@@ -16,8 +16,13 @@ type usageSource interface {
 	// NodeUsage returns the usage of a node's devices in topology order.
 	NodeUsage(n *NodeInventory) []allocate.GPUUsage
 	// Generations sets out[i] to a number that changes whenever the usage
-	// of nodes[i] changes.
-	Generations(nodes []*NodeInventory, out []uint64)
+	// of nodes[i] changes, and returns the count of changes (below) they
+	// include.
+	Generations(nodes []*NodeInventory, out []uint64) uint64
+	// Changes appends to out the pools whose generation moved after the
+	// first since changes, in order, and returns the count of changes
+	// now; ok is false when they are no longer all known.
+	Changes(since uint64, out []string) (_ []string, now uint64, ok bool)
 }
 
 // quickVerdict is what quickChoice could establish.
@@ -73,6 +78,38 @@ func quickChoice(ctx context.Context, sel *SelectorEvaluator, pol allocate.Polic
 		return nil, quickUnsure
 	}
 	sig, scores := shapeOf(cache, alt, pol, len(nodes), rank)
+	var ranked rankedNodes
+	if ix := cache.indexFor(scores, nodes); ix != nil {
+		ix.sync(ctx, scoreInput{sel: sel, pol: pol, usage: usage, alt: alt, sig: sig, rank: rank}, nodes, scores)
+		if ix.unsure() {
+			return nil, quickUnsure
+		}
+		ranked = ix.walk()
+	} else {
+		h, ok := rankAll(ctx, sel, pol, nodes, usage, scores, alt, sig, rank)
+		if !ok {
+			return nil, quickUnsure
+		}
+		ranked = h
+	}
+	for ranked.Len() > 0 {
+		n := ranked.next()
+		if !admit(n) {
+			continue
+		}
+		plan, _ := planNode(ctx, sel, pol, n, usage.NodeUsage(n), pending)
+		if plan == nil {
+			return nil, quickUnsure
+		}
+		return &quickResult{plan: plan, rest: ranked}, quickChosen
+	}
+	return nil, quickNoFit
+}
+
+// rankAll ranks the nodes the shape fits by their kept or fresh scores;
+// false when quickChoice cannot vouch for a choice (some node's devices
+// take several share sizes, or nodes disagree on the share size).
+func rankAll(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, nodes []*NodeInventory, usage usageSource, scores *shapeScores, alt *Alternative, sig string, rank *hostRanking) (*rankHeap, bool) {
 	gens := make([]uint64, len(nodes))
 	usage.Generations(nodes, gens)
 	h := &rankHeap{pol: pol, items: make([]rankedNode, 0, len(nodes))}
@@ -83,13 +120,13 @@ func quickChoice(ctx context.Context, sel *SelectorEvaluator, pol allocate.Polic
 			continue
 		}
 		if e.nonUniform {
-			return nil, quickUnsure
+			return nil, false
 		}
 		if alt.Share {
 			if shareKey == "" {
 				shareKey = e.shareKey
 			} else if e.shareKey != shareKey {
-				return nil, quickUnsure
+				return nil, false
 			}
 		}
 		if e.fits {
@@ -97,18 +134,14 @@ func quickChoice(ctx context.Context, sel *SelectorEvaluator, pol allocate.Polic
 		}
 	}
 	heap.Init(h)
-	for h.Len() > 0 {
-		n := heap.Pop(h).(rankedNode).node
-		if !admit(n) {
-			continue
-		}
-		plan, _ := planNode(ctx, sel, pol, n, usage.NodeUsage(n), pending)
-		if plan == nil {
-			return nil, quickUnsure
-		}
-		return &quickResult{plan: plan, rest: h}, quickChosen
-	}
-	return nil, quickNoFit
+	return h, true
+}
+
+// rankedNodes gives the nodes a shape fits best first.
+type rankedNodes interface {
+	// Len is how many are left.
+	Len() int
+	next() *NodeInventory
 }
 
 // maxExplainedNodes bounds the nodes planned to say why a pod fits none
@@ -137,7 +170,7 @@ func explainNoFit(ctx context.Context, sel *SelectorEvaluator, pol allocate.Poli
 // quickResult is a quick choice and the nodes ranked below it.
 type quickResult struct {
 	plan *Plan
-	rest *rankHeap
+	rest rankedNodes
 }
 
 // maxSampledAlternatives bounds the nodes planned after a quick choice to
@@ -151,7 +184,7 @@ const maxSampledAlternatives = 8
 func (q *quickResult) alternatives(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, usage usageSource, admit func(*NodeInventory) bool, pending []*Claim) (plans []*Plan, why []string, unexamined int) {
 	plans = []*Plan{q.plan}
 	for tried := 0; tried < maxSampledAlternatives && len(plans) < 4 && q.rest.Len() > 0; {
-		n := heap.Pop(q.rest).(rankedNode).node
+		n := q.rest.next()
 		if !admit(n) {
 			continue
 		}
@@ -190,6 +223,7 @@ func (h *rankHeap) Pop() any {
 	h.items = h.items[:len(h.items)-1]
 	return last
 }
+func (h *rankHeap) next() *NodeInventory { return heap.Pop(h).(rankedNode).node }
 
 // scoreNode computes a node's entry for one request shape: whether the
 // shape may fit at all, its devices' share size and, when it fits, its
@@ -237,16 +271,17 @@ func scoreNode(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy,
 	req.Host = rank.request()
 	st := &allocate.NodeState{Name: n.Node, Topology: n.Topo, Usage: u,
 		MaxSharesPerGPU: maxSharesPerGPU(alt), MemoryOvercommitPercent: memoryOvercommit(alt), Host: host}
-	s, ok, err := allocate.ScoreNode(st, req, pol)
+	s, basis, ok, err := allocate.ScoreNodeWithBasis(st, req, pol)
 	if err != nil {
 		// Cannot happen for sanitized usage; let planning every node
 		// explain it.
 		e.nonUniform = true
 		return e
 	}
-	e.fits, e.score = ok, s
+	e.fits, e.score, e.basis = ok, s, basis
 	if ok && s.DependsOnMix() {
-		e.mix = pol.Mix
+		// Valid only for this size mix, the default one (nil) included.
+		e.mixDependent, e.mix = true, pol.Mix
 	}
 	return e
 }
@@ -288,9 +323,13 @@ var nodesScored atomic.Int64
 type scoreEntry struct {
 	node *NodeInventory
 	gen  uint64
-	mix  *allocate.SizeMix
-	// demand is the demand mix the score was computed with (nil: none).
+	// mixDependent: the score is only valid for the size mix mix.
+	mixDependent bool
+	mix          *allocate.SizeMix
+	// demand is the demand mix the score was computed with (nil: none);
+	// basis ranks it under another one (rankIndex.restrand).
 	demand *allocate.DemandMix
+	basis  *allocate.StrandBasis
 	// skip: the shape cannot fit (too few GPUs free, no eligible device);
 	// nonUniform: the node's devices take several share sizes.
 	skip, nonUniform bool

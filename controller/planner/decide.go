@@ -128,7 +128,8 @@ func (p *Planner) Decide(ctx context.Context, req Request) Decision {
 			all = []*NodeInventory{n}
 		}
 	} else {
-		all = p.inv.All()
+		// Read only (a Within decision below copies it).
+		all = p.inv.sortedNodes()
 	}
 	if req.Within != nil {
 		all = slices.DeleteFunc(slices.Clone(all), func(n *NodeInventory) bool { return !slices.Contains(req.Within, n.Node) })
@@ -166,6 +167,7 @@ func (p *Planner) Decide(ctx context.Context, req Request) Decision {
 	}
 	if req.Only == "" && req.Within == nil {
 		p.scores.prune(all)
+		p.scores.inventory(all)
 	}
 	pf := p.filter.forPod(logger, pod, allocated, excluded)
 	q, verdict := quickChoice(ctx, p.sel, pol, all, p.ledger, p.scores, pf.admit, pending, rank)

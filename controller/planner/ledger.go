@@ -69,6 +69,8 @@ type Ledger struct {
 	// changed, when set, is told the pool of every gpulink device whose
 	// usage changes (OnPoolChange).
 	changed func(pool string)
+	// changes lists the pools whose generation moved, in order (rankIndex).
+	changes usageLog
 }
 
 // devTotals sums the holders of one device. Exclusive holders are counted,
@@ -241,11 +243,17 @@ func resultUse(r *resourceapi.DeviceRequestAllocationResult) (DeviceUse, bool) {
 }
 
 func (l *Ledger) addLocked(uses []DeviceUse, sign int) {
+	logged := ""
 	for _, u := range uses {
 		if u.Key.Driver == "" {
 			l.poolGen[u.Key.Pool]++
-			if l.changed != nil {
-				l.changed(u.Key.Pool)
+			// Once per pool and call: the claim's devices are on one node.
+			if u.Key.Pool != logged {
+				l.changes.add(u.Key.Pool)
+				logged = u.Key.Pool
+				if l.changed != nil {
+					l.changed(u.Key.Pool)
+				}
 			}
 		}
 		t := l.usage[u.Key]
@@ -376,22 +384,35 @@ func (l *Ledger) NodeUsage(n *NodeInventory) []allocate.GPUUsage {
 	return out
 }
 
-// Generations sets out[i] to the usage generation of nodes[i]'s pool.
-// touch counts a change of what decisions rank a pool's node by besides
+// Touch counts a change of what decisions rank a pool's node by besides
 // its device usage (its CPU and memory left, with ranking by stranding),
 // so that scores kept for it are computed again.
 func (l *Ledger) Touch(pool string) {
 	l.mu.Lock()
 	l.poolGen[pool]++
+	l.changes.add(pool)
 	l.mu.Unlock()
 }
 
-func (l *Ledger) Generations(nodes []*NodeInventory, out []uint64) {
+// Generations sets out[i] to the usage generation of nodes[i]'s pool and
+// returns the count of generation changes they include (Changes).
+func (l *Ledger) Generations(nodes []*NodeInventory, out []uint64) uint64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for i, n := range nodes {
 		out[i] = l.poolGen[n.Pool]
 	}
+	return l.changes.seq
+}
+
+// Changes appends to out the pools whose usage generation moved after the
+// first since changes (in order, a pool once per change), and returns the
+// count of changes now; ok is false when the ledger no longer keeps them
+// all, and the caller then reads every node's generation (Generations).
+func (l *Ledger) Changes(since uint64, out []string) (_ []string, now uint64, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.changes.since(since, out)
 }
 
 // rvAtLeast compares resourceVersions. They are opaque by contract but

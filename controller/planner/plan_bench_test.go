@@ -132,7 +132,14 @@ func BenchmarkDecision5000Nodes(b *testing.B) {
 			return choosePlan(plans, pol, nil)
 		})
 	})
-	quick := func(cache *scoreCache) func([]*Claim) *Plan {
+	// quick and the stranding variants rank with each shape's index over
+	// the inventory's list, as Planner.Decide does; the -kept variants
+	// rank every node by its kept score, as a decision restricted to some
+	// nodes does (and every decision did before the index).
+	quick := func(cache *scoreCache, indexed bool) func([]*Claim) *Plan {
+		if indexed {
+			cache.inventory(nodes)
+		}
 		return func(pending []*Claim) *Plan {
 			pf := filter.forPod(logger, pod, nil, nil)
 			q, verdict := quickChoice(ctx, pc.sel, pol, nodes, pc, cache, pf.admit, pending, nil)
@@ -142,8 +149,9 @@ func BenchmarkDecision5000Nodes(b *testing.B) {
 			return q.plan
 		}
 	}
-	b.Run("quick-uncached", func(b *testing.B) { run(b, quick(nil)) })
-	b.Run("quick", func(b *testing.B) { run(b, quick(newScoreCache())) })
+	b.Run("quick-uncached", func(b *testing.B) { run(b, quick(nil, false)) })
+	b.Run("quick", func(b *testing.B) { run(b, quick(newScoreCache(), true)) })
+	b.Run("quick-kept", func(b *testing.B) { run(b, quick(newScoreCache(), false)) })
 	// quick-stranding is quick with --rank-by-stranding: each decision is
 	// recorded in the demand mix and ranks by the GPUs it strands for it.
 	// The -sizemix variants also keep the recent size mix as the
@@ -151,7 +159,7 @@ func BenchmarkDecision5000Nodes(b *testing.B) {
 	// request is recorded and the mix snapshot every 64 of them), which
 	// the plain variants leave out: the benchmark's claims are reused, and
 	// MixRecorder counts a claim once.
-	stranding := func(sizeMix bool) func(b *testing.B) {
+	stranding := func(sizeMix, indexed bool) func(b *testing.B) {
 		return func(b *testing.B) {
 			rec, err := newDemandRecorder(true)
 			if err != nil {
@@ -162,6 +170,9 @@ func BenchmarkDecision5000Nodes(b *testing.B) {
 				b.Fatal(err)
 			}
 			cache := newScoreCache()
+			if indexed {
+				cache.inventory(nodes)
+			}
 			var held *allocate.SizeMix
 			run(b, func(pending []*Claim) *Plan {
 				p := pol
@@ -182,14 +193,16 @@ func BenchmarkDecision5000Nodes(b *testing.B) {
 			})
 		}
 	}
-	b.Run("quick-stranding", stranding(false))
-	b.Run("quick-stranding-sizemix", stranding(true))
+	b.Run("quick-stranding", stranding(false, true))
+	b.Run("quick-stranding-kept", stranding(false, false))
+	b.Run("quick-stranding-sizemix", stranding(true, true))
 	b.Run("quick-sizemix", func(b *testing.B) {
 		hist, err := allocate.NewSizeHistory(allocate.DefaultHistoryWindow, allocate.DefaultHistoryRefresh)
 		if err != nil {
 			b.Fatal(err)
 		}
 		cache := newScoreCache()
+		cache.inventory(nodes)
 		var held *allocate.SizeMix
 		run(b, func(pending []*Claim) *Plan {
 			p := pol
@@ -389,15 +402,25 @@ func BenchmarkSeveralPlacements5000Nodes(b *testing.B) {
 			return choosePlan(plans, pol, nil)
 		})
 	})
-	b.Run("bound", func(b *testing.B) {
-		cache := newScoreCache()
-		runDecisions(b, pc, mix, func(pending []*Claim) *Plan {
-			pf := filter.forPod(logger, pod, nil, nil)
-			pl, verdict := boundChoice(ctx, pc.sel, pol, nodes, pc, cache, pf.admit, pending)
-			if verdict != quickChosen {
-				b.Fatalf("verdict %d", verdict)
+	// bound takes the requests' scores from their shapes' indexes over the
+	// inventory's list, as Planner.Decide does; bound-kept from the
+	// scores kept per node (a decision restricted to some nodes).
+	bound := func(indexed bool) func(b *testing.B) {
+		return func(b *testing.B) {
+			cache := newScoreCache()
+			if indexed {
+				cache.inventory(nodes)
 			}
-			return pl
-		})
-	})
+			runDecisions(b, pc, mix, func(pending []*Claim) *Plan {
+				pf := filter.forPod(logger, pod, nil, nil)
+				pl, verdict := boundChoice(ctx, pc.sel, pol, nodes, pc, cache, pf.admit, pending)
+				if verdict != quickChosen {
+					b.Fatalf("verdict %d", verdict)
+				}
+				return pl
+			})
+		}
+	}
+	b.Run("bound", bound(true))
+	b.Run("bound-kept", bound(false))
 }

@@ -37,7 +37,7 @@ func (p *Planner) PrepareSelectors(ctx context.Context, pending []*Claim) error 
 	// The generation is read before the nodes: a change in between leaves
 	// the record at the older generation, so the next call evaluates again.
 	done := p.sel.preparedAt(p.inv.Generation())
-	return p.sel.prepareNodes(ctx, p.inv.All(), pending, done)
+	return p.sel.prepareNodes(ctx, p.inv.sortedNodes(), pending, done)
 }
 
 // prepare is PrepareSelectors over the given nodes, every selector

@@ -11,6 +11,11 @@ import (
 type scoreCache struct {
 	mu     sync.Mutex
 	shapes *lru[*shapeScores]
+	// all is the inventory's whole node list as Planner.Decide last saw
+	// it: a decision over it ranks with the shape's rankIndex.
+	all []*NodeInventory
+	// positions are the pools' positions in it, for every index.
+	positions poolPositions
 }
 
 // maxCachedShapes bounds the request shapes whose scores are kept: a
@@ -35,6 +40,37 @@ func (c *scoreCache) entries() int {
 	return n
 }
 
+// inventory tells the cache the inventory's whole node list (a decision
+// over another list, restricted to some nodes, ranks them afresh).
+func (c *scoreCache) inventory(nodes []*NodeInventory) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	c.all = nodes
+	c.mu.Unlock()
+}
+
+// indexFor returns the shape's ranked index when nodes is the inventory's
+// whole list, nil otherwise.
+func (c *scoreCache) indexFor(s *shapeScores, nodes []*NodeInventory) *rankIndex {
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	all := c.all
+	c.mu.Unlock()
+	if !sameList(all, nodes) || len(nodes) == 0 {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.index == nil {
+		s.index = &rankIndex{positions: &c.positions}
+	}
+	return s.index
+}
+
 // shape returns the scores kept for a shape; a nil cache keeps nothing.
 func (c *scoreCache) shape(key string, nodes int) *shapeScores {
 	if c == nil {
@@ -56,13 +92,16 @@ func (c *scoreCache) shape(key string, nodes int) *shapeScores {
 type shapeScores struct {
 	mu     sync.Mutex
 	byNode map[string]*scoreEntry
+	// index ranks the shape's scores over the inventory's whole node list
+	// (nil until a decision over it).
+	index *rankIndex
 }
 
 func (s *shapeScores) get(n *NodeInventory, gen uint64, mix *allocate.SizeMix) *scoreEntry {
 	s.mu.Lock()
 	e := s.byNode[n.Node]
 	s.mu.Unlock()
-	if e == nil || e.node != n || e.gen != gen || (e.mix != nil && e.mix != mix) {
+	if e == nil || e.node != n || e.gen != gen || (e.mixDependent && e.mix != mix) {
 		return nil
 	}
 	return e

@@ -95,6 +95,13 @@ func strandDelta(m *DemandMix, n *NodeState, req Request, set uint64) int64 {
 	left := gpuLeft(n, buf[:0])
 	product := nodeProduct(n)
 	before := m.stranded(left, n.Host, product)
+	takeFrom(left, n, req, set)
+	return m.stranded(left, hostAfter(n, req.Host), product) - before
+}
+
+// takeFrom takes the request's GPUs in set (whole) or its share on GPU
+// pos (set has that one bit) from left, what gpuLeft gives of n.
+func takeFrom(left []int32, n *NodeState, req Request, set uint64) {
 	for a := set; a != 0; a &= a - 1 {
 		p := bits.TrailingZeros64(a)
 		if req.Share != nil {
@@ -103,7 +110,6 @@ func strandDelta(m *DemandMix, n *NodeState, req Request, set uint64) int64 {
 			left[p] = 0
 		}
 	}
-	return m.stranded(left, hostAfter(n, req.Host), product) - before
 }
 
 // lowestFreeSet is k free GPUs of n, the lowest positions: the stranding

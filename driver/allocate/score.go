@@ -65,41 +65,48 @@ func (a NodeScore) AggregateLink() int { return int(a.key.agg()) }
 // than every other's (TestScoreNodeAgreesWithChooseNode). err is for
 // invalid input only.
 func ScoreNode(n *NodeState, req Request, pol Policy) (s NodeScore, ok bool, err error) {
+	s, _, ok, err = scoreNode(n, req, pol)
+	return s, ok, err
+}
+
+// scoreNode is ScoreNode, with the GPUs the placement whose stranding the
+// score counts takes: the set (whole GPUs) or the GPU of the share.
+func scoreNode(n *NodeState, req Request, pol Policy) (s NodeScore, set uint64, ok bool, err error) {
 	if err := req.Validate(); err != nil {
-		return NodeScore{}, false, err
+		return NodeScore{}, 0, false, err
 	}
 	if err := pol.Validate(); err != nil {
-		return NodeScore{}, false, err
+		return NodeScore{}, 0, false, err
 	}
 	if err := n.Validate(); err != nil {
-		return NodeScore{}, false, err
+		return NodeScore{}, 0, false, err
 	}
 	if err := checkEligible(n, req); err != nil {
-		return NodeScore{}, false, fmt.Errorf("node %s: %w", nodeLabel(n.Name), err)
+		return NodeScore{}, 0, false, fmt.Errorf("node %s: %w", nodeLabel(n.Name), err)
 	}
 	if n.Host != nil && !req.Host.fits(*n.Host) {
-		return NodeScore{}, false, nil
+		return NodeScore{}, 0, false, nil
 	}
 	sc := getScratch()
 	defer putScratch(sc)
 	if req.Share != nil {
 		pl, why := placeShare(sc, n, req, pol.GPU.spread(), pol.Mix)
 		if why != "" {
-			return NodeScore{}, false, nil
+			return NodeScore{}, 0, false, nil
 		}
-		return shareNodeScore(n, req, pl, pol.Demand), true, nil
+		return shareNodeScore(n, req, pl, pol.Demand), 1 << pl.pos, true, nil
 	}
 	free := freeMask(n)
 	cand := free & eligibleMask(n, req)
 	if bits.OnesCount64(cand) < req.GPUs {
-		return NodeScore{}, false, nil
+		return NodeScore{}, 0, false, nil
 	}
 	p := pickWhole(sc, n.Topology, free, cand, req.GPUs, req.RequiredLink, false, pol.Mix)
 	if !p.found {
-		return NodeScore{}, false, nil
+		return NodeScore{}, 0, false, nil
 	}
 	s = wholeNodeScore(p.key, bits.OnesCount64(free)-req.GPUs, bits.OnesCount64(free) > exactMaxFree)
-	return withDemand(s, n, req, cand, p.key, pol.Demand), true, nil
+	return withDemand(s, n, req, cand, p.key, pol.Demand), lowestFreeSet(cand, req.GPUs), true, nil
 }
 
 func wholeNodeScore(k key, freeAfter int, mixDependent bool) NodeScore {

@@ -102,6 +102,15 @@ type scaleReport struct {
 	ControllerRSSMiB     float64 // at the end of the pod phase
 	ControllerPeakRSSMiB float64 // VmHWM
 	ControllerCPUSeconds float64 // user + system, whole run
+	// WaveCPUMsPerClaim is the controller's CPU over the waves (first
+	// create to the last wave ungated) per claim: what a loaded machine
+	// blurs least.
+	WaveCPUMsPerClaim float64
+	// NodeScoresPerClaim and RankingSyncs are the controller's ranking
+	// work over the waves (gpulink_controller_node_scores_total,
+	// gpulink_controller_ranking_syncs_total by kind).
+	NodeScoresPerClaim float64
+	RankingSyncs       map[string]float64
 	// HeapPerNodeKiB is the controller's heap in use after the nodes were
 	// published minus before, per node (includes garbage not yet
 	// collected: an upper bound of the informers' memory per node).
@@ -275,6 +284,8 @@ func TestScale(t *testing.T) {
 
 	podStart := time.Now()
 	reqBefore := ctrl.requests(t)
+	cpuBefore := ctrl.cpuSeconds(t)
+	scoresBefore, syncsBefore := ctrl.rankingWork(t)
 	// The CPU profile covers the waves: the controller deciding pods.
 	var cpuProfile chan error
 	if cfg.Profile != "" {
@@ -323,6 +334,13 @@ func TestScale(t *testing.T) {
 		}
 	}
 	rep.PodPhaseSeconds = time.Since(podStart).Seconds()
+	rep.WaveCPUMsPerClaim = (ctrl.cpuSeconds(t) - cpuBefore) * 1000 / float64(cfg.Pods)
+	scoresAfter, syncsAfter := ctrl.rankingWork(t)
+	rep.NodeScoresPerClaim = (scoresAfter - scoresBefore) / float64(cfg.Pods)
+	rep.RankingSyncs = map[string]float64{}
+	for kind, v := range syncsAfter {
+		rep.RankingSyncs[kind] = v - syncsBefore[kind]
+	}
 	reqAfter := ctrl.requests(t)
 	if cpuProfile != nil {
 		if err := ctrl.profile("heap", cfg.Profile+".heap", 0); err != nil {
@@ -644,6 +662,22 @@ func (c *controllerProcess) metric(t *testing.T, name string) float64 {
 		t.Fatalf("controller metric %s missing", name)
 	}
 	return v
+}
+
+// rankingWork reads the controller's node scores computed and its
+// rankings' syncs by kind.
+func (c *controllerProcess) rankingWork(t *testing.T) (scores float64, syncs map[string]float64) {
+	t.Helper()
+	syncs = map[string]float64{}
+	for k, v := range c.scrape(t) {
+		switch {
+		case k == "gpulink_controller_node_scores_total":
+			scores = v
+		case strings.HasPrefix(k, "gpulink_controller_ranking_syncs_total{"):
+			syncs[labelValue(k, "kind")] = v
+		}
+	}
+	return scores, syncs
 }
 
 // requests sums rest_client_requests_total by method.
