@@ -288,6 +288,15 @@ func (c *Controller) gangMembers(ctx context.Context, ref gangs.Ref) []*gangMemb
 // (gang_decide.go). A gang that already runs minCount pods places further
 // pods (replacements, pods beyond minCount) one by one.
 func (c *Controller) syncGang(ctx context.Context, key string, pod *corev1.Pod, ref gangs.Ref) error {
+	return c.inGangRun(ctx, key, ref, func(ctx context.Context) error {
+		return c.syncGangExclusive(ctx, key, pod, ref)
+	})
+}
+
+// inGangRun runs work as the one worker on the pod's gang, with the gang
+// in its logger; a pod whose gang is already being worked on is queued
+// again when that run ends (gangRuns.start/done).
+func (c *Controller) inGangRun(ctx context.Context, key string, ref gangs.Ref, work func(context.Context) error) error {
 	if !c.gangRuns.start(ref.Key(), key) {
 		return nil
 	}
@@ -296,12 +305,14 @@ func (c *Controller) syncGang(ctx context.Context, key string, pod *corev1.Pod, 
 			c.podQueue.Add(k)
 		}
 	}()
-	logger := klog.FromContext(ctx).WithValues("gang", ref.Key())
-	ctx = klog.NewContext(ctx, logger)
+	return work(klog.NewContext(ctx, klog.FromContext(ctx).WithValues("gang", ref.Key())))
+}
+
+func (c *Controller) syncGangExclusive(ctx context.Context, key string, pod *corev1.Pod, ref gangs.Ref) error {
 	members := c.gangMembers(ctx, ref)
 	fp := c.gangRuns.fingerprint(members)
 	if c.gangRuns.unchanged(ref.Key(), fp) {
-		logger.V(5).Info("Gang unchanged since it last waited")
+		klog.FromContext(ctx).V(5).Info("Gang unchanged since it last waited")
 		return nil
 	}
 	c.gangRuns.evaluations.Add(1)

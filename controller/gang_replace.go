@@ -80,16 +80,13 @@ const holdingRecheck = 5 * time.Second
 // replaceWholeGang decides again the gang of a refused pod none of whose
 // pods is bound: all of its refused and gated pods at once, or it waits.
 func (c *Controller) replaceWholeGang(ctx context.Context, key string, pod *corev1.Pod, ref gangs.Ref) error {
-	if !c.gangRuns.start(ref.Key(), key) {
-		return nil
-	}
-	defer func() {
-		for _, k := range c.gangRuns.done(ref.Key()) {
-			c.podQueue.Add(k)
-		}
-	}()
-	logger := klog.FromContext(ctx).WithValues("gang", ref.Key())
-	ctx = klog.NewContext(ctx, logger)
+	return c.inGangRun(ctx, key, ref, func(ctx context.Context) error {
+		return c.replaceWholeGangExclusive(ctx, key, pod, ref)
+	})
+}
+
+func (c *Controller) replaceWholeGangExclusive(ctx context.Context, key string, pod *corev1.Pod, ref gangs.Ref) error {
+	logger := klog.FromContext(ctx)
 	spec, isGang, notReady, err := c.gangSpec(ref, pod)
 	if err != nil || notReady != "" || !isGang {
 		// Changed since replaceGangPod read it: its next sync decides.
