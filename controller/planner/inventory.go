@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	resourceapi "k8s.io/api/resource/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	dracel "k8s.io/dynamic-resource-allocation/cel"
 
 	"github.com/gpulink/gpulink/driver"
@@ -142,12 +143,14 @@ func (inv *Inventory) Upsert(slice *resourceapi.ResourceSlice) error {
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
 	old, had := inv.Slices[slice.Name]
-	if had && slice.ResourceVersion != "" && old.ResourceVersion == slice.ResourceVersion && old.UID == slice.UID {
+	if had && slice.ResourceVersion != "" && old.ResourceVersion == slice.ResourceVersion && old.UID == slice.UID && sameDeviceTaints(old, slice) {
 		// The informer's periodic resync hands back the version stored:
 		// rebuilding the pool would replace the node's inventory, and
 		// with it every memo and kept score of the node, on every node
 		// at once each resync period (at 5,000 nodes: every selector
 		// evaluated again and every request shape's ranking rebuilt).
+		// The taints are compared too: the ResourceSlice tracker applies
+		// DeviceTaintRules to a slice without changing its version.
 		if p, bad := inv.problems[slice.Spec.Pool.Name]; bad {
 			return errors.New(p)
 		}
@@ -382,4 +385,19 @@ func attrKey(a resourceapi.DeviceAttribute) (string, bool) {
 	default:
 		return "", false
 	}
+}
+
+// sameDeviceTaints tells whether two versions of a slice carry the same
+// taints on the same devices.
+func sameDeviceTaints(a, b *resourceapi.ResourceSlice) bool {
+	if len(a.Spec.Devices) != len(b.Spec.Devices) {
+		return false
+	}
+	for i := range a.Spec.Devices {
+		da, db := &a.Spec.Devices[i], &b.Spec.Devices[i]
+		if da.Name != db.Name || !apiequality.Semantic.DeepEqual(da.Taints, db.Taints) {
+			return false
+		}
+	}
+	return true
 }

@@ -3,6 +3,7 @@ package planner
 import (
 	"testing"
 
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
@@ -36,7 +37,18 @@ func TestUpsertSameVersionKeepsNode(t *testing.T) {
 	if inv.Node("a") != first || inv.Generation() != gen {
 		t.Fatal("the same slice version replaced the node's inventory")
 	}
-	next := s.DeepCopy()
+	// The ResourceSlice tracker applies a DeviceTaintRule to the slice it
+	// hands out without changing its version: the taint must be seen.
+	tainted := s.DeepCopy()
+	tainted.Spec.Devices[0].Taints = []resourceapi.DeviceTaint{{Key: "example.com/broken", Effect: resourceapi.DeviceTaintEffectNoSchedule}}
+	if err := inv.Upsert(tainted); err != nil {
+		t.Fatal(err)
+	}
+	if inv.Node("a") == first || inv.Generation() == gen {
+		t.Fatal("a DeviceTaintRule's taint on the same slice version kept the node's old inventory")
+	}
+	first, gen = inv.Node("a"), inv.Generation()
+	next := tainted.DeepCopy()
 	next.ResourceVersion = "6"
 	if err := inv.Upsert(next); err != nil {
 		t.Fatal(err)
