@@ -10,6 +10,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpulink/gpulink/controller"
 	"github.com/gpulink/gpulink/controller/controllertest"
@@ -59,27 +60,30 @@ func TestNodeFitPlacesOnNextNode(t *testing.T) {
 
 // TestUnschedulableNodeIsReleased: the controller prefers the DGX A100
 // (NVSwitch) for a pair, but kube-scheduler cannot put the pod there for a
-// reason the controller's filters do not check (a host port taken by a
-// pod on that node), so kube-scheduler deallocates the claim (or, failing
-// that, the controller releases it after the grace period). The node is
-// excluded for the pod, recorded in its annotation, and the pod is placed
-// on the V100 node.
+// reason the controller's filters do not check (the pod's local volume is
+// on the V100 node: gpulink does not model volumes; host ports, which
+// this test used before, it now checks), so kube-scheduler deallocates
+// the claim (or, failing that, the controller releases it after the grace
+// period). The node is excluded for the pod, recorded in its annotation,
+// and the pod is placed on the V100 node.
 func TestUnschedulableNodeIsReleased(t *testing.T) {
 	e := setup(t, map[string]string{"uns-v100": "v100-sxm2-8-aliyun-sccgn6.txt", "uns-a100": "dgx-a100.txt"})
 	ctrl := e.startController(2)
 	defer ctrl.stop()
-	port := []corev1.ContainerPort{{ContainerPort: 8080, HostPort: 8080, Protocol: corev1.ProtocolTCP}}
-	holder := e.newPod("port-holder", false)
-	holder.Spec.NodeName = "uns-a100"
-	holder.Spec.Containers[0].Ports = port
-	e.createPod(holder)
+	const volumeLabel = "test.gpulink.dev/scratch"
+	patch := []byte(`{"metadata":{"labels":{"` + volumeLabel + `":"here"}}}`)
+	if _, err := e.client.CoreV1().Nodes().Patch(e.ctx, "uns-v100", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.localVolume("scratch", volumeLabel, "here")
 
 	e.template("pair", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 2)}})
-	p := e.newPod("port-user", true, "pair")
-	p.Spec.Containers[0].Ports = port
+	p := e.newPod("volume-user", true, "pair")
+	p.Spec.Volumes = []corev1.Volume{{Name: "scratch", VolumeSource: corev1.VolumeSource{
+		PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "scratch"}}}}
 	created := e.createPod(p)
 	start := time.Now()
-	bound := e.waitBound("port-user", 2*time.Minute)
+	bound := e.waitBound("volume-user", 2*time.Minute)
 	if bound.Spec.NodeName != "uns-v100" {
 		t.Fatalf("bound to %s, want uns-v100", bound.Spec.NodeName)
 	}
@@ -87,14 +91,14 @@ func TestUnschedulableNodeIsReleased(t *testing.T) {
 	if nodeOf(c) != "uns-v100" {
 		t.Errorf("claim allocated on %s, want uns-v100", nodeOf(c))
 	}
-	evs := e.events("port-user", created.UID)
+	evs := e.events("volume-user", created.UID)
 	// Either kube-scheduler deallocates the claim (its DRA PostFilter) or
 	// the controller releases it after the grace period; both exclude the node.
 	if !hasEvent(evs, "allocation on node uns-a100 was released") && !hasEvent(evs, "released allocation on node uns-a100") {
 		t.Errorf("no release event; events: %q", evs)
 	}
 	e.poll("exclusion recorded on the pod", 30*time.Second, func() bool {
-		pod, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, "port-user", metav1.GetOptions{})
+		pod, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, "volume-user", metav1.GetOptions{})
 		return err == nil && pod.Annotations[controller.ExcludedNodesAnnotation] == "uns-a100"
 	})
 	t.Logf("bound to %s after %s; events: %q", bound.Spec.NodeName, time.Since(start).Round(time.Millisecond), evs)
