@@ -34,18 +34,7 @@ func (e *env) addCPUNode(name, cpu string) {
 		e.t.Fatal(err)
 	}
 	e.t.Cleanup(func() { _ = e.client.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{}) })
-	e.poll("node "+name+" untainted", time.Minute, func() bool {
-		n, err := e.client.CoreV1().Nodes().Get(e.ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false
-		}
-		if len(n.Spec.Taints) == 0 {
-			return true
-		}
-		n.Spec.Taints = nil
-		_, err = e.client.CoreV1().Nodes().Update(e.ctx, n, metav1.UpdateOptions{})
-		return err == nil
-	})
+	e.untaintNode(name)
 }
 
 // cpuOnlyPod is a pod without claims asking for one CPU, gated by gpulink

@@ -103,20 +103,7 @@ func (e *env) addNodeWith(name string, topo *topology.Topology, node *corev1.Nod
 	if _, err := e.client.CoreV1().Nodes().Create(e.ctx, node, metav1.CreateOptions{}); err != nil {
 		e.t.Fatal(err)
 	}
-	// The NodeTaint admission plugin adds the not-ready taint on create;
-	// with the node lifecycle controller off, removing it once is enough.
-	e.poll("node "+name+" untainted", time.Minute, func() bool {
-		n, err := e.client.CoreV1().Nodes().Get(e.ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false
-		}
-		if len(n.Spec.Taints) == 0 {
-			return true
-		}
-		n.Spec.Taints = nil
-		_, err = e.client.CoreV1().Nodes().Update(e.ctx, n, metav1.UpdateOptions{})
-		return err == nil
-	})
+	e.untaintNode(name)
 	slice, err := controllertest.Slice(name, topo, controllertest.SliceOptions{})
 	if err != nil {
 		e.t.Fatal(err)
@@ -358,4 +345,23 @@ func (e *env) startBound(p *corev1.Pod, timeout time.Duration) *corev1.Pod {
 	e.t.Helper()
 	e.createPod(p)
 	return e.waitBound(p.Name, timeout)
+}
+
+// untaintNode removes the taints of a node just created: the NodeTaint
+// admission plugin adds the not-ready taint on create; with the node
+// lifecycle controller off, removing it once is enough.
+func (e *env) untaintNode(name string) {
+	e.t.Helper()
+	e.poll("node "+name+" untainted", time.Minute, func() bool {
+		n, err := e.client.CoreV1().Nodes().Get(e.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		if len(n.Spec.Taints) == 0 {
+			return true
+		}
+		n.Spec.Taints = nil
+		_, err = e.client.CoreV1().Nodes().Update(e.ctx, n, metav1.UpdateOptions{})
+		return err == nil
+	})
 }
