@@ -4,6 +4,7 @@ package chartpolicies_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -32,18 +33,8 @@ const (
 // status.nominatedNodeName of such a pod while it is gated. The default installation is restored after.
 func (e *env) testCPUPods(t *testing.T) {
 	ctx := e.ctx
-	rendered, err := localcluster.HelmTemplate(ctx, release, chartNS, "--set", "gate.cpuPods.enabled=true")
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := localcluster.DecodeObjects(rendered)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, o := range objs {
-		if err := e.apply(o, false); err != nil {
-			t.Fatalf("installing the chart with gate.cpuPods: %v", err)
-		}
+	if err := e.applyChart(ctx, "--set", "gate.cpuPods.enabled=true"); err != nil {
+		t.Fatalf("installing the chart with gate.cpuPods: %v", err)
 	}
 	t.Cleanup(func() { e.restoreDefaults(t) })
 	for _, ns := range []string{cpuPodsNS, chartNS} {
@@ -196,19 +187,28 @@ func (e *env) restoreDefaults(t *testing.T) {
 	_ = e.admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Delete(ctx, release+"-controller-pod-status", metav1.DeleteOptions{})
 	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:null}}}`, cpuPodsLabel)
 	_, _ = e.admin.CoreV1().Namespaces().Patch(ctx, chartNS, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
-	rendered, err := localcluster.HelmTemplate(ctx, release, chartNS)
+	if err := e.applyChart(ctx); err != nil {
+		t.Errorf("restoring the default installation: %v", err)
+	}
+}
+
+// applyChart renders the chart with helm's extra arguments and applies
+// every object it renders, all of them even when one fails (the errors
+// joined).
+func (e *env) applyChart(ctx context.Context, helmArgs ...string) error {
+	rendered, err := localcluster.HelmTemplate(ctx, release, chartNS, helmArgs...)
 	if err != nil {
-		t.Error(err)
-		return
+		return fmt.Errorf("rendering the chart: %w", err)
 	}
 	objs, err := localcluster.DecodeObjects(rendered)
 	if err != nil {
-		t.Error(err)
-		return
+		return fmt.Errorf("decoding the rendered chart: %w", err)
 	}
+	var errs []error
 	for _, o := range objs {
 		if err := e.apply(o, false); err != nil {
-			t.Errorf("restoring the default installation: %v", err)
+			errs = append(errs, err)
 		}
 	}
+	return errors.Join(errs...)
 }

@@ -111,18 +111,8 @@ func setup(ctx context.Context, t *testing.T) *env {
 			t.Fatalf("creating namespace %s: %v", ns, err)
 		}
 	}
-	rendered, err := localcluster.HelmTemplate(ctx, release, chartNS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := localcluster.DecodeObjects(rendered)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, o := range objs {
-		if err := e.apply(o, false); err != nil {
-			t.Fatalf("installing the chart: %v", err)
-		}
+	if err := e.applyChart(ctx); err != nil {
+		t.Fatalf("installing the chart: %v", err)
 	}
 	// No static type check of the policies' CEL here:
 	// kube-controller-manager writes it (status.typeChecking) only some
