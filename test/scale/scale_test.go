@@ -85,7 +85,14 @@ func scaleConfigFromEnv(t *testing.T) scaleConfig {
 type scaleReport struct {
 	Nodes, GPUs, Pods, Waves int
 	Topologies               []string
-	PublishSeconds           float64
+	// ChartPolicies: the chart's claim-finalizer and scheduling-gate
+	// admission policies were installed (the chart's default).
+	ChartPolicies bool
+	// RankByStranding and SteerCPUPods: the controller's flags
+	// (GPULINK_SCALE_STRANDING, GPULINK_SCALE_STEER).
+	RankByStranding bool
+	SteerCPUPods    string
+	PublishSeconds  float64
 	// Pod create (client side, before the call) to the gate's removal
 	// (seen by a watch).
 	UngatedP50Ms, UngatedP99Ms float64
@@ -206,6 +213,15 @@ func TestScale(t *testing.T) {
 	e := setup(t)
 	prefix := e.ns + "-n"
 	client := e.client
+	// The chart installs its claim-finalizer and scheduling-gate policies
+	// by default; with them an allocation is one claim status write and
+	// one pod patch, without them the controller adds the finalizer
+	// first (GPULINK_SCALE_POLICIES=off measures that).
+	rep := scaleReport{Nodes: cfg.Nodes, GPUs: cfg.Nodes * 8, Pods: cfg.Pods, Waves: cfg.Waves, Topologies: names,
+		ChartPolicies: os.Getenv("GPULINK_SCALE_POLICIES") != "off", RankByStranding: rankByStranding(), SteerCPUPods: steerCPUPodsMode()}
+	if rep.ChartPolicies {
+		installChartPolicies(t, e)
+	}
 
 	// The controller starts on an empty cluster (for its heap before the
 	// nodes) and must not count other tests' nodes: the package's tests
@@ -233,7 +249,6 @@ func TestScale(t *testing.T) {
 			return nil
 		})
 	})
-	rep := scaleReport{Nodes: cfg.Nodes, GPUs: cfg.Nodes * 8, Pods: cfg.Pods, Waves: cfg.Waves, Topologies: names}
 	rep.PublishSeconds = time.Since(start).Seconds()
 	t.Logf("published %d nodes in %.1fs", cfg.Nodes, rep.PublishSeconds)
 	// Let the controller's informers take the slices in and settle.
@@ -516,6 +531,22 @@ type controllerProcess struct {
 
 // startControllerProcess builds and starts the controller; with profiling,
 // it serves /debug/pprof/ on its metrics address (--profiling).
+// rankByStranding: the controller ranks by stranded GPU
+// (--rank-by-stranding) as the chart's default deploys it;
+// GPULINK_SCALE_STRANDING=0 measures it without, for comparison.
+func rankByStranding() bool { return os.Getenv("GPULINK_SCALE_STRANDING") != "0" }
+
+// steerCPUPodsMode: the controller keeps the steering taint on GPU nodes
+// with an idle GPU (--steer-cpu-pods=taint, the chart's default): its
+// node patches are part of what the chart costs. GPULINK_SCALE_STEER=off
+// measures without.
+func steerCPUPodsMode() string {
+	if os.Getenv("GPULINK_SCALE_STEER") == "off" {
+		return "off"
+	}
+	return "taint"
+}
+
 func startControllerProcess(t *testing.T, e *env, profiling bool, extraArgs ...string) *controllerProcess {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "gpulink-controller")
@@ -541,21 +572,10 @@ func startControllerProcess(t *testing.T, e *env, profiling bool, extraArgs ...s
 	if profiling {
 		args = append(args, "--profiling")
 	}
-	// The controller ranks by stranded GPU (--rank-by-stranding) as the
-	// chart's default deploys it; GPULINK_SCALE_STRANDING=0 measures it
-	// without, for comparison.
-	if os.Getenv("GPULINK_SCALE_STRANDING") != "0" {
+	if rankByStranding() {
 		args = append(args, "--rank-by-stranding")
 	}
-	// And it keeps the steering taint on GPU nodes with an idle GPU
-	// (--steer-cpu-pods=taint, the chart's default): its node patches
-	// are part of what the chart costs. GPULINK_SCALE_STEER=off measures
-	// without.
-	steerMode := "taint"
-	if os.Getenv("GPULINK_SCALE_STEER") == "off" {
-		steerMode = "off"
-	}
-	args = append(args, "--steer-cpu-pods="+steerMode)
+	args = append(args, "--steer-cpu-pods="+steerCPUPodsMode())
 	args = append(args, extraArgs...)
 	c.cmd = exec.CommandContext(ctx, bin, args...)
 	f, err := os.Create(c.log)
