@@ -128,7 +128,18 @@ func (c *Controller) considerReserving(ctx context.Context, spec gangs.Spec, mem
 		r.mu.Unlock()
 		return
 	}
-	level, domain, chosen := closestDomain(c.hierarchy, req, nodes)
+	level, domain, chosen, ok := closestDomain(c.hierarchy, req, nodes)
+	if !ok {
+		r.mu.Unlock()
+		// Holding a domain would never let this gang run and would only
+		// keep every other pod off it: a gang any namespace can create
+		// (labels) must not be able to do that.
+		msg := fmt.Sprintf("%s waited %s, longer than the starvation bound %s, but reserves nothing: no %s could hold its %d pods × %d GPUs even idle",
+			spec.Ref, waited.Round(time.Second), bound, c.hierarchy.Name(level), req.Pods, req.GPUsPerPod)
+		klog.FromContext(ctx).V(2).Info("Gang cannot fit even idle, no reservation", "level", c.hierarchy.Name(level), "pods", req.Pods, "gpusPerPod", req.GPUsPerPod)
+		c.gangEvent(members, corev1.EventTypeWarning, report.ReasonGangReserved, actionWait, msg)
+		return
+	}
 	r.gangKey, r.gang, r.domain, r.nodes = spec.Key(), spec.String(), domain, chosen
 	r.mu.Unlock()
 	names := sets.List(chosen)
@@ -148,8 +159,10 @@ func (c *Controller) considerReserving(ctx context.Context, spec gangs.Spec, mem
 // closestDomain picks the domain a waiting gang is closest to fitting in:
 // at its Required level, else the lowest level where a domain has enough
 // GPUs for the gang when idle; there, the domain with the most slots now,
-// then the most free GPUs, then the lowest name.
-func closestDomain(h *gang.Hierarchy, req gang.Request, nodes []gang.Node) (level int, domain string, chosen sets.Set[string]) {
+// then the most free GPUs, then the lowest name. ok is false when no
+// domain could hold the gang even idle (level is then the last one
+// tried): reserving would hold other pods off for nothing.
+func closestDomain(h *gang.Hierarchy, req gang.Request, nodes []gang.Node) (level int, domain string, chosen sets.Set[string], ok bool) {
 	need := req.MinCount
 	if need <= 0 {
 		need = req.Pods
@@ -214,15 +227,8 @@ func closestDomain(h *gang.Hierarchy, req gang.Request, nodes []gang.Node) (leve
 		}
 		if len(fits) > 0 {
 			d := pick(fits)
-			return l, d.name, sets.New(d.nodes...)
+			return l, d.name, sets.New(d.nodes...), true
 		}
 	}
-	// Nothing could hold the gang even idle: reserve the domain with the
-	// most slots at the last level tried, so the gang gets closest.
-	l := levels[len(levels)-1]
-	if ds := domainsAt(l); len(ds) > 0 {
-		d := pick(ds)
-		return l, d.name, sets.New(d.nodes...)
-	}
-	return l, "", sets.New[string]()
+	return levels[len(levels)-1], "", nil, false
 }

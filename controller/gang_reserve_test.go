@@ -31,7 +31,7 @@ func TestClosestDomain(t *testing.T) {
 		name      string
 		req       gang.Request
 		wantLevel int
-		want      []string
+		want      []string // nil: no reservation
 	}{
 		// 3 pods × 8 GPUs: only l2 has 3 nodes; it has 2 slots now.
 		{"Required leaf", gang.Request{Pods: 3, GPUsPerPod: 8, Level: leaf, Constraint: gang.Required}, leaf, []string{"b1", "b2", "b3"}},
@@ -39,11 +39,15 @@ func TestClosestDomain(t *testing.T) {
 		{"Preferred from the node up", gang.Request{Pods: 2, GPUsPerPod: 8, Constraint: gang.Preferred}, leaf, []string{"b1", "b2", "b3"}},
 		// 4 pods: no leaf can, the spine can.
 		{"spine", gang.Request{Pods: 4, GPUsPerPod: 8, Constraint: gang.Preferred}, spine, []string{"a1", "a2", "b1", "b2", "b3"}},
+		// Never fits: a reservation would keep everyone else off a domain
+		// (under Preferred, the whole cluster) for ever.
+		{"Required leaf larger than every leaf", gang.Request{Pods: 4, GPUsPerPod: 8, Level: leaf, Constraint: gang.Required}, leaf, nil},
+		{"Preferred larger than the cluster", gang.Request{Pods: 6, GPUsPerPod: 8, Constraint: gang.Preferred}, h.Cluster(), nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l, _, got := closestDomain(h, tc.req, nodes)
-			if l != tc.wantLevel || !got.Equal(sets.New(tc.want...)) {
-				t.Errorf("closestDomain = level %d %v, want level %d %v", l, sets.List(got), tc.wantLevel, tc.want)
+			l, _, got, ok := closestDomain(h, tc.req, nodes)
+			if ok != (tc.want != nil) || l != tc.wantLevel || !got.Equal(sets.New(tc.want...)) {
+				t.Errorf("closestDomain = level %d %v ok %v, want level %d %v", l, sets.List(got), ok, tc.wantLevel, tc.want)
 			}
 		})
 	}

@@ -411,6 +411,34 @@ func TestGangStarvation(t *testing.T) {
 	}
 }
 
+// TestGangStarvationNoReservationWhenItNeverFits: a gang larger than the
+// cluster (any namespace can label one) passes the starvation bound but
+// reserves nothing: a reservation would keep every other pod off the
+// cluster for ever without ever letting the gang run.
+func TestGangStarvationNoReservationWhenItNeverFits(t *testing.T) {
+	cfg := Config{Workers: 2, DeviceTaintRules: true, Gangs: GangConfig{StarvationBound: 10 * time.Minute}}
+	h := newHarnessWith(t, cfg, objs(classes(), leafNode(t, "a", "l1"), leafNode(t, "b", "l1"))...).start()
+	for i := range 3 {
+		p := h.gangPod(fmt.Sprintf("g%d", i), "huge", 3, 4, nil)
+		p.CreationTimestamp = metav1.NewTime(time.Now().Add(-time.Hour))
+		if _, err := h.client.CoreV1().Pods(ns).Update(h.ctx, p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e := h.waitEventWith(ns+"/g0", report.ReasonGangReserved, "reserves nothing")
+	if e.Type != corev1.EventTypeWarning || !contains(e.Note, "3 pods × 4 GPUs even idle") {
+		t.Errorf("event %s %q, want a Warning saying the gang cannot fit even idle", e.Type, e.Note)
+	}
+	h.claim("late", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 2)}})
+	h.pod("late", true, "late")
+	h.waitUngated("late")
+	for i := range 3 {
+		if gateIndex(h.getPod(fmt.Sprintf("g%d", i))) < 0 {
+			t.Errorf("pod g%d of a gang that cannot fit was ungated", i)
+		}
+	}
+}
+
 // TestPodGroupGang: pods naming a PodGroup (spec.schedulingGroup) with a
 // gang policy of minCount 2 and a topology key are placed together in one
 // leaf; a pod claim created for the PodGroup itself (PodGroup-level
