@@ -24,6 +24,11 @@ const (
 	// carry the controller's PreferNoSchedule taint while they have an
 	// idle GPU (controller.steerCPUPods: taint; steer.go).
 	PolicyGpulink = "gpulink"
+	// PolicyGpulinkScoreAll is the chart's defaults with kube-scheduler
+	// configured to score every feasible node (percentageOfNodesToScore:
+	// 100) for the pods without GPU claims, against its default sampling
+	// that every other kube-scheduler row models; not in AllPolicies.
+	PolicyGpulinkScoreAll = "gpulink:percentageOfNodesToScore=100"
 	// PolicyGpulinkNoSteer is the chart with controller.steerCPUPods: off:
 	// pods without GPU claims spread by kube-scheduler over every node
 	// (the chart's defaults before the taint).
@@ -73,21 +78,23 @@ func newPolicy(name string, w *Workload, rng *rand.Rand) (policy, error) {
 	case PolicyGpulinkCPUPods:
 		return newGpulinkPolicy(w, rng, true, nil)
 	case PolicyGpulink:
-		return newGpulinkKube(w, rng, true, false, steerWholeFree)
+		return newGpulinkKube(w, rng, kubeConfig{hostAware: true, steer: steerWholeFree})
+	case PolicyGpulinkScoreAll:
+		return newGpulinkKube(w, rng, kubeConfig{hostAware: true, steer: steerWholeFree, scoreAllNodes: true})
 	case PolicyGpulinkNoSteer:
-		return newGpulinkKube(w, rng, true, false, steerOff)
+		return newGpulinkKube(w, rng, kubeConfig{hostAware: true, steer: steerOff})
 	case PolicyGpulinkMost:
-		return newGpulinkKube(w, rng, true, true, steerWholeFree)
+		return newGpulinkKube(w, rng, kubeConfig{hostAware: true, mostAllocated: true, steer: steerWholeFree})
 	case PolicyGpulinkFresh:
-		return newGpulinkKube(nil, rng, true, false, steerWholeFree)
+		return newGpulinkKube(nil, rng, kubeConfig{hostAware: true, steer: steerWholeFree})
 	case PolicyGpulinkGPUOnly:
-		return newGpulinkKube(w, rng, false, false, steerWholeFree)
+		return newGpulinkKube(w, rng, kubeConfig{steer: steerWholeFree})
 	case PolicySteerAnyFree:
-		return newGpulinkKube(w, rng, true, false, steerAnyFree)
+		return newGpulinkKube(w, rng, kubeConfig{hostAware: true, steer: steerAnyFree})
 	case PolicySteerUsable:
-		return newGpulinkKube(w, rng, true, false, steerUsable)
+		return newGpulinkKube(w, rng, kubeConfig{hostAware: true, steer: steerUsable})
 	case PolicySteerWholeUsable:
-		return newGpulinkKube(w, rng, true, false, steerWholeUsable)
+		return newGpulinkKube(w, rng, kubeConfig{hostAware: true, steer: steerWholeUsable})
 	case PolicyGpulinkTaint:
 		return newGpulinkPolicy(w, rng, true, offGPUNodes)
 	case PolicyFGD:

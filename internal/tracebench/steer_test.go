@@ -1,6 +1,7 @@
 package tracebench
 
 import (
+	"math/rand/v2"
 	"slices"
 	"testing"
 )
@@ -65,5 +66,61 @@ func TestSteerTaintOutweighsSpreading(t *testing.T) {
 	}
 	if got := place(t, PolicySteerUsable, full(), cpu, w); got.Node != 2 {
 		t.Errorf("%s, node 0 full: got node %d, want node 2, whose last GPU no task of the mix can use", PolicySteerUsable, got.Node)
+	}
+}
+
+// TestKubeFeasibleNodesToFind: kube-scheduler's adaptive sample size.
+func TestKubeFeasibleNodesToFind(t *testing.T) {
+	for _, tc := range []struct{ nodes, want int }{
+		{0, 0}, {99, 99}, {100, 100}, // below 100 nodes: all
+		{152, 100},                   // 49 % is 74: at least 100 (the replay through the controller)
+		{250, 120},                   // 48 %
+		{1213, 497},                  // openb: 41 %
+		{5000, 500},                  // 10 %
+		{10000, 500},                 // 50 - 80 is below the 5 % floor
+	} {
+		if got := kubeFeasibleNodesToFind(tc.nodes); got != tc.want {
+			t.Errorf("kubeFeasibleNodesToFind(%d) = %d, want %d", tc.nodes, got, tc.want)
+		}
+	}
+}
+
+// TestKubeSchedulerSamples: with kube-scheduler's default sampling a pod
+// without GPUs sees only the first 120 feasible nodes of 250 from where
+// the pod before it stopped, so the one node without the steering taint
+// is missed until the search window reaches it; scoring every node
+// (percentageOfNodesToScore: 100) finds it at once.
+func TestKubeSchedulerSamples(t *testing.T) {
+	const total, full = 250, 200 // node 200: both GPUs taken, no taint
+	fresh := func() *Cluster {
+		nodes := make([]Node, total)
+		for i := range nodes {
+			nodes[i] = Node{CPUMilli: 64000, MemoryMiB: 256 << 10, GPUs: 2, Model: "T4"}
+		}
+		c := testCluster(t, nodes...)
+		use(t, c, full, 0, 1000, 1000)
+		return c
+	}
+	cpu := &Task{Name: "c", CPUMilli: 500, MemoryMiB: 1024}
+	w := NewWorkload([]Task{{GPUs: 1, GPUMilli: 1000, CPUMilli: 4000, MemoryMiB: 1024}})
+	if got := place(t, PolicyGpulinkScoreAll, fresh(), cpu, w); got.Node != full {
+		t.Fatalf("%s: got node %d, want the untainted node %d", PolicyGpulinkScoreAll, got.Node, full)
+	}
+	p, err := newPolicy(PolicyGpulink, w, rand.New(rand.NewPCG(1, 2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := fresh()
+	var got []int
+	for range 2 {
+		pl, ok, err := p.place(c, cpu)
+		if err != nil || !ok {
+			t.Fatalf("ok=%v err=%v", ok, err)
+		}
+		got = append(got, pl.Node)
+	}
+	// First window: nodes 0-119, all tainted; second: 120-239, with 200.
+	if got[0] >= 120 || got[0] == full || got[1] != full {
+		t.Errorf("%s placed the two pods on %v, want one of nodes 0-119, then node %d", PolicyGpulink, got, full)
 	}
 }
