@@ -73,11 +73,11 @@ func TestSteerTaintOutweighsSpreading(t *testing.T) {
 func TestKubeFeasibleNodesToFind(t *testing.T) {
 	for _, tc := range []struct{ nodes, want int }{
 		{0, 0}, {99, 99}, {100, 100}, // below 100 nodes: all
-		{152, 100},                   // 49 % is 74: at least 100 (the replay through the controller)
-		{250, 120},                   // 48 %
-		{1213, 497},                  // openb: 41 %
-		{5000, 500},                  // 10 %
-		{10000, 500},                 // 50 - 80 is below the 5 % floor
+		{152, 100},   // 49 % is 74: at least 100 (the replay through the controller)
+		{250, 120},   // 48 %
+		{1213, 497},  // openb: 41 %
+		{5000, 500},  // 10 %
+		{10000, 500}, // 50 - 80 is below the 5 % floor
 	} {
 		if got := kubeFeasibleNodesToFind(tc.nodes); got != tc.want {
 			t.Errorf("kubeFeasibleNodesToFind(%d) = %d, want %d", tc.nodes, got, tc.want)
