@@ -88,6 +88,10 @@ func newPolicy(name string, w *Workload, rng *rand.Rand) (policy, error) {
 		return newGpulinkKube(w, rng, true, false, steerUsable)
 	case PolicySteerWholeUsable:
 		return newGpulinkKube(w, rng, true, false, steerWholeUsable)
+	case PolicySteerIdleNode:
+		return newGpulinkKube(w, rng, true, false, steerIdleNode)
+	case PolicySteerScarce:
+		return newGpulinkKube(w, rng, true, false, steerScarce)
 	case PolicyGpulinkTaint:
 		return newGpulinkPolicy(w, rng, true, offGPUNodes)
 	case PolicyFGD:
