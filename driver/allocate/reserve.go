@@ -9,10 +9,11 @@ package allocate
 // 128 cores (the 39 G3 nodes, 312 of 6,212 GPUs: about 20 times when the
 // cluster is idle) and, on lists that pin pods to GPU models, the pods
 // pinned to the rarer models once those fill; not the pods most nodes
-// could run. A lower bound marks more nodes (4: every idle node of a
-// model a pinned shape names), and the pods without GPUs steered off them
-// crowd onto the partly used nodes instead, whose free GPUs they then
-// strand (docs/performance/trace.md).
+// could run. Measured with 4 (and on any node with an idle GPU, not only
+// nodes all of whose GPUs are idle), the nodes of every model a pinned
+// shape names got the second taint, and the pods without GPUs steered
+// off them crowded onto the partly used nodes instead, whose free GPUs
+// they then stranded (docs/performance/trace.md).
 const ReserveScarcity = 16
 
 // Reserve tells whether n is a node to keep whole for the scarce pods of
