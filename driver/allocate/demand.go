@@ -320,6 +320,12 @@ func (m *DemandMix) stranded(left []int32, host *Host, product string) int64 {
 // never short. A nil mix knows no shape: then any unallocated GPU counts
 // as usable.
 func (m *DemandMix) Usable(n *NodeState) bool {
+	return m.usable(n, nil)
+}
+
+// usable is Usable over the shapes i for which keep(i) holds (every
+// shape when keep is nil).
+func (m *DemandMix) usable(n *NodeState, keep func(i int) bool) bool {
 	if n == nil || n.Topology == nil {
 		return false
 	}
@@ -336,7 +342,10 @@ func (m *DemandMix) Usable(n *NodeState) bool {
 		return true
 	}
 	product := nodeProduct(n)
-	for _, s := range m.shapes {
+	for i, s := range m.shapes {
+		if keep != nil && !keep(i) {
+			continue
+		}
 		if (n.Host != nil && !s.Host.fits(*n.Host)) || !s.admits(product) {
 			continue
 		}

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -29,6 +30,7 @@ type traceFlags struct {
 	minPercent int
 	workers    int
 	noMemory   bool
+	failures   string
 }
 
 func (f *traceFlags) register(cmd *cobra.Command) {
@@ -43,16 +45,37 @@ func (f *traceFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.svg, "svg", "", "with --trace: write the chart to this SVG file")
 	fl.IntVar(&f.minPercent, "min-percent", 70, "with --trace: first arrival step (in % of capacity) in tables and chart")
 	fl.IntVar(&f.workers, "workers", runtime.GOMAXPROCS(0), "with --trace: replays run in parallel")
+	fl.StringVar(&f.failures, "failures", "", "with --trace: write every task a policy could not place, with the state of the nodes it may run on, to this file (tab-separated)")
 	fl.BoolVar(&f.noMemory, "ignore-memory", false, "with --trace: count no task's memory, as the FGD paper's simulator does (every policy)")
 }
 
-func (f *traceFlags) run(out io.Writer) error {
+func (f *traceFlags) run(out io.Writer) (err error) {
 	if f.seeds < 1 {
 		return usageError{fmt.Errorf("--seeds must be at least 1, got %d", f.seeds)}
 	}
 	opt := tracebench.Options{TopologyDir: f.topologies, Policies: f.policies, NodeStride: f.stride, Workers: f.workers, IgnoreMemory: f.noMemory}
 	for s := 1; s <= f.seeds; s++ {
 		opt.Seeds = append(opt.Seeds, uint64(s))
+	}
+	if f.failures != "" {
+		fh, cerr := os.Create(f.failures)
+		if cerr != nil {
+			return fmt.Errorf("--failures: %w", cerr)
+		}
+		w := bufio.NewWriter(fh)
+		defer func() {
+			ferr := w.Flush()
+			if cerr := fh.Close(); ferr == nil {
+				ferr = cerr
+			}
+			if ferr != nil && err == nil {
+				err = fmt.Errorf("--failures %s: %w", f.failures, ferr)
+			}
+		}()
+		if _, werr := io.WriteString(w, tracebench.FailureHeader+"\n"); werr != nil {
+			return fmt.Errorf("--failures %s: %w", f.failures, werr)
+		}
+		opt.Failures = w
 	}
 	start := time.Now()
 	var results []*tracebench.ListResult

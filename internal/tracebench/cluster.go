@@ -31,6 +31,8 @@ type nodeState struct {
 	// derived from its state (the steering taint, steer.go) is computed
 	// again only after a change.
 	changes uint64
+	// taken is what each kind of task took of the node (failures.go).
+	taken [takers]taken
 }
 
 func (n *nodeState) freeGPUs() int {
@@ -59,6 +61,13 @@ func (n *nodeState) fits(t *Task) bool {
 	if t.CPUMilli > n.cpuLeft || t.MemoryMiB > n.memLeft {
 		return false
 	}
+	return n.gpusFit(t)
+}
+
+// gpusFit is fits without CPU and memory: the task's gpu_spec admits the
+// node's model and it has the GPUs free (whole) or a GPU with the share
+// left (share); always true for a task without GPUs.
+func (n *nodeState) gpusFit(t *Task) bool {
 	if t.GPUs == 0 {
 		return true
 	}
@@ -151,6 +160,9 @@ func (c *Cluster) apply(t *Task, p Placement) error {
 	n.alloc.Host = &allocate.Host{CPUMilli: n.cpuLeft, MemoryBytes: n.memLeft << 20}
 	n.fragOK = false
 	n.changes++
+	who := &n.taken[takerOf(t)]
+	who.CPUMilli += t.CPUMilli
+	who.GPUMilli += t.TotalMilli()
 	if t.GPUs == 0 {
 		return nil
 	}

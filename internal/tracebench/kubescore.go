@@ -32,8 +32,8 @@ func newGpulinkKube(w *Workload, rng *rand.Rand, cfg kubeConfig) (*gpulinkPolicy
 	}
 	k := &kubeScheduler{rng: rng, mostAllocated: cfg.mostAllocated, sample: !cfg.scoreAllNodes}
 	if cfg.steer != steerOff {
-		st := &steerTaint{mode: cfg.steer, mix: func() *allocate.DemandMix { return g.demand.Mix() }}
-		k.taint = st.taint
+		st := &steerTaint{mode: cfg.steer, mix: func() *allocate.DemandMix { return g.demand.Mix() }, scarce: g.demandMix}
+		k.taints = st.taints
 	}
 	g.cpuOnly = k.place
 	return g, nil
@@ -54,11 +54,12 @@ const (
 // kubeScheduler is kube-scheduler's placement of pods without claims,
 // with its default profile or the bin-packing one (mostAllocated), on a
 // cluster whose GPU nodes may carry gpulink's PreferNoSchedule steering
-// taint (taint non-nil: whether node i carries it now).
+// taints (taints non-nil: how many of gpulink's PreferNoSchedule taints
+// node i carries now).
 type kubeScheduler struct {
 	rng           *rand.Rand
 	mostAllocated bool
-	taint         func(c *Cluster, i int) bool
+	taints        func(c *Cluster, i int) int
 	// sample: kube-scheduler's default percentageOfNodesToScore, which
 	// stops filtering once it has found kubeFeasibleNodesToFind nodes,
 	// starting where the pod before it stopped (next).
@@ -67,7 +68,7 @@ type kubeScheduler struct {
 	// scores and tainted are per-call scratch, by feasible node.
 	idx     []int
 	scores  []int64
-	tainted []bool
+	tainted []int
 }
 
 // place scores the nodes the task fits, as kube-scheduler's score
@@ -112,7 +113,11 @@ func (k *kubeScheduler) place(c *Cluster, t *Task) (Placement, bool, error) {
 		balanced := int64((1 - d/2) * 100)
 		k.idx = append(k.idx, i)
 		k.scores = append(k.scores, kubeFitWeight*fit+kubeBalancedWeight*balanced)
-		k.tainted = append(k.tainted, k.taint != nil && k.taint(c, i))
+		taints := 0
+		if k.taints != nil {
+			taints = k.taints(c, i)
+		}
+		k.tainted = append(k.tainted, taints)
 	}
 	if total > 0 {
 		k.next = (k.next + processed) % total
@@ -131,7 +136,7 @@ func (k *kubeScheduler) place(c *Cluster, t *Task) (Placement, bool, error) {
 // taintTolerationScores is TaintToleration's normalized score of each
 // feasible node for a pod tolerating none of gpulink's taint, as
 // kube-scheduler computes it: Score counts the node's PreferNoSchedule
-// taints the pod does not tolerate (0 or 1 here), NormalizeScore is
+// taints the pod does not tolerate (tainted: 0, 1 or 2 here), NormalizeScore is
 // helper.DefaultNormalizeScore(MaxNodeScore, reverse=true, scores): with
 // maxCount the largest count among the nodes scored, a node scores
 // MaxNodeScore - MaxNodeScore*count/maxCount, and every node
@@ -139,14 +144,12 @@ func (k *kubeScheduler) place(c *Cluster, t *Task) (Placement, bool, error) {
 // one with it by 100 × weight 3 = 300 points whenever both are feasible,
 // more than NodeResourcesFit and BalancedAllocation together can differ
 // (200): the taint decides, and the spreading only ranks nodes alike.
-func taintTolerationScores(tainted []bool) []int64 {
+func taintTolerationScores(tainted []int) []int64 {
 	out := make([]int64, len(tainted))
 	var maxCount int64
 	for j, t := range tainted {
-		if t {
-			out[j] = 1
-			maxCount = 1
-		}
+		out[j] = int64(t)
+		maxCount = max(maxCount, out[j])
 	}
 	for j := range out {
 		if maxCount == 0 {

@@ -95,6 +95,10 @@ func newPolicy(name string, w *Workload, rng *rand.Rand) (policy, error) {
 		return newGpulinkKube(w, rng, kubeConfig{hostAware: true, steer: steerUsable})
 	case PolicySteerWholeUsable:
 		return newGpulinkKube(w, rng, kubeConfig{hostAware: true, steer: steerWholeUsable})
+	case PolicySteerIdleNode:
+		return newGpulinkKube(w, rng, kubeConfig{hostAware: true, steer: steerIdleNode})
+	case PolicySteerScarce:
+		return newGpulinkKube(w, rng, kubeConfig{hostAware: true, steer: steerScarce})
 	case PolicyGpulinkTaint:
 		return newGpulinkPolicy(w, rng, true, offGPUNodes)
 	case PolicyFGD:

@@ -3,6 +3,7 @@ package tracebench
 import (
 	"fmt"
 	"hash/fnv"
+	"io"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -33,6 +34,11 @@ type Options struct {
 	// RecordPlacements keeps each task's node in Run.Placements (for the
 	// replay through the real controller, which compares task by task).
 	RecordPlacements bool
+	// Failures, when set, gets one line per task a policy could not
+	// place, with the state of the nodes it may run on (failures.go),
+	// from every seed and policy, in no fixed order; the caller writes
+	// FailureHeader first.
+	Failures io.Writer
 }
 
 func (o *Options) defaults() {
@@ -155,6 +161,10 @@ func Replay(tr *Trace, opt Options) (*ListResult, error) {
 	}
 	res.Classes = NewWorkload(tr.Tasks).Classes()
 
+	var flog *failureLog
+	if opt.Failures != nil {
+		flog = &failureLog{w: opt.Failures}
+	}
 	type job struct{ si, pi int }
 	jobs := make(chan job)
 	var wg sync.WaitGroup
@@ -165,7 +175,7 @@ func Replay(tr *Trace, opt Options) (*ListResult, error) {
 		go func() {
 			defer wg.Done()
 			for j := range jobs {
-				r, err := replayOne(tr, nodes, ks, seqs[j.si], opt.Seeds[j.si], opt.Policies[j.pi], opt)
+				r, err := replayOne(tr, nodes, ks, seqs[j.si], opt.Seeds[j.si], opt.Policies[j.pi], opt, flog)
 				mu.Lock()
 				if err != nil && firstErr == nil {
 					firstErr = err
@@ -185,11 +195,14 @@ func Replay(tr *Trace, opt Options) (*ListResult, error) {
 	if firstErr != nil {
 		return nil, firstErr
 	}
+	if flog != nil && flog.err != nil {
+		return nil, fmt.Errorf("write the failure log: %w", flog.err)
+	}
 	return res, nil
 }
 
 // replayOne places seq under one policy on a fresh cluster.
-func replayOne(tr *Trace, nodes []Node, ks *kindSet, seq []int, seed uint64, name string, opt Options) (Run, error) {
+func replayOne(tr *Trace, nodes []Node, ks *kindSet, seq []int, seed uint64, name string, opt Options, flog *failureLog) (Run, error) {
 	c, err := newCluster(nodes, ks)
 	if err != nil {
 		return Run{}, err
@@ -208,7 +221,7 @@ func replayOne(tr *Trace, nodes []Node, ks *kindSet, seq []int, seed uint64, nam
 	var arrived, failed int64
 	failedTasks, multi, ideal := 0, 0, 0
 	next := opt.StepPercent
-	for _, ti := range seq {
+	for si, ti := range seq {
 		t := &tr.Tasks[ti]
 		arrived += t.TotalMilli()
 		p, ok, err := pol.place(c, t)
@@ -236,6 +249,12 @@ func replayOne(tr *Trace, nodes []Node, ks *kindSet, seq []int, seed uint64, nam
 		} else {
 			failed += t.TotalMilli()
 			failedTasks++
+			if flog != nil {
+				rec := describeFailure(c, t)
+				rec.List, rec.Seed, rec.Policy, rec.Index = tr.List, seed, name, si
+				rec.ArrivedPct = 100 * float64(arrived) / float64(c.capMilli)
+				flog.write(&rec)
+			}
 		}
 		for next <= opt.MaxPercent && arrived*100 >= c.capMilli*int64(next) {
 			frag, idle := w.clusterFrag(c)

@@ -12,6 +12,8 @@ const (
 	PolicySteerAnyFree     = "gpulink+steer-any-free"
 	PolicySteerUsable      = "gpulink+steer-usable"
 	PolicySteerWholeUsable = "gpulink+steer-whole-usable"
+	PolicySteerIdleNode    = "gpulink+steer-idle-node"
+	PolicySteerScarce      = "gpulink+steer-scarce"
 )
 
 // steerMode is which GPU nodes carry gpulink's PreferNoSchedule steering
@@ -40,7 +42,20 @@ const (
 	// shape of the demand mix could still use (steerWholeFree and
 	// steerUsable both).
 	steerWholeUsable
+	// steerIdleNode: steerWholeFree's taint, and a second one on a node
+	// all of whose GPUs are idle.
+	steerIdleNode
+	// steerScarce: steerWholeFree's taint, and a second one on a node
+	// all of whose GPUs are idle and on which a scarce shape of the demand
+	// mix weighed by scarcity could still run
+	// (allocate.DemandMix.Reserve): kube-scheduler's TaintToleration
+	// counts the taints a pod does not tolerate, so a pod without GPU
+	// claims goes to such a node only when no node with fewer taints
+	// fits it.
+	steerScarce
 )
+
+// scarceFactor is steerScarce's threshold (ScarceUsable's minFactor).
 
 // steerTaint answers whether node i carries the steering taint now,
 // under one mode, computing it again only after the node changed or (for
@@ -48,26 +63,32 @@ const (
 // reconciler would.
 type steerTaint struct {
 	mode steerMode
-	// mix is the demand mix in use (steerUsable).
-	mix func() *allocate.DemandMix
+	// mix is the demand mix in use (steerUsable), scarce the same
+	// weighed by scarcity (steerScarce).
+	mix    func() *allocate.DemandMix
+	scarce func(c *Cluster) *allocate.DemandMix
 	// Per node: the taint, the node's change count and the mix it was
 	// computed at; valid marks entries computed at least once.
-	tainted, valid []bool
-	at             []uint64
-	mixAt          []*allocate.DemandMix
+	tainted []int
+	valid   []bool
+	at      []uint64
+	mixAt   []*allocate.DemandMix
 }
 
-func (s *steerTaint) taint(c *Cluster, i int) bool {
+func (s *steerTaint) taints(c *Cluster, i int) int {
 	if s.tainted == nil {
-		s.tainted = make([]bool, len(c.nodes))
+		s.tainted = make([]int, len(c.nodes))
 		s.valid = make([]bool, len(c.nodes))
 		s.at = make([]uint64, len(c.nodes))
 		s.mixAt = make([]*allocate.DemandMix, len(c.nodes))
 	}
 	n := c.nodes[i]
 	var m *allocate.DemandMix
-	if s.mode == steerUsable || s.mode == steerWholeUsable {
+	switch s.mode {
+	case steerUsable, steerWholeUsable:
 		m = s.mix()
+	case steerScarce:
+		m = s.scarce(c)
 	}
 	if s.valid[i] && s.at[i] == n.changes && s.mixAt[i] == m {
 		return s.tainted[i]
@@ -77,19 +98,34 @@ func (s *steerTaint) taint(c *Cluster, i int) bool {
 	return s.tainted[i]
 }
 
-func (s *steerTaint) compute(n *nodeState, m *allocate.DemandMix) bool {
+func (s *steerTaint) compute(n *nodeState, m *allocate.DemandMix) int {
 	if n.kind == nil {
-		return false
+		return 0
 	}
 	switch s.mode {
 	case steerAnyFree:
-		return n.leftTotal() > 0
+		return b2i(n.leftTotal() > 0)
 	case steerWholeFree:
-		return n.freeGPUs() > 0
+		return b2i(n.freeGPUs() > 0)
 	case steerUsable:
-		return m.Usable(n.alloc)
+		return b2i(m.Usable(n.alloc))
 	case steerWholeUsable:
-		return n.freeGPUs() > 0 && m.Usable(n.alloc)
+		return b2i(n.freeGPUs() > 0 && m.Usable(n.alloc))
+	case steerIdleNode:
+		free := n.freeGPUs()
+		return b2i(free > 0) + b2i(free == len(n.left))
+	case steerScarce:
+		if n.freeGPUs() == 0 {
+			return 0
+		}
+		return 1 + b2i(m.Reserve(n.alloc))
 	}
-	return false
+	return 0
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

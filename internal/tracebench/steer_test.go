@@ -11,12 +11,16 @@ import (
 // that node; 100 for every node when none or all have it.
 func TestTaintTolerationScores(t *testing.T) {
 	for _, tc := range []struct {
-		tainted []bool
+		tainted []int
 		want    []int64
 	}{
-		{[]bool{false, false}, []int64{100, 100}},
-		{[]bool{true, true}, []int64{0, 0}},
-		{[]bool{true, false, true}, []int64{0, 100, 0}},
+		{[]int{0, 0}, []int64{100, 100}},
+		{[]int{1, 1}, []int64{0, 0}},
+		{[]int{1, 0, 1}, []int64{0, 100, 0}},
+		// Two of gpulink's taints: the count is normalized over the
+		// largest among the nodes scored.
+		{[]int{2, 1, 0}, []int64{0, 50, 100}},
+		{[]int{2, 1, 1}, []int64{0, 50, 50}},
 	} {
 		if got := taintTolerationScores(tc.tainted); !slices.Equal(got, tc.want) {
 			t.Errorf("tainted %v: scores %v, want %v", tc.tainted, got, tc.want)
@@ -122,5 +126,55 @@ func TestKubeSchedulerSamples(t *testing.T) {
 	// First window: nodes 0-119, all tainted; second: 120-239, with 200.
 	if got[0] >= 120 || got[0] == full || got[1] != full {
 		t.Errorf("%s placed the two pods on %v, want one of nodes 0-119, then node %d", PolicyGpulink, got, full)
+	}
+}
+
+// The steering's second taint (steerScarce) keeps the idle node that
+// alone could run a scarce shape off the pods without GPUs: with the
+// steering taint alone every node with an idle GPU ranks alike and
+// LeastAllocated sends a CPU-only task to the largest node, the G3 node
+// the 8-GPU 120-core tasks of FGD's trace need (docs/performance/trace.md:
+// how they failed from 24 % arrived on); with the second taint it goes to
+// a G2 node, and once the G3 node's CPU is short of the shape anyway the
+// second taint is gone.
+func TestSteerScarceKeepsWholeNode(t *testing.T) {
+	nodes := []Node{{CPUMilli: 128000, MemoryMiB: 768 << 10, GPUs: 8, Model: "G3"}}
+	for range 20 {
+		nodes = append(nodes, Node{CPUMilli: 96000, MemoryMiB: 384 << 10, GPUs: 8, Model: "G2"})
+	}
+	w := NewWorkload([]Task{
+		{GPUs: 8, GPUMilli: 1000, CPUMilli: 120000, MemoryMiB: 720 << 10},
+		{GPUs: 1, GPUMilli: 1000, CPUMilli: 4000, MemoryMiB: 16 << 10},
+	})
+	cpu := &Task{Name: "c", CPUMilli: 2000, MemoryMiB: 4 << 10}
+	if got := place(t, PolicyGpulink, testCluster(t, nodes...), cpu, w); got.Node != 0 {
+		t.Fatalf("%s: got node %d, want the G3 node 0 (LeastAllocated among nodes with one taint each)", PolicyGpulink, got.Node)
+	}
+	if got := place(t, PolicySteerScarce, testCluster(t, nodes...), cpu, w); got.Node == 0 {
+		t.Errorf("%s: got the G3 node 0, want a G2 node", PolicySteerScarce)
+	}
+	// 10 of the G3 node's cores taken: 118 left, short of the shape's
+	// 120, so it has one taint as every other node, and both rank alike.
+	short := func() *Cluster {
+		c := testCluster(t, nodes...)
+		use(t, c, 0, 10000)
+		return c
+	}
+	st := &steerTaint{mode: steerScarce}
+	g, err := newGpulinkPolicy(w, nil, true, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.scarce = g.demandMix
+	for _, tc := range []struct {
+		c    *Cluster
+		want int
+	}{{testCluster(t, nodes...), 2}, {short(), 1}} {
+		if got := st.compute(tc.c.nodes[0], st.scarce(tc.c)); got != tc.want {
+			t.Errorf("G3 node with %d m CPU left: %d taints, want %d", tc.c.nodes[0].cpuLeft, got, tc.want)
+		}
+		if got := st.compute(tc.c.nodes[1], st.scarce(tc.c)); got != 1 {
+			t.Errorf("idle G2 node: %d taints, want 1", got)
+		}
 	}
 }
