@@ -8,7 +8,8 @@ import (
 
 // kube-scheduler's TaintToleration NormalizeScore (reverse): 0 for a node
 // with the taint when a node without it is among those scored, 100 for
-// that node; 100 for every node when none or all have it.
+// that node; 100 for every node when none has it, 0 when all have it
+// (equal either way).
 func TestTaintTolerationScores(t *testing.T) {
 	for _, tc := range []struct {
 		tainted []int
