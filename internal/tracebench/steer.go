@@ -55,11 +55,10 @@ const (
 	steerScarce
 )
 
-// scarceFactor is steerScarce's threshold (ScarceUsable's minFactor).
-
-// steerTaint answers whether node i carries the steering taint now,
-// under one mode, computing it again only after the node changed or (for
-// steerUsable) the demand mix was refreshed, as the controller's
+// steerTaint answers how many of gpulink's steering taints node i
+// carries now (0, 1, or 2 under steerIdleNode and steerScarce), under one
+// mode, computing it again only after the node changed or (for the modes
+// that read a demand mix) the mix was refreshed, as the controller's
 // reconciler would.
 type steerTaint struct {
 	mode steerMode
