@@ -4,7 +4,6 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/gpulink/gpulink/controller/gangs"
@@ -19,33 +18,14 @@ import (
 // node, which alone it fits tighter, with an event saying so; the bound
 // pod is not touched.
 func TestGangPodRefusedAfterUngating(t *testing.T) {
-	big := gpuNode(t, "d", "pcie-switch-8.txt")
-	big[0].(*corev1.Node).Labels = map[string]string{corev1.LabelHostname: "d", gang.LabelLeaf: "l2"}
-	h := newHarness(t, objs(classes(), leafNode(t, "a", "l1"), leafNode(t, "b", "l1"), leafNode(t, "c", "l1"), []runtime.Object{big[0], big[1]})...).start()
-	// d keeps 4 of its 8 GPUs free: the tightest fit for a lone 4-GPU pod.
-	h.singletonOn("sd", "d", 4)
-
-	req := map[string]string{gangs.LabelLevel: "leaf"}
-	h.gangPod("r0", "run", 2, 4, req)
-	h.gangPod("r1", "run", 2, 4, req)
-	h.waitUngated("r0")
-	h.waitUngated("r1")
-	nodes := h.allocatedNodes("r0", "r1")
+	h, nodes := placeLeafGang(t, "a", "b", "c")
 	if nodes["r0"] == "d" || nodes["r1"] == "d" {
 		t.Fatalf("gang Required in one leaf on %v", nodes)
 	}
 	// kube-scheduler binds r0 and refuses r1 on its node: its DRA plugin
 	// deallocates r1's claim.
-	p := h.getPod("r0")
-	p.Spec.NodeName = nodes["r0"]
-	if _, err := h.client.CoreV1().Pods(ns).Update(h.ctx, p, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	c := h.getClaim("r1")
-	c.Status.ReservedFor, c.Status.Allocation = nil, nil
-	if _, err := h.client.ResourceV1().ResourceClaims(ns).UpdateStatus(h.ctx, c, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	h.bind("r0", nodes["r0"])
+	h.deallocate("r1")
 	free := ""
 	for _, n := range []string{"a", "b", "c"} {
 		if n != nodes["r0"] && n != nodes["r1"] {
@@ -65,19 +45,18 @@ func TestGangPodRefusedAfterUngating(t *testing.T) {
 	}
 }
 
-// refuseGang places a gang of 2 pods × 4 GPUs Required in one leaf on a
-// cluster of 4-GPU nodes in leaf l1 and an 8-GPU node d in leaf l2 with 4
-// GPUs taken, then has kube-scheduler refuse both pods (its DRA plugin
-// deallocates their claims, one after the other), and returns the nodes
-// of the first placement and of the next, once both are allocated again.
-func refuseGang(t *testing.T, l1 ...string) (h *harness, first, again map[string]string) {
+// placeLeafGang places a gang "run" of 2 pods × 4 GPUs (r0, r1) Required
+// in one leaf on a cluster of 4-GPU nodes l1 in leaf l1 and an 8-GPU node
+// d in leaf l2 with 4 GPUs taken (the tightest fit for a lone 4-GPU pod),
+// and returns the harness and the nodes the two pods were allocated.
+func placeLeafGang(t *testing.T, l1 ...string) (*harness, map[string]string) {
 	big := gpuNode(t, "d", "pcie-switch-8.txt")
 	big[0].(*corev1.Node).Labels = map[string]string{corev1.LabelHostname: "d", gang.LabelLeaf: "l2"}
 	groups := [][]runtime.Object{classes(), {big[0], big[1]}}
 	for _, n := range l1 {
 		groups = append(groups, leafNode(t, n, "l1"))
 	}
-	h = newHarness(t, objs(groups...)...).start()
+	h := newHarness(t, objs(groups...)...).start()
 	h.singletonOn("sd", "d", 4)
 
 	req := map[string]string{gangs.LabelLevel: "leaf"}
@@ -85,13 +64,17 @@ func refuseGang(t *testing.T, l1 ...string) (h *harness, first, again map[string
 	h.gangPod("r1", "run", 2, 4, req)
 	h.waitUngated("r0")
 	h.waitUngated("r1")
-	first = h.allocatedNodes("r0", "r1")
+	return h, h.allocatedNodes("r0", "r1")
+}
+
+// refuseGang places placeLeafGang's gang, then has kube-scheduler refuse
+// both pods (its DRA plugin deallocates their claims, one after the
+// other), and returns the nodes of the first placement and of the next,
+// once both are allocated again.
+func refuseGang(t *testing.T, l1 ...string) (h *harness, first, again map[string]string) {
+	h, first = placeLeafGang(t, l1...)
 	for _, name := range []string{"r0", "r1"} {
-		c := h.getClaim(name)
-		c.Status.ReservedFor, c.Status.Allocation = nil, nil
-		if _, err := h.client.ResourceV1().ResourceClaims(ns).UpdateStatus(h.ctx, c, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		h.deallocate(name)
 	}
 	h.eventually("both allocated again", func() bool {
 		return allocatedNode(h.getClaim("r0")) != "" && allocatedNode(h.getClaim("r1")) != ""
@@ -148,30 +131,13 @@ func TestGangRefusedFitsOnlyWhereRefused(t *testing.T) {
 // event naming it, holding nothing; once the other is bound it is placed
 // again within that pod's leaf, not on the other leaf's half-free node.
 func TestGangRefusedWhileMateUnbound(t *testing.T) {
-	big := gpuNode(t, "d", "pcie-switch-8.txt")
-	big[0].(*corev1.Node).Labels = map[string]string{corev1.LabelHostname: "d", gang.LabelLeaf: "l2"}
-	h := newHarness(t, objs(classes(), leafNode(t, "a", "l1"), leafNode(t, "b", "l1"), leafNode(t, "c", "l1"), []runtime.Object{big[0], big[1]})...).start()
-	h.singletonOn("sd", "d", 4)
-	req := map[string]string{gangs.LabelLevel: "leaf"}
-	h.gangPod("r0", "run", 2, 4, req)
-	h.gangPod("r1", "run", 2, 4, req)
-	h.waitUngated("r0")
-	h.waitUngated("r1")
-	nodes := h.allocatedNodes("r0", "r1")
-	c := h.getClaim("r1")
-	c.Status.ReservedFor, c.Status.Allocation = nil, nil
-	if _, err := h.client.ResourceV1().ResourceClaims(ns).UpdateStatus(h.ctx, c, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	h, nodes := placeLeafGang(t, "a", "b", "c")
+	h.deallocate("r1")
 	h.waitEventWith(ns+"/r1", report.ReasonGangWaiting, "r0 of its gang, not bound, still hold")
 	if got := allocatedNode(h.getClaim("r1")); got != "" {
 		t.Fatalf("refused pod allocated again on %s while its gang's other pod is neither bound nor released", got)
 	}
-	p := h.getPod("r0")
-	p.Spec.NodeName = nodes["r0"]
-	if _, err := h.client.CoreV1().Pods(ns).Update(h.ctx, p, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	h.bind("r0", nodes["r0"])
 	h.eventually("r1 allocated again", func() bool { return allocatedNode(h.getClaim("r1")) != "" })
 	if got := allocatedNode(h.getClaim("r1")); got == "d" || got == nodes["r0"] || got == nodes["r1"] {
 		t.Errorf("refused gang pod placed again on %s, want the free node of leaf l1 (r0 on %s, r1 refused on %s)", got, nodes["r0"], nodes["r1"])

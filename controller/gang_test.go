@@ -193,11 +193,7 @@ func TestGangFurtherPodStaysInDomain(t *testing.T) {
 	h.waitUngated("r1")
 	// kube-scheduler's part: bind them where their claims are.
 	for _, name := range []string{"r0", "r1"} {
-		p := h.getPod(name)
-		p.Spec.NodeName = allocatedNode(h.getClaim(name))
-		if _, err := h.client.CoreV1().Pods(ns).Update(h.ctx, p, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		h.bind(name, allocatedNode(h.getClaim(name)))
 	}
 	h.gangPod("r2", "run", 2, 4, req)
 	h.waitUngated("r2")

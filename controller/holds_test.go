@@ -39,16 +39,35 @@ func newHoldHarness(t *testing.T, cfg Config, objects ...runtime.Object) *harnes
 // pod's claims (PreBind), binds the pod to node and marks it Running.
 func (h *harness) bindRunning(name, node string) {
 	h.t.Helper()
-	p := h.getPod(name)
-	h.reserve(p)
-	p.Spec.NodeName = node
-	p, err := h.client.CoreV1().Pods(ns).Update(h.ctx, p, metav1.UpdateOptions{})
-	if err != nil {
-		h.t.Fatal(err)
-	}
+	h.reserve(h.getPod(name))
+	p := h.bind(name, node)
 	p.Status.Phase = corev1.PodRunning
 	if _, err := h.client.CoreV1().Pods(ns).UpdateStatus(h.ctx, p, metav1.UpdateOptions{}); err != nil {
 		h.t.Fatal(err)
+	}
+}
+
+// bind binds the pod to node, as kube-scheduler's binding does, and
+// nothing else (no reservation, no phase).
+func (h *harness) bind(name, node string) *corev1.Pod {
+	h.t.Helper()
+	p := h.getPod(name)
+	p.Spec.NodeName = node
+	p, err := h.client.CoreV1().Pods(ns).Update(h.ctx, p, metav1.UpdateOptions{})
+	if err != nil {
+		h.t.Fatalf("binding pod %s to %s: %v", name, node, err)
+	}
+	return p
+}
+
+// deallocate clears a claim's allocation and reservations, as
+// kube-scheduler's DRA plugin does for a pod it refused.
+func (h *harness) deallocate(name string) {
+	h.t.Helper()
+	c := h.getClaim(name)
+	c.Status.ReservedFor, c.Status.Allocation = nil, nil
+	if _, err := h.client.ResourceV1().ResourceClaims(ns).UpdateStatus(h.ctx, c, metav1.UpdateOptions{}); err != nil {
+		h.t.Fatalf("deallocating claim %s: %v", name, err)
 	}
 }
 
