@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
@@ -213,6 +214,28 @@ func KlogVerbosityFromEnv() {
 	if v := os.Getenv("GPULINK_V"); v != "" {
 		_ = fs.Set("v", v)
 	}
+}
+
+// UntaintNewNode removes the taints of n, a node just created (as Create
+// returned it): the NodeTaint admission plugin adds the not-ready taint on
+// create and, with the node lifecycle controller off, nothing removes it.
+// It retries on conflicts, reading the node again; a nil n is left alone.
+func UntaintNewNode(ctx context.Context, client kubernetes.Interface, n *corev1.Node) error {
+	for n != nil && len(n.Spec.Taints) > 0 {
+		name := n.Name
+		n.Spec.Taints = nil
+		_, err := client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+		if err == nil {
+			return nil
+		}
+		if !apierrors.IsConflict(err) {
+			return fmt.Errorf("untainting node %s: %w", name, err)
+		}
+		if n, err = client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{}); err != nil {
+			return fmt.Errorf("reading node %s: %w", name, err)
+		}
+	}
+	return nil
 }
 
 // DeleteClaims deletes the namespace's ResourceClaims for a test's

@@ -438,19 +438,8 @@ func publishNodeObject(ctx context.Context, client kubernetes.Interface, node *c
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("creating node %s: %w", name, err)
 	}
-	// The NodeTaint admission plugin adds the not-ready taint on create;
-	// with the node lifecycle controller off nothing removes it.
-	for n != nil && len(n.Spec.Taints) > 0 {
-		n.Spec.Taints = nil
-		if _, err = client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err == nil {
-			break
-		}
-		if !apierrors.IsConflict(err) {
-			return fmt.Errorf("untainting node %s: %w", name, err)
-		}
-		if n, err = client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{}); err != nil {
-			return fmt.Errorf("reading node %s: %w", name, err)
-		}
+	if err := localcluster.UntaintNewNode(ctx, client, n); err != nil {
+		return err
 	}
 	// Slice fills in missing GPU memory sizes in topo, which nodes of one
 	// kind share.

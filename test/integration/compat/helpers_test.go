@@ -130,23 +130,13 @@ func (e *env) addNode() {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	if _, err := e.client.CoreV1().Nodes().Create(e.ctx, controllertest.Node(e.node), metav1.CreateOptions{}); err != nil {
+	n, err := e.client.CoreV1().Nodes().Create(e.ctx, controllertest.Node(e.node), metav1.CreateOptions{})
+	if err != nil {
 		e.t.Fatal(err)
 	}
-	// The NodeTaint admission plugin adds the not-ready taint on create;
-	// with the node lifecycle controller off, removing it once is enough.
-	e.poll("node "+e.node+" untainted", time.Minute, func() bool {
-		n, err := e.client.CoreV1().Nodes().Get(e.ctx, e.node, metav1.GetOptions{})
-		if err != nil {
-			return false
-		}
-		if len(n.Spec.Taints) == 0 {
-			return true
-		}
-		n.Spec.Taints = nil
-		_, err = e.client.CoreV1().Nodes().Update(e.ctx, n, metav1.UpdateOptions{})
-		return err == nil
-	})
+	if err := localcluster.UntaintNewNode(e.ctx, e.client, n); err != nil {
+		e.t.Fatal(err)
+	}
 	slice, err := controllertest.Slice(e.node, topo, controllertest.SliceOptions{})
 	if err != nil {
 		e.t.Fatal(err)

@@ -30,11 +30,8 @@ func (e *env) addCPUNode(name, cpu string) {
 	node := controllertest.Node(name)
 	node.Status.Capacity[corev1.ResourceCPU] = resource.MustParse(cpu)
 	node.Status.Allocatable[corev1.ResourceCPU] = resource.MustParse(cpu)
-	if _, err := e.client.CoreV1().Nodes().Create(e.ctx, node, metav1.CreateOptions{}); err != nil {
-		e.t.Fatal(err)
-	}
+	e.createNode(node)
 	e.t.Cleanup(func() { _ = e.client.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{}) })
-	e.untaintNode(name)
 }
 
 // cpuOnlyPod is a pod without claims asking for one CPU, gated by gpulink

@@ -100,10 +100,7 @@ func (e *env) addNode(name string, topo *topology.Topology) {
 func (e *env) addNodeWith(name string, topo *topology.Topology, node *corev1.Node) {
 	e.t.Helper()
 	e.topo[name] = topo
-	if _, err := e.client.CoreV1().Nodes().Create(e.ctx, node, metav1.CreateOptions{}); err != nil {
-		e.t.Fatal(err)
-	}
-	e.untaintNode(name)
+	e.createNode(node)
 	slice, err := controllertest.Slice(name, topo, controllertest.SliceOptions{})
 	if err != nil {
 		e.t.Fatal(err)
@@ -347,21 +344,15 @@ func (e *env) startBound(p *corev1.Pod, timeout time.Duration) *corev1.Pod {
 	return e.waitBound(p.Name, timeout)
 }
 
-// untaintNode removes the taints of a node just created: the NodeTaint
-// admission plugin adds the not-ready taint on create; with the node
-// lifecycle controller off, removing it once is enough.
-func (e *env) untaintNode(name string) {
+// createNode creates an API-only node without the not-ready taint the
+// NodeTaint admission plugin adds on create.
+func (e *env) createNode(node *corev1.Node) {
 	e.t.Helper()
-	e.poll("node "+name+" untainted", time.Minute, func() bool {
-		n, err := e.client.CoreV1().Nodes().Get(e.ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false
-		}
-		if len(n.Spec.Taints) == 0 {
-			return true
-		}
-		n.Spec.Taints = nil
-		_, err = e.client.CoreV1().Nodes().Update(e.ctx, n, metav1.UpdateOptions{})
-		return err == nil
-	})
+	n, err := e.client.CoreV1().Nodes().Create(e.ctx, node, metav1.CreateOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := localcluster.UntaintNewNode(e.ctx, e.client, n); err != nil {
+		e.t.Fatal(err)
+	}
 }
