@@ -101,6 +101,33 @@ func (e *env) inOneClique(t *testing.T, what string, nodes []string, want string
 	}
 }
 
+// allocatedOnNodes fails the test unless every claim of pods[i] is
+// allocated on nodes[i], the node it was bound to, and returns each
+// claim's first result, pod by pod.
+func (e *env) allocatedOnNodes(t *testing.T, pods, nodes []string) [][]resourceapi.DeviceRequestAllocationResult {
+	t.Helper()
+	out := make([][]resourceapi.DeviceRequestAllocationResult, len(pods))
+	for i, name := range pods {
+		p, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range e.claimsOf(p) {
+			if c.Status.Allocation == nil {
+				t.Errorf("pod %s bound with claim %s unallocated", name, c.Name)
+				continue
+			}
+			r := c.Status.Allocation.Devices.Results
+			if len(r) == 0 || r[0].Pool != nodes[i] {
+				t.Errorf("claim %s of pod %s on %s: results %+v", c.Name, name, nodes[i], r)
+				continue
+			}
+			out[i] = append(out[i], r[0])
+		}
+	}
+	return out
+}
+
 // TestGangCliqueFromAttribute: on nodes without the clique label, a claim
 // selecting on the published cliqueID by CEL gets a GPU of that clique;
 // a gang Required at the clique level (gpulink's labels) waits, holding
@@ -215,22 +242,10 @@ func TestGangComputeDomain(t *testing.T) {
 
 	nodes = e.boundNodes(cd, 2*time.Minute)
 	e.inOneClique(t, "ComputeDomain gang", nodes, cq.y)
-	for i, name := range cd {
-		p, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, c := range e.claimsOf(p) {
-			if c.Status.Allocation == nil {
-				t.Errorf("pod %s bound with claim %s unallocated", name, c.Name)
-				continue
-			}
-			r := c.Status.Allocation.Devices.Results
-			if len(r) == 0 || r[0].Pool != nodes[i] {
-				t.Errorf("claim %s of pod %s on %s: results %+v", c.Name, name, nodes[i], r)
-			}
-			if r[0].Driver == controllertest.ComputeDomainDriver && r[0].Device != "channel-0" {
-				t.Errorf("channel claim %s got %s, want channel-0", c.Name, r[0].Device)
+	for i, results := range e.allocatedOnNodes(t, cd, nodes) {
+		for _, r := range results {
+			if r.Driver == controllertest.ComputeDomainDriver && r.Device != "channel-0" {
+				t.Errorf("channel claim of pod %s got %s, want channel-0", cd[i], r.Device)
 			}
 		}
 	}
@@ -282,17 +297,7 @@ func TestGangComputeDomainChannelPerNode(t *testing.T) {
 		t.Errorf("ComputeDomain gang pods both on %s, want one per node", nodes[0])
 	}
 	e.inOneClique(t, "ComputeDomain gang", nodes, cq.y)
-	for i, name := range cd {
-		p, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, c := range e.claimsOf(p) {
-			if c.Status.Allocation == nil || c.Status.Allocation.Devices.Results[0].Pool != nodes[i] {
-				t.Errorf("claim %s of pod %s on %s not allocated there: %+v", c.Name, name, nodes[i], c.Status.Allocation)
-			}
-		}
-	}
+	e.allocatedOnNodes(t, cd, nodes)
 	if err := e.checkInvariants(); err != nil {
 		t.Error(err)
 	}
