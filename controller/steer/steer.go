@@ -199,15 +199,18 @@ func (r *Reconciler) processNext(ctx context.Context) bool {
 	return true
 }
 
-// hasTaint tells whether taints hold the steering taint.
-func hasTaint(taints []corev1.Taint) bool {
+// taintIndex is the index of the steering taint in taints, -1 if absent.
+func taintIndex(taints []corev1.Taint) int {
 	for i := range taints {
 		if taints[i].MatchTaint(&Taint) {
-			return true
+			return i
 		}
 	}
-	return false
+	return -1
 }
+
+// hasTaint tells whether taints hold the steering taint.
+func hasTaint(taints []corev1.Taint) bool { return taintIndex(taints) >= 0 }
 
 // sync brings one node's taint in step: nothing when it already is.
 func (r *Reconciler) sync(ctx context.Context, name string) error {
@@ -288,13 +291,7 @@ func Patch(node *corev1.Node, add bool) ([]byte, error) {
 	case add:
 		ops = []patchOp{{Op: "add", Path: "/spec/taints/-", Value: Taint}}
 	default:
-		at := -1
-		for i := range taints {
-			if taints[i].MatchTaint(&Taint) {
-				at = i
-				break
-			}
-		}
+		at := taintIndex(taints)
 		if at < 0 {
 			return nil, nil
 		}
