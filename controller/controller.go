@@ -27,7 +27,6 @@ import (
 
 	"github.com/gpulink/gpulink/controller/gangs"
 	"github.com/gpulink/gpulink/controller/planner"
-	"github.com/gpulink/gpulink/controller/steer"
 	"github.com/gpulink/gpulink/driver/allocate"
 	"github.com/gpulink/gpulink/driver/gang"
 )
@@ -83,6 +82,13 @@ type Config struct {
 	// steer.ModeOff or "" keeps it on none and removes the taints left
 	// from before once at start-up.
 	SteerCPUPods string
+	// SteerScarceNodes keeps a second PreferNoSchedule taint
+	// (steer.ScarceTaintKey) on the GPU nodes all of whose GPUs are idle
+	// and that a shape the demand mix weighs as scarce could run on, so
+	// that kube-scheduler puts pods without GPU claims there last. It
+	// needs SteerCPUPods steer.ModeTaint and RankByStranding; without
+	// them, or off, the taints left from before are removed at start-up.
+	SteerScarceNodes bool
 	// SteerWritesPerSecond and SteerBurst bound the node patches of the
 	// steering taint (0: steer's defaults).
 	SteerWritesPerSecond float32
@@ -184,10 +190,8 @@ type Controller struct {
 	releaseGrace time.Duration
 	// placeCPUPods: Config.PlaceCPUPods.
 	placeCPUPods bool
-	// steer keeps the steering taint on nodes (steer.go).
-	steer *steer.Reconciler
-	// steerOn: Config.SteerCPUPods is steer.ModeTaint.
-	steerOn bool
+	// steering keeps the steering taints on nodes (steer.go).
+	steering *steering
 }
 
 // New creates a controller and registers its informers. Call Run to start.
@@ -288,15 +292,15 @@ func New(cfg Config) (*Controller, error) {
 		// A node's kept scores then also depend on its CPU and memory
 		// left: a change of either counts like a change of its devices'
 		// usage (pools are named after their nodes).
-		c.fit.HostChanged = c.ledger.Touch
-		c.filter.Allocatable.Changed = c.ledger.Touch
+		c.fit.HostChanged = c.hostChanged
+		c.filter.Allocatable.Changed = c.hostChanged
 	}
 	if err := c.newSteer(cfg); err != nil {
 		return nil, err
 	}
 	var err error
 	c.planner, err = planner.New(planner.Config{Policy: cfg.Policy, Mix: cfg.Mix, RankByStranding: cfg.RankByStranding,
-		Inventory: c.inv, Ledger: c.ledger, Filter: c.filter, Selectors: c.sel})
+		Inventory: c.inv, Ledger: c.ledger, Filter: c.filter, Selectors: c.sel, DemandChanged: c.demandChanged})
 	if err != nil {
 		return nil, fmt.Errorf("controller config: %w", err)
 	}
@@ -382,6 +386,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		return fmt.Errorf("waiting for informer caches: %w", context.Cause(ctx))
 	}
 	c.seedDemand(ctx)
+	c.steering.log(ctx)
 	logger.Info("Caches synced; starting workers", "workers", c.workers)
 	var wg sync.WaitGroup
 	for range c.workers {
@@ -398,7 +403,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	wg.Go(func() {
 		wait.UntilWithContext(ctx, func(context.Context) { c.enqueueWaiting() }, c.retry)
 	})
-	wg.Go(func() { c.steer.Run(ctx) })
+	wg.Go(func() { c.steering.run(ctx) })
 	<-ctx.Done()
 	c.podQueue.ShutDown()
 	c.gcQueue.ShutDown()

@@ -238,7 +238,7 @@ func (c *Controller) onSliceDelete(obj any) {
 func (c *Controller) onNodeAdd(obj any) {
 	if node, ok := obj.(*corev1.Node); ok {
 		c.filter.Allocatable.Set(node)
-		c.steer.NodeChanged(nil, node)
+		c.steering.nodeChanged(nil, node)
 	}
 	c.onChange(obj)
 }
@@ -253,7 +253,7 @@ func (c *Controller) onNodeUpdate(oldObj, newObj any) {
 		c.filter.Allocatable.Set(cur)
 	}
 	if ok1 && ok2 {
-		c.steer.NodeChanged(old, cur)
+		c.steering.nodeChanged(old, cur)
 	}
 	if ok1 && ok2 && old.Spec.Unschedulable == cur.Spec.Unschedulable && apiequality.Semantic.DeepEqual(old.Spec.Taints, cur.Spec.Taints) && maps.Equal(old.Labels, cur.Labels) {
 		// Other status-only updates (heartbeats) change nothing the

@@ -97,8 +97,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"size", "weakest_link"}),
 		SteerTaintWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "gpulink", Subsystem: "controller", Name: "steer_taint_writes_total",
-			Help: "Node patches that added or removed gpulink's PreferNoSchedule taint " + steer.TaintKey + " (--steer-cpu-pods), by action (add, remove).",
-		}, []string{"action"}),
+			Help: "Node patches that added or removed one of gpulink's PreferNoSchedule steering taints, by taint key (" + steer.TaintKey + ": --steer-cpu-pods, " +
+				steer.ScarceTaintKey + ": --steer-scarce-nodes) and action (add, remove).",
+		}, []string{"taint", "action"}),
 		inventory: newInventoryCollector(),
 	}
 	// Export the fixed series from the start, zero until something happens,
@@ -106,8 +107,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, o := range []string{OutcomeAllocated, OutcomeWaiting, OutcomeInvalid, OutcomeNotReady, OutcomeError} {
 		m.Decisions.WithLabelValues(o)
 	}
-	for _, a := range []string{steerActionAdd, steerActionRemove} {
-		m.SteerTaintWrites.WithLabelValues(a)
+	for _, t := range steer.Taints {
+		for _, a := range []string{steerActionAdd, steerActionRemove} {
+			m.SteerTaintWrites.WithLabelValues(t.Key, a)
+		}
 	}
 	for _, r := range []string{errReasonConflict, errReasonAPI, errReasonUninterpretable, errReasonUnsatisfiable, errReasonInventory} {
 		m.Errors.WithLabelValues(r)

@@ -1,9 +1,13 @@
 package controller
 
 import (
+	"context"
 	"fmt"
+	"sync"
 
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/klog/v2"
 
 	"github.com/gpulink/gpulink/controller/steer"
 	"github.com/gpulink/gpulink/driver"
@@ -15,41 +19,109 @@ const (
 	steerActionRemove = "remove"
 )
 
-// newSteer sets up the writer of the steering taint (Config.SteerCPUPods,
-// controller/steer): on, a node is checked whenever the usage of its
-// gpulink devices changes (the ledger: claims allocated, assumed or
-// released, by anyone), its pool is published again, or its taints
-// change; off, every node is checked once at start-up, so that the taints
-// a previous run left are removed.
+// steering is the controller's two writers of steering taints
+// (controller/steer, docs/cpu-pods.md): free keeps steer.Taint on the GPU
+// nodes with an idle GPU (Config.SteerCPUPods), scarce keeps
+// steer.ScarceTaint on those of them kept whole for the scarce shapes of
+// the demand mix (Config.SteerScarceNodes). Both are always built: a
+// writer that is off removes the taints a previous run left, once at
+// start-up.
+type steering struct {
+	free, scarce *steer.Reconciler
+	// freeOn and scarceOn: the writer follows its condition (else it only
+	// removes).
+	freeOn, scarceOn bool
+	// scarceOff says why the scarce taint, asked for, is kept on no node
+	// ("" when it is on or was not asked for).
+	scarceOff string
+}
+
+// enqueue asks both writers to check a node.
+func (s *steering) enqueue(node string) {
+	s.free.Enqueue(node)
+	s.scarce.Enqueue(node)
+}
+
+// nodeChanged is for the node informer's handlers.
+func (s *steering) nodeChanged(old, cur *corev1.Node) {
+	s.free.NodeChanged(old, cur)
+	s.scarce.NodeChanged(old, cur)
+}
+
+// run runs both writers until ctx ends.
+func (s *steering) run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Go(func() { s.free.Run(ctx) })
+	wg.Go(func() { s.scarce.Run(ctx) })
+	wg.Wait()
+}
+
+// newSteer sets up the writers of the steering taints. On, a node is
+// checked whenever the usage of its gpulink devices changes (the ledger:
+// claims allocated, assumed or released, by anyone), its pool is
+// published again, or its taints change; the scarce taint also when the
+// node's CPU or memory left changes, and every GPU node when the demand
+// mix's weights change (Controller.demandChanged). Off, every node is
+// checked once at start-up, so that the taints a previous run left are
+// removed. The two writers share one token bucket.
 func (c *Controller) newSteer(cfg Config) error {
-	var enabled bool
+	var freeOn bool
 	switch cfg.SteerCPUPods {
 	case steer.ModeTaint:
-		enabled = true
+		freeOn = true
 	case steer.ModeOff, "":
 	default:
 		return fmt.Errorf("controller config: steerCPUPods %q: want %s or %s", cfg.SteerCPUPods, steer.ModeTaint, steer.ModeOff)
 	}
-	r, err := steer.New(steer.Config{Client: c.client, Nodes: c.nodes, Enabled: enabled, Want: c.steerWant,
-		WritesPerSecond: cfg.SteerWritesPerSecond, Burst: cfg.SteerBurst,
-		Writes: func(added bool) {
-			if added {
-				c.metrics.SteerTaintWrites.WithLabelValues(steerActionAdd).Inc()
-			} else {
-				c.metrics.SteerTaintWrites.WithLabelValues(steerActionRemove).Inc()
-			}
-		}})
+	// The scarce taint refines the first: it needs it, and the demand
+	// mix of ranking by stranding to tell which shapes are scarce.
+	scarceOn := cfg.SteerScarceNodes && freeOn && cfg.RankByStranding
+	limiter, err := steer.NewLimiter(cfg.SteerWritesPerSecond, cfg.SteerBurst)
 	if err != nil {
 		return fmt.Errorf("controller config: %w", err)
 	}
-	c.steer = r
-	c.steerOn = enabled
-	if enabled {
+	writes := func(key string) func(added bool) {
+		return func(added bool) {
+			if added {
+				c.metrics.SteerTaintWrites.WithLabelValues(key, steerActionAdd).Inc()
+			} else {
+				c.metrics.SteerTaintWrites.WithLabelValues(key, steerActionRemove).Inc()
+			}
+		}
+	}
+	free, err := steer.New(steer.Config{Client: c.client, Nodes: c.nodes, Taint: steer.Taint, Enabled: freeOn, Want: c.steerWant,
+		Limiter: limiter, Writes: writes(steer.TaintKey)})
+	if err != nil {
+		return fmt.Errorf("controller config: %w", err)
+	}
+	scarce, err := steer.New(steer.Config{Client: c.client, Nodes: c.nodes, Taint: steer.ScarceTaint, Enabled: scarceOn,
+		Want: c.steerScarceWant, Limiter: limiter, Writes: writes(steer.ScarceTaintKey)})
+	if err != nil {
+		return fmt.Errorf("controller config: %w", err)
+	}
+	c.steering = &steering{free: free, scarce: scarce, freeOn: freeOn, scarceOn: scarceOn}
+	switch {
+	case cfg.SteerScarceNodes && !freeOn:
+		c.steering.scarceOff = fmt.Sprintf("steerScarceNodes needs steerCPUPods %s (it is %q)", steer.ModeTaint, cfg.SteerCPUPods)
+	case cfg.SteerScarceNodes && !cfg.RankByStranding:
+		c.steering.scarceOff = "steerScarceNodes needs rankByStranding, whose demand mix tells which shapes are scarce (it is false)"
+	}
+	if freeOn {
 		// gpulink's pools are named after their nodes
 		// (sliceformat.CheckPoolNode).
-		c.ledger.OnPoolChange(r.Enqueue)
+		c.ledger.OnPoolChange(c.steering.enqueue)
 	}
 	return nil
+}
+
+// log says at start-up which steering taints are kept, and why the
+// scarce one is not when it was asked for.
+func (s *steering) log(ctx context.Context) {
+	logger := klog.FromContext(ctx)
+	if s.scarceOff != "" {
+		logger.Info("Warning: the steering taint "+steer.ScarceTaintKey+" is kept on no node, and removed where a previous run left it", "reason", s.scarceOff)
+	}
+	logger.Info("Steering taints", "freeGPUs", s.freeOn, "scarceGPUs", s.scarceOn)
 }
 
 // steerWant: a node carries the steering taint while it has a gpulink GPU
@@ -61,13 +133,47 @@ func (c *Controller) steerWant(node string) bool {
 	return c.ledger.HasIdleGPU(c.inv.Node(node))
 }
 
+// steerScarceWant: a node carries the second steering taint while all
+// of its GPUs are idle and a shape the demand mix weighs as scarce could
+// run on it (planner.Planner.ReservedForScarce). On FGD's trace with
+// GPU-model constraints this is what kept the 8-GPU pods that need most
+// of a node's cores from failing below 100 % arrived: kube-scheduler
+// spread pods without GPUs over those idle nodes when no node without the
+// first taint fit them (docs/performance/trace.md).
+func (c *Controller) steerScarceWant(node string) bool {
+	return c.planner.ReservedForScarce(node)
+}
+
+// hostChanged is told of a node whose CPU or memory left (the pods
+// counted there) or allocatable changed: ranking by stranding's kept
+// scores of the node are stale, and whether it is kept for a scarce shape
+// may have changed.
+func (c *Controller) hostChanged(node string) {
+	c.ledger.Touch(node)
+	if c.steering.scarceOn {
+		c.steering.scarce.Enqueue(node)
+	}
+}
+
+// demandChanged is told, under the decision lock, that the demand mix's
+// weights changed: which nodes a scarce shape needs may have changed on
+// every GPU node.
+func (c *Controller) demandChanged() {
+	if !c.steering.scarceOn {
+		return
+	}
+	for _, n := range c.inv.All() {
+		c.steering.scarce.Enqueue(n.Node)
+	}
+}
+
 // steerSlice checks the node of one of gpulink's slices after its pool
 // was rebuilt (GPUs published, gone, or device taints changed).
 func (c *Controller) steerSlice(slice *resourceapi.ResourceSlice) {
-	if !c.steerOn || slice.Spec.Driver != driver.Name {
+	if !c.steering.freeOn || slice.Spec.Driver != driver.Name {
 		return
 	}
 	if slice.Spec.NodeName != nil {
-		c.steer.Enqueue(*slice.Spec.NodeName)
+		c.steering.enqueue(*slice.Spec.NodeName)
 	}
 }

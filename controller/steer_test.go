@@ -30,7 +30,7 @@ func (h *harness) nodeTainted(name string) bool {
 }
 
 func (h *harness) steerWrites(action string) float64 {
-	return testutil.ToFloat64(h.ctrl.metrics.SteerTaintWrites.WithLabelValues(action))
+	return testutil.ToFloat64(h.ctrl.metrics.SteerTaintWrites.WithLabelValues(steer.TaintKey, action))
 }
 
 // The steering taint follows the node's idle GPUs: on both GPU nodes at

@@ -65,6 +65,7 @@ type options struct {
 	rankByStranding    bool
 	placeCPUPods       bool
 	steerCPUPods       string
+	steerScarceNodes   bool
 	mixRefresh         int
 	holdNamespace      string
 	gangHierarchy      []string
@@ -109,6 +110,7 @@ func main() {
 	fs.BoolVar(&o.rankByStranding, "rank-by-stranding", false, "Rank nodes for pods with one device set by the GPU a placement strands for the recent pods' shapes, counting each node's CPU and memory left (FGD's fragment measure; docs/performance/trace.md); off: by their GPUs alone.")
 	fs.BoolVar(&o.placeCPUPods, "place-cpu-pods", false, "Place gated pods that reference no resource claim (the chart's opt-in gate.cpuPods gates them) on the node where their CPU and memory strand the least GPU, as a preferred node affinity kube-scheduler may override (docs/cpu-pods.md); off: their gate is lifted at once.")
 	fs.StringVar(&o.steerCPUPods, "steer-cpu-pods", steer.ModeOff, "Steer pods without GPU claims off GPU nodes whose GPUs are still free, without gating them: taint keeps the PreferNoSchedule taint "+steer.TaintKey+" on every node with a gpulink GPU no claim holds, so that kube-scheduler's TaintToleration score sends such pods to nodes whose GPUs are taken, or without GPUs, when one fits (docs/cpu-pods.md; needs patch on nodes); off removes the taints a previous run left, once at start-up.")
+	fs.BoolVar(&o.steerScarceNodes, "steer-scarce-nodes", false, "With --steer-cpu-pods=taint and --rank-by-stranding: keep a second PreferNoSchedule taint "+steer.ScarceTaintKey+" on every GPU node all of whose GPUs are idle and that a GPU pod shape the recent mix weighs as scarce could run on (most of a node's cores, a rare model), so that kube-scheduler puts pods without GPU claims there last (docs/cpu-pods.md); off, or without those two, the taints a previous run left are removed at start-up.")
 	fs.IntVar(&o.mixWindow, "size-mix-window", allocate.DefaultHistoryWindow, "Recent whole-GPU requests whose sizes weight what the allocator keeps free (the recent size mix); negative: sizes 1-8 equally.")
 	fs.IntVar(&o.mixRefresh, "size-mix-refresh", 0, "Requests between two snapshots of the recent size mix, at most --size-mix-window (0: 64, or the window if smaller).")
 	fs.StringVar(&o.holdNamespace, "hold-namespace", envOr("POD_NAMESPACE", ""), "Namespace for hold records: ResourceClaims that keep the GPUs of claims deleted while their pods run counted for kube-scheduler and across restarts. Only the controller and cluster admins should write there (default: $POD_NAMESPACE; empty: such GPUs are kept counted in memory only).")
@@ -204,6 +206,7 @@ func run(ctx context.Context, o options) error {
 		RankByStranding:    o.rankByStranding,
 		PlaceCPUPods:       o.placeCPUPods,
 		SteerCPUPods:       o.steerCPUPods,
+		SteerScarceNodes:   o.steerScarceNodes,
 		HoldNamespace:      o.holdNamespace,
 		Gangs: controller.GangConfig{Hierarchy: hierarchy, PodGroups: podGroups, DefaultLevel: o.gangDefaultLevel,
 			DefaultPolicy: gangs.Policy(o.gangDefaultPolicy), StarvationBound: o.gangStarvation, RailAttribute: o.gangRailAttribute},

@@ -29,6 +29,11 @@ type Config struct {
 	Ledger          *Ledger
 	Filter          *NodeFilter
 	Selectors       *SelectorEvaluator
+	// DemandChanged, when set, is told each time the weights of the
+	// demand mix change (ranking by stranding only), under the caller's
+	// decision lock: ReservedForScarce may then answer otherwise for any
+	// node. It must not block.
+	DemandChanged func()
 }
 
 // Planner chooses the node and the devices of a pod's pending claims: the
@@ -66,6 +71,7 @@ func New(cfg Config) (*Planner, error) {
 	}
 	if demand.hist != nil {
 		demand.products = newProductAdmission(cfg.Inventory, cfg.Selectors)
+		demand.changed = cfg.DemandChanged
 	}
 	return &Planner{policy: cfg.Policy, mix: mix, demand: demand, inv: cfg.Inventory, ledger: cfg.Ledger,
 		filter: cfg.Filter, sel: cfg.Selectors, scores: newScoreCache(), slots: newSlotCache()}, nil
@@ -216,6 +222,7 @@ func (p *Planner) Decide(ctx context.Context, req Request) Decision {
 // ranking by stranding learns the pod's shape.
 func (p *Planner) Record(ctx context.Context, pod *corev1.Pod, chosen *Plan) {
 	p.demand.record(ctx, pod, chosen)
+	p.weighDemand()
 }
 
 // WaitingMessage explains why nothing fits: which filter rejected how

@@ -61,6 +61,7 @@ func (p *Planner) Seed(ctx context.Context, pods []RunningPod) int {
 		}
 		n++
 	}
+	p.weighDemand()
 	return n
 }
 

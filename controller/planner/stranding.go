@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
@@ -82,6 +83,11 @@ type demandRecorder struct {
 	// products turns the recorded pods' selectors into the products
 	// they admit (products.go); nil in tests that record shapes only.
 	products *productAdmission
+	// published is weighed, for readers outside the decision lock (the
+	// steering taint's writer, reserve.go); changed, when set, is told
+	// each time it changes.
+	published atomic.Pointer[allocate.DemandMix]
+	changed   func()
 }
 
 // demandRefresh is how many decided pods pass between two snapshots of the
@@ -120,6 +126,9 @@ func (r *demandRecorder) policy(base allocate.Policy, capacities func() []alloca
 		// A new snapshot near the one in use keeps it, and with it every
 		// kept node score (allocate.HoldDemand).
 		r.mix, r.weighed = m, allocate.HoldDemand(r.weighed, m.WithScarcity(capacities()))
+		if r.published.Swap(r.weighed) != r.weighed && r.changed != nil {
+			r.changed()
+		}
 	}
 	base.Demand = r.weighed
 	return base

@@ -1,7 +1,9 @@
-// Package steer keeps gpulink's soft taint on GPU nodes: a PreferNoSchedule
+// Package steer keeps gpulink's soft taints on GPU nodes: a PreferNoSchedule
 // taint (TaintKey) on every node whose gpulink GPUs are not all taken, so
 // that kube-scheduler sends pods without GPU claims to nodes whose GPUs
-// are already allocated, or to nodes without GPUs, whenever one fits them
+// are already allocated, or to nodes without GPUs, whenever one fits them,
+// and a second one (ScarceTaintKey) on the idle nodes that the scarcest
+// GPU pods of the recent mix need, so that such pods go there last
 // (docs/cpu-pods.md).
 //
 // Why a PreferNoSchedule taint: kube-scheduler's default profile scores
@@ -17,7 +19,11 @@
 // allocation pins it to one node, and kube-scheduler does not score a
 // single feasible node.
 //
-// The Reconciler is the controller's writer of that taint: a workqueue of
+// kube-scheduler's TaintToleration scores a node by the count of
+// PreferNoSchedule taints the pod does not tolerate, so a node with both
+// taints ranks below a node with one, which ranks below a node with none.
+//
+// A Reconciler is the controller's writer of one such taint: a workqueue of
 // node names (coalescing: a node queued twice is synced once), one worker,
 // and a token bucket in front of every node write, so that thousands of
 // nodes filling at once do not flood the API server. It writes only when
@@ -30,6 +36,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"path"
+	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -51,6 +60,17 @@ const TaintKey = "gpu.gpulink.dev/free-gpus"
 
 // Taint is the steering taint as the controller writes it.
 var Taint = corev1.Taint{Key: TaintKey, Effect: corev1.TaintEffectPreferNoSchedule}
+
+// ScarceTaintKey is the second steering taint's key, on the nodes kept
+// whole for the scarce shapes of the demand mix
+// (allocate.DemandMix.Reserve); PreferNoSchedule, no value.
+const ScarceTaintKey = "gpu.gpulink.dev/scarce-gpus"
+
+// ScarceTaint is the second steering taint as the controller writes it.
+var ScarceTaint = corev1.Taint{Key: ScarceTaintKey, Effect: corev1.TaintEffectPreferNoSchedule}
+
+// Taints are the steering taints, every taint a Reconciler may write.
+var Taints = []corev1.Taint{Taint, ScarceTaint}
 
 // Modes of --steer-cpu-pods.
 const (
@@ -76,14 +96,18 @@ type Config struct {
 	// Nodes is the controller's node lister (its informer must be
 	// running and synced before Run).
 	Nodes corelisters.NodeLister
+	// Taint is the taint this Reconciler keeps: one of Taints.
+	Taint corev1.Taint
 	// Enabled: the taint follows Want; off, it is removed where present.
 	Enabled bool
 	// Want tells whether a node should carry the taint now (Enabled
-	// only): it has a gpulink GPU no claim holds any part of. Called from
-	// the worker; it must be safe for concurrent use with the controller.
+	// only). Called from the worker; it must be safe for concurrent use
+	// with the controller.
 	Want func(node string) bool
-	// WritesPerSecond and Burst bound the node patches (token bucket;
-	// DefaultWritesPerSecond and DefaultBurst when 0).
+	// Limiter, when set, bounds the node patches, and may be shared by
+	// several Reconcilers so that their writes count against one budget;
+	// otherwise WritesPerSecond and Burst make one (NewLimiter).
+	Limiter         flowcontrol.RateLimiter
 	WritesPerSecond float32
 	Burst           int
 	// Writes, when set, is called after each node patch the API server
@@ -95,6 +119,7 @@ type Config struct {
 type Reconciler struct {
 	client  kubernetes.Interface
 	nodes   corelisters.NodeLister
+	taint   corev1.Taint
 	enabled bool
 	want    func(string) bool
 	limiter flowcontrol.RateLimiter
@@ -107,25 +132,45 @@ func New(cfg Config) (*Reconciler, error) {
 	if cfg.Client == nil || cfg.Nodes == nil {
 		return nil, fmt.Errorf("steer config: client and node lister are required")
 	}
+	if !slices.ContainsFunc(Taints, func(t corev1.Taint) bool { return t.MatchTaint(&cfg.Taint) && t.Value == cfg.Taint.Value }) {
+		return nil, fmt.Errorf("steer config: taint %s:%s is not a steering taint (%s:%s or %s:%s)",
+			cfg.Taint.Key, cfg.Taint.Effect, TaintKey, Taint.Effect, ScarceTaintKey, ScarceTaint.Effect)
+	}
 	if cfg.Enabled && cfg.Want == nil {
 		return nil, fmt.Errorf("steer config: want is required when enabled")
 	}
-	if cfg.WritesPerSecond < 0 || cfg.Burst < 0 {
-		return nil, fmt.Errorf("steer config: writesPerSecond %v and burst %d must be >= 0", cfg.WritesPerSecond, cfg.Burst)
-	}
-	if cfg.WritesPerSecond == 0 {
-		cfg.WritesPerSecond = DefaultWritesPerSecond
-	}
-	if cfg.Burst == 0 {
-		cfg.Burst = DefaultBurst
+	limiter := cfg.Limiter
+	if limiter == nil {
+		var err error
+		if limiter, err = NewLimiter(cfg.WritesPerSecond, cfg.Burst); err != nil {
+			return nil, err
+		}
 	}
 	return &Reconciler{
-		client: cfg.Client, nodes: cfg.Nodes, enabled: cfg.Enabled, want: cfg.Want, writes: cfg.Writes,
-		limiter: flowcontrol.NewTokenBucketRateLimiter(cfg.WritesPerSecond, cfg.Burst),
+		client: cfg.Client, nodes: cfg.Nodes, taint: cfg.Taint, enabled: cfg.Enabled, want: cfg.Want, writes: cfg.Writes,
+		limiter: limiter,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "gpulink_steer_nodes"}),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "gpulink_steer_" + strings.ReplaceAll(path.Base(cfg.Taint.Key), "-", "_")}),
 	}, nil
 }
+
+// NewLimiter is the token bucket of the node patches: writesPerSecond and
+// burst, DefaultWritesPerSecond and DefaultBurst when 0.
+func NewLimiter(writesPerSecond float32, burst int) (flowcontrol.RateLimiter, error) {
+	if writesPerSecond < 0 || burst < 0 {
+		return nil, fmt.Errorf("steer config: writesPerSecond %v and burst %d must be >= 0", writesPerSecond, burst)
+	}
+	if writesPerSecond == 0 {
+		writesPerSecond = DefaultWritesPerSecond
+	}
+	if burst == 0 {
+		burst = DefaultBurst
+	}
+	return flowcontrol.NewTokenBucketRateLimiter(writesPerSecond, burst), nil
+}
+
+// Key is the key of the taint this Reconciler keeps.
+func (r *Reconciler) Key() string { return r.taint.Key }
 
 // Enqueue asks for the node's taint to be checked. Cheap and safe to call
 // from informer handlers and under the controller's locks: a node already
@@ -199,18 +244,19 @@ func (r *Reconciler) processNext(ctx context.Context) bool {
 	return true
 }
 
-// taintIndex is the index of the steering taint in taints, -1 if absent.
-func taintIndex(taints []corev1.Taint) int {
+// taintIndex is the index of taint (key and effect) in taints, -1 if
+// absent.
+func taintIndex(taints []corev1.Taint, taint *corev1.Taint) int {
 	for i := range taints {
-		if taints[i].MatchTaint(&Taint) {
+		if taints[i].MatchTaint(taint) {
 			return i
 		}
 	}
 	return -1
 }
 
-// hasTaint tells whether taints hold the steering taint.
-func hasTaint(taints []corev1.Taint) bool { return taintIndex(taints) >= 0 }
+// hasTaint tells whether taints hold taint (key and effect).
+func hasTaint(taints []corev1.Taint, taint *corev1.Taint) bool { return taintIndex(taints, taint) >= 0 }
 
 // sync brings one node's taint in step: nothing when it already is.
 func (r *Reconciler) sync(ctx context.Context, name string) error {
@@ -222,7 +268,7 @@ func (r *Reconciler) sync(ctx context.Context, name string) error {
 		return fmt.Errorf("node %s: %w", name, err)
 	}
 	want := r.enabled && r.want(name)
-	if hasTaint(node.Spec.Taints) == want {
+	if hasTaint(node.Spec.Taints, &r.taint) == want {
 		return nil
 	}
 	if err := r.limiter.Wait(ctx); err != nil {
@@ -236,7 +282,7 @@ func (r *Reconciler) sync(ctx context.Context, name string) error {
 		if gerr != nil {
 			return fmt.Errorf("node %s: %w (and reading it again: %w)", name, err, gerr)
 		}
-		if hasTaint(fresh.Spec.Taints) == want {
+		if hasTaint(fresh.Spec.Taints, &r.taint) == want {
 			return nil
 		}
 		err = r.patch(ctx, fresh, want)
@@ -245,12 +291,12 @@ func (r *Reconciler) sync(ctx context.Context, name string) error {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("node %s: %s the steering taint: %w", name, verb(want), err)
+		return fmt.Errorf("node %s: %s the steering taint %s: %w", name, verb(want), r.taint.Key, err)
 	}
 	if r.writes != nil {
 		r.writes(want)
 	}
-	klog.FromContext(ctx).V(4).Info("Steering taint written", "action", verb(want))
+	klog.FromContext(ctx).V(4).Info("Steering taint written", "taint", r.taint.Key, "action", verb(want))
 	return nil
 }
 
@@ -268,37 +314,37 @@ type patchOp struct {
 	Value any    `json:"value,omitempty"`
 }
 
-// Patch is the JSON patch that adds (add) or removes the steering taint
-// on a node whose taints are as in node, and nothing else. It is written
+// Patch is the JSON patch that adds (add) or removes taint, one of
+// Taints, on a node whose taints are as in node, and nothing else. It is written
 // so that the API server applies it only to those taints, whatever else
 // changed: an addition appends to the list (the server refuses a second
 // taint of the same key and effect), a removal tests the key and effect
 // at the index it removes, and the first taint of a node without any is
 // written only if the node's resourceVersion is still node's. It returns
 // nil when there is nothing to do.
-func Patch(node *corev1.Node, add bool) ([]byte, error) {
+func Patch(node *corev1.Node, taint corev1.Taint, add bool) ([]byte, error) {
 	taints := node.Spec.Taints
 	var ops []patchOp
 	switch {
-	case add && hasTaint(taints):
+	case add && hasTaint(taints, &taint):
 		return nil, nil
 	case add && len(taints) == 0:
 		if node.ResourceVersion != "" {
 			// Always so from an API server; not from every fake.
 			ops = append(ops, patchOp{Op: "test", Path: "/metadata/resourceVersion", Value: node.ResourceVersion})
 		}
-		ops = append(ops, patchOp{Op: "add", Path: "/spec/taints", Value: []corev1.Taint{Taint}})
+		ops = append(ops, patchOp{Op: "add", Path: "/spec/taints", Value: []corev1.Taint{taint}})
 	case add:
-		ops = []patchOp{{Op: "add", Path: "/spec/taints/-", Value: Taint}}
+		ops = []patchOp{{Op: "add", Path: "/spec/taints/-", Value: taint}}
 	default:
-		at := taintIndex(taints)
+		at := taintIndex(taints, &taint)
 		if at < 0 {
 			return nil, nil
 		}
 		p := fmt.Sprintf("/spec/taints/%d", at)
 		ops = []patchOp{
-			{Op: "test", Path: p + "/key", Value: TaintKey},
-			{Op: "test", Path: p + "/effect", Value: string(corev1.TaintEffectPreferNoSchedule)},
+			{Op: "test", Path: p + "/key", Value: taint.Key},
+			{Op: "test", Path: p + "/effect", Value: string(taint.Effect)},
 			{Op: "remove", Path: p},
 		}
 	}
@@ -306,7 +352,7 @@ func Patch(node *corev1.Node, add bool) ([]byte, error) {
 }
 
 func (r *Reconciler) patch(ctx context.Context, node *corev1.Node, add bool) error {
-	data, err := Patch(node, add)
+	data, err := Patch(node, r.taint, add)
 	if err != nil || data == nil {
 		return err
 	}

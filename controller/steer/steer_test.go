@@ -40,6 +40,12 @@ type harness struct {
 
 func newHarness(t *testing.T, enabled bool, api []*corev1.Node, cached []*corev1.Node) *harness {
 	t.Helper()
+	return newHarnessFor(t, Taint, enabled, api, cached)
+}
+
+// newHarnessFor is newHarness for a Reconciler of taint.
+func newHarnessFor(t *testing.T, taint corev1.Taint, enabled bool, api []*corev1.Node, cached []*corev1.Node) *harness {
+	t.Helper()
 	h := &harness{want: map[string]bool{}, store: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})}
 	var objs []runtime.Object
 	for _, n := range api {
@@ -51,7 +57,7 @@ func newHarness(t *testing.T, enabled bool, api []*corev1.Node, cached []*corev1
 			t.Fatal(err)
 		}
 	}
-	r, err := New(Config{Client: h.client, Nodes: corelisters.NewNodeLister(h.store), Enabled: enabled,
+	r, err := New(Config{Client: h.client, Nodes: corelisters.NewNodeLister(h.store), Taint: taint, Enabled: enabled,
 		Want: func(n string) bool { return h.want[n] },
 		Writes: func(added bool) {
 			if added {
@@ -244,7 +250,7 @@ func TestPatchNothingToDo(t *testing.T) {
 		{"add, present", node("n", "1", gpuOnly, Taint), true},
 		{"remove, absent", node("n", "1", gpuOnly, ourKeyHard), false},
 	} {
-		p, err := Patch(tc.n, tc.add)
+		p, err := Patch(tc.n, Taint, tc.add)
 		if err != nil || p != nil {
 			t.Errorf("%s: patch %s, %v; want none", tc.name, p, err)
 		}
@@ -254,12 +260,91 @@ func TestPatchNothingToDo(t *testing.T) {
 func TestNewValidates(t *testing.T) {
 	store := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
 	for _, cfg := range []Config{
-		{Nodes: corelisters.NewNodeLister(store)},
-		{Client: fake.NewClientset(), Nodes: corelisters.NewNodeLister(store), Enabled: true},
-		{Client: fake.NewClientset(), Nodes: corelisters.NewNodeLister(store), WritesPerSecond: -1},
+		{Nodes: corelisters.NewNodeLister(store), Taint: Taint},
+		{Client: fake.NewClientset(), Nodes: corelisters.NewNodeLister(store), Taint: Taint, Enabled: true},
+		{Client: fake.NewClientset(), Nodes: corelisters.NewNodeLister(store), Taint: Taint, WritesPerSecond: -1},
+		{Client: fake.NewClientset(), Nodes: corelisters.NewNodeLister(store)},
+		{Client: fake.NewClientset(), Nodes: corelisters.NewNodeLister(store), Taint: ourKeyHard},
+		{Client: fake.NewClientset(), Nodes: corelisters.NewNodeLister(store), Taint: corev1.Taint{Key: "example.com/x", Effect: corev1.TaintEffectPreferNoSchedule}},
+		{Client: fake.NewClientset(), Nodes: corelisters.NewNodeLister(store), Taint: corev1.Taint{Key: TaintKey, Value: "1", Effect: corev1.TaintEffectPreferNoSchedule}},
 	} {
 		if _, err := New(cfg); err == nil {
 			t.Errorf("New(%+v) accepted", cfg)
 		}
+	}
+}
+
+// TestTwoTaintsOnOneNode: the scarce taint's Reconciler and the free-GPU
+// one write the same node's taint list in turn; each adds and removes its
+// own taint only, and both share one token bucket.
+func TestTwoTaintsOnOneNode(t *testing.T) {
+	ctx := context.Background()
+	n := node("idle", "5", gpuOnly)
+	free := newHarnessFor(t, Taint, true, []*corev1.Node{n}, nil)
+	limiter, err := NewLimiter(0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scarce, err := New(Config{Client: free.client, Nodes: corelisters.NewNodeLister(free.store), Taint: ScarceTaint,
+		Enabled: true, Want: func(string) bool { return free.want["idle"] }, Limiter: limiter})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if scarce.Key() != ScarceTaintKey || free.r.Key() != TaintKey {
+		t.Fatalf("keys %s, %s", scarce.Key(), free.r.Key())
+	}
+	// The lister follows the API server, as the node informer would.
+	refresh := func() {
+		t.Helper()
+		cur, err := free.client.CoreV1().Nodes().Get(ctx, "idle", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := free.store.Update(cur); err != nil {
+			t.Fatal(err)
+		}
+	}
+	refresh()
+	free.want["idle"] = true
+	for _, r := range []*Reconciler{free.r, scarce} {
+		if err := r.sync(ctx, "idle"); err != nil {
+			t.Fatal(err)
+		}
+		refresh()
+	}
+	if got, want := free.taints(t, "idle"), []corev1.Taint{gpuOnly, Taint, ScarceTaint}; !sameTaints(got, want) {
+		t.Fatalf("both wanted: taints %v, want %v", got, want)
+	}
+	// Removing the free-GPU taint leaves the scarce one where it is.
+	free.want["idle"] = false
+	if err := free.r.sync(ctx, "idle"); err != nil {
+		t.Fatal(err)
+	}
+	refresh()
+	if got, want := free.taints(t, "idle"), []corev1.Taint{gpuOnly, ScarceTaint}; !sameTaints(got, want) {
+		t.Fatalf("free-GPU taint removed: taints %v, want %v", got, want)
+	}
+	if err := scarce.sync(ctx, "idle"); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := free.taints(t, "idle"), []corev1.Taint{gpuOnly}; !sameTaints(got, want) {
+		t.Fatalf("both removed: taints %v, want %v", got, want)
+	}
+}
+
+// TestPatchScarceTaint: the patch of the second taint names its own key
+// in the tests of a removal, so that it never removes the first.
+func TestPatchScarceTaint(t *testing.T) {
+	n := node("n", "1", Taint, ScarceTaint)
+	p, err := Patch(n, ScarceTaint, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `[{"op":"test","path":"/spec/taints/1/key","value":"` + ScarceTaintKey + `"},{"op":"test","path":"/spec/taints/1/effect","value":"PreferNoSchedule"},{"op":"remove","path":"/spec/taints/1"}]`
+	if string(p) != want {
+		t.Errorf("patch %s, want %s", p, want)
+	}
+	if p, err := Patch(node("n", "1", Taint), ScarceTaint, true); err != nil || string(p) != `[{"op":"add","path":"/spec/taints/-","value":{"key":"`+ScarceTaintKey+`","effect":"PreferNoSchedule"}}]` {
+		t.Errorf("add patch %s, %v", p, err)
 	}
 }

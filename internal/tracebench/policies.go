@@ -22,8 +22,14 @@ const (
 	// (controller.rankByStranding: true), pods without GPU claims left to
 	// kube-scheduler's default scoring (LeastAllocated) on GPU nodes that
 	// carry the controller's PreferNoSchedule taint while they have an
-	// idle GPU (controller.steerCPUPods: taint; steer.go).
+	// idle GPU (controller.steerCPUPods: taint), and a second one while
+	// all their GPUs are idle and a scarce shape of the recent pods could
+	// run there (controller.steerScarceNodes: true; steer.go).
 	PolicyGpulink = "gpulink"
+	// PolicyGpulinkNoScarce is the chart with
+	// controller.steerScarceNodes: false: the first steering taint only
+	// (the chart's defaults before the second).
+	PolicyGpulinkNoScarce = "gpulink:steerScarceNodes=false"
 	// PolicyGpulinkScoreAll is the chart's defaults with kube-scheduler
 	// configured to score every feasible node (percentageOfNodesToScore:
 	// 100) for the pods without GPU claims, against its default sampling
@@ -68,7 +74,7 @@ const (
 
 // AllPolicies lists every policy the replay knows, the chart's defaults
 // first.
-var AllPolicies = []string{PolicyGpulink, PolicyGpulinkNoSteer, PolicyGpulinkGPUOnly, PolicyGpulinkCPUPods, PolicyGpulinkMost, PolicyGpulinkTaint, PolicyFGD, PolicyFGDPaper, PolicyBestFit, PolicyDotProduct, PolicyPacking, PolicyClustering, PolicyRandomFit, PolicyFirstFit}
+var AllPolicies = []string{PolicyGpulink, PolicyGpulinkNoScarce, PolicyGpulinkNoSteer, PolicyGpulinkGPUOnly, PolicyGpulinkCPUPods, PolicyGpulinkMost, PolicyGpulinkTaint, PolicyFGD, PolicyFGDPaper, PolicyBestFit, PolicyDotProduct, PolicyPacking, PolicyClustering, PolicyRandomFit, PolicyFirstFit}
 
 // newPolicy builds a policy for one replay; rng breaks ties among equal
 // scores at random, as kube-scheduler's selectHost does (the paper runs
@@ -78,16 +84,21 @@ func newPolicy(name string, w *Workload, rng *rand.Rand) (policy, error) {
 	case PolicyGpulinkCPUPods:
 		return newGpulinkPolicy(w, rng, true, nil)
 	case PolicyGpulink:
+		return newGpulinkKube(w, rng, kubeConfig{hostAware: true, steer: steerScarce})
+	case PolicyGpulinkNoScarce:
 		return newGpulinkKube(w, rng, kubeConfig{hostAware: true, steer: steerWholeFree})
 	case PolicyGpulinkScoreAll:
-		return newGpulinkKube(w, rng, kubeConfig{hostAware: true, steer: steerWholeFree, scoreAllNodes: true})
+		return newGpulinkKube(w, rng, kubeConfig{hostAware: true, steer: steerScarce, scoreAllNodes: true})
 	case PolicyGpulinkNoSteer:
 		return newGpulinkKube(w, rng, kubeConfig{hostAware: true, steer: steerOff})
 	case PolicyGpulinkMost:
-		return newGpulinkKube(w, rng, kubeConfig{hostAware: true, mostAllocated: true, steer: steerWholeFree})
+		return newGpulinkKube(w, rng, kubeConfig{hostAware: true, mostAllocated: true, steer: steerScarce})
 	case PolicyGpulinkFresh:
-		return newGpulinkKube(nil, rng, kubeConfig{hostAware: true, steer: steerWholeFree})
+		return newGpulinkKube(nil, rng, kubeConfig{hostAware: true, steer: steerScarce})
 	case PolicyGpulinkGPUOnly:
+		// Without the ranking there is no demand mix, and the second
+		// taint is kept on no node (controller.steerScarceNodes needs
+		// rankByStranding).
 		return newGpulinkKube(w, rng, kubeConfig{steer: steerWholeFree})
 	case PolicySteerAnyFree:
 		return newGpulinkKube(w, rng, kubeConfig{hostAware: true, steer: steerAnyFree})
@@ -97,8 +108,6 @@ func newPolicy(name string, w *Workload, rng *rand.Rand) (policy, error) {
 		return newGpulinkKube(w, rng, kubeConfig{hostAware: true, steer: steerWholeUsable})
 	case PolicySteerIdleNode:
 		return newGpulinkKube(w, rng, kubeConfig{hostAware: true, steer: steerIdleNode})
-	case PolicySteerScarce:
-		return newGpulinkKube(w, rng, kubeConfig{hostAware: true, steer: steerScarce})
 	case PolicyGpulinkTaint:
 		return newGpulinkPolicy(w, rng, true, offGPUNodes)
 	case PolicyFGD:

@@ -4,8 +4,8 @@ import (
 	"github.com/gpulink/gpulink/driver/allocate"
 )
 
-// Other conditions for the steering taint, measured against the chart's
-// (steerWholeFree, in PolicyGpulink) and kept to reproduce the comparison
+// Other conditions for the steering taints, measured against the chart's
+// (steerScarce, in PolicyGpulink) and kept to reproduce the comparison
 // (docs/performance/trace.md); the controller deploys none of them, and
 // they are not in AllPolicies.
 const (
@@ -13,7 +13,6 @@ const (
 	PolicySteerUsable      = "gpulink+steer-usable"
 	PolicySteerWholeUsable = "gpulink+steer-whole-usable"
 	PolicySteerIdleNode    = "gpulink+steer-idle-node"
-	PolicySteerScarce      = "gpulink+steer-scarce"
 )
 
 // steerMode is which GPU nodes carry gpulink's PreferNoSchedule steering
@@ -30,8 +29,9 @@ const (
 	// of a shared one.
 	steerAnyFree
 	// steerWholeFree: a node with at least one whole unallocated GPU (a
-	// GPU neither given out nor shared): what the controller deploys
-	// (planner.Ledger.HasIdleGPU).
+	// GPU neither given out nor shared): the controller's first taint
+	// (planner.Ledger.HasIdleGPU), alone with
+	// controller.steerScarceNodes: false.
 	steerWholeFree
 	// steerUsable: a node whose unallocated GPU some shape of the recent
 	// GPU pods (the demand mix) could still use, given the node's CPU,
@@ -48,10 +48,11 @@ const (
 	// steerScarce: steerWholeFree's taint, and a second one on a node
 	// all of whose GPUs are idle and on which a scarce shape of the demand
 	// mix weighed by scarcity could still run
-	// (allocate.DemandMix.Reserve): kube-scheduler's TaintToleration
-	// counts the taints a pod does not tolerate, so a pod without GPU
-	// claims goes to such a node only when no node with fewer taints
-	// fits it.
+	// (allocate.DemandMix.Reserve; the controller's
+	// planner.Planner.ReservedForScarce): kube-scheduler's
+	// TaintToleration counts the taints a pod does not tolerate, so a pod
+	// without GPU claims goes to such a node only when no node with fewer
+	// taints fits it. What the chart deploys.
 	steerScarce
 )
 

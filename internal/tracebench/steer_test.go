@@ -148,11 +148,11 @@ func TestSteerScarceKeepsWholeNode(t *testing.T) {
 		{GPUs: 1, GPUMilli: 1000, CPUMilli: 4000, MemoryMiB: 16 << 10},
 	})
 	cpu := &Task{Name: "c", CPUMilli: 2000, MemoryMiB: 4 << 10}
-	if got := place(t, PolicyGpulink, testCluster(t, nodes...), cpu, w); got.Node != 0 {
-		t.Fatalf("%s: got node %d, want the G3 node 0 (LeastAllocated among nodes with one taint each)", PolicyGpulink, got.Node)
+	if got := place(t, PolicyGpulinkNoScarce, testCluster(t, nodes...), cpu, w); got.Node != 0 {
+		t.Fatalf("%s: got node %d, want the G3 node 0 (LeastAllocated among nodes with one taint each)", PolicyGpulinkNoScarce, got.Node)
 	}
-	if got := place(t, PolicySteerScarce, testCluster(t, nodes...), cpu, w); got.Node == 0 {
-		t.Errorf("%s: got the G3 node 0, want a G2 node", PolicySteerScarce)
+	if got := place(t, PolicyGpulink, testCluster(t, nodes...), cpu, w); got.Node == 0 {
+		t.Errorf("%s: got the G3 node 0, want a G2 node", PolicyGpulink)
 	}
 	// 10 of the G3 node's cores taken: 118 left, short of the shape's
 	// 120, so it has one taint as every other node, and both rank alike.

@@ -19,6 +19,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/controller/steer"
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/internal/tracebench"
 )
@@ -30,9 +31,9 @@ import (
 // task list, each task created in the replay's order through the API
 // server and placed before the next arrives: GPU tasks as a pod with one
 // claim, gated, allocated by gpulink-controller with the chart's defaults
-// (--rank-by-stranding, --steer-cpu-pods=taint), then bound by
-// kube-scheduler; tasks without GPUs as a plain pod, placed by
-// kube-scheduler alone on nodes the controller's steering taint marks, as
+// (--rank-by-stranding, --steer-cpu-pods=taint, --steer-scarce-nodes),
+// then bound by kube-scheduler; tasks without GPUs as a plain pod, placed
+// by kube-scheduler alone on nodes the controller's steering taints mark, as
 // a cluster with the chart's defaults places them. A task nothing can hold is deleted (the
 // replay drops it). At each 10 % step of GPU requests arrived, the GPU
 // allocated is read from the cluster's claims and compared with `gpulink
@@ -220,8 +221,11 @@ func TestReplayController(t *testing.T) {
 			gpuTasks++
 		}
 	}
-	t.Logf("steering taint: %.0f node patches adding it, %.0f removing it, for %d nodes and %d GPU tasks",
-		m[`gpulink_controller_steer_taint_writes_total{action="add"}`], m[`gpulink_controller_steer_taint_writes_total{action="remove"}`], len(plan.Nodes), gpuTasks)
+	for _, taint := range steer.Taints {
+		t.Logf("steering taint %s: %.0f node patches adding it, %.0f removing it, for %d nodes and %d GPU tasks", taint.Key,
+			m[fmt.Sprintf(`gpulink_controller_steer_taint_writes_total{action="add",taint=%q}`, taint.Key)],
+			m[fmt.Sprintf(`gpulink_controller_steer_taint_writes_total{action="remove",taint=%q}`, taint.Key)], len(plan.Nodes), gpuTasks)
+	}
 	if len(diverged) > 0 {
 		t.Logf("first tasks placed differently:\n%s", strings.Join(diverged, "\n"))
 	}

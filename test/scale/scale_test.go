@@ -88,11 +88,13 @@ type scaleReport struct {
 	// ChartPolicies: the chart's claim-finalizer and scheduling-gate
 	// admission policies were installed (the chart's default).
 	ChartPolicies bool
-	// RankByStranding and SteerCPUPods: the controller's flags
-	// (GPULINK_SCALE_STRANDING, GPULINK_SCALE_STEER).
-	RankByStranding bool
-	SteerCPUPods    string
-	PublishSeconds  float64
+	// RankByStranding, SteerCPUPods and SteerScarceNodes: the
+	// controller's flags (GPULINK_SCALE_STRANDING, GPULINK_SCALE_STEER,
+	// GPULINK_SCALE_STEER_SCARCE).
+	RankByStranding  bool
+	SteerCPUPods     string
+	SteerScarceNodes bool
+	PublishSeconds   float64
 	// Pod create (client side, before the call) to the gate's removal
 	// (seen by a watch).
 	UngatedP50Ms, UngatedP99Ms float64
@@ -218,7 +220,8 @@ func TestScale(t *testing.T) {
 	// one pod patch, without them the controller adds the finalizer
 	// first (GPULINK_SCALE_POLICIES=off measures that).
 	rep := scaleReport{Nodes: cfg.Nodes, GPUs: cfg.Nodes * 8, Pods: cfg.Pods, Waves: cfg.Waves, Topologies: names,
-		ChartPolicies: os.Getenv("GPULINK_SCALE_POLICIES") != "off", RankByStranding: rankByStranding(), SteerCPUPods: steerCPUPodsMode()}
+		ChartPolicies: os.Getenv("GPULINK_SCALE_POLICIES") != "off", RankByStranding: rankByStranding(), SteerCPUPods: steerCPUPodsMode(),
+		SteerScarceNodes: steerScarceNodes()}
 	if rep.ChartPolicies {
 		installChartPolicies(t, e)
 	}
@@ -536,6 +539,11 @@ func steerCPUPodsMode() string {
 	return "taint"
 }
 
+// steerScarceNodes: the controller keeps the second steering taint on
+// the idle nodes a scarce shape needs (--steer-scarce-nodes, the chart's
+// default); GPULINK_SCALE_STEER_SCARCE=0 measures without.
+func steerScarceNodes() bool { return os.Getenv("GPULINK_SCALE_STEER_SCARCE") != "0" }
+
 func startControllerProcess(t *testing.T, e *env, profiling bool, extraArgs ...string) *controllerProcess {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "gpulink-controller")
@@ -564,7 +572,7 @@ func startControllerProcess(t *testing.T, e *env, profiling bool, extraArgs ...s
 	if rankByStranding() {
 		args = append(args, "--rank-by-stranding")
 	}
-	args = append(args, "--steer-cpu-pods="+steerCPUPodsMode())
+	args = append(args, "--steer-cpu-pods="+steerCPUPodsMode(), fmt.Sprintf("--steer-scarce-nodes=%v", steerScarceNodes()))
 	args = append(args, extraArgs...)
 	c.cmd = exec.CommandContext(ctx, bin, args...)
 	f, err := os.Create(c.log)

@@ -21,8 +21,9 @@ const nodePolicy = release + "-controller-nodes"
 // testControllerNodePolicy: the controller's role may patch nodes, and
 // the ValidatingAdmissionPolicy <release>-controller-nodes lets through
 // exactly the patches controller/steer sends, adding and removing the
-// PreferNoSchedule taint gpu.gpulink.dev/free-gpus, with the node's other
-// taints kept; it refuses that key with another effect or a value,
+// PreferNoSchedule taints gpu.gpulink.dev/free-gpus and
+// gpu.gpulink.dev/scarce-gpus, with the node's other taints kept; it
+// refuses those keys with another effect or a value, a second copy,
 // another key, and changes of labels, annotations or other spec fields,
 // which RBAC alone would allow; other identities are not its business.
 func (e *env) testControllerNodePolicy(t *testing.T) {
@@ -44,14 +45,14 @@ func (e *env) testControllerNodePolicy(t *testing.T) {
 		t.Fatalf("tainting %s (admin): %v", name, err)
 	}
 	// steerPatch is the patch controller/steer sends for the node as it is.
-	steerPatch := func(add bool) string {
+	steerPatch := func(taint corev1.Taint, add bool) string {
 		n, err := e.admin.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		p, err := steer.Patch(n, add)
+		p, err := steer.Patch(n, taint, add)
 		if err != nil || p == nil {
-			t.Fatalf("steer.Patch(add=%v) on %v: %s, %v", add, n.Spec.Taints, p, err)
+			t.Fatalf("steer.Patch(%s, add=%v) on %v: %s, %v", taint.Key, add, n.Spec.Taints, p, err)
 		}
 		return string(p)
 	}
@@ -67,6 +68,8 @@ func (e *env) testControllerNodePolicy(t *testing.T) {
 		{"controller taints a node NoExecute with its key", types.JSONPatchType, taint(steer.TaintKey, "", corev1.TaintEffectNoExecute)},
 		{"controller adds another key's PreferNoSchedule taint", types.JSONPatchType, taint("example.com/other", "", corev1.TaintEffectPreferNoSchedule)},
 		{"controller adds its taint with a value", types.JSONPatchType, taint(steer.TaintKey, "8", corev1.TaintEffectPreferNoSchedule)},
+		{"controller taints a node NoSchedule with its second key", types.JSONPatchType, taint(steer.ScarceTaintKey, "", corev1.TaintEffectNoSchedule)},
+		{"controller adds its second taint with a value", types.JSONPatchType, taint(steer.ScarceTaintKey, "x", corev1.TaintEffectPreferNoSchedule)},
 		{"controller removes another component's taint", types.JSONPatchType, `[{"op":"remove","path":"/spec/taints/0"}]`},
 		{"controller replaces another component's taint by its own", types.JSONPatchType,
 			fmt.Sprintf(`[{"op":"replace","path":"/spec/taints/0","value":{"key":%q,"effect":"PreferNoSchedule"}}]`, steer.TaintKey)},
@@ -79,7 +82,7 @@ func (e *env) testControllerNodePolicy(t *testing.T) {
 	} {
 		denyBy(t, c.what, nodePolicy, patch(c.pt, c.body))
 	}
-	allow(t, "controller adds its taint (controller/steer's patch)", patch(types.JSONPatchType, steerPatch(true)))
+	allow(t, "controller adds its taint (controller/steer's patch)", patch(types.JSONPatchType, steerPatch(steer.Taint, true)))
 	check := func(want []corev1.Taint) {
 		t.Helper()
 		n, err := e.admin.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
@@ -93,7 +96,17 @@ func (e *env) testControllerNodePolicy(t *testing.T) {
 	check([]corev1.Taint{other, steer.Taint})
 	denyBy(t, "controller adds its taint a second time with NoSchedule beside it", nodePolicy,
 		patch(types.JSONPatchType, taint(steer.TaintKey, "", corev1.TaintEffectNoSchedule)))
-	allow(t, "controller removes its taint (controller/steer's patch)", patch(types.JSONPatchType, steerPatch(false)))
+	// A second copy of a taint is refused by the API server's validation
+	// (taints are unique by key and effect) before the policy sees it.
+	deny(t, "controller adds its taint a second time", patch(types.JSONPatchType, taint(steer.TaintKey, "", corev1.TaintEffectPreferNoSchedule)))
+	allow(t, "controller adds its second taint (controller/steer's patch)", patch(types.JSONPatchType, steerPatch(steer.ScarceTaint, true)))
+	check([]corev1.Taint{other, steer.Taint, steer.ScarceTaint})
+	deny(t, "controller adds its second taint once more", patch(types.JSONPatchType, taint(steer.ScarceTaintKey, "", corev1.TaintEffectPreferNoSchedule)))
+	denyBy(t, "controller removes another component's taint beside its second", nodePolicy,
+		patch(types.JSONPatchType, `[{"op":"remove","path":"/spec/taints/0"}]`))
+	allow(t, "controller removes its first taint, keeping the second (controller/steer's patch)", patch(types.JSONPatchType, steerPatch(steer.Taint, false)))
+	check([]corev1.Taint{other, steer.ScarceTaint})
+	allow(t, "controller removes its second taint (controller/steer's patch)", patch(types.JSONPatchType, steerPatch(steer.ScarceTaint, false)))
 	check([]corev1.Taint{other})
 	// The first taint of a node without any: a test of its
 	// resourceVersion, then the list. API-only nodes carry the not-ready
@@ -109,7 +122,7 @@ func (e *env) testControllerNodePolicy(t *testing.T) {
 		if err != nil || len(n.Spec.Taints) != 0 {
 			return false
 		}
-		p, err := steer.Patch(n, true)
+		p, err := steer.Patch(n, steer.Taint, true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -130,7 +143,7 @@ func (e *env) testControllerNodePolicy(t *testing.T) {
 		[]byte(`{"status":{"capacity":{"cpu":"1"}}}`), metav1.PatchOptions{}, "status")))
 	// Leave node-a as it was for the steps after this one.
 	if n, err := e.admin.CoreV1().Nodes().Get(ctx, "node-a", metav1.GetOptions{}); err == nil {
-		if p, err := steer.Patch(n, false); err == nil && p != nil {
+		if p, err := steer.Patch(n, steer.Taint, false); err == nil && p != nil {
 			if _, err := e.admin.CoreV1().Nodes().Patch(ctx, "node-a", types.JSONPatchType, p, metav1.PatchOptions{}); err != nil {
 				t.Errorf("removing the taint from node-a (admin): %v", err)
 			}

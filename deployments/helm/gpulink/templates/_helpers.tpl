@@ -167,3 +167,8 @@ a CEL clause for the webhook's matchConditions, empty when off. */ -}}
 {{- define "gpulink.steerTaintKey" -}}
 gpu.gpulink.dev/free-gpus
 {{- end -}}
+
+{{/* The controller's second steering taint key (controller/steer.ScarceTaintKey); effect PreferNoSchedule. */}}
+{{- define "gpulink.steerScarceTaintKey" -}}
+gpu.gpulink.dev/scarce-gpus
+{{- end -}}

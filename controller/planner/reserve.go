@@ -1,0 +1,76 @@
+package planner
+
+import (
+	"slices"
+
+	"github.com/gpulink/gpulink/driver/allocate"
+)
+
+// Nodes kept whole for the scarce shapes of the demand mix (the
+// controller's second steering taint, controller/steer.ScarceTaintKey;
+// docs/cpu-pods.md).
+//
+// The demand mix weighs each recent pod shape by how few nodes could run
+// it (allocate.DemandMix.WithScarcity). On FGD's trace with GPU-model
+// constraints, the 8-GPU pods that ask for 120 of a node's 128 cores fit
+// only the idle nodes of one model, and failed below 100 % arrived
+// because kube-scheduler had spread pods without GPUs over those nodes.
+// A second PreferNoSchedule taint on such nodes makes kube-scheduler put
+// those pods there only when no node with fewer of gpulink's taints fits
+// them (docs/performance/trace.md).
+
+// weighDemand weighs a new snapshot of the demand mix at once, rather
+// than at the next decision, so that the nodes kept for its scarce shapes
+// follow it without waiting for a decision. Call it under the decision
+// lock, after the decision's devices and pod are counted.
+func (p *Planner) weighDemand() {
+	if p.demand.hist == nil || p.demand.hist.Mix() == p.demand.mix {
+		return
+	}
+	all := p.inv.All()
+	p.demand.policy(allocate.Policy{}, func() []allocate.NodeCapacity { return p.filter.capacities(all, p.ledger.NodeUsage) })
+}
+
+// ReservedForScarce tells whether a node should be kept whole for the
+// scarce shapes of the demand mix (allocate.DemandMix.Reserve): it has
+// gpulink GPUs, all of them published and idle (no claim holds any part
+// of one, no MIG partition of one is held, none is tainted), and a shape
+// weighed allocate.ReserveScarcity times or more could run on it with
+// its CPU and memory left. False while ranking by stranding is off, no
+// mix has been weighed yet, or the node's allocatable is unknown. Safe
+// for concurrent use with decisions: it reads the ledger, the inventory
+// and the pods counted on the node under their own locks, and the last
+// weighed mix, which is never changed once published.
+func (p *Planner) ReservedForScarce(node string) bool {
+	mix := p.demand.published.Load()
+	if mix == nil {
+		return false
+	}
+	n := p.inv.Node(node)
+	if n == nil || n.Topo == nil || n.Topo.Len() == 0 || len(n.Devices) != n.Topo.Len() {
+		return false
+	}
+	if !p.ledger.allIdle(n) {
+		return false
+	}
+	host := p.filter.HostLeft(node)
+	if host == nil {
+		return false
+	}
+	return mix.Reserve(&allocate.NodeState{Name: node, Topology: n.Topo, Usage: p.ledger.NodeUsage(n), Host: host})
+}
+
+// allIdle tells whether no GPU of n is held (whole, shared, or a MIG
+// partition of it) or tainted against pods that do not tolerate it.
+func (l *Ledger) allIdle(n *NodeInventory) bool {
+	usage := l.NodeUsage(n)
+	for p, d := range n.Devices {
+		if u := usage[p]; u.Exclusive || u.Shares > 0 {
+			return false
+		}
+		if _, tainted := UntoleratedTaint(d, nil); tainted {
+			return false
+		}
+	}
+	return len(n.MIG) == 0 || !slices.Contains(l.migUsage(n), true)
+}
