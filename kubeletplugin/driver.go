@@ -284,6 +284,9 @@ func (d *Driver) Run(ctx context.Context, kubeClient kubernetes.Interface, extra
 		draplugin.Serialize(true),
 	}
 	if d.opts.RollingUpdateUID != "" {
+		if err := checkRegistrarSocket(d.opts.RegistrarDir, d.opts.RollingUpdateUID); err != nil {
+			return err
+		}
 		opts = append(opts, draplugin.RollingUpdate(d.opts.RollingUpdateUID))
 	}
 	if d.opts.RegistrarDir != "" {

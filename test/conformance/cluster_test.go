@@ -66,7 +66,7 @@ func startEnv(ctx context.Context, t *testing.T) *env {
 	chart := renderChart(ctx, t, webhookPort)
 
 	// Unix socket paths must stay below 108 bytes: keep the tree short.
-	dir, err := os.MkdirTemp("", "glconf")
+	dir, err := localcluster.MkdirTemp("glconf")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -67,9 +67,16 @@ func nvidiaCases() []*peerCase {
 		}}
 	unlimited := sharesOneGPU(cs+"unlimited-sharing.yaml", 2, portOptions{shareClass: true}, "", 0,
 		"rewrite: `gpu-share.gpulink.dev` (a capacity-less `gpu.gpulink.dev` request is exclusive); both replicas share one GPU with the class's default share")
+	// alone: n pods of 25 cores fill a GPU exactly only when no other
+	// case's share is on it; beside one, the first pods decided may be
+	// packed onto that share's GPU and the rest take another (fresh-clone
+	// make test, 2026-11-28: integer-sharing.yaml split 2 + 2), as HAMi's
+	// use_sharing_card did.
 	integer := func(file string, n int) *peerCase {
-		return sharesOneGPU(file, n, portOptions{capacities: map[string]string{"shares": ""}, shareCapacity: map[string]map[string]any{"*": {"cores": "25"}}}, "25", -1,
+		c := sharesOneGPU(file, n, portOptions{capacities: map[string]string{"shares": ""}, shareCapacity: map[string]map[string]any{"*": {"cores": "25"}}}, "25", -1,
 			"rewrite: `shares: 1` → `cores: \"25\"` (gpulink has no `shares` capacity); the pods share one GPU")
+		c.alone = true
+		return c
 	}
 	fullExt := &peerCase{files: []string{"dra-driver-nvidia-gpu/extended-resources/gpu-full.yaml"}, gpus: 1,
 		note: "unchanged resources: gpulink's webhook translates `nvidia.com/gpu: 1` into a claim; one whole GPU",

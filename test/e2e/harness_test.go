@@ -128,7 +128,7 @@ func env(log, name string) (string, bool) {
 // look, after a failing one.
 func testDir(t *testing.T, prefix, hint string) (dir, logDir string) {
 	t.Helper()
-	dir, err := os.MkdirTemp("", prefix)
+	dir, err := localcluster.MkdirTemp(prefix)
 	if err != nil {
 		t.Fatal(err)
 	}

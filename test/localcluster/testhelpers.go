@@ -158,7 +158,7 @@ func WriteFakeDriverFiles(root string) ([]string, error) {
 // to use, runs the tests, then stops the cluster and removes the
 // directory. It returns the exit code for os.Exit.
 func RunShared(m *testing.M, prefix string, opts Options, use func(*Cluster)) int {
-	dir, err := os.MkdirTemp("", prefix)
+	dir, err := MkdirTemp(prefix)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

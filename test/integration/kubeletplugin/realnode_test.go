@@ -37,7 +37,7 @@ func TestKubeletPluginRealNode(t *testing.T) {
 	ctx, cancel := context.WithTimeout(ctx, 8*time.Minute)
 	defer cancel()
 
-	dir, err := os.MkdirTemp("", "glkr")
+	dir, err := localcluster.MkdirTemp("glkr")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -62,7 +62,7 @@ func TestMIGOnDemandAgainstAPIServer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 
-	dir, err := os.MkdirTemp("", "glmig")
+	dir, err := localcluster.MkdirTemp("glmig")
 	if err != nil {
 		t.Fatal(err)
 	}
