@@ -18,8 +18,8 @@ const maxUnixSocketPath = 107
 // long. With rolling updates the helper picks the socket's name by the
 // length of its path (draplugin.RollingUpdateRegistrarSocketFile: the
 // pod's UID in full, else a hash), but k8s.io/dynamic-resource-allocation
-// v0.37 accepts a path of 108 bytes, which the kernel refuses ("bind:
-// invalid argument"). A registry directory of exactly that length (with
+// v0.37.2 accepts a path of 108 bytes, which the kernel refuses ("bind:
+// invalid argument"; fixed upstream by kubernetes/kubernetes#141815). A registry directory of exactly that length (with
 // /var/lib/kubelet never; a kubelet root of 31 bytes, such as a test
 // cluster's under /tmp, can) would then fail with that bare error; this
 // says which value to change.
