@@ -169,7 +169,7 @@ func TestGangEvaluatedOncePerChange(t *testing.T) {
 	}
 	h.waitEventWith(ns+"/p0", report.ReasonGangWaiting, "only 2 fit")
 	h.settle()
-	before := h.ctrl.gangRuns.evaluations.Load()
+	before, changesBefore := h.ctrl.gangRuns.evaluations.Load(), h.ctrl.gangRuns.changes.Load()
 	h.ctrl.enqueueWaiting()
 	h.eventually("the gang evaluated again", func() bool { return h.ctrl.gangRuns.evaluations.Load() > before })
 	h.eventually("workers idle", func() bool {
@@ -177,8 +177,12 @@ func TestGangEvaluatedOncePerChange(t *testing.T) {
 		defer h.ctrl.gangRuns.mu.Unlock()
 		return len(h.ctrl.gangRuns.busy) == 0 && h.ctrl.podQueue.Len() == 0
 	})
-	if n := h.ctrl.gangRuns.evaluations.Load() - before; n != 1 {
-		t.Errorf("%d evaluations of the waiting gang after one change, want 1", n)
+	// The controller's own periodic enqueueWaiting may add a change in
+	// between (one in 30 runs under load): each change may cost one
+	// evaluation, never one per pod (3 here).
+	n, changes := h.ctrl.gangRuns.evaluations.Load()-before, h.ctrl.gangRuns.changes.Load()-changesBefore
+	if n < 1 || n > int64(changes) {
+		t.Errorf("%d evaluations of the waiting gang after %d changes, want one per change", n, changes)
 	}
 }
 
