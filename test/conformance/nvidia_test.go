@@ -13,7 +13,11 @@ import (
 func nvidiaCases() []*peerCase {
 	const q, qs, bats, cs = "dra-driver-nvidia-gpu/quickstart-v1/", "dra-driver-nvidia-gpu/quickstart/", "dra-driver-nvidia-gpu/bats/", "dra-driver-nvidia-gpu/consumable-shares/"
 	mpsRewrite := portOptions{dropConfig: dropNVIDIAConfig}
-	test8 := &peerCase{files: []string{qs + "gpu-test8.yaml"}, gpus: 2,
+	// alone: the node's NVLink pair is free only when no other case of
+	// the batch holds one of its GPUs (with the integer-share cases in
+	// batches of their own, gpu-test8 shared one with a case that did, and
+	// got a PXB pair: the best pair left, not the node's).
+	test8 := &peerCase{alone: true, files: []string{qs + "gpu-test8.yaml"}, gpus: 2,
 		note: "class, v1beta1 → v1 (`exactly:`); the pair is an NVLink pair",
 		check: func(ctx context.Context, t *testing.T, r *run) string {
 			pods := r.waitRunning(ctx, t, r.nsOf(), 1)

@@ -1,9 +1,12 @@
 package localcluster
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
 // registrySocketLen is the length of the rolling-update registration
@@ -16,27 +19,33 @@ const registrySocketLen = 1 + len("gpu.gpulink.dev-") + 36 + len("-reg.sock")
 // "c" directory beside the test's other files.
 var kubeletRegistries = []string{"kubelet/plugins_registry", "c/kubelet/plugins_registry"}
 
-// MkdirTemp is os.MkdirTemp for a test's state directory, avoiding the
-// lengths at which the chart's kubelet plugin pod could not register:
-// k8s.io/dynamic-resource-allocation v0.37 keeps the pod's UID in full in
-// the registration socket's name up to a path of 108 bytes, one more
-// than the kernel binds (the plugin then refuses to start,
-// kubeletplugin.checkRegistrarSocket). os.MkdirTemp's random suffix has
-// 1 to 10 digits, so one test run in a few dozen hit that length.
+// MkdirTemp makes a test's state directory under os.TempDir(), named
+// prefix and random hex digits, of a length at which the chart's kubelet
+// plugin pod can register: k8s.io/dynamic-resource-allocation v0.37.2
+// keeps the pod's UID in full in the registration socket's name up to a
+// path of 108 bytes, one more than the kernel binds (the plugin then
+// refuses to start, kubeletplugin.checkRegistrarSocket). os.MkdirTemp's
+// random suffix has 1 to 10 digits, so its names reached that length in
+// one test run of a few dozen; here the length is chosen, then the
+// digits drawn.
 func MkdirTemp(prefix string) (string, error) {
-	for range 20 {
-		dir, err := os.MkdirTemp("", prefix)
-		if err != nil {
-			return "", err
+	base := os.TempDir()
+	for digits := 8; digits <= 12; digits += 2 {
+		if registryAtLimit(filepath.Join(base, prefix+strings.Repeat("0", digits))) {
+			continue
 		}
-		if !registryAtLimit(dir) {
-			return dir, nil
-		}
-		if err := os.Remove(dir); err != nil {
-			return "", fmt.Errorf("removing %s: %w", dir, err)
+		for range 100 {
+			dir := filepath.Join(base, prefix+randomHex(digits))
+			err := os.Mkdir(dir, 0o700)
+			if err == nil {
+				return dir, nil
+			}
+			if !errors.Is(err, fs.ErrExist) {
+				return "", fmt.Errorf("making a state directory: %w", err)
+			}
 		}
 	}
-	return "", fmt.Errorf("no temporary directory with prefix %q whose kubelet plugin registry leaves room for a registration socket", prefix)
+	return "", fmt.Errorf("no state directory %s/%s... whose kubelet plugin registry leaves room for a registration socket", base, prefix)
 }
 
 func registryAtLimit(dir string) bool {

@@ -22,15 +22,15 @@ func TestMkdirTempAvoidsTheSocketLimit(t *testing.T) {
 	if !registryAtLimit("/tmp/glconf1234567890") {
 		t.Error("a directory whose cluster's registration socket path is 108 bytes not caught")
 	}
-	for range 50 {
-		dir, err := MkdirTemp("glconf")
+	for _, prefix := range []string{"glconf", "glhelm", "lc-", "gl", "glkr", "glmig", strings.Repeat("p", 9)} {
+		dir, err := MkdirTemp(prefix)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if err := os.Remove(dir); err != nil {
 			t.Fatal(err)
 		}
-		if !strings.HasPrefix(filepath.Base(dir), "glconf") || registryAtLimit(dir) {
+		if !strings.HasPrefix(filepath.Base(dir), prefix) || registryAtLimit(dir) {
 			t.Fatalf("MkdirTemp gave %s", dir)
 		}
 	}
