@@ -27,8 +27,7 @@ func (p *Planner) weighDemand() {
 	if p.demand.hist == nil || p.demand.hist.Mix() == p.demand.mix {
 		return
 	}
-	all := p.inv.All()
-	p.demand.policy(allocate.Policy{}, func() []allocate.NodeCapacity { return p.filter.capacities(all, p.ledger.NodeUsage) })
+	p.demand.policy(allocate.Policy{}, p.capacitiesOf(p.inv.All()))
 }
 
 // ReservedForScarce tells whether a node should be kept whole for the

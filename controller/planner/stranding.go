@@ -155,6 +155,13 @@ func (f *NodeFilter) capacities(nodes []*NodeInventory, usage func(*NodeInventor
 	return out
 }
 
+// capacitiesOf is capacities of nodes with the ledger's usage, for
+// demandRecorder.policy, which reads it only when it weighs a new
+// snapshot of the mix.
+func (p *Planner) capacitiesOf(nodes []*NodeInventory) func() []allocate.NodeCapacity {
+	return func() []allocate.NodeCapacity { return p.filter.capacities(nodes, p.ledger.NodeUsage) }
+}
+
 // ranking returns the decision's host ranking, nil when off. left gives
 // a node's CPU and memory left for pods (nil when unknown).
 func (r *demandRecorder) ranking(left func(node string) *allocate.Host, pod *corev1.Pod) *hostRanking {

@@ -19,20 +19,18 @@ import (
 	"github.com/gpulink/gpulink/controller/steer"
 )
 
-// steered tells whether the node carries the steering taint.
-func (e *env) steered(name string) bool {
+// hasTaint tells whether the node carries taint (key and effect).
+func (e *env) hasTaint(name string, taint corev1.Taint) bool {
 	e.t.Helper()
 	n, err := e.client.CoreV1().Nodes().Get(e.ctx, name, metav1.GetOptions{})
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	for i := range n.Spec.Taints {
-		if n.Spec.Taints[i].MatchTaint(&steer.Taint) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.MatchTaint(&taint) })
 }
+
+// steered tells whether the node carries the steering taint.
+func (e *env) steered(name string) bool { return e.hasTaint(name, steer.Taint) }
 
 // Two GPU nodes of four GPUs and 1,000 CPUs, stock kube-scheduler, no
 // gate on pods without claims. The controller with --steer-cpu-pods=taint
@@ -114,19 +112,7 @@ func TestSteerCPUOnlyPodsByTaint(t *testing.T) {
 }
 
 // scarceSteered tells whether the node carries the second steering taint.
-func (e *env) scarceSteered(name string) bool {
-	e.t.Helper()
-	n, err := e.client.CoreV1().Nodes().Get(e.ctx, name, metav1.GetOptions{})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	for i := range n.Spec.Taints {
-		if n.Spec.Taints[i].MatchTaint(&steer.ScarceTaint) {
-			return true
-		}
-	}
-	return false
-}
+func (e *env) scarceSteered(name string) bool { return e.hasTaint(name, steer.ScarceTaint) }
 
 // gpuNodeWithCPU adds an API-only 8-GPU node (DGX-1 V100 links) with the
 // given allocatable CPUs.
