@@ -86,7 +86,7 @@ func (p *Planner) DecideHost(ctx context.Context, req HostRequest) (HostDecision
 		return d, nil
 	}
 	all := p.inv.All()
-	pol := p.demand.policy(allocate.Policy{}, p.capacitiesOf(all))
+	pol := p.demand.policy(allocate.Policy{}, p.nodesNowOf(all))
 	name, err := allocate.ChooseHost(states, podHost(req.Pod), pol)
 	if unsat := (*allocate.UnsatisfiableError)(nil); errors.As(err, &unsat) {
 		// The filter already checked the CPU and memory fit; a node

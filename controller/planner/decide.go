@@ -141,7 +141,7 @@ func (p *Planner) Decide(ctx context.Context, req Request) Decision {
 		all = slices.DeleteFunc(slices.Clone(all), func(n *NodeInventory) bool { return !slices.Contains(req.Within, n.Node) })
 	}
 	d := Decision{Nodes: len(all)}
-	pol := req.Placement.apply(p.demand.policy(p.mix.Policy(ctx, p.policy, pending), p.capacitiesOf(all)))
+	pol := req.Placement.apply(p.demand.policy(p.mix.Policy(ctx, p.policy, pending), p.nodesNowOf(all)))
 	rank := p.demand.ranking(p.filter.HostLeft, pod)
 	// candidates filters every node, considering them all again when the
 	// exclusions ruled out every one of them.

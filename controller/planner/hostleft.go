@@ -25,6 +25,22 @@ func (f *NodeFilter) HostLeft(name string) *allocate.Host {
 	if !ok {
 		return nil
 	}
+	return f.left(name, alloc)
+}
+
+// knownHostLeft is HostLeft of a node whose allocatable the Node
+// informer's handler has recorded, without reading the lister; nil
+// otherwise.
+func (f *NodeFilter) knownHostLeft(name string) *allocate.Host {
+	alloc, ok, known := f.Allocatable.Of(name)
+	if !known || !ok {
+		return nil
+	}
+	return f.left(name, alloc)
+}
+
+// left is alloc minus what the pods counted on the node request.
+func (f *NodeFilter) left(name string, alloc allocate.Host) *allocate.Host {
 	var usedCPU, usedMem int64
 	if f.Fit != nil {
 		usedCPU, usedMem = f.Fit.requestedOn(name)

@@ -184,7 +184,7 @@ func BenchmarkDecision5000Nodes(b *testing.B) {
 					p.Mix = held
 				}
 				pf := filter.forPod(logger, pod, nil, nil)
-				q, verdict := quickChoice(ctx, pc.sel, rec.policy(p, func() []allocate.NodeCapacity { return filter.capacities(nodes, pc.NodeUsage) }), nodes, pc, cache, pf.admit, pending, rec.ranking(filter.HostLeft, pod))
+				q, verdict := quickChoice(ctx, pc.sel, rec.policy(p, func() []*allocate.NodeState { return filter.nodesNow(nodes, pc.NodeUsage) }), nodes, pc, cache, pf.admit, pending, rec.ranking(filter.HostLeft, pod))
 				if verdict != quickChosen {
 					b.Fatal("shortcut did not apply")
 				}

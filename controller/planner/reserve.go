@@ -27,7 +27,7 @@ func (p *Planner) weighDemand() {
 	if p.demand.hist == nil || p.demand.hist.Mix() == p.demand.mix {
 		return
 	}
-	p.demand.policy(allocate.Policy{}, p.capacitiesOf(p.inv.All()))
+	p.demand.policy(allocate.Policy{}, p.nodesNowOf(p.inv.All()))
 }
 
 // ReservedForScarce tells whether a node should be kept whole for the

@@ -64,7 +64,7 @@ func (p *Planner) Slots(ctx context.Context, req SlotRequest) ([]NodeSlots, bool
 		return nil, false
 	}
 	nodes := req.Nodes
-	pol := req.Placement.apply(p.demand.policy(p.mix.Policy(ctx, p.policy, req.Pending), p.capacitiesOf(nodes)))
+	pol := req.Placement.apply(p.demand.policy(p.mix.Policy(ctx, p.policy, req.Pending), p.nodesNowOf(nodes)))
 	var fc *fitCheck
 	if p.filter.Fit != nil {
 		fc = p.filter.Fit.check(req.Pod, p.filter.labelsOf)

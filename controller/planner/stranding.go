@@ -3,7 +3,6 @@ package planner
 import (
 	"context"
 	"fmt"
-	"math"
 	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
@@ -21,7 +20,7 @@ import (
 // allocatable minus what the pods counted on it request, fitTracker), the
 // pod's own CPU and memory, and the mix of the shapes of the pods decided
 // recently (allocate.DemandHistory), each shape weighed also by how few
-// nodes could run it (allocate.DemandMix.WithScarcity: a shape only a few
+// nodes could run it now (allocate.DemandMix.WithScarcity: a shape only a few
 // nodes have the CPU and memory for is not stranded on them by small pods
 // as cheaply as elsewhere): allocate.ChooseNode then ranks nodes
 // by the GPU a placement strands for that mix before link quality and
@@ -111,9 +110,9 @@ func newDemandRecorder(on bool) (*demandRecorder, error) {
 }
 
 // policy returns base with the recent demand mix, each shape weighed by
-// how few of the nodes (capacities) could run it (unchanged when off, or
-// before any pod was recorded).
-func (r *demandRecorder) policy(base allocate.Policy, capacities func() []allocate.NodeCapacity) allocate.Policy {
+// how few of the nodes as they are now (nodesNow) could run it
+// (unchanged when off, or before any pod was recorded).
+func (r *demandRecorder) policy(base allocate.Policy, nodesNow func() []*allocate.NodeState) allocate.Policy {
 	if r.hist == nil {
 		return base
 	}
@@ -125,7 +124,7 @@ func (r *demandRecorder) policy(base allocate.Policy, capacities func() []alloca
 	if m != r.mix {
 		// A new snapshot near the one in use keeps it, and with it every
 		// kept node score (allocate.HoldDemand).
-		r.mix, r.weighed = m, allocate.HoldDemand(r.weighed, m.WithScarcity(capacities()))
+		r.mix, r.weighed = m, allocate.HoldDemand(r.weighed, m.WithScarcity(nodesNow()))
 		if r.published.Swap(r.weighed) != r.weighed && r.changed != nil {
 			r.changed()
 		}
@@ -134,32 +133,26 @@ func (r *demandRecorder) policy(base allocate.Policy, capacities func() []alloca
 	return base
 }
 
-// capacities lists each node's GPUs, allocatable CPU and memory, GPU
-// product and GPU given out now (usage), for the scarcity of the demand
-// mix's shapes. A node whose allocatable is not known yet counts as
-// fitting any pod, as HostLeft never counts it short.
-func (f *NodeFilter) capacities(nodes []*NodeInventory, usage func(*NodeInventory) []allocate.GPUUsage) []allocate.NodeCapacity {
-	out := make([]allocate.NodeCapacity, 0, len(nodes))
+// nodesNow is each GPU node as the scarcity of the demand mix's shapes
+// weighs it (allocate.DemandMix.WithScarcity): its GPUs with the ledger's
+// usage and its CPU and memory left for pods (nil, fitting any pod, when
+// the Node informer has not recorded its allocatable yet).
+func (f *NodeFilter) nodesNow(nodes []*NodeInventory, usage func(*NodeInventory) []allocate.GPUUsage) []*allocate.NodeState {
+	out := make([]*allocate.NodeState, 0, len(nodes))
 	for _, n := range nodes {
-		c := allocate.NodeCapacity{Host: allocate.Host{CPUMilli: math.MaxInt64, MemoryBytes: math.MaxInt64}}
-		if n.Topo != nil && n.Topo.Len() > 0 {
-			c.GPUs = n.Topo.Len()
-			c.Product = n.Topo.GPUs[0].ProductName
-			c.AllocatedMilli = allocate.AllocatedMilli(&allocate.NodeState{Name: n.Node, Topology: n.Topo, Usage: usage(n)})
+		if n.Topo == nil || n.Topo.Len() == 0 {
+			continue
 		}
-		if host, ok, known := f.Allocatable.Of(n.Node); known && ok {
-			c.Host = host
-		}
-		out = append(out, c)
+		out = append(out, &allocate.NodeState{Name: n.Node, Topology: n.Topo, Usage: usage(n), Host: f.knownHostLeft(n.Node)})
 	}
 	return out
 }
 
-// capacitiesOf is capacities of nodes with the ledger's usage, for
+// nodesNowOf is nodesNow of nodes with the ledger's usage, for
 // demandRecorder.policy, which reads it only when it weighs a new
 // snapshot of the mix.
-func (p *Planner) capacitiesOf(nodes []*NodeInventory) func() []allocate.NodeCapacity {
-	return func() []allocate.NodeCapacity { return p.filter.capacities(nodes, p.ledger.NodeUsage) }
+func (p *Planner) nodesNowOf(nodes []*NodeInventory) func() []*allocate.NodeState {
+	return func() []*allocate.NodeState { return p.filter.nodesNow(nodes, p.ledger.NodeUsage) }
 }
 
 // ranking returns the decision's host ranking, nil when off. left gives

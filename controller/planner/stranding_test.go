@@ -1,11 +1,11 @@
 package planner
 
 import (
-	"math"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
 	"github.com/gpulink/gpulink/driver/allocate"
@@ -18,16 +18,23 @@ func TestDemandPolicyWeighsScarcityOncePerSnapshot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if pol := rec.policy(allocate.Policy{}, func() []allocate.NodeCapacity {
-		t.Fatal("capacities read before any pod was recorded")
+	if pol := rec.policy(allocate.Policy{}, func() []*allocate.NodeState {
+		t.Fatal("nodes read before any pod was recorded")
 		return nil
 	}); pol.Demand != nil {
 		t.Fatalf("before any pod: Demand = %v, want nil", pol.Demand)
 	}
+	topo, err := controllertest.ParseFixture("v100-sxm2-8-aliyun-sccgn6.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
 	calls := 0
-	capacities := func() []allocate.NodeCapacity {
+	capacities := func() []*allocate.NodeState {
 		calls++
-		return []allocate.NodeCapacity{{GPUs: 8, Host: allocate.Host{CPUMilli: 128000, MemoryBytes: 768 << 30}}, {GPUs: 8, Host: allocate.Host{CPUMilli: 96000, MemoryBytes: 384 << 30}}}
+		return []*allocate.NodeState{
+			{Name: "large", Topology: topo, Usage: make([]allocate.GPUUsage, 8), Host: &allocate.Host{CPUMilli: 128000, MemoryBytes: 768 << 30}},
+			{Name: "common", Topology: topo, Usage: make([]allocate.GPUUsage, 8), Host: &allocate.Host{CPUMilli: 96000, MemoryBytes: 384 << 30}},
+		}
 	}
 	shape := allocate.DemandShape{GPUs: 8, Host: allocate.Host{CPUMilli: 120000, MemoryBytes: 720 << 30}}
 	if err := rec.hist.Record(shape); err != nil {
@@ -54,16 +61,13 @@ func TestDemandPolicyWeighsScarcityOncePerSnapshot(t *testing.T) {
 	}
 }
 
-// capacities: a node's GPUs and allocatable; a node whose allocatable is
-// not known fits any pod.
-func TestCapacities(t *testing.T) {
+// nodesNow: each GPU node with the ledger's usage and its CPU and memory
+// left for pods; a node whose allocatable is not known fits any pod.
+func TestNodesNow(t *testing.T) {
 	inv := NewInventory()
 	topo, err := controllertest.ParseFixture("v100-sxm2-8-aliyun-sccgn6.txt")
 	if err != nil {
 		t.Fatal(err)
-	}
-	for p := range topo.GPUs {
-		topo.GPUs[p].ProductName = "Tesla V100-SXM2-32GB"
 	}
 	for _, node := range []string{"a", "b"} {
 		s, err := controllertest.Slice(node, topo, controllertest.SliceOptions{})
@@ -74,11 +78,14 @@ func TestCapacities(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	f := &NodeFilter{}
+	f := &NodeFilter{Fit: NewFitTracker()}
 	n := controllertest.Node("a")
 	n.Status.Allocatable[corev1.ResourceCPU] = resource.MustParse("96")
 	n.Status.Allocatable[corev1.ResourceMemory] = resource.MustParse("384Gi")
 	f.Allocatable.Set(n)
+	f.Fit.Observe(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "cpu-pod", UID: "cpu-pod"},
+		Spec: corev1.PodSpec{NodeName: "a", Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+			corev1.ResourceCPU: resource.MustParse("10"), corev1.ResourceMemory: resource.MustParse("64Gi")}}}}}})
 	// Node a has two GPUs given out whole and a quarter share on a third.
 	usage := func(n *NodeInventory) []allocate.GPUUsage {
 		u := make([]allocate.GPUUsage, n.Topo.Len())
@@ -88,16 +95,18 @@ func TestCapacities(t *testing.T) {
 		}
 		return u
 	}
-	got := map[int64]allocate.NodeCapacity{}
-	for _, c := range f.capacities(inv.All(), usage) {
-		got[c.Host.CPUMilli] = c
+	got := map[string]*allocate.NodeState{}
+	for _, s := range f.nodesNow(inv.All(), usage) {
+		got[s.Name] = s
 	}
-	product := "Tesla V100-SXM2-32GB"
-	want := map[int64]allocate.NodeCapacity{
-		96000:         {GPUs: 8, Host: allocate.Host{CPUMilli: 96000, MemoryBytes: 384 << 30}, Product: product, AllocatedMilli: 2250},
-		math.MaxInt64: {GPUs: 8, Host: allocate.Host{CPUMilli: math.MaxInt64, MemoryBytes: math.MaxInt64}, Product: product},
+	if len(got) != 2 || got["a"] == nil || got["b"] == nil {
+		t.Fatalf("nodesNow = %v, want nodes a and b", got)
 	}
-	if len(got) != 2 || got[96000] != want[96000] || got[math.MaxInt64] != want[math.MaxInt64] {
-		t.Fatalf("capacities = %+v, want %+v", got, want)
+	if a := got["a"]; a.Topology.Len() != 8 || !a.Usage[0].Exclusive || !a.Usage[1].Exclusive || a.Usage[2].Shares != 1 ||
+		a.Host == nil || *a.Host != (allocate.Host{CPUMilli: 86000, MemoryBytes: 320 << 30}) {
+		t.Errorf("node a = %+v (host %+v), want its usage and 86 CPUs, 320Gi left", a, a.Host)
+	}
+	if b := got["b"]; b.Host != nil || b.Usage[0].Exclusive {
+		t.Errorf("node b = %+v, want no host (allocatable unknown) and no GPU given out", b)
 	}
 }

@@ -103,74 +103,6 @@ type DemandMix struct {
 	scarcity []int64
 }
 
-// NodeCapacity is what a node has in all, not what is left: its GPUs,
-// its allocatable CPU and memory, and its GPU product (for shapes with
-// Products; "" when unknown, which no such shape admits). AllocatedMilli
-// is the GPU given out on it now, in milli GPU (0: idle), which
-// WithScarcity takes off its supply.
-type NodeCapacity struct {
-	GPUs           int
-	Host           Host
-	Product        string
-	AllocatedMilli int64
-}
-
-// scarcityScale is what WithScarcity multiplies every weight by, so that
-// the ratios of supplies keep a fraction (an integer ratio would weigh a
-// shape with 1.4 times less supply than all like one with as much).
-const scarcityScale = 16
-
-// WithScarcity returns the mix with each shape weighed also by how scarce
-// the GPU is that could serve it: a shape that only some nodes could run
-// at all, idle (enough GPUs, CPU and memory, and a product it admits),
-// counts as many times more as the unallocated GPU of all nodes is larger
-// than the unallocated GPU of those nodes (times scarcityScale, at least
-// scarcityScale). FGD's measure weighs a node's stranded GPU by how often
-// each shape is asked for, as if every node could serve every shape, and
-// that fails twice on FGD's trace:
-//
-//   - a few 8-GPU pods ask for 120 of a node's 128 cores, which 39 of the
-//     1,213 nodes have, and a pod of 8 cores placed on one of those strands
-//     them as cheaply as on any other node: by 90 % arrived, such pods
-//     found no node;
-//   - pods pinned to a GPU product (Products) need the nodes of that
-//     product, and pods that may run anywhere took the small T4 and P100
-//     nodes first (they pack best), so that the pinned pods found none
-//     left while a third of the G2 nodes stood idle. Each GPU a placement
-//     takes from a product costs the pinned shapes of that product (the
-//     node's GPU is no longer all stranded for the shapes it cannot run,
-//     FGD's measure), and with their weight grown as the product's
-//     unallocated GPU shrinks, the pods that may run anywhere go where
-//     the GPU is least wanted.
-//
-// A shape whose nodes have no GPU left keeps the least weight (it strands
-// the same GPU everywhere). The result shares m's shapes; m is unchanged.
-func (m *DemandMix) WithScarcity(nodes []NodeCapacity) *DemandMix {
-	out := &DemandMix{shapes: m.shapes, counts: m.counts, scarcity: make([]int64, len(m.shapes))}
-	var all int64
-	for _, n := range nodes {
-		all += supply(n)
-	}
-	for i, s := range m.shapes {
-		var capable int64
-		for _, n := range nodes {
-			if n.GPUs >= s.GPUs && s.Host.fits(n.Host) && s.admits(n.Product) {
-				capable += supply(n)
-			}
-		}
-		out.scarcity[i] = scarcityScale
-		if capable > 0 {
-			out.scarcity[i] = max(scarcityScale, all*scarcityScale/capable)
-		}
-	}
-	return out
-}
-
-// supply is a node's unallocated GPU, in milli GPU.
-func supply(n NodeCapacity) int64 {
-	return max(0, int64(n.GPUs)*milliPerGPU-n.AllocatedMilli)
-}
-
 // NewDemandMix builds a mix from counts per shape (at least one
 // positive). Only the maxDemandShapes most frequent shapes are kept.
 func NewDemandMix(counts map[DemandShape]int) (*DemandMix, error) {
@@ -343,19 +275,7 @@ func (m *DemandMix) usable(n *NodeState, keep func(i int) bool) bool {
 	}
 	product := nodeProduct(n)
 	for i, s := range m.shapes {
-		if keep != nil && !keep(i) {
-			continue
-		}
-		if (n.Host != nil && !s.Host.fits(*n.Host)) || !s.admits(product) {
-			continue
-		}
-		need, fit := s.perGPU(), 0
-		for _, l := range left {
-			if l >= need {
-				fit++
-			}
-		}
-		if fit >= s.GPUs {
+		if (keep == nil || keep(i)) && s.runsOn(n, left, product) {
 			return true
 		}
 	}

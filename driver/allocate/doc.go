@@ -64,8 +64,8 @@
 // for the recent pods' CPU, memory and GPU shapes (FGD's fragment
 // measure), each shape weighed by how often it is asked for and, in a
 // mix from DemandMix.WithScarcity, by how scarce the unallocated GPU is
-// that could serve it (nodes with the GPUs, CPU, memory and GPU product
-// it needs).
+// that could serve it now (nodes with the GPUs, CPU, memory and GPU
+// product it needs left).
 //
 // # Invariants
 //

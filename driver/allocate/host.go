@@ -55,20 +55,6 @@ func shareMilli(s ShareRequest, total int64) int32 {
 	return int32(min(m, milliPerGPU))
 }
 
-// AllocatedMilli is the GPU of n given out, in milli GPU, as the
-// stranding criterion counts it (gpuLeft): for NodeCapacity.AllocatedMilli.
-func AllocatedMilli(n *NodeState) int64 {
-	if n.Topology == nil {
-		return 0
-	}
-	var buf [topology.MaxGPUs]int32
-	var left int64
-	for _, l := range gpuLeft(n, buf[:0]) {
-		left += int64(l)
-	}
-	return int64(n.Topology.Len())*milliPerGPU - left
-}
-
 // nodeProduct is the product of n's GPUs, as DemandShape.Products names
 // them ("" for a node without GPUs or whose first GPU names none).
 func nodeProduct(n *NodeState) string {

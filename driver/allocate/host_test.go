@@ -2,6 +2,7 @@ package allocate
 
 import (
 	"errors"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -141,70 +142,6 @@ func TestChooseNodeStrandsLeast(t *testing.T) {
 	}
 }
 
-func TestWithScarcity(t *testing.T) {
-	common := DemandShape{GPUs: 1, Host: Host{CPUMilli: 8000, MemoryBytes: 32 * gib}}
-	big := DemandShape{GPUs: 8, Host: Host{CPUMilli: 120000, MemoryBytes: 720 * gib}}
-	never := DemandShape{GPUs: 8, Host: Host{CPUMilli: 200000}}
-	m := mustDemand(t, map[DemandShape]int{common: 5, big: 2, never: 3})
-	var nodes []NodeCapacity
-	for range 9 {
-		nodes = append(nodes, NodeCapacity{GPUs: 8, Host: Host{CPUMilli: 96000, MemoryBytes: 384 * gib}})
-	}
-	nodes = append(nodes, NodeCapacity{GPUs: 8, Host: Host{CPUMilli: 128000, MemoryBytes: 768 * gib}})
-	// Two nodes with too few GPUs for big, whatever their host.
-	for range 2 {
-		nodes = append(nodes, NodeCapacity{GPUs: 4, Host: Host{CPUMilli: 256000, MemoryBytes: 2048 * gib}})
-	}
-	w := m.WithScarcity(nodes)
-	// A host that fits no shape strands all of the GPU left for each:
-	// the weights read off in milli GPU, over scarcityScale. 88 GPUs in
-	// all; common: all of them (x1); big: the 8 of the one large node
-	// (x11); never: none (its count, x1).
-	if got, want := w.stranded([]int32{1000}, &Host{}, ""), int64(5*1+2*11+3*1)*scarcityScale*1000; got != want {
-		t.Errorf("weighed by scarcity: stranded = %d, want %d", got, want)
-	}
-	if got, want := m.stranded([]int32{1000}, &Host{}, ""), int64(5+2+3)*1000; got != want {
-		t.Errorf("the original mix changed: stranded = %d, want %d", got, want)
-	}
-	if got := m.WithScarcity(nil).stranded([]int32{1000}, &Host{}, ""); got != int64(5+2+3)*scarcityScale*1000 {
-		t.Errorf("no nodes: stranded = %d, want the counts alone", got)
-	}
-	// Half the large node given out: its supply is 4 of the 84 GPUs left
-	// (x21), and the others' 80 of 84 still round to x1.
-	nodes[9].AllocatedMilli = 4000
-	if got, want := m.WithScarcity(nodes).stranded([]int32{1000}, &Host{}, ""), int64(5*scarcityScale+2*21*scarcityScale+3*scarcityScale)*1000; got != want {
-		t.Errorf("with GPU allocated: stranded = %d, want %d", got, want)
-	}
-}
-
-// TestWithScarcityByProduct: a shape pinned to a product is weighed by
-// the unallocated GPU of that product's nodes only, and a node of another
-// product strands all of its GPU for it.
-func TestWithScarcityByProduct(t *testing.T) {
-	host := Host{CPUMilli: 8000, MemoryBytes: 32 * gib}
-	anywhere := DemandShape{GPUs: 1, Host: host}
-	pinned := DemandShape{GPUs: 1, Host: host, Products: ProductsKey([]string{"T4"})}
-	m := mustDemand(t, map[DemandShape]int{anywhere: 3, pinned: 1})
-	big := Host{CPUMilli: 96000, MemoryBytes: 384 * gib}
-	nodes := []NodeCapacity{
-		{GPUs: 8, Host: big, Product: "G2"}, {GPUs: 8, Host: big, Product: "G2"}, {GPUs: 8, Host: big, Product: "G2"},
-		{GPUs: 2, Host: big, Product: "T4"}, {GPUs: 2, Host: big, Product: "T4"},
-	}
-	// 28 GPUs; the T4 ones 4: pinned x7, anywhere x1.
-	w := m.WithScarcity(nodes)
-	if got, want := w.stranded([]int32{1000, 1000}, &big, "T4"), int64(0); got != want {
-		t.Errorf("T4 node, both fit: stranded = %d, want %d", got, want)
-	}
-	if got, want := w.stranded([]int32{1000, 1000}, &big, "G2"), int64(7*scarcityScale*2000); got != want {
-		t.Errorf("G2 node: stranded = %d, want the pinned shape's weight times all its GPU, %d", got, want)
-	}
-	// One T4 node's GPUs given out: 2 of 26 left are T4 (x13).
-	nodes[3].AllocatedMilli = 2000
-	if got, want := m.WithScarcity(nodes).stranded([]int32{1000}, &big, "G2"), int64(13*scarcityScale*1000); got != want {
-		t.Errorf("T4 half given out: stranded = %d, want %d", got, want)
-	}
-}
-
 // TestChooseNodeLeavesPinnedProductFree: a pod that may run anywhere goes
 // to the plentiful product, not to the one pods pinned to it are short of,
 // even where the scarce product packs it better.
@@ -226,17 +163,16 @@ func TestChooseNodeLeavesPinnedProductFree(t *testing.T) {
 		{Name: "a-t4", Topology: t4, Usage: usedSix, Host: &big},
 		{Name: "b-g2", Topology: g2, Host: &big},
 	}
-	capacities := []NodeCapacity{
-		{GPUs: 8, Host: big, Product: "T4", AllocatedMilli: 6000},
-		{GPUs: 8, Host: big, Product: "G2"}, {GPUs: 8, Host: big, Product: "G2"}, {GPUs: 8, Host: big, Product: "G2"},
-	}
+	// The cluster: the T4 node and three idle G2 nodes, of which b-g2 is
+	// one (T4-pinned x13, G2-pinned about x1).
+	cluster := append(slices.Clone(nodes), nodeNow(t, 8, big, "G2", 0), nodeNow(t, 8, big, "G2", 0))
 	for _, c := range []struct {
 		name   string
 		demand *DemandMix
 		want   string
 	}{
 		{"by frequency alone", m, "a-t4"},
-		{"weighed by scarcity", m.WithScarcity(capacities), "b-g2"},
+		{"weighed by scarcity", m.WithScarcity(cluster), "b-g2"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r, err := ChooseNode(nodes, Request{GPUs: 1, Host: host}, Policy{Demand: c.demand})
@@ -251,7 +187,7 @@ func TestChooseNodeLeavesPinnedProductFree(t *testing.T) {
 }
 
 // withProduct is a copy of t whose GPUs are all of the given product.
-func withProduct(t *testing.T, topo *topology.Topology, product string) *topology.Topology {
+func withProduct(t testing.TB, topo *topology.Topology, product string) *topology.Topology {
 	t.Helper()
 	gpus := slices.Clone(topo.GPUs)
 	links := make([][]topology.Link, len(gpus))
@@ -288,14 +224,13 @@ func TestChooseNodeKeepsScarceNodeFree(t *testing.T) {
 		{Name: "a-big", Topology: v100(t), Host: &bigHost},
 		{Name: "b-common", Topology: v100(t), Usage: usedSix, Host: &commonHost},
 	}
-	capacities := []NodeCapacity{{GPUs: 8, Host: bigHost}, {GPUs: 8, Host: commonHost}}
 	for _, c := range []struct {
 		name   string
 		demand *DemandMix
 		want   string
 	}{
 		{"by frequency alone", demand, "a-big"},
-		{"weighed by scarcity", demand.WithScarcity(capacities), "b-common"},
+		{"weighed by scarcity", demand.WithScarcity(nodes), "b-common"},
 	} {
 		r, err := ChooseNode(nodes, Request{GPUs: 1, Host: pod}, Policy{Demand: c.demand})
 		if err != nil {
@@ -456,7 +391,8 @@ func TestHoldMixes(t *testing.T) {
 		}
 	}
 	// Scarcity counts in the distance: the same counts weighed apart.
-	caps := []NodeCapacity{{GPUs: 1}, {GPUs: 1}, {GPUs: 1}, {GPUs: 2}}
+	anyHost := Host{CPUMilli: math.MaxInt64, MemoryBytes: math.MaxInt64}
+	caps := []*NodeState{nodeNow(t, 1, anyHost, "", 0), nodeNow(t, 1, anyHost, "", 0), nodeNow(t, 1, anyHost, "", 0), nodeNow(t, 2, anyHost, "", 0)}
 	if got := HoldDemand(held.WithScarcity(nil), held.WithScarcity(caps)); got == nil || got.scarcity[1] != 40 {
 		t.Errorf("HoldDemand kept a mix whose weights moved by scarcity: %+v", got)
 	}

@@ -2,8 +2,8 @@ package allocate
 
 // ReserveScarcity is how scarce a shape of the demand mix must be for
 // Reserve to keep a node for it: WithScarcity weighed it at least this
-// many times, i.e. the nodes that could run it, idle, hold at most 1/16
-// of the cluster's unallocated GPU.
+// many times, i.e. the nodes that could run it now hold at most 1/16 of
+// the cluster's unallocated GPU.
 //
 // On FGD's trace that is the pods asking for 8 GPUs with 120 of a node's
 // 128 cores (the 39 G3 nodes, 312 of 6,212 GPUs: about 20 times when the

@@ -23,19 +23,19 @@ func TestDemandMixReserve(t *testing.T) {
 	// (160 GPUs) and 2 T4 nodes of 4 GPUs with 96 cores: the G3 holds 8
 	// of the 176 unallocated GPUs (22 times less than all), the T4 nodes
 	// 8.
-	var capacities []NodeCapacity
-	capacities = append(capacities, NodeCapacity{GPUs: 8, Host: g3Host, Product: "G3"})
+	var nodes []*NodeState
+	nodes = append(nodes, nodeNow(t, 8, g3Host, "G3", 0))
 	for range 20 {
-		capacities = append(capacities, NodeCapacity{GPUs: 8, Host: g2Host, Product: "G2"})
+		nodes = append(nodes, nodeNow(t, 8, g2Host, "G2", 0))
 	}
 	for range 2 {
-		capacities = append(capacities, NodeCapacity{GPUs: 4, Host: t4Host, Product: "T4"})
+		nodes = append(nodes, nodeNow(t, 4, t4Host, "T4", 0))
 	}
-	mix := mustDemand(t, map[DemandShape]int{whole: 1, small: 500, pinnedT4: 50}).WithScarcity(capacities)
+	mix := mustDemand(t, map[DemandShape]int{whole: 1, small: 500, pinnedT4: 50}).WithScarcity(nodes)
 	// The same shapes when the T4 nodes hold half the unallocated GPU:
 	// the pinned shape is not scarce then.
-	plentyT4 := mustDemand(t, map[DemandShape]int{small: 500, pinnedT4: 50}).WithScarcity([]NodeCapacity{
-		{GPUs: 8, Host: g2Host, Product: "G2"}, {GPUs: 4, Host: t4Host, Product: "T4"}, {GPUs: 4, Host: t4Host, Product: "T4"}})
+	plentyT4 := mustDemand(t, map[DemandShape]int{small: 500, pinnedT4: 50}).WithScarcity([]*NodeState{
+		nodeNow(t, 8, g2Host, "G2", 0), nodeNow(t, 4, t4Host, "T4", 0), nodeNow(t, 4, t4Host, "T4", 0)})
 	oneTaken := make([]GPUUsage, 8)
 	oneTaken[3].Exclusive = true
 	shared := make([]GPUUsage, 8)

@@ -46,10 +46,9 @@ type gpulinkPolicy struct {
 	hostAware bool
 	// cpuOnly, when set, places CPU-only tasks instead of ChooseHost.
 	cpuOnly func(c *Cluster, t *Task) (Placement, bool, error)
-	// capacities are the GPU nodes' capacities and allocated GPU when
-	// lastMix was snapshot; lastScarce is lastMix weighed by their
-	// scarcity (demandMix).
-	capacities          []allocate.NodeCapacity
+	// nodesNow is demandMix's buffer of the GPU nodes; lastScarce is
+	// lastMix weighed by their scarcity when it was snapshot.
+	nodesNow            []*allocate.NodeState
 	lastMix, lastScarce *allocate.DemandMix
 	// heldSize is the size mix in use (allocate.HoldSize).
 	heldSize *allocate.SizeMix
@@ -170,22 +169,19 @@ func (g *gpulinkPolicy) placeHost(c *Cluster, t *Task) (Placement, bool, error) 
 
 // demandMix is the recent shapes' mix weighed by the scarcity of the GPU
 // that could serve each (allocate.DemandMix.WithScarcity, as the
-// controller ranks): computed again, with the GPU allocated by then, when
-// the mix is refreshed.
+// controller ranks): computed again, with the nodes as they are then,
+// when the mix is refreshed.
 func (g *gpulinkPolicy) demandMix(c *Cluster) *allocate.DemandMix {
 	m := g.demand.Mix()
 	if m == g.lastMix {
 		return g.lastScarce
 	}
-	g.capacities = g.capacities[:0]
+	g.nodesNow = g.nodesNow[:0]
 	for _, n := range c.nodes {
 		if n.kind != nil {
-			g.capacities = append(g.capacities, allocate.NodeCapacity{GPUs: n.spec.GPUs,
-				Host:           allocate.Host{CPUMilli: n.spec.CPUMilli, MemoryBytes: n.spec.MemoryMiB << 20},
-				Product:        n.spec.Model,
-				AllocatedMilli: int64(n.spec.GPUs)*MilliPerGPU - n.leftTotal()})
+			g.nodesNow = append(g.nodesNow, n.alloc)
 		}
 	}
-	g.lastMix, g.lastScarce = m, allocate.HoldDemand(g.lastScarce, m.WithScarcity(g.capacities))
+	g.lastMix, g.lastScarce = m, allocate.HoldDemand(g.lastScarce, m.WithScarcity(g.nodesNow))
 	return g.lastScarce
 }

@@ -1,0 +1,96 @@
+package allocate
+
+import (
+	"github.com/gpulink/gpulink/driver/topology"
+)
+
+// scarcityScale is what WithScarcity multiplies every weight by, so that
+// the ratios of supplies keep a fraction (an integer ratio would weigh a
+// shape with 1.4 times less supply than all like one with as much).
+const scarcityScale = 16
+
+// WithScarcity returns the mix with each shape weighed also by how scarce
+// the GPU is that could serve it now: a shape that only some nodes could
+// run as they are (enough GPUs with enough left of each, CPU and memory
+// left, a product it admits, as Usable counts it) counts as many times
+// more as the unallocated GPU of all nodes is larger than the unallocated
+// GPU of those nodes (times scarcityScale, at least scarcityScale). FGD's
+// measure weighs a node's stranded GPU by how often each shape is asked
+// for, as if every node could serve every shape, and that fails twice on
+// FGD's trace:
+//
+//   - a few 8-GPU pods ask for 120 of a node's 128 cores, which 39 of the
+//     1,213 nodes have, and a pod of 8 cores placed on one of those strands
+//     them as cheaply as on any other node: by 90 % arrived, such pods
+//     found no node;
+//   - pods pinned to a GPU product (Products) need the nodes of that
+//     product, and pods that may run anywhere took the small T4 and P100
+//     nodes first (they pack best), so that the pinned pods found none
+//     left while a third of the G2 nodes stood idle. Each GPU a placement
+//     takes from a product costs the pinned shapes of that product (the
+//     node's GPU is no longer all stranded for the shapes it cannot run,
+//     FGD's measure), and with their weight grown as the product's
+//     unallocated GPU shrinks, the pods that may run anywhere go where
+//     the GPU is least wanted.
+//
+// The supply is what could run the shape now, not what could if its
+// nodes were idle: a shape no node could run any more keeps the least
+// weight (it strands the same GPU everywhere). Counted on idle capacity,
+// the fragments of a full cluster still counted as the supply of the
+// large or pinned shapes they can no longer hold, those shapes kept
+// their weight, and the last small pods filled the fragments by a
+// measure of shapes that could not be placed anyway: about 0.1 point of
+// the GPU more unallocated than FGD from 110 % arrived on lists with
+// GPU-model constraints (docs/performance/trace.md). Nodes without GPUs
+// are skipped; a node whose Host is nil fits any CPU and memory. The
+// result shares m's shapes; m is unchanged.
+func (m *DemandMix) WithScarcity(nodes []*NodeState) *DemandMix {
+	out := &DemandMix{shapes: m.shapes, counts: m.counts, scarcity: make([]int64, len(m.shapes))}
+	capable := make([]int64, len(m.shapes))
+	var all int64
+	var buf [topology.MaxGPUs]int32
+	for _, n := range nodes {
+		if n == nil || n.Topology == nil || n.Topology.Len() == 0 {
+			continue
+		}
+		left := gpuLeft(n, buf[:0])
+		var supply int64
+		for _, l := range left {
+			supply += int64(l)
+		}
+		if supply == 0 {
+			continue
+		}
+		all += supply
+		product := nodeProduct(n)
+		for i, s := range m.shapes {
+			if s.runsOn(n, left, product) {
+				capable[i] += supply
+			}
+		}
+	}
+	for i := range m.shapes {
+		out.scarcity[i] = scarcityScale
+		if capable[i] > 0 {
+			out.scarcity[i] = max(scarcityScale, all*scarcityScale/capable[i])
+		}
+	}
+	return out
+}
+
+// runsOn tells whether a pod of shape s could be placed on n now: its CPU
+// and memory fit what n has left (any, when n's Host is unknown), its
+// product is admitted, and enough GPUs have what one of its GPUs needs
+// left (left: gpuLeft of n).
+func (s DemandShape) runsOn(n *NodeState, left []int32, product string) bool {
+	if (n.Host != nil && !s.Host.fits(*n.Host)) || !s.admits(product) {
+		return false
+	}
+	need, fit := s.perGPU(), 0
+	for _, l := range left {
+		if l >= need {
+			fit++
+		}
+	}
+	return fit >= s.GPUs
+}
