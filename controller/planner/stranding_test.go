@@ -29,7 +29,7 @@ func TestDemandPolicyWeighsScarcityOncePerSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	calls := 0
-	capacities := func() []*allocate.NodeState {
+	nodesNow := func() []*allocate.NodeState {
 		calls++
 		return []*allocate.NodeState{
 			{Name: "large", Topology: topo, Usage: make([]allocate.GPUUsage, 8), Host: &allocate.Host{CPUMilli: 128000, MemoryBytes: 768 << 30}},
@@ -40,10 +40,10 @@ func TestDemandPolicyWeighsScarcityOncePerSnapshot(t *testing.T) {
 	if err := rec.hist.Record(shape); err != nil {
 		t.Fatal(err)
 	}
-	first := rec.policy(allocate.Policy{}, capacities)
-	again := rec.policy(allocate.Policy{}, capacities)
+	first := rec.policy(allocate.Policy{}, nodesNow)
+	again := rec.policy(allocate.Policy{}, nodesNow)
 	if first.Demand == nil || first.Demand != again.Demand || calls != 1 {
-		t.Fatalf("same snapshot: mixes %p and %p, capacities read %d times; want one weighed mix, read once", first.Demand, again.Demand, calls)
+		t.Fatalf("same snapshot: mixes %p and %p, nodes read %d times; want one weighed mix, read once", first.Demand, again.Demand, calls)
 	}
 	if first.Demand == rec.hist.Mix() {
 		t.Fatal("the policy's mix is the history's own, not weighed by scarcity")
@@ -56,8 +56,8 @@ func TestDemandPolicyWeighsScarcityOncePerSnapshot(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if next := rec.policy(allocate.Policy{}, capacities); next.Demand == first.Demand || calls != 2 {
-		t.Fatalf("after a refresh: mix unchanged (%v) or capacities read %d times, want a new mix, read twice", next.Demand == first.Demand, calls)
+	if next := rec.policy(allocate.Policy{}, nodesNow); next.Demand == first.Demand || calls != 2 {
+		t.Fatalf("after a refresh: mix unchanged (%v) or nodes read %d times, want a new mix, read twice", next.Demand == first.Demand, calls)
 	}
 }
 
