@@ -262,7 +262,7 @@ func (m *DemandMix) usable(n *NodeState, keep func(i int) bool) bool {
 		return false
 	}
 	var buf [topology.MaxGPUs]int32
-	left := gpuLeft(n, buf[:0])
+	left := largestFirst(gpuLeft(n, buf[:0]))
 	var all int64
 	for _, l := range left {
 		all += int64(l)
@@ -274,8 +274,8 @@ func (m *DemandMix) usable(n *NodeState, keep func(i int) bool) bool {
 		return true
 	}
 	product := nodeProduct(n)
-	for i, s := range m.shapes {
-		if (keep == nil || keep(i)) && s.runsOn(n, left, product) {
+	for i := range m.shapes {
+		if (keep == nil || keep(i)) && m.shapes[i].runsOn(n.Host, left, product) {
 			return true
 		}
 	}

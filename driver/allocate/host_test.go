@@ -30,7 +30,7 @@ func randomDemand(rng *rand.Rand) *DemandMix {
 	return m
 }
 
-func mustDemand(t *testing.T, counts map[DemandShape]int) *DemandMix {
+func mustDemand(t testing.TB, counts map[DemandShape]int) *DemandMix {
 	t.Helper()
 	m, err := NewDemandMix(counts)
 	if err != nil {

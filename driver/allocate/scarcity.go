@@ -1,6 +1,9 @@
 package allocate
 
 import (
+	"cmp"
+	"slices"
+
 	"github.com/gpulink/gpulink/driver/topology"
 )
 
@@ -53,7 +56,7 @@ func (m *DemandMix) WithScarcity(nodes []*NodeState) *DemandMix {
 		if n == nil || n.Topology == nil || n.Topology.Len() == 0 {
 			continue
 		}
-		left := gpuLeft(n, buf[:0])
+		left := largestFirst(gpuLeft(n, buf[:0]))
 		var supply int64
 		for _, l := range left {
 			supply += int64(l)
@@ -63,8 +66,8 @@ func (m *DemandMix) WithScarcity(nodes []*NodeState) *DemandMix {
 		}
 		all += supply
 		product := nodeProduct(n)
-		for i, s := range m.shapes {
-			if s.runsOn(n, left, product) {
+		for i := range m.shapes {
+			if m.shapes[i].runsOn(n.Host, left, product) {
 				capable[i] += supply
 			}
 		}
@@ -78,19 +81,21 @@ func (m *DemandMix) WithScarcity(nodes []*NodeState) *DemandMix {
 	return out
 }
 
-// runsOn tells whether a pod of shape s could be placed on n now: its CPU
-// and memory fit what n has left (any, when n's Host is unknown), its
-// product is admitted, and enough GPUs have what one of its GPUs needs
-// left (left: gpuLeft of n).
-func (s DemandShape) runsOn(n *NodeState, left []int32, product string) bool {
-	if (n.Host != nil && !s.Host.fits(*n.Host)) || !s.admits(product) {
+// runsOn tells whether a pod of shape s could be placed on a node now:
+// its CPU and memory fit what the node has left (host; any when nil), its
+// product is admitted, and s.GPUs GPUs have what one of its GPUs needs
+// left (left: what each GPU has left, largestFirst, so that the s.GPUs-th
+// largest decides without a pass over the node's GPUs for every shape:
+// WithScarcity checks every shape of the mix on every node).
+func (s *DemandShape) runsOn(host *Host, left []int32, product string) bool {
+	if s.GPUs > len(left) || left[s.GPUs-1] < s.perGPU() {
 		return false
 	}
-	need, fit := s.perGPU(), 0
-	for _, l := range left {
-		if l >= need {
-			fit++
-		}
-	}
-	return fit >= s.GPUs
+	return (host == nil || s.Host.fits(*host)) && s.admits(product)
+}
+
+// largestFirst sorts left in place, largest first, and returns it.
+func largestFirst(left []int32) []int32 {
+	slices.SortFunc(left, func(a, b int32) int { return cmp.Compare(b, a) })
+	return left
 }

@@ -1,6 +1,7 @@
 package allocate
 
 import (
+	"math/rand/v2"
 	"testing"
 
 	"github.com/gpulink/gpulink/driver/topology"
@@ -122,5 +123,34 @@ func TestWithScarcitySkipsNodesWithoutGPUs(t *testing.T) {
 	// 4 GPUs left; two runs on the idle pair only (x2).
 	if got, want := strandedAll(m.WithScarcity(nodes)), int64(scarcityScale+2*scarcityScale)*1000; got != want {
 		t.Errorf("stranded = %d, want %d", got, want)
+	}
+}
+
+// BenchmarkWithScarcity5000Nodes: the weighing the controller does once
+// per new snapshot of the demand mix (not per decision), at the scale
+// test's size: 5,000 8-GPU nodes of four products, a third of them
+// partly given out, and 128 shapes (whole and shares, a quarter pinned).
+func BenchmarkWithScarcity5000Nodes(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	products := []string{"A100", "H100", "V100", "T4"}
+	nodes := make([]*NodeState, 5000)
+	for i := range nodes {
+		nodes[i] = nodeNow(b, 8, Host{CPUMilli: 96000 - int64(rng.IntN(64))*1000, MemoryBytes: 384 * gib}, products[i%len(products)], rng.IntN(9)*(i%3/2))
+	}
+	counts := map[DemandShape]int{}
+	for len(counts) < 128 {
+		s := DemandShape{GPUs: 1 << rng.IntN(4), Host: Host{CPUMilli: int64(1+rng.IntN(32)) * 1000, MemoryBytes: int64(1+rng.IntN(64)) * gib}}
+		if rng.IntN(3) == 0 {
+			s.GPUs, s.ShareMilli = 1, 100*(1+rng.IntN(9))
+		}
+		if rng.IntN(4) == 0 {
+			s.Products = products[rng.IntN(len(products))]
+		}
+		counts[s] = 1 + rng.IntN(50)
+	}
+	m := mustDemand(b, counts)
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = m.WithScarcity(nodes)
 	}
 }
