@@ -262,11 +262,7 @@ func (m *DemandMix) usable(n *NodeState, keep func(i int) bool) bool {
 		return false
 	}
 	var buf [topology.MaxGPUs]int32
-	left := largestFirst(gpuLeft(n, buf[:0]))
-	var all int64
-	for _, l := range left {
-		all += int64(l)
-	}
+	left, all := leftNow(n, buf[:0])
 	if all == 0 {
 		return false
 	}

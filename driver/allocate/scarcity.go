@@ -56,11 +56,7 @@ func (m *DemandMix) WithScarcity(nodes []*NodeState) *DemandMix {
 		if n == nil || n.Topology == nil || n.Topology.Len() == 0 {
 			continue
 		}
-		left := largestFirst(gpuLeft(n, buf[:0]))
-		var supply int64
-		for _, l := range left {
-			supply += int64(l)
-		}
+		left, supply := leftNow(n, buf[:0])
 		if supply == 0 {
 			continue
 		}
@@ -84,8 +80,8 @@ func (m *DemandMix) WithScarcity(nodes []*NodeState) *DemandMix {
 // runsOn tells whether a pod of shape s could be placed on a node now:
 // its CPU and memory fit what the node has left (host; any when nil), its
 // product is admitted, and s.GPUs GPUs have what one of its GPUs needs
-// left (left: what each GPU has left, largestFirst, so that the s.GPUs-th
-// largest decides without a pass over the node's GPUs for every shape:
+// left (left: leftNow's, largest first, so that the s.GPUs-th largest
+// decides without a pass over the node's GPUs for every shape:
 // WithScarcity checks every shape of the mix on every node).
 func (s *DemandShape) runsOn(host *Host, left []int32, product string) bool {
 	if s.GPUs > len(left) || left[s.GPUs-1] < s.perGPU() {
@@ -94,8 +90,13 @@ func (s *DemandShape) runsOn(host *Host, left []int32, product string) bool {
 	return (host == nil || s.Host.fits(*host)) && s.admits(product)
 }
 
-// largestFirst sorts left in place, largest first, and returns it.
-func largestFirst(left []int32) []int32 {
+// leftNow is what each of n's GPUs has left (gpuLeft, into buf), largest
+// first as runsOn reads it, and their sum.
+func leftNow(n *NodeState, buf []int32) (left []int32, sum int64) {
+	left = gpuLeft(n, buf)
 	slices.SortFunc(left, func(a, b int32) int { return cmp.Compare(b, a) })
-	return left
+	for _, l := range left {
+		sum += int64(l)
+	}
+	return left, sum
 }
