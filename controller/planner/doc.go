@@ -23,8 +23,10 @@
 //   - The node filter (NodeFilter: node name, exclusions, cordon, node
 //     affinity, taints, the node of claims already allocated, node fit).
 //   - The choice (Planner.Decide): a pod's claims planned on one node
-//     (nodeplan.go, nodeplan_mig.go; driver/allocate picks the GPUs within
-//     the node), and the node chosen among many by the shortcut over kept
+//     (nodeplan.go, its shares in nodeplan_share.go, nodeplan_mig.go;
+//     driver/allocate picks the GPUs within the node), the plans of one
+//     pod on several nodes ranked (nodeplan_choose.go,
+//     nodeplan_mig_choose.go), and the node chosen among many by the shortcut over kept
 //     scores (choice_quick.go), branch and bound for pods with several
 //     device sets (choice_bound.go), or planning every admitted node. The
 //     request-size mix (sizemix.go) and ranking by stranding (stranding.go)

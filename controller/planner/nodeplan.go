@@ -231,6 +231,18 @@ func UntoleratedTaint(d *DeviceInfo, tols []resourceapi.DeviceToleration) (resou
 	return resourceapi.DeviceTaint{}, false
 }
 
+// untolerated returns the first of a device's scheduling taints the
+// tolerations do not tolerate (UntoleratedTaint, on taints already
+// filtered by sliceformat.SchedulingTaints).
+func untolerated(scheduling []resourceapi.DeviceTaint, tols []resourceapi.DeviceToleration) (resourceapi.DeviceTaint, bool) {
+	for _, t := range scheduling {
+		if !tolerates(tols, t) {
+			return t, true
+		}
+	}
+	return resourceapi.DeviceTaint{}, false
+}
+
 // variant is one candidate set of devices for an alternative: a group of
 // equal matchAttribute values and, for shares, equal consumption.
 type variant struct {
@@ -327,25 +339,6 @@ func (p *placer) firstRequest(alt *Alternative, v variant) allocate.Request {
 	return allocate.Request{GPUs: k, RequiredLink: alt.RequiredLink, Eligible: v.eligible}
 }
 
-// maxSharesPerGPU is the node state's share cap while placing the
-// alternative: its config's maxSharesPerGPU for a share, else none.
-func maxSharesPerGPU(alt *Alternative) int {
-	if alt.Share && alt.Config != nil && alt.Config.Sharing != nil && alt.Config.Sharing.MaxSharesPerGPU != nil {
-		return *alt.Config.Sharing.MaxSharesPerGPU
-	}
-	return 0
-}
-
-// memoryOvercommit is the node state's memory over-commit while placing
-// the alternative: its config's memoryOvercommitPercent for a share (the
-// DeviceClass's opt-in, which a claim may only lower), else none.
-func memoryOvercommit(alt *Alternative) int {
-	if alt.Share && alt.Config != nil && alt.Config.Sharing != nil && alt.Config.Sharing.MemoryOvercommitPercent != nil {
-		return *alt.Config.Sharing.MemoryOvercommitPercent
-	}
-	return 0
-}
-
 // placeAlt allocates and commits one alternative within a variant.
 func (p *placer) placeAlt(alt *Alternative, v variant) ([]PlacedResult, error) {
 	req := p.firstRequest(alt, v)
@@ -397,57 +390,6 @@ func (p *placer) placeAlt(alt *Alternative, v variant) ([]PlacedResult, error) {
 	return out, nil
 }
 
-// shareConsumption computes what a share of the alternative takes from a
-// device: every capacity the device publishes (as kube-scheduler records
-// it), and the memory/cores the allocator accounts.
-func shareConsumption(d *DeviceInfo, alt *Alternative) (*allocate.ShareRequest, map[resourceapi.QualifiedName]resource.Quantity, error) {
-	consumed := map[resourceapi.QualifiedName]resource.Quantity{}
-	share := &allocate.ShareRequest{Group: alt.ShareGroup}
-	haveMem := false
-	for name, c := range d.CEL.Capacity {
-		fq := qualify(string(name), d.CEL.Driver)
-		var want *resource.Quantity
-		if q, ok := alt.Capacity[fq]; ok {
-			want = &q
-		} else if fq == capMemory && alt.ConfigMemory != nil {
-			want = alt.ConfigMemory
-		} else if fq == capCores && alt.ConfigCores != nil {
-			want = resource.NewQuantity(*alt.ConfigCores, resource.DecimalSI)
-		}
-		v, err := consumption(want, c)
-		if err != nil {
-			return nil, nil, fmt.Errorf("capacity %s: %w", name, err)
-		}
-		consumed[name] = *resource.NewQuantity(v, c.Value.Format)
-		switch fq {
-		case capMemory:
-			share.MemoryBytes, haveMem = v, true
-		case capCores:
-			share.Cores = v
-		}
-	}
-	for fq := range alt.Capacity {
-		if _, ok := d.capacity(fq); !ok {
-			return nil, nil, fmt.Errorf("the request asks for capacity %s, which the device does not publish", fq)
-		}
-	}
-	if !haveMem {
-		return nil, nil, errors.New("the device publishes no memory capacity, so it cannot be shared")
-	}
-	if _, ok := d.capacity(capCores); !ok {
-		// Without a cores capacity the device is shared by memory only;
-		// the allocator still needs a compute share to account.
-		share.Cores = 1
-		if alt.Config != nil && alt.Config.Sharing != nil && alt.Config.Sharing.DefaultCores != nil {
-			share.Cores = *alt.Config.Sharing.DefaultCores
-		}
-	}
-	if share.MemoryBytes < 1 || share.Cores < 1 || share.Cores > 100 {
-		return nil, nil, fmt.Errorf("share of %d bytes and %d%% cores is outside what one GPU can give", share.MemoryBytes, share.Cores)
-	}
-	return share, consumed, nil
-}
-
 // reasonOf returns the human reason of an allocator error.
 func reasonOf(err error) string {
 	var u *allocate.UnsatisfiableError
@@ -455,172 +397,6 @@ func reasonOf(err error) string {
 		return u.Reason
 	}
 	return err.Error()
-}
-
-// choosePlan picks among feasible plans: fewest firstAvailable fallbacks
-// first. A pod with a single placement (one claim, one request, one
-// device set) is then ranked by allocate.ChooseNode (link quality, then
-// the node packing strategy), with ineligible devices masked as taken; a
-// pod with several is ranked by all of them together (see podScore).
-//
-// rank, when not nil, gives the nodes' and the pod's CPU and memory to
-// allocate.ChooseNode (stranding.go).
-func choosePlan(plans []*Plan, pol allocate.Policy, rank *hostRanking) *Plan {
-	if len(plans) == 0 {
-		return nil
-	}
-	best := plans[0].RankSum
-	for _, pl := range plans {
-		best = min(best, pl.RankSum)
-	}
-	var tied []*Plan
-	for _, pl := range plans {
-		if pl.RankSum == best {
-			tied = append(tied, pl)
-		}
-	}
-	if len(tied) == 1 {
-		return tied[0]
-	}
-	if tied[0].placements() > 1 {
-		return choosePod(tied, pol)
-	}
-	first := tied[0].Claims[0][0]
-	states := make([]*allocate.NodeState, 0, len(tied))
-	var same []*Plan
-	for _, pl := range tied {
-		pr := pl.Claims[0][0]
-		if pr.Alt.ResultName != first.Alt.ResultName {
-			continue
-		}
-		usage := slices.Clone(pl.Base)
-		for pos := range usage {
-			if pr.Req.Eligible != nil && !pr.Req.Eligible[pos] {
-				usage[pos] = allocate.GPUUsage{Exclusive: true}
-			}
-		}
-		st := &allocate.NodeState{Name: pl.Node.Node, Topology: pl.Node.Topo, Usage: usage, MaxSharesPerGPU: maxSharesPerGPU(pr.Alt), MemoryOvercommitPercent: memoryOvercommit(pr.Alt),
-			Host: rank.nodeHost(pl.Node.Node)}
-		states = append(states, st)
-		same = append(same, pl)
-	}
-	req := first.Req
-	req.Eligible = nil
-	req.Host = rank.request()
-	if r, err := allocate.ChooseNode(states, req, pol); err == nil {
-		for _, pl := range same {
-			if pl.Node.Node == r.Node {
-				return pl
-			}
-		}
-	}
-	// The allocator could not rank them (the first request differs per
-	// node, e.g. All): best links of the first request, then name.
-	sort.SliceStable(tied, func(i, j int) bool {
-		a, b := tied[i].Claims[0][0], tied[j].Claims[0][0]
-		if a.Weakest != b.Weakest {
-			return a.Weakest > b.Weakest
-		}
-		if a.Agg != b.Agg {
-			return a.Agg > b.Agg
-		}
-		return tied[i].Node.Node < tied[j].Node.Node
-	})
-	return tied[0]
-}
-
-// placements counts the device sets of a plan (one per whole-GPU result
-// group, one per share).
-func (pl *Plan) placements() int {
-	n := 0
-	for _, c := range pl.Claims {
-		n += len(c)
-	}
-	return n
-}
-
-// podScore ranks a whole pod's plan on one node, by the criteria
-// allocate.ChooseNode applies to one request, summed over every placement:
-// the weakest link of the worst multi-GPU set, then the weakest links of
-// all sets weighted by their size, then their aggregate links; then, for
-// shares, how many fresh GPUs they open (binpack: fewer); then the whole
-// GPUs the node has free afterwards (binpack: fewer, spread: more).
-type podScore struct {
-	worst     topology.Link
-	weakSum   int
-	aggSum    int
-	opened    int
-	freeAfter int
-}
-
-func scorePlan(pl *Plan) podScore {
-	s := podScore{worst: topology.Link(255)}
-	taken := map[int]bool{}
-	for _, c := range pl.Claims {
-		for _, r := range c {
-			for _, pos := range r.Positions {
-				if r.Share != nil && !taken[pos] && pl.Base[pos] == (allocate.GPUUsage{}) {
-					s.opened++
-				}
-				taken[pos] = true
-			}
-			if r.Share != nil || len(r.Positions) < 2 {
-				continue
-			}
-			s.worst = min(s.worst, r.Weakest)
-			s.weakSum += int(r.Weakest) * len(r.Positions)
-			s.aggSum += r.Agg
-		}
-	}
-	for pos, u := range pl.Base {
-		if u == (allocate.GPUUsage{}) && !taken[pos] {
-			s.freeAfter++
-		}
-	}
-	return s
-}
-
-// choosePod ranks plans of pods with several placements by podScore, then
-// node name.
-func choosePod(plans []*Plan, pol allocate.Policy) *Plan {
-	scores := make(map[*Plan]podScore, len(plans))
-	for _, pl := range plans {
-		scores[pl] = scorePlan(pl)
-	}
-	best := plans[0]
-	for _, pl := range plans[1:] {
-		c := scores[pl].compare(scores[best], pol)
-		if c > 0 || (c == 0 && pl.Node.Node < best.Node.Node) {
-			best = pl
-		}
-	}
-	return best
-}
-
-// compare orders two pods' scores before node names: positive when a
-// ranks first.
-func (a podScore) compare(b podScore, pol allocate.Policy) int {
-	spreadNodes := pol.Node == allocate.Spread
-	spreadGPUs := pol.GPU == allocate.Spread
-	first := func(aFirst bool) int {
-		if aFirst {
-			return 1
-		}
-		return -1
-	}
-	switch {
-	case a.worst != b.worst:
-		return first(a.worst > b.worst)
-	case a.weakSum != b.weakSum:
-		return first(a.weakSum > b.weakSum)
-	case a.aggSum != b.aggSum:
-		return first(a.aggSum > b.aggSum)
-	case a.opened != b.opened:
-		return first((a.opened < b.opened) != spreadGPUs)
-	case a.freeAfter != b.freeAfter:
-		return first((a.freeAfter < b.freeAfter) != spreadNodes)
-	}
-	return 0
 }
 
 // Summarize renders a plan for events: "gpu-0,gpu-3 on node-a: every pair NV2".
@@ -660,51 +436,6 @@ func linkSummary(t *topology.Topology, pos []int, weakest topology.Link) string 
 		}
 	}
 	return "every pair " + weakest.String()
-}
-
-// shareCons is the memoised consumption of one share on one device.
-type shareCons struct {
-	share    *allocate.ShareRequest
-	consumed map[resourceapi.QualifiedName]resource.Quantity
-	key      string
-	err      error
-}
-
-// shareCons returns what a share of the alternative takes from the device
-// at pos, memoised per node inventory and share signature.
-func (n *NodeInventory) shareCons(alt *Alternative, pos int) *shareCons {
-	memoKey := "share:" + alt.shareSig
-	n.memoMu.Lock()
-	row, ok := n.shareMemo.get(memoKey)
-	if !ok {
-		row = make([]*shareCons, len(n.Devices))
-		n.shareMemo.put(memoKey, row)
-	}
-	sc := row[pos]
-	n.memoMu.Unlock()
-	if sc != nil {
-		return sc
-	}
-	sc = &shareCons{}
-	sc.share, sc.consumed, sc.err = shareConsumption(n.Devices[pos], alt)
-	if sc.err == nil {
-		names := make([]string, 0, len(sc.consumed))
-		for name := range sc.consumed {
-			names = append(names, string(name))
-		}
-		sort.Strings(names)
-		var b strings.Builder
-		fmt.Fprintf(&b, "share=%d/%d;", sc.share.MemoryBytes, sc.share.Cores)
-		for _, name := range names {
-			q := sc.consumed[resourceapi.QualifiedName(name)]
-			b.WriteString(name + "=" + q.String() + ";")
-		}
-		sc.key = b.String()
-	}
-	n.memoMu.Lock()
-	row[pos] = sc
-	n.memoMu.Unlock()
-	return sc
 }
 
 // bindConstraints checks one device against the claim's matchAttribute
