@@ -26,9 +26,10 @@
 //     (nodeplan.go, its shares in nodeplan_share.go, nodeplan_mig.go;
 //     driver/allocate picks the GPUs within the node), the plans of one
 //     pod on several nodes ranked (nodeplan_choose.go,
-//     nodeplan_mig_choose.go), and the node chosen among many by the shortcut over kept
-//     scores (choice_quick.go), branch and bound for pods with several
-//     device sets (choice_bound.go), or planning every admitted node. The
+//     nodeplan_mig_choose.go), and the node chosen among many by the
+//     shortcut over kept scores (choice_quick.go), branch and bound for
+//     pods with several device sets (choice_bound.go), or planning every
+//     admitted node. The
 //     request-size mix (sizemix.go) and ranking by stranding (stranding.go)
 //     feed the allocator's policy.
 //   - What a decision says: Decision, Planner.WaitingMessage and
