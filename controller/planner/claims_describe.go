@@ -33,12 +33,8 @@ func (a *Alternative) describe() string {
 		if len(parts) > 0 {
 			b.WriteString(" of " + strings.Join(parts, ", "))
 		}
-	case a.All:
-		b.WriteString("all matching GPUs of a node")
-	case a.Count == 1:
-		b.WriteString("1 free GPU")
 	default:
-		fmt.Fprintf(&b, "%d free GPUs", a.Count)
+		b.WriteString(a.countOf("GPU"))
 	}
 	if a.RequiredLink != topology.LinkNone && !a.Share {
 		if a.RequiredLink == topology.LinkNVLink {
@@ -58,14 +54,7 @@ func (a *Alternative) describe() string {
 // matching device.attributes["gpu.gpulink.dev"].profile == "1g.10gb"".
 func (a *Alternative) describeMIG() string {
 	var b strings.Builder
-	switch {
-	case a.All:
-		b.WriteString("all matching MIG devices of a node")
-	case a.Count == 1:
-		b.WriteString("1 free MIG device")
-	default:
-		fmt.Fprintf(&b, "%d free MIG devices", a.Count)
-	}
+	b.WriteString(a.countOf("MIG device"))
 	if own := a.Selectors[len(a.Class.Spec.Selectors):]; len(own) > 0 {
 		b.WriteString(" matching " + a.migSelectors())
 	}
@@ -108,4 +97,16 @@ func dedupe(in []string) []string {
 		}
 	}
 	return out
+}
+
+// countOf says how many devices (noun, singular) the alternative asks
+// for: "all matching GPUs of a node", "1 free GPU", "4 free GPUs".
+func (a *Alternative) countOf(noun string) string {
+	switch {
+	case a.All:
+		return "all matching " + noun + "s of a node"
+	case a.Count == 1:
+		return "1 free " + noun
+	}
+	return fmt.Sprintf("%d free %ss", a.Count, noun)
 }
