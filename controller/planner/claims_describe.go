@@ -9,7 +9,7 @@ import (
 
 // How a claim's alternatives read in events and notes.
 
-// describe renders an alternative for events: "4 GPUs with every pair NV1
+// describe renders an alternative for events: "4 free GPUs with every pair NV1
 // or better (policy Required)", "a share of 8Gi memory, 30% cores".
 func (a *Alternative) describe() string {
 	var b strings.Builder
@@ -85,18 +85,6 @@ func wantedDevices(pending []*Claim) string {
 		}
 	}
 	return strings.Join(wants, " plus ")
-}
-
-func dedupe(in []string) []string {
-	seen := map[string]bool{}
-	var out []string
-	for _, s := range in {
-		if !seen[s] {
-			seen[s] = true
-			out = append(out, s)
-		}
-	}
-	return out
 }
 
 // countOf says how many devices (noun, singular) the alternative asks

@@ -29,9 +29,8 @@
 //     nodeplan_mig_choose.go), and the node chosen among many by the
 //     shortcut over kept scores (choice_quick.go), branch and bound for
 //     pods with several device sets (choice_bound.go), or planning every
-//     admitted node. The
-//     request-size mix (sizemix.go) and ranking by stranding (stranding.go)
-//     feed the allocator's policy.
+//     admitted node. The request-size mix (sizemix.go) and ranking by
+//     stranding (stranding.go) feed the allocator's policy.
 //   - What a decision says: Decision, Planner.WaitingMessage and
 //     AlternativesNote, the text of the controller's events.
 //   - The DeviceClasses gpulink ships (DeviceClasses, SharingLabel,

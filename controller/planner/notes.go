@@ -52,3 +52,17 @@ func AlternativesNote(chosen *Plan, plans []*Plan, why, skipped []string, unexam
 	}
 	return note
 }
+
+// dedupe keeps the first of equal reasons, in order: many nodes give the
+// same one, and an event names each once.
+func dedupe(in []string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, s := range in {
+		if !seen[s] {
+			seen[s] = true
+			out = append(out, s)
+		}
+	}
+	return out
+}
