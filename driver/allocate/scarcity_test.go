@@ -128,8 +128,9 @@ func TestWithScarcitySkipsNodesWithoutGPUs(t *testing.T) {
 
 // BenchmarkWithScarcity5000Nodes: the weighing the controller does once
 // per new snapshot of the demand mix (not per decision), at the scale
-// test's size: 5,000 8-GPU nodes of four products, a third of them
-// partly given out, and 128 shapes (whole and shares, a quarter pinned).
+// test's size: 5,000 8-GPU nodes of four products, every third one with
+// 0-8 of its GPUs given out, and 128 shapes (whole and shares, about a
+// quarter pinned).
 func BenchmarkWithScarcity5000Nodes(b *testing.B) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	products := []string{"A100", "H100", "V100", "T4"}
