@@ -321,52 +321,6 @@ func TestChooseHost(t *testing.T) {
 	}
 }
 
-func TestDemandHistory(t *testing.T) {
-	if _, err := NewDemandHistory(0, 1); err == nil {
-		t.Fatal("window 0 accepted")
-	}
-	if _, err := NewDemandHistory(4, 5); err == nil {
-		t.Fatal("refresh beyond window accepted")
-	}
-	h, err := NewDemandHistory(2, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if h.Mix() != nil {
-		t.Fatal("mix before any record")
-	}
-	a, b, rare := DemandShape{GPUs: 1}, DemandShape{GPUs: 2}, DemandShape{GPUs: 8, Host: Host{CPUMilli: 120000}}
-	if err := h.Know(rare); err != nil {
-		t.Fatal(err)
-	}
-	if h.Mix() == nil {
-		t.Fatal("no mix after Know")
-	}
-	if err := h.Record(DemandShape{}); err == nil {
-		t.Fatal("invalid shape recorded")
-	}
-	for _, s := range []DemandShape{a, a, b} {
-		if err := h.Record(s); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// Window of 2: a once, b once; each shape ever seen or known +1.
-	shapes, counts := h.Mix().Shapes()
-	got := map[DemandShape]int64{}
-	for i, s := range shapes {
-		got[s] = counts[i]
-	}
-	want := map[DemandShape]int64{a: 2, b: 2, rare: 1}
-	if len(got) != len(want) {
-		t.Fatalf("mix %v, want %v", got, want)
-	}
-	for s, c := range want {
-		if got[s] != c {
-			t.Fatalf("mix %v, want %v", got, want)
-		}
-	}
-}
-
 // TestHoldMixes: a snapshot within MixHoldDistance of the mix in use
 // keeps it (the same pointer, so kept scores stay valid); one that moved
 // further, or weighs other shapes, replaces it.
