@@ -2,6 +2,7 @@ package planner
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"strings"
 
@@ -45,6 +46,8 @@ type productAdmission struct {
 	// admitting it cannot be told apart from one admitting any product.
 	unnamed []*NodeInventory
 	byKey   map[string]string
+	// products are reps' keys, sorted (names).
+	products []string
 }
 
 func newProductAdmission(inv *Inventory, sel *SelectorEvaluator) *productAdmission {
@@ -60,10 +63,7 @@ func (a *productAdmission) of(ctx context.Context, selectors []string) string {
 	if a == nil || len(selectors) == 0 || a.inv == nil || a.sel == nil {
 		return ""
 	}
-	if g := a.inv.Generation(); g != a.gen || a.reps == nil {
-		a.gen = g
-		a.represent()
-	}
+	a.refresh()
 	key := strings.Join(selectors, "\x00")
 	if p, ok := a.byKey[key]; ok {
 		return p
@@ -74,6 +74,26 @@ func (a *productAdmission) of(ctx context.Context, selectors []string) string {
 	}
 	a.byKey[key] = p
 	return p
+}
+
+// refresh takes the representatives again when a node's inventory
+// changed since they were taken.
+func (a *productAdmission) refresh() {
+	if g := a.inv.Generation(); g != a.gen || a.reps == nil {
+		a.gen = g
+		a.represent()
+	}
+}
+
+// names lists the GPU products of the cluster's nodes, sorted, for the
+// demand history's assumed products (allocate.DemandHistory.AssumeProducts);
+// nil without an inventory.
+func (a *productAdmission) names() []string {
+	if a == nil || a.inv == nil {
+		return nil
+	}
+	a.refresh()
+	return a.products
 }
 
 // represent takes the first repsPerProduct nodes of each product, by node
@@ -97,6 +117,7 @@ func (a *productAdmission) represent() {
 			a.reps[product] = append(a.reps[product], n)
 		}
 	}
+	a.products = slices.Sorted(maps.Keys(a.reps))
 }
 
 func (a *productAdmission) evaluate(ctx context.Context, selectors []string) string {

@@ -2,6 +2,7 @@ package planner
 
 import (
 	"context"
+	"slices"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -132,12 +133,50 @@ func TestSeedRecordsProducts(t *testing.T) {
 	if n := p.Seed(context.Background(), []RunningPod{{Pod: pod, Claims: []*resourceapi.ResourceClaim{claim}, Interpreted: []*Claim{ic}}}); n != 1 {
 		t.Fatalf("seeded %d pods, want 1", n)
 	}
+	// Besides the seeded pod, fewer than 256 pods: the cluster's products
+	// are still assumed (TestDemandPolicyAssumesTheClustersProducts).
 	shapes, _ := p.demand.hist.Mix().Shapes()
-	if len(shapes) != 1 || shapes[0].GPUs != 2 || shapes[0].Products != productV100 {
-		t.Fatalf("seeded shapes %+v, want one of 2 GPUs pinned to %s", shapes, productV100)
+	want := []allocate.DemandShape{{GPUs: 1, Products: productT4}, {GPUs: 1, Products: productV100}, {GPUs: 2, Products: productV100}}
+	if !slices.Equal(shapes, want) {
+		t.Fatalf("seeded shapes %+v, want one of 2 GPUs pinned to %s besides the assumed products, %+v", shapes, productV100, want)
 	}
 }
 
 func runningPod(name string) *corev1.Pod {
 	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: controllertest.UID(2), CreationTimestamp: metav1.Now()}}
+}
+
+// A controller started on an empty cluster ranks from its first decision:
+// before any pod, the demand mix counts each product the inventory has
+// (allocate.DemandHistory.AssumeProducts), and a product joining is a new
+// mix; nodes whose GPUs name no product add none.
+func TestDemandPolicyAssumesTheClustersProducts(t *testing.T) {
+	inv := NewInventory()
+	productNode(t, inv, "a", "pcie-4.txt", productT4)
+	productNode(t, inv, "b", "v100-sxm2-8-aliyun-sccgn6.txt", productV100)
+	productNode(t, inv, "c", "pcie-4.txt", "")
+	rec, err := newDemandRecorder(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.products = newProductAdmission(inv, NewSelectorEvaluator())
+	p := &Planner{inv: inv, filter: &NodeFilter{Fit: NewFitTracker()}, ledger: NewLedger()}
+	pol := rec.policy(allocate.Policy{}, p.nodesNowOf(inv.All()))
+	if pol.Demand == nil {
+		t.Fatal("before any pod: no demand mix, want the cluster's products assumed")
+	}
+	shapes, _ := pol.Demand.Shapes()
+	want := []allocate.DemandShape{{GPUs: 1, Products: productT4}, {GPUs: 1, Products: productV100}}
+	if !slices.Equal(shapes, want) {
+		t.Fatalf("before any pod: shapes %+v, want %+v", shapes, want)
+	}
+	first := pol.Demand
+	if again := rec.policy(allocate.Policy{}, p.nodesNowOf(inv.All())); again.Demand != first {
+		t.Fatal("the same products: a new mix, want the one in use (every kept score stays valid)")
+	}
+	productNode(t, inv, "d", "dgx-a100.txt", productA100)
+	next := rec.policy(allocate.Policy{}, p.nodesNowOf(inv.All()))
+	if shapes, _ := next.Demand.Shapes(); len(shapes) != 3 {
+		t.Fatalf("after an A100 node joined: shapes %+v, want three products", shapes)
+	}
 }

@@ -92,8 +92,17 @@ func shareRequest(milli int) *allocate.ShareRequest {
 func (g *gpulinkPolicy) place(c *Cluster, t *Task) (Placement, bool, error) {
 	if g.index == nil {
 		g.index = make(map[string]int, len(c.nodes))
+		var products []string
 		for i, n := range c.nodes {
 			g.index[n.spec.Name] = i
+			if n.kind != nil {
+				products = append(products, n.spec.Model)
+			}
+		}
+		// As the controller, which tells its demand history the products
+		// of the GPU nodes it knows (controller/planner demandRecorder).
+		if err := g.demand.AssumeProducts(products); err != nil {
+			return Placement{}, false, fmt.Errorf("gpulink: %w", err)
 		}
 	}
 	if t.GPUs == 0 {
