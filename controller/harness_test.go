@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -17,12 +18,17 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/uuid"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2/ktesting"
 	"k8s.io/utils/ptr"
+
+	jsonpatch "gopkg.in/evanphx/json-patch.v4"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
 	"github.com/gpulink/gpulink/controller/planner"
@@ -170,6 +176,53 @@ func withResourceVersions(client *fake.Clientset) {
 		}
 		m.SetResourceVersion(strconv.FormatInt(rv.Add(1), 10))
 		return false, nil, nil
+	})
+	// A JSON patch of a node (the steering taints) gets a new
+	// resourceVersion too, so that a patch testing the version it was
+	// made from fails once the node changed, and a second taint of a key
+	// and effect the node has is refused, as the API server's validation
+	// does: without both, a patch made from a stale informer cache wrote
+	// the same taint twice.
+	client.PrependReactor("patch", "nodes", func(action clienttesting.Action) (bool, runtime.Object, error) {
+		pa := action.(clienttesting.PatchAction)
+		if pa.GetPatchType() != types.JSONPatchType {
+			return false, nil, nil
+		}
+		cur, err := client.Tracker().Get(pa.GetResource(), "", pa.GetName())
+		if err != nil {
+			return false, nil, nil
+		}
+		invalid := func(err error) error {
+			return apierrors.NewInvalid(schema.GroupKind{Kind: "Node"}, pa.GetName(), field.ErrorList{field.Invalid(field.NewPath("patch"), string(pa.GetPatch()), err.Error())})
+		}
+		raw, err := json.Marshal(cur)
+		if err != nil {
+			return true, nil, err
+		}
+		patch, err := jsonpatch.DecodePatch(pa.GetPatch())
+		if err != nil {
+			return true, nil, apierrors.NewBadRequest(err.Error())
+		}
+		out, err := patch.Apply(raw)
+		if err != nil {
+			return true, nil, invalid(err)
+		}
+		node := &corev1.Node{}
+		if err := json.Unmarshal(out, node); err != nil {
+			return true, nil, invalid(err)
+		}
+		for i := range node.Spec.Taints {
+			for j := range i {
+				if node.Spec.Taints[i].MatchTaint(&node.Spec.Taints[j]) {
+					return true, nil, invalid(fmt.Errorf("taint %s:%s given twice", node.Spec.Taints[i].Key, node.Spec.Taints[i].Effect))
+				}
+			}
+		}
+		node.ResourceVersion = strconv.FormatInt(rv.Add(1), 10)
+		if err := client.Tracker().Update(pa.GetResource(), node, ""); err != nil {
+			return true, nil, err
+		}
+		return true, node.DeepCopy(), nil
 	})
 }
 
