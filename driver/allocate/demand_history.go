@@ -28,9 +28,9 @@ import (
 // seen yet:
 //
 //   - the mix is snapshot more often while it is young: after every
-//     recordedPerSnapshot-th part of the pods recorded so far (at the 1st,
-//     2nd, ... 8th pod, then every 2nd, and so on), until that is refresh
-//     pods;
+//     recordedPerSnapshot-th part of the pods recorded so far (after each
+//     of the first 16 pods, then every 2nd, and so on), until that is
+//     refresh pods;
 //   - every GPU product the cluster has (AssumeProducts) counts as a
 //     shape of one GPU pinned to it, with the pseudo-count of a seen
 //     shape, until assumedUntil pods were recorded: until pods say which
@@ -73,7 +73,7 @@ const (
 	// is asked for, and an assumption that no pod confirmed would keep
 	// steering pods off the rare products for nothing (on FGD's lists
 	// without constraints, counted for good, it left up to 0.9 point of
-	// the GPU more unallocated; for the first 256 pods, within 0.1).
+	// the GPU more unallocated; for the first 256 pods, 0.06 or less).
 	assumedUntil = DefaultDemandRefresh
 )
 
