@@ -5,7 +5,6 @@ package controller_test
 import (
 	"fmt"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -94,17 +93,15 @@ func TestGangRefusedPlacedAgainTogether(t *testing.T) {
 	if nodes[0] == nodes[1] {
 		t.Errorf("4-GPU pods bound on one 4-GPU node: %v", nodes)
 	}
-	ev := ""
-	for _, p := range pods {
-		for _, s := range e.events(p, "") {
-			if ev == "" && strings.Contains(s, "placing its 2 pods again together") {
-				ev = s
+	// Events are recorded asynchronously, sometimes after the pods are bound.
+	e.poll("an event saying the refused gang is placed again together", 30*time.Second, func() bool {
+		for _, p := range pods {
+			if hasEvent(e.events(p, ""), "placing its 2 pods again together") {
+				return true
 			}
 		}
-	}
-	if ev == "" {
-		t.Errorf("no event saying the refused gang is placed again together; events of %s: %v", pods[0], e.events(pods[0], ""))
-	}
+		return false
+	})
 }
 
 // allocatedNodes returns the nodes the pods' claims are allocated on, one

@@ -5,6 +5,7 @@ package controller_test
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -86,8 +87,9 @@ func TestGPUsWithNICs(t *testing.T) {
 	if nodeOf(c) != "rdma-a" {
 		t.Errorf("allocation's node selector names %q", nodeOf(c))
 	}
-	if ev := e.events("rdma", p.UID); !hasEvent(ev, report.ReasonAllocated) || !hasEvent(ev, "nic=nic-2,nic-3") {
-		t.Errorf("events %v: want the allocation naming the NICs", ev)
+	// Events are recorded asynchronously, sometimes after the pod is bound.
+	if ev := e.waitEvent("rdma", report.ReasonAllocated, 30*time.Second); !strings.Contains(ev, "nic=nic-2,nic-3") {
+		t.Errorf("event %q: want the allocation naming the NICs", ev)
 	}
 
 	// The two NICs are held now: a second such pod waits, and says why.
