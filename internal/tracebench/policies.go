@@ -45,9 +45,9 @@ const (
 	PolicyGpulinkGPUOnly = "gpulink:rankByStranding=false"
 	// PolicyGpulinkFresh is the chart's defaults on a controller started
 	// on an empty cluster: no shape known before the first pods (nothing
-	// running to seed the demand mix from). The replay through the real
-	// controller (test/scale TestReplayController) is held against it;
-	// not in AllPolicies.
+	// running to seed the demand mix from): what a user gets who installs
+	// the chart on a new cluster. The replay through the real controller
+	// (test/scale TestReplayController) is held against it.
 	PolicyGpulinkFresh = "gpulink:fresh"
 	// PolicyGpulinkCPUPods is the chart's defaults with the pods without
 	// GPU claims placed by gpulink too (allocate.ChooseHost): chart value
@@ -74,7 +74,7 @@ const (
 
 // AllPolicies lists every policy the replay knows, the chart's defaults
 // first.
-var AllPolicies = []string{PolicyGpulink, PolicyGpulinkNoScarce, PolicyGpulinkNoSteer, PolicyGpulinkGPUOnly, PolicyGpulinkCPUPods, PolicyGpulinkMost, PolicyGpulinkTaint, PolicyFGD, PolicyFGDPaper, PolicyBestFit, PolicyDotProduct, PolicyPacking, PolicyClustering, PolicyRandomFit, PolicyFirstFit}
+var AllPolicies = []string{PolicyGpulink, PolicyGpulinkFresh, PolicyGpulinkNoScarce, PolicyGpulinkNoSteer, PolicyGpulinkGPUOnly, PolicyGpulinkCPUPods, PolicyGpulinkMost, PolicyGpulinkTaint, PolicyFGD, PolicyFGDPaper, PolicyBestFit, PolicyDotProduct, PolicyPacking, PolicyClustering, PolicyRandomFit, PolicyFirstFit}
 
 // newPolicy builds a policy for one replay; rng breaks ties among equal
 // scores at random, as kube-scheduler's selectHost does (the paper runs

@@ -87,11 +87,12 @@ func header(b *strings.Builder, first string, policies []string, last ...string)
 }
 
 // ratioColumns are the ratios the unallocated-GPU table ends with: the
-// chart's defaults and gpulink placing the pods without GPUs too, each
-// against FGD and first fit, where both rows were replayed.
+// chart's defaults (on a running cluster and on a new one) and gpulink
+// placing the pods without GPUs too, each against FGD and first fit,
+// where both rows were replayed.
 func ratioColumns(r *ListResult) [][2]string {
 	var out [][2]string
-	for _, a := range []string{PolicyGpulink, PolicyGpulinkCPUPods} {
+	for _, a := range []string{PolicyGpulink, PolicyGpulinkFresh, PolicyGpulinkCPUPods} {
 		for _, b := range []string{PolicyFGD, PolicyFirstFit} {
 			if has(r.Policies, a) && has(r.Policies, b) {
 				out = append(out, [2]string{a, b})
@@ -128,18 +129,22 @@ func has(list []string, s string) bool {
 
 // svg palette: gpulink and FGD stand out, baselines are muted.
 var policyStyle = map[string]string{
-	PolicyGpulink:        `stroke="#d62728" stroke-width="2.5"`,
-	PolicyGpulinkMost:    `stroke="#d62728" stroke-width="1.5" stroke-dasharray="6 3"`,
-	PolicyGpulinkCPUPods: `stroke="#d62728" stroke-width="1.5" stroke-dasharray="2 2"`,
-	PolicyFGDPaper:       `stroke="#1f77b4" stroke-width="1.2" stroke-dasharray="4 2"`,
-	PolicyGpulinkGPUOnly: `stroke="#d62728" stroke-width="1" stroke-dasharray="8 2 2 2"`,
-	PolicyFGD:            `stroke="#1f77b4" stroke-width="2.5"`,
-	PolicyBestFit:        `stroke="#2ca02c" stroke-width="1.2"`,
-	PolicyDotProduct:     `stroke="#9467bd" stroke-width="1.2"`,
-	PolicyPacking:        `stroke="#8c564b" stroke-width="1.2"`,
-	PolicyClustering:     `stroke="#e377c2" stroke-width="1.2"`,
-	PolicyRandomFit:      `stroke="#7f7f7f" stroke-width="1.2"`,
-	PolicyFirstFit:       `stroke="#bcbd22" stroke-width="1.2"`,
+	PolicyGpulink:         `stroke="#d62728" stroke-width="2.5"`,
+	PolicyGpulinkFresh:    `stroke="#ff7f0e" stroke-width="1.5"`,
+	PolicyGpulinkNoScarce: `stroke="#d62728" stroke-width="1" stroke-dasharray="1 3"`,
+	PolicyGpulinkNoSteer:  `stroke="#ff9896" stroke-width="1.2"`,
+	PolicyGpulinkTaint:    `stroke="#ff9896" stroke-width="1.2" stroke-dasharray="6 3"`,
+	PolicyGpulinkMost:     `stroke="#d62728" stroke-width="1.5" stroke-dasharray="6 3"`,
+	PolicyGpulinkCPUPods:  `stroke="#d62728" stroke-width="1.5" stroke-dasharray="2 2"`,
+	PolicyFGDPaper:        `stroke="#1f77b4" stroke-width="1.2" stroke-dasharray="4 2"`,
+	PolicyGpulinkGPUOnly:  `stroke="#d62728" stroke-width="1" stroke-dasharray="8 2 2 2"`,
+	PolicyFGD:             `stroke="#1f77b4" stroke-width="2.5"`,
+	PolicyBestFit:         `stroke="#2ca02c" stroke-width="1.2"`,
+	PolicyDotProduct:      `stroke="#9467bd" stroke-width="1.2"`,
+	PolicyPacking:         `stroke="#8c564b" stroke-width="1.2"`,
+	PolicyClustering:      `stroke="#e377c2" stroke-width="1.2"`,
+	PolicyRandomFit:       `stroke="#7f7f7f" stroke-width="1.2"`,
+	PolicyFirstFit:        `stroke="#bcbd22" stroke-width="1.2"`,
 }
 
 // WriteSVG draws, per task list, the unallocated GPU and the
