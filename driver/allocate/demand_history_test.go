@@ -35,11 +35,7 @@ func TestDemandHistory(t *testing.T) {
 		}
 	}
 	// Window of 2: a once, b once; each shape ever seen or known +1.
-	shapes, counts := h.Mix().Shapes()
-	got := map[DemandShape]int64{}
-	for i, s := range shapes {
-		got[s] = counts[i]
-	}
+	got := mixCounts(h.Mix())
 	want := map[DemandShape]int64{a: 2, b: 2, rare: 1}
 	if len(got) != len(want) {
 		t.Fatalf("mix %v, want %v", got, want)
