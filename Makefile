@@ -150,7 +150,7 @@ SCALE_PODS  ?= 10000
 SCALE_WAVES ?= 10
 
 .PHONY: scale
-scale: cluster-build ## scale test: SCALE_NODES API-only 8-GPU nodes (5000), SCALE_PODS pods (10000) in SCALE_WAVES waves (10) through the controller process; report in _output/scale-report.json
+scale: cluster-build helm ## scale test: SCALE_NODES API-only 8-GPU nodes (5000), SCALE_PODS pods (10000) in SCALE_WAVES waves (10) through the controller process; report in _output/scale-report.json
 	@mkdir -p $(OUTPUT)
 	GPULINK_SCALE_NODES=$(SCALE_NODES) GPULINK_SCALE_PODS=$(SCALE_PODS) GPULINK_SCALE_WAVES=$(SCALE_WAVES) \
 	  GPULINK_SCALE_REPORT=$(OUTPUT)/scale-report.json \

@@ -54,6 +54,9 @@ type Planner struct {
 	// slots keeps nodes' counts of a gang's copies between decisions
 	// (Slots).
 	slots *slotCache
+	// usage keeps the nodes' GPU usage between weighings of the demand
+	// mix (nodesNowOf).
+	usage *usageCache
 }
 
 // New returns a Planner over the state in cfg.
@@ -74,7 +77,7 @@ func New(cfg Config) (*Planner, error) {
 		demand.changed = cfg.DemandChanged
 	}
 	return &Planner{policy: cfg.Policy, mix: mix, demand: demand, inv: cfg.Inventory, ledger: cfg.Ledger,
-		filter: cfg.Filter, sel: cfg.Selectors, scores: newScoreCache(), slots: newSlotCache()}, nil
+		filter: cfg.Filter, sel: cfg.Selectors, scores: newScoreCache(), slots: newSlotCache(), usage: newUsageCache()}, nil
 }
 
 // Request is one pod's decision to take.

@@ -160,7 +160,7 @@ func TestDemandPolicyAssumesTheClustersProducts(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec.products = newProductAdmission(inv, NewSelectorEvaluator())
-	p := &Planner{inv: inv, filter: &NodeFilter{Fit: NewFitTracker()}, ledger: NewLedger()}
+	p := &Planner{inv: inv, filter: &NodeFilter{Fit: NewFitTracker()}, ledger: NewLedger(), usage: newUsageCache()}
 	pol := rec.policy(allocate.Policy{}, p.nodesNowOf(inv.All()))
 	if pol.Demand == nil {
 		t.Fatal("before any pod: no demand mix, want the cluster's products assumed")

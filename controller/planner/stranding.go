@@ -159,11 +159,15 @@ func (f *NodeFilter) nodesNow(nodes []*NodeInventory, usage func(*NodeInventory)
 	return out
 }
 
-// nodesNowOf is nodesNow of nodes with the ledger's usage, for
-// demandRecorder.policy, which reads it only when it weighs a new
-// snapshot of the mix.
+// nodesNowOf is nodesNow of nodes with the ledger's usage (through the
+// planner's usageCache), for demandRecorder.policy, which reads it only
+// when it weighs a new snapshot of the mix.
 func (p *Planner) nodesNowOf(nodes []*NodeInventory) func() []*allocate.NodeState {
-	return func() []*allocate.NodeState { return p.filter.nodesNow(nodes, p.ledger.NodeUsage) }
+	return func() []*allocate.NodeState {
+		out := p.filter.nodesNow(nodes, p.usage.reader(p.ledger))
+		p.usage.prune(nodes)
+		return out
+	}
 }
 
 // ranking returns the decision's host ranking, nil when off. left gives
