@@ -58,11 +58,7 @@ func internSlice(s *resourceapi.ResourceSlice) {
 			d.Attributes = attrs
 		}
 		if d.Capacity != nil {
-			caps := make(map[resourceapi.QualifiedName]resourceapi.DeviceCapacity, len(d.Capacity))
-			for k, v := range d.Capacity {
-				caps[resourceapi.QualifiedName(intern(string(k)))] = v
-			}
-			d.Capacity = caps
+			d.Capacity = internCapacity(d.Capacity)
 		}
 		for j := range d.Taints {
 			t := &d.Taints[j]
