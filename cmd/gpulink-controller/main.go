@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -32,6 +33,7 @@ import (
 	"github.com/gpulink/gpulink/driver/allocate"
 	"github.com/gpulink/gpulink/driver/gang"
 	"github.com/gpulink/gpulink/internal/kubeclient"
+	"github.com/gpulink/gpulink/internal/memlimit"
 	"github.com/gpulink/gpulink/internal/serve"
 )
 
@@ -128,6 +130,17 @@ func main() {
 		os.Exit(2)
 	}
 	logger := klog.Background().WithName("gpulink-controller")
+	mem, err := memlimit.Apply(os.Getenv, debug.SetMemoryLimit)
+	if err != nil {
+		logger.Error(err, "Go memory limit")
+		klog.Flush()
+		os.Exit(2)
+	}
+	if mem.LimitBytes > 0 {
+		logger.Info("Go memory limit", "containerLimitBytes", mem.ContainerBytes, "softLimitBytes", mem.LimitBytes)
+	} else {
+		logger.Info("Go memory limit left as it is", "reason", mem.Reason)
+	}
 	if err := runUntilSignalled(klog.NewContext(context.Background(), logger), o); err != nil {
 		logger.Error(err, "Controller failed")
 		klog.Flush()

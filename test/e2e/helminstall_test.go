@@ -151,6 +151,8 @@ compat:
 		checkSliceIdentity(ctx, t, client, cluster, plugin)
 	}) && t.Run("one controller replica leads, the other waits on the lease", func(t *testing.T) {
 		leader, standby = checkLeaderElection(ctx, t, client, cluster)
+	}) && t.Run("the controller's Go memory limit follows its container's", func(t *testing.T) {
+		checkMemoryLimit(t, cluster, 1536<<20, leader, standby)
 	}) && t.Run("the chart's webhook translates device-plugin pods", func(t *testing.T) {
 		webhookCert = checkChartWebhook(ctx, t, client, nil)
 	})
