@@ -28,7 +28,9 @@ func (c *Controller) onDeallocated(old *resourceapi.ResourceClaim) {
 		return
 	}
 	for _, pod := range c.claimPods(old) {
-		if pod.Spec.NodeName != "" || pod.DeletionTimestamp != nil || gateIndex(pod) >= 0 || c.excludedNodes(pod).Has(node) {
+		// The cached pod may still show the gate this controller removed:
+		// the claim's update can arrive before the pod's.
+		if pod.Spec.NodeName != "" || pod.DeletionTimestamp != nil || !c.handedOver(pod) || c.excludedNodes(pod).Has(node) {
 			continue
 		}
 		c.exclude(pod, node)

@@ -56,10 +56,24 @@ func (u *ungating) start(uid types.UID) bool {
 	return true
 }
 
+// has tells whether the pod's gate removal is under way or done.
+func (u *ungating) has(uid types.UID) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.pods.Has(uid)
+}
+
 func (u *ungating) done(uid types.UID) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	u.pods.Delete(uid)
+}
+
+// handedOver tells whether the pod is kube-scheduler's to place: its
+// gate is gone from the cached pod, or this controller removed it and the
+// cache has not caught up yet.
+func (c *Controller) handedOver(pod *corev1.Pod) bool {
+	return gateIndex(pod) < 0 || c.ungating.has(pod.UID)
 }
 
 // ungate removes the pod's gate unless a removal is under way or done and
