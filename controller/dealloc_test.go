@@ -17,8 +17,8 @@ import (
 // gate the controller removed (two watches, no order between them). The
 // pod was handed over all the same, so the node is excluded for it; taken
 // for a still gated pod, the claim was allocated on the same node again,
-// and kube-scheduler deallocated it again (TestSchedulerDeallocation-
-// ExcludesNode failed so on a loaded machine).
+// and kube-scheduler deallocated it again
+// (TestSchedulerDeallocationExcludesNode failed so on a loaded machine).
 func TestDeallocationSeenBeforeTheUngatedPod(t *testing.T) {
 	h := newHarness(t)
 	close(h.done) // never started: the handler is called directly
