@@ -302,7 +302,7 @@ func shapeOf(cache *scoreCache, alt *Alternative, pol allocate.Policy, nodes int
 // counts a change of those in the node's generation (ledger.touch), so
 // that a decision reads them only for the nodes it scores again.
 func (s *shapeScores) entry(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, n *NodeInventory, usage usageSource, alt *Alternative, sig string, gen uint64, rank *hostRanking) *scoreEntry {
-	if e := s.current(n, gen, pol.Mix, pol.Demand); e != nil {
+	if e := s.get(n, gen, pol.Mix); e != nil && e.demand == pol.Demand {
 		return e
 	}
 	e := scoreNode(ctx, sel, pol, n, usage, alt, sig, gen, rank, rank.nodeHost(n.Node))
@@ -339,32 +339,6 @@ type scoreEntry struct {
 	// free counts the node's GPUs nothing uses (whatever the request may
 	// use), as scorePlan counts them; shared those that hold shares only.
 	free, shared int
-}
-
-// underDemand returns the entry ranked under the demand mix d: itself
-// when computed under d, else a copy whose score is ranked under d from
-// the entry's stranding basis. An entry's score depends on the demand mix
-// only through the GPU its placement strands, which the basis gives under
-// d exactly as scoring the node again would
-// (allocate.NodeScore.WithStranded). ok is false when the entry cannot be
-// (computed without a demand mix, or ranked without one now, or a
-// fitting entry without a basis): the node is then to be scored again.
-func (e *scoreEntry) underDemand(d *allocate.DemandMix) (*scoreEntry, bool) {
-	if e.demand == d {
-		return e, true
-	}
-	if e.demand == nil || d == nil {
-		return nil, false
-	}
-	ne := *e
-	ne.demand = d
-	if e.fits && !e.skip && !e.nonUniform {
-		if e.basis == nil {
-			return nil, false
-		}
-		ne.score = e.score.WithStranded(d, e.basis)
-	}
-	return &ne, true
 }
 
 // mayFit is a cheap necessary condition for the alternative to fit on a

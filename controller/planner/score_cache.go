@@ -107,25 +107,6 @@ func (s *shapeScores) get(n *NodeInventory, gen uint64, mix *allocate.SizeMix) *
 	return e
 }
 
-// current returns the node's kept entry valid for gen and mix, ranked
-// under the demand mix demand (scoreEntry.underDemand; the restranded copy
-// is kept in its place), or nil when none is valid or it must be scored
-// again.
-func (s *shapeScores) current(n *NodeInventory, gen uint64, mix *allocate.SizeMix, demand *allocate.DemandMix) *scoreEntry {
-	e := s.get(n, gen, mix)
-	if e == nil {
-		return nil
-	}
-	ne, ok := e.underDemand(demand)
-	if !ok {
-		return nil
-	}
-	if ne != e {
-		s.put(n, ne)
-	}
-	return ne
-}
-
 func (s *shapeScores) put(n *NodeInventory, e *scoreEntry) {
 	s.mu.Lock()
 	s.byNode[n.Node] = e

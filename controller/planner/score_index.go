@@ -141,7 +141,7 @@ func (ix *rankIndex) sync(ctx context.Context, in scoreInput, nodes []*NodeInven
 		// A new demand mix: the nodes that did not change are ranked
 		// under it from their kept stranding basis, not scored again.
 		indexSyncs.restranded.Add(1)
-		for _, p := range ix.restrand(in.pol.Demand) {
+		for _, p := range ix.restrand(in.pol.Demand, kept) {
 			markPos(p)
 		}
 		ix.demand = in.pol.Demand
@@ -181,8 +181,8 @@ func (ix *rankIndex) build(ctx context.Context, in scoreInput, nodes []*NodeInve
 	ix.nonUniform, ix.shareKeys = 0, map[string]int{}
 	for i, n := range nodes {
 		ix.where[i] = -1
-		e := kept.current(n, ix.gens[i], in.pol.Mix, in.pol.Demand)
-		if e == nil {
+		e := kept.get(n, ix.gens[i], in.pol.Mix)
+		if e == nil || e.demand != in.pol.Demand {
 			e = ix.score(ctx, in, n, ix.gens[i], kept)
 		}
 		ix.set(int32(i), e)
@@ -190,24 +190,28 @@ func (ix *rankIndex) build(ctx context.Context, in scoreInput, nodes []*NodeInve
 }
 
 // restrand ranks the entries not marked for rescoring under the demand
-// mix d (the index's is another, neither nil; scoreEntry.underDemand). It
-// returns the positions it could not restrand (none expected: a fitting
-// entry computed with a demand mix has a basis), for the caller to score
-// again. The entries shapeScores keeps are left under the mix they were
-// kept with: writing each of the 5,000 back took a third of a restrand
-// (test/scale's CPU profile), and shapeScores.current restrands a kept
-// entry when it is read.
-func (ix *rankIndex) restrand(d *allocate.DemandMix) (rescore []int32) {
+// mix d (the index's is another, neither nil): an entry's score depends
+// on the demand mix only through the GPU its placement strands, which its
+// basis gives under d exactly as scoring the node again would
+// (allocate.NodeScore.WithStranded). It returns the positions it could
+// not restrand (none expected: a fitting entry computed with a demand mix
+// has a basis), for the caller to score again.
+func (ix *rankIndex) restrand(d *allocate.DemandMix, kept *shapeScores) (rescore []int32) {
 	for p, e := range ix.entries {
 		if ix.mark[p] {
 			continue
 		}
-		ne, ok := e.underDemand(d)
-		if !ok {
-			rescore = append(rescore, int32(p))
-			continue
+		ne := *e
+		ne.demand = d
+		if e.fits && !e.skip && !e.nonUniform {
+			if e.basis == nil {
+				rescore = append(rescore, int32(p))
+				continue
+			}
+			ne.score = e.score.WithStranded(d, e.basis)
 		}
-		ix.entries[p] = ne
+		ix.entries[p] = &ne
+		kept.put(ne.node, &ne)
 	}
 	// Every fitting node's score moved: order the ranking again.
 	for i := len(ix.heap)/2 - 1; i >= 0; i-- {
