@@ -266,13 +266,6 @@ func (l *Ledger) NodeUsage(n *NodeInventory) []allocate.GPUUsage {
 	return out
 }
 
-// PoolGeneration is the usage generation of one pool (Generations).
-func (l *Ledger) PoolGeneration(pool string) uint64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.poolGen[pool]
-}
-
 // Touch counts a change of what decisions rank a pool's node by besides
 // its device usage (its CPU and memory left, with ranking by stranding),
 // so that scores kept for it are computed again.

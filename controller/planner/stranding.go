@@ -164,7 +164,7 @@ func (f *NodeFilter) nodesNow(nodes []*NodeInventory, usage func(*NodeInventory)
 // when it weighs a new snapshot of the mix.
 func (p *Planner) nodesNowOf(nodes []*NodeInventory) func() []*allocate.NodeState {
 	return func() []*allocate.NodeState {
-		out := p.filter.nodesNow(nodes, p.usage.reader(p.ledger))
+		out := p.filter.nodesNow(nodes, p.usage.reader(p.ledger, nodes))
 		p.usage.prune(nodes)
 		return out
 	}

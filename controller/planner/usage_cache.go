@@ -29,21 +29,30 @@ func newUsageCache() *usageCache {
 	return &usageCache{entries: map[*NodeInventory]cachedUsage{}}
 }
 
-// reader returns the ledger's usage of a node, read again only when its
-// pool's generation moved since the cache read it. The generation is
-// read before the usage: a change between the two is stored under the
-// older generation and read again next time, never missed.
-func (c *usageCache) reader(l *Ledger) func(*NodeInventory) []allocate.GPUUsage {
-	return func(n *NodeInventory) []allocate.GPUUsage {
-		gen := l.PoolGeneration(n.Pool)
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		if e, ok := c.entries[n]; ok && e.gen == gen {
-			return e.usage
+// reader returns the ledger's usage of the nodes, read again only for
+// those whose pool's usage generation moved since the cache read them.
+// The generations of all of them are read first, under one lock of the
+// ledger (Ledger.Generations): a change after that is stored under the
+// older generation and read again next time, never missed. A node not in
+// nodes is read from the ledger.
+func (c *usageCache) reader(l *Ledger, nodes []*NodeInventory) func(*NodeInventory) []allocate.GPUUsage {
+	gens := make([]uint64, len(nodes))
+	l.Generations(nodes, gens)
+	c.mu.Lock()
+	for i, n := range nodes {
+		if e, ok := c.entries[n]; !ok || e.gen != gens[i] {
+			c.entries[n] = cachedUsage{gen: gens[i], usage: l.NodeUsage(n)}
 		}
-		u := l.NodeUsage(n)
-		c.entries[n] = cachedUsage{gen: gen, usage: u}
-		return u
+	}
+	c.mu.Unlock()
+	return func(n *NodeInventory) []allocate.GPUUsage {
+		c.mu.Lock()
+		e, ok := c.entries[n]
+		c.mu.Unlock()
+		if !ok {
+			return l.NodeUsage(n)
+		}
+		return e.usage
 	}
 }
 

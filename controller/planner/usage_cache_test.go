@@ -26,15 +26,15 @@ func TestUsageCacheFollowsTheLedger(t *testing.T) {
 	l := NewLedger()
 	c := newUsageCache()
 	read := func(step int) {
-		r := c.reader(l)
+		r := c.reader(l, nodes)
 		for _, n := range nodes {
 			if got, want := r(n), l.NodeUsage(n); !slices.Equal(got, want) {
 				t.Fatalf("step %d, node %s: cached usage %+v, ledger %+v", step, n.Node, got, want)
 			}
 		}
 	}
-	first := c.reader(l)(nodes[0])
-	if again := c.reader(l)(nodes[0]); &again[0] != &first[0] {
+	first := c.reader(l, nodes)(nodes[0])
+	if again := c.reader(l, nodes)(nodes[0]); &again[0] != &first[0] {
 		t.Error("an unchanged node's usage was read from the ledger again")
 	}
 	r := rand.New(rand.NewPCG(1, 2))
@@ -85,7 +85,7 @@ func TestUsageCachePrunesReplacedNodes(t *testing.T) {
 			}
 		}
 		last = inv.All()
-		r := c.reader(l)
+		r := c.reader(l, last)
 		for _, n := range last {
 			r(n)
 		}
@@ -129,16 +129,17 @@ func BenchmarkNodesNow5000Nodes(b *testing.B) {
 		assume(n)
 	}
 	r := rand.New(rand.NewPCG(3, 4))
+	cache := newUsageCache()
 	for _, v := range []struct {
-		name  string
+		name string
+		// usage is what one weighing reads the nodes' usage with.
 		usage func() func(*NodeInventory) []allocate.GPUUsage
 	}{
 		{"ledger", func() func(*NodeInventory) []allocate.GPUUsage { return l.NodeUsage }},
-		{"cached", func() func(*NodeInventory) []allocate.GPUUsage { return newUsageCache().reader(l) }},
+		{"cached", func() func(*NodeInventory) []allocate.GPUUsage { return cache.reader(l, nodes) }},
 	} {
 		b.Run(v.name, func(b *testing.B) {
-			usage := v.usage()
-			filter.nodesNow(nodes, usage)
+			filter.nodesNow(nodes, v.usage())
 			b.ResetTimer()
 			for range b.N {
 				b.StopTimer()
@@ -146,7 +147,7 @@ func BenchmarkNodesNow5000Nodes(b *testing.B) {
 					assume(nodes[r.IntN(len(nodes))])
 				}
 				b.StartTimer()
-				if got := filter.nodesNow(nodes, usage); len(got) != len(nodes) {
+				if got := filter.nodesNow(nodes, v.usage()); len(got) != len(nodes) {
 					b.Fatalf("%d nodes read, want %d", len(got), len(nodes))
 				}
 			}
