@@ -107,7 +107,11 @@ func (l *limiter) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	}
 	select {
 	case l.inFlight <- struct{}{}:
-		defer func() { <-l.inFlight }()
+		l.metrics.serving(1)
+		defer func() {
+			l.metrics.serving(-1)
+			<-l.inFlight
+		}()
 	default:
 		l.metrics.refuse("in-flight")
 		tooMany(rw, fmt.Sprintf("the webhook is serving %d requests, its limit", l.limits.MaxInFlight))

@@ -87,6 +87,25 @@ func slowPeer(t *testing.T, addr string, pool *x509.CertPool, contentLength, sen
 // that does not cut peers off at all fails.
 const patience = 10 * time.Second
 
+// stallTimeout is the read timeout of the tests whose stalled peers must
+// hold their slots while a review is sent: long enough for a loaded
+// machine to get the review through, well under patience.
+const stallTimeout = 5 * time.Second
+
+// waitInFlight waits until the server serves n requests: the stalled
+// peers' handlers start as their headers arrive, after tls.Dial returns.
+// It reads the server's own gauge rather than probing on a clock, which
+// a loaded machine (CI's, a parallel go test) outruns.
+func waitInFlight(t *testing.T, m *Metrics, n float64) {
+	t.Helper()
+	for end := time.Now().Add(stallTimeout); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		if testutil.ToFloat64(m.inFlight) == n {
+			return
+		}
+	}
+	t.Fatalf("gpulink_compat_requests_in_flight = %v after %s, want %v: the stalled peers' requests never all reached the handler", testutil.ToFloat64(m.inFlight), stallTimeout, n)
+}
+
 // cutOff waits for the server to end the peer's request (an answer, then
 // the connection closed) and says whether it did within patience.
 func cutOff(c *tls.Conn) error {
@@ -156,20 +175,15 @@ func TestWebhookCutsOffStalledBodies(t *testing.T) {
 // hold every slot a review is answered 429 at once (not queued), and once
 // they are cut off reviews are served again.
 func TestWebhookCapsConcurrentRequests(t *testing.T) {
-	addr, pool, m := limitsServer(t, Limits{ReadTimeout: 3 * time.Second, MaxBodyBytes: 1 << 20, MaxInFlight: 4, MaxBufferedBytes: 8 << 20})
+	addr, pool, m := limitsServer(t, Limits{ReadTimeout: stallTimeout, MaxBodyBytes: 1 << 20, MaxInFlight: 4, MaxBufferedBytes: 8 << 20})
 	var peers []*tls.Conn
 	for range 4 {
 		peers = append(peers, slowPeer(t, addr, pool, 1<<20, 1<<10))
 	}
 	body := admissionBody(t)
-	// The stalled peers' handlers start as their headers arrive; wait
-	// (within their read timeout) until they fill the slots.
-	refused := false
-	for end := time.Now().Add(2 * time.Second); time.Now().Before(end) && !refused; {
-		refused = post(t, addr, pool, body) == http.StatusTooManyRequests
-	}
-	if !refused {
-		t.Fatal("4 stalled peers and a review: never answered 429 with MaxInFlight 4")
+	waitInFlight(t, m, 4)
+	if code := post(t, addr, pool, body); code != http.StatusTooManyRequests {
+		t.Fatalf("4 stalled peers holding every slot of MaxInFlight 4 and a review: HTTP %d, want 429", code)
 	}
 	if n := testutil.ToFloat64(m.refused.WithLabelValues("in-flight")); n < 1 {
 		t.Errorf("gpulink_compat_requests_refused_total{reason=in-flight} = %v, want at least 1", n)
@@ -179,6 +193,7 @@ func TestWebhookCapsConcurrentRequests(t *testing.T) {
 			t.Errorf("peer %d: %v", i, err)
 		}
 	}
+	waitInFlight(t, m, 0)
 	if code := post(t, addr, pool, body); code != http.StatusOK {
 		t.Errorf("a review once the peers were cut off: HTTP %d, want 200", code)
 	}
@@ -189,7 +204,7 @@ func TestWebhookCapsConcurrentRequests(t *testing.T) {
 // MaxBufferedBytes (a request without Content-Length reserves
 // MaxBodyBytes).
 func TestWebhookBoundsBufferedBytes(t *testing.T) {
-	addr, pool, m := limitsServer(t, Limits{ReadTimeout: 3 * time.Second, MaxBodyBytes: 1 << 20, MaxInFlight: 16, MaxBufferedBytes: 2 << 20})
+	addr, pool, m := limitsServer(t, Limits{ReadTimeout: stallTimeout, MaxBodyBytes: 1 << 20, MaxInFlight: 16, MaxBufferedBytes: 2 << 20})
 	big := slowPeer(t, addr, pool, 4<<20, 0)
 	line, err := bufio.NewReader(big).ReadString('\n')
 	if err != nil {
@@ -200,12 +215,9 @@ func TestWebhookBoundsBufferedBytes(t *testing.T) {
 	}
 	// Two stalled 1 MiB bodies fill the 2 MiB.
 	peers := []*tls.Conn{slowPeer(t, addr, pool, 1<<20, 1<<10), slowPeer(t, addr, pool, 1<<20, 1<<10)}
-	refused := false
-	for end := time.Now().Add(2 * time.Second); time.Now().Before(end) && !refused; {
-		refused = post(t, addr, pool, admissionBody(t)) == http.StatusTooManyRequests
-	}
-	if !refused {
-		t.Fatal("two stalled 1 MiB bodies and a review within MaxBufferedBytes 2 MiB: never answered 429")
+	waitInFlight(t, m, 2)
+	if code := post(t, addr, pool, admissionBody(t)); code != http.StatusTooManyRequests {
+		t.Fatalf("two stalled 1 MiB bodies filling MaxBufferedBytes 2 MiB and a review: HTTP %d, want 429", code)
 	}
 	if n := testutil.ToFloat64(m.refused.WithLabelValues("memory")); n < 1 {
 		t.Errorf("gpulink_compat_requests_refused_total{reason=memory} = %v, want at least 1", n)
