@@ -68,6 +68,76 @@ func TestStranded(t *testing.T) {
 	}
 }
 
+// TestStrandedHostShort: for a shape pinned to GPU products, the node's
+// GPUs beyond what its CPU and memory can feed pods of the shape are
+// stranded too; a shape that may run anywhere keeps FGD's one-pod count.
+func TestStrandedHostShort(t *testing.T) {
+	pinned := func(gpus, share int, cpuCores, memGiB int64) DemandShape {
+		return DemandShape{GPUs: gpus, ShareMilli: share, Host: Host{CPUMilli: cpuCores * 1000, MemoryBytes: memGiB * gib}, Products: "P"}
+	}
+	cores := func(n int64) *Host { return &Host{CPUMilli: n * 1000, MemoryBytes: 1024 * gib} }
+	free4 := []int32{1000, 1000, 1000, 1000}
+	cases := []struct {
+		name  string
+		shape DemandShape
+		left  []int32
+		host  *Host
+		want  int64
+	}{
+		{"CPU feeds 2 of 4 pods", pinned(1, 0, 12, 1), free4, cores(28), 2000},
+		{"may run anywhere: one pod fits, nothing stranded", DemandShape{GPUs: 1, Host: Host{CPUMilli: 12000, MemoryBytes: gib}}, free4, cores(28), 0},
+		{"CPU feeds every pod", pinned(1, 0, 12, 1), free4, cores(48), 0},
+		{"memory feeds 3 of 4 pods", pinned(1, 0, 1, 32), free4, &Host{CPUMilli: 64000, MemoryBytes: 96 * gib}, 1000},
+		{"2-GPU pods: GPUs for 4, CPU for 2", pinned(2, 0, 16, 1), []int32{1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000}, cores(40), 4000},
+		{"shares: GPUs for 5, CPU for 2", pinned(1, 300, 8, 1), []int32{1000, 600}, cores(16), 960},
+		{"a fragment too small and the CPU short", pinned(1, 0, 12, 1), []int32{1000, 1000, 1000, 500}, cores(28), 500 + 1000},
+		{"host unknown", pinned(1, 0, 12, 1), free4, nil, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			m := mustDemand(t, map[DemandShape]int{c.shape: 1})
+			if got := m.stranded(c.left, c.host, "P"); got != c.want {
+				t.Fatalf("stranded(%v, %+v) = %d, want %d", c.left, c.host, got, c.want)
+			}
+		})
+	}
+}
+
+// TestChooseNodeFeedsCPUPoorPinnedNodes: a pod that may run anywhere and
+// asks for few cores goes to the node of a pinned product whose CPU could
+// not feed all of its GPUs to the pinned pods anyway, and leaves the
+// node with the CPU for them whole; without pinned pods to come the
+// nodes tie and binpack's later criteria decide.
+func TestChooseNodeFeedsCPUPoorPinnedNodes(t *testing.T) {
+	topo := withProduct(t, v100(t), "V100")
+	rich := Host{CPUMilli: 200000, MemoryBytes: 1024 * gib}
+	poor := Host{CPUMilli: 66000, MemoryBytes: 1024 * gib}
+	nodes := []*NodeState{
+		{Name: "a-rich", Topology: topo, Host: &rich},
+		{Name: "b-poor", Topology: topo, Host: &poor},
+	}
+	wide := Host{CPUMilli: 16000, MemoryBytes: 8 * gib}
+	for _, c := range []struct {
+		name     string
+		products string
+		want     string
+	}{
+		{"pinned pods of 16 cores to come", "V100", "b-poor"},
+		{"pods of 16 cores that may run anywhere", "", "a-rich"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			m := mustDemand(t, map[DemandShape]int{{GPUs: 1, Host: wide, Products: c.products}: 1})
+			r, err := ChooseNode(nodes, Request{GPUs: 1, Host: Host{CPUMilli: 2000, MemoryBytes: gib}}, Policy{Demand: m})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Node != c.want {
+				t.Fatalf("chose %s, want %s", r.Node, c.want)
+			}
+		})
+	}
+}
+
 func TestNewDemandMixRefusesBadShapes(t *testing.T) {
 	for _, c := range []struct {
 		counts map[DemandShape]int
