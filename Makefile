@@ -112,7 +112,7 @@ TRACE_DIR   ?= ../shared/traces/openb
 TRACE_SEEDS ?= 10
 # The three published lists and lists with GPU-model constraints made from
 # the default one at run time (internal/tracebench/gpuspec.go).
-TRACE_LISTS ?= default,multigpu50,gpushare100,default-spec10,default-spec20,default-spec25,default-spec33,default-spec33u
+TRACE_LISTS ?= default,multigpu50,gpushare100,default-spec10,default-spec20,default-spec25,default-spec33,default-spec33u,default-spec20u,multigpu50-spec33u
 .PHONY: bench-trace
 bench-trace: ## replay FGD's trace (TRACE_DIR, TRACE_SEEDS): unallocated GPUs and fragmentation per policy
 	@test -d "$(TRACE_DIR)" || { echo "bench-trace: no trace at $(TRACE_DIR) (set TRACE_DIR; see docs/performance/trace.md)"; exit 1; }
