@@ -39,16 +39,33 @@ func mustDemand(t testing.TB, counts map[DemandShape]int) *DemandMix {
 	return m
 }
 
+// strandedCase is one shape of weight 1 on a node with left and host, and
+// the GPU it strands there (milli GPU).
+type strandedCase struct {
+	name  string
+	shape DemandShape
+	left  []int32
+	host  *Host
+	want  int64
+}
+
+// checkStranded checks each case on a node of the given product.
+func checkStranded(t *testing.T, product string, cases []strandedCase) {
+	t.Helper()
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			m := mustDemand(t, map[DemandShape]int{c.shape: 1})
+			if got := m.stranded(c.left, c.host, product); got != c.want {
+				t.Fatalf("stranded(%v, %+v) = %d, want %d", c.left, c.host, got, c.want)
+			}
+		})
+	}
+}
+
 func TestStranded(t *testing.T) {
 	// One shape of weight 1 each time, so the result reads in milli GPU.
 	small := Host{CPUMilli: 4000, MemoryBytes: 16 * gib}
-	cases := []struct {
-		name  string
-		shape DemandShape
-		left  []int32
-		host  *Host
-		want  int64
-	}{
+	cases := []strandedCase{
 		{"fits, nothing too small", DemandShape{GPUs: 1, Host: small}, []int32{1000, 1000, 0}, &Host{CPUMilli: 8000, MemoryBytes: 32 * gib}, 0},
 		{"host unknown never short", DemandShape{GPUs: 1, Host: Host{CPUMilli: 1 << 40}}, []int32{1000}, nil, 0},
 		{"CPU short strands all", DemandShape{GPUs: 1, Host: small}, []int32{1000, 500, 0}, &Host{CPUMilli: 3999, MemoryBytes: 32 * gib}, 1500},
@@ -58,14 +75,7 @@ func TestStranded(t *testing.T) {
 		{"share fits the rest", DemandShape{GPUs: 1, ShareMilli: 300}, []int32{700, 300, 200}, nil, 200},
 		{"nothing left, nothing stranded", DemandShape{GPUs: 8}, []int32{0, 0}, &Host{}, 0},
 	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			m := mustDemand(t, map[DemandShape]int{c.shape: 1})
-			if got := m.stranded(c.left, c.host, ""); got != c.want {
-				t.Fatalf("stranded(%v, %+v) = %d, want %d", c.left, c.host, got, c.want)
-			}
-		})
-	}
+	checkStranded(t, "", cases)
 }
 
 // TestStrandedHostShort: for a shape pinned to GPU products, the node's
@@ -77,13 +87,7 @@ func TestStrandedHostShort(t *testing.T) {
 	}
 	cores := func(n int64) *Host { return &Host{CPUMilli: n * 1000, MemoryBytes: 1024 * gib} }
 	free4 := []int32{1000, 1000, 1000, 1000}
-	cases := []struct {
-		name  string
-		shape DemandShape
-		left  []int32
-		host  *Host
-		want  int64
-	}{
+	cases := []strandedCase{
 		{"CPU feeds 2 of 4 pods", pinned(1, 0, 12, 1), free4, cores(28), 2000},
 		{"may run anywhere: one pod fits, nothing stranded", DemandShape{GPUs: 1, Host: Host{CPUMilli: 12000, MemoryBytes: gib}}, free4, cores(28), 0},
 		{"CPU feeds every pod", pinned(1, 0, 12, 1), free4, cores(48), 0},
@@ -93,14 +97,7 @@ func TestStrandedHostShort(t *testing.T) {
 		{"a fragment too small and the CPU short", pinned(1, 0, 12, 1), []int32{1000, 1000, 1000, 500}, cores(28), 500 + 1000},
 		{"host unknown", pinned(1, 0, 12, 1), free4, nil, 0},
 	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			m := mustDemand(t, map[DemandShape]int{c.shape: 1})
-			if got := m.stranded(c.left, c.host, "P"); got != c.want {
-				t.Fatalf("stranded(%v, %+v) = %d, want %d", c.left, c.host, got, c.want)
-			}
-		})
-	}
+	checkStranded(t, "P", cases)
 }
 
 // TestChooseNodeFeedsCPUPoorPinnedNodes: a pod that may run anywhere and
