@@ -59,9 +59,10 @@ func (s *steering) run(ctx context.Context) {
 // newSteer sets up the writers of the steering taints. On, a node is
 // checked whenever the usage of its gpulink devices changes (the ledger:
 // claims allocated, assumed or released, by anyone), its pool is
-// published again, or its taints change; the scarce taint also when the
-// node's CPU or memory left changes, and every GPU node when the demand
-// mix's weights change (Controller.demandChanged). Off, every node is
+// published again, or its taints change; with the scarce taint on, both
+// also when the node's CPU or memory left changes, and every GPU node when
+// the demand mix's weights change (Controller.demandChanged): both read
+// the mix then (steerWant, steerScarceWant). Off, every node is
 // checked once at start-up, so that the taints a previous run left are
 // removed. The two writers share one token bucket.
 func (c *Controller) newSteer(cfg Config) error {
@@ -128,9 +129,17 @@ func (s *steering) log(ctx context.Context) {
 // no claim holds any part of (planner.Ledger.HasIdleGPU). The replay
 // measured this condition against others (any unallocated GPU capacity,
 // GPU capacity some recent pod shape could still use) and it placed best
-// (docs/performance/trace.md).
+// (docs/performance/trace.md). With the scarce taint on, also while a
+// shape of the demand mix that only a sliver of the cluster's GPU can
+// hold could still run there, in the rest of a shared GPU
+// (planner.Planner.KeptForScarce): on FGD's trace the shares pinned to
+// a model with one GPU per node of 128 cores failed for CPU once pods
+// without GPUs had spread over the node.
 func (c *Controller) steerWant(node string) bool {
-	return c.ledger.HasIdleGPU(c.inv.Node(node))
+	if c.ledger.HasIdleGPU(c.inv.Node(node)) {
+		return true
+	}
+	return c.steering.scarceOn && c.planner.KeptForScarce(node)
 }
 
 // steerScarceWant: a node carries the second steering taint while all
@@ -147,23 +156,23 @@ func (c *Controller) steerScarceWant(node string) bool {
 // hostChanged is told of a node whose CPU or memory left (the pods
 // counted there) or allocatable changed: ranking by stranding's kept
 // scores of the node are stale, and whether it is kept for a scarce shape
-// may have changed.
+// (either taint) may have changed.
 func (c *Controller) hostChanged(node string) {
 	c.ledger.Touch(node)
 	if c.steering.scarceOn {
-		c.steering.scarce.Enqueue(node)
+		c.steering.enqueue(node)
 	}
 }
 
 // demandChanged is told, under the decision lock, that the demand mix's
-// weights changed: which nodes a scarce shape needs may have changed on
-// every GPU node.
+// weights changed: which nodes a scarce shape needs (either taint) may
+// have changed on every GPU node.
 func (c *Controller) demandChanged() {
 	if !c.steering.scarceOn {
 		return
 	}
 	for _, n := range c.inv.All() {
-		c.steering.scarce.Enqueue(n.Node)
+		c.steering.enqueue(n.Node)
 	}
 }
 

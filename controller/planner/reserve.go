@@ -41,22 +41,32 @@ func (p *Planner) weighDemand() {
 // and the pods counted on the node under their own locks, and the last
 // weighed mix, which is never changed once published.
 func (p *Planner) ReservedForScarce(node string) bool {
-	mix := p.demand.published.Load()
-	if mix == nil {
-		return false
-	}
-	n := p.inv.Node(node)
-	if n == nil || n.Topo == nil || n.Topo.Len() == 0 || len(n.Devices) != n.Topo.Len() {
-		return false
-	}
-	if !p.ledger.allIdle(n) {
-		return false
-	}
-	host := p.filter.HostLeft(node)
-	if host == nil {
+	mix, n, host := p.scarceView(node)
+	if mix == nil || !p.ledger.allIdle(n) {
 		return false
 	}
 	return mix.Reserve(&allocate.NodeState{Name: node, Topology: n.Topo, Usage: p.ledger.NodeUsage(n), Host: host})
+}
+
+// scarceView is what ReservedForScarce and KeptForScarce weigh a node
+// with: the last weighed mix, the node's inventory with all of its GPUs
+// published, and its CPU and memory left. mix is nil when there is no
+// mix, the node has no gpulink GPU or not all of them published, or its
+// allocatable is unknown.
+func (p *Planner) scarceView(node string) (mix *allocate.DemandMix, n *NodeInventory, host *allocate.Host) {
+	mix = p.demand.published.Load()
+	if mix == nil {
+		return nil, nil, nil
+	}
+	n = p.inv.Node(node)
+	if n == nil || n.Topo == nil || n.Topo.Len() == 0 || len(n.Devices) != n.Topo.Len() {
+		return nil, nil, nil
+	}
+	host = p.filter.HostLeft(node)
+	if host == nil {
+		return nil, nil, nil
+	}
+	return mix, n, host
 }
 
 // allIdle tells whether no GPU of n is held (whole, shared, or a MIG
@@ -72,4 +82,29 @@ func (l *Ledger) allIdle(n *NodeInventory) bool {
 		}
 	}
 	return len(n.MIG) == 0 || !slices.Contains(l.migUsage(n), true)
+}
+
+// KeptForScarce tells whether a node's unallocated GPU, the rests of its
+// shared GPUs included, should be kept from pods without GPUs for a shape
+// of the demand mix so scarce that only a sliver of the cluster's
+// unallocated GPU can hold it (allocate.DemandMix.KeepForScarce): the
+// controller then keeps the first steering taint on the node although no
+// GPU of it is idle. The node's GPUs must all be published; a GPU tainted
+// against pods that do not tolerate it counts as taken. False while
+// ranking by stranding is off, no mix has been weighed yet, the node's
+// allocatable is unknown, or it has MIG devices (the mix's shapes are
+// whole GPUs and shares, HasIdleGPU answers for MIG). Safe for concurrent
+// use with decisions, as ReservedForScarce.
+func (p *Planner) KeptForScarce(node string) bool {
+	mix, n, host := p.scarceView(node)
+	if mix == nil || len(n.MIG) > 0 {
+		return false
+	}
+	usage := p.ledger.NodeUsage(n)
+	for i, d := range n.Devices {
+		if _, tainted := UntoleratedTaint(d, nil); tainted {
+			usage[i].Exclusive = true
+		}
+	}
+	return mix.KeepForScarce(&allocate.NodeState{Name: node, Topology: n.Topo, Usage: usage, Host: host})
 }

@@ -21,6 +21,12 @@ import (
 // which the demand mix weighs as scarce (21 >= ReserveScarcity).
 func reservePlanner(t *testing.T, mixChanged func()) (*Planner, *Ledger, *FitTracker) {
 	t.Helper()
+	return reservePlannerOf(t, 20, mixChanged)
+}
+
+// reservePlannerOf is reservePlanner with smalls 96-core nodes.
+func reservePlannerOf(t *testing.T, smalls int, mixChanged func()) (*Planner, *Ledger, *FitTracker) {
+	t.Helper()
 	topo, err := controllertest.ParseFixture("v100-sxm2-8-aliyun-sccgn6.txt")
 	if err != nil {
 		t.Fatal(err)
@@ -42,7 +48,7 @@ func reservePlanner(t *testing.T, mixChanged func()) (*Planner, *Ledger, *FitTra
 		filter.Allocatable.Set(n)
 	}
 	add("big", "128")
-	for i := range 20 {
+	for i := range smalls {
 		add(fmt.Sprintf("small-%d", i), "96")
 	}
 	ledger := NewLedger()
@@ -60,13 +66,11 @@ func cpuPod(uid, cpu string) *corev1.Pod {
 			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(cpu)}}}}}}
 }
 
-func TestReservedForScarce(t *testing.T) {
-	changed := 0
-	p, ledger, fit := reservePlanner(t, func() { changed++ })
-	if p.ReservedForScarce("big") {
-		t.Fatal("kept before any mix was weighed")
-	}
-	scarce := allocate.DemandShape{GPUs: 8, Host: allocate.Host{CPUMilli: 120000, MemoryBytes: 64 << 30}}
+// recordScarceMix records one snapshot's worth of decided pods in p's
+// demand history: one in eight of shape scarce, the others a 1-GPU pod
+// of 8 cores that any node runs.
+func recordScarceMix(t *testing.T, p *Planner, scarce allocate.DemandShape) {
+	t.Helper()
 	common := allocate.DemandShape{GPUs: 1, Host: allocate.Host{CPUMilli: 8000, MemoryBytes: 32 << 30}}
 	for i := range demandRefresh {
 		shape := common
@@ -77,6 +81,15 @@ func TestReservedForScarce(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+func TestReservedForScarce(t *testing.T) {
+	changed := 0
+	p, ledger, fit := reservePlanner(t, func() { changed++ })
+	if p.ReservedForScarce("big") {
+		t.Fatal("kept before any mix was weighed")
+	}
+	recordScarceMix(t, p, allocate.DemandShape{GPUs: 8, Host: allocate.Host{CPUMilli: 120000, MemoryBytes: 64 << 30}})
 	p.weighDemand()
 	if changed != 1 {
 		t.Fatalf("demand changes told: %d, want 1 for the first weighed mix", changed)
@@ -85,25 +98,9 @@ func TestReservedForScarce(t *testing.T) {
 	if changed != 1 {
 		t.Fatalf("demand changes told: %d, want still 1 without a new snapshot", changed)
 	}
-	if !p.ReservedForScarce("big") {
-		t.Error("the one idle node that can run the 8-GPU 120-core pods is not kept")
-	}
-	for _, name := range []string{"small-0", "unknown"} {
-		if p.ReservedForScarce(name) {
-			t.Errorf("node %s kept: no scarce shape fits it", name)
-		}
-	}
-	// 16 cores taken by a pod without GPUs: the scarce shape no longer
-	// fits, the node is no longer kept; back when the pod is gone.
-	pod := cpuPod("cpu-only", "16")
-	fit.Assume(pod, "big")
-	if p.ReservedForScarce("big") {
-		t.Error("kept with 112 of 128 cores left, where the scarce shape needs 120")
-	}
-	fit.Forget(pod.UID)
-	if !p.ReservedForScarce("big") {
-		t.Error("not kept once the pod without GPUs is gone")
-	}
+	// 16 cores taken by a pod without GPUs leave 112, where the 8-GPU
+	// pods need 120.
+	checkKeptOnBig(t, fit, p.ReservedForScarce, "16")
 	// One GPU given out: the node is not idle.
 	claim := controllertest.ClaimWith("c", "1", resourceapi.DeviceRequestAllocationResult{Request: "r", Driver: driver.Name, Pool: "big", Device: "gpu-0"})
 	ledger.Observe(claim)
@@ -125,5 +122,60 @@ func TestReservedForScarceNeedsTheMix(t *testing.T) {
 	p.weighDemand()
 	if p.ReservedForScarce("big") {
 		t.Error("a node kept without a demand mix")
+	}
+	if p.KeptForScarce("big") {
+		t.Error("a node's shared GPUs kept without a demand mix")
+	}
+}
+
+// KeptForScarce: the one node whose shared GPU's rest can still hold a
+// share that needs 100 cores (1/400 of the unallocated GPU) keeps the
+// first steering taint although none of its GPUs is idle; not once its
+// cores are taken, and never a node the share does not fit.
+func TestKeptForScarce(t *testing.T) {
+	p, ledger, fit := reservePlannerOf(t, 40, nil)
+	results := make([]resourceapi.DeviceRequestAllocationResult, 0, 8)
+	for i := range 7 {
+		r := controllertest.WholeResult(fmt.Sprintf("gpu-%d", i))
+		r.Pool = "big"
+		results = append(results, r)
+	}
+	share := controllertest.ShareResult("gpu-7", "4Gi", "20")
+	share.Pool = "big"
+	ledger.Observe(controllertest.ClaimWith("held", "1", append(results, share)...))
+	if ledger.HasIdleGPU(p.inv.Node("big")) {
+		t.Fatal("big has an idle GPU: the first taint would hold without KeptForScarce")
+	}
+	if p.KeptForScarce("big") {
+		t.Fatal("kept before any mix was weighed")
+	}
+	recordScarceMix(t, p, allocate.DemandShape{GPUs: 1, ShareMilli: 250, Host: allocate.Host{CPUMilli: 100000, MemoryBytes: 64 << 30}})
+	p.weighDemand()
+	// 40 cores taken leave 88, where the share needs 100.
+	checkKeptOnBig(t, fit, p.KeptForScarce, "40")
+}
+
+// checkKeptOnBig checks a planner whose scarce shape only node big can
+// run: keep holds for big and for no other node, not while a pod without
+// GPUs holds cores of big (too many for the shape), and again once that
+// pod is gone.
+func checkKeptOnBig(t *testing.T, fit *FitTracker, keep func(node string) bool, cores string) {
+	t.Helper()
+	if !keep("big") {
+		t.Error("big, the one node the scarce shape can run on, is not kept")
+	}
+	for _, name := range []string{"small-0", "unknown"} {
+		if keep(name) {
+			t.Errorf("node %s kept: no scarce shape fits it", name)
+		}
+	}
+	pod := cpuPod("cpu-only", cores)
+	fit.Assume(pod, "big")
+	if keep("big") {
+		t.Errorf("big kept while a pod without GPUs holds %s of its cores", cores)
+	}
+	fit.Forget(pod.UID)
+	if !keep("big") {
+		t.Error("big not kept once the pod without GPUs is gone")
 	}
 }

@@ -54,3 +54,27 @@ func idle(n *NodeState) bool {
 	}
 	return true
 }
+
+// KeepScarceShares is how scarce a shape of the demand mix must be for
+// KeepForScarce to keep the rest of a node's shared GPUs for it: weighed
+// at least this many times, i.e. the nodes that could run it now hold at
+// most 1/256 of the cluster's unallocated GPU. On FGD's trace that is a
+// share pinned to the A10 (2 of 6,212 GPUs, each on a node of 128
+// cores): once a share was placed there, the node had no idle GPU, and
+// pods without GPUs spread onto its cores until the next A10 shares
+// failed for CPU. With 16 (ReserveScarcity), the shared nodes of every
+// pinned model were kept too, and the lists that pin models to a fifth
+// or more of the tasks left up to 0.04 point more GPU unallocated from
+// 100 % arrived (docs/performance/trace.md).
+const KeepScarceShares = 256
+
+// KeepForScarce tells whether the unallocated GPU of n, shared GPUs'
+// rests included, is worth keeping from pods without GPUs because a shape
+// of the mix weighed at least KeepScarceShares times could still run on
+// n as it is now (its CPU and memory left, its product, what its GPUs
+// have left). The controller keeps its first steering taint on such a
+// node even when it has no idle GPU (controller/steer). A mix without
+// scarcity, or nil, keeps nothing.
+func (m *DemandMix) KeepForScarce(n *NodeState) bool {
+	return m.ScarceUsable(n, KeepScarceShares)
+}

@@ -1,6 +1,7 @@
 package allocate
 
 import (
+	"slices"
 	"testing"
 )
 
@@ -75,5 +76,64 @@ func TestDemandMixReserve(t *testing.T) {
 				t.Errorf("Reserve = %v, want %v", got, c.want)
 			}
 		})
+	}
+}
+
+// KeepForScarce: a share pinned to a model of one GPU per node among
+// hundreds of GPUs (the trace's A10) keeps the node's shared GPU from
+// pods without GPUs while it can still run there; a shape scarce enough
+// for Reserve only does not.
+func TestDemandMixKeepForScarce(t *testing.T) {
+	a10Host := Host{CPUMilli: 128000, MemoryBytes: 512 * gib}
+	g2Host := Host{CPUMilli: 96000, MemoryBytes: 384 * gib}
+	a10Share := DemandShape{GPUs: 1, ShareMilli: 160, Host: Host{CPUMilli: 6000, MemoryBytes: 16 * gib}, Products: "A10"}
+	small := DemandShape{GPUs: 1, ShareMilli: 250, Host: Host{CPUMilli: 4000, MemoryBytes: 16 * gib}}
+	pinnedT4 := DemandShape{GPUs: 1, Host: Host{CPUMilli: 8000, MemoryBytes: 32 * gib}, Products: "T4"}
+	// A GPU of 16 GiB with 4 GiB of it shared: 750 milli left.
+	sharedA10 := nodeNow(t, 1, a10Host, "A10", 0)
+	sharedA10.Usage[0] = GPUUsage{Shares: 1, MemoryBytes: 4 * gib, Cores: 20}
+	var nodes []*NodeState
+	for range 40 {
+		nodes = append(nodes, nodeNow(t, 8, g2Host, "G2", 0))
+	}
+	// 320 G2 GPUs and the A10's 0.75: the A10 share is weighed about 427
+	// times; the T4 nodes' 8 GPUs make the pinned T4 shape 41 times.
+	tightA10 := mustDemand(t, map[DemandShape]int{a10Share: 20, small: 500}).WithScarcity(append(slices.Clone(nodes), sharedA10))
+	tightT4 := mustDemand(t, map[DemandShape]int{pinnedT4: 20, small: 500}).WithScarcity(append(slices.Clone(nodes),
+		nodeNow(t, 4, g2Host, "T4", 0), nodeNow(t, 4, g2Host, "T4", 0)))
+	sharedT4 := nodeNow(t, 4, g2Host, "T4", 0)
+	sharedT4.Usage[0] = GPUUsage{Shares: 1, MemoryBytes: 4 * gib, Cores: 20}
+	withHost := func(n *NodeState, h Host) *NodeState {
+		c := *n
+		c.Host = &h
+		return &c
+	}
+	withUsage := func(n *NodeState, u GPUUsage) *NodeState {
+		c := *n
+		c.Usage = []GPUUsage{u}
+		return &c
+	}
+	cases := []struct {
+		name string
+		mix  *DemandMix
+		node *NodeState
+		want bool
+	}{
+		{"shared A10 the pinned share still fits", tightA10, sharedA10, true},
+		{"shared A10 with 4 cores left, the share needs 6", tightA10, withHost(sharedA10, Host{CPUMilli: 4000, MemoryBytes: a10Host.MemoryBytes}), false},
+		{"A10 with 100 milli left, the share needs 160", tightA10, withUsage(sharedA10, GPUUsage{Shares: 3, MemoryBytes: 14*gib + gib/2, Cores: 90}), false},
+		{"idle G2: no scarce shape runs on it", tightA10, nodes[0], false},
+		{"T4 shared: the pinned T4 shape is scarce for Reserve, not here", tightT4, sharedT4, false},
+		{"no mix", nil, sharedA10, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := c.mix.KeepForScarce(c.node); got != c.want {
+				t.Errorf("KeepForScarce = %v, want %v", got, c.want)
+			}
+		})
+	}
+	if !tightT4.Reserve(nodeNow(t, 4, g2Host, "T4", 0)) {
+		t.Error("the idle T4 node is not reserved: the case above would not tell the two thresholds apart")
 	}
 }

@@ -45,7 +45,11 @@ const (
 	// steerIdleNode: steerWholeFree's taint, and a second one on a node
 	// all of whose GPUs are idle.
 	steerIdleNode
-	// steerScarce: steerWholeFree's taint, and a second one on a node
+	// steerScarce: steerWholeFree's taint (also on a node without a whole
+	// free GPU whose shared GPUs' rest a shape of the mix weighed at least
+	// allocate.KeepScarceShares times could still use:
+	// allocate.DemandMix.KeepForScarce, the controller's
+	// planner.Planner.KeptForScarce), and a second one on a node
 	// all of whose GPUs are idle and on which a scarce shape of the demand
 	// mix weighed by scarcity could still run
 	// (allocate.DemandMix.Reserve; the controller's
@@ -116,7 +120,7 @@ func (s *steerTaint) compute(n *nodeState, m *allocate.DemandMix) int {
 		return b2i(free > 0) + b2i(free == len(n.left))
 	case steerScarce:
 		if n.freeGPUs() == 0 {
-			return 0
+			return b2i(m.KeepForScarce(n.alloc))
 		}
 		return 1 + b2i(m.Reserve(n.alloc))
 	}
