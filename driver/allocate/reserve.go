@@ -63,9 +63,9 @@ func idle(n *NodeState) bool {
 // cores): once a share was placed there, the node had no idle GPU, and
 // pods without GPUs spread onto its cores until the next A10 shares
 // failed for CPU. With 16 (ReserveScarcity), the shared nodes of every
-// pinned model were kept too, and the lists that pin models to a fifth
-// or more of the tasks left up to 0.04 point more GPU unallocated from
-// 100 % arrived (docs/performance/trace.md).
+// pinned model were kept too, and four of the lists with pinned models
+// left 0.02-0.04 point more GPU unallocated from 100 % arrived
+// (docs/performance/trace.md).
 const KeepScarceShares = 256
 
 // KeepForScarce tells whether the unallocated GPU of n, shared GPUs'
