@@ -111,7 +111,11 @@ bench: ## allocator (latency p50/p99, churn quality per topology vs baselines), 
 TRACE_DIR   ?= ../shared/traces/openb
 TRACE_SEEDS ?= 10
 # The three published lists and lists with GPU-model constraints made from
-# the default one at run time (internal/tracebench/gpuspec.go).
+# them at run time (internal/tracebench/gpuspec.go): the artifact's four
+# shares of default drawn by supply, its third drawn uniformly over models,
+# and two probes of the recipe on other draws (a fifth of default drawn
+# uniformly; a third of multigpu50 drawn uniformly, the hardest known:
+# docs/performance/trace.md).
 TRACE_LISTS ?= default,multigpu50,gpushare100,default-spec10,default-spec20,default-spec25,default-spec33,default-spec33u,default-spec20u,multigpu50-spec33u
 .PHONY: bench-trace
 bench-trace: ## replay FGD's trace (TRACE_DIR, TRACE_SEEDS): unallocated GPUs and fragmentation per policy

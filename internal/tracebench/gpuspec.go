@@ -39,13 +39,6 @@ import (
 // specName matches a generated list's name: base, percent, uniform draw.
 var specName = regexp.MustCompile(`^(.+)-spec([0-9]{1,3})(u?)$`)
 
-// SpecLists are the generated lists `make bench-trace` replays besides the
-// published ones: the artifact's four shares drawn by supply, the third
-// drawn uniformly over models, and two probes of the recipe on other
-// draws (a fifth drawn uniformly; a third of multigpu50 drawn uniformly,
-// the hardest known: docs/performance/trace.md).
-var SpecLists = []string{"default-spec10", "default-spec20", "default-spec25", "default-spec33", "default-spec33u", "default-spec20u", "multigpu50-spec33u"}
-
 // parseSpecName splits a generated list's name; ok is false for any other.
 func parseSpecName(list string) (base string, percent int, uniform, ok bool, err error) {
 	m := specName.FindStringSubmatch(list)
