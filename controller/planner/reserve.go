@@ -100,11 +100,6 @@ func (p *Planner) KeptForScarce(node string) bool {
 	if mix == nil || len(n.MIG) > 0 {
 		return false
 	}
-	usage := p.ledger.NodeUsage(n)
-	for i, d := range n.Devices {
-		if _, tainted := UntoleratedTaint(d, nil); tainted {
-			usage[i].Exclusive = true
-		}
-	}
+	usage := unavailableAsTaken(n, p.ledger.NodeUsage(n))
 	return mix.KeepForScarce(&allocate.NodeState{Name: node, Topology: n.Topo, Usage: usage, Host: host})
 }

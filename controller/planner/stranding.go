@@ -3,6 +3,7 @@ package planner
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
@@ -146,17 +147,45 @@ func (r *demandRecorder) policy(base allocate.Policy, nodesNow func() []*allocat
 
 // nodesNow is each GPU node as the scarcity of the demand mix's shapes
 // weighs it (allocate.DemandMix.WithScarcity): its GPUs with the ledger's
-// usage and its CPU and memory left for pods (nil, fitting any pod, when
-// the Node informer has not recorded its allocatable yet).
+// usage, those no pod can be given counted as taken (unavailableAsTaken),
+// and its CPU and memory left for pods (nil, fitting any pod, when the
+// Node informer has not recorded its allocatable yet).
 func (f *NodeFilter) nodesNow(nodes []*NodeInventory, usage func(*NodeInventory) []allocate.GPUUsage) []*allocate.NodeState {
 	out := make([]*allocate.NodeState, 0, len(nodes))
 	for _, n := range nodes {
 		if n.Topo == nil || n.Topo.Len() == 0 {
 			continue
 		}
-		out = append(out, &allocate.NodeState{Name: n.Node, Topology: n.Topo, Usage: usage(n), Host: f.knownHostLeft(n.Node)})
+		out = append(out, &allocate.NodeState{Name: n.Node, Topology: n.Topo, Usage: unavailableAsTaken(n, usage(n)), Host: f.knownHostLeft(n.Node)})
 	}
 	return out
+}
+
+// unavailableAsTaken returns usage (by topology position) with the GPUs of
+// n that no pod can be given now marked as given out whole: a GPU whose
+// device is not published, or tainted NoSchedule or NoExecute (a health
+// taint, a DeviceTaintRule) against pods that do not tolerate it. Counted
+// as idle, such a GPU is supply for the shapes of its product that no
+// pod can use, and the weighing takes those shapes for less scarce than
+// they are. usage itself is left as it is (it may be the usage cache's);
+// a copy is returned when a GPU is marked.
+func unavailableAsTaken(n *NodeInventory, usage []allocate.GPUUsage) []allocate.GPUUsage {
+	copied := false
+	for p := range usage {
+		if usage[p].Exclusive {
+			continue
+		}
+		if p < len(n.Devices) && n.Devices[p] != nil {
+			if _, tainted := UntoleratedTaint(n.Devices[p], nil); !tainted {
+				continue
+			}
+		}
+		if !copied {
+			usage, copied = slices.Clone(usage), true
+		}
+		usage[p].Exclusive = true
+	}
+	return usage
 }
 
 // nodesNowOf is nodesNow of nodes with the ledger's usage (through the

@@ -1,9 +1,11 @@
 package planner
 
 import (
+	"slices"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -74,6 +76,10 @@ func TestNodesNow(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if node == "b" {
+			// A health taint: no pod can be given b's GPU 3.
+			s.Spec.Devices[3].Taints = append(s.Spec.Devices[3].Taints, resourceapi.DeviceTaint{Key: "gpu.gpulink.dev/unhealthy", Effect: resourceapi.DeviceTaintEffectNoExecute})
+		}
 		if err := inv.Upsert(s); err != nil {
 			t.Fatal(err)
 		}
@@ -106,7 +112,51 @@ func TestNodesNow(t *testing.T) {
 		a.Host == nil || *a.Host != (allocate.Host{CPUMilli: 86000, MemoryBytes: 320 << 30}) {
 		t.Errorf("node a = %+v (host %+v), want its usage and 86 CPUs, 320Gi left", a, a.Host)
 	}
-	if b := got["b"]; b.Host != nil || b.Usage[0].Exclusive {
-		t.Errorf("node b = %+v, want no host (allocatable unknown) and no GPU given out", b)
+	if b := got["b"]; b.Host != nil || b.Usage[0].Exclusive || !b.Usage[3].Exclusive {
+		t.Errorf("node b = %+v, want no host (allocatable unknown), GPU 0 idle and the tainted GPU 3 taken", b)
+	}
+}
+
+// unavailableAsTaken: a GPU no pod can be given (not published, or
+// tainted NoSchedule or NoExecute against pods without a toleration) is
+// no supply for the scarcity weighing; the usage given is never changed.
+func TestUnavailableAsTaken(t *testing.T) {
+	noSchedule := resourceapi.DeviceTaint{Key: "example.com/broken", Effect: resourceapi.DeviceTaintEffectNoSchedule}
+	noExecute := resourceapi.DeviceTaint{Key: "gpu.gpulink.dev/unhealthy", Effect: resourceapi.DeviceTaintEffectNoExecute}
+	shared := allocate.GPUUsage{Shares: 1, Cores: 25, MemoryBytes: 4 << 30}
+	for _, tc := range []struct {
+		name        string
+		taints      map[int]resourceapi.DeviceTaint
+		unpublished int // position whose device is missing; -1: none
+		usage       []allocate.GPUUsage
+		wantTaken   []bool
+	}{
+		{"only gpulink's managed taint", nil, -1, make([]allocate.GPUUsage, 4), []bool{false, false, false, false}},
+		{"NoSchedule on an idle GPU", map[int]resourceapi.DeviceTaint{1: noSchedule}, -1, make([]allocate.GPUUsage, 4), []bool{false, true, false, false}},
+		{"NoExecute on a shared GPU", map[int]resourceapi.DeviceTaint{2: noExecute}, -1, []allocate.GPUUsage{{}, {}, shared, {}}, []bool{false, false, true, false}},
+		{"a GPU given out whole stays so", map[int]resourceapi.DeviceTaint{0: noSchedule}, -1, []allocate.GPUUsage{{Exclusive: true}, {}, {}, {}}, []bool{true, false, false, false}},
+		{"a device not published", nil, 3, make([]allocate.GPUUsage, 4), []bool{false, false, false, true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := idleNode(t, tc.taints)
+			if tc.unpublished >= 0 {
+				devices := slices.Clone(n.Devices)
+				devices[tc.unpublished] = nil
+				n = &NodeInventory{Node: n.Node, Topo: n.Topo, Devices: devices}
+			}
+			before := slices.Clone(tc.usage)
+			got := unavailableAsTaken(n, tc.usage)
+			if !slices.Equal(tc.usage, before) {
+				t.Errorf("usage given changed to %+v, was %+v", tc.usage, before)
+			}
+			for p, want := range tc.wantTaken {
+				if got[p].Exclusive != want {
+					t.Errorf("GPU %d taken = %v, want %v (usage %+v)", p, got[p].Exclusive, want, got)
+				}
+				if !want && got[p] != tc.usage[p] {
+					t.Errorf("GPU %d usage = %+v, want %+v as given", p, got[p], tc.usage[p])
+				}
+			}
+		})
 	}
 }
