@@ -44,7 +44,11 @@ type NodeInventory struct {
 	Topo *topology.Topology
 	// Devices is indexed by topology position.
 	Devices []*DeviceInfo
-	byName  map[string]*DeviceInfo
+	// unavailable are the positions of the GPUs no pod can be given
+	// (unavailableGPUs), found once per slice change: the scarcity
+	// weighing reads every node's.
+	unavailable []int
+	byName      map[string]*DeviceInfo
 	// MIG are the node's MIG devices, in slice order (inventory_mig.go).
 	MIG []*migDevice
 	// OnDemand are the node's GPUs partitioned on demand, by index; their
@@ -336,6 +340,7 @@ func buildNode(pool string, slices []*resourceapi.ResourceSlice) (*NodeInventory
 		n.Devices[p] = d
 		n.byName[d.Name] = d
 	}
+	n.unavailable = unavailableGPUs(n.Devices)
 	for _, m := range decoded.MIG {
 		n.MIG = append(n.MIG, newMIGDevice(m))
 	}

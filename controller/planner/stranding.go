@@ -162,23 +162,16 @@ func (f *NodeFilter) nodesNow(nodes []*NodeInventory, usage func(*NodeInventory)
 }
 
 // unavailableAsTaken returns usage (by topology position) with the GPUs of
-// n that no pod can be given now marked as given out whole: a GPU whose
-// device is not published, or tainted NoSchedule or NoExecute (a health
-// taint, a DeviceTaintRule) against pods that do not tolerate it. Counted
-// as idle, such a GPU is supply for the shapes of its product that no
-// pod can use, and the weighing takes those shapes for less scarce than
-// they are. usage itself is left as it is (it may be the usage cache's);
-// a copy is returned when a GPU is marked.
+// n that no pod can be given now (n.unavailable) marked as given out
+// whole. Counted as idle, such a GPU is supply for the shapes of its
+// product that no pod can use, and the weighing takes those shapes for
+// less scarce than they are. usage itself is left as it is (it may be the
+// usage cache's); a copy is returned when a GPU is marked.
 func unavailableAsTaken(n *NodeInventory, usage []allocate.GPUUsage) []allocate.GPUUsage {
 	copied := false
-	for p := range usage {
-		if usage[p].Exclusive {
+	for _, p := range n.unavailable {
+		if p >= len(usage) || usage[p].Exclusive {
 			continue
-		}
-		if p < len(n.Devices) && n.Devices[p] != nil {
-			if _, tainted := UntoleratedTaint(n.Devices[p], nil); !tainted {
-				continue
-			}
 		}
 		if !copied {
 			usage, copied = slices.Clone(usage), true
@@ -186,6 +179,24 @@ func unavailableAsTaken(n *NodeInventory, usage []allocate.GPUUsage) []allocate.
 		usage[p].Exclusive = true
 	}
 	return usage
+}
+
+// unavailableGPUs lists the positions of the GPUs no pod can be given: a
+// GPU whose device is not published whole, or that carries a NoSchedule
+// or NoExecute taint (a health taint, a DeviceTaintRule) besides
+// gpulink's managed one, which pods without a toleration cannot take.
+func unavailableGPUs(devices []*DeviceInfo) []int {
+	var out []int
+	for p, d := range devices {
+		if d == nil {
+			out = append(out, p)
+			continue
+		}
+		if _, tainted := UntoleratedTaint(d, nil); tainted {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // nodesNowOf is nodesNow of nodes with the ledger's usage (through the

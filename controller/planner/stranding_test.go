@@ -142,7 +142,7 @@ func TestUnavailableAsTaken(t *testing.T) {
 			if tc.unpublished >= 0 {
 				devices := slices.Clone(n.Devices)
 				devices[tc.unpublished] = nil
-				n = &NodeInventory{Node: n.Node, Topo: n.Topo, Devices: devices}
+				n = &NodeInventory{Node: n.Node, Topo: n.Topo, Devices: devices, unavailable: unavailableGPUs(devices)}
 			}
 			before := slices.Clone(tc.usage)
 			got := unavailableAsTaken(n, tc.usage)
