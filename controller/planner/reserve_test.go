@@ -179,3 +179,52 @@ func checkKeptOnBig(t *testing.T, fit *FitTracker, keep func(node string) bool, 
 		t.Error("big not kept once the pod without GPUs is gone")
 	}
 }
+
+// A GPU no pod can be given is no supply of its shapes. With a second
+// 128-core node, the 8-GPU pods of 120 cores have 2 of 22 nodes (weighed
+// 11 times: not scarce) and neither node is kept; with every GPU of the
+// second node tainted unhealthy, the first is their only node again and
+// is kept whole for them.
+func TestTaintedGPUsAreNoSupply(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		tainted  bool
+		wantKept bool
+	}{
+		{"the second node healthy", false, false},
+		{"every GPU of the second node tainted", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, _, _ := reservePlanner(t, nil)
+			topo, err := controllertest.ParseFixture("v100-sxm2-8-aliyun-sccgn6.txt")
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := controllertest.Slice("big-2", topo, controllertest.SliceOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.tainted {
+				for i := range s.Spec.Devices {
+					s.Spec.Devices[i].Taints = append(s.Spec.Devices[i].Taints,
+						resourceapi.DeviceTaint{Key: "gpu.gpulink.dev/unhealthy", Effect: resourceapi.DeviceTaintEffectNoExecute})
+				}
+			}
+			if err := p.inv.Upsert(s); err != nil {
+				t.Fatal(err)
+			}
+			n := controllertest.Node("big-2")
+			n.Status.Allocatable[corev1.ResourceCPU] = resource.MustParse("128")
+			n.Status.Allocatable[corev1.ResourceMemory] = resource.MustParse("768Gi")
+			p.filter.Allocatable.Set(n)
+			recordScarceMix(t, p, allocate.DemandShape{GPUs: 8, Host: allocate.Host{CPUMilli: 120000, MemoryBytes: 64 << 30}})
+			p.weighDemand()
+			if got := p.ReservedForScarce("big"); got != tc.wantKept {
+				t.Errorf("big kept = %v, want %v", got, tc.wantKept)
+			}
+			if p.ReservedForScarce("big-2") {
+				t.Error("big-2 kept, although its GPUs are tainted or the shape is not scarce")
+			}
+		})
+	}
+}
