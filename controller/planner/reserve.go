@@ -70,14 +70,15 @@ func (p *Planner) scarceView(node string) (mix *allocate.DemandMix, n *NodeInven
 }
 
 // allIdle tells whether no GPU of n is held (whole, shared, or a MIG
-// partition of it) or tainted against pods that do not tolerate it.
+// partition of it) or unavailable (n.unavailable: not published, or
+// tainted against pods that do not tolerate it), as the inventory built
+// n.
 func (l *Ledger) allIdle(n *NodeInventory) bool {
-	usage := l.NodeUsage(n)
-	for p, d := range n.Devices {
-		if u := usage[p]; u.Exclusive || u.Shares > 0 {
-			return false
-		}
-		if _, tainted := UntoleratedTaint(d, nil); tainted {
+	if len(n.unavailable) > 0 {
+		return false
+	}
+	for _, u := range l.NodeUsage(n) {
+		if u.Exclusive || u.Shares > 0 {
 			return false
 		}
 	}
