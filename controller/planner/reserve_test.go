@@ -27,29 +27,12 @@ func reservePlanner(t *testing.T, mixChanged func()) (*Planner, *Ledger, *FitTra
 // reservePlannerOf is reservePlanner with smalls 96-core nodes.
 func reservePlannerOf(t *testing.T, smalls int, mixChanged func()) (*Planner, *Ledger, *FitTracker) {
 	t.Helper()
-	topo, err := controllertest.ParseFixture("v100-sxm2-8-aliyun-sccgn6.txt")
-	if err != nil {
-		t.Fatal(err)
-	}
 	inv := NewInventory()
 	fit := NewFitTracker()
 	filter := &NodeFilter{Fit: fit}
-	add := func(name, cpu string) {
-		s, err := controllertest.Slice(name, topo, controllertest.SliceOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := inv.Upsert(s); err != nil {
-			t.Fatal(err)
-		}
-		n := controllertest.Node(name)
-		n.Status.Allocatable[corev1.ResourceCPU] = resource.MustParse(cpu)
-		n.Status.Allocatable[corev1.ResourceMemory] = resource.MustParse("768Gi")
-		filter.Allocatable.Set(n)
-	}
-	add("big", "128")
+	addReserveNode(t, inv, filter, "big", "128")
 	for i := range smalls {
-		add(fmt.Sprintf("small-%d", i), "96")
+		addReserveNode(t, inv, filter, fmt.Sprintf("small-%d", i), "96")
 	}
 	ledger := NewLedger()
 	p, err := New(Config{Inventory: inv, Ledger: ledger, Filter: filter, Selectors: NewSelectorEvaluator(),
@@ -58,6 +41,30 @@ func reservePlannerOf(t *testing.T, smalls int, mixChanged func()) (*Planner, *L
 		t.Fatal(err)
 	}
 	return p, ledger, fit
+}
+
+// addReserveNode publishes an 8-GPU V100 node with cpu cores and 768Gi
+// allocatable, each GPU carrying taints besides the managed one.
+func addReserveNode(t *testing.T, inv *Inventory, filter *NodeFilter, name, cpu string, taints ...resourceapi.DeviceTaint) {
+	t.Helper()
+	topo, err := controllertest.ParseFixture("v100-sxm2-8-aliyun-sccgn6.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := controllertest.Slice(name, topo, controllertest.SliceOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range s.Spec.Devices {
+		s.Spec.Devices[i].Taints = append(s.Spec.Devices[i].Taints, taints...)
+	}
+	if err := inv.Upsert(s); err != nil {
+		t.Fatal(err)
+	}
+	n := controllertest.Node(name)
+	n.Status.Allocatable[corev1.ResourceCPU] = resource.MustParse(cpu)
+	n.Status.Allocatable[corev1.ResourceMemory] = resource.MustParse("768Gi")
+	filter.Allocatable.Set(n)
 }
 
 func cpuPod(uid, cpu string) *corev1.Pod {
@@ -186,37 +193,18 @@ func checkKeptOnBig(t *testing.T, fit *FitTracker, keep func(node string) bool, 
 // second node tainted unhealthy, the first is their only node again and
 // is kept whole for them.
 func TestTaintedGPUsAreNoSupply(t *testing.T) {
+	unhealthy := resourceapi.DeviceTaint{Key: "gpu.gpulink.dev/unhealthy", Effect: resourceapi.DeviceTaintEffectNoExecute}
 	for _, tc := range []struct {
 		name     string
-		tainted  bool
+		taints   []resourceapi.DeviceTaint
 		wantKept bool
 	}{
-		{"the second node healthy", false, false},
-		{"every GPU of the second node tainted", true, true},
+		{"the second node healthy", nil, false},
+		{"every GPU of the second node tainted", []resourceapi.DeviceTaint{unhealthy}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, _, _ := reservePlanner(t, nil)
-			topo, err := controllertest.ParseFixture("v100-sxm2-8-aliyun-sccgn6.txt")
-			if err != nil {
-				t.Fatal(err)
-			}
-			s, err := controllertest.Slice("big-2", topo, controllertest.SliceOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if tc.tainted {
-				for i := range s.Spec.Devices {
-					s.Spec.Devices[i].Taints = append(s.Spec.Devices[i].Taints,
-						resourceapi.DeviceTaint{Key: "gpu.gpulink.dev/unhealthy", Effect: resourceapi.DeviceTaintEffectNoExecute})
-				}
-			}
-			if err := p.inv.Upsert(s); err != nil {
-				t.Fatal(err)
-			}
-			n := controllertest.Node("big-2")
-			n.Status.Allocatable[corev1.ResourceCPU] = resource.MustParse("128")
-			n.Status.Allocatable[corev1.ResourceMemory] = resource.MustParse("768Gi")
-			p.filter.Allocatable.Set(n)
+			addReserveNode(t, p.inv, p.filter, "big-2", "128", tc.taints...)
 			recordScarceMix(t, p, allocate.DemandShape{GPUs: 8, Host: allocate.Host{CPUMilli: 120000, MemoryBytes: 64 << 30}})
 			p.weighDemand()
 			if got := p.ReservedForScarce("big"); got != tc.wantKept {
