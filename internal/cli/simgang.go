@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -30,6 +31,9 @@ type gangFlags struct {
 	seeds     int
 	markdown  string
 	workers   int
+	// starvation is the controller's --gang-starvation-bound for the
+	// gpulink:starvationBound row.
+	starvation time.Duration
 }
 
 func (f *gangFlags) register(cmd *cobra.Command) {
@@ -45,15 +49,20 @@ func (f *gangFlags) register(cmd *cobra.Command) {
 	fl.IntVar(&f.seeds, "gang-seeds", 3, "with --gang-trace: seeds 1..N (arrival jitter, spot draws, the baselines' random choices)")
 	fl.StringVar(&f.markdown, "gang-markdown", "", "with --gang-trace: also write the report to this file")
 	fl.IntVar(&f.workers, "gang-workers", runtime.GOMAXPROCS(0), "with --gang-trace: replays run in parallel")
+	fl.DurationVar(&f.starvation, "gang-starvation-bound", gangbench.DefaultStarvationBound*time.Second, "with --gang-trace: the controller's --gang-starvation-bound for the gpulink:starvationBound row (a gang waiting longer reserves the domain closest to fitting it)")
 }
 
 func (f *gangFlags) run(out io.Writer) error {
 	if f.seeds < 1 {
 		return usageError{fmt.Errorf("--gang-seeds must be at least 1, got %d", f.seeds)}
 	}
+	if f.starvation <= 0 {
+		return usageError{fmt.Errorf("--gang-starvation-bound must be positive, got %s (leave gpulink:starvationBound out of --gang-policies for no reservation)", f.starvation)}
+	}
 	cfg := gangbench.Config{
 		Dir: f.dir, Workloads: f.workloads, SpotJobs: f.spotJobs, Clusters: f.clusters, Nodes: f.nodes,
 		Loads: f.loads, Modes: f.modes, Policies: f.policies, Workers: f.workers,
+		Options: gangbench.Options{StarvationBound: f.starvation.Seconds()},
 	}
 	for s := 1; s <= f.seeds; s++ {
 		cfg.Seeds = append(cfg.Seeds, uint64(s))
@@ -72,6 +81,9 @@ func (f *gangFlags) run(out io.Writer) error {
 		loads[i] = strconv.FormatFloat(l, 'g', -1, 64)
 	}
 	fmt.Fprintf(&md, "Replayed %s at loads %s with seeds 1..%d in %s (%d workers).\n\n", filepath.Clean(f.dir), strings.Join(loads, ", "), f.seeds, time.Since(start).Round(time.Second), f.workers)
+	if slices.Contains(f.policies, gangbench.PolicyGPULinkReserving) {
+		fmt.Fprintf(&md, "%s: gpulink with the controller's starvation reservation, a gang waiting longer than %s reserving the domain closest to fitting it.\n\n", gangbench.PolicyGPULinkReserving, f.starvation)
+	}
 	for _, name := range f.clusters {
 		c, err := gangbench.ClusterByName(name, f.nodes)
 		if err != nil {
@@ -83,7 +95,7 @@ func (f *gangFlags) run(out io.Writer) error {
 	if err := gangbench.WriteMarkdown(&md, cells); err != nil {
 		return err
 	}
-	fmt.Fprintf(&md, "## Paired differences\n\ngpulink minus each baseline, per seed on the same jobs, then mean ± standard error over the seeds; **ahead** or **behind** where |mean| > %d standard errors with at least %d seeds (gpulink better or worse; lower waits and fewer GPUs held idle are better), else within noise.\n\n", gangbench.NoiseSE, gangbench.MinPairedSeeds)
+	fmt.Fprintf(&md, "## Paired differences\n\ngpulink minus each other row (the baselines, and gpulink:starvationBound, its own placement with the controller's starvation reservation), per seed on the same jobs, then mean ± standard error over the seeds; **ahead** or **behind** where |mean| > %d standard errors with at least %d seeds (gpulink better or worse; lower waits and fewer GPUs held idle are better), else within noise.\n\n", gangbench.NoiseSE, gangbench.MinPairedSeeds)
 	if err := gangbench.WritePaired(&md, cells); err != nil {
 		return err
 	}

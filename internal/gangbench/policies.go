@@ -12,14 +12,24 @@ import (
 // Policy names.
 const (
 	PolicyGPULink = "gpulink"
-	PolicyKueue   = "kueue-tas"
-	PolicyVolcano = "volcano"
-	PolicyRandom  = "random"
-	PolicyPerPod  = "per-pod-greedy"
+	// PolicyGPULinkReserving is gpulink with the controller's starvation
+	// reservation (controller.gangs.starvationBound, Options.StarvationBound;
+	// reserve.go): the row of the chart's default, beside the plain
+	// backfill queue every other row shares.
+	PolicyGPULinkReserving = "gpulink:starvationBound"
+	PolicyKueue            = "kueue-tas"
+	PolicyVolcano          = "volcano"
+	PolicyRandom           = "random"
+	PolicyPerPod           = "per-pod-greedy"
 )
 
 // AllPolicies are the policies a replay runs by default, gpulink first.
-var AllPolicies = []string{PolicyGPULink, PolicyKueue, PolicyVolcano, PolicyRandom, PolicyPerPod}
+var AllPolicies = []string{PolicyGPULink, PolicyGPULinkReserving, PolicyKueue, PolicyVolcano, PolicyRandom, PolicyPerPod}
+
+// isGPULink tells whether policy is one of gpulink's rows.
+func isGPULink(policy string) bool {
+	return policy == PolicyGPULink || policy == PolicyGPULinkReserving
+}
 
 // placer places a whole job or nothing, within one domain of maxLevel
 // (the cluster's top level: anywhere): one node per pod, not yet taken
@@ -28,7 +38,7 @@ type placer func(s *state, j *Job, maxLevel int, r *rand.Rand) []int
 
 func placerOf(policy string) placer {
 	switch policy {
-	case PolicyGPULink:
+	case PolicyGPULink, PolicyGPULinkReserving:
 		return placeGPULink
 	case PolicyKueue:
 		return placeKueue

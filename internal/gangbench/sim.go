@@ -56,6 +56,10 @@ type Options struct {
 	// counts (Request.Demand, through driver/gang's DemandHistory, as the
 	// controller does); default 256, negative: none.
 	History int
+	// StarvationBound is the controller's --gang-starvation-bound, in
+	// seconds, for the gpulink:starvationBound row (reserve.go); default
+	// 900, the controller's default.
+	StarvationBound float64
 }
 
 // Result is one replay's measures, over the arrival window.
@@ -119,6 +123,9 @@ func Replay(c *Cluster, jobs []Job, window float64, policy string, seed uint64, 
 	if opt.History == 0 {
 		opt.History = gang.DefaultDemandWindow
 	}
+	if opt.StarvationBound == 0 {
+		opt.StarvationBound = DefaultStarvationBound
+	}
 	place := placerOf(policy)
 	if place == nil && policy != PolicyPerPod {
 		return Result{}, fmt.Errorf("policy %q: unknown (want one of %v)", policy, AllPolicies)
@@ -134,6 +141,7 @@ func Replay(c *Cluster, jobs []Job, window float64, policy string, seed uint64, 
 	var t, busyInt, heldInt float64
 	busy, held := 0, 0
 	next := 0
+	resv := reservation{holder: -1}
 	var waitAll, waitGangs float64
 	// gpulink's demand: the controller's history (driver/gang's
 	// DemandHistory), the gangs recorded as they arrive.
@@ -194,12 +202,15 @@ func Replay(c *Cluster, jobs []Job, window float64, policy string, seed uint64, 
 			}
 			next++
 		}
-		if arrived && policy == PolicyGPULink && opt.History > 0 {
+		if arrived && isGPULink(policy) && opt.History > 0 {
 			s.demand = hist.Shapes()
 		}
-		if place != nil {
+		switch {
+		case policy == PolicyGPULinkReserving:
+			pending = passReserving(s, js, pending, passArgs{place: place, opt: opt, r: r, start: start, t: t}, &resv)
+		case place != nil:
 			pending = passWhole(s, js, pending, place, opt.Required, r, start)
-		} else {
+		default:
 			pending = passPerPod(s, js, pending, r, t, opt, &held, start)
 		}
 		res.HeldPeak = max(res.HeldPeak, held)

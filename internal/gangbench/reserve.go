@@ -1,0 +1,130 @@
+package gangbench
+
+import (
+	"math/rand/v2"
+	"slices"
+)
+
+// DefaultStarvationBound is the controller's default
+// --gang-starvation-bound (controller.gangs.starvationBound), in seconds.
+const DefaultStarvationBound = 900
+
+// The gpulink:starvationBound row replays the controller's starvation
+// policy (controller/gang_reserve.go, docs/gangs.md "Singletons and
+// gangs") on top of the backfill queue every row shares: a gang that has
+// waited longer than Options.StarvationBound reserves the domain it is
+// closest to fitting in, and no other job is placed on that domain's
+// nodes until the gang is placed; one gang reserves at a time. The
+// holder is tried first in each pass, with every node in view, as the
+// controller lets it use any node. The other rows keep the plain queue,
+// so that they compare placements, not queues.
+
+// reservation is the domain held for one waiting gang.
+type reservation struct {
+	holder int   // index into the replay's jobs, -1 when none
+	nodes  []int // the reserved nodes
+}
+
+// passArgs are what a pass needs besides the pending jobs.
+type passArgs struct {
+	place placer
+	opt   Options
+	r     *rand.Rand
+	start func(int)
+	t     float64
+}
+
+// passReserving is passWhole with the starvation reservation rv: the
+// holder first, then the other pending jobs with the reserved nodes out of
+// view, then, when no gang holds a reservation, the first pending gang
+// past the bound reserves one.
+func passReserving(s *state, js []jobState, pending []int, a passArgs, rv *reservation) []int {
+	if x := rv.holder; x >= 0 {
+		j := js[x].job
+		if nodes := a.place(s, j, requiredLevel(s.c, j, a.opt.Required), a.r); nodes != nil {
+			for _, i := range nodes {
+				s.take(i, j.GPUsPerPod)
+			}
+			js[x].reserved = nodes
+			a.start(x)
+			rv.holder, rv.nodes = -1, nil
+		}
+	}
+	others := slices.DeleteFunc(slices.Clone(pending), func(y int) bool {
+		return y == rv.holder || js[y].start >= 0
+	})
+	hidden := make([]int, len(rv.nodes))
+	for k, i := range rv.nodes {
+		hidden[k] = s.free[i]
+		s.move(i, 0)
+	}
+	keep := passWhole(s, js, others, a.place, a.opt.Required, a.r, a.start)
+	for k, i := range rv.nodes {
+		s.move(i, hidden[k])
+	}
+	if rv.holder >= 0 {
+		keep = append(keep, rv.holder)
+		slices.Sort(keep) // arrival order, as passWhole expects
+		return keep
+	}
+	for _, x := range keep {
+		j := js[x].job
+		if j.Pods < 2 || a.t-j.Submit <= a.opt.StarvationBound {
+			continue
+		}
+		if nodes := closestDomain(s, j); nodes != nil {
+			rv.holder, rv.nodes = x, nodes
+			break
+		}
+	}
+	return keep
+}
+
+// requiredLevel is the level a job must fit within: its minimal level
+// under Required (gangs only), else anywhere.
+func requiredLevel(c *Cluster, j *Job, required bool) int {
+	if required && j.Pods > 1 {
+		return c.MinLevel(j.Pods, j.GPUsPerPod)
+	}
+	return c.H.Cluster()
+}
+
+// closestDomain is the controller's choice of the domain to reserve
+// (controller.closestDomain): at the lowest level with a domain that
+// holds the gang when idle (its Required level in this replay, which
+// requires the minimal one), the domain with the most slots for its pods
+// now, then the most free GPUs, then the first by name (the nodes are in
+// name order). nil when no domain could hold it even idle: reserving
+// would only keep the other jobs off.
+func closestDomain(s *state, j *Job) []int {
+	c := s.c
+	level := c.MinLevel(j.Pods, j.GPUsPerPod)
+	per := GPUsPerNode / j.GPUsPerPod
+	var candidates [][]int
+	switch {
+	case level == 0:
+		for i := range c.Nodes {
+			candidates = append(candidates, []int{i})
+		}
+	case level >= c.H.Cluster():
+		candidates = [][]int{s.allNodes()}
+	default:
+		candidates = c.domains[level]
+	}
+	var best []int
+	bestSlots, bestFree := -1, -1
+	for _, nodes := range candidates {
+		if len(nodes)*per < j.Pods {
+			continue
+		}
+		slots, free := 0, 0
+		for _, i := range nodes {
+			slots += s.free[i] / j.GPUsPerPod
+			free += s.free[i]
+		}
+		if slots > bestSlots || slots == bestSlots && free > bestFree {
+			best, bestSlots, bestFree = nodes, slots, free
+		}
+	}
+	return best
+}

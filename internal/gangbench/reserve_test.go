@@ -1,0 +1,104 @@
+package gangbench
+
+import "testing"
+
+// starvedGang is a 32-pod gang that requires one leaf of a 2-leaf cluster
+// whose 64 nodes are busy with single 8-GPU pods: one of them ends every
+// 100 s and a new one arrives at the same moment, lasting 6,400 s.
+func starvedGang() (*Cluster, []Job) {
+	c := SuperPOD(64)
+	var jobs []Job
+	for k := range 64 {
+		jobs = append(jobs, Job{ID: k, Submit: 0, Duration: float64(100 * (k + 1)), Pods: 1, GPUsPerPod: 8})
+	}
+	jobs = append(jobs, Job{ID: 64, Submit: 1, Duration: 1000, Pods: 32, GPUsPerPod: 8})
+	for k := 1; k <= 200; k++ {
+		jobs = append(jobs, Job{ID: 64 + k, Submit: float64(100 * k), Duration: 6400, Pods: 1, GPUsPerPod: 8})
+	}
+	return c, jobs
+}
+
+// TestStarvationReservation: under the plain backfill queue each node
+// freed goes to the single pod arriving with it and the gang never finds
+// a whole leaf. With the controller's reservation (bound 900 s) the gang,
+// waiting past the bound at t = 1,000, reserves leaf-000 (every leaf full:
+// the first by name); the single pods are kept off it from then on, and
+// the gang starts when the last one placed there before, at t = 1,000,
+// ends: t = 7,400.
+func TestStarvationReservation(t *testing.T) {
+	c, jobs := starvedGang()
+	opt := Options{Required: true, StarvationBound: 900}
+	plain, err := Replay(c, jobs, 20000, PolicyGPULink, 1, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plain.GangsPlaced != 0 {
+		t.Fatalf("plain queue: %d gangs placed, want 0 (starved by the single pods)", plain.GangsPlaced)
+	}
+	res, err := Replay(c, jobs, 20000, PolicyGPULinkReserving, 1, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.GangsPlaced != 1 || res.GangsMinimal != 1 {
+		t.Fatalf("reserving: %d gangs placed, %d on their minimal level; want 1 and 1", res.GangsPlaced, res.GangsMinimal)
+	}
+	if res.WaitGangs != 7399 {
+		t.Errorf("reserving: the gang waited %g s, want 7,399 (placed when leaf-000 drains at t = 7,400)", res.WaitGangs)
+	}
+	// A bound past the window reserves nothing: the plain queue's result.
+	late, err := Replay(c, jobs, 20000, PolicyGPULinkReserving, 1, Options{Required: true, StarvationBound: 30000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if late != (Result{Policy: PolicyGPULinkReserving, Cluster: c.Name, Jobs: plain.Jobs, Gangs: plain.Gangs, WaitGangs: plain.WaitGangs, WaitAll: plain.WaitAll, Util: plain.Util}) {
+		t.Errorf("bound past the window: %+v, want the plain queue's %+v", late, plain)
+	}
+}
+
+// TestClosestDomain: the leaf with the most slots for the gang's pods,
+// then the most free GPUs, then the first by name; none when no domain
+// could hold the gang even idle, a single node for a gang that fits one,
+// and the spine (here the whole cluster) for one larger than a leaf.
+func TestClosestDomain(t *testing.T) {
+	c := SuperPOD(128) // 4 leaves of 32 nodes, one spine
+	if got := closestDomain(newState(c), &Job{Pods: 16, GPUsPerPod: 8}); len(got) != 32 || got[0] != 0 {
+		t.Fatalf("idle cluster: reserved from node %v, want leaf-000 (every leaf ties)", head(got))
+	}
+	s := newState(c)
+	for i := range 128 {
+		leaf, k := i/32, i%32
+		switch {
+		case (leaf == 0 || leaf == 3) && k < 20:
+			s.take(i, 8) // 12 idle nodes: 12 slots of 8 GPUs, 96 GPUs free
+		case leaf == 1 && k < 20:
+			s.take(i, 4) // 12 idle nodes and 20 half-free: 12 slots of 8, 176 GPUs free
+		case leaf == 2:
+			s.take(i, 4) // 32 half-free nodes: no slot of 8, 32 of 4
+		}
+	}
+	cases := []struct {
+		name      string
+		job       Job
+		wantNodes int
+		wantFirst int
+	}{
+		{"16 pods × 8 GPUs: 12 slots in leaves 0, 1 and 3, leaf-001 has the most GPUs free", Job{Pods: 16, GPUsPerPod: 8}, 32, 32},
+		{"40 pods × 4 GPUs: leaf-001 has the most slots of 4 (44)", Job{Pods: 40, GPUsPerPod: 4}, 32, 32},
+		{"2 pods × 4 GPUs: one node, the first idle one", Job{Pods: 2, GPUsPerPod: 4}, 1, 20},
+		{"33 pods × 8 GPUs: larger than a leaf, the spine", Job{Pods: 33, GPUsPerPod: 8}, 128, 0},
+		{"129 pods × 8 GPUs: larger than the cluster, nothing", Job{Pods: 129, GPUsPerPod: 8}, 0, 0},
+	}
+	for _, tc := range cases {
+		got := closestDomain(s, &tc.job)
+		if len(got) != tc.wantNodes || len(got) > 0 && got[0] != tc.wantFirst {
+			t.Errorf("%s: reserved %d nodes from %v, want %d from %d", tc.name, len(got), head(got), tc.wantNodes, tc.wantFirst)
+		}
+	}
+}
+
+func head(nodes []int) any {
+	if len(nodes) == 0 {
+		return "none"
+	}
+	return nodes[0]
+}
