@@ -127,7 +127,8 @@ bench-trace: ## replay FGD's trace (TRACE_DIR, TRACE_SEEDS): unallocated GPUs an
 # Gang placement (issue 31): multi-node jobs (Kalos's jobs, a draw from
 # the spot trace's published sizes, and both mixed) replayed on SuperPOD-
 # and NVL72-style clusters of 2,048 8-GPU nodes, gpulink against per-pod
-# greedy, Kueue TAS, Volcano HyperNode tiers and random. Reads
+# greedy, Kueue TAS, Volcano HyperNode tiers and random, and gpulink with
+# the controller's starvation reservation (gpulink:starvationBound). Reads
 # GANG_TRACE_DIR at run time (never copied into the project); the tables
 # go to docs/performance/gangs-results.md (gangs.md explains them).
 GANG_TRACE_DIR ?= ../shared/traces/gangs
