@@ -122,6 +122,8 @@ func (c *Controller) decideGang(ctx context.Context, spec gangs.Spec, members, r
 		where += ", NIC rails " + p.Alignment
 	}
 	logger.Info("Placed gang", "pods", len(dec.pods), "level", p.LevelName, "domain", p.Domain, "relaxed", p.Relaxed, "duration", time.Since(start))
+	c.metrics.GangsPlaced.WithLabelValues(p.LevelName).Inc()
+	c.metrics.GangWait.Observe(time.Since(oldestCreation(members)).Seconds())
 	for _, pw := range dec.pods {
 		c.metrics.Decisions.WithLabelValues(OutcomeAllocated).Inc()
 		c.metrics.AllocationLatency.Observe(time.Since(pw.m.pod.CreationTimestamp.Time).Seconds())

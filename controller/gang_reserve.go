@@ -78,6 +78,7 @@ func (c *Controller) releaseReservation(gangKey string) {
 	released := r.gangKey == gangKey && gangKey != ""
 	if released {
 		r.gangKey, r.gang, r.domain, r.nodes = "", "", "", nil
+		c.metrics.GangReservedNodes.Set(0)
 	}
 	r.mu.Unlock()
 	if released {
@@ -111,13 +112,7 @@ func (c *Controller) considerReserving(ctx context.Context, spec gangs.Spec, mem
 	if bound <= 0 || len(nodes) == 0 {
 		return
 	}
-	oldest := time.Time{}
-	for _, m := range members {
-		if t := m.pod.CreationTimestamp.Time; oldest.IsZero() || t.Before(oldest) {
-			oldest = t
-		}
-	}
-	waited := time.Since(oldest)
+	waited := time.Since(oldestCreation(members))
 	if waited <= bound {
 		return
 	}
@@ -141,6 +136,8 @@ func (c *Controller) considerReserving(ctx context.Context, spec gangs.Spec, mem
 		return
 	}
 	r.gangKey, r.gang, r.domain, r.nodes = spec.Key(), spec.String(), domain, chosen
+	c.metrics.GangReservations.Inc()
+	c.metrics.GangReservedNodes.Set(float64(len(chosen)))
 	r.mu.Unlock()
 	names := sets.List(chosen)
 	if len(names) > 4 {
@@ -154,6 +151,18 @@ func (c *Controller) considerReserving(ctx context.Context, spec gangs.Spec, mem
 		spec.Ref, waited.Round(time.Second), bound, where, strings.Join(names, ", "))
 	klog.FromContext(ctx).Info("Gang reserves a domain", "level", where, "nodes", len(chosen), "waited", waited)
 	c.gangEvent(members, corev1.EventTypeNormal, report.ReasonGangReserved, actionWait, msg)
+}
+
+// oldestCreation is the creation time of the gang's oldest pod, from
+// which its wait is counted (the starvation bound, gang_wait_seconds).
+func oldestCreation(members []*gangMember) time.Time {
+	oldest := time.Time{}
+	for _, m := range members {
+		if t := m.pod.CreationTimestamp.Time; oldest.IsZero() || t.Before(oldest) {
+			oldest = t
+		}
+	}
+	return oldest
 }
 
 // closestDomain picks the domain a waiting gang is closest to fitting in:

@@ -17,6 +17,9 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/gpulink/gpulink/controller/controllertest"
 	"github.com/gpulink/gpulink/controller/gangs"
 	"github.com/gpulink/gpulink/controller/report"
@@ -380,6 +383,10 @@ func TestGangStarvation(t *testing.T) {
 	if !contains(e.Note, "reserving leaf l1") {
 		t.Errorf("reservation event %q, want leaf l1", e.Note)
 	}
+	m := h.ctrl.metrics
+	if got, nodes := testutil.ToFloat64(m.GangReservations), testutil.ToFloat64(m.GangReservedNodes); got != 1 || nodes != 2 {
+		t.Errorf("gang_reservations_total %v, gang_reserved_nodes %v; want 1 and 2 (leaf l1)", got, nodes)
+	}
 	// A 2-GPU singleton would fit beside "old"; the reservation holds it off.
 	h.claim("late", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 2)}})
 	h.pod("late", true, "late")
@@ -404,6 +411,19 @@ func TestGangStarvation(t *testing.T) {
 	h.waitUngated("g1")
 	if n := h.allocatedNodes("g0", "g1"); n["g0"] == n["g1"] || n["g0"] == "" || n["g1"] == "" {
 		t.Errorf("starved gang on %v (old was on %s)", n, oldNode)
+	}
+	if got := testutil.ToFloat64(m.GangReservedNodes); got != 0 {
+		t.Errorf("gang_reserved_nodes %v after the gang was placed, want 0", got)
+	}
+	if got := testutil.ToFloat64(m.GangsPlaced.WithLabelValues("leaf")); got != 1 {
+		t.Errorf("gangs_placed_total{level=leaf} %v, want 1", got)
+	}
+	var wait dto.Metric
+	if err := m.GangWait.Write(&wait); err != nil {
+		t.Fatal(err)
+	}
+	if n, sum := wait.GetHistogram().GetSampleCount(), wait.GetHistogram().GetSampleSum(); n != 1 || sum < 3600 {
+		t.Errorf("gang_wait_seconds: %d observations summing to %v s, want 1 of at least the hour since the gang's pods were created", n, sum)
 	}
 	h.settle()
 	if gateIndex(h.getPod("late")) < 0 {

@@ -40,6 +40,17 @@ type Metrics struct {
 	// SteerTaintWrites counts the node patches that added or removed the
 	// steering taint (controller/steer), by action.
 	SteerTaintWrites *prometheus.CounterVec
+	// GangsPlaced counts gangs placed (all their pods allocated together),
+	// by the hierarchy level they span.
+	GangsPlaced *prometheus.CounterVec
+	// GangWait: from the creation of a gang's oldest pod to its placement.
+	GangWait prometheus.Histogram
+	// GangReservations counts starvation reservations made (a gang waited
+	// past --gang-starvation-bound and reserved a domain).
+	GangReservations prometheus.Counter
+	// GangReservedNodes is the number of nodes the current starvation
+	// reservation keeps other pods off (0 when none).
+	GangReservedNodes prometheus.Gauge
 
 	// inventory reports GPUs, shares and fragmentation per node at scrape
 	// time from the controller that SetSource names.
@@ -100,6 +111,23 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Node patches that added or removed one of gpulink's PreferNoSchedule steering taints, by taint key (" + steer.TaintKey + ": --steer-cpu-pods, " +
 				steer.ScarceTaintKey + ": --steer-scarce-nodes) and action (add, remove).",
 		}, []string{"taint", "action"}),
+		GangsPlaced: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gpulink", Subsystem: "controller", Name: "gangs_placed_total",
+			Help: "Gangs placed, all their pods allocated together, by the hierarchy level they span: node, cluster, or the last segment of a --gang-hierarchy label key (clique, accelerator, leaf, spine, zone by default).",
+		}, []string{"level"}),
+		GangWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "gpulink", Subsystem: "controller", Name: "gang_wait_seconds",
+			Help:    "Time from the creation of a gang's oldest pod to the gang's placement.",
+			Buckets: prometheus.ExponentialBuckets(0.1, 2, 20),
+		}),
+		GangReservations: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "gpulink", Subsystem: "controller", Name: "gang_reservations_total",
+			Help: "Starvation reservations made: a gang waited longer than --gang-starvation-bound and reserved the domain it is closest to fitting in.",
+		}),
+		GangReservedNodes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "gpulink", Subsystem: "controller", Name: "gang_reserved_nodes",
+			Help: "Nodes the current starvation reservation keeps every other pod off (0 when no gang holds one).",
+		}),
 		inventory: newInventoryCollector(),
 	}
 	// Export the fixed series from the start, zero until something happens,
@@ -117,7 +145,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.AllocationLatency, m.DecisionLatency, m.PlanLatency, m.Allocations, m.PendingPods, m.Errors, m.Released,
-			m.Decisions, m.GateWait, m.BelowBestLink, m.SteerTaintWrites, m.inventory, rankingCollector{})
+			m.Decisions, m.GateWait, m.BelowBestLink, m.SteerTaintWrites, m.GangsPlaced, m.GangWait, m.GangReservations, m.GangReservedNodes,
+			m.inventory, rankingCollector{})
 	}
 	return m
 }
