@@ -263,10 +263,7 @@ func passWhole(s *state, js []jobState, pending []int, place placer, required bo
 	for _, x := range pending {
 		j := js[x].job
 		g := j.GPUsPerPod
-		level := top
-		if required && j.Pods > 1 {
-			level = s.c.MinLevel(j.Pods, g)
-		}
+		level := requiredLevel(s.c, j, required)
 		if j.Pods >= failed[g][level] || s.slots(g) < j.Pods {
 			failed[g][level] = min(failed[g][level], j.Pods)
 			keep = append(keep, x)
