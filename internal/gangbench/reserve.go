@@ -39,16 +39,8 @@ type passArgs struct {
 // view, then, when no gang holds a reservation, the first pending gang
 // past the bound reserves one.
 func passReserving(s *state, js []jobState, pending []int, a passArgs, rv *reservation) []int {
-	if x := rv.holder; x >= 0 {
-		j := js[x].job
-		if nodes := a.place(s, j, requiredLevel(s.c, j, a.opt.Required), a.r); nodes != nil {
-			for _, i := range nodes {
-				s.take(i, j.GPUsPerPod)
-			}
-			js[x].reserved = nodes
-			a.start(x)
-			rv.holder, rv.nodes = -1, nil
-		}
+	if rv.holder >= 0 && len(passWhole(s, js, []int{rv.holder}, a.place, a.opt.Required, a.r, a.start)) == 0 {
+		rv.holder, rv.nodes = -1, nil
 	}
 	others := slices.DeleteFunc(slices.Clone(pending), func(y int) bool {
 		return y == rv.holder || js[y].start >= 0
@@ -97,34 +89,28 @@ func requiredLevel(c *Cluster, j *Job, required bool) int {
 // name order). nil when no domain could hold it even idle: reserving
 // would only keep the other jobs off.
 func closestDomain(s *state, j *Job) []int {
-	c := s.c
-	level := c.MinLevel(j.Pods, j.GPUsPerPod)
+	level := s.c.MinLevel(j.Pods, j.GPUsPerPod)
 	per := GPUsPerNode / j.GPUsPerPod
-	var candidates [][]int
-	switch {
-	case level == 0:
-		for i := range c.Nodes {
-			candidates = append(candidates, []int{i})
+	all := s.allNodes()
+	if level >= s.c.H.Cluster() {
+		if len(all)*per < j.Pods {
+			return nil
 		}
-	case level >= c.H.Cluster():
-		candidates = [][]int{s.allNodes()}
-	default:
-		candidates = c.domains[level]
+		return all
 	}
-	var best []int
-	bestSlots, bestFree := -1, -1
-	for _, nodes := range candidates {
-		if len(nodes)*per < j.Pods {
+	var best *tdomain
+	domains := s.domainsAt(all, level, j.GPUsPerPod)
+	for k := range domains {
+		d := &domains[k]
+		if len(d.nodes)*per < j.Pods {
 			continue
 		}
-		slots, free := 0, 0
-		for _, i := range nodes {
-			slots += s.free[i] / j.GPUsPerPod
-			free += s.free[i]
-		}
-		if slots > bestSlots || slots == bestSlots && free > bestFree {
-			best, bestSlots, bestFree = nodes, slots, free
+		if best == nil || d.count > best.count || d.count == best.count && d.free > best.free {
+			best = d
 		}
 	}
-	return best
+	if best == nil {
+		return nil
+	}
+	return best.nodes
 }
