@@ -12,13 +12,11 @@ func (l *Ledger) HasIdleGPU(n *NodeInventory) bool {
 	if n == nil {
 		return false
 	}
-	usage := l.NodeUsage(n)
-	for p, d := range n.Devices {
-		u := usage[p]
-		if u.Exclusive || u.Shares > 0 {
-			continue
-		}
-		if _, tainted := UntoleratedTaint(d, nil); !tainted {
+	// The GPUs no pod can be given (n.unavailable, as the scarcity
+	// weighing counts them) are as good as taken.
+	usage := unavailableAsTaken(n, l.NodeUsage(n))
+	for p := range n.Devices {
+		if u := usage[p]; !u.Exclusive && u.Shares == 0 {
 			return true
 		}
 	}
