@@ -260,6 +260,12 @@ func New(cfg Config) (*Controller, error) {
 	if c.hierarchy == nil {
 		c.hierarchy = gang.DefaultHierarchy()
 	}
+	// Every level a gang can span has its series from the start: the
+	// first gang placed on a level is then an increase that rate() and
+	// increase() see, not a new series' first sample, which they drop.
+	for level := 0; level <= c.hierarchy.Cluster(); level++ {
+		c.metrics.GangsPlaced.WithLabelValues(c.hierarchy.Name(level))
+	}
 	switch cfg.Gangs.DefaultPolicy {
 	case "", gangs.Required, gangs.Preferred:
 	default:

@@ -12,6 +12,7 @@ import (
 	"github.com/gpulink/gpulink/controller/controllertest"
 	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/controller/report"
+	"github.com/gpulink/gpulink/driver/gang"
 	"github.com/gpulink/gpulink/driver/topology"
 )
 
@@ -300,5 +301,26 @@ func TestAllocatedEventNamesAlternatives(t *testing.T) {
 	e := h.waitEvent(ns+"/p", report.ReasonAllocated)
 	if !contains(e.Note, "on "+chosen+"; also fit: "+other+" (2 GPUs weakest link ") {
 		t.Errorf("event note %q does not name %s as an alternative", e.Note, other)
+	}
+}
+
+// TestGangsPlacedSeriesExistFromStart checks that gangs_placed_total has a
+// series at 0 for every level of the configured hierarchy before any gang
+// is placed, so that Prometheus sees the first placement as an increase.
+func TestGangsPlacedSeriesExistFromStart(t *testing.T) {
+	hierarchy, err := gang.NewHierarchy([]gang.Level{{Key: "example.com/leaf"}, {Key: "example.com/spine", Name: "pod"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := NewMetrics(prometheus.NewRegistry())
+	newHarnessWith(t, Config{Workers: 1, Metrics: m, Gangs: GangConfig{Hierarchy: hierarchy}}, objs(classes())...).start()
+	want := []string{"node", "leaf", "pod", "cluster"}
+	if n := testutil.CollectAndCount(m.GangsPlaced); n != len(want) {
+		t.Errorf("gangs_placed_total has %d series, want %d (%v)", n, len(want), want)
+	}
+	for _, level := range want {
+		if got := testutil.ToFloat64(m.GangsPlaced.WithLabelValues(level)); got != 0 {
+			t.Errorf("gangs_placed_total{level=%q} = %v before any gang, want 0", level, got)
+		}
 	}
 }
