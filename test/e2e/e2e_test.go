@@ -383,8 +383,19 @@ func (s *suite) pod(ctx context.Context, t *testing.T, name, template, node stri
 // createPod creates the workload pod of pod in namespace as it is.
 func (s *suite) createPod(ctx context.Context, t *testing.T, namespace, name, template, node string) *corev1.Pod {
 	t.Helper()
+	return s.createLabelledPod(ctx, t, namespace, name, template, node, nil)
+}
+
+// createLabelledPod is createPod with labels of its own beside the
+// workload's (a gang's, say), which must be there when the pod is created.
+func (s *suite) createLabelledPod(ctx context.Context, t *testing.T, namespace, name, template, node string, labels map[string]string) *corev1.Pod {
+	t.Helper()
+	podLabels := map[string]string{"app": "gpulink-e2e"}
+	for k, v := range labels {
+		podLabels[k] = v
+	}
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": "gpulink-e2e"}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: podLabels},
 		Spec: corev1.PodSpec{
 			HostNetwork:                   true,
 			TerminationGracePeriodSeconds: ptr.To[int64](1),

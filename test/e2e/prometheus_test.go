@@ -29,6 +29,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 
+	"github.com/gpulink/gpulink/controller/gangs"
+	"github.com/gpulink/gpulink/controller/report"
 	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/kubeletplugin"
 	"github.com/gpulink/gpulink/test/e2e/gpuview"
@@ -139,9 +141,45 @@ func TestPrometheusDashboard(t *testing.T) {
 	workloads := time.Now()
 
 	var first, share, below holding
+	var gang []holding
 	ok := t.Run("workloads run through the chart's controller and plugin", func(t *testing.T) {
 		first = s.twoGPUPod(ctx, t, "two-gpus")
 		share = s.sharePod(ctx, t, first)
+	})
+	if !ok {
+		return
+	}
+	ok = t.Run("a gang of two pods is placed and counted", func(t *testing.T) {
+		gang = s.gangPair(ctx, t)
+		// Both pods on the one node: the gang spans level "node", and
+		// its wait is observed once. The level's series was there at 0
+		// before the gang (the controller makes one per level at start),
+		// so the placement is an increase, which the panel's rate()
+		// shows; a series born at 1 would show 0.
+		equals := func(want float64) func(float64) bool { return func(v float64) bool { return v == want } }
+		for _, c := range []struct {
+			query, want string
+			ok          func(float64) bool
+		}{
+			{`sum(gpulink_controller_gangs_placed_total{level="node"})`, "1", equals(1)},
+			{`sum(gpulink_controller_gangs_placed_total)`, "1", equals(1)},
+			{`sum(gpulink_controller_gang_wait_seconds_count)`, "1", equals(1)},
+			{`max(gpulink_controller_gang_reserved_nodes)`, "0", equals(0)},
+			{`sum(increase(gpulink_controller_gangs_placed_total{level="node"}[1m]))`, "more than 0", func(v float64) bool { return v > 0 }},
+		} {
+			var got float64
+			err := wait.PollUntilContextTimeout(ctx, time.Second, 4*scrapeInterval, true, func(ctx context.Context) (bool, error) {
+				vec, err := queryVector(ctx, t, api, c.query)
+				if err != nil || len(vec) != 1 {
+					return false, nil
+				}
+				got = float64(vec[0].Value)
+				return c.ok(got), nil
+			})
+			if err != nil {
+				t.Errorf("%s = %v, want %s: %v", c.query, got, c.want, err)
+			}
+		}
 	})
 	if !ok {
 		return
@@ -180,7 +218,7 @@ func TestPrometheusDashboard(t *testing.T) {
 	var failed string
 	ok = t.Run("a pair below the node's best link, a fatal health event on a free GPU", func(t *testing.T) {
 		held := map[string]bool{}
-		for _, h := range []holding{first, share} {
+		for _, h := range append([]holding{first, share}, gang...) {
 			for _, d := range h.Devices {
 				held[d] = true
 			}
@@ -228,7 +266,7 @@ func TestPrometheusDashboard(t *testing.T) {
 			t.Fatal(err)
 		}
 		gpus := map[string]bool{}
-		for _, h := range []holding{first, share, below} {
+		for _, h := range append([]holding{first, share, below}, gang...) {
 			for _, d := range h.Devices {
 				gpus[d] = true
 			}
@@ -337,9 +375,12 @@ func installMonitoredChart(ctx context.Context, t *testing.T, s *suite, root, di
 	driverRoot, _ := s.prepareChartNode(ctx, t, topology, dir)
 	kubeletRoot := cluster.KubeletRootDir()
 	webhookPort := localcluster.FreePort(t)
+	// The dashboard's Pods row reads the opt-in per-pod series.
 	values := s.chartValues(t, dir, driverRoot, fmt.Sprintf(`controller:
   replicas: 1
   metricsPort: %d
+kubeletPlugin:
+  podMetrics: true
 compat:
   port: %d
   url: https://127.0.0.1:%d/translate-pods
@@ -374,6 +415,7 @@ serviceMonitor:
 		"--cdi-root=" + cluster.CDIDir(),
 		"--mps-root=" + s.mpsRoot,
 		"--driver-root=" + driverRoot,
+		"--pod-metrics=true",
 	}}
 }
 
@@ -650,4 +692,37 @@ func summary(vec model.Vector) string {
 		parts = append(parts, fmt.Sprintf("%s %g", s.Metric, float64(s.Value)))
 	}
 	return strings.Join(parts, "; ")
+}
+
+// gangPair runs a gang of two pods of one whole GPU each on the real node,
+// named by gpulink's gang labels (the chart's cluster serves the Workload
+// API too; the labels make a gang either way), so that the gang panels'
+// series exist.
+func (s *suite) gangPair(ctx context.Context, t *testing.T) []holding {
+	t.Helper()
+	const template = "gang-rank"
+	s.template(ctx, t, template, resourceapi.ExactDeviceRequest{DeviceClassName: driver.DeviceClassWhole, Count: 1}, nil)
+	labels := map[string]string{gangs.LabelGang: "metrics", gangs.LabelSize: "2"}
+	names := []string{"gang-rank-0", "gang-rank-1"}
+	for _, name := range names {
+		if p := s.createLabelledPod(ctx, t, ns, name, template, s.realNode, labels); gated(p) != 1 {
+			t.Fatalf("pod %s was created with gates %v; want the admission policy to add %s once", name, p.Spec.SchedulingGates, driver.SchedulingGate)
+		}
+	}
+	var hs []holding
+	for _, name := range names {
+		h := s.waitBound(ctx, t, name)
+		if len(h.Devices) != 1 || len(h.Shares) != 0 {
+			t.Fatalf("pod %s holds %v (shares %d), want one whole GPU", name, h.Devices, len(h.Shares))
+		}
+		if !s.podEvent(ctx, t, ns, name, report.ReasonGangPlaced) {
+			t.Errorf("pod %s has no %s event: not placed as a gang", name, report.ReasonGangPlaced)
+		}
+		s.waitRunning(ctx, t, &h)
+		hs = append(hs, h)
+	}
+	if hs[0].Devices[0] == hs[1].Devices[0] {
+		t.Fatalf("both pods of the gang hold %s", hs[0].Devices[0])
+	}
+	return hs
 }
