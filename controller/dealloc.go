@@ -41,7 +41,7 @@ func (c *Controller) onDeallocated(old *resourceapi.ResourceClaim) {
 		}
 		c.explain.event(pod, old, corev1.EventTypeWarning, report.ReasonReleased, actionRelease,
 			fmt.Sprintf("allocation on node %s was released (%s); trying other nodes", node, why))
-		c.metrics.Released.WithLabelValues("scheduler").Inc()
+		c.metrics.Released.WithLabelValues(releaseReasonScheduler).Inc()
 		c.podQueue.Add(pod.Namespace + "/" + pod.Name)
 		c.enqueueRefusedGang(pod)
 	}

@@ -113,7 +113,7 @@ func (c *Controller) recoverGang(ctx context.Context, spec gangs.Spec, members [
 				errs = append(errs, err)
 				continue
 			}
-			c.metrics.Released.WithLabelValues("gang_rollback").Inc()
+			c.metrics.Released.WithLabelValues(releaseReasonGangRollback).Inc()
 			released++
 		}
 		c.fit.Unassume(m.pod.UID)

@@ -105,7 +105,7 @@ func (c *Controller) syncClaim(ctx context.Context, key string) error {
 		return err
 	}
 	if claim.Status.Allocation != nil {
-		c.metrics.Released.WithLabelValues("orphaned").Inc()
+		c.metrics.Released.WithLabelValues(releaseReasonOrphaned).Inc()
 	}
 	return nil
 }

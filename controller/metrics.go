@@ -132,7 +132,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	// Export the fixed series from the start, zero until something happens,
 	// so rates and dashboards work before the first event.
-	for _, o := range []string{OutcomeAllocated, OutcomeWaiting, OutcomeInvalid, OutcomeNotReady, OutcomeError} {
+	for _, o := range []string{OutcomeAllocated, OutcomeWaiting, OutcomeInvalid, OutcomeNotReady, OutcomeError, OutcomeHostPlaced} {
 		m.Decisions.WithLabelValues(o)
 	}
 	for _, t := range steer.Taints {
@@ -142,6 +142,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	for _, r := range []string{errReasonConflict, errReasonAPI, errReasonUninterpretable, errReasonUnsatisfiable, errReasonInventory} {
 		m.Errors.WithLabelValues(r)
+	}
+	for _, r := range []string{releaseReasonRollback, releaseReasonGangRollback, releaseReasonOrphaned, releaseReasonUnschedulable, releaseReasonScheduler} {
+		m.Released.WithLabelValues(r)
 	}
 	if reg != nil {
 		reg.MustRegister(m.AllocationLatency, m.DecisionLatency, m.PlanLatency, m.Allocations, m.PendingPods, m.Errors, m.Released,
@@ -167,4 +170,22 @@ const (
 	errReasonUninterpretable = "uninterpretable"
 	errReasonUnsatisfiable   = "unsatisfiable"
 	errReasonInventory       = "inventory"
+)
+
+// Release reasons (label reason of
+// gpulink_controller_released_allocations_total).
+const (
+	// releaseReasonRollback: what a failed decision of an unbound pod
+	// wrote, rolled back.
+	releaseReasonRollback = "rollback"
+	// releaseReasonGangRollback: what a gang decision that did not
+	// complete wrote, rolled back.
+	releaseReasonGangRollback = "gang_rollback"
+	// releaseReasonOrphaned: no pod uses the claim any more.
+	releaseReasonOrphaned = "orphaned"
+	// releaseReasonUnschedulable: kube-scheduler could not place the pod
+	// on the allocated node within the grace period.
+	releaseReasonUnschedulable = "unschedulable"
+	// releaseReasonScheduler: kube-scheduler deallocated the claim.
+	releaseReasonScheduler = "scheduler"
 )

@@ -324,3 +324,27 @@ func TestGangsPlacedSeriesExistFromStart(t *testing.T) {
 		}
 	}
 }
+
+// TestFixedSeriesExistFromStart checks that every decision outcome, error
+// reason and release reason has its series at 0 before anything happens.
+func TestFixedSeriesExistFromStart(t *testing.T) {
+	m := NewMetrics(prometheus.NewRegistry())
+	for _, c := range []struct {
+		name string
+		vec  *prometheus.CounterVec
+		want []string
+	}{
+		{"decisions_total", m.Decisions, []string{OutcomeAllocated, OutcomeWaiting, OutcomeInvalid, OutcomeNotReady, OutcomeError, OutcomeHostPlaced}},
+		{"errors_total", m.Errors, []string{errReasonConflict, errReasonAPI, errReasonUninterpretable, errReasonUnsatisfiable, errReasonInventory}},
+		{"released_allocations_total", m.Released, []string{releaseReasonRollback, releaseReasonGangRollback, releaseReasonOrphaned, releaseReasonUnschedulable, releaseReasonScheduler}},
+	} {
+		if n := testutil.CollectAndCount(c.vec); n != len(c.want) {
+			t.Errorf("%s: %d series, want %d (%v)", c.name, n, len(c.want), c.want)
+		}
+		for _, v := range c.want {
+			if got := testutil.ToFloat64(c.vec.WithLabelValues(v)); got != 0 {
+				t.Errorf("%s{%s} = %v before anything happened, want 0", c.name, v, got)
+			}
+		}
+	}
+}

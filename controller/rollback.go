@@ -26,7 +26,7 @@ func (c *Controller) unreserve(ctx context.Context, pod *corev1.Pod, written []*
 			continue
 		}
 		if released {
-			c.metrics.Released.WithLabelValues("rollback").Inc()
+			c.metrics.Released.WithLabelValues(releaseReasonRollback).Inc()
 			klog.FromContext(ctx).V(2).Info("Rolled back allocation of a failed decision", "claim", klog.KObj(cl))
 		}
 	}

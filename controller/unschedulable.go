@@ -80,7 +80,7 @@ func (c *Controller) checkUnschedulable(ctx context.Context, pod *corev1.Pod, pc
 		if _, err := c.releaseClaim(ctx, cl, nil); err != nil {
 			return err
 		}
-		c.metrics.Released.WithLabelValues("unschedulable").Inc()
+		c.metrics.Released.WithLabelValues(releaseReasonUnschedulable).Inc()
 	}
 	c.fit.Unassume(pod.UID)
 	note := fmt.Sprintf("released allocation on node %s: kube-scheduler could not place the pod there (%s); trying other nodes", node, msg)

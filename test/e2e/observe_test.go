@@ -20,8 +20,8 @@ import (
 )
 
 // Metric names the e2e test expects on /metrics. Vectors whose series are
-// created by events only (below_best_link_total, released_allocations_total)
-// are not listed: a fresh process exposes nothing for them.
+// created by events only (below_best_link_total, whose sizes and links are
+// open-ended) are not listed: a fresh process exposes nothing for them.
 var (
 	controllerMetricNames = []string{
 		"gpulink_controller_decisions_total",
@@ -36,6 +36,11 @@ var (
 		"gpulink_controller_share_memory_bytes",
 		"gpulink_controller_gpu_memory_bytes",
 		"gpulink_controller_fragmented_gpus",
+		"gpulink_controller_released_allocations_total",
+		"gpulink_controller_gangs_placed_total",
+		"gpulink_controller_gang_wait_seconds",
+		"gpulink_controller_gang_reservations_total",
+		"gpulink_controller_gang_reserved_nodes",
 	}
 	pluginMetricNames = []string{
 		"gpulink_kubeletplugin_claim_duration_seconds",
