@@ -239,6 +239,7 @@ func (c *Controller) onNodeAdd(obj any) {
 	if node, ok := obj.(*corev1.Node); ok {
 		c.filter.Allocatable.Set(node)
 		c.steering.nodeChanged(nil, node)
+		c.setTieKey(node)
 	}
 	c.onChange(obj)
 }
@@ -251,6 +252,9 @@ func (c *Controller) onNodeUpdate(oldObj, newObj any) {
 	}
 	if ok2 {
 		c.filter.Allocatable.Set(cur)
+		if !ok1 || !maps.Equal(old.Labels, cur.Labels) {
+			c.setTieKey(cur)
+		}
 	}
 	if ok1 && ok2 {
 		c.steering.nodeChanged(old, cur)
@@ -269,6 +273,7 @@ func (c *Controller) onNodeDelete(obj any) {
 	}
 	if node, ok := obj.(*corev1.Node); ok {
 		c.filter.Allocatable.Forget(node.Name)
+		c.inv.SetTieKey(node.Name, "")
 	}
 	c.onChange(obj)
 }

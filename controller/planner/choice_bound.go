@@ -124,7 +124,7 @@ func boundChoice(ctx context.Context, sel *SelectorEvaluator, pol allocate.Polic
 			best, bestScore = plan, s
 			continue
 		}
-		if cmp := s.compare(bestScore, pol); cmp > 0 || (cmp == 0 && plan.Node.Node < best.Node.Node) {
+		if cmp := s.compare(bestScore, pol); cmp > 0 || (cmp == 0 && plan.Node.tie() < best.Node.tie()) {
 			best, bestScore = plan, s
 		}
 	}
@@ -199,7 +199,7 @@ func (h *boundHeap) Less(i, j int) bool {
 	if c := a.bound.compare(b.bound, h.pol); c != 0 {
 		return c > 0
 	}
-	return a.node.Node < b.node.Node
+	return a.node.tie() < b.node.tie()
 }
 func (h *boundHeap) Swap(i, j int) { h.items[i], h.items[j] = h.items[j], h.items[i] }
 func (h *boundHeap) Push(x any)    { h.items = append(h.items, x.(boundedNode)) }

@@ -214,7 +214,7 @@ type rankHeap struct {
 func (h *rankHeap) Len() int { return len(h.items) }
 func (h *rankHeap) Less(i, j int) bool {
 	a, b := h.items[i], h.items[j]
-	return a.score.Better(b.score, a.node.Node, b.node.Node, h.pol)
+	return a.score.Better(b.score, a.node.tie(), b.node.tie(), h.pol)
 }
 func (h *rankHeap) Swap(i, j int) { h.items[i], h.items[j] = h.items[j], h.items[i] }
 func (h *rankHeap) Push(x any)    { h.items = append(h.items, x.(rankedNode)) }
@@ -269,7 +269,7 @@ func scoreNode(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy,
 		e.shareKey = q.shareKey
 	}
 	req.Host = rank.request()
-	st := &allocate.NodeState{Name: n.Node, Topology: n.Topo, Usage: u,
+	st := &allocate.NodeState{Name: n.Node, TieKey: n.tie(), Topology: n.Topo, Usage: u,
 		MaxSharesPerGPU: maxSharesPerGPU(alt), MemoryOvercommitPercent: memoryOvercommit(alt), Host: host}
 	s, basis, ok, err := allocate.ScoreNodeWithBasis(st, req, pol)
 	if err != nil {

@@ -30,6 +30,17 @@ func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 	for round := range 12 {
 		pc := newPruneCluster(t, rng, 40+rng.IntN(80), pruneFixtures, []float64{0.3, 0.7, 1}[round%3])
 		cache := newScoreCache()
+		// Rounds 4-11 order ties by topology tie keys that do not follow
+		// the names, as the controller's do on a cluster whose node names
+		// say nothing of its leaves, and move nodes between leaves below.
+		leafKey := func(name string) string {
+			return allocate.TopologyTieKey([]string{fmt.Sprintf("spine-%d", rng.IntN(2)), fmt.Sprintf("leaf-%d", rng.IntN(3))}, name)
+		}
+		if round >= 4 {
+			for _, n := range pc.inv.All() {
+				pc.inv.SetTieKey(n.Node, leafKey(n.Node))
+			}
+		}
 		// Odd rounds rank by stranded GPU: each node has CPU and memory
 		// left (changing as pods are placed), the pods ask for some, and
 		// a demand mix of recent shapes weighs the stranding.
@@ -54,6 +65,12 @@ func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 			case 1:
 				pc.taintFirstDevice(t, nodes[rng.IntN(len(nodes))].Node)
 				nodes = pc.inv.All()
+			case 2:
+				if round >= 4 {
+					name := nodes[rng.IntN(len(nodes))].Node
+					pc.inv.SetTieKey(name, leafKey(name))
+					nodes = pc.inv.All()
+				}
 			}
 			var pending []*Claim
 			for _, cl := range randomPod(rng) {

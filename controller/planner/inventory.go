@@ -40,8 +40,12 @@ type DeviceInfo struct {
 // guards itself.
 type NodeInventory struct {
 	Node string
-	Pool string
-	Topo *topology.Topology
+	// TieKey orders the node among nodes of equal score (tie): its place
+	// in the cluster's topology hierarchy, then its name
+	// (allocate.TopologyTieKey, Inventory.SetTieKey); empty: the name.
+	TieKey string
+	Pool   string
+	Topo   *topology.Topology
 	// Devices is indexed by topology position.
 	Devices []*DeviceInfo
 	// unavailable are the positions of the GPUs no pod can be given
@@ -124,6 +128,9 @@ type Inventory struct {
 	problems map[string]string // pool -> why it is unusable
 	// foreign keeps other drivers' devices per node (foreign_inventory.go).
 	foreign foreignInventory
+	// tieKeys are the nodes' tie keys by node name (SetTieKey), kept
+	// for nodes whose slices come later.
+	tieKeys map[string]string
 }
 
 func NewInventory() *Inventory {
@@ -133,7 +140,39 @@ func NewInventory() *Inventory {
 		nodes:    map[string]*NodeInventory{},
 		poolNode: map[string]string{},
 		problems: map[string]string{},
+		tieKeys:  map[string]string{},
 	}
+}
+
+// SetTieKey sets the tie key of node name (NodeInventory.TieKey; ""
+// forgets it). A node already built is built again with it, as when its
+// slices change, so that the decisions' rankings, which keep a node list
+// until one of its nodes is replaced, order it anew.
+func (inv *Inventory) SetTieKey(name, key string) {
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	if inv.tieKeys[name] == key {
+		return
+	}
+	if key == "" {
+		delete(inv.tieKeys, name)
+	} else {
+		inv.tieKeys[name] = key
+	}
+	n, ok := inv.nodes[name]
+	if !ok || n.TieKey == key {
+		return
+	}
+	// An error leaves the pool's problem recorded, as Upsert does.
+	_ = inv.rebuildLocked(n.Pool)
+}
+
+// tie is the key the node is ordered by among nodes of equal score.
+func (n *NodeInventory) tie() string {
+	if n.TieKey != "" {
+		return n.TieKey
+	}
+	return n.Node
 }
 
 // Upsert records a slice and rebuilds its pool. It returns the problem that
@@ -310,6 +349,7 @@ func (inv *Inventory) rebuildLocked(pool string) error {
 		inv.problems[pool] = err.Error()
 		return err
 	}
+	n.TieKey = inv.tieKeys[n.Node]
 	inv.nodes[n.Node] = n
 	inv.poolNode[pool] = n.Node
 	return nil

@@ -52,7 +52,7 @@ func choosePlan(plans []*Plan, pol allocate.Policy, rank *hostRanking) *Plan {
 				usage[pos] = allocate.GPUUsage{Exclusive: true}
 			}
 		}
-		st := &allocate.NodeState{Name: pl.Node.Node, Topology: pl.Node.Topo, Usage: usage, MaxSharesPerGPU: maxSharesPerGPU(pr.Alt), MemoryOvercommitPercent: memoryOvercommit(pr.Alt),
+		st := &allocate.NodeState{Name: pl.Node.Node, TieKey: pl.Node.tie(), Topology: pl.Node.Topo, Usage: usage, MaxSharesPerGPU: maxSharesPerGPU(pr.Alt), MemoryOvercommitPercent: memoryOvercommit(pr.Alt),
 			Host: rank.nodeHost(pl.Node.Node)}
 		states = append(states, st)
 		same = append(same, pl)
@@ -77,7 +77,7 @@ func choosePlan(plans []*Plan, pol allocate.Policy, rank *hostRanking) *Plan {
 		if a.Agg != b.Agg {
 			return a.Agg > b.Agg
 		}
-		return tied[i].Node.Node < tied[j].Node.Node
+		return tied[i].Node.tie() < tied[j].Node.tie()
 	})
 	return tied[0]
 }
@@ -143,7 +143,7 @@ func choosePod(plans []*Plan, pol allocate.Policy) *Plan {
 	best := plans[0]
 	for _, pl := range plans[1:] {
 		c := scores[pl].compare(scores[best], pol)
-		if c > 0 || (c == 0 && pl.Node.Node < best.Node.Node) {
+		if c > 0 || (c == 0 && pl.Node.tie() < best.Node.tie()) {
 			best = pl
 		}
 	}

@@ -35,7 +35,7 @@ func chooseMIGPlan(plans []*migPlan) *Plan {
 			if a.slices < b.slices {
 				best = pl
 			}
-		case a.plan.Node.Node < b.plan.Node.Node:
+		case a.plan.Node.tie() < b.plan.Node.tie():
 			best = pl
 		}
 	}

@@ -283,7 +283,7 @@ func (ix *rankIndex) unsure() bool {
 // less tells whether heap entry i ranks before heap entry j.
 func (ix *rankIndex) less(i, j int) bool {
 	a, b := ix.entries[ix.heap[i]], ix.entries[ix.heap[j]]
-	return a.score.Better(b.score, a.node.Node, b.node.Node, ix.pol)
+	return a.score.Better(b.score, a.node.tie(), b.node.tie(), ix.pol)
 }
 
 func (ix *rankIndex) swap(i, j int) {

@@ -8,8 +8,8 @@ import (
 )
 
 // ChooseNode scores every node and returns the best node with its GPU set;
-// see doc.go for the order. Nodes with equal names are tied by their order
-// in nodes. It changes no node.
+// see doc.go for the order. Nodes with equal tie keys (NodeState.TieKey,
+// else names) are tied by their order in nodes. It changes no node.
 func ChooseNode(nodes []*NodeState, req Request, pol Policy) (Result, error) {
 	if err := req.Validate(); err != nil {
 		return Result{}, err
@@ -40,13 +40,13 @@ type ranked struct {
 	score NodeScore
 }
 
-// beats orders nodes by score, then name, then input order.
+// beats orders nodes by score, then tie key, then input order.
 func (a ranked) beats(b ranked, nodes []*NodeState, spread bool) bool {
 	if c := a.score.compare(b.score, spread); c != 0 {
 		return c > 0
 	}
-	if na, nb := nodes[a.idx].Name, nodes[b.idx].Name; na != nb {
-		return na < nb
+	if ta, tb := nodes[a.idx].tie(), nodes[b.idx].tie(); ta != tb {
+		return ta < tb
 	}
 	return a.idx < b.idx
 }

@@ -58,7 +58,9 @@
 // # Choosing a node
 //
 // ChooseNode ranks nodes by criteria 1-2 of each node's best set, then
-// the node strategy (binpack: fewer whole GPUs left free), then the name.
+// the node strategy (binpack: fewer whole GPUs left free), then the tie key
+// (NodeState.TieKey: the controller's is the node's place in the
+// cluster's topology hierarchy, then its name; else the name).
 // With Host and Policy.Demand, binpack first ranks by whether the set is
 // on the node's ideal link class, then by the GPU the placement strands
 // for the recent pods' CPU, memory and GPU shapes (FGD's fragment

@@ -146,14 +146,14 @@ func uniformMemory(n *NodeState) bool {
 	return true
 }
 
-// Better tells whether node a (named nameA) ranks before node b (named
-// nameB) for the same request under pol. Equal scores and names rank
-// neither first.
-func (a NodeScore) Better(b NodeScore, nameA, nameB string, pol Policy) bool {
+// Better tells whether node a (tie key tieA: NodeState.TieKey, else its
+// name) ranks before node b (tieB) for the same request under pol, as
+// ChooseNode ranks them. Equal scores and tie keys rank neither first.
+func (a NodeScore) Better(b NodeScore, tieA, tieB string, pol Policy) bool {
 	if c := a.compare(b, pol.Node.spread()); c != 0 {
 		return c > 0
 	}
-	return nameA < nameB
+	return tieA < tieB
 }
 
 // compare orders two nodes' scores before names: positive when a ranks

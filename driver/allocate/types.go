@@ -53,7 +53,12 @@ const MixedShareGroups = "\x00mixed"
 
 // NodeState is one node as the allocator sees it.
 type NodeState struct {
-	Name     string
+	Name string
+	// TieKey orders nodes of equal score in ChooseNode; empty: Name. The
+	// controller sets the node's place in the cluster's topology
+	// hierarchy before its name (TopologyTieKey), so that ties fill one
+	// domain before the next whatever the nodes are named.
+	TieKey   string
 	Topology *topology.Topology
 	// Usage is indexed by position in Topology; nil means nothing used.
 	Usage []GPUUsage

@@ -2,7 +2,10 @@ package gangbench
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 
+	"github.com/gpulink/gpulink/driver/allocate"
 	"github.com/gpulink/gpulink/driver/gang"
 )
 
@@ -26,6 +29,9 @@ type Cluster struct {
 	domainOf [][]int
 	// largest[lv] is the node count of level lv's largest domain.
 	largest []int
+	// tieRank[i] is node i's place in the order of the controller's tie
+	// keys (allocate.TopologyTieKey: domains widest first, then name).
+	tieRank []int
 }
 
 // SuperPOD is a DGX SuperPOD-style cluster: scalable units of 32 nodes per
@@ -85,7 +91,26 @@ func newCluster(name string, n int, domains func(i int) []string) *Cluster {
 			c.Levels = append(c.Levels, lv)
 		}
 	}
+	c.rankTieKeys()
 	return c
+}
+
+// rankTieKeys sets tieRank from the nodes' domains and names, as the
+// controller orders nodes that score alike (controller/tiekey.go).
+func (c *Cluster) rankTieKeys() {
+	keys := make([]string, len(c.Nodes))
+	order := make([]int, len(c.Nodes))
+	for i, n := range c.Nodes {
+		widest := slices.Clone(n.Domains)
+		slices.Reverse(widest)
+		keys[i] = allocate.TopologyTieKey(widest, n.Name)
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return strings.Compare(keys[a], keys[b]) })
+	c.tieRank = make([]int, len(c.Nodes))
+	for r, i := range order {
+		c.tieRank[i] = r
+	}
 }
 
 // GPUs is the cluster's GPU count.

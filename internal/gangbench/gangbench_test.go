@@ -2,6 +2,7 @@ package gangbench
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -262,9 +263,10 @@ func TestPaired(t *testing.T) {
 }
 
 // TestGPULinkSingleAsController: a single pod is placed as the
-// controller's planner does, without domains: the node with the fewest
-// free GPUs that holds it, then the first by name, even where driver/gang
-// would take a node of the busiest leaf.
+// controller's planner does, not through driver/gang: the node with the
+// fewest free GPUs that holds it, then the first by the controller's tie
+// key (leaf-000 before leaf-001), even where driver/gang would take a
+// node of the busiest leaf.
 func TestGPULinkSingleAsController(t *testing.T) {
 	c := SuperPOD(64) // leaf-000: nodes 0-31, leaf-001: 32-63
 	s := newState(c)
@@ -279,6 +281,36 @@ func TestGPULinkSingleAsController(t *testing.T) {
 		got := placeGPULink(s, &Job{Pods: 1, GPUsPerPod: tc.g}, c.H.Cluster(), nil)
 		if len(got) != 1 || got[0] != tc.want {
 			t.Errorf("%d GPUs: node %v, want %d", tc.g, got, tc.want)
+		}
+	}
+}
+
+// TestGPULinkSingleFillsDomainsWhateverTheNames: with node names in the
+// reverse of the topology (leaf-001's nodes named first), equal nodes are
+// still taken leaf by leaf, as the controller's tie keys order them; and
+// the replay's clusters are named in that order, so their node order is
+// the tie keys'.
+func TestGPULinkSingleFillsDomainsWhateverTheNames(t *testing.T) {
+	c := SuperPOD(64)
+	for i := range c.Nodes {
+		c.Nodes[i].Name = fmt.Sprintf("n-%04d", len(c.Nodes)-1-i)
+	}
+	c.rankTieKeys()
+	s := newState(c)
+	// Within leaf-000 (nodes 0-31) the names decide: n-0032 (node 31)
+	// first.
+	for k := range 3 {
+		got := placeGPULink(s, &Job{Pods: 1, GPUsPerPod: 8}, c.H.Cluster(), nil)
+		if want := 31 - k; len(got) != 1 || got[0] != want {
+			t.Fatalf("single %d: node %v, want %d (leaf-000 first, whatever the names, then by name)", k, got, want)
+		}
+		s.take(got[0], 8)
+	}
+	for _, c := range []*Cluster{SuperPOD(2048), NVL72(2088)} {
+		for i, r := range c.tieRank {
+			if r != i {
+				t.Fatalf("%s: node %d (%s) has tie rank %d, want its index", c.Name, i, c.Nodes[i].Name, r)
+			}
 		}
 	}
 }

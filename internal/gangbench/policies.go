@@ -366,15 +366,16 @@ func placeRandom(s *state, j *Job, maxLevel int, r *rand.Rand) []int {
 
 // placeSingle is how gpulink's controller places a pod outside any gang:
 // not through driver/gang but the planner's node choice
-// (allocate.ChooseNode), which knows no domains: the best links (all
-// alike here: the simulated GPUs are interchangeable), the least stranded
-// by the demand mix and then binpack (here both: the fewest free GPUs
-// left on the node), then the node's name.
+// (allocate.ChooseNode): the best links (all alike here: the simulated
+// GPUs are interchangeable), the least stranded by the demand mix and then
+// binpack (here both: the fewest free GPUs left on the node), then the
+// node's tie key (its domains, widest first, then its name), so equal
+// nodes fill one domain before the next.
 func placeSingle(s *state, j *Job) []int {
 	best := -1
 	for i, f := range s.free {
-		if f >= j.GPUsPerPod && (best < 0 || f < s.free[best]) {
-			best = i // nodes are in name order: the first of the fewest
+		if f >= j.GPUsPerPod && (best < 0 || f < s.free[best] || f == s.free[best] && s.c.tieRank[i] < s.c.tieRank[best]) {
+			best = i
 		}
 	}
 	if best < 0 {
