@@ -312,7 +312,7 @@ func TestPrometheusDashboard(t *testing.T) {
 				continue
 			}
 			if n := len(query(ctx, t, api, q)); n != len(gpus) {
-				t.Errorf("%s: %s: %d series, want one per GPU of the three pods (%d)", panel, q, n, len(gpus))
+				t.Errorf("%s: %s: %d series, want one per GPU of the running workload pods (%d)", panel, q, n, len(gpus))
 			}
 		}
 	})
