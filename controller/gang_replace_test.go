@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -64,7 +65,33 @@ func placeLeafGang(t *testing.T, l1 ...string) (*harness, map[string]string) {
 	h.gangPod("r1", "run", 2, 4, req)
 	h.waitUngated("r0")
 	h.waitUngated("r1")
+	h.waitControllerSeesPlaced("r0", "r1")
 	return h, h.allocatedNodes("r0", "r1")
+}
+
+// waitControllerSeesPlaced waits until the controller's own caches show
+// the pods ungated and their claims (named after them) allocated, with no
+// write of its own in flight. kube-scheduler refuses a pod only once it
+// has seen it ungated, long after the controller has; a test that
+// deallocates within milliseconds of the ungating could otherwise reach
+// the controller's claim informer before its pod informer, a view no
+// cluster gives it (the pod still gated with its claim released, or one
+// pod's claim gone before the gang's decision is seen complete).
+func (h *harness) waitControllerSeesPlaced(names ...string) {
+	h.t.Helper()
+	h.eventually("the controller sees "+strings.Join(names, ", ")+" ungated and allocated", func() bool {
+		for _, name := range names {
+			pod, err := h.ctrl.pods.Pods(ns).Get(name)
+			if err != nil || gateIndex(pod) >= 0 {
+				return false
+			}
+			claim, err := h.ctrl.claims.ResourceClaims(ns).Get(name)
+			if err != nil || claim.Status.Allocation == nil || h.ctrl.ledger.InFlight(claim.UID) {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // refuseGang places placeLeafGang's gang, then has kube-scheduler refuse
