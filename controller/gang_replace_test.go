@@ -72,11 +72,13 @@ func placeLeafGang(t *testing.T, l1 ...string) (*harness, map[string]string) {
 // waitControllerSeesPlaced waits until the controller's own caches show
 // the pods ungated and their claims (named after them) allocated, with no
 // write of its own in flight. kube-scheduler refuses a pod only once it
-// has seen it ungated, long after the controller has; a test that
-// deallocates within milliseconds of the ungating could otherwise reach
-// the controller's claim informer before its pod informer, a view no
-// cluster gives it (the pod still gated with its claim released, or one
-// pod's claim gone before the gang's decision is seen complete).
+// has seen it ungated, normally long after the controller has; a test
+// that deallocates within milliseconds of the ungating reaches the
+// controller's claim informer before its pod informer (the pod still
+// gated with its claim released, or one pod's claim gone before the
+// gang's decision is seen complete), a view a cluster gives only if
+// kube-scheduler refuses the pod as fast. What the controller then does
+// is noted on issue 31.
 func (h *harness) waitControllerSeesPlaced(names ...string) {
 	h.t.Helper()
 	h.eventually("the controller sees "+strings.Join(names, ", ")+" ungated and allocated", func() bool {
