@@ -13,14 +13,10 @@ import (
 // (allocate.TopologyTieKey). Ordering ties by the bare name filled nodes
 // across every leaf and NVLink domain wherever the names did not follow
 // the topology, breaking up the domains gangs need; by the hierarchy, a
-// pod outside any gang fills one domain before opening the next, as Kueue
-// TAS's best fit does, whatever the nodes are called.
+// pod outside any gang fills one domain before opening the next, whatever
+// the nodes are called.
 func topologyTieKey(h *gang.Hierarchy, node *corev1.Node) string {
-	domains := make([]string, 0, h.Cluster()-1)
-	for level := h.Cluster() - 1; level >= 1; level-- {
-		domains = append(domains, node.Labels[h.Key(level)])
-	}
-	return allocate.TopologyTieKey(domains, node.Name)
+	return allocate.TopologyTieKey(h.Domains(node.Labels), node.Name)
 }
 
 // setTieKey keeps the planner's tie key of node in step with its labels.

@@ -22,14 +22,14 @@ func TestTopologyTieKey(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		node *corev1.Node
-		// domains, widest first: zone, spine, leaf, accelerator, clique.
+		// domains, tightest first: clique, accelerator, leaf, spine, zone.
 		want []string
 	}{
 		{"no labels", node("n", nil), []string{"", "", "", "", ""}},
-		{"leaf and spine", node("n", map[string]string{gang.LabelLeaf: "l1", gang.LabelSpine: "s0"}), []string{"", "s0", "l1", "", ""}},
+		{"leaf and spine", node("n", map[string]string{gang.LabelLeaf: "l1", gang.LabelSpine: "s0"}), []string{"", "", "l1", "s0", ""}},
 		{"every level", node("n", map[string]string{
 			gang.LabelZone: "z", gang.LabelSpine: "s", gang.LabelLeaf: "l", gang.LabelAccelerator: "a", gang.LabelClique: "c.1",
-		}), []string{"z", "s", "l", "a", "c.1"}},
+		}), []string{"c.1", "a", "l", "s", "z"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got, want := topologyTieKey(h, tc.node), allocate.TopologyTieKey(tc.want, tc.node.Name); got != want {

@@ -34,7 +34,7 @@ func TestQuickChoiceMatchesExhaustive(t *testing.T) {
 		// the names, as the controller's do on a cluster whose node names
 		// say nothing of its leaves, and move nodes between leaves below.
 		leafKey := func(name string) string {
-			return allocate.TopologyTieKey([]string{fmt.Sprintf("spine-%d", rng.IntN(2)), fmt.Sprintf("leaf-%d", rng.IntN(3))}, name)
+			return allocate.TopologyTieKey([]string{fmt.Sprintf("leaf-%d", rng.IntN(3)), fmt.Sprintf("spine-%d", rng.IntN(2))}, name)
 		}
 		if round >= 4 {
 			for _, n := range pc.inv.All() {

@@ -1,6 +1,9 @@
 package allocate
 
-import "strings"
+import (
+	"slices"
+	"strings"
+)
 
 // tie is the key nodes of equal score are ordered by: TieKey, else Name.
 func (n *NodeState) tie() string {
@@ -11,8 +14,10 @@ func (n *NodeState) tie() string {
 }
 
 // TopologyTieKey is the tie key of a node named name whose domains in the
-// cluster's topology hierarchy are domains, widest first (zone, spine,
-// leaf, ...; "" where the node has no domain at a level): the nodes of a
+// cluster's topology hierarchy are domains, tightest first as
+// gang.Hierarchy.Domains and gang.Node.Domains give them (clique, ...,
+// leaf, spine, zone; "" where the node has no domain at a level). The key
+// holds them widest first, then the name, so that the nodes of a
 // domain are contiguous in the order of these keys at every level (keys
 // that share a prefix are), so ChooseNode, filling the first of equally
 // scored nodes, packs one domain before opening the next and keeps the
@@ -26,7 +31,7 @@ func TopologyTieKey(domains []string, name string) string {
 	}
 	var b strings.Builder
 	b.Grow(n + 1)
-	for _, d := range domains {
+	for _, d := range slices.Backward(domains) {
 		// NUL cannot occur in a label value, so a domain's nodes share the
 		// prefix up to here and no other domain's key starts with it.
 		b.WriteString(d)

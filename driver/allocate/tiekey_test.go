@@ -22,7 +22,9 @@ func TestTopologyTieKeyKeepsDomainsContiguous(t *testing.T) {
 	var nodes []node
 	for i := range 300 {
 		d := []string{zones[rng.IntN(len(zones))], spines[rng.IntN(len(spines))], leaves[rng.IntN(len(leaves))]}
-		nodes = append(nodes, node{TopologyTieKey(d, fmt.Sprintf("n-%x", rng.Uint32()^uint32(i))), d})
+		// d is widest first, for the check below; the key takes the
+		// domains tightest first.
+		nodes = append(nodes, node{TopologyTieKey([]string{d[2], d[1], d[0]}, fmt.Sprintf("n-%x", rng.Uint32()^uint32(i))), d})
 	}
 	slices.SortFunc(nodes, func(a, b node) int { return strings.Compare(a.key, b.key) })
 	for level := 1; level <= 3; level++ {

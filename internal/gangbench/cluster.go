@@ -101,9 +101,7 @@ func (c *Cluster) rankTieKeys() {
 	keys := make([]string, len(c.Nodes))
 	order := make([]int, len(c.Nodes))
 	for i, n := range c.Nodes {
-		widest := slices.Clone(n.Domains)
-		slices.Reverse(widest)
-		keys[i] = allocate.TopologyTieKey(widest, n.Name)
+		keys[i] = allocate.TopologyTieKey(n.Domains, n.Name)
 		order[i] = i
 	}
 	slices.SortFunc(order, func(a, b int) int { return strings.Compare(keys[a], keys[b]) })
