@@ -167,10 +167,17 @@ type gangMember struct {
 	// kube-scheduler refused it, decided again with its gang
 	// (gang_replace.go).
 	refused bool
+	// handedOver: its gate is gone, from the cached pod or by this
+	// controller's removal that the cache has not shown yet
+	// (Controller.handedOver).
+	handedOver bool
 }
 
-// gated: still behind gpulink's scheduling gate.
-func (m *gangMember) gated() bool { return gateIndex(m.pod) >= 0 }
+// gated: still behind gpulink's scheduling gate, as far as the controller
+// knows: a pod whose gate it removed counts as ungated before its pod
+// informer shows it so, since kube-scheduler may already have refused the
+// pod and released its claims.
+func (m *gangMember) gated() bool { return !m.handedOver }
 
 // ready: its claims exist and can be allocated by gpulink.
 func (m *gangMember) ready() bool { return m.pc.broken == nil && m.pc.notReady == "" }
@@ -182,7 +189,7 @@ func (c *Controller) gangMembers(ctx context.Context, ref gangs.Ref) []*gangMemb
 		if pod.DeletionTimestamp != nil || planner.PodDone(pod) {
 			continue
 		}
-		m := &gangMember{pod: pod, key: pod.Namespace + "/" + pod.Name}
+		m := &gangMember{pod: pod, key: pod.Namespace + "/" + pod.Name, handedOver: c.handedOver(pod)}
 		if m.gated() {
 			m.pc = c.collectClaims(ctx, pod)
 			for _, ic := range m.pc.ours {
@@ -283,7 +290,7 @@ func (c *Controller) evaluateGang(ctx context.Context, key string, pod *corev1.P
 		// running pods' domain of a Required level, and the running ones
 		// are never touched.
 		c.setGangWaiting(members, false)
-		return c.syncSingle(ctx, key, pod, c.gangDomain(spec, members))
+		return c.syncSingle(ctx, key, pod, c.gangDomain(ctx, spec, members))
 	}
 	need := spec.MinCount - running
 	if len(ready) < need {
@@ -304,7 +311,9 @@ func (c *Controller) evaluateGang(ctx context.Context, key string, pod *corev1.P
 
 // gangDomain returns the nodes of the domain of the gang's Required level
 // that its placed pods share (nil: no Required level, or they share none).
-func (c *Controller) gangDomain(spec gangs.Spec, members []*gangMember) []string {
+// A placed pod is bound, or handed to kube-scheduler with its claims
+// allocated (not bound yet: its node is where they are).
+func (c *Controller) gangDomain(ctx context.Context, spec gangs.Spec, members []*gangMember) []string {
 	if spec.Policy != gangs.Required || spec.Level == "" {
 		return nil
 	}
@@ -320,6 +329,9 @@ func (c *Controller) gangDomain(spec gangs.Spec, members []*gangMember) []string
 	for _, m := range members {
 		node := m.pod.Spec.NodeName
 		if node == "" {
+			if !m.gated() && len(m.pc.ours) == 0 {
+				m.pc = c.collectClaims(ctx, m.pod)
+			}
 			for _, ic := range m.pc.ours {
 				if n := allocatedNode(ic.Claim); n != "" {
 					node = n

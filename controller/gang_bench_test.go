@@ -186,7 +186,7 @@ func (gb *gangBench) step(b *testing.B, cold bool) (wall, cpu time.Duration) {
 		}
 	}
 	start, cpuStart := time.Now(), threadCPU(b)
-	dec, _, _, err := c.placeGang(gb.ctx, gb.spec, gb.ready[0], gb.ready, gb.own, &gb.req)
+	dec, _, _, err := c.placeGang(gb.ctx, gangAsk{spec: gb.spec, rep: gb.ready[0], ready: gb.ready, own: gb.own, req: &gb.req})
 	wall, cpu = time.Since(start), threadCPU(b)-cpuStart
 	if err != nil {
 		b.Fatal(err)

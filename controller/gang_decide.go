@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -86,11 +87,23 @@ func (c *Controller) decideGang(ctx context.Context, spec gangs.Spec, members, r
 	}
 	c.gangDemand.Record(spec.Key(), need, gpus)
 	req.Demand = c.gangDemand.Shapes()
-	dec, nodes, rej, perr := c.placeGang(ctx, spec, rep, ready, own, &req)
+	ask := gangAsk{spec: spec, rep: rep, ready: ready, own: own, req: &req}
+	if need < spec.MinCount {
+		// Some pods of the gang are placed already (it lost pods and
+		// these replace them): the others go where they are.
+		if within := c.gangDomain(ctx, spec, members); within != nil {
+			ask.within = sets.New(within...)
+		}
+	}
+	dec, nodes, rej, perr := c.placeGang(ctx, ask)
 	if perr != nil {
 		c.decideMu.Unlock()
 		c.metrics.Decisions.WithLabelValues(OutcomeWaiting).Inc()
 		msg := "waiting: " + perr.Error() + gangWaitNote(spec, req)
+		if ask.within != nil {
+			msg += fmt.Sprintf("; %d of its pods are placed already, so the other %d must go to the %s they share (%d nodes)",
+				spec.MinCount-need, need, c.levelLabel(spec), ask.within.Len())
+		}
 		if rej != "" {
 			msg += " (" + rej + ")"
 		}
@@ -128,6 +141,9 @@ func (c *Controller) decideGang(ctx context.Context, spec gangs.Spec, members, r
 		c.metrics.Decisions.WithLabelValues(OutcomeAllocated).Inc()
 		c.metrics.AllocationLatency.Observe(time.Since(pw.m.pod.CreationTimestamp.Time).Seconds())
 		note := fmt.Sprintf("%s: %d pods placed together, spanning %s; this pod: %s", spec.Ref, len(dec.pods), where, pw.plan.Summarize())
+		if ask.within != nil {
+			note += fmt.Sprintf("; within the %s its %d pods placed before share", c.levelLabel(spec), spec.MinCount-need)
+		}
 		c.explain.event(pw.m.pod, pw.writes[0].ic.Claim, corev1.EventTypeNormal, report.ReasonGangPlaced, actionAllocate, note)
 		if p.Relaxed && spec.Level != "" {
 			c.explain.rec.Eventf(pw.m.pod, nil, corev1.EventTypeWarning, report.ReasonGangRelaxed, actionAllocate, "%s", p.Note)
@@ -143,18 +159,33 @@ func (c *Controller) decideGang(ctx context.Context, spec gangs.Spec, members, r
 	return errors.Join(errs...)
 }
 
+// gangAsk is what placeGang places.
+type gangAsk struct {
+	spec gangs.Spec
+	// rep is the pod the slots are counted for (gangRepresentative: the
+	// one asking the most GPUs), own its placement policy.
+	rep   *gangMember
+	own   planner.Placement
+	ready []*gangMember
+	req   *gang.Request
+	// within are the only nodes the pods may go to (nil: any): the
+	// domain of the gang's Required level that its placed pods share.
+	within sets.Set[string]
+}
+
 // placeGang is the part of a gang decision taken under the decision
 // lock: the candidate nodes with their slots, driver/gang's placement,
 // and every pod planned and assumed on its node (assumeGang). It returns
 // the candidates and the node filter's summary for the waiting message.
 // Pods claiming ComputeDomain channels bound each node's slots by its
-// free channels (boundByChannels). rep is the pod the slots are counted
-// for (gangRepresentative: the one asking the most GPUs). req.AlignRails is set here, after the rails of
-// the candidates are known, so the caller's waiting note can name them.
-func (c *Controller) placeGang(ctx context.Context, spec gangs.Spec, rep *gangMember, ready []*gangMember, own planner.Placement, req *gang.Request) (*gangDecision, []gang.Node, string, error) {
+// free channels (boundByChannels). ask.req.AlignRails is set here, after
+// the rails of the candidates are known, so the caller's waiting note can
+// name them.
+func (c *Controller) placeGang(ctx context.Context, ask gangAsk) (*gangDecision, []gang.Node, string, error) {
+	spec, rep, ready, own, req := ask.spec, ask.rep, ask.ready, ask.own, ask.req
 	excluded := c.refusedExclusions(ready)
 	place := func(excluded sets.Set[string]) (*gang.Placement, []gang.Node, string, error) {
-		nodes, rej := c.gangCandidates(ctx, spec, rep, own, len(ready), excluded)
+		nodes, rej := c.gangCandidates(ctx, candidateQuery{rep: rep, own: own, maxPods: len(ready), excluded: excluded, within: ask.within})
 		c.boundByChannels(ctx, ready, nodes)
 		if spec.AlignRails {
 			req.AlignRails = c.railSlots(ctx, rep, own, nodes)
@@ -179,18 +210,35 @@ func (c *Controller) placeGang(ctx context.Context, spec gangs.Spec, rep *gangMe
 	return dec, nodes, rej, err
 }
 
+// candidateQuery asks gangCandidates for the nodes of a gang's pods.
+type candidateQuery struct {
+	// rep is the pod whose copies are counted, own its placement policy.
+	rep *gangMember
+	own planner.Placement
+	// maxPods bounds each node's slots.
+	maxPods int
+	// excluded are nodes kube-scheduler refused the gang's pods on
+	// (refusedExclusions; nil for a gang never ungated).
+	excluded sets.Set[string]
+	// within are the only nodes considered (nil: all).
+	within sets.Set[string]
+}
+
 // gangCandidates returns the nodes the gang's representative pod may run
 // on, with their slots: how many of the gang's pods fit there at once.
 // The planner counts the slots of the usual pods itself (planner.Slots,
 // which keeps each node's count until the node changes); for the others
 // (MIG, other drivers' devices, shares, pod affinity) each node's copies
 // are tried one by one (trialSlots). The second result summarizes the
-// nodes the filter turned down. excluded are nodes kube-scheduler refused
-// the gang's pods on (refusedExclusions; nil for a gang never ungated).
-func (c *Controller) gangCandidates(ctx context.Context, spec gangs.Spec, rep *gangMember, own planner.Placement, maxPods int, excluded sets.Set[string]) ([]gang.Node, string) {
+// nodes the filter turned down.
+func (c *Controller) gangCandidates(ctx context.Context, q candidateQuery) ([]gang.Node, string) {
 	logger := klog.FromContext(ctx)
+	rep, own, maxPods := q.rep, q.own, q.maxPods
 	all := c.inv.All()
-	cands, objs, rej := c.filter.CandidateNodes(logger, rep.pod, all, rep.allocatedClaims(), excluded)
+	if q.within != nil {
+		all = slices.DeleteFunc(all, func(n *planner.NodeInventory) bool { return !q.within.Has(n.Node) })
+	}
+	cands, objs, rej := c.filter.CandidateNodes(logger, rep.pod, all, rep.allocatedClaims(), q.excluded)
 	counted, ok := c.planner.Slots(ctx, planner.SlotRequest{Pod: rep.pod, Pending: rep.pending, Placement: own, Nodes: cands, Objects: objs, Max: maxPods})
 	out := make([]gang.Node, 0, len(cands))
 	for i, n := range cands {

@@ -84,7 +84,7 @@ func benchGangRails(b *testing.B, nodes, pods int, aligned bool) {
 	b.ResetTimer()
 	for range b.N {
 		c.decideMu.Lock()
-		cands, _ := c.gangCandidates(ctx, spec, rep, planner.Placement{}, pods, nil)
+		cands, _ := c.gangCandidates(ctx, candidateQuery{rep: rep, maxPods: pods})
 		if aligned {
 			req.AlignRails = c.railSlots(ctx, rep, planner.Placement{}, cands)
 		}

@@ -57,13 +57,13 @@ func (c *Controller) replaceGangPod(ctx context.Context, key string, pod *corev1
 	if !slices.ContainsFunc(members, func(m *gangMember) bool { return m.pod.Spec.NodeName != "" }) {
 		return c.replaceWholeGang(ctx, key, pod, ref)
 	}
-	self := &gangMember{pod: pod, key: key, pc: pc}
+	self := &gangMember{pod: pod, key: key, pc: pc, handedOver: true}
 	if spec, err = c.computeDomainSpec(spec, append(members, self)); err != nil {
 		c.explain.event(pod, nil, corev1.EventTypeWarning, report.ReasonGangWaiting, actionWait, "waiting: "+err.Error())
 		c.setWaiting(key, true)
 		return nil
 	}
-	within := c.gangDomain(spec, members)
+	within := c.gangDomain(ctx, spec, members)
 	if within != nil {
 		msg := fmt.Sprintf("%s: pod %s lost its allocation after it was handed to kube-scheduler; placing it again on its own within the %s its gang's placed pods share (%d nodes); the gang's other pods are not moved",
 			spec.Ref, pod.Name, c.levelLabel(spec), len(within))

@@ -46,11 +46,10 @@ func TestGangPodRefusedAfterUngating(t *testing.T) {
 	}
 }
 
-// placeLeafGang places a gang "run" of 2 pods × 4 GPUs (r0, r1) Required
-// in one leaf on a cluster of 4-GPU nodes l1 in leaf l1 and an 8-GPU node
-// d in leaf l2 with 4 GPUs taken (the tightest fit for a lone 4-GPU pod),
-// and returns the harness and the nodes the two pods were allocated.
-func placeLeafGang(t *testing.T, l1 ...string) (*harness, map[string]string) {
+// leafGangCluster is placeLeafGang's cluster: 4-GPU nodes l1 in leaf l1,
+// and an 8-GPU node d in leaf l2 with 4 GPUs taken, the tightest fit for
+// a lone 4-GPU pod.
+func leafGangCluster(t *testing.T, l1 ...string) *harness {
 	big := gpuNode(t, "d", "pcie-switch-8.txt")
 	big[0].(*corev1.Node).Labels = map[string]string{corev1.LabelHostname: "d", gang.LabelLeaf: "l2"}
 	groups := [][]runtime.Object{classes(), {big[0], big[1]}}
@@ -59,26 +58,27 @@ func placeLeafGang(t *testing.T, l1 ...string) (*harness, map[string]string) {
 	}
 	h := newHarness(t, objs(groups...)...).start()
 	h.singletonOn("sd", "d", 4)
+	return h
+}
 
+// placeLeafGang places a gang "run" of 2 pods × 4 GPUs (r0, r1) Required
+// in one leaf on leafGangCluster's cluster, and returns the harness and
+// the nodes the two pods were allocated. A test may refuse a pod at once:
+// the controller's pod informer may not show it ungated yet, which the
+// controller handles (TestGangRefusedBeforeControllerSeesUngate).
+func placeLeafGang(t *testing.T, l1 ...string) (*harness, map[string]string) {
+	h := leafGangCluster(t, l1...)
 	req := map[string]string{gangs.LabelLevel: "leaf"}
 	h.gangPod("r0", "run", 2, 4, req)
 	h.gangPod("r1", "run", 2, 4, req)
 	h.waitUngated("r0")
 	h.waitUngated("r1")
-	h.waitControllerSeesPlaced("r0", "r1")
 	return h, h.allocatedNodes("r0", "r1")
 }
 
 // waitControllerSeesPlaced waits until the controller's own caches show
 // the pods ungated and their claims (named after them) allocated, with no
-// write of its own in flight. kube-scheduler refuses a pod only once it
-// has seen it ungated, normally long after the controller has; a test
-// that deallocates within milliseconds of the ungating reaches the
-// controller's claim informer before its pod informer (the pod still
-// gated with its claim released, or one pod's claim gone before the
-// gang's decision is seen complete), a view a cluster gives only if
-// kube-scheduler refuses the pod as fast. What the controller then does
-// is noted on issue 31.
+// write of its own in flight.
 func (h *harness) waitControllerSeesPlaced(names ...string) {
 	h.t.Helper()
 	h.eventually("the controller sees "+strings.Join(names, ", ")+" ungated and allocated", func() bool {
@@ -170,5 +170,61 @@ func TestGangRefusedWhileMateUnbound(t *testing.T) {
 	h.eventually("r1 allocated again", func() bool { return allocatedNode(h.getClaim("r1")) != "" })
 	if got := allocatedNode(h.getClaim("r1")); got == "d" || got == nodes["r0"] || got == nodes["r1"] {
 		t.Errorf("refused gang pod placed again on %s, want the free node of leaf l1 (r0 on %s, r1 refused on %s)", got, nodes["r0"], nodes["r1"])
+	}
+}
+
+// TestGangRefusedBeforeControllerSeesUngate: kube-scheduler refuses a pod
+// of a gang before the controller's pod informer shows any of the gang's
+// pods ungated (an informer lagging the API server). The controller knows
+// it removed their gates: the refused pod waits for the other, unbound
+// pod that holds its allocation, as it would with a current cache; the
+// other pod's allocation is not rolled back as a decision left half
+// written, and the refused pod is not placed again as a gated one would
+// be, anywhere its gang's level fits.
+func TestGangRefusedBeforeControllerSeesUngate(t *testing.T) {
+	h := leafGangCluster(t, "a", "b", "c")
+	h.eventually("the controller sees sd ungated", func() bool {
+		pod, err := h.ctrl.pods.Pods(ns).Get("sd")
+		return err == nil && gateIndex(pod) < 0
+	})
+
+	release := h.holdPodUpdates()
+	req := map[string]string{gangs.LabelLevel: "leaf"}
+	h.gangPod("r0", "run", 2, 4, req)
+	h.gangPod("r1", "run", 2, 4, req)
+	h.waitUngated("r0")
+	h.waitUngated("r1")
+	h.eventually("the controller's claim cache shows the gang allocated", func() bool {
+		for _, name := range []string{"r0", "r1"} {
+			claim, err := h.ctrl.claims.ResourceClaims(ns).Get(name)
+			if err != nil || claim.Status.Allocation == nil || h.ctrl.ledger.InFlight(claim.UID) {
+				return false
+			}
+		}
+		return true
+	})
+	if pod, err := h.ctrl.pods.Pods(ns).Get("r1"); err != nil || gateIndex(pod) < 0 {
+		t.Fatalf("the controller's pod cache should still show r1 gated (err %v)", err)
+	}
+	placed := h.allocatedNodes("r0", "r1")
+
+	h.deallocate("r1")
+	h.waitEventWith(ns+"/r1", report.ReasonGangWaiting, "r0 of its gang, not bound, still hold")
+	h.settle()
+	if _, ok := h.rec.find(ns+"/r0", report.ReasonGangRolledBack); ok {
+		t.Error("the controller rolled back r0's allocation as a decision left half written")
+	}
+	if got := allocatedNode(h.getClaim("r0")); got != placed["r0"] {
+		t.Errorf("r0's claim on %q, want it kept on %s", got, placed["r0"])
+	}
+	if got := allocatedNode(h.getClaim("r1")); got != "" {
+		t.Fatalf("refused pod allocated again on %s while its gang's other pod is neither bound nor released", got)
+	}
+
+	release()
+	h.bind("r0", placed["r0"])
+	h.eventually("r1 allocated again", func() bool { return allocatedNode(h.getClaim("r1")) != "" })
+	if got := allocatedNode(h.getClaim("r1")); got == "d" || got == placed["r0"] || got == placed["r1"] {
+		t.Errorf("refused gang pod placed again on %s, want the free node of leaf l1 (r0 on %s, r1 refused on %s)", got, placed["r0"], placed["r1"])
 	}
 }

@@ -98,7 +98,7 @@ func (c *Controller) checkReservation() {
 		return
 	}
 	for _, pod := range c.gangPods(key) {
-		if pod.DeletionTimestamp == nil && !planner.PodDone(pod) && gateIndex(pod) >= 0 {
+		if pod.DeletionTimestamp == nil && !planner.PodDone(pod) && !c.handedOver(pod) {
 			return
 		}
 	}

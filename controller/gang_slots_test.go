@@ -143,7 +143,7 @@ func TestGangSlotsMatchTrials(t *testing.T) {
 				t.Fatal(err)
 			}
 			const maxPods = 6
-			got, _ := c.gangCandidates(h.ctx, gangs.Spec{}, m, own, maxPods, nil)
+			got, _ := c.gangCandidates(h.ctx, candidateQuery{rep: m, own: own, maxPods: maxPods})
 			// The reference: every admitted node's copies tried one by one.
 			cands, _ := c.filter.Candidates(logger, m.pod, c.inv.All(), m.allocatedClaims(), nil)
 			var want []gang.Node

@@ -87,6 +87,9 @@ type harness struct {
 	ctrl   *Controller
 	cancel context.CancelFunc
 	done   chan struct{}
+	// podUpdates holds back the controller's pod updates while held
+	// (holdPodUpdates).
+	podUpdates *eventHold
 }
 
 const ns = "default"
@@ -127,9 +130,9 @@ func newHarnessWith(t *testing.T, cfg Config, objs ...runtime.Object) *harness {
 	t.Helper()
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)
-	h := &harness{t: t, ctx: ctx, client: fake.NewClientset(objs...), rec: &testRecorder{}, cancel: cancel, done: make(chan struct{})}
+	h := &harness{t: t, ctx: ctx, client: fake.NewClientset(objs...), rec: &testRecorder{}, cancel: cancel, done: make(chan struct{}), podUpdates: &eventHold{}}
 	withResourceVersions(h.client)
-	copyWatchEvents(h.client)
+	copyWatchEvents(h.client, h.podUpdates)
 	cfg.Client = h.client
 	cfg.Recorder = h.rec
 	if cfg.Policy == (allocate.Policy{}) {
@@ -231,7 +234,7 @@ func withResourceVersions(client *fake.Clientset) {
 // tracker stores, and the informers' transform (stripManagedFields)
 // would then write to it while a Get of the tracker copies it (a data
 // race the race detector reports).
-func copyWatchEvents(client *fake.Clientset) {
+func copyWatchEvents(client *fake.Clientset, podUpdates *eventHold) {
 	client.PrependWatchReactor("*", func(action clienttesting.Action) (bool, watch.Interface, error) {
 		var opts metav1.ListOptions
 		if wa, ok := action.(clienttesting.WatchActionImpl); ok {
@@ -241,13 +244,70 @@ func copyWatchEvents(client *fake.Clientset) {
 		if err != nil {
 			return false, nil, err
 		}
-		return true, watch.Filter(w, func(e watch.Event) (watch.Event, bool) {
+		copied := watch.Filter(w, func(e watch.Event) (watch.Event, bool) {
 			if e.Object != nil {
 				e.Object = e.Object.DeepCopyObject()
 			}
 			return e, true
-		}), nil
+		})
+		if action.GetResource().Resource == "pods" {
+			return true, podUpdates.apply(copied), nil
+		}
+		return true, copied, nil
 	})
+}
+
+// eventHold holds back the Modified events of a watch while held, as an
+// informer that lags the API server does, keeping the order of every
+// event. Added events pass until one is held behind a Modified one.
+type eventHold struct {
+	mu sync.RWMutex
+}
+
+// hold holds back Modified events until the returned release is called
+// (at the latest when the test ends).
+func (e *eventHold) hold(t *testing.T) (release func()) {
+	e.mu.Lock()
+	release = sync.OnceFunc(e.mu.Unlock)
+	t.Cleanup(release)
+	return release
+}
+
+// apply forwards w's events, waiting for a release before each Modified
+// one.
+func (e *eventHold) apply(w watch.Interface) watch.Interface {
+	out := make(chan watch.Event)
+	proxy := watch.NewProxyWatcher(out)
+	go func() {
+		defer close(out)
+		defer w.Stop()
+		for {
+			select {
+			case ev, ok := <-w.ResultChan():
+				if !ok {
+					return
+				}
+				if ev.Type == watch.Modified {
+					e.mu.RLock()
+					e.mu.RUnlock() //nolint:staticcheck // waits for a release, guards nothing
+				}
+				select {
+				case out <- ev:
+				case <-proxy.StopChan():
+					return
+				}
+			case <-proxy.StopChan():
+				return
+			}
+		}
+	}()
+	return proxy
+}
+
+// holdPodUpdates makes the controller's pod informer lag the API server:
+// pod updates (a gate removed, a binding) reach it only after release.
+func (h *harness) holdPodUpdates() (release func()) {
+	return h.podUpdates.hold(h.t)
 }
 
 func (h *harness) start() *harness {

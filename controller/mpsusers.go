@@ -86,7 +86,7 @@ func (c *Controller) otherLivePods(claim *resourceapi.ResourceClaim, pod *corev1
 			continue
 		}
 		reserved := slices.ContainsFunc(claim.Status.ReservedFor, func(r resourceapi.ResourceClaimConsumerReference) bool { return r.UID == other.UID })
-		if reserved || other.Spec.NodeName != "" || gateIndex(other) < 0 || c.isDecided(other.UID) {
+		if reserved || other.Spec.NodeName != "" || c.handedOver(other) || c.isDecided(other.UID) {
 			out = append(out, other)
 		}
 	}

@@ -101,10 +101,10 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 	}
 	if len(pc.ours) == 0 {
 		c.setWaiting(key, false)
-		if c.placeCPUPods && len(pod.Spec.ResourceClaims) == 0 && gateIndex(pod) >= 0 && pod.Spec.NodeName == "" {
+		if c.placeCPUPods && len(pod.Spec.ResourceClaims) == 0 && !c.handedOver(pod) && pod.Spec.NodeName == "" {
 			return c.placeHostPod(ctx, pod)
 		}
-		if gateIndex(pod) >= 0 {
+		if !c.handedOver(pod) {
 			if err := c.ungate(ctx, pod); err != nil {
 				return err
 			}
@@ -114,7 +114,10 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 		return nil
 	}
 
-	gated := gateIndex(pod) >= 0
+	// A pod whose gate this controller removed is kube-scheduler's, even
+	// while the cache still shows the gate: its claims may already have
+	// been released by kube-scheduler refusing it (gang_replace.go).
+	gated := !c.handedOver(pod)
 	if gated {
 		msg := c.mpsUserConflict(pod, pc.ours)
 		if msg == "" {
@@ -163,7 +166,7 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 				}
 			}
 		}
-		if gateIndex(pod) >= 0 {
+		if gated {
 			// Allocated (possibly by a previous run that stopped before
 			// ungating): hand the pod over.
 			if err := c.ungate(ctx, pod); err != nil {
