@@ -17,6 +17,7 @@ import (
 	"github.com/gpulink/gpulink/controller/controllertest"
 	"github.com/gpulink/gpulink/controller/report"
 	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/driver/gang"
 	"github.com/gpulink/gpulink/test/e2e/gpuview"
 )
 
@@ -256,4 +257,35 @@ func TestCPUPodUnschedulableCountsNowhere(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.eventually("the unschedulable pod no longer counted on node cpu", func() bool { return left() == 4000 })
+}
+
+// A pod without claims among equal nodes goes by the hierarchy, as GPU
+// pods do (TestSinglesFillOneLeafWhateverTheNames): node b in leaf l1
+// before node a in leaf l2, and among nodes without GPUs (which come
+// before an idle GPU node), d in l1 before c in l2.
+func TestCPUPodTiesFollowHierarchy(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		nodes []runtime.Object
+		want  string
+	}{
+		{name: "GPU nodes", nodes: objs(leafNode(t, "a", "l2"), leafNode(t, "b", "l1")), want: "b"},
+		{name: "nodes without GPUs", nodes: objs(gpuNode(t, "gpu", "pcie-4.txt"), []runtime.Object{leafCPUNode("c", "l2"), leafCPUNode("d", "l1")}), want: "d"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarnessWith(t, Config{Workers: 1, DeviceTaintRules: true, PlaceCPUPods: true}, objs(classes(), tc.nodes)...).start()
+			h.cpuPod(cpuPodSpec{name: "p", cpu: "1", gated: true})
+			h.waitUngated("p")
+			if got := preferredNodes(h.getPod("p")); len(got) != 1 || got[0] != tc.want {
+				t.Errorf("preferred nodes %v, want [%s] (first leaf by the hierarchy)", got, tc.want)
+			}
+		})
+	}
+}
+
+// leafCPUNode is a node without GPUs under a leaf switch.
+func leafCPUNode(name, leaf string) *corev1.Node {
+	n := cpuNode(name, "4")
+	n.Labels = map[string]string{corev1.LabelHostname: name, gang.LabelLeaf: leaf}
+	return n
 }

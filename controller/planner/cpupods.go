@@ -62,8 +62,9 @@ func (p *Planner) DecideHost(ctx context.Context, req HostRequest) (HostDecision
 	for _, node := range req.Nodes {
 		ni := p.inv.Node(node.Name)
 		if ni == nil {
-			// The filter reads only the node's name from the inventory.
-			ni = &NodeInventory{Node: node.Name}
+			// A node without GPUs: the filter reads only the node's name
+			// from the inventory, the choice its tie key.
+			ni = &NodeInventory{Node: node.Name, TieKey: p.inv.tieKeyOf(node.Name)}
 		}
 		if !pf.admit(ni) {
 			continue
@@ -73,7 +74,7 @@ func (p *Planner) DecideHost(ctx context.Context, req HostRequest) (HostDecision
 			pf.skip(rejectNoHost, "node %s: allocatable cpu or memory not published", node.Name)
 			continue
 		}
-		st := &allocate.NodeState{Name: node.Name, Host: host}
+		st := &allocate.NodeState{Name: node.Name, TieKey: ni.tie(), Host: host}
 		if ni.Topo != nil && ni.Topo.Len() > 0 && len(ni.Devices) == ni.Topo.Len() {
 			st.Topology = ni.Topo
 			st.Usage = p.ledger.NodeUsage(ni)

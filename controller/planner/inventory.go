@@ -167,6 +167,14 @@ func (inv *Inventory) SetTieKey(name, key string) {
 	_ = inv.rebuildLocked(n.Pool)
 }
 
+// tieKeyOf returns the tie key SetTieKey set for node name, built or not
+// ("": none).
+func (inv *Inventory) tieKeyOf(name string) string {
+	inv.mu.RLock()
+	defer inv.mu.RUnlock()
+	return inv.tieKeys[name]
+}
+
 // tie is the key the node is ordered by among nodes of equal score.
 func (n *NodeInventory) tie() string {
 	if n.TieKey != "" {

@@ -151,7 +151,8 @@ var idealMemo = struct {
 // GPUs they can still use (criterion as in ChooseNode), then the node
 // with the least unallocated GPU (nodes without GPUs, Topology nil,
 // first), then the least CPU, then memory, left afterwards (packing),
-// then name. Every node needs its Host; nodes the pod does not fit are
+// then the tie key (NodeState.TieKey, else the name), so that pods fill
+// one domain of the cluster before the next as ChooseNode's do. Every node needs its Host; nodes the pod does not fit are
 // skipped. Without pol.Demand only the later criteria apply.
 func ChooseHost(nodes []*NodeState, req Host, pol Policy) (string, error) {
 	if err := req.validate("request.host"); err != nil {
@@ -191,7 +192,7 @@ func ChooseHost(nodes []*NodeState, req Host, pol Policy) (string, error) {
 		if !better {
 			o := cmp.Or(cmp.Compare(c.delta, best.delta), cmp.Compare(c.gpu, best.gpu),
 				cmp.Compare(c.after.CPUMilli, best.after.CPUMilli), cmp.Compare(c.after.MemoryBytes, best.after.MemoryBytes),
-				cmp.Compare(n.Name, nodes[best.idx].Name))
+				cmp.Compare(n.tie(), nodes[best.idx].tie()))
 			better = o < 0
 		}
 		if better {

@@ -368,6 +368,11 @@ func TestChooseHost(t *testing.T) {
 		{"not where its CPU would strand GPUs", []*NodeState{{Name: "a-tight", Topology: v100(t), Host: &tight}, {Name: "b-big", Topology: v100(t), Host: &big}}, Policy{Demand: demand}, "b-big"},
 		{"without demand: packs", []*NodeState{{Name: "a-big", Topology: v100(t), Host: &big}, {Name: "b-tight", Topology: v100(t), Host: &tight}}, Policy{}, "b-tight"},
 		{"skips nodes it does not fit", []*NodeState{{Name: "a", Host: &Host{CPUMilli: 3000, MemoryBytes: 256 * gib}}, {Name: "b", Topology: v100(t), Host: &big}}, Policy{Demand: demand}, "b"},
+		{"equal nodes: by name", []*NodeState{{Name: "b", Topology: v100(t), Host: &big}, {Name: "a", Topology: v100(t), Host: &big}}, Policy{Demand: demand}, "a"},
+		{"equal nodes: by tie key before name", []*NodeState{
+			{Name: "a", TieKey: TopologyTieKey([]string{"leaf-2"}, "a"), Topology: v100(t), Host: &big},
+			{Name: "b", TieKey: TopologyTieKey([]string{"leaf-1"}, "b"), Topology: v100(t), Host: &big},
+		}, Policy{Demand: demand}, "b"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
