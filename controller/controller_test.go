@@ -620,6 +620,21 @@ func TestHealthTaintWhileHeld(t *testing.T) {
 	if _, err := h.client.ResourceV1().ResourceSlices().Update(h.ctx, &slice, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// A pod created before the controller sees the taints would get the
+	// tainted free GPU, as it would on a cluster.
+	h.eventually("the controller sees the taints", func() bool {
+		n := h.ctrl.inv.Node("v100")
+		if n == nil {
+			return false
+		}
+		seen := 0
+		for _, d := range n.Devices {
+			if slices.Contains(tainted, d.Name) && len(d.Taints) > 0 {
+				seen++
+			}
+		}
+		return seen == len(tainted)
+	})
 
 	// Six GPUs are free but only five are healthy: six waits, naming the taint.
 	h.claim("six", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 6)}})
