@@ -135,7 +135,10 @@ type Controller struct {
 	ledger   *planner.Ledger
 	fit      *planner.FitTracker
 	ungating *ungating
-	sel      *planner.SelectorEvaluator
+	// linkSeries: the kinds of node whose link series are exported
+	// (metrics_links.go).
+	linkSeries linkSeries
+	sel        *planner.SelectorEvaluator
 	// planner chooses nodes and devices over inv, ledger and filter.
 	planner  *planner.Planner
 	interp   *planner.Interpreter

@@ -16,6 +16,7 @@ import (
 
 	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/controller/report"
+	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/internal/sliceformat"
 )
 
@@ -220,6 +221,8 @@ func (c *Controller) onSlice(obj any) {
 		} else {
 			klog.Background().Error(err, "Ignoring unusable gpulink pool", "pool", slice.Spec.Pool.Name, "slice", klog.KObj(slice))
 		}
+	} else if slice.Spec.Driver == driver.Name {
+		c.seedLinkSeries(c.inv.Node(slice.Spec.Pool.Name))
 	}
 	c.steerSlice(slice)
 	c.enqueueWaiting()

@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpulink/gpulink/controller/steer"
+	"github.com/gpulink/gpulink/driver/topology"
 )
 
 // Metrics are the controller's Prometheus collectors.
@@ -145,6 +146,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	for _, r := range []string{releaseReasonRollback, releaseReasonGangRollback, releaseReasonOrphaned, releaseReasonUnschedulable, releaseReasonScheduler} {
 		m.Released.WithLabelValues(r)
+	}
+	// The link classes follow each kind of node (seedLinkSeries).
+	for _, l := range []string{topology.LinkNone.String(), weakestLinkShare, weakestLinkMIG} {
+		m.Allocations.WithLabelValues(l)
 	}
 	if reg != nil {
 		reg.MustRegister(m.AllocationLatency, m.DecisionLatency, m.PlanLatency, m.Allocations, m.PendingPods, m.Errors, m.Released,

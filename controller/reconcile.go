@@ -364,10 +364,10 @@ func (c *Controller) allocatePodWithin(ctx context.Context, key string, pod *cor
 	c.metrics.AllocationLatency.Observe(time.Since(pod.CreationTimestamp.Time).Seconds())
 	for _, claim := range chosen.Claims {
 		for _, r := range claim {
-			label := "share"
+			label := weakestLinkShare
 			switch {
 			case len(r.MIG) > 0:
-				label = "mig"
+				label = weakestLinkMIG
 			case r.Share == nil:
 				label = r.Weakest.String()
 			}

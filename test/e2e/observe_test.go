@@ -19,9 +19,9 @@ import (
 	"github.com/gpulink/gpulink/test/localcluster"
 )
 
-// Metric names the e2e test expects on /metrics. Vectors whose series are
-// created by events only (below_best_link_total, whose sizes and links are
-// open-ended) are not listed: a fresh process exposes nothing for them.
+// Metric names the e2e test expects on /metrics. Every vector exports its
+// series at 0 from the start, or (allocations_total, below_best_link_total)
+// once the controller has seen a node's slices.
 var (
 	controllerMetricNames = []string{
 		"gpulink_controller_decisions_total",
@@ -29,6 +29,7 @@ var (
 		"gpulink_controller_gate_wait_seconds",
 		"gpulink_controller_allocation_latency_seconds",
 		"gpulink_controller_allocations_total",
+		"gpulink_controller_below_best_link_total",
 		"gpulink_controller_pending_pods",
 		"gpulink_controller_errors_total",
 		"gpulink_controller_gpus",

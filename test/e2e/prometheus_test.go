@@ -316,6 +316,16 @@ func TestPrometheusDashboard(t *testing.T) {
 			}
 		}
 	})
+	// The pair below the node's best link is the controller's first such
+	// allocation, and its series was there at 0 since the controller saw
+	// the node's slices: an increase that the panel "Requests below the
+	// node's best link" shows.
+	t.Run("the first pair below the node's best link is an increase", func(t *testing.T) {
+		q := `sum(increase(gpulink_controller_below_best_link_total{size="2"}[5m]))`
+		if got, err := waitValue(ctx, t, api, q, 2*time.Minute, func(v float64) bool { return v > 0 }); err != nil {
+			t.Fatalf("%s = %v 2 minutes after the pair was allocated, want more than 0: %v", q, got, err)
+		}
+	})
 	// Deleting a running pod's claim and then the pod releases its
 	// allocation (reason orphaned: no pod uses the claim any more). The
 	// reason's series is there at 0 from the controller's start, so the
@@ -409,7 +419,7 @@ serviceMonitor:
 // belowBestPair runs a pod whose claim's selector leaves it two free GPUs
 // of different NVLink pairs of pcie-nvbridge-8.txt (linked by PCIe, the
 // node's best pair by NVLink), so gpulink_controller_below_best_link_total
-// has a series.
+// counts one.
 func (s *suite) belowBestPair(ctx context.Context, t *testing.T, held map[string]bool) holding {
 	const name = "below-best"
 	node := s.nodes(ctx, t)[s.realNode]
