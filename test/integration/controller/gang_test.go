@@ -94,13 +94,16 @@ type gangOf struct {
 	Ports []corev1.ContainerPort
 	// Edit, when set, changes pod i before it is created.
 	Edit func(i int, p *corev1.Pod)
+	// First and Count create pods First to First+Count-1 (a
+	// replacement, say); Count 0: all Size pods from First.
+	First, Count int
 }
 
 // gangPodsOf creates the gang's pods and returns their names.
 func (e *env) gangPodsOf(g gangOf) []string {
 	e.t.Helper()
 	usePG := g.PodGroup && cluster.WorkloadAPI()
-	if usePG {
+	if usePG && g.First == 0 {
 		pg := &schedulingv1beta1.PodGroup{ObjectMeta: metav1.ObjectMeta{Name: g.Name, Namespace: e.ns},
 			Spec: schedulingv1beta1.PodGroupSpec{SchedulingPolicy: schedulingv1beta1.PodGroupSchedulingPolicy{
 				Gang: &schedulingv1beta1.GangSchedulingPolicy{MinCount: int32(g.Size)}}}}
@@ -116,7 +119,11 @@ func (e *env) gangPodsOf(g gangOf) []string {
 		templates = []string{"four"}
 	}
 	var names []string
-	for i := range g.Size {
+	count := g.Count
+	if count == 0 {
+		count = g.Size
+	}
+	for i := g.First; i < g.First+count; i++ {
 		p := e.newPod(fmt.Sprintf("%s-%d", g.Name, i), true, templates...)
 		p.Labels = map[string]string{}
 		p.Spec.Containers[0].Ports = g.Ports
