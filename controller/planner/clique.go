@@ -12,6 +12,17 @@ import (
 // disagree (GPU Feature Discovery labels no clique then either: a node
 // whose GPUs are in two cliques is in neither as a whole).
 func (n *NodeInventory) Clique() string {
+	if n.cliqueKnown {
+		return n.clique
+	}
+	return n.findClique()
+}
+
+// findClique is Clique from the node's devices; buildNode keeps its
+// result, as gang decisions read every node's clique and the loop over
+// its GPUs and MIG devices was a tenth of a gang decision's CPU on 5,000
+// nodes.
+func (n *NodeInventory) findClique() string {
 	clique := ""
 	agree := func(c string) bool {
 		switch {

@@ -70,6 +70,10 @@ type NodeInventory struct {
 	// signature (see quickEligible); created on first use. Bounded (LRU).
 	quickMemo *lru[*quickElig]
 
+	// clique is Clique, found once when the node is built (cliqueKnown).
+	clique      string
+	cliqueKnown bool
+
 	bestMu sync.Mutex
 	// best caches bestLink by set size.
 	best map[int]topology.Link
@@ -395,6 +399,7 @@ func buildNode(pool string, slices []*resourceapi.ResourceSlice) (*NodeInventory
 	if err := n.addOnDemand(decoded.OnDemand); err != nil {
 		return nil, fmt.Errorf("pool %q: %w", pool, err)
 	}
+	n.clique, n.cliqueKnown = n.findClique(), true
 	return n, nil
 }
 
