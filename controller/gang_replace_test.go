@@ -87,13 +87,22 @@ func (h *harness) waitControllerSeesPlaced(names ...string) {
 			if err != nil || gateIndex(pod) >= 0 {
 				return false
 			}
-			claim, err := h.ctrl.claims.ResourceClaims(ns).Get(name)
-			if err != nil || claim.Status.Allocation == nil || h.ctrl.ledger.InFlight(claim.UID) {
-				return false
-			}
 		}
-		return true
+		return h.controllerSeesAllocated(names...)
 	})
+}
+
+// controllerSeesAllocated tells whether the controller's claim cache
+// shows the claims (named after the pods) allocated, with no write of its
+// own in flight.
+func (h *harness) controllerSeesAllocated(names ...string) bool {
+	for _, name := range names {
+		claim, err := h.ctrl.claims.ResourceClaims(ns).Get(name)
+		if err != nil || claim.Status.Allocation == nil || h.ctrl.ledger.InFlight(claim.UID) {
+			return false
+		}
+	}
+	return true
 }
 
 // refuseGang places placeLeafGang's gang, then has kube-scheduler refuse
@@ -183,10 +192,9 @@ func TestGangRefusedWhileMateUnbound(t *testing.T) {
 // be, anywhere its gang's level fits.
 func TestGangRefusedBeforeControllerSeesUngate(t *testing.T) {
 	h := leafGangCluster(t, "a", "b", "c")
-	h.eventually("the controller sees sd ungated", func() bool {
-		pod, err := h.ctrl.pods.Pods(ns).Get("sd")
-		return err == nil && gateIndex(pod) < 0
-	})
+	// Held back from here on, sd's ungating would hold the gang's pods
+	// back behind it.
+	h.waitControllerSeesPlaced("sd")
 
 	release := h.holdPodUpdates()
 	req := map[string]string{gangs.LabelLevel: "leaf"}
@@ -194,15 +202,7 @@ func TestGangRefusedBeforeControllerSeesUngate(t *testing.T) {
 	h.gangPod("r1", "run", 2, 4, req)
 	h.waitUngated("r0")
 	h.waitUngated("r1")
-	h.eventually("the controller's claim cache shows the gang allocated", func() bool {
-		for _, name := range []string{"r0", "r1"} {
-			claim, err := h.ctrl.claims.ResourceClaims(ns).Get(name)
-			if err != nil || claim.Status.Allocation == nil || h.ctrl.ledger.InFlight(claim.UID) {
-				return false
-			}
-		}
-		return true
-	})
+	h.eventually("the controller's claim cache shows the gang allocated", func() bool { return h.controllerSeesAllocated("r0", "r1") })
 	if pod, err := h.ctrl.pods.Pods(ns).Get("r1"); err != nil || gateIndex(pod) < 0 {
 		t.Fatalf("the controller's pod cache should still show r1 gated (err %v)", err)
 	}

@@ -152,8 +152,9 @@ var idealMemo = struct {
 // with the least unallocated GPU (nodes without GPUs, Topology nil,
 // first), then the least CPU, then memory, left afterwards (packing),
 // then the tie key (NodeState.TieKey, else the name), so that pods fill
-// one domain of the cluster before the next as ChooseNode's do. Every node needs its Host; nodes the pod does not fit are
-// skipped. Without pol.Demand only the later criteria apply.
+// one domain of the cluster before the next as ChooseNode's do. Every
+// node needs its Host; nodes the pod does not fit are skipped. Without
+// pol.Demand only the later criteria apply.
 func ChooseHost(nodes []*NodeState, req Host, pol Policy) (string, error) {
 	if err := req.validate("request.host"); err != nil {
 		return "", err

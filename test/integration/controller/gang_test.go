@@ -95,7 +95,8 @@ type gangOf struct {
 	// Edit, when set, changes pod i before it is created.
 	Edit func(i int, p *corev1.Pod)
 	// First and Count create pods First to First+Count-1 (a
-	// replacement, say); Count 0: all Size pods from First.
+	// replacement, say); Count 0: all Size pods from First. The PodGroup
+	// is created only with the pods from First 0.
 	First, Count int
 }
 
