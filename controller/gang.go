@@ -250,7 +250,7 @@ func (c *Controller) evaluateGang(ctx context.Context, key string, pod *corev1.P
 		return nil
 	case !isGang:
 		// A PodGroup with the basic policy: its pods are placed one by one.
-		return c.syncSingle(ctx, key, pod, nil)
+		return c.syncSingle(ctx, key, pod, gangHome{})
 	}
 	if spec, err = c.computeDomainSpec(spec, members); err != nil {
 		c.gangEvent(members, corev1.EventTypeWarning, report.ReasonGangWaiting, actionWait, "waiting: "+err.Error())
@@ -286,11 +286,11 @@ func (c *Controller) evaluateGang(ctx context.Context, key string, pod *corev1.P
 		}
 	}
 	if running >= spec.MinCount {
-		// The gang runs: a further pod is placed on its own, within the
-		// running pods' domain of a Required level, and the running ones
-		// are never touched.
+		// The gang runs: a further pod is placed on its own, as close to
+		// the running pods as it fits (gang_home.go), and the running
+		// ones are never touched.
 		c.setGangWaiting(members, false)
-		return c.syncSingle(ctx, key, pod, c.gangDomain(ctx, spec, members))
+		return c.syncSingle(ctx, key, pod, c.gangHome(ctx, spec, members))
 	}
 	need := spec.MinCount - running
 	if len(ready) < need {
@@ -309,67 +309,9 @@ func (c *Controller) evaluateGang(ctx context.Context, key string, pod *corev1.P
 	return c.decideGang(ctx, spec, members, ready, need)
 }
 
-// gangDomain returns the nodes of the domain of the gang's Required level
-// that its placed pods share (nil: no Required level, or they share none).
-// A placed pod is bound, or handed to kube-scheduler with its claims
-// allocated (not bound yet: its node is where they are).
-func (c *Controller) gangDomain(ctx context.Context, spec gangs.Spec, members []*gangMember) []string {
-	if spec.Policy != gangs.Required || spec.Level == "" {
-		return nil
-	}
-	level, ok := c.hierarchy.LevelOfKey(spec.Level)
-	if !ok {
-		level, ok = c.hierarchy.LevelOfName(spec.Level)
-	}
-	if !ok {
-		return nil
-	}
-	key := c.hierarchy.Key(level)
-	value := ""
-	for _, m := range members {
-		node := m.pod.Spec.NodeName
-		if node == "" {
-			if !m.gated() && len(m.pc.ours) == 0 {
-				m.pc = c.collectClaims(ctx, m.pod)
-			}
-			for _, ic := range m.pc.ours {
-				if n := allocatedNode(ic.Claim); n != "" {
-					node = n
-					break
-				}
-			}
-		}
-		if node == "" {
-			continue
-		}
-		if level == 0 {
-			return []string{node}
-		}
-		n, err := c.nodes.Get(node)
-		if err != nil || key == "" {
-			return nil
-		}
-		v := c.nodeDomain(n, key)
-		if v == "" || (value != "" && v != value) {
-			return nil
-		}
-		value = v
-	}
-	if value == "" {
-		return nil
-	}
-	var out []string
-	for _, n := range c.inv.All() {
-		if node, err := c.nodes.Get(n.Node); err == nil && c.nodeDomain(node, key) == value {
-			out = append(out, n.Node)
-		}
-	}
-	return out
-}
-
 // syncSingle places one pod of a gang on its own, as syncPod places pods
-// outside gangs, on the nodes within (nil: any).
-func (c *Controller) syncSingle(ctx context.Context, key string, pod *corev1.Pod, within []string) error {
+// outside gangs, in home's domains.
+func (c *Controller) syncSingle(ctx context.Context, key string, pod *corev1.Pod, home gangHome) error {
 	pc := c.collectClaims(ctx, pod)
 	var pending []*planner.Claim
 	for _, ic := range pc.ours {
@@ -382,7 +324,7 @@ func (c *Controller) syncSingle(ctx context.Context, key string, pod *corev1.Pod
 		// updates.
 		return nil
 	}
-	return c.allocatePodWithin(ctx, key, pod, pc, pending, within)
+	return c.allocatePodNear(ctx, key, pod, pc, pending, home)
 }
 
 // gangEvent records an event on every gated (or refused) pod of the gang.

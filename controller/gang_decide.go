@@ -88,21 +88,22 @@ func (c *Controller) decideGang(ctx context.Context, spec gangs.Spec, members, r
 	c.gangDemand.Record(spec.Key(), need, gpus)
 	req.Demand = c.gangDemand.Shapes()
 	ask := gangAsk{spec: spec, rep: rep, ready: ready, own: own, req: &req}
+	var home gangHome
 	if need < spec.MinCount {
 		// Some pods of the gang are placed already (it lost pods and
-		// these replace them): the others go where they are.
-		if within := c.gangDomain(ctx, spec, members); within != nil {
-			ask.within = sets.New(within...)
-		}
+		// these replace them): the others go as close to them as they
+		// fit (gang_home.go).
+		home = c.gangHome(ctx, spec, members)
 	}
-	dec, nodes, rej, perr := c.placeGang(ctx, ask)
+	dec, nodes, rej, step, perr := c.placeGangNear(ctx, ask, home)
 	if perr != nil {
 		c.decideMu.Unlock()
 		c.metrics.Decisions.WithLabelValues(OutcomeWaiting).Inc()
 		msg := "waiting: " + perr.Error() + gangWaitNote(spec, req)
-		if ask.within != nil {
+		if home.required && len(home.steps) > 0 {
+			last := home.steps[len(home.steps)-1]
 			msg += fmt.Sprintf("; %d of its pods are placed already, so the other %d must go to the %s they share (%d nodes)",
-				spec.MinCount-need, need, c.levelLabel(spec), ask.within.Len())
+				home.placed, need, c.hierarchy.Name(last.level), len(last.nodes))
 		}
 		if rej != "" {
 			msg += " (" + rej + ")"
@@ -127,6 +128,11 @@ func (c *Controller) decideGang(ctx context.Context, spec gangs.Spec, members, r
 	c.releaseReservation(spec.Key())
 	c.setGangWaiting(members, false)
 	p := dec.placement
+	homeNote, relaxedNote := "", ""
+	if home.placed > 0 {
+		span := home.span(c, p.Nodes)
+		homeNote, relaxedNote = home.placedNote(c, step, span), home.relaxedNote(c, span)
+	}
 	where := fmt.Sprintf("level %s", p.LevelName)
 	if p.Domain != "" {
 		where += " " + p.Domain
@@ -141,11 +147,12 @@ func (c *Controller) decideGang(ctx context.Context, spec gangs.Spec, members, r
 		c.metrics.Decisions.WithLabelValues(OutcomeAllocated).Inc()
 		c.metrics.AllocationLatency.Observe(time.Since(pw.m.pod.CreationTimestamp.Time).Seconds())
 		note := fmt.Sprintf("%s: %d pods placed together, spanning %s; this pod: %s", spec.Ref, len(dec.pods), where, pw.plan.Summarize())
-		if ask.within != nil {
-			note += fmt.Sprintf("; within the %s its %d pods placed before share", c.levelLabel(spec), spec.MinCount-need)
-		}
+		note += homeNote
 		c.explain.event(pw.m.pod, pw.writes[0].ic.Claim, corev1.EventTypeNormal, report.ReasonGangPlaced, actionAllocate, note)
-		if p.Relaxed && spec.Level != "" {
+		switch {
+		case relaxedNote != "":
+			c.explain.rec.Eventf(pw.m.pod, nil, corev1.EventTypeWarning, report.ReasonGangRelaxed, actionAllocate, "%s", relaxedNote)
+		case p.Relaxed && spec.Level != "":
 			c.explain.rec.Eventf(pw.m.pod, nil, corev1.EventTypeWarning, report.ReasonGangRelaxed, actionAllocate, "%s", p.Note)
 		}
 	}
@@ -168,9 +175,30 @@ type gangAsk struct {
 	own   planner.Placement
 	ready []*gangMember
 	req   *gang.Request
-	// within are the only nodes the pods may go to (nil: any): the
-	// domain of the gang's Required level that its placed pods share.
+	// within are the only nodes the pods may go to (nil: any): a domain
+	// the gang's placed pods share (gangHome).
 	within sets.Set[string]
+}
+
+// placeGangNear is placeGang in each of home's domains in turn, tightest
+// first, until the pods fit: the index of the step that held them, or of
+// the last one tried. An invalid request is not tried further.
+func (c *Controller) placeGangNear(ctx context.Context, ask gangAsk, home gangHome) (*gangDecision, []gang.Node, string, int, error) {
+	steps := home.tryOrder(c.hierarchy.Cluster())
+	var (
+		dec   *gangDecision
+		nodes []gang.Node
+		rej   string
+		err   error
+		i     int
+	)
+	for ; i < len(steps); i++ {
+		ask.within = home.within(i)
+		if dec, nodes, rej, err = c.placeGang(ctx, ask); err == nil || errors.Is(err, gang.ErrInvalid) {
+			break
+		}
+	}
+	return dec, nodes, rej, min(i, len(steps)-1), err
 }
 
 // placeGang is the part of a gang decision taken under the decision

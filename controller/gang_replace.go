@@ -27,11 +27,11 @@ import (
 // any pod of its gang is bound:
 //
 //   - Some are: they may run already, and are never moved. The refused
-//     pod alone is placed again, within the domain of the gang's Required
-//     level that its bound pods share (as a pod joining a running gang
-//     is), a ComputeDomain gang's clique included, with a GangPodReplaced
-//     event on the pod naming that domain. Without a Required level it may
-//     go anywhere.
+//     pod alone is placed again as close to its gang's placed pods as it
+//     fits (gang_home.go, as a pod joining a running gang is): under a
+//     Required level, a ComputeDomain gang's clique included, no wider
+//     than that level's domain. A GangPodReplaced event on the pod names
+//     the domains.
 //   - None is, and another unbound pod still holds its allocation: that
 //     pod is being bound, or was refused too and is about to lose it
 //     (kube-scheduler's gang scheduling refuses every pod of a PodGroup
@@ -63,14 +63,14 @@ func (c *Controller) replaceGangPod(ctx context.Context, key string, pod *corev1
 		c.setWaiting(key, true)
 		return nil
 	}
-	within := c.gangDomain(ctx, spec, members)
-	if within != nil {
-		msg := fmt.Sprintf("%s: pod %s lost its allocation after it was handed to kube-scheduler; placing it again on its own within the %s its gang's placed pods share (%d nodes); the gang's other pods are not moved",
-			spec.Ref, pod.Name, c.levelLabel(spec), len(within))
-		logger.V(2).Info("Placing a refused gang pod again within its gang's domain", "nodes", len(within))
+	home := c.gangHome(ctx, spec, members)
+	if len(home.steps) > 0 {
+		msg := fmt.Sprintf("%s: pod %s lost its allocation after it was handed to kube-scheduler; placing it again on its own %s; the gang's other pods are not moved",
+			spec.Ref, pod.Name, c.homeWhere(home))
+		logger.V(2).Info("Placing a refused gang pod again near its gang's placed pods", "domains", len(home.steps))
 		c.explain.event(pod, pending[0].Claim, corev1.EventTypeNormal, report.ReasonGangPodReplaced, actionAllocate, msg)
 	}
-	return c.allocatePodWithin(ctx, key, pod, pc, pending, within)
+	return c.allocatePodNear(ctx, key, pod, pc, pending, home)
 }
 
 // holdingRecheck is how soon a refused gang pod waiting for another

@@ -249,12 +249,13 @@ func (c *Controller) collectClaims(ctx context.Context, pod *corev1.Pod) podClai
 
 // allocatePod decides and writes the allocation of the pending claims.
 func (c *Controller) allocatePod(ctx context.Context, key string, pod *corev1.Pod, pc podClaims, pending []*planner.Claim) error {
-	return c.allocatePodWithin(ctx, key, pod, pc, pending, nil)
+	return c.allocatePodNear(ctx, key, pod, pc, pending, gangHome{})
 }
 
-// allocatePodWithin is allocatePod restricted to the nodes within (nil:
-// any): a further pod of a running gang stays in its Required domain.
-func (c *Controller) allocatePodWithin(ctx context.Context, key string, pod *corev1.Pod, pc podClaims, pending []*planner.Claim, within []string) error {
+// allocatePodNear is allocatePod for a further pod of a gang with pods
+// placed: in home's domains, tightest first (gang_home.go); without steps,
+// anywhere.
+func (c *Controller) allocatePodNear(ctx context.Context, key string, pod *corev1.Pod, pc podClaims, pending []*planner.Claim, home gangHome) error {
 	logger := klog.FromContext(ctx)
 	start := time.Now()
 	own, err := planner.PodPlacement(pod, pending)
@@ -301,8 +302,17 @@ func (c *Controller) allocatePodWithin(ctx context.Context, key string, pod *cor
 			return nil
 		}
 	}
-	d := c.planner.Decide(ctx, planner.Request{Pod: pod, Pending: pending, Allocated: allocated,
-		Excluded: c.excludedNodes(pod), Placement: own, Within: within})
+	req := planner.Request{Pod: pod, Pending: pending, Allocated: allocated, Excluded: c.excludedNodes(pod), Placement: own}
+	var d planner.Decision
+	steps := home.tryOrder(c.hierarchy.Cluster())
+	step := 0
+	for ; step < len(steps); step++ {
+		req.Within = steps[step].nodes
+		if d = c.planner.Decide(ctx, req); d.Chosen != nil {
+			break
+		}
+	}
+	step = min(step, len(steps)-1)
 	if d.ExclusionsIgnored {
 		c.resetExcluded(ctx, pod)
 	}
@@ -377,7 +387,15 @@ func (c *Controller) allocatePodWithin(ctx context.Context, key string, pod *cor
 	}
 	summary := chosen.Summarize()
 	logger.Info("Allocated", "node", chosen.Node.Node, "devices", summary, "duration", time.Since(start))
-	c.explain.event(pod, pending[0].Claim, corev1.EventTypeNormal, report.ReasonAllocated, actionAllocate, "allocated "+summary+chosen.MIGPlacementNote()+own.Note()+planner.AlternativesNote(chosen, d.Plans, d.Why, d.Rejections.Details, d.Unexamined))
+	homeNote := ""
+	if home.placed > 0 {
+		span := home.span(c, []string{chosen.Node.Node})
+		homeNote = home.placedNote(c, step, span)
+		if msg := home.relaxedNote(c, span); msg != "" {
+			c.explain.rec.Eventf(pod, nil, corev1.EventTypeWarning, report.ReasonGangRelaxed, actionAllocate, "%s", msg)
+		}
+	}
+	c.explain.event(pod, pending[0].Claim, corev1.EventTypeNormal, report.ReasonAllocated, actionAllocate, "allocated "+summary+homeNote+chosen.MIGPlacementNote()+own.Note()+planner.AlternativesNote(chosen, d.Plans, d.Why, d.Rejections.Details, d.Unexamined))
 	c.explainPriority(pod, chosen, pending)
 	if err := c.ungate(ctx, pod); err != nil {
 		return err

@@ -141,7 +141,9 @@ func (p *Planner) Decide(ctx context.Context, req Request) Decision {
 		all = p.inv.sortedNodes()
 	}
 	if req.Within != nil {
-		all = slices.DeleteFunc(slices.Clone(all), func(n *NodeInventory) bool { return !slices.Contains(req.Within, n.Node) })
+		// A set: a gang's domain may be a spine of hundreds of nodes.
+		in := sets.New(req.Within...)
+		all = slices.DeleteFunc(slices.Clone(all), func(n *NodeInventory) bool { return !in.Has(n.Node) })
 	}
 	d := Decision{Nodes: len(all)}
 	pol := req.Placement.apply(p.demand.policy(p.mix.Policy(ctx, p.policy, pending), p.nodesNowOf(all)))
