@@ -94,6 +94,9 @@ func (c *Controller) decideGang(ctx context.Context, spec gangs.Spec, members, r
 		// these replace them): the others go as close to them as they
 		// fit (gang_home.go).
 		home = c.gangHome(ctx, spec, members)
+		if spec.AlignRails {
+			ask.rail = c.placedRailKey(ctx, members)
+		}
 	}
 	dec, nodes, rej, step, perr := c.placeGangNear(ctx, ask, home)
 	if perr != nil {
@@ -104,6 +107,9 @@ func (c *Controller) decideGang(ctx context.Context, spec gangs.Spec, members, r
 			last := home.steps[len(home.steps)-1]
 			msg += fmt.Sprintf("; %d of its pods are placed already, so the other %d must go to the %s they share (%d nodes)",
 				home.placed, need, c.hierarchy.Name(last.level), len(last.nodes))
+		}
+		if ask.rail != "" {
+			msg += fmt.Sprintf("; its pods placed before use NIC rails %s, and so must the others", ask.rail)
 		}
 		if rej != "" {
 			msg += " (" + rej + ")"
@@ -178,6 +184,9 @@ type gangAsk struct {
 	// within are the only nodes the pods may go to (nil: any): a domain
 	// the gang's placed pods share (gangHome).
 	within sets.Set[string]
+	// rail is the NIC rail key the pods must use (empty: any): the one
+	// an aligned gang's placed pods use.
+	rail string
 }
 
 // placeGangNear is placeGang in each of home's domains in turn, tightest
@@ -216,7 +225,7 @@ func (c *Controller) placeGang(ctx context.Context, ask gangAsk) (*gangDecision,
 		nodes, rej := c.gangCandidates(ctx, candidateQuery{rep: rep, own: own, maxPods: len(ready), excluded: excluded, within: ask.within})
 		c.boundByChannels(ctx, ready, nodes)
 		if spec.AlignRails {
-			req.AlignRails = c.railSlots(ctx, rep, own, nodes)
+			req.AlignRails = c.railSlots(ctx, rep, own, nodes, ask.rail)
 		}
 		placement, err := gang.Place(c.hierarchy, *req, nodes)
 		return placement, nodes, rej, err

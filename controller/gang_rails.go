@@ -15,6 +15,7 @@ import (
 
 	"github.com/gpulink/gpulink/controller/gangs"
 	"github.com/gpulink/gpulink/controller/planner"
+	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/gang"
 	"github.com/gpulink/gpulink/internal/sliceformat"
 )
@@ -99,17 +100,26 @@ func (c *Controller) railsOn(node string) map[planner.DeviceKey]string {
 // "driver=r1,r2" per driver, sorted, joined by ";". ok is false when the
 // plan takes none, or one without a rail.
 func railKey(plan *planner.Plan, claims int, rails map[planner.DeviceKey]string) (string, bool) {
-	byDriver := map[string][]string{}
+	var devices []planner.DeviceKey
 	for i := range claims {
 		for _, fr := range plan.ForeignResults(i) {
 			for _, d := range fr.Devices {
-				r, ok := rails[d.Key()]
-				if !ok {
-					return "", false
-				}
-				byDriver[d.Driver] = append(byDriver[d.Driver], r)
+				devices = append(devices, d.Key())
 			}
 		}
+	}
+	return railKeyOf(devices, rails)
+}
+
+// railKeyOf is the alignment key of other drivers' devices (railKey).
+func railKeyOf(devices []planner.DeviceKey, rails map[planner.DeviceKey]string) (string, bool) {
+	byDriver := map[string][]string{}
+	for _, d := range devices {
+		r, ok := rails[d]
+		if !ok {
+			return "", false
+		}
+		byDriver[d.Driver] = append(byDriver[d.Driver], r)
 	}
 	if len(byDriver) == 0 {
 		return "", false
@@ -173,8 +183,10 @@ func (c *Controller) holdOffRails(node, key string) func() {
 // railSlots fills the candidate nodes' AlignedSlots for a gang with
 // aligned rails and tells whether alignment applies: false when the
 // representative pod's claims ask for no other driver's devices (there
-// is nothing to align). Called under the decision lock.
-func (c *Controller) railSlots(ctx context.Context, rep *gangMember, own planner.Placement, nodes []gang.Node) bool {
+// is nothing to align). With a fixed key (the rails of the gang's placed
+// pods, for its replacements) only that key is counted. Called under the
+// decision lock.
+func (c *Controller) railSlots(ctx context.Context, rep *gangMember, own planner.Placement, nodes []gang.Node, fixed string) bool {
 	foreign := false
 	for _, ic := range rep.pending {
 		foreign = foreign || len(ic.Foreign) > 0
@@ -182,21 +194,10 @@ func (c *Controller) railSlots(ctx context.Context, rep *gangMember, own planner
 	if !foreign {
 		return false
 	}
-	count := map[string]int{}
-	for i := range nodes {
-		if nodes[i].Slots == 0 {
-			continue
-		}
-		for _, k := range c.plannedRailKeys(ctx, rep, own, nodes[i].Name, min(nodes[i].Slots, railDiscoveryPods)) {
-			count[k]++
-		}
+	keys := []string{fixed}
+	if fixed == "" {
+		keys = c.discoverRailKeys(ctx, rep, own, nodes)
 	}
-	keys := make([]string, 0, len(count))
-	for k := range count {
-		keys = append(keys, k)
-	}
-	slices.SortFunc(keys, func(a, b string) int { return cmp.Or(cmp.Compare(count[b], count[a]), cmp.Compare(a, b)) })
-	keys = keys[:min(len(keys), maxRailKeys)]
 	for i := range nodes {
 		if nodes[i].Slots == 0 {
 			continue
@@ -217,6 +218,68 @@ func (c *Controller) railSlots(ctx context.Context, rep *gangMember, own planner
 		}
 	}
 	return true
+}
+
+// discoverRailKeys are the alignment keys worth trying for the gang: the
+// maxRailKeys most common rail keys of its representative pod's first
+// plans on the candidate nodes.
+func (c *Controller) discoverRailKeys(ctx context.Context, rep *gangMember, own planner.Placement, nodes []gang.Node) []string {
+	count := map[string]int{}
+	for i := range nodes {
+		if nodes[i].Slots == 0 {
+			continue
+		}
+		for _, k := range c.plannedRailKeys(ctx, rep, own, nodes[i].Name, min(nodes[i].Slots, railDiscoveryPods)) {
+			count[k]++
+		}
+	}
+	keys := make([]string, 0, len(count))
+	for k := range count {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b string) int { return cmp.Or(cmp.Compare(count[b], count[a]), cmp.Compare(a, b)) })
+	return keys[:min(len(keys), maxRailKeys)]
+}
+
+// placedRailKey is the rail key every placed pod of the gang uses (bound,
+// or handed over with its claims allocated): its replacements keep to it.
+// "" when no pod is placed, the placed pods' keys differ, or a placed
+// pod's devices of other drivers have no rail.
+func (c *Controller) placedRailKey(ctx context.Context, members []*gangMember) string {
+	key := ""
+	for _, m := range members {
+		if m.gated() {
+			continue
+		}
+		if len(m.pc.ours) == 0 {
+			m.pc = c.collectClaims(ctx, m.pod)
+		}
+		node := m.pod.Spec.NodeName
+		var devices []planner.DeviceKey
+		for _, ic := range m.pc.ours {
+			a := ic.Claim.Status.Allocation
+			if a == nil {
+				continue
+			}
+			if node == "" {
+				node = allocatedNode(ic.Claim)
+			}
+			for _, r := range a.Devices.Results {
+				if r.Driver != driver.Name {
+					devices = append(devices, planner.DeviceKey{Driver: r.Driver, Pool: r.Pool, Device: r.Device})
+				}
+			}
+		}
+		if node == "" || len(devices) == 0 {
+			continue
+		}
+		k, ok := railKeyOf(devices, c.railsOn(node))
+		if !ok || (key != "" && k != key) {
+			return ""
+		}
+		key = k
+	}
+	return key
 }
 
 // railCap bounds the pods the node can take under a rail key by its free

@@ -86,7 +86,7 @@ func benchGangRails(b *testing.B, nodes, pods int, aligned bool) {
 		c.decideMu.Lock()
 		cands, _ := c.gangCandidates(ctx, candidateQuery{rep: rep, maxPods: pods})
 		if aligned {
-			req.AlignRails = c.railSlots(ctx, rep, planner.Placement{}, cands)
+			req.AlignRails = c.railSlots(ctx, rep, planner.Placement{}, cands, "")
 		}
 		p, err := gang.Place(c.hierarchy, req, cands)
 		c.decideMu.Unlock()

@@ -196,3 +196,82 @@ func TestRailKeys(t *testing.T) {
 		t.Errorf("parseRailKey: %v", got)
 	}
 }
+
+// TestGangReplacementKeepsRails: a replacement for a lost pod of a gang
+// with gang-rails: aligned takes a NIC of the rail its placed pod uses,
+// not the rail most idle nodes offer first (rail 0, free on the idle
+// node c); where no node offers that rail it waits, saying so.
+func TestGangReplacementKeepsRails(t *testing.T) {
+	h := newHarness(t, objs(classes(), []runtime.Object{controllertest.NICDeviceClass()},
+		nicNode(t, "a", railNICs()), nicNode(t, "b", railNICs()), nicNode(t, "c", railNICs()))...).start()
+	// Singletons hold rail 0 (GPUs 0-1 and nic-0) on a and b: the gang
+	// of two takes another rail on both.
+	for _, node := range []string{"a", "b"} {
+		name := "single-" + node
+		h.claim(name, gpusAndNICs(2, 1))
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, UID: uuid.NewUUID()},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "x"}}, NodeSelector: map[string]string{corev1.LabelHostname: node},
+				ResourceClaims:  []corev1.PodResourceClaim{{Name: "gpus", ResourceClaimName: ptr.To(name)}},
+				SchedulingGates: []corev1.PodSchedulingGate{{Name: driver.SchedulingGate}}}}
+		if _, err := h.client.CoreV1().Pods(ns).Create(h.ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if got := nicOf(t, h.waitAllocated(name)); got != node+"/nic-0" {
+			t.Fatalf("singleton got %s, want %s/nic-0", got, node)
+		}
+	}
+	// c is busy while the gang is placed, so that it lands on a and b.
+	h.claim("busy-c", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 8)}})
+	busy := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "busy-c", Namespace: ns, UID: uuid.NewUUID()},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "x"}}, NodeSelector: map[string]string{corev1.LabelHostname: "c"},
+			ResourceClaims:  []corev1.PodResourceClaim{{Name: "gpus", ResourceClaimName: ptr.To("busy-c")}},
+			SchedulingGates: []corev1.PodSchedulingGate{{Name: driver.SchedulingGate}}}}
+	if _, err := h.client.CoreV1().Pods(ns).Create(h.ctx, busy, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitAllocated("busy-c")
+
+	aligned := map[string]string{gangs.LabelRails: gangs.RailsAligned}
+	h.nicGangPod("r0", "rails", 2, aligned)
+	h.nicGangPod("r1", "rails", 2, aligned)
+	h.waitUngated("r0")
+	h.waitUngated("r1")
+	n0 := nicOf(t, h.getClaim("r0"))
+	node0, rail, _ := strings.Cut(n0, "/")
+	if _, nic1, _ := strings.Cut(nicOf(t, h.getClaim("r1")), "/"); nic1 != rail || rail == "nic-0" {
+		t.Fatalf("aligned gang got %s and %s, want one rail other than 0", n0, nicOf(t, h.getClaim("r1")))
+	}
+	h.bind("r0", node0)
+	h.bind("r1", allocatedNode(h.getClaim("r1")))
+
+	// r1 is lost; c is idle now: its first plan takes rail 0.
+	h.deletePod("r1")
+	if err := h.client.CoreV1().Pods(ns).Delete(h.ctx, "busy-c", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.client.ResourceV1().ResourceClaims(ns).Delete(h.ctx, "busy-c", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually("c's GPUs free again", func() bool {
+		free, _ := h.ctrl.planner.GPUCounts("c")
+		return free == 8
+	})
+	h.nicGangPod("r2", "rails", 2, aligned)
+	h.waitUngated("r2")
+	if _, nic2, _ := strings.Cut(nicOf(t, h.getClaim("r2")), "/"); nic2 != rail {
+		t.Fatalf("replacement got %s, want rail %s as its placed pod (%s)", nicOf(t, h.getClaim("r2")), rail, n0)
+	}
+
+	// r2 is lost too; the claims of the lost pods keep their NICs, so no
+	// node offers that rail now: the next replacement waits, though other
+	// rails are free.
+	h.deletePod("r2")
+	h.nicGangPod("r3", "rails", 2, aligned)
+	h.waitEventWith(ns+"/r3", report.ReasonGangWaiting, "its pods placed before use NIC rails "+controllertest.NICDriver+"=")
+	if n := allocatedNode(h.getClaim("r3")); n != "" {
+		t.Errorf("replacement placed on %s off its gang's rail", n)
+	}
+	if err := controllertest.CheckInvariants(h.allClaims(), h.allSlices()); err != nil {
+		t.Error(err)
+	}
+}
