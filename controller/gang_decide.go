@@ -94,9 +94,7 @@ func (c *Controller) decideGang(ctx context.Context, spec gangs.Spec, members, r
 		// these replace them): the others go as close to them as they
 		// fit (gang_home.go).
 		home = c.gangHome(ctx, spec, members)
-		if spec.AlignRails {
-			ask.rail = c.placedRailKey(ctx, members)
-		}
+		ask.rail = home.rail
 	}
 	dec, nodes, rej, step, perr := c.placeGangNear(ctx, ask, home)
 	if perr != nil {

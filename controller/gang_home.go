@@ -50,6 +50,9 @@ type gangHome struct {
 	// they are all on one.
 	sharedAt []string
 	node     string
+	// rail is the NIC rail key the placed pods of a gang with
+	// gang-rails: aligned use ("": any rails).
+	rail string
 }
 
 // within returns step i's nodes as a set (nil: anywhere).
@@ -142,6 +145,9 @@ func (c *Controller) gangHome(ctx context.Context, spec gangs.Spec, members []*g
 		return h
 	}
 	h.placed = len(placed)
+	if spec.AlignRails {
+		h.rail = c.placedRailKey(ctx, members)
+	}
 	top := c.hierarchy.Cluster()
 	maxLevel := top - 1
 	if h.required {
@@ -156,7 +162,7 @@ func (c *Controller) gangHome(ctx context.Context, spec gangs.Spec, members []*g
 		obj, err := c.nodes.Get(n)
 		if err != nil {
 			// A placed pod's node is gone: where it was is unknown.
-			return gangHome{ref: h.ref, placed: h.placed, level: h.level, required: h.required}
+			return gangHome{ref: h.ref, placed: h.placed, level: h.level, required: h.required, rail: h.rail}
 		}
 		d := c.nodeDomains(obj, c.inv.Node(n))
 		for lv := 1; lv <= maxLevel; lv++ {

@@ -180,6 +180,30 @@ func (c *Controller) holdOffRails(node, key string) func() {
 	return func() { settle("", false) }
 }
 
+// holdOffRailsWithin is holdOffRails on each of the nodes (nil: every
+// node with other drivers' devices), for a pod of an aligned gang planned
+// on its own; the returned function releases them all. Called under the
+// decision lock.
+func (c *Controller) holdOffRailsWithin(key string, nodes []string) func() {
+	if key == "" {
+		return func() {}
+	}
+	if nodes == nil {
+		for _, n := range c.inv.All() {
+			nodes = append(nodes, n.Node)
+		}
+	}
+	releases := make([]func(), 0, len(nodes))
+	for _, n := range nodes {
+		releases = append(releases, c.holdOffRails(n, key))
+	}
+	return func() {
+		for _, r := range releases {
+			r()
+		}
+	}
+}
+
 // railSlots fills the candidate nodes' AlignedSlots for a gang with
 // aligned rails and tells whether alignment applies: false when the
 // representative pod's claims ask for no other driver's devices (there

@@ -197,18 +197,16 @@ func TestRailKeys(t *testing.T) {
 	}
 }
 
-// TestGangReplacementKeepsRails: a replacement for a lost pod of a gang
-// with gang-rails: aligned takes a NIC of the rail its placed pod uses,
-// not the rail most idle nodes offer first (rail 0, free on the idle
-// node c); where no node offers that rail it waits, saying so.
-func TestGangReplacementKeepsRails(t *testing.T) {
+// railGang places an aligned gang "rails" of 2 pods (2 GPUs and a NIC
+// each), r0 and r1, bound on nodes a and b, on a rail other than 0:
+// singletons hold rail 0 (GPUs 0-1 and nic-0) on a and b, and node c is
+// busy meanwhile. Then c is freed: its first plan takes rail 0. It
+// returns the harness, the gang's rail (the NIC's name) and r0's NIC.
+func railGang(t *testing.T) (*harness, string, string) {
 	h := newHarness(t, objs(classes(), []runtime.Object{controllertest.NICDeviceClass()},
 		nicNode(t, "a", railNICs()), nicNode(t, "b", railNICs()), nicNode(t, "c", railNICs()))...).start()
-	// Singletons hold rail 0 (GPUs 0-1 and nic-0) on a and b: the gang
-	// of two takes another rail on both.
-	for _, node := range []string{"a", "b"} {
-		name := "single-" + node
-		h.claim(name, gpusAndNICs(2, 1))
+	pinned := func(name, node string, claim resourceapi.DeviceClaim) {
+		h.claim(name, claim)
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, UID: uuid.NewUUID()},
 			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "x"}}, NodeSelector: map[string]string{corev1.LabelHostname: node},
 				ResourceClaims:  []corev1.PodResourceClaim{{Name: "gpus", ResourceClaimName: ptr.To(name)}},
@@ -216,36 +214,29 @@ func TestGangReplacementKeepsRails(t *testing.T) {
 		if _, err := h.client.CoreV1().Pods(ns).Create(h.ctx, p, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		if got := nicOf(t, h.waitAllocated(name)); got != node+"/nic-0" {
+		h.waitAllocated(name)
+	}
+	for _, node := range []string{"a", "b"} {
+		pinned("single-"+node, node, gpusAndNICs(2, 1))
+		if got := nicOf(t, h.getClaim("single-"+node)); got != node+"/nic-0" {
 			t.Fatalf("singleton got %s, want %s/nic-0", got, node)
 		}
 	}
-	// c is busy while the gang is placed, so that it lands on a and b.
-	h.claim("busy-c", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 8)}})
-	busy := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "busy-c", Namespace: ns, UID: uuid.NewUUID()},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "x"}}, NodeSelector: map[string]string{corev1.LabelHostname: "c"},
-			ResourceClaims:  []corev1.PodResourceClaim{{Name: "gpus", ResourceClaimName: ptr.To("busy-c")}},
-			SchedulingGates: []corev1.PodSchedulingGate{{Name: driver.SchedulingGate}}}}
-	if _, err := h.client.CoreV1().Pods(ns).Create(h.ctx, busy, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	h.waitAllocated("busy-c")
+	pinned("busy-c", "c", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 8)}})
 
-	aligned := map[string]string{gangs.LabelRails: gangs.RailsAligned}
-	h.nicGangPod("r0", "rails", 2, aligned)
-	h.nicGangPod("r1", "rails", 2, aligned)
+	h.nicGangPod("r0", "rails", 2, railsAligned)
+	h.nicGangPod("r1", "rails", 2, railsAligned)
 	h.waitUngated("r0")
 	h.waitUngated("r1")
-	n0 := nicOf(t, h.getClaim("r0"))
+	n0, n1 := nicOf(t, h.getClaim("r0")), nicOf(t, h.getClaim("r1"))
 	node0, rail, _ := strings.Cut(n0, "/")
-	if _, nic1, _ := strings.Cut(nicOf(t, h.getClaim("r1")), "/"); nic1 != rail || rail == "nic-0" {
-		t.Fatalf("aligned gang got %s and %s, want one rail other than 0", n0, nicOf(t, h.getClaim("r1")))
+	if _, nic1, _ := strings.Cut(n1, "/"); nic1 != rail || rail == "nic-0" {
+		t.Fatalf("aligned gang got %s and %s, want one rail other than 0", n0, n1)
 	}
 	h.bind("r0", node0)
 	h.bind("r1", allocatedNode(h.getClaim("r1")))
+	h.waitControllerSeesPlaced("r0", "r1")
 
-	// r1 is lost; c is idle now: its first plan takes rail 0.
-	h.deletePod("r1")
 	if err := h.client.CoreV1().Pods(ns).Delete(h.ctx, "busy-c", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +247,19 @@ func TestGangReplacementKeepsRails(t *testing.T) {
 		free, _ := h.ctrl.planner.GPUCounts("c")
 		return free == 8
 	})
-	h.nicGangPod("r2", "rails", 2, aligned)
+	return h, rail, n0
+}
+
+var railsAligned = map[string]string{gangs.LabelRails: gangs.RailsAligned}
+
+// TestGangReplacementKeepsRails: a replacement for a lost pod of a gang
+// with gang-rails: aligned takes a NIC of the rail its placed pod uses,
+// not the rail an idle node offers first (rail 0 on c); where no node
+// offers that rail it waits, saying so.
+func TestGangReplacementKeepsRails(t *testing.T) {
+	h, rail, n0 := railGang(t)
+	h.deletePod("r1")
+	h.nicGangPod("r2", "rails", 2, railsAligned)
 	h.waitUngated("r2")
 	if _, nic2, _ := strings.Cut(nicOf(t, h.getClaim("r2")), "/"); nic2 != rail {
 		t.Fatalf("replacement got %s, want rail %s as its placed pod (%s)", nicOf(t, h.getClaim("r2")), rail, n0)
@@ -266,10 +269,30 @@ func TestGangReplacementKeepsRails(t *testing.T) {
 	// node offers that rail now: the next replacement waits, though other
 	// rails are free.
 	h.deletePod("r2")
-	h.nicGangPod("r3", "rails", 2, aligned)
+	h.nicGangPod("r3", "rails", 2, railsAligned)
 	h.waitEventWith(ns+"/r3", report.ReasonGangWaiting, "its pods placed before use NIC rails "+controllertest.NICDriver+"=")
 	if n := allocatedNode(h.getClaim("r3")); n != "" {
 		t.Errorf("replacement placed on %s off its gang's rail", n)
+	}
+	if err := controllertest.CheckInvariants(h.allClaims(), h.allSlices()); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestGangFurtherPodKeepsRails: a pod beyond minCount of an aligned gang,
+// placed on its own, takes a NIC of its placed pods' rail too (on c, not
+// c's rail 0); with that rail taken everywhere, the next one waits.
+func TestGangFurtherPodKeepsRails(t *testing.T) {
+	h, rail, n0 := railGang(t)
+	h.nicGangPod("r2", "rails", 2, railsAligned)
+	h.waitUngated("r2")
+	if got := nicOf(t, h.getClaim("r2")); got != "c/"+rail {
+		t.Fatalf("further pod got %s, want c/%s, the rail of its placed pods (%s)", got, rail, n0)
+	}
+	h.nicGangPod("r3", "rails", 2, railsAligned)
+	h.waitEventWith(ns+"/r3", report.ReasonWaiting, "NIC rails "+controllertest.NICDriver+"=")
+	if n := allocatedNode(h.getClaim("r3")); n != "" {
+		t.Errorf("further pod placed on %s off its gang's rail", n)
 	}
 	if err := controllertest.CheckInvariants(h.allClaims(), h.allSlices()); err != nil {
 		t.Error(err)

@@ -308,7 +308,10 @@ func (c *Controller) allocatePodNear(ctx context.Context, key string, pod *corev
 	step := 0
 	for ; step < len(steps); step++ {
 		req.Within = steps[step].nodes
-		if d = c.planner.Decide(ctx, req); d.Chosen != nil {
+		release := c.holdOffRailsWithin(home.rail, req.Within)
+		d = c.planner.Decide(ctx, req)
+		release()
+		if d.Chosen != nil {
 			break
 		}
 	}
@@ -323,6 +326,9 @@ func (c *Controller) allocatePodNear(ctx context.Context, key string, pod *corev
 		c.metrics.Errors.WithLabelValues(errReasonUnsatisfiable).Inc()
 		c.metrics.Decisions.WithLabelValues(OutcomeWaiting).Inc()
 		msg := c.planner.WaitingMessage(pending, d)
+		if home.rail != "" {
+			msg += fmt.Sprintf("; NIC rails %s only, as its gang's placed pods", home.rail)
+		}
 		logger.V(2).Info("Waiting for devices", "reason", msg)
 		c.explain.event(pod, pending[0].Claim, corev1.EventTypeWarning, report.ReasonWaiting, actionWait, msg)
 		return nil
