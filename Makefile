@@ -104,7 +104,7 @@ helm-lint: ## helm lint and helm template of the chart
 .PHONY: bench
 bench: ## allocator (latency p50/p99, churn quality per topology vs baselines), gang placement and the controller's gang decision (64 pods × 8 GPUs on 5,000 nodes) and kubelet plugin benchmarks
 	$(GO) test -run '^$$' -bench . -benchmem ./driver/... ./kubeletplugin/...
-	$(GO) test -run '^$$' -bench GangDecision -benchtime 50x ./controller/
+	$(GO) test -run '^$$' -bench 'GangDecision$$|GangReplacementDecision' -benchtime 50x ./controller/
 
 # FGD's production trace (USENIX ATC '23), read from TRACE_DIR at run time
 # (never copied into the project): gpulink against FGD and the paper's

@@ -251,3 +251,66 @@ func threadCPU(b *testing.B) time.Duration {
 
 // rusageThread is RUSAGE_THREAD (Linux).
 const rusageThread = 1
+
+// BenchmarkGangReplacementDecision is the decision for one replacement
+// pod (8 GPUs) of a gang that prefers one leaf and has a pod placed on
+// n0100 (leaf-3), on BenchmarkGangDecision's 5,000 nodes: gangHome (where
+// the placed pod is, and the domains around it) and placeGangNear, which
+// tries them tightest first (gang_home.go).
+//
+//   - fits-in-leaf: leaf-3 has free nodes: found at the second step.
+//   - leaf-full: every node of leaf-3 is busy: the leaf, then the spine
+//     is tried, which has room.
+func BenchmarkGangReplacementDecision(b *testing.B) {
+	gb := newGangBench(b, 5000, 1, 0.45)
+	c := gb.c
+	spec := gb.spec
+	spec.Level, spec.Policy = gang.LabelLeaf, gangs.Preferred
+	placed := &gangMember{pod: &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "placed", Namespace: ns}, Spec: corev1.PodSpec{NodeName: "n0100"}}, handedOver: true}
+	members := append([]*gangMember{placed}, gb.ready...)
+	decide := func(b *testing.B, wantLevel int) {
+		var took []time.Duration
+		for range b.N {
+			c.decideMu.Lock()
+			start := time.Now()
+			home := c.gangHome(gb.ctx, spec, members)
+			dec, _, _, step, err := c.placeGangNear(gb.ctx, gangAsk{spec: spec, rep: gb.ready[0], ready: gb.ready, own: gb.own, req: &gb.req}, home)
+			took = append(took, time.Since(start))
+			if err == nil {
+				c.dropGang(dec)
+			}
+			c.decideMu.Unlock()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if got := home.steps[step].level; got != wantLevel {
+				b.Fatalf("placed at step level %d, want %d", got, wantLevel)
+			}
+		}
+		slices.Sort(took)
+		b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "p50-ms")
+		b.ReportMetric(float64(took[len(took)*99/100].Microseconds())/1000, "p99-ms")
+	}
+	// fill takes every GPU of nodes n<from>-n<to-1> (a GPU already in
+	// use counts once: a usage is exclusive or not).
+	fill := func(uid string, from, to int) {
+		var uses []planner.DeviceUse
+		for i := from; i < to; i++ {
+			n := c.inv.Node(fmt.Sprintf("n%04d", i))
+			for pos := range n.Devices {
+				uses = append(uses, planner.DeviceUse{Key: planner.DeviceKey{Pool: n.Pool, Device: n.Devices[pos].Name}, Exclusive: true})
+			}
+		}
+		c.decideMu.Lock()
+		defer c.decideMu.Unlock()
+		if _, ok := c.ledger.Assume(types.UID(uid), uses); !ok {
+			b.Fatalf("%s not held", uid)
+		}
+	}
+	fill("bench-placed", 100, 101) // the placed pod's GPUs
+	leaf, _ := c.hierarchy.LevelOfKey(gang.LabelLeaf)
+	spine, _ := c.hierarchy.LevelOfKey(gang.LabelSpine)
+	b.Run("fits-in-leaf", func(b *testing.B) { decide(b, leaf) })
+	fill("bench-leaf-3", 96, 128)
+	b.Run("leaf-full", func(b *testing.B) { decide(b, spine) })
+}
