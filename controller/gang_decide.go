@@ -199,8 +199,17 @@ func (c *Controller) placeGangNear(ctx context.Context, ask gangAsk, home gangHo
 		err   error
 		i     int
 	)
+	excluded := c.refusedExclusions(ask.ready)
 	for ; i < len(steps); i++ {
 		ask.within = home.within(i)
+		if ask.within != nil && i < len(steps)-1 && excluded.Len() > 0 {
+			// The nodes the pods were refused on are tried again only
+			// when nothing else fits (placeGang), which is for the last
+			// step to find, not a tighter one.
+			if ask.within = ask.within.Difference(excluded); ask.within.Len() == 0 {
+				continue
+			}
+		}
 		if dec, nodes, rej, err = c.placeGang(ctx, ask); err == nil || errors.Is(err, gang.ErrInvalid) {
 			break
 		}

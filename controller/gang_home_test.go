@@ -108,3 +108,33 @@ func TestGangReplacementJoinsPlacedPodsClique(t *testing.T) {
 		t.Errorf("replacement's event %q, want it to name the placed pods' clique", e.Note)
 	}
 }
+
+// TestGangRefusedPodNotBackOnItsNode: a gang of two 4-GPU pods Required
+// in one leaf lands on one 8-GPU node, a. kube-scheduler binds r0 there
+// and refuses r1. r1 is placed again near r0, but the tightest domain
+// they share, node a, is the node r1 was refused on: it goes to b, the
+// rest of the leaf, not back to a (the refused node is tried again only
+// when nothing else fits, as for any pod).
+func TestGangRefusedPodNotBackOnItsNode(t *testing.T) {
+	node := func(name string) []runtime.Object {
+		objs := gpuNode(t, name, "pcie-switch-8.txt")
+		objs[0].(*corev1.Node).Labels = map[string]string{corev1.LabelHostname: name, gang.LabelLeaf: "l1"}
+		return objs
+	}
+	h := newHarness(t, objs(classes(), node("a"), node("b"))...).start()
+	req := map[string]string{gangs.LabelLevel: "leaf"}
+	h.gangPod("r0", "run", 2, 4, req)
+	h.gangPod("r1", "run", 2, 4, req)
+	h.waitUngated("r0")
+	h.waitUngated("r1")
+	placed := h.allocatedNodes("r0", "r1")
+	if placed["r0"] != placed["r1"] {
+		t.Fatalf("gang on %v, want both pods on one node", placed)
+	}
+	h.bind("r0", placed["r0"])
+	h.deallocate("r1")
+	h.eventually("r1 allocated again", func() bool { return allocatedNode(h.getClaim("r1")) != "" })
+	if got := allocatedNode(h.getClaim("r1")); got == placed["r1"] {
+		t.Errorf("refused pod placed again on %s, the node it was refused on, while the other node of its leaf is idle", got)
+	}
+}

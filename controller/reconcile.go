@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -308,6 +309,15 @@ func (c *Controller) allocatePodNear(ctx context.Context, key string, pod *corev
 	step := 0
 	for ; step < len(steps); step++ {
 		req.Within = steps[step].nodes
+		if step < len(steps)-1 && req.Excluded.Len() > 0 {
+			// The nodes the pod was refused on are tried again only
+			// when nothing else fits (the planner's ExclusionsIgnored),
+			// which is for the last step to find, not a tighter one.
+			req.Within = slices.DeleteFunc(slices.Clone(req.Within), req.Excluded.Has)
+			if len(req.Within) == 0 {
+				continue
+			}
+		}
 		release := c.holdOffRailsWithin(home.rail, req.Within)
 		d = c.planner.Decide(ctx, req)
 		release()
