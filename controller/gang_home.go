@@ -75,7 +75,7 @@ func (h gangHome) tryOrder(top int) []homeStep {
 // nodes (the hierarchy's top: the cluster).
 func (h gangHome) span(c *Controller, nodes []string) int {
 	top := c.hierarchy.Cluster()
-	if h.placed == 0 {
+	if h.placed == 0 || len(h.sharedAt) < top {
 		return top
 	}
 	if h.node != "" && !slices.ContainsFunc(nodes, func(n string) bool { return n != h.node }) {
@@ -106,12 +106,15 @@ func (h gangHome) placedNote(c *Controller, i, span int) string {
 		return ""
 	}
 	st := h.steps[i]
-	if st.nodes != nil {
+	switch {
+	case st.nodes != nil:
 		return fmt.Sprintf("; within the %s its %d pods placed before share", c.hierarchy.Name(st.level), h.placed)
+	case i == 0:
+		// The placed pods share no domain: there was none to join.
+		return ""
 	}
-	widest := h.steps[max(0, i-1)].level
 	return fmt.Sprintf("; no room in the %s its %d pods placed before share, so with them the gang spans a %s",
-		c.hierarchy.Name(widest), h.placed, c.hierarchy.Name(span))
+		c.hierarchy.Name(h.steps[i-1].level), h.placed, c.hierarchy.Name(span))
 }
 
 // relaxedNote is the GangLevelRelaxed event for pods that, with the
@@ -121,8 +124,12 @@ func (h gangHome) relaxedNote(c *Controller, span int) string {
 	if h.required || h.level < 0 || h.placed == 0 || span <= h.level {
 		return ""
 	}
-	return fmt.Sprintf("%s: prefers one %s; with its %d pods placed before, these span a %s: no %s they share had room",
-		h.ref, c.hierarchy.Name(h.level), h.placed, c.hierarchy.Name(span), c.hierarchy.Name(h.level))
+	why := fmt.Sprintf("no %s they share had room", c.hierarchy.Name(h.level))
+	if h.level > 0 && h.level < len(h.sharedAt) && h.sharedAt[h.level] == "" || h.level == 0 && h.node == "" {
+		why = fmt.Sprintf("they span more than one %s already", c.hierarchy.Name(h.level))
+	}
+	return fmt.Sprintf("%s: prefers one %s; with its %d pods placed before, these span a %s: %s",
+		h.ref, c.hierarchy.Name(h.level), h.placed, c.hierarchy.Name(span), why)
 }
 
 // gangHome finds where the gang's placed pods are and the domains to try
@@ -139,7 +146,10 @@ func (c *Controller) gangHome(ctx context.Context, spec gangs.Spec, members []*g
 		}
 		h.level = level
 	}
-	h.required = spec.Policy == gangs.Required && h.level >= 0
+	top := c.hierarchy.Cluster()
+	// A Required level of the whole cluster requires nothing: its
+	// further pods try the placed pods' domains, then anywhere.
+	h.required = spec.Policy == gangs.Required && h.level >= 0 && h.level < top
 	placed := c.placedNodes(ctx, members)
 	if len(placed) == 0 {
 		return h
@@ -148,7 +158,6 @@ func (c *Controller) gangHome(ctx context.Context, spec gangs.Spec, members []*g
 	if spec.AlignRails {
 		h.rail = c.placedRailKey(ctx, members)
 	}
-	top := c.hierarchy.Cluster()
 	maxLevel := top - 1
 	if h.required {
 		maxLevel = h.level
@@ -161,8 +170,9 @@ func (c *Controller) gangHome(ctx context.Context, spec gangs.Spec, members []*g
 		}
 		obj, err := c.nodes.Get(n)
 		if err != nil {
-			// A placed pod's node is gone: where it was is unknown.
-			return gangHome{ref: h.ref, placed: h.placed, level: h.level, required: h.required, rail: h.rail}
+			// A placed pod's node is gone: where the gang is is unknown,
+			// and its further pods go anywhere (keeping its rails).
+			return gangHome{ref: h.ref, level: h.level, required: h.required, rail: h.rail}
 		}
 		d := c.nodeDomains(obj, c.inv.Node(n))
 		for lv := 1; lv <= maxLevel; lv++ {

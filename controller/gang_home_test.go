@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/gpulink/gpulink/controller/gangs"
@@ -136,5 +137,98 @@ func TestGangRefusedPodNotBackOnItsNode(t *testing.T) {
 	h.eventually("r1 allocated again", func() bool { return allocatedNode(h.getClaim("r1")) != "" })
 	if got := allocatedNode(h.getClaim("r1")); got == placed["r1"] {
 		t.Errorf("refused pod placed again on %s, the node it was refused on, while the other node of its leaf is idle", got)
+	}
+}
+
+// TestGangReplacementEdgeHomes: a replacement is placed, and says where
+// (or nothing), when its gang's placed pods give no domain to keep to: a
+// gang Required at the level of the whole cluster (which requires
+// nothing), and a gang whose placed pod's node object is gone.
+func TestGangReplacementEdgeHomes(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		level    string
+		dropNode bool
+		note     string
+	}{
+		{name: "required cluster", level: "cluster", note: "within the leaf its 1 pods placed before share"},
+		{name: "placed pod's node gone", level: "leaf", dropNode: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := leafGangCluster(t, "a", "b", "c")
+			req := map[string]string{gangs.LabelLevel: tc.level}
+			h.gangPod("r0", "run", 2, 4, req)
+			h.gangPod("r1", "run", 2, 4, req)
+			h.waitUngated("r0")
+			h.waitUngated("r1")
+			placed := h.allocatedNodes("r0", "r1")
+			h.bind("r0", placed["r0"])
+			h.bind("r1", placed["r1"])
+			h.deletePod("r1")
+			if tc.dropNode {
+				if err := h.client.CoreV1().Nodes().Delete(h.ctx, placed["r0"], metav1.DeleteOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				h.eventually("the controller sees node "+placed["r0"]+" gone", func() bool {
+					_, err := h.ctrl.nodes.Get(placed["r0"])
+					return err != nil
+				})
+			}
+			h.gangPod("r2", "run", 2, 4, req)
+			h.waitUngated("r2")
+			e := h.waitEvent(ns+"/r2", report.ReasonGangPlaced)
+			if got := allocatedNode(h.getClaim("r2")); got == "" || got == placed["r0"] || got == placed["r1"] {
+				t.Fatalf("replacement on %q (gang on %v)", got, placed)
+			}
+			if tc.note != "" && !contains(e.Note, tc.note) {
+				t.Errorf("event %q, want %q", e.Note, tc.note)
+			}
+			if tc.note == "" && contains(e.Note, "placed before") {
+				t.Errorf("event %q names a domain of placed pods whose node is unknown", e.Note)
+			}
+		})
+	}
+}
+
+// TestGangHomeNotes: what the events say of pods placed near their gang's
+// placed pods, from the domain tried (placedNote) and the level spanned
+// with them (relaxedNote).
+func TestGangHomeNotes(t *testing.T) {
+	c := &Controller{hierarchy: gang.DefaultHierarchy()}
+	clique, _ := c.hierarchy.LevelOfKey(gang.LabelClique)
+	leaf, _ := c.hierarchy.LevelOfKey(gang.LabelLeaf)
+	spine, _ := c.hierarchy.LevelOfKey(gang.LabelSpine)
+	top := c.hierarchy.Cluster()
+	home := func(sharedLeaf string, required bool, steps ...homeStep) gangHome {
+		h := gangHome{ref: "gang run", placed: 2, level: leaf, required: required, sharedAt: make([]string, top), steps: steps}
+		h.sharedAt[leaf] = sharedLeaf
+		return h
+	}
+	inClique, inLeaf, anywhere := homeStep{level: clique, nodes: []string{"a"}}, homeStep{level: leaf, nodes: []string{"a", "b"}}, homeStep{level: top}
+	for _, tc := range []struct {
+		name            string
+		h               gangHome
+		step, span      int
+		placed, relaxed string
+	}{
+		{name: "in the clique", h: home("l1", false, inClique, inLeaf, anywhere), step: 0, span: clique,
+			placed: "; within the clique its 2 pods placed before share"},
+		{name: "beyond the leaf", h: home("l1", false, inClique, inLeaf, anywhere), step: 2, span: spine,
+			placed:  "; no room in the leaf its 2 pods placed before share, so with them the gang spans a spine",
+			relaxed: "gang run: prefers one leaf; with its 2 pods placed before, these span a spine: no leaf they share had room"},
+		{name: "placed pods across leaves already", h: home("", false, anywhere), step: 0, span: top,
+			relaxed: "gang run: prefers one leaf; with its 2 pods placed before, these span a cluster: they span more than one leaf already"},
+		{name: "required", h: home("l1", true, inClique, inLeaf), step: 1, span: leaf,
+			placed: "; within the leaf its 2 pods placed before share"},
+		{name: "nothing placed", h: gangHome{level: leaf}, step: 0, span: top},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.h.placedNote(c, tc.step, tc.span); got != tc.placed {
+				t.Errorf("placedNote = %q, want %q", got, tc.placed)
+			}
+			if got := tc.h.relaxedNote(c, tc.span); got != tc.relaxed {
+				t.Errorf("relaxedNote = %q, want %q", got, tc.relaxed)
+			}
+		})
 	}
 }
