@@ -21,12 +21,7 @@ import (
 func TestPreferredGangPodsJoinPlacedPodsLeaf(t *testing.T) {
 	pref := map[string]string{gangs.LabelLevel: "leaf", gangs.LabelPolicy: string(gangs.Preferred)}
 	place := func(t *testing.T) (*harness, map[string]string) {
-		h := leafGangCluster(t, "a", "b", "c")
-		h.gangPod("r0", "run", 2, 4, pref)
-		h.gangPod("r1", "run", 2, 4, pref)
-		h.waitUngated("r0")
-		h.waitUngated("r1")
-		placed := h.allocatedNodes("r0", "r1")
+		h, placed := placeLeafGangWith(t, pref, "a", "b", "c")
 		h.bind("r0", placed["r0"])
 		h.bind("r1", placed["r1"])
 		return h, placed
@@ -155,13 +150,8 @@ func TestGangReplacementEdgeHomes(t *testing.T) {
 		{name: "placed pod's node gone", level: "leaf", dropNode: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := leafGangCluster(t, "a", "b", "c")
 			req := map[string]string{gangs.LabelLevel: tc.level}
-			h.gangPod("r0", "run", 2, 4, req)
-			h.gangPod("r1", "run", 2, 4, req)
-			h.waitUngated("r0")
-			h.waitUngated("r1")
-			placed := h.allocatedNodes("r0", "r1")
+			h, placed := placeLeafGangWith(t, req, "a", "b", "c")
 			h.bind("r0", placed["r0"])
 			h.bind("r1", placed["r1"])
 			h.deletePod("r1")

@@ -67,10 +67,15 @@ func leafGangCluster(t *testing.T, l1 ...string) *harness {
 // the controller's pod informer may not show it ungated yet, which the
 // controller handles (TestGangRefusedBeforeControllerSeesUngate).
 func placeLeafGang(t *testing.T, l1 ...string) (*harness, map[string]string) {
+	return placeLeafGangWith(t, map[string]string{gangs.LabelLevel: "leaf"}, l1...)
+}
+
+// placeLeafGangWith is placeLeafGang with the gang's level and policy
+// labels given (labels).
+func placeLeafGangWith(t *testing.T, labels map[string]string, l1 ...string) (*harness, map[string]string) {
 	h := leafGangCluster(t, l1...)
-	req := map[string]string{gangs.LabelLevel: "leaf"}
-	h.gangPod("r0", "run", 2, 4, req)
-	h.gangPod("r1", "run", 2, 4, req)
+	h.gangPod("r0", "run", 2, 4, labels)
+	h.gangPod("r1", "run", 2, 4, labels)
 	h.waitUngated("r0")
 	h.waitUngated("r1")
 	return h, h.allocatedNodes("r0", "r1")
