@@ -135,6 +135,9 @@ type Controller struct {
 	ledger   *planner.Ledger
 	fit      *planner.FitTracker
 	ungating *ungating
+	// claimVersions: claims released here that the informer has not
+	// shown released yet (claimversions.go).
+	claimVersions *claimVersions
 	// linkSeries: the kinds of node whose link series are exported
 	// (metrics_links.go).
 	linkSeries linkSeries
@@ -241,6 +244,7 @@ func New(cfg Config) (*Controller, error) {
 		ledger:          planner.NewLedger(),
 		fit:             planner.NewFitTracker(),
 		ungating:        newUngating(),
+		claimVersions:   newClaimVersions(),
 		sel:             planner.NewSelectorEvaluator(),
 		waiting:         sets.New[string](),
 		excluded:        map[types.UID]sets.Set[string]{},

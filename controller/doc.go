@@ -63,7 +63,10 @@
 //     all landed is complete. When one write of an unbound pod's decision
 //     definitely fails, the claims already written for it are rolled back
 //     (as kube-scheduler's Unreserve), so an unbound pod never waits
-//     holding part of its devices.
+//     holding part of its devices. A claim released here is decided
+//     from the cache again only once the informer shows the release
+//     (claimversions.go): a retry that took the stale copy for allocated
+//     would remove the pod's gate with that claim unallocated.
 //   - A bound pod's claims stay allocated on its node: the controller
 //     reserves a claim only for a pod already bound, leaves every other
 //     reservation to kube-scheduler's PreBind (written against the

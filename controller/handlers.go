@@ -130,6 +130,7 @@ func (c *Controller) onClaim(obj any) {
 		return
 	}
 	c.ledger.Observe(claim)
+	c.claimVersions.observe(claim)
 	c.enqueueClaimPods(claim)
 	if hasFinalizer(claim) {
 		c.gcQueue.Add(claim.Namespace + "/" + claim.Name)
@@ -153,6 +154,7 @@ func (c *Controller) onClaimDelete(obj any) {
 		return
 	}
 	c.forgetUnwanted(claim.UID)
+	c.claimVersions.forget(claim.UID)
 	if c.isHoldRecord(claim) {
 		c.ledger.Forget(claim.UID)
 		c.enqueueWaiting()

@@ -87,9 +87,9 @@ type harness struct {
 	ctrl   *Controller
 	cancel context.CancelFunc
 	done   chan struct{}
-	// podUpdates holds back the controller's pod updates while held
-	// (holdPodUpdates).
-	podUpdates *eventHold
+	// podUpdates and claimUpdates hold back the controller's pod and
+	// claim updates while held (holdPodUpdates, holdClaimUpdates).
+	podUpdates, claimUpdates *eventHold
 }
 
 const ns = "default"
@@ -130,9 +130,9 @@ func newHarnessWith(t *testing.T, cfg Config, objs ...runtime.Object) *harness {
 	t.Helper()
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)
-	h := &harness{t: t, ctx: ctx, client: fake.NewClientset(objs...), rec: &testRecorder{}, cancel: cancel, done: make(chan struct{}), podUpdates: &eventHold{}}
+	h := &harness{t: t, ctx: ctx, client: fake.NewClientset(objs...), rec: &testRecorder{}, cancel: cancel, done: make(chan struct{}), podUpdates: &eventHold{}, claimUpdates: &eventHold{}}
 	withResourceVersions(h.client)
-	copyWatchEvents(h.client, h.podUpdates)
+	copyWatchEvents(h.client, map[string]*eventHold{"pods": h.podUpdates, "resourceclaims": h.claimUpdates})
 	cfg.Client = h.client
 	cfg.Recorder = h.rec
 	if cfg.Policy == (allocate.Policy{}) {
@@ -234,7 +234,7 @@ func withResourceVersions(client *fake.Clientset) {
 // tracker stores, and the informers' transform (stripManagedFields)
 // would then write to it while a Get of the tracker copies it (a data
 // race the race detector reports).
-func copyWatchEvents(client *fake.Clientset, podUpdates *eventHold) {
+func copyWatchEvents(client *fake.Clientset, holds map[string]*eventHold) {
 	client.PrependWatchReactor("*", func(action clienttesting.Action) (bool, watch.Interface, error) {
 		var opts metav1.ListOptions
 		if wa, ok := action.(clienttesting.WatchActionImpl); ok {
@@ -250,8 +250,8 @@ func copyWatchEvents(client *fake.Clientset, podUpdates *eventHold) {
 			}
 			return e, true
 		})
-		if action.GetResource().Resource == "pods" {
-			return true, podUpdates.apply(copied), nil
+		if hold, ok := holds[action.GetResource().Resource]; ok {
+			return true, hold.apply(copied), nil
 		}
 		return true, copied, nil
 	})
@@ -308,6 +308,13 @@ func (e *eventHold) apply(w watch.Interface) watch.Interface {
 // pod updates (a gate removed, a binding) reach it only after release.
 func (h *harness) holdPodUpdates() (release func()) {
 	return h.podUpdates.hold(h.t)
+}
+
+// holdClaimUpdates makes the controller's claim informer lag the API
+// server: claim updates (an allocation written or removed) reach it only
+// after release.
+func (h *harness) holdClaimUpdates() (release func()) {
+	return h.claimUpdates.hold(h.t)
 }
 
 func (h *harness) start() *harness {

@@ -69,6 +69,7 @@ func (c *Controller) unreserveClaim(ctx context.Context, cl *resourceapi.Resourc
 		if gerr != nil {
 			return false, fmt.Errorf("re-reading claim %s/%s to roll back its allocation: %w", cl.Namespace, cl.Name, gerr)
 		}
+		c.claimVersions.saw(fresh)
 		cur = fresh
 	}
 }

@@ -4,6 +4,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -122,6 +125,93 @@ func TestFailedRollbackIsFinishedBeforeRetry(t *testing.T) {
 	}
 	if !aReleased {
 		t.Error("claim a was not released after its first rollback failed")
+	}
+	if err := controllertest.CheckInvariants(h.allClaims(), h.allSlices()); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestRetryAfterRollbackWaitsForTheCache: pod p has claims a and b; b's
+// write fails after a's landed, and a is rolled back while the claim
+// informer lags, still showing a allocated. The retry must not take the
+// cached a for allocated, allocate b alone and remove p's gate with a
+// unallocated (the churn test's over-commit: kube-scheduler then allocates
+// a by its own view of the devices); p waits until the informer shows the
+// release, then gets both claims.
+func TestRetryAfterRollbackWaitsForTheCache(t *testing.T) {
+	h := newHarness(t, objs(classes(), gpuNode(t, "a", "pcie-4.txt"))...)
+	var mu sync.Mutex
+	var bFailed, aReleased, bAlone, ungatedWithoutA bool
+	var release func()
+	claimsGVR := resourceapi.SchemeGroupVersion.WithResource("resourceclaims")
+	h.client.PrependReactor("update", "resourceclaims", func(act clienttesting.Action) (bool, runtime.Object, error) {
+		c, ok := act.(clienttesting.UpdateAction).GetObject().(*resourceapi.ResourceClaim)
+		if !ok {
+			return false, nil, nil
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case c.Name == "b" && !bFailed:
+			// b's first write (its finalizer, or its allocation where
+			// it has the finalizer) fails once the cache shows a
+			// allocated; from then on the cache shows no further claim
+			// update until release.
+			for i := 0; i < 500; i++ {
+				if cached, err := h.ctrl.claims.ResourceClaims(ns).Get("a"); err == nil && cached.Status.Allocation != nil {
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			release = h.holdClaimUpdates()
+			bFailed = true
+			return true, nil, apierrors.NewTooManyRequests("injected", 1)
+		case act.GetSubresource() != "status":
+		case c.Name == "a" && bFailed && c.Status.Allocation == nil:
+			aReleased = true
+		case c.Name == "b" && c.Status.Allocation != nil && aReleased:
+			obj, err := h.client.Tracker().Get(claimsGVR, ns, "a")
+			if a, ok := obj.(*resourceapi.ResourceClaim); err == nil && ok && a.Status.Allocation == nil {
+				bAlone = true
+			}
+		}
+		return false, nil, nil
+	})
+	h.client.PrependReactor("patch", "pods", func(clienttesting.Action) (bool, runtime.Object, error) {
+		obj, err := h.client.Tracker().Get(claimsGVR, ns, "a")
+		if a, ok := obj.(*resourceapi.ResourceClaim); err == nil && ok && a.Status.Allocation == nil {
+			mu.Lock()
+			ungatedWithoutA = true
+			mu.Unlock()
+		}
+		return false, nil, nil
+	})
+	h.start()
+	h.claim("a", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}})
+	h.claim("b", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}})
+	notReady := testutil.ToFloat64(h.ctrl.metrics.Decisions.WithLabelValues(OutcomeNotReady))
+	h.pod("p", true, "a", "b")
+	h.eventually("a rolled back", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return aReleased
+	})
+	// The retry: waiting, or (the defect) allocating b alone.
+	h.eventually("p retried", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return bAlone || testutil.ToFloat64(h.ctrl.metrics.Decisions.WithLabelValues(OutcomeNotReady)) > notReady
+	})
+	mu.Lock()
+	release()
+	mu.Unlock()
+	h.waitUngated("p")
+	h.waitAllocated("a")
+	h.waitAllocated("b")
+	mu.Lock()
+	defer mu.Unlock()
+	if bAlone || ungatedWithoutA {
+		t.Errorf("the retry took the cached a, rolled back, for allocated: b allocated alone %t, p's gate removed with a unallocated %t", bAlone, ungatedWithoutA)
 	}
 	if err := controllertest.CheckInvariants(h.allClaims(), h.allSlices()); err != nil {
 		t.Error(err)

@@ -182,6 +182,7 @@ func (c *Controller) releaseClaim(ctx context.Context, claim *resourceapi.Resour
 			c.markReleasing(claim.UID, false)
 			return nil, fmt.Errorf("removing allocation from claim %s/%s: %w", claim.Namespace, claim.Name, err)
 		}
+		c.claimVersions.saw(cur)
 	}
 	if hasFinalizer(cur) {
 		upd := cur.DeepCopy()
@@ -189,6 +190,7 @@ func (c *Controller) releaseClaim(ctx context.Context, claim *resourceapi.Resour
 		if cur, err = claims.Update(ctx, upd, metav1.UpdateOptions{FieldManager: fieldManager}); err != nil {
 			return nil, fmt.Errorf("removing finalizer %s from claim %s/%s: %w", driver.ClaimFinalizer, claim.Namespace, claim.Name, err)
 		}
+		c.claimVersions.saw(cur)
 	}
 	return cur, nil
 }

@@ -183,7 +183,7 @@ func (l *Ledger) Observe(claim *resourceapi.ResourceClaim) {
 			old.observedRV = claim.ResourceVersion
 			return
 		}
-		if !rvAtLeast(claim.ResourceVersion, old.assumedRV) {
+		if !ResourceVersionAtLeast(claim.ResourceVersion, old.assumedRV) {
 			return
 		}
 	}
@@ -226,7 +226,7 @@ func (l *Ledger) Assume(uid types.UID, uses []DeviceUse) (func(rv string, ok boo
 			return
 		}
 		switch {
-		case ok && cur.observed != nil && rvAtLeast(cur.observedRV, rv):
+		case ok && cur.observed != nil && ResourceVersionAtLeast(cur.observedRV, rv):
 			// The informer already showed our write (or something newer).
 			l.setLocked(uid, cur.observed)
 		case ok:
@@ -297,10 +297,11 @@ func (l *Ledger) Changes(since uint64, out []string) (_ []string, now uint64, ok
 	return l.changes.since(since, out)
 }
 
-// rvAtLeast compares resourceVersions. They are opaque by contract but
-// etcd-backed servers issue increasing integers; anything unparsable is
-// treated as newer so the informer's view wins.
-func rvAtLeast(have, want string) bool {
+// ResourceVersionAtLeast tells whether have is at least want.
+// resourceVersions are opaque by contract but etcd-backed servers issue
+// increasing integers; anything unparsable counts as newer, so that the
+// informer's view wins.
+func ResourceVersionAtLeast(have, want string) bool {
 	h, err1 := strconv.ParseUint(have, 10, 64)
 	w, err2 := strconv.ParseUint(want, 10, 64)
 	return err1 != nil || err2 != nil || h >= w

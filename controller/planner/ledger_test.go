@@ -106,8 +106,8 @@ func TestRVAtLeast(t *testing.T) {
 		have, want string
 		ok         bool
 	}{{"10", "9", true}, {"9", "10", false}, {"10", "10", true}, {"x", "10", true}} {
-		if got := rvAtLeast(tc.have, tc.want); got != tc.ok {
-			t.Errorf("rvAtLeast(%q, %q) = %t, want %t", tc.have, tc.want, got, tc.ok)
+		if got := ResourceVersionAtLeast(tc.have, tc.want); got != tc.ok {
+			t.Errorf("ResourceVersionAtLeast(%q, %q) = %t, want %t", tc.have, tc.want, got, tc.ok)
 		}
 	}
 }

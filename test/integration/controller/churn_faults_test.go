@@ -132,6 +132,7 @@ func faultChurn(t *testing.T, o faultChurnOptions) {
 	stopCheck := make(chan struct{})
 	var checker sync.WaitGroup
 	var checks atomic.Int32
+	var byScheduler sync.Map // claims kube-scheduler allocated
 	checker.Go(func() {
 		for {
 			select {
@@ -141,6 +142,9 @@ func faultChurn(t *testing.T, o faultChurnOptions) {
 			}
 			if err := e.checkInvariants(); err != nil && violation.Load() == nil {
 				violation.Store(err.Error() + "\nclaims then:\n" + e.describeClaims())
+			}
+			for _, name := range e.allocatedByScheduler() {
+				byScheduler.Store(name, true)
 			}
 			checks.Add(1)
 		}
@@ -240,9 +244,41 @@ func faultChurn(t *testing.T, o faultChurnOptions) {
 	if cp.bound == 0 {
 		t.Error("no pod was ever bound")
 	}
+	// Every pod is gated, so the controller allocates every claim and
+	// hands a pod over only with all its claims allocated. A claim
+	// kube-scheduler allocated (a tolerating one, which it may) means a
+	// pod was handed over with one unallocated: the defect that let it
+	// over-commit a GPU's shares in stop 51's CI run, found here even when
+	// kube-scheduler's choice happens not to collide.
+	var scheduled []string
+	byScheduler.Range(func(k, _ any) bool {
+		scheduled = append(scheduled, k.(string))
+		return true
+	})
+	if len(scheduled) > 0 {
+		slices.Sort(scheduled)
+		t.Errorf("kube-scheduler allocated %d claims of gated pods: %v", len(scheduled), scheduled)
+	}
 	if faults.injected429.Load()+faults.injected409.Load()+faults.injectedTimeout.Load() == 0 {
 		t.Error("no fault was injected")
 	}
+}
+
+// allocatedByScheduler returns the allocated claims of the namespace that
+// carry kube-scheduler's finalizer, which it adds to the claims it
+// allocates and the controller never adds.
+func (e *env) allocatedByScheduler() []string {
+	l, err := e.client.ResourceV1().ResourceClaims(e.ns).List(e.ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, c := range l.Items {
+		if c.Status.Allocation != nil && slices.Contains(c.Finalizers, resourceapi.Finalizer) {
+			out = append(out, c.Name)
+		}
+	}
+	return out
 }
 
 // useClaim makes the pod use an existing claim by name.
