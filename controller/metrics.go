@@ -95,7 +95,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "gpulink", Subsystem: "controller", Name: "decisions_total",
 			Help: "Attempts to decide a pod's gpulink claims, by outcome: allocated (written), waiting (no node fits now; counted per retry), " +
-				"invalid (a claim gpulink cannot allocate exactly), not_ready (a claim or DeviceClass is missing), error (a write failed and was rolled back).",
+				"invalid (a claim gpulink cannot allocate exactly), not_ready (a claim or DeviceClass is missing, or the cache does not show a release yet), error (a write failed and was rolled back).",
 		}, []string{"outcome"}),
 		GateWait: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "gpulink", Subsystem: "controller", Name: "gate_wait_seconds",
