@@ -90,7 +90,9 @@
 // A tolerating claim of a pod that is not gated is kube-scheduler's to
 // allocate; its result is counted once written, and the kubelet plugin's
 // prepare-time check refuses an over-commit. With the chart's admission
-// policy every pod is gated and this does not happen.
+// policy every pod is gated, so this happens only once kube-scheduler has
+// refused a pod on the node of its allocation and the claim was
+// deallocated (its PostFilter) or released (checkUnschedulable).
 //
 // # Where to start reading
 //

@@ -33,11 +33,13 @@ import (
 // see; an earlier version of this test mixed such pods in and saw
 // kube-scheduler give shares of a GPU the controller was giving out whole
 // in the same second. controller/doc.go documents that residual, which
-// only exists without the admission policy, and the kubelet plugin's
-// conflict check catches it; TestSchedulerCountsControllerAllocations
-// covers kube-scheduler's allocations one at a time.) Throughout: no GPU held whole twice or whole and shared,
-// shares within memory and cores, allocations on their node, bound pods
-// on the node of all their claims. At the end nothing is left: claims
+// with the admission policy exists only after kube-scheduler refused a
+// pod on its node, and the kubelet plugin's conflict check catches it;
+// TestSchedulerCountsControllerAllocations covers kube-scheduler's
+// allocations one at a time.) Throughout: no GPU held whole twice or
+// whole and shared, shares within memory and cores, allocations on their
+// node, bound pods on the node of all their claims, and no claim
+// allocated by kube-scheduler. At the end nothing is left: claims
 // from templates are gone, standalone claims are neither allocated nor
 // reserved nor carry the finalizer.
 //
