@@ -6,12 +6,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
-
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	clienttesting "k8s.io/client-go/testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
 )
@@ -167,6 +167,7 @@ func TestRetryAfterRollbackWaitsForTheCache(t *testing.T) {
 			bFailed = true
 			return true, nil, apierrors.NewTooManyRequests("injected", 1)
 		case act.GetSubresource() != "status":
+			// Finalizer updates: nothing to record.
 		case c.Name == "a" && bFailed && c.Status.Allocation == nil:
 			aReleased = true
 		case c.Name == "b" && c.Status.Allocation != nil && aReleased:
