@@ -18,7 +18,7 @@ import (
 // allocate only the pod's other claims and remove the pod's gate with this
 // one unallocated, handing kube-scheduler a claim to allocate by its own,
 // lagging view of gpulink's devices (the churn test's over-committed share,
-// stop 51). The pods using such a claim wait for the informer instead; its
+// 2026-11-30). The pods using such a claim wait for the informer instead; its
 // update brings them back (enqueueClaimPods).
 type claimVersions struct {
 	mu   sync.Mutex

@@ -250,7 +250,7 @@ func faultChurn(t *testing.T, o faultChurnOptions) {
 	// hands a pod over only with all its claims allocated. A claim
 	// kube-scheduler allocated (a tolerating one, which it may) means a
 	// pod was handed over with one unallocated: the defect that let it
-	// over-commit a GPU's shares in stop 51's CI run, found here even when
+	// over-commit a GPU's shares in a CI run of 2026-11-30, found here even when
 	// kube-scheduler's choice happens not to collide.
 	var scheduled []string
 	byScheduler.Range(func(k, _ any) bool {
