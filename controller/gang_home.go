@@ -55,6 +55,15 @@ type gangHome struct {
 	rail string
 }
 
+// spreadAt tells whether the placed pods are known to span more than one
+// domain of level lv (more than one node at level 0).
+func (h gangHome) spreadAt(lv int) bool {
+	if lv == 0 {
+		return h.node == ""
+	}
+	return lv > 0 && lv < len(h.sharedAt) && h.sharedAt[lv] == ""
+}
+
 // within returns step i's nodes as a set (nil: anywhere).
 func (h gangHome) within(i int) sets.Set[string] {
 	if i < 0 || i >= len(h.steps) || h.steps[i].nodes == nil {
@@ -125,7 +134,7 @@ func (h gangHome) relaxedNote(c *Controller, span int) string {
 		return ""
 	}
 	why := fmt.Sprintf("no %s they share had room", c.hierarchy.Name(h.level))
-	if h.level > 0 && h.level < len(h.sharedAt) && h.sharedAt[h.level] == "" || h.level == 0 && h.node == "" {
+	if h.spreadAt(h.level) {
 		why = fmt.Sprintf("they span more than one %s already", c.hierarchy.Name(h.level))
 	}
 	return fmt.Sprintf("%s: prefers one %s; with its %d pods placed before, these span a %s: %s",
