@@ -17,14 +17,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/uuid"
-	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
 	"github.com/gpulink/gpulink/controller/gangs"
 	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/driver"
-	"github.com/gpulink/gpulink/driver/allocate"
 	"github.com/gpulink/gpulink/driver/gang"
 	"github.com/gpulink/gpulink/driver/topology"
 )
@@ -114,23 +112,8 @@ func newGangBench(b *testing.B, nodes, pods int, busy float64) *gangBench {
 		objs = append(objs, claim, pod)
 		gangPods = append(gangPods, pod)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	c, err := New(Config{Client: fake.NewClientset(objs...), Recorder: &testRecorder{}, Workers: 1,
-		Policy: allocate.Policy{Node: allocate.Binpack, GPU: allocate.Binpack}})
-	if err != nil {
-		cancel()
-		b.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { defer close(done); _ = c.Run(ctx) }()
-	gb := &gangBench{c: c, ctx: ctx, stop: func() { cancel(); <-done }}
-	b.Cleanup(gb.stop)
-	for deadline := time.Now().Add(2 * time.Minute); !c.Ready() || len(c.inv.All()) < nodes; {
-		if time.Now().After(deadline) {
-			b.Fatal("caches not synced")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	c, ctx, stop := runBenchController(b, objs, nodes)
+	gb := &gangBench{c: c, ctx: ctx, stop: stop}
 	// The cluster's usage: claims of running pods, assumed once.
 	r := rand.New(rand.NewPCG(64, 8))
 	for i := range nodes {

@@ -151,12 +151,19 @@ func parseRailKey(key string) map[string]sets.Set[string] {
 // only take devices of those rails; the returned function releases them.
 // Called under the decision lock.
 func (c *Controller) holdOffRails(node, key string) func() {
+	if key == "" {
+		return func() {}
+	}
+	return c.holdOffParsedRails(node, parseRailKey(key))
+}
+
+// holdOffParsedRails is holdOffRails with the key parsed (parseRailKey).
+func (c *Controller) holdOffParsedRails(node string, allowed map[string]sets.Set[string]) func() {
 	noop := func() {}
 	fn := c.inv.Foreign(node)
-	if key == "" || fn == nil {
+	if fn == nil {
 		return noop
 	}
-	allowed := parseRailKey(key)
 	rails := c.railsOn(node)
 	var uses []planner.DeviceUse
 	for _, d := range fn.Devices {
@@ -180,28 +187,53 @@ func (c *Controller) holdOffRails(node, key string) func() {
 	return func() { settle("", false) }
 }
 
-// holdOffRailsWithin is holdOffRails on each of the nodes (nil: every
-// node with other drivers' devices), for a pod of an aligned gang planned
-// on its own; the returned function releases them all. Called under the
-// decision lock.
-func (c *Controller) holdOffRailsWithin(key string, nodes []string) func() {
-	if key == "" {
-		return func() {}
+// railHold holds a gang's rails off, for a pod of an aligned gang
+// planned on its own, on the nodes of the nested domains its decision
+// tries (allocatePodNear): each node once, however many of the domains
+// hold it, all released together. Used under the decision lock.
+type railHold struct {
+	c        *Controller
+	allowed  map[string]sets.Set[string] // nil: no rails to hold
+	held     sets.Set[string]
+	all      bool
+	releases []func()
+}
+
+func (c *Controller) newRailHold(key string) *railHold {
+	h := &railHold{c: c, held: sets.New[string]()}
+	if key != "" {
+		h.allowed = parseRailKey(key)
+	}
+	return h
+}
+
+// within holds the rails off on the nodes not held yet (nil: every node
+// with other drivers' devices).
+func (h *railHold) within(nodes []string) {
+	if h.allowed == nil || h.all {
+		return
 	}
 	if nodes == nil {
-		for _, n := range c.inv.All() {
+		h.all = true
+		for _, n := range h.c.inv.All() {
 			nodes = append(nodes, n.Node)
 		}
 	}
-	releases := make([]func(), 0, len(nodes))
 	for _, n := range nodes {
-		releases = append(releases, c.holdOffRails(n, key))
-	}
-	return func() {
-		for _, r := range releases {
-			r()
+		if h.held.Has(n) {
+			continue
 		}
+		h.held.Insert(n)
+		h.releases = append(h.releases, h.c.holdOffParsedRails(n, h.allowed))
 	}
+}
+
+// release lets go of every node held.
+func (h *railHold) release() {
+	for _, r := range h.releases {
+		r()
+	}
+	h.releases, h.held, h.all = nil, sets.New[string](), false
 }
 
 // railSlots fills the candidate nodes' AlignedSlots for a gang with

@@ -311,6 +311,10 @@ func (c *Controller) allocatePodNear(ctx context.Context, key string, pod *corev
 	var d planner.Decision
 	steps := home.tryOrder(c.hierarchy.Cluster())
 	step := 0
+	// The steps are nested domains: each node's rails are held off once,
+	// for every step that tries it, and released before the outcome is
+	// assumed.
+	rails := c.newRailHold(home.rail)
 	for ; step < len(steps); step++ {
 		req.Within = steps[step].nodes
 		if step < len(steps)-1 && req.Excluded.Len() > 0 {
@@ -322,13 +326,13 @@ func (c *Controller) allocatePodNear(ctx context.Context, key string, pod *corev
 				continue
 			}
 		}
-		release := c.holdOffRailsWithin(home.rail, req.Within)
+		rails.within(req.Within)
 		d = c.planner.Decide(ctx, req)
-		release()
 		if d.Chosen != nil {
 			break
 		}
 	}
+	rails.release()
 	step = min(step, len(steps)-1)
 	if d.ExclusionsIgnored {
 		c.resetExcluded(ctx, pod)

@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/driver/allocate"
 )
 
 // switchRoots are the PCIe root complexes of pcie-switch-8's GPUs: each
@@ -218,6 +219,33 @@ func TestDecideGPUsWithNICs(t *testing.T) {
 				t.Errorf("summary %q does not name the NICs", d.Chosen.Summarize())
 			}
 		})
+	}
+}
+
+// A node short of a claim's NICs fails once, before any GPU set is
+// placed: the shortfall is its one reason, not one per GPU set tried
+// (each of which ended on the same count), and no plan comes back.
+func TestNICShortfallCheckedBeforeGPUSets(t *testing.T) {
+	p, ip, inv := nicCluster(t, []controllertest.NIC{nic("nic-0", "pci0000:00"), nic("nic-1", "pci0000:20")})
+	p.ledger.Observe(controllertest.ClaimWith("other-uid", "1",
+		resourceapi.DeviceRequestAllocationResult{Request: "r", Driver: controllertest.NICDriver, Pool: "n0", Device: "nic-0"},
+		resourceapi.DeviceRequestAllocationResult{Request: "r", Driver: controllertest.NICDriver, Pool: "n0", Device: "nic-1"}))
+	ic, kind, err := ip.Interpret(context.Background(), nicClaim("c", 1, 1, nil))
+	if err != nil || kind != ClaimOurs {
+		t.Fatalf("interpret: kind %v, err %v", kind, err)
+	}
+	n := inv.Node("n0")
+	fn := &foreignNode{view: inv.Foreign("n0"), held: p.ledger.ForeignHeld, taken: map[DeviceKey]bool{}}
+	plan, why := planNodeWith(context.Background(), p.sel, allocate.Policy{}, n, p.ledger.NodeUsage(n), []*Claim{ic}, fn)
+	want := "request nic: node n0 has 0 free devices of DeviceClass nic.test.example.com that match its selectors and whose taints it tolerates, not 1"
+	if plan != nil || len(why) != 1 || why[0] != want {
+		t.Fatalf("plan %v, reasons %q: want none and only %q", plan != nil, why, want)
+	}
+	// With one NIC back the same node takes the claim.
+	p.ledger.Forget("other-uid")
+	fn = &foreignNode{view: inv.Foreign("n0"), held: p.ledger.ForeignHeld, taken: map[DeviceKey]bool{}}
+	if plan, why := planNodeWith(context.Background(), p.sel, allocate.Policy{}, n, p.ledger.NodeUsage(n), []*Claim{ic}, fn); plan == nil {
+		t.Fatalf("no plan with the NICs free: %q", why)
 	}
 }
 

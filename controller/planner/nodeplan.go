@@ -94,6 +94,9 @@ func planNodeWith(ctx context.Context, sel *SelectorEvaluator, pol allocate.Poli
 		state: &allocate.NodeState{Name: n.Node, Topology: n.Topo, Usage: slices.Clone(base)}}
 	plan := &Plan{Node: n, Base: base}
 	for _, ic := range claims {
+		if !p.foreignEnough(ic) {
+			return nil, p.why
+		}
 		p.shapeFailed = false
 		res, ok := p.placeFrom(ic, 0, make([]string, len(ic.Constraints)), nil)
 		if !ok && p.shapeFailed {
