@@ -271,9 +271,9 @@ type candidateQuery struct {
 // gangCandidates returns the nodes the gang's representative pod may run
 // on, with their slots: how many of the gang's pods fit there at once.
 // The planner counts the slots of the usual pods itself (planner.Slots,
-// which keeps each node's count until the node changes); for the others
-// (MIG, other drivers' devices, shares, pod affinity) each node's copies
-// are tried one by one (trialSlots). The second result summarizes the
+// which keeps each node's count until the node changes, and counts NICs
+// beside the GPUs too); for the others (MIG, shares, pod affinity) each
+// node's copies are tried one by one (trialSlots). The second result summarizes the
 // nodes the filter turned down.
 func (c *Controller) gangCandidates(ctx context.Context, q candidateQuery) ([]gang.Node, string) {
 	logger := klog.FromContext(ctx)

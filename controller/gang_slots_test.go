@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"strconv"
 	"testing"
 
@@ -11,6 +12,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/klog/v2"
@@ -86,27 +88,11 @@ func TestGangSlotsMatchTrials(t *testing.T) {
 	}
 	h.start()
 	c := h.ctrl
-	members := map[string]*gangMember{}
-	h.eventually("gang pods' claims", func() bool {
-		for _, name := range names {
-			pod, err := c.pods.Pods(ns).Get(name)
-			if err != nil {
-				return false
-			}
-			m := &gangMember{pod: pod, key: ns + "/" + name}
-			m.pc = c.collectClaims(h.ctx, pod)
-			if len(m.pc.ours) != 1 {
-				return false
-			}
-			m.pending = m.pc.ours
-			members[name] = m
-		}
-		return true
-	})
+	members := h.waitGangMembers(names, nodes)
 
 	rng := rand.New(rand.NewPCG(31, 8))
 	inv := c.inv.All()
-	held := map[string]func(string, bool){}
+	held := runningHolds{}
 	hosts := map[types.UID]bool{}
 	logger := klog.FromContext(h.ctx)
 	for round := range 10 {
@@ -117,19 +103,8 @@ func TestGangSlotsMatchTrials(t *testing.T) {
 			if round > 0 && rng.IntN(3) > 0 {
 				continue
 			}
-			if settle, ok := held[n.Node]; ok {
-				settle("", false)
-				delete(held, n.Node)
-			}
-			var uses []planner.DeviceUse
-			for _, d := range n.Devices {
-				if rng.IntN(8) < 3 {
-					uses = append(uses, planner.DeviceUse{Key: planner.DeviceKey{Pool: n.Pool, Device: d.Name}, Exclusive: true})
-				}
-			}
-			if settle, ok := c.ledger.Assume(types.UID(fmt.Sprintf("test-running/%s/%d", n.Node, round)), uses); ok {
-				held[n.Node] = settle
-			}
+			held.release(n.Node)
+			held.hold(c, n.Node, round, randomGPUUses(rng, n))
 			other := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "other", Namespace: ns, UID: types.UID(fmt.Sprintf("other/%s/%d", n.Node, round))},
 				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{
 					Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(strconv.Itoa(rng.IntN(30)))}}}}}}
@@ -138,10 +113,7 @@ func TestGangSlotsMatchTrials(t *testing.T) {
 		}
 		for _, name := range names {
 			m := members[name]
-			own, err := planner.PodPlacement(m.pod, m.pending)
-			if err != nil {
-				t.Fatal(err)
-			}
+			own := mustPlacement(t, m)
 			const maxPods = 6
 			got, _ := c.gangCandidates(h.ctx, candidateQuery{rep: m, own: own, maxPods: maxPods})
 			// The reference: every admitted node's copies tried one by one.
@@ -203,4 +175,144 @@ func TestGangSlotsCountHostResources(t *testing.T) {
 	if e, ok := h.rec.find(ns+"/p1", report.ReasonGangPlaced); !ok || !contains(e.Note, "leaf l1") {
 		t.Errorf("placed event %+v, want 2 pods in leaf l1", e)
 	}
+}
+
+// TestGangSlotsWithNICsMatchTrials is TestGangSlotsMatchTrials for pods
+// whose claims ask for NICs beside their GPUs (matchAttribute pcieRoot):
+// planner.Slots counts their copies with the NICs, each copy's NICs taken
+// for the next, and every node gets the slots the one-by-one trials give
+// (their NICs held in the ledger), with random GPUs and NICs held and CPU
+// taken.
+func TestGangSlotsWithNICsMatchTrials(t *testing.T) {
+	objs := objs(classes(), []runtime.Object{controllertest.NICDeviceClass()})
+	const nodes = 24
+	for i := range nodes {
+		name := fmt.Sprintf("n%02d", i)
+		o := nicNode(t, name, railNICs())
+		n := o[0].(*corev1.Node)
+		n.Labels = map[string]string{corev1.LabelHostname: name, gang.LabelLeaf: fmt.Sprintf("leaf-%d", i/8)}
+		n.Status.Allocatable[corev1.ResourceCPU] = resource.MustParse([]string{"1000", "24", "48", "72", "100"}[i%5])
+		objs = append(objs, o...)
+	}
+	h := newHarness(t, objs...)
+	shapes := map[string]resourceapi.DeviceClaim{
+		"two-one": gpusAndNICs(2, 1), "one-one": gpusAndNICs(1, 1),
+		"four-two-anywhere": {Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("gpu", 4), controllertest.NICRequest("nic", 2)}},
+		"one-one-anywhere":  {Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("gpu", 1), controllertest.NICRequest("nic", 1)}},
+	}
+	var names []string
+	for name, spec := range shapes {
+		h.gangPodWith(name, "g-"+name, 1000, spec, "24")
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	h.start()
+	c := h.ctrl
+	members := h.waitGangMembers(names, nodes)
+
+	rng := rand.New(rand.NewPCG(47, 11))
+	held := runningHolds{}
+	logger := klog.FromContext(h.ctx)
+	for round := range 8 {
+		c.decideMu.Lock()
+		for _, n := range c.inv.All() {
+			if round > 0 && rng.IntN(3) > 0 {
+				continue
+			}
+			held.release(n.Node)
+			uses := randomGPUUses(rng, n)
+			for _, d := range c.inv.Foreign(n.Node).Devices {
+				if rng.IntN(4) == 0 {
+					uses = append(uses, planner.DeviceUse{Key: d.Key(), Exclusive: true})
+				}
+			}
+			held.hold(c, n.Node, round, uses)
+		}
+		for _, name := range names {
+			m := members[name]
+			own := mustPlacement(t, m)
+			const maxPods = 6
+			cands, _ := c.filter.Candidates(logger, m.pod, c.inv.All(), m.allocatedClaims(), nil)
+			counted, ok := c.planner.Slots(h.ctx, planner.SlotRequest{Pod: m.pod, Pending: m.pending, Placement: own, Nodes: cands, Max: maxPods})
+			if !ok {
+				t.Fatalf("pod %s: slots not counted by the planner", name)
+			}
+			some := 0
+			for i, n := range cands {
+				tried := c.trialSlots(h.ctx, m, own, n.Node, maxPods)
+				if counted[i].Slots != tried {
+					t.Errorf("round %d, pod %s: node %s: counted %d, tried %d", round, name, n.Node, counted[i].Slots, tried)
+				}
+				some += tried
+			}
+			if round == 0 && some == 0 {
+				t.Fatalf("pod %s: no slots anywhere in the first round: the test compares nothing", name)
+			}
+		}
+		c.decideMu.Unlock()
+	}
+}
+
+// waitGangMembers waits until the controller's caches hold each named
+// pod with its one gpulink claim, and nodes nodes, and returns the pods
+// as gang members.
+func (h *harness) waitGangMembers(names []string, nodes int) map[string]*gangMember {
+	h.t.Helper()
+	c := h.ctrl
+	members := map[string]*gangMember{}
+	h.eventually("gang pods' claims", func() bool {
+		for _, name := range names {
+			pod, err := c.pods.Pods(ns).Get(name)
+			if err != nil {
+				return false
+			}
+			m := &gangMember{pod: pod, key: ns + "/" + name}
+			m.pc = c.collectClaims(h.ctx, pod)
+			if len(m.pc.ours) != 1 || len(c.inv.All()) < nodes {
+				return false
+			}
+			m.pending = m.pc.ours
+			members[name] = m
+		}
+		return true
+	})
+	return members
+}
+
+// randomGPUUses takes about 3 in 8 of the node's GPUs.
+func randomGPUUses(rng *rand.Rand, n *planner.NodeInventory) []planner.DeviceUse {
+	var uses []planner.DeviceUse
+	for _, d := range n.Devices {
+		if rng.IntN(8) < 3 {
+			uses = append(uses, planner.DeviceUse{Key: planner.DeviceKey{Pool: n.Pool, Device: d.Name}, Exclusive: true})
+		}
+	}
+	return uses
+}
+
+// runningHolds are devices held in the ledger per node, as running pods
+// would hold them.
+type runningHolds map[string]func(string, bool)
+
+func (r runningHolds) hold(c *Controller, node string, round int, uses []planner.DeviceUse) {
+	if settle, ok := c.ledger.Assume(types.UID(fmt.Sprintf("test-running/%s/%d", node, round)), uses); ok {
+		r[node] = settle
+	}
+}
+
+func (r runningHolds) release(node string) {
+	if settle, ok := r[node]; ok {
+		settle("", false)
+		delete(r, node)
+	}
+}
+
+// mustPlacement is the member's own placement policy (PodPlacement).
+func mustPlacement(t *testing.T, m *gangMember) planner.Placement {
+	t.Helper()
+	own, err := planner.PodPlacement(m.pod, m.pending)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return own
 }

@@ -40,15 +40,17 @@ type NodeSlots struct {
 // it at once: what placing a copy (Decide with Only), assuming its
 // devices and its pod, and again until one does not fit would count,
 // without assuming anything. ok is false for pods it does not count
-// that way (MIG devices, other drivers' devices, shares, pod
-// (anti-)affinity terms): the caller then tries the copies one by one.
+// that way (MIG devices, shares, pod (anti-)affinity terms): the caller
+// then tries the copies one by one.
 //
 // Why it is exact for the others: with every request for whole GPUs and
-// no MIG or foreign devices, Decide restricted to one node chooses
-// planNode's plan on that node under the decision's policy, when the
-// node filter admits the pod (quickChoice plans the node; the other paths
-// plan it too); a copy's devices, once assumed, show in the node's usage
-// as given out whole, which is what the next copy is planned on here; and
+// no MIG devices, Decide restricted to one node chooses planNode's plan
+// on that node under the decision's policy, when the node filter admits
+// the pod (quickChoice plans the node; the other paths plan it too; with
+// other drivers' devices chooseForeign plans it with them, as here); a
+// copy's devices, once assumed, show in the node's usage as given out
+// whole, and its other drivers' devices as held, which is what the next
+// copy is planned on here (the usage marked, the devices taken); and
 // without affinity terms the node filter tells the copies apart by their
 // CPU, memory, host ports and the like only (fitCheck.copies). The
 // devices and the host resources stop the count independently, so the
@@ -70,6 +72,10 @@ func (p *Planner) Slots(ctx context.Context, req SlotRequest) ([]NodeSlots, bool
 		fc = p.filter.Fit.check(req.Pod, p.filter.labelsOf)
 	}
 	shape := p.slotShape(req.Pending)
+	// Other drivers' devices are planned with the GPUs (chooseForeign's
+	// planning, one node at a time); their free state is the ledger's
+	// holds, which no usage generation follows, so no count is kept.
+	foreign := wantsForeign(req.Pending)
 	gens := make([]uint64, len(nodes))
 	p.ledger.Generations(nodes, gens)
 	perPod := WholeGPUs(req.Pending)
@@ -92,7 +98,14 @@ func (p *Planner) Slots(ctx context.Context, req SlotRequest) ([]NodeSlots, bool
 		}
 		devices := shape.get(n, gens[i], pol, limit)
 		if devices < 0 {
-			devices = deviceCopies(ctx, p.sel, pol, n, p.ledger.NodeUsage(n), req.Pending, limit)
+			var fn *foreignNode
+			if foreign {
+				fn = &foreignNode{view: p.inv.Foreign(n.Node), held: p.ledger.ForeignHeld, taken: map[DeviceKey]bool{}}
+				if foreignShortOn(ctx, p.sel, n, req.Pending, fn) != nil {
+					continue // not one copy: as Decide's chooseForeign finds
+				}
+			}
+			devices = deviceCopies(ctx, p.sel, pol, n, p.ledger.NodeUsage(n), req.Pending, limit, fn)
 			shape.put(n, slotEntry{gen: gens[i], pol: pol, count: devices, limit: limit})
 		}
 		out[i].Slots = devices
@@ -116,9 +129,10 @@ func (p *Planner) Slots(ctx context.Context, req SlotRequest) ([]NodeSlots, bool
 
 // slotsCountable tells whether Slots counts the pod's copies itself:
 // every alternative of every request is for whole GPUs (no shares, no MIG
-// devices), no other driver's devices, no pod (anti-)affinity terms.
+// devices), no pod (anti-)affinity terms. Other drivers' devices (NICs
+// beside the GPUs) are counted with them.
 func slotsCountable(pod *corev1.Pod, pending []*Claim) bool {
-	if len(pending) == 0 || wantsForeign(pending) || len(requiredAffinity(pod)) > 0 || len(requiredAntiAffinity(pod)) > 0 {
+	if len(pending) == 0 || len(requiredAffinity(pod)) > 0 || len(requiredAntiAffinity(pod)) > 0 {
 		return false
 	}
 	for _, ic := range pending {
@@ -136,11 +150,13 @@ func slotsCountable(pod *corev1.Pod, pending []*Claim) bool {
 // deviceCopies plans copies of the pending claims on the node one after
 // the other, each on the usage the ones before it leave, up to limit, and
 // returns how many fit. usage is the caller's copy (NodeUsage's): the
-// copies are marked in it.
-func deviceCopies(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, n *NodeInventory, usage []allocate.GPUUsage, pending []*Claim, limit int) int {
+// copies are marked in it. fn, for claims with other drivers' devices,
+// is the node's view of them: each copy's devices stay taken in it for
+// the next, as the ledger would hold them once the copy is assumed.
+func deviceCopies(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, n *NodeInventory, usage []allocate.GPUUsage, pending []*Claim, limit int, fn *foreignNode) int {
 	count := 0
 	for count < limit {
-		plan, _ := planNode(ctx, sel, pol, n, usage, pending)
+		plan, _ := planNodeWith(ctx, sel, pol, n, usage, pending, fn)
 		if plan == nil {
 			break
 		}
@@ -210,7 +226,7 @@ type slotEntry struct {
 // Decisions are serialized (the decision lock), so it needs no lock of
 // its own.
 func (p *Planner) slotShape(pending []*Claim) *slotShape {
-	if len(pending) != 1 || len(pending[0].Requests) != 1 || len(pending[0].Constraints) != 0 || len(pending[0].Requests[0].Alternatives) != 1 {
+	if len(pending) != 1 || len(pending[0].Requests) != 1 || len(pending[0].Constraints) != 0 || len(pending[0].Requests[0].Alternatives) != 1 || wantsForeign(pending) {
 		return nil
 	}
 	alt := pending[0].Requests[0].Alternatives[0]
