@@ -341,6 +341,19 @@ func (d *nodeDomains) of(h *gang.Hierarchy, node *corev1.Node) []string {
 	return doms
 }
 
+// nodeSlots counts how many copies of the representative pod fit on the
+// node at once, the node admitted by the node filter: planner.Slots where
+// it counts them, else trialSlots. Called under the decision lock.
+func (c *Controller) nodeSlots(ctx context.Context, rep *gangMember, own planner.Placement, node string, maxPods int) int {
+	if n := c.inv.Node(node); n != nil {
+		req := planner.SlotRequest{Pod: rep.pod, Pending: rep.pending, Placement: own, Nodes: []*planner.NodeInventory{n}, Max: maxPods}
+		if counted, ok := c.planner.Slots(ctx, req); ok {
+			return counted[0].Slots
+		}
+	}
+	return c.trialSlots(ctx, rep, own, node, maxPods)
+}
+
 // trialSlots counts how many copies of the representative pod fit on the
 // node at once (planCopies). Called under the decision lock.
 func (c *Controller) trialSlots(ctx context.Context, rep *gangMember, own planner.Placement, node string, maxPods int) int {

@@ -266,7 +266,7 @@ func (c *Controller) railSlots(ctx context.Context, rep *gangMember, own planner
 				continue
 			}
 			release := c.holdOffRails(nodes[i].Name, k)
-			s := c.trialSlots(ctx, rep, own, nodes[i].Name, most)
+			s := c.nodeSlots(ctx, rep, own, nodes[i].Name, most)
 			release()
 			if s > 0 {
 				nodes[i].AlignedSlots[k] = s
