@@ -273,8 +273,8 @@ type candidateQuery struct {
 // The planner counts the slots of the usual pods itself (planner.Slots,
 // which keeps each node's count until the node changes, and counts NICs
 // beside the GPUs too); for the others (MIG, shares, pod affinity) each
-// node's copies are tried one by one (trialSlots). The second result summarizes the
-// nodes the filter turned down.
+// node's copies are tried one by one (trialSlots). The second result
+// summarizes the nodes the filter turned down.
 func (c *Controller) gangCandidates(ctx context.Context, q candidateQuery) ([]gang.Node, string) {
 	logger := klog.FromContext(ctx)
 	rep, own, maxPods := q.rep, q.own, q.maxPods
