@@ -28,9 +28,9 @@ import (
 // gang decision: 16 pods of 2 GPUs and 1 NIC under one PCIe root, on idle
 // pcie-switch-8 nodes with a NIC per root (4 rails), in leaves of 32:
 // candidates and slots, then, aligned, railSlots (the rail keys and each
-// node's slots per key), and driver/gang.Place. A pod with other
-// drivers' devices has its copies per node counted one by one through the
-// planner (trialSlots), which is what the 5,000-node case shows.
+// node's slots per key), and driver/gang.Place. The 5,000-node case shows
+// how a GPU+NIC gang's decision grows with the cluster
+// (docs/performance/gangs.md, Decision time).
 //
 //	go test -run '^$' -bench GangDecisionRails -benchtime 5x ./controller/
 func BenchmarkGangDecisionRails(b *testing.B) {
