@@ -181,8 +181,8 @@ func TestGangSlotsCountHostResources(t *testing.T) {
 // whose claims ask for NICs beside their GPUs (matchAttribute pcieRoot):
 // planner.Slots counts their copies with the NICs, each copy's NICs taken
 // for the next, and every node gets the slots the one-by-one trials give
-// (their NICs held in the ledger), with random GPUs and NICs held and CPU
-// taken.
+// (their NICs held in the ledger), with random GPUs and NICs held and
+// most nodes' CPU enough for one to four of the pods.
 func TestGangSlotsWithNICsMatchTrials(t *testing.T) {
 	objs := objs(classes(), []runtime.Object{controllertest.NICDeviceClass()})
 	const nodes = 24
