@@ -28,16 +28,10 @@ func TestPartialAllocationRolledBack(t *testing.T) {
 	// carries an allocation.
 	var aHistory []bool
 	var aWritesAtFirstFailure = -1
-	h.client.PrependReactor("update", "resourceclaims", func(act clienttesting.Action) (bool, runtime.Object, error) {
+	h.onClaimUpdate(&mu, func(act clienttesting.Action, c *resourceapi.ResourceClaim) (bool, runtime.Object, error) {
 		if act.GetSubresource() != "status" {
 			return false, nil, nil
 		}
-		c, ok := act.(clienttesting.UpdateAction).GetObject().(*resourceapi.ResourceClaim)
-		if !ok {
-			return false, nil, nil
-		}
-		mu.Lock()
-		defer mu.Unlock()
 		switch c.Name {
 		case "a":
 			aHistory = append(aHistory, c.Status.Allocation != nil)
@@ -89,16 +83,10 @@ func TestFailedRollbackIsFinishedBeforeRetry(t *testing.T) {
 	var mu sync.Mutex
 	var bFailed, rollbackFailed bool
 	var aReleased bool // a's allocation was removed after the failures
-	h.client.PrependReactor("update", "resourceclaims", func(act clienttesting.Action) (bool, runtime.Object, error) {
+	h.onClaimUpdate(&mu, func(act clienttesting.Action, c *resourceapi.ResourceClaim) (bool, runtime.Object, error) {
 		if act.GetSubresource() != "status" {
 			return false, nil, nil
 		}
-		c, ok := act.(clienttesting.UpdateAction).GetObject().(*resourceapi.ResourceClaim)
-		if !ok {
-			return false, nil, nil
-		}
-		mu.Lock()
-		defer mu.Unlock()
 		switch {
 		case c.Name == "b" && c.Status.Allocation != nil && !bFailed:
 			bFailed = true
@@ -144,13 +132,7 @@ func TestRetryAfterRollbackWaitsForTheCache(t *testing.T) {
 	var bFailed, aReleased, bAlone, ungatedWithoutA bool
 	var release func()
 	claimsGVR := resourceapi.SchemeGroupVersion.WithResource("resourceclaims")
-	h.client.PrependReactor("update", "resourceclaims", func(act clienttesting.Action) (bool, runtime.Object, error) {
-		c, ok := act.(clienttesting.UpdateAction).GetObject().(*resourceapi.ResourceClaim)
-		if !ok {
-			return false, nil, nil
-		}
-		mu.Lock()
-		defer mu.Unlock()
+	h.onClaimUpdate(&mu, func(act clienttesting.Action, c *resourceapi.ResourceClaim) (bool, runtime.Object, error) {
 		switch {
 		case c.Name == "b" && !bFailed:
 			// b's first write (its finalizer, or its allocation where
@@ -217,4 +199,19 @@ func TestRetryAfterRollbackWaitsForTheCache(t *testing.T) {
 	if err := controllertest.CheckInvariants(h.allClaims(), h.allSlices()); err != nil {
 		t.Error(err)
 	}
+}
+
+// onClaimUpdate prepends a reactor to claim updates that calls react, with
+// mu held, with the claim each update carries; react's answer is the
+// reactor's (false: the update goes on to the tracker).
+func (h *harness) onClaimUpdate(mu *sync.Mutex, react func(act clienttesting.Action, c *resourceapi.ResourceClaim) (bool, runtime.Object, error)) {
+	h.client.PrependReactor("update", "resourceclaims", func(act clienttesting.Action) (bool, runtime.Object, error) {
+		c, ok := act.(clienttesting.UpdateAction).GetObject().(*resourceapi.ResourceClaim)
+		if !ok {
+			return false, nil, nil
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return react(act, c)
+	})
 }
