@@ -229,10 +229,14 @@ func (c *Controller) placeGang(ctx context.Context, ask gangAsk) (*gangDecision,
 	spec, rep, ready, own, req := ask.spec, ask.rep, ask.ready, ask.own, ask.req
 	excluded := c.refusedExclusions(ready)
 	place := func(excluded sets.Set[string]) (*gang.Placement, []gang.Node, string, error) {
-		nodes, rej := c.gangCandidates(ctx, candidateQuery{rep: rep, own: own, maxPods: len(ready), excluded: excluded, within: ask.within})
+		q := candidateQuery{rep: rep, own: own, maxPods: len(ready), excluded: excluded, within: ask.within, alignRails: spec.AlignRails}
+		if spec.AlignRails && ask.rail == "" {
+			q.firstRails = map[string]string{}
+		}
+		nodes, rej := c.gangCandidates(ctx, q)
 		c.boundByChannels(ctx, ready, nodes)
 		if spec.AlignRails {
-			req.AlignRails = c.railSlots(ctx, rep, own, nodes, ask.rail)
+			req.AlignRails = c.railSlots(ctx, railAsk{rep: rep, own: own, fixed: ask.rail, firstRails: q.firstRails}, nodes)
 		}
 		placement, err := gang.Place(c.hierarchy, *req, nodes)
 		return placement, nodes, rej, err
@@ -261,6 +265,14 @@ type candidateQuery struct {
 	own planner.Placement
 	// maxPods bounds each node's slots.
 	maxPods int
+	// alignRails is the gang's gang-rails: aligned: its slots are
+	// counted per rail key (railSlots), and bounded here by the free NICs
+	// of one rail (railSlotBound).
+	alignRails bool
+	// firstRails, when not nil, gets the rail key of the first copy on
+	// each node planner.Slots plans ("" where it has none), for
+	// discoverRailKeys.
+	firstRails map[string]string
 	// excluded are nodes kube-scheduler refused the gang's pods on
 	// (refusedExclusions; nil for a gang never ungated).
 	excluded sets.Set[string]
@@ -282,8 +294,18 @@ func (c *Controller) gangCandidates(ctx context.Context, q candidateQuery) ([]ga
 	if q.within != nil {
 		all = slices.DeleteFunc(all, func(n *planner.NodeInventory) bool { return !q.within.Has(n.Node) })
 	}
+	if q.alignRails {
+		maxPods = c.railSlotBound(rep, all, maxPods)
+	}
 	cands, objs, rej := c.filter.CandidateNodes(logger, rep.pod, all, rep.allocatedClaims(), q.excluded)
-	counted, ok := c.planner.Slots(ctx, planner.SlotRequest{Pod: rep.pod, Pending: rep.pending, Placement: own, Nodes: cands, Objects: objs, Max: maxPods})
+	sreq := planner.SlotRequest{Pod: rep.pod, Pending: rep.pending, Placement: own, Nodes: cands, Objects: objs, Max: maxPods}
+	if q.firstRails != nil {
+		sreq.FirstPlan = func(i int, plan *planner.Plan) {
+			k, _ := railKey(plan, len(rep.pending), c.railsOn(cands[i].Node))
+			q.firstRails[cands[i].Node] = k
+		}
+	}
+	counted, ok := c.planner.Slots(ctx, sreq)
 	out := make([]gang.Node, 0, len(cands))
 	for i, n := range cands {
 		node := objs[i]

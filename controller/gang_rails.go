@@ -36,9 +36,11 @@ import (
 // AlignRails, gang.Node.AlignedSlots): for each node, how many of the
 // gang's pods fit when each uses the NICs of those rails. The controller
 // finds the keys worth trying by planning the gang's first pod on each
-// node (the rails the planner's own choice lands on),
-// keeps the maxRailKeys most common, and counts each node's slots under
-// each key with the node's other NICs held for the trial. The pods are
+// node (the rails the planner's own choice lands on: the first copy
+// planner.Slots plans there while counting the node's slots, which for
+// such a gang stop at the free NICs of one rail, railSlotBound), keeps
+// the maxRailKeys most common, and counts each node's slots under each
+// key with the node's other NICs held for the trial. The pods are
 // then planned on their nodes with the same NICs held off, so each gets
 // the rails of the chosen key. Devices a pod of the gang does not ask for
 // are never held off.
@@ -236,23 +238,85 @@ func (h *railHold) release() {
 	h.releases, h.held, h.all = nil, sets.New[string](), false
 }
 
+// railSlotBound bounds each node's slots for a gang whose pods align
+// their rails (maxPods when the pods ask for no other driver's devices):
+// every pod of the gang on a node uses the NICs of one key, and a key of
+// w rails of a driver holds at most its free NICs on those rails over w
+// pods (railCap), which is at most the free NICs of one rail. So no node
+// holds more of the gang than the most free NICs one rail has on a node,
+// and planner.Slots, which plans every copy it counts, need not count
+// beyond: on rail-optimized nodes (one NIC per rail) one copy per node
+// instead of one per NIC (BenchmarkGangDecisionRails). At least 1, so
+// that a gang with no free rail anywhere still gets its nodes' reasons.
+// nodes are those the gang may be placed on. Called under the decision
+// lock.
+func (c *Controller) railSlotBound(rep *gangMember, nodes []*planner.NodeInventory, maxPods int) int {
+	if !wantsForeign(rep) {
+		return maxPods
+	}
+	type rail struct{ driver, rail string }
+	most := 0
+	perRail := map[rail]int{}
+	for _, n := range nodes {
+		fn := c.inv.Foreign(n.Node)
+		if fn == nil {
+			continue
+		}
+		rails := c.railsOn(n.Node)
+		clear(perRail)
+		for _, d := range fn.Devices {
+			r, ok := rails[d.Key()]
+			if !ok || c.ledger.ForeignHeld(d.Key()) {
+				continue
+			}
+			k := rail{d.Driver, r}
+			perRail[k]++
+			most = max(most, perRail[k])
+		}
+		if most >= maxPods {
+			return maxPods
+		}
+	}
+	return max(most, 1)
+}
+
+// wantsForeign tells whether the representative pod's pending claims ask
+// for other drivers' devices (NICs): only then are there rails to align.
+func wantsForeign(rep *gangMember) bool {
+	for _, ic := range rep.pending {
+		if len(ic.Foreign) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// railAsk is what railSlots counts a gang's slots per rail key for.
+type railAsk struct {
+	rep *gangMember
+	own planner.Placement
+	// fixed is the rails of the gang's placed pods, for its replacements:
+	// only that key is counted ("": the keys are discovered).
+	fixed string
+	// firstRails are the rail keys of the representative pod's first copy
+	// on the nodes planner.Slots planned (candidateQuery.firstRails; ""
+	// for a plan without one): discoverRailKeys plans the others only.
+	firstRails map[string]string
+}
+
 // railSlots fills the candidate nodes' AlignedSlots for a gang with
 // aligned rails and tells whether alignment applies: false when the
 // representative pod's claims ask for no other driver's devices (there
-// is nothing to align). With a fixed key (the rails of the gang's placed
-// pods, for its replacements) only that key is counted. Called under the
-// decision lock.
-func (c *Controller) railSlots(ctx context.Context, rep *gangMember, own planner.Placement, nodes []gang.Node, fixed string) bool {
-	foreign := false
-	for _, ic := range rep.pending {
-		foreign = foreign || len(ic.Foreign) > 0
-	}
-	if !foreign {
+// is nothing to align). With a fixed key only that key is counted.
+// Called under the decision lock.
+func (c *Controller) railSlots(ctx context.Context, ask railAsk, nodes []gang.Node) bool {
+	rep, own, fixed := ask.rep, ask.own, ask.fixed
+	if !wantsForeign(rep) {
 		return false
 	}
 	keys := []string{fixed}
 	if fixed == "" {
-		keys = c.discoverRailKeys(ctx, rep, own, nodes)
+		keys = c.discoverRailKeys(ctx, ask, nodes)
 	}
 	for i := range nodes {
 		if nodes[i].Slots == 0 {
@@ -278,14 +342,21 @@ func (c *Controller) railSlots(ctx context.Context, rep *gangMember, own planner
 
 // discoverRailKeys are the alignment keys worth trying for the gang: the
 // maxRailKeys most common rail keys of its representative pod's first
-// plans on the candidate nodes.
-func (c *Controller) discoverRailKeys(ctx context.Context, rep *gangMember, own planner.Placement, nodes []gang.Node) []string {
+// plans on the candidate nodes (ask.firstRails where planner.Slots
+// planned them already).
+func (c *Controller) discoverRailKeys(ctx context.Context, ask railAsk, nodes []gang.Node) []string {
 	count := map[string]int{}
 	for i := range nodes {
 		if nodes[i].Slots == 0 {
 			continue
 		}
-		for _, k := range c.plannedRailKeys(ctx, rep, own, nodes[i].Name, min(nodes[i].Slots, railDiscoveryPods)) {
+		if k, planned := ask.firstRails[nodes[i].Name]; planned {
+			if k != "" {
+				count[k]++
+			}
+			continue
+		}
+		for _, k := range c.plannedRailKeys(ctx, ask.rep, ask.own, nodes[i].Name, min(nodes[i].Slots, railDiscoveryPods)) {
 			count[k]++
 		}
 	}

@@ -58,9 +58,13 @@ func benchGangRails(b *testing.B, nodes, pods int, aligned bool) {
 	b.ResetTimer()
 	for range b.N {
 		c.decideMu.Lock()
-		cands, _ := c.gangCandidates(ctx, candidateQuery{rep: rep, maxPods: pods})
+		q := candidateQuery{rep: rep, maxPods: pods, alignRails: aligned}
 		if aligned {
-			req.AlignRails = c.railSlots(ctx, rep, planner.Placement{}, cands, "")
+			q.firstRails = map[string]string{}
+		}
+		cands, _ := c.gangCandidates(ctx, q)
+		if aligned {
+			req.AlignRails = c.railSlots(ctx, railAsk{rep: rep, firstRails: q.firstRails}, cands)
 		}
 		p, err := gang.Place(c.hierarchy, req, cands)
 		c.decideMu.Unlock()

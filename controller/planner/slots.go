@@ -25,6 +25,12 @@ type SlotRequest struct {
 	Objects []*corev1.Node
 	// Max bounds the count per node (the gang's pods).
 	Max int
+	// FirstPlan, when set, sees the plan of the first copy on each node
+	// planned (Nodes' index; a count kept from an earlier decision plans
+	// nothing): the controller reads the NIC rails the planner's own
+	// choice lands on from it (railSlots) instead of planning each node
+	// again.
+	FirstPlan func(node int, plan *Plan)
 }
 
 // NodeSlots is one node's answer to a SlotRequest.
@@ -105,7 +111,11 @@ func (p *Planner) Slots(ctx context.Context, req SlotRequest) ([]NodeSlots, bool
 					continue // not one copy: as Decide's chooseForeign finds
 				}
 			}
-			devices = deviceCopies(ctx, p.sel, pol, n, p.ledger.NodeUsage(n), req.Pending, limit, fn)
+			cp := copyPlanning{sel: p.sel, pol: pol, node: n, usage: p.ledger.NodeUsage(n), pending: req.Pending, limit: limit, foreign: fn}
+			if req.FirstPlan != nil {
+				cp.first = func(plan *Plan) { req.FirstPlan(i, plan) }
+			}
+			devices = cp.count(ctx)
 			shape.put(n, slotEntry{gen: gens[i], pol: pol, count: devices, limit: limit})
 		}
 		out[i].Slots = devices
@@ -147,18 +157,35 @@ func slotsCountable(pod *corev1.Pod, pending []*Claim) bool {
 	return true
 }
 
-// deviceCopies plans copies of the pending claims on the node one after
-// the other, each on the usage the ones before it leave, up to limit, and
-// returns how many fit. usage is the caller's copy (NodeUsage's): the
-// copies are marked in it. fn, for claims with other drivers' devices,
-// is the node's view of them: each copy's devices stay taken in it for
-// the next, as the ledger would hold them once the copy is assumed.
-func deviceCopies(ctx context.Context, sel *SelectorEvaluator, pol allocate.Policy, n *NodeInventory, usage []allocate.GPUUsage, pending []*Claim, limit int, fn *foreignNode) int {
+// copyPlanning is the copies of the pending claims to plan on one node.
+type copyPlanning struct {
+	sel     *SelectorEvaluator
+	pol     allocate.Policy
+	node    *NodeInventory
+	pending []*Claim
+	limit   int
+	// usage is the caller's copy (NodeUsage's): the copies are marked in
+	// it.
+	usage []allocate.GPUUsage
+	// foreign, for claims with other drivers' devices, is the node's view
+	// of them: each copy's devices stay taken in it for the next, as the
+	// ledger would hold them once the copy is assumed.
+	foreign *foreignNode
+	// first (if not nil) sees the first copy's plan.
+	first func(*Plan)
+}
+
+// count plans copies one after the other, each on the usage the ones
+// before it leave, up to the limit, and returns how many fit.
+func (cp copyPlanning) count(ctx context.Context) int {
 	count := 0
-	for count < limit {
-		plan, _ := planNodeWith(ctx, sel, pol, n, usage, pending, fn)
+	for count < cp.limit {
+		plan, _ := planNodeWith(ctx, cp.sel, cp.pol, cp.node, cp.usage, cp.pending, cp.foreign)
 		if plan == nil {
 			break
+		}
+		if count == 0 && cp.first != nil {
+			cp.first(plan)
 		}
 		count++
 		// As the ledger shows the copy once assumed: its GPUs given out
@@ -166,7 +193,7 @@ func deviceCopies(ctx context.Context, sel *SelectorEvaluator, pol allocate.Poli
 		for _, claim := range plan.Claims {
 			for _, r := range claim {
 				for _, pos := range r.Positions {
-					usage[pos].Exclusive = true
+					cp.usage[pos].Exclusive = true
 				}
 			}
 		}
