@@ -179,6 +179,7 @@ type Controller struct {
 	// gangDemand and gangDomains are guarded by decideMu.
 	gangDemand  gang.DemandHistory
 	gangDomains nodeDomains
+	railMemo    railMemo
 	// decided are the pods whose decision this controller wrote or is
 	// writing, until they are deleted: users of their claims for the MPS
 	// user check before kube-scheduler reserves the claims for them

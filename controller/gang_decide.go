@@ -300,8 +300,8 @@ func (c *Controller) gangCandidates(ctx context.Context, q candidateQuery) ([]ga
 	cands, objs, rej := c.filter.CandidateNodes(logger, rep.pod, all, rep.allocatedClaims(), q.excluded)
 	sreq := planner.SlotRequest{Pod: rep.pod, Pending: rep.pending, Placement: own, Nodes: cands, Objects: objs, Max: maxPods}
 	if q.firstRails != nil {
-		sreq.FirstPlan = func(i int, plan *planner.Plan) {
-			k, _ := railKey(plan, len(rep.pending), c.railsOn(cands[i].Node))
+		sreq.FirstForeign = func(i int, devices []planner.DeviceKey, _ bool) {
+			k, _ := railKeyOf(devices, c.railsOn(cands[i].Node))
 			q.firstRails[cands[i].Node] = k
 		}
 	}
@@ -361,19 +361,6 @@ func (d *nodeDomains) of(h *gang.Hierarchy, node *corev1.Node) []string {
 	doms := h.Domains(node.Labels)
 	d.byNode[node] = doms
 	return doms
-}
-
-// nodeSlots counts how many copies of the representative pod fit on the
-// node at once, the node admitted by the node filter: planner.Slots where
-// it counts them, else trialSlots. Called under the decision lock.
-func (c *Controller) nodeSlots(ctx context.Context, rep *gangMember, own planner.Placement, node string, maxPods int) int {
-	if n := c.inv.Node(node); n != nil {
-		req := planner.SlotRequest{Pod: rep.pod, Pending: rep.pending, Placement: own, Nodes: []*planner.NodeInventory{n}, Max: maxPods}
-		if counted, ok := c.planner.Slots(ctx, req); ok {
-			return counted[0].Slots
-		}
-	}
-	return c.trialSlots(ctx, rep, own, node, maxPods)
 }
 
 // trialSlots counts how many copies of the representative pod fit on the

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -61,12 +62,48 @@ var railTrials atomic.Uint64
 
 // railsOn maps each foreign device of the node to its rail (absent: it
 // has none, when RailAttribute names an attribute it lacks or whose value
-// cannot be part of a key).
+// cannot be part of a key). The map is shared: read-only.
 func (c *Controller) railsOn(node string) map[planner.DeviceKey]string {
 	fn := c.inv.Foreign(node)
 	if fn == nil {
 		return nil
 	}
+	return c.railMemo.of(node, fn, c.inv.Len(), c.railsOf)
+}
+
+// railMemo keeps railsOn's map per node for its other drivers' devices
+// as they are (a ForeignNode is replaced, never changed, when they
+// change), so that an aligned gang's decision does not sort every node's
+// NICs again, several times (BenchmarkGangDecisionRails).
+type railMemo struct {
+	mu     sync.Mutex
+	byNode map[string]railEntry
+}
+
+type railEntry struct {
+	fn    *planner.ForeignNode
+	rails map[planner.DeviceKey]string
+}
+
+// of returns the node's rails for fn, computed once per fn; the memo is
+// emptied when it holds more than twice the nodes (those gone stay
+// otherwise).
+func (m *railMemo) of(node string, fn *planner.ForeignNode, nodes int, compute func(*planner.ForeignNode) map[planner.DeviceKey]string) map[planner.DeviceKey]string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e, ok := m.byNode[node]; ok && e.fn == fn {
+		return e.rails
+	}
+	if m.byNode == nil || len(m.byNode) > 2*nodes+64 {
+		m.byNode = map[string]railEntry{}
+	}
+	rails := compute(fn)
+	m.byNode[node] = railEntry{fn: fn, rails: rails}
+	return rails
+}
+
+// railsOf is railsOn's map for the node's other drivers' devices fn.
+func (c *Controller) railsOf(fn *planner.ForeignNode) map[planner.DeviceKey]string {
 	type pool struct{ driver, pool string }
 	byPool := map[pool][]*planner.ForeignDevice{}
 	for _, d := range fn.Devices {
@@ -238,136 +275,6 @@ func (h *railHold) release() {
 	h.releases, h.held, h.all = nil, sets.New[string](), false
 }
 
-// railSlotBound bounds each node's slots for a gang whose pods align
-// their rails (maxPods when the pods ask for no other driver's devices):
-// every pod of the gang on a node uses the NICs of one key, and a key of
-// w rails of a driver holds at most its free NICs on those rails over w
-// pods (railCap), which is at most the free NICs of one rail. So no node
-// holds more of the gang than the most free NICs one rail has on a node,
-// and planner.Slots, which plans every copy it counts, need not count
-// beyond: on rail-optimized nodes (one NIC per rail) one copy per node
-// instead of one per NIC (BenchmarkGangDecisionRails). At least 1, so
-// that a gang with no free rail anywhere still gets its nodes' reasons.
-// nodes are those the gang may be placed on. Called under the decision
-// lock.
-func (c *Controller) railSlotBound(rep *gangMember, nodes []*planner.NodeInventory, maxPods int) int {
-	if !wantsForeign(rep) {
-		return maxPods
-	}
-	type rail struct{ driver, rail string }
-	most := 0
-	perRail := map[rail]int{}
-	for _, n := range nodes {
-		fn := c.inv.Foreign(n.Node)
-		if fn == nil {
-			continue
-		}
-		rails := c.railsOn(n.Node)
-		clear(perRail)
-		for _, d := range fn.Devices {
-			r, ok := rails[d.Key()]
-			if !ok || c.ledger.ForeignHeld(d.Key()) {
-				continue
-			}
-			k := rail{d.Driver, r}
-			perRail[k]++
-			most = max(most, perRail[k])
-		}
-		if most >= maxPods {
-			return maxPods
-		}
-	}
-	return max(most, 1)
-}
-
-// wantsForeign tells whether the representative pod's pending claims ask
-// for other drivers' devices (NICs): only then are there rails to align.
-func wantsForeign(rep *gangMember) bool {
-	for _, ic := range rep.pending {
-		if len(ic.Foreign) > 0 {
-			return true
-		}
-	}
-	return false
-}
-
-// railAsk is what railSlots counts a gang's slots per rail key for.
-type railAsk struct {
-	rep *gangMember
-	own planner.Placement
-	// fixed is the rails of the gang's placed pods, for its replacements:
-	// only that key is counted ("": the keys are discovered).
-	fixed string
-	// firstRails are the rail keys of the representative pod's first copy
-	// on the nodes planner.Slots planned (candidateQuery.firstRails; ""
-	// for a plan without one): discoverRailKeys plans the others only.
-	firstRails map[string]string
-}
-
-// railSlots fills the candidate nodes' AlignedSlots for a gang with
-// aligned rails and tells whether alignment applies: false when the
-// representative pod's claims ask for no other driver's devices (there
-// is nothing to align). With a fixed key only that key is counted.
-// Called under the decision lock.
-func (c *Controller) railSlots(ctx context.Context, ask railAsk, nodes []gang.Node) bool {
-	rep, own, fixed := ask.rep, ask.own, ask.fixed
-	if !wantsForeign(rep) {
-		return false
-	}
-	keys := []string{fixed}
-	if fixed == "" {
-		keys = c.discoverRailKeys(ctx, ask, nodes)
-	}
-	for i := range nodes {
-		if nodes[i].Slots == 0 {
-			continue
-		}
-		nodes[i].AlignedSlots = map[string]int{}
-		rails := c.railsOn(nodes[i].Name)
-		for _, k := range keys {
-			most := min(nodes[i].Slots, c.railCap(nodes[i].Name, k, rails))
-			if most == 0 {
-				continue
-			}
-			release := c.holdOffRails(nodes[i].Name, k)
-			s := c.nodeSlots(ctx, rep, own, nodes[i].Name, most)
-			release()
-			if s > 0 {
-				nodes[i].AlignedSlots[k] = s
-			}
-		}
-	}
-	return true
-}
-
-// discoverRailKeys are the alignment keys worth trying for the gang: the
-// maxRailKeys most common rail keys of its representative pod's first
-// plans on the candidate nodes (ask.firstRails where planner.Slots
-// planned them already).
-func (c *Controller) discoverRailKeys(ctx context.Context, ask railAsk, nodes []gang.Node) []string {
-	count := map[string]int{}
-	for i := range nodes {
-		if nodes[i].Slots == 0 {
-			continue
-		}
-		if k, planned := ask.firstRails[nodes[i].Name]; planned {
-			if k != "" {
-				count[k]++
-			}
-			continue
-		}
-		for _, k := range c.plannedRailKeys(ctx, ask.rep, ask.own, nodes[i].Name, min(nodes[i].Slots, railDiscoveryPods)) {
-			count[k]++
-		}
-	}
-	keys := make([]string, 0, len(count))
-	for k := range count {
-		keys = append(keys, k)
-	}
-	slices.SortFunc(keys, func(a, b string) int { return cmp.Or(cmp.Compare(count[b], count[a]), cmp.Compare(a, b)) })
-	return keys[:min(len(keys), maxRailKeys)]
-}
-
 // placedRailKey is the rail key every placed pod of the gang uses (bound,
 // or handed over with its claims allocated): its replacements keep to it.
 // "" when no pod is placed, the placed pods' keys differ, or a placed
@@ -407,51 +314,6 @@ func (c *Controller) placedRailKey(ctx context.Context, members []*gangMember) s
 		key = k
 	}
 	return key
-}
-
-// railCap bounds the pods the node can take under a rail key by its free
-// devices on the key's rails: a pod takes as many of each driver's devices
-// as the key lists. It spares the planning that would fail (the second
-// pod of a rail set on a node whose NICs are one per rail).
-func (c *Controller) railCap(node, key string, rails map[planner.DeviceKey]string) int {
-	fn := c.inv.Foreign(node)
-	if fn == nil {
-		return 0
-	}
-	most := -1
-	for _, part := range strings.Split(key, ";") {
-		drv, list, ok := strings.Cut(part, "=")
-		if !ok {
-			return 0
-		}
-		want := strings.Split(list, ",")
-		allowed := sets.New(want...)
-		free := 0
-		for _, d := range fn.Devices {
-			if r, has := rails[d.Key()]; d.Driver == drv && has && allowed.Has(r) && !c.ledger.ForeignHeld(d.Key()) {
-				free++
-			}
-		}
-		if n := free / len(want); most < 0 || n < most {
-			most = n
-		}
-	}
-	return max(most, 0)
-}
-
-// plannedRailKeys plans copies of the representative pod on the node, one
-// after the other (planCopies, as trialSlots counts them), and returns
-// the rail key of each plan: the alignments the planner's own choice
-// offers there.
-func (c *Controller) plannedRailKeys(ctx context.Context, rep *gangMember, own planner.Placement, node string, maxPods int) []string {
-	rails := c.railsOn(node)
-	var keys []string
-	c.planCopies(ctx, rep, own, node, maxPods, func(plan *planner.Plan) {
-		if k, ok := railKey(plan, len(rep.pending), rails); ok && !slices.Contains(keys, k) {
-			keys = append(keys, k)
-		}
-	})
-	return keys
 }
 
 // naturalCompare orders names with their digit runs as numbers:

@@ -23,9 +23,12 @@ import (
 // are read from planner.Slots' first copy per node (firstRails) as when
 // every copy is counted and each node is planned again for its key
 // (discoverRailKeys), node by node, over rounds of random GPUs and NICs
-// held. Half the nodes cable two NICs to each of rails 0 and 1 (the
-// rail attribute), so that a key holds two pods there and the bound is 2;
-// the others one NIC per rail.
+// held; and each is what trying the copies one by one with the other
+// rails' NICs held in the ledger gives (keySlots' HeldOff against
+// holdOffRails). A second count with nothing changed holds nothing in
+// the ledger, so the counts kept stay valid. Half the nodes cable two
+// NICs to each of rails 0 and 1 (the rail attribute), so that a key
+// holds two pods there and the bound is 2; the others one NIC per rail.
 func TestAlignedRailSlotsBoundedAndDiscoveredFromSlots(t *testing.T) {
 	railed := func(node string, rails ...int64) []runtime.Object {
 		o := nicNode(t, node, railNICs())
@@ -99,8 +102,36 @@ func TestAlignedRailSlotsBoundedAndDiscoveredFromSlots(t *testing.T) {
 			if !c.railSlots(h.ctx, railAsk{rep: m, own: own, firstRails: q.firstRails}, fast) {
 				t.Fatalf("pod %s: rails not aligned", name)
 			}
+			invs := c.inv.All()
+			gens := make([]uint64, len(invs))
+			c.ledger.Generations(invs, gens)
+			foreignGens := make([]uint64, len(invs))
+			for i, n := range invs {
+				foreignGens[i] = c.ledger.ForeignGeneration(c.inv.Foreign(n.Node))
+			}
+			q = candidateQuery{rep: m, own: own, maxPods: maxPods, alignRails: true, firstRails: map[string]string{}}
+			again, _ := c.gangCandidates(h.ctx, q)
+			c.railSlots(h.ctx, railAsk{rep: m, own: own, firstRails: q.firstRails}, again)
+			after := make([]uint64, len(invs))
+			c.ledger.Generations(invs, after)
+			for i, n := range invs {
+				if after[i] != gens[i] || c.ledger.ForeignGeneration(c.inv.Foreign(n.Node)) != foreignGens[i] {
+					t.Errorf("round %d, pod %s: node %s: counting again with nothing changed held devices in the ledger", round, name, n.Node)
+				}
+			}
+			for i := range again {
+				if !maps.Equal(again[i].AlignedSlots, fast[i].AlignedSlots) {
+					t.Errorf("round %d, pod %s: node %s: slots per rail key %v, then %v with nothing changed", round, name, fast[i].Name, fast[i].AlignedSlots, again[i].AlignedSlots)
+				}
+			}
 			full, _ := c.gangCandidates(h.ctx, candidateQuery{rep: m, own: own, maxPods: maxPods})
 			c.railSlots(h.ctx, railAsk{rep: m, own: own}, full)
+			keys := map[string]bool{}
+			for i := range full {
+				for k := range full[i].AlignedSlots {
+					keys[k] = true
+				}
+			}
 			if len(fast) != len(full) {
 				t.Fatalf("round %d, pod %s: %d candidates bounded, %d not", round, name, len(fast), len(full))
 			}
@@ -116,6 +147,22 @@ func TestAlignedRailSlotsBoundedAndDiscoveredFromSlots(t *testing.T) {
 				for _, s := range full[i].AlignedSlots {
 					some += s
 					twoOnOneKey = twoOnOneKey || s >= 2
+				}
+				if full[i].Slots == 0 {
+					continue
+				}
+				rails := c.railsOn(full[i].Name)
+				for k := range keys {
+					most := min(full[i].Slots, c.railCap(full[i].Name, k, rails))
+					if most == 0 {
+						continue
+					}
+					release := c.holdOffRails(full[i].Name, k)
+					tried := c.trialSlots(h.ctx, m, own, full[i].Name, most)
+					release()
+					if tried != full[i].AlignedSlots[k] {
+						t.Errorf("round %d, pod %s: node %s: key %s: %d slots counted, %d tried with the other rails held in the ledger", round, name, full[i].Name, k, full[i].AlignedSlots[k], tried)
+					}
 				}
 			}
 			if round == 0 && some == 0 {

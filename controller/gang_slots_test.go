@@ -2,6 +2,7 @@ package controller
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -315,4 +316,95 @@ func mustPlacement(t *testing.T, m *gangMember) planner.Placement {
 		t.Fatal(err)
 	}
 	return own
+}
+
+// TestGangSlotsWithNICsKeptUntilNICsChange: planner.Slots keeps a GPU+NIC
+// pod's count per node between decisions (by the pod's claims) and plans
+// again exactly the nodes whose GPUs or NICs were held or let go since:
+// a second count plans no node, and after only some nodes' NICs changed,
+// those are the only ones planned and every count equals the one-by-one
+// trials'. It fails when a count is kept across a change of the node's
+// NICs alone.
+func TestGangSlotsWithNICsKeptUntilNICsChange(t *testing.T) {
+	objs := objs(classes(), []runtime.Object{controllertest.NICDeviceClass()})
+	const nodes = 16
+	for i := range nodes {
+		name := fmt.Sprintf("n%02d", i)
+		o := nicNode(t, name, railNICs())
+		o[0].(*corev1.Node).Labels = map[string]string{corev1.LabelHostname: name, gang.LabelLeaf: fmt.Sprintf("leaf-%d", i/8)}
+		objs = append(objs, o...)
+	}
+	h := newHarness(t, objs...)
+	h.gangPodWith("p", "g", 1000, gpusAndNICs(2, 1), "1")
+	h.start()
+	c := h.ctrl
+	m := h.waitGangMembers([]string{"p"}, nodes)["p"]
+	own := mustPlacement(t, m)
+	logger := klog.FromContext(h.ctx)
+
+	rng := rand.New(rand.NewPCG(5, 29))
+	gpusHeld, nicsHeld := runningHolds{}, runningHolds{}
+	holdNICs := func(node string, round int) {
+		nicsHeld.release(node)
+		var uses []planner.DeviceUse
+		for _, d := range c.inv.Foreign(node).Devices {
+			if rng.IntN(2) == 0 {
+				uses = append(uses, planner.DeviceUse{Key: d.Key(), Exclusive: true})
+			}
+		}
+		nicsHeld.hold(c, node, 1000+round, uses)
+	}
+	const maxPods = 4
+	changedByNICs := 0
+	for round := range 6 {
+		c.decideMu.Lock()
+		for _, n := range c.inv.All() {
+			gpusHeld.release(n.Node)
+			gpusHeld.hold(c, n.Node, round, randomGPUUses(rng, n))
+			holdNICs(n.Node, round)
+		}
+		cands, _ := c.filter.Candidates(logger, m.pod, c.inv.All(), m.allocatedClaims(), nil)
+		count := func() ([]planner.NodeSlots, map[string]bool) {
+			planned := map[string]bool{}
+			req := planner.SlotRequest{Pod: m.pod, Pending: m.pending, Placement: own, Nodes: cands, Max: maxPods,
+				FirstForeign: func(i int, _ []planner.DeviceKey, now bool) {
+					if now {
+						planned[cands[i].Node] = true
+					}
+				}}
+			counted, ok := c.planner.Slots(h.ctx, req)
+			if !ok {
+				t.Fatal("slots not counted by the planner")
+			}
+			return counted, planned
+		}
+		first, _ := count()
+		if again, planned := count(); len(planned) > 0 || !slices.Equal(again, first) {
+			t.Errorf("round %d: nothing changed, but nodes %v were planned again (counts %v, then %v)", round, slices.Sorted(maps.Keys(planned)), first, again)
+		}
+		changed := map[string]bool{}
+		for _, i := range rng.Perm(len(cands))[:5] {
+			changed[cands[i].Node] = true
+			holdNICs(cands[i].Node, round+100)
+		}
+		after, planned := count()
+		for node := range planned {
+			if !changed[node] {
+				t.Errorf("round %d: node %s planned again, though nothing of it changed", round, node)
+			}
+		}
+		for i, n := range cands {
+			tried := c.trialSlots(h.ctx, m, own, n.Node, maxPods)
+			if after[i].Slots != tried {
+				t.Errorf("round %d: node %s (NICs changed: %v): counted %d, tried %d", round, n.Node, changed[n.Node], after[i].Slots, tried)
+			}
+			if changed[n.Node] && after[i].Slots != first[i].Slots {
+				changedByNICs++
+			}
+		}
+		c.decideMu.Unlock()
+	}
+	if changedByNICs == 0 {
+		t.Fatal("no count changed with the NICs alone: the test cannot tell a stale count from a kept one")
+	}
 }

@@ -1,6 +1,8 @@
 package planner
 
 import (
+	"slices"
+
 	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/gpulink/gpulink/driver"
@@ -24,6 +26,29 @@ func (l *Ledger) ForeignHeld(k DeviceKey) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.usage[k] != nil
+}
+
+// ForeignGeneration is the sum of the hold generations of the pools fn's
+// devices are in (0 for nil): it moves whenever one of the node's other
+// drivers' devices is held or let go, as Generations does for its GPUs,
+// and a new ForeignNode replaces fn whenever those pools change.
+func (l *Ledger) ForeignGeneration(fn *ForeignNode) uint64 {
+	if fn == nil {
+		return 0
+	}
+	var seen []foreignPool
+	var sum uint64
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, d := range fn.Devices {
+		k := foreignPool{driver: d.Driver, pool: d.Pool}
+		if slices.Contains(seen, k) {
+			continue
+		}
+		seen = append(seen, k)
+		sum += l.foreignGen[k]
+	}
+	return sum
 }
 
 // holdsGpulink tells whether uses take any gpulink device: a deleted claim

@@ -346,6 +346,20 @@ func (pl *Plan) ForeignResults(i int) []ForeignResult {
 	return pl.Foreign[i]
 }
 
+// foreignKeys are the other drivers' devices the plan gives its first
+// claims claims (the pod's pending ones).
+func (pl *Plan) foreignKeys(claims int) []DeviceKey {
+	var out []DeviceKey
+	for i := range claims {
+		for _, fr := range pl.ForeignResults(i) {
+			for _, d := range fr.Devices {
+				out = append(out, d.Key())
+			}
+		}
+	}
+	return out
+}
+
 // chooseForeign plans pods whose claims ask for other drivers' devices on
 // every candidate node, with the node's devices of other drivers, and
 // ranks the plans as any other (choosePlan). The shortcuts score nodes by

@@ -60,6 +60,10 @@ type Ledger struct {
 	// (scoreCache). Entries are never deleted: a pool that comes back must
 	// not reuse a generation it had.
 	poolGen map[string]uint64
+	// foreignGen counts the hold changes of each other driver's pool
+	// (ForeignGeneration), for the slot counts of pods that take NICs
+	// beside their GPUs (slotCache). Never deleted, as poolGen.
+	foreignGen map[foreignPool]uint64
 	// changed, when set, is told the pool of every gpulink device whose
 	// usage changes (OnPoolChange).
 	changed func(pool string)
@@ -121,7 +125,7 @@ func (t *devTotals) countGroup(g string, sign int) {
 func (l *Ledger) OnPoolChange(f func(pool string)) { l.changed = f }
 
 func NewLedger() *Ledger {
-	return &Ledger{claims: map[types.UID]*claimUse{}, usage: map[DeviceKey]*devTotals{}, kept: map[types.UID]*KeptClaim{}, poolGen: map[string]uint64{}}
+	return &Ledger{claims: map[types.UID]*claimUse{}, usage: map[DeviceKey]*devTotals{}, kept: map[types.UID]*KeptClaim{}, poolGen: map[string]uint64{}, foreignGen: map[foreignPool]uint64{}}
 }
 
 func (l *Ledger) addLocked(uses []DeviceUse, sign int) {
@@ -137,6 +141,8 @@ func (l *Ledger) addLocked(uses []DeviceUse, sign int) {
 					l.changed(u.Key.Pool)
 				}
 			}
+		} else {
+			l.foreignGen[foreignPool{driver: u.Key.Driver, pool: u.Key.Pool}]++
 		}
 		t := l.usage[u.Key]
 		if t == nil {

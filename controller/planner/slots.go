@@ -3,8 +3,10 @@ package planner
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/gpulink/gpulink/driver/allocate"
 )
@@ -25,12 +27,20 @@ type SlotRequest struct {
 	Objects []*corev1.Node
 	// Max bounds the count per node (the gang's pods).
 	Max int
-	// FirstPlan, when set, sees the plan of the first copy on each node
-	// planned (Nodes' index; a count kept from an earlier decision plans
-	// nothing): the controller reads the NIC rails the planner's own
-	// choice lands on from it (railSlots) instead of planning each node
-	// again.
-	FirstPlan func(node int, plan *Plan)
+	// HeldOff, when set, are other drivers' devices the count takes as
+	// held besides the ledger's holds (an aligned gang's NICs of the other
+	// rails, the controller's railSlots), named by HeldOffKey for the
+	// counts kept: one key must always mean the same devices. Without a
+	// key nothing is kept.
+	HeldOff    func(DeviceKey) bool
+	HeldOffKey string
+	// FirstForeign, when set, sees for each node (Nodes' index) with room
+	// for a copy the other drivers' devices of the first copy's plan, and
+	// whether the node was planned now (false: the count, and those
+	// devices, were kept from an earlier one): the controller reads the
+	// NIC rails the planner's own choice lands on from them (railSlots)
+	// instead of planning each node again.
+	FirstForeign func(node int, devices []DeviceKey, planned bool)
 }
 
 // NodeSlots is one node's answer to a SlotRequest.
@@ -63,10 +73,12 @@ type NodeSlots struct {
 // count is the lower of the two.
 //
 // What makes it cheap: nodes with fewer free GPUs than one copy takes are
-// not planned, and for a pod of one request of one alternative (a gang's
-// usual shape) the device count is kept per node until the node's usage
-// generation or the policy changes (slotCache): a decision plans only the
-// nodes that changed since the last one for the shape.
+// not planned, and the device count is kept per node until the node's
+// usage generation, the holds on its other drivers' devices (NICs) or
+// the policy change (slotCache), for a pod of one request of one
+// alternative (a gang's usual shape) by that shape, for any other by its
+// claims (slotShape): a decision plans only the nodes that changed since
+// the last one for the shape, or since the same gang's last retry.
 func (p *Planner) Slots(ctx context.Context, req SlotRequest) ([]NodeSlots, bool) {
 	if !slotsCountable(req.Pod, req.Pending) {
 		return nil, false
@@ -77,16 +89,27 @@ func (p *Planner) Slots(ctx context.Context, req SlotRequest) ([]NodeSlots, bool
 	if p.filter.Fit != nil {
 		fc = p.filter.Fit.check(req.Pod, p.filter.labelsOf)
 	}
-	shape := p.slotShape(req.Pending)
+	shape := p.slotShape(req)
 	// Other drivers' devices are planned with the GPUs (chooseForeign's
 	// planning, one node at a time); their free state is the ledger's
-	// holds, which no usage generation follows, so no count is kept.
+	// holds, whose generation (ForeignGeneration) a kept count is valid
+	// for, with the node's devices as they were.
 	foreign := wantsForeign(req.Pending)
+	held := p.ledger.ForeignHeld
+	if req.HeldOff != nil {
+		held = func(k DeviceKey) bool { return p.ledger.ForeignHeld(k) || req.HeldOff(k) }
+	}
 	gens := make([]uint64, len(nodes))
 	p.ledger.Generations(nodes, gens)
 	perPod := WholeGPUs(req.Pending)
 	out := make([]NodeSlots, len(nodes))
 	for i, n := range nodes {
+		var fview *ForeignNode
+		var fgen uint64
+		if foreign {
+			fview = p.inv.Foreign(n.Node)
+			fgen = p.ledger.ForeignGeneration(fview)
+		}
 		free, ok := p.slots.freeAt(n, gens[i])
 		if !ok {
 			free = p.ledger.FreeGPUs(n)
@@ -102,21 +125,28 @@ func (p *Planner) Slots(ctx context.Context, req SlotRequest) ([]NodeSlots, bool
 		if limit < 1 {
 			continue
 		}
-		devices := shape.get(n, gens[i], pol, limit)
-		if devices < 0 {
+		at := slotEntry{gen: gens[i], pol: pol, foreign: fview, foreignGen: fgen, limit: limit}
+		devices, first := shape.get(n, at)
+		planned := devices < 0
+		if planned {
 			var fn *foreignNode
 			if foreign {
-				fn = &foreignNode{view: p.inv.Foreign(n.Node), held: p.ledger.ForeignHeld, taken: map[DeviceKey]bool{}}
-				if foreignShortOn(ctx, p.sel, n, req.Pending, fn) != nil {
-					continue // not one copy: as Decide's chooseForeign finds
+				fn = &foreignNode{view: fview, held: held, taken: map[DeviceKey]bool{}}
+			}
+			if foreign && foreignShortOn(ctx, p.sel, n, req.Pending, fn) != nil {
+				devices = 0 // not one copy: as Decide's chooseForeign finds
+			} else {
+				cp := copyPlanning{sel: p.sel, pol: pol, node: n, usage: p.ledger.NodeUsage(n), pending: req.Pending, limit: limit, foreign: fn}
+				if foreign {
+					cp.first = func(plan *Plan) { first = plan.foreignKeys(len(req.Pending)) }
 				}
+				devices = cp.count(ctx)
 			}
-			cp := copyPlanning{sel: p.sel, pol: pol, node: n, usage: p.ledger.NodeUsage(n), pending: req.Pending, limit: limit, foreign: fn}
-			if req.FirstPlan != nil {
-				cp.first = func(plan *Plan) { req.FirstPlan(i, plan) }
-			}
-			devices = cp.count(ctx)
-			shape.put(n, slotEntry{gen: gens[i], pol: pol, count: devices, limit: limit})
+			at.count, at.first = devices, first
+			shape.put(n, at)
+		}
+		if req.FirstForeign != nil && devices > 0 {
+			req.FirstForeign(i, first, planned)
 		}
 		out[i].Slots = devices
 		if fc != nil && devices > 0 {
@@ -236,63 +266,128 @@ func newSlotCache() *slotCache {
 // not kept) keeps nothing.
 type slotShape struct {
 	byNode map[*NodeInventory]slotEntry
+	// classes are the device classes a claims key names by address
+	// (claimsKey), kept so that no other class takes an address while
+	// the key is in use.
+	classes []*resourceapi.DeviceClass
 }
 
 // slotEntry is a node's count, valid for its usage generation and the
-// policy, and for counts up to limit (a count below the limit at which
-// it was computed is final).
+// policy, for its other drivers' devices and their holds as they were
+// (foreign, foreignGen: nil and 0 for pods without such devices), and
+// for counts up to limit (a count below the limit at which it was
+// computed is final).
 type slotEntry struct {
 	gen          uint64
 	pol          allocate.Policy
+	foreign      *ForeignNode
+	foreignGen   uint64
 	count, limit int
+	// first are the other drivers' devices of the first copy's plan
+	// (SlotRequest.FirstForeign).
+	first []DeviceKey
 }
 
-// slotShape returns the counts kept for the pending claims' shape: one
+// slotShape returns the counts kept for the pending claims' shape. One
 // claim of one request of one alternative for whole GPUs by count, no
-// constraints; nil for any other (counted afresh on every decision).
-// Decisions are serialized (the decision lock), so it needs no lock of
-// its own.
-func (p *Planner) slotShape(pending []*Claim) *slotShape {
-	if len(pending) != 1 || len(pending[0].Requests) != 1 || len(pending[0].Constraints) != 0 || len(pending[0].Requests[0].Alternatives) != 1 || wantsForeign(pending) {
+// constraints, is kept by its quick signature, for every pod of that
+// shape; any other (several requests or claims, constraints,
+// firstAvailable, other drivers' devices) by the claims themselves
+// (claimsKey): a waiting gang's retries, which count its representative
+// pod's slots again, plan only the nodes that changed. nil keeps nothing
+// (counted afresh on every decision). Decisions are serialized (the
+// decision lock), so it needs no lock of its own.
+func (p *Planner) slotShape(req SlotRequest) *slotShape {
+	pending := req.Pending
+	key, classes := claimsKey(pending)
+	switch {
+	case req.HeldOff != nil:
+		if req.HeldOffKey == "" {
+			return nil
+		}
+		key += "\x05" + req.HeldOffKey
+	case len(pending) == 1 && len(pending[0].Requests) == 1 && len(pending[0].Constraints) == 0 && len(pending[0].Requests[0].Alternatives) == 1 && !wantsForeign(pending):
+		alt := pending[0].Requests[0].Alternatives[0]
+		if alt.All || alt.Share || alt.MIG || alt.Count < 1 {
+			return nil
+		}
+		key = fmt.Sprintf("%s\x03%d/%d", quickSignature(alt), alt.Count, alt.RequiredLink)
+	}
+	if key == "" {
 		return nil
 	}
-	alt := pending[0].Requests[0].Alternatives[0]
-	if alt.All || alt.Share || alt.MIG || alt.Count < 1 {
-		return nil
-	}
-	key := fmt.Sprintf("%s\x03%d/%d", quickSignature(alt), alt.Count, alt.RequiredLink)
 	s, ok := p.slots.shapes.get(key)
 	if !ok {
-		s = &slotShape{byNode: map[*NodeInventory]slotEntry{}}
+		s = &slotShape{byNode: map[*NodeInventory]slotEntry{}, classes: classes}
 		p.slots.shapes.put(key, s)
 	}
 	return s
 }
 
-// get returns the node's kept count for up to limit copies, -1 when none
-// is valid.
-func (s *slotShape) get(n *NodeInventory, gen uint64, pol allocate.Policy, limit int) int {
+// get returns the node's kept count for up to at.limit copies, with the
+// first copy's other drivers' devices; -1 when none is valid for at's
+// generations, policy and other drivers' devices.
+func (s *slotShape) get(n *NodeInventory, at slotEntry) (int, []DeviceKey) {
 	if s == nil {
-		return -1
+		return -1, nil
 	}
+	limit := at.limit
 	e, ok := s.byNode[n]
-	if !ok || e.gen != gen || e.pol != pol {
-		return -1
+	if !ok || e.gen != at.gen || e.pol != at.pol || e.foreign != at.foreign || e.foreignGen != at.foreignGen {
+		return -1, nil
 	}
 	switch {
 	case e.count < e.limit:
 		// The copies stopped fitting below the limit: final.
-		return min(e.count, limit)
+		return min(e.count, limit), e.first
 	case limit <= e.limit:
-		return limit
+		return limit, e.first
 	}
-	return -1
+	return -1, nil
 }
 
 func (s *slotShape) put(n *NodeInventory, e slotEntry) {
 	if s != nil {
 		s.byNode[n] = e
 	}
+}
+
+// claimsKey identifies pending claims by what a plan reads of them: each
+// claim by UID (a claim's spec never changes) and its classes by the
+// informer's object (replaced, never changed, on every update), by
+// address; it returns those classes, for the shape to keep (slotShape).
+// "" for a claim without a UID or a request without a class.
+func claimsKey(pending []*Claim) (string, []*resourceapi.DeviceClass) {
+	var b strings.Builder
+	var classes []*resourceapi.DeviceClass
+	b.WriteString("claims")
+	class := func(c *resourceapi.DeviceClass) bool {
+		if c == nil {
+			return false
+		}
+		fmt.Fprintf(&b, "\x03%p", c)
+		classes = append(classes, c)
+		return true
+	}
+	for _, ic := range pending {
+		if ic.Claim == nil || ic.Claim.UID == "" {
+			return "", nil
+		}
+		fmt.Fprintf(&b, "\x04%s", ic.Claim.UID)
+		for _, r := range ic.Requests {
+			for _, alt := range r.Alternatives {
+				if !class(alt.Class) {
+					return "", nil
+				}
+			}
+		}
+		for _, fr := range ic.Foreign {
+			if !class(fr.Class) {
+				return "", nil
+			}
+		}
+	}
+	return b.String(), classes
 }
 
 // prune drops the entries of inventories no longer current (nodes gone or
