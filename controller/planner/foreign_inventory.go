@@ -92,7 +92,16 @@ func (inv *Inventory) upsertForeign(s *resourceapi.ResourceSlice) {
 	defer inv.mu.Unlock()
 	f := &inv.foreign
 	f.init()
-	if old, ok := f.slices[s.Name]; ok {
+	old, had := f.slices[s.Name]
+	if had && s.ResourceVersion != "" && old.ResourceVersion == s.ResourceVersion && old.UID == s.UID && sameDeviceTaints(old, s) {
+		// As Upsert does for gpulink's slices: the informer's periodic
+		// resync hands back the version stored, and rebuilding would
+		// replace the node's ForeignNode, and with it its selector memo
+		// and the slot counts kept for it (planner.Slots), on every node
+		// at once each resync period.
+		return
+	}
+	if had {
 		f.forget(old)
 		f.rebuild(poolOf(old))
 	}

@@ -70,6 +70,48 @@ func TestForeignInventory(t *testing.T) {
 	}
 }
 
+// TestUpsertForeignSameVersionKeepsNode: as for gpulink's slices
+// (TestUpsertSameVersionKeepsNode), the informer's resync of another
+// driver's slice at the version stored keeps the node's ForeignNode (its
+// selector memo, the slot counts kept for it); a taint a DeviceTaintRule
+// puts on the same version, or a new version, replaces it.
+func TestUpsertForeignSameVersionKeepsNode(t *testing.T) {
+	inv := NewInventory()
+	s := controllertest.NICSlice("n0", []controllertest.NIC{nic("nic-0", "r"), nic("nic-1", "r")})
+	s.UID, s.ResourceVersion = apitypes.UID("nics-n0"), "5"
+	if err := inv.Upsert(s); err != nil {
+		t.Fatal(err)
+	}
+	first := inv.Foreign("n0")
+	if first == nil {
+		t.Fatal("node n0 has no other drivers' devices")
+	}
+	if err := inv.Upsert(s.DeepCopy()); err != nil {
+		t.Fatal(err)
+	}
+	if inv.Foreign("n0") != first {
+		t.Fatal("the same slice version replaced the node's devices")
+	}
+	tainted := s.DeepCopy()
+	tainted.Spec.Devices[1].Taints = []resourceapi.DeviceTaint{{Key: "example.com/broken", Effect: resourceapi.DeviceTaintEffectNoSchedule}}
+	if err := inv.Upsert(tainted); err != nil {
+		t.Fatal(err)
+	}
+	now := inv.Foreign("n0")
+	if now == first || len(now.Devices) != 2 || len(now.Devices[1].Taints) != 1 {
+		t.Fatalf("a DeviceTaintRule's taint on the same slice version not seen: %+v", now)
+	}
+	next := tainted.DeepCopy()
+	next.ResourceVersion = "6"
+	next.Spec.Devices = next.Spec.Devices[:1]
+	if err := inv.Upsert(next); err != nil {
+		t.Fatal(err)
+	}
+	if got := inv.Foreign("n0"); got == now || len(got.Devices) != 1 {
+		t.Fatalf("a new slice version kept the node's old devices: %+v", got)
+	}
+}
+
 // Every claim's results of other drivers hold their devices, whoever
 // allocated them; admin access holds nothing; a deleted claim of other
 // drivers' devices alone is not kept for its pods.
