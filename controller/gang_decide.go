@@ -270,8 +270,8 @@ type candidateQuery struct {
 	// of one rail (railSlotBound).
 	alignRails bool
 	// firstRails, when not nil, gets the rail key of the first copy on
-	// each node planner.Slots plans ("" where it has none), for
-	// discoverRailKeys.
+	// each node planner.Slots counts, planned now or kept ("" where it
+	// has none), for discoverRailKeys.
 	firstRails map[string]string
 	// excluded are nodes kube-scheduler refused the gang's pods on
 	// (refusedExclusions; nil for a gang never ungated).

@@ -41,7 +41,8 @@ import (
 // planner.Slots plans there while counting the node's slots, which for
 // such a gang stop at the free NICs of one rail, railSlotBound), keeps
 // the maxRailKeys most common, and counts each node's slots under each
-// key with the node's other NICs held for the trial. The pods are
+// key with the node's NICs of other rails taken as held in the count
+// (gang_rail_slots.go). The pods are
 // then planned on their nodes with the same NICs held off, so each gets
 // the rails of the chosen key. Devices a pod of the gang does not ask for
 // are never held off.
