@@ -15,9 +15,10 @@ import (
 // and 1 NIC with matchAttribute pcieRoot over idle pcie-switch-8 nodes
 // with a NIC under each PCIe root: such pods take no shortcut, so every
 // node is filtered and planned (GPUs, then the NICs of each GPU set's
-// root).
+// root). At 5,000 nodes it shows what a GPU+NIC pod that is no gang
+// costs on a large cluster (docs/performance/gangs.md, Decision time).
 func BenchmarkDecideGPUsWithNICs(b *testing.B) {
-	for _, n := range []int{100, 1000} {
+	for _, n := range []int{100, 1000, 5000} {
 		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) {
 			nics := make([][]controllertest.NIC, n)
 			for i := range nics {
