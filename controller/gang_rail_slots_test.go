@@ -13,7 +13,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
-	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/driver/gang"
 )
 
@@ -82,12 +81,7 @@ func TestAlignedRailSlotsBoundedAndDiscoveredFromSlots(t *testing.T) {
 		c.decideMu.Lock()
 		for _, n := range c.inv.All() {
 			held.release(n.Node)
-			uses := randomGPUUses(rng, n)
-			for _, d := range c.inv.Foreign(n.Node).Devices {
-				if rng.IntN(5) == 0 {
-					uses = append(uses, planner.DeviceUse{Key: d.Key(), Exclusive: true})
-				}
-			}
+			uses := append(randomGPUUses(rng, n), randomNICUses(rng, c.inv.Foreign(n.Node), 5)...)
 			held.hold(c, n.Node, round, uses)
 		}
 		for _, name := range []string{"two-one", "one-one-anywhere"} {

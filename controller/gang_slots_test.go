@@ -188,10 +188,8 @@ func TestGangSlotsWithNICsMatchTrials(t *testing.T) {
 	objs := objs(classes(), []runtime.Object{controllertest.NICDeviceClass()})
 	const nodes = 24
 	for i := range nodes {
-		name := fmt.Sprintf("n%02d", i)
-		o := nicNode(t, name, railNICs())
+		o := leafNICNode(t, i)
 		n := o[0].(*corev1.Node)
-		n.Labels = map[string]string{corev1.LabelHostname: name, gang.LabelLeaf: fmt.Sprintf("leaf-%d", i/8)}
 		n.Status.Allocatable[corev1.ResourceCPU] = resource.MustParse([]string{"1000", "24", "48", "72", "100"}[i%5])
 		objs = append(objs, o...)
 	}
@@ -221,12 +219,7 @@ func TestGangSlotsWithNICsMatchTrials(t *testing.T) {
 				continue
 			}
 			held.release(n.Node)
-			uses := randomGPUUses(rng, n)
-			for _, d := range c.inv.Foreign(n.Node).Devices {
-				if rng.IntN(4) == 0 {
-					uses = append(uses, planner.DeviceUse{Key: d.Key(), Exclusive: true})
-				}
-			}
+			uses := append(randomGPUUses(rng, n), randomNICUses(rng, c.inv.Foreign(n.Node), 4)...)
 			held.hold(c, n.Node, round, uses)
 		}
 		for _, name := range names {
@@ -291,6 +284,26 @@ func randomGPUUses(rng *rand.Rand, n *planner.NodeInventory) []planner.DeviceUse
 	return uses
 }
 
+// randomNICUses takes each of the node's other drivers' devices (NICs)
+// with a chance of one in oneIn.
+func randomNICUses(rng *rand.Rand, fn *planner.ForeignNode, oneIn int) []planner.DeviceUse {
+	var uses []planner.DeviceUse
+	for _, d := range fn.Devices {
+		if rng.IntN(oneIn) == 0 {
+			uses = append(uses, planner.DeviceUse{Key: d.Key(), Exclusive: true})
+		}
+	}
+	return uses
+}
+
+// leafNICNode is node n<i> (two digits) with railNICs, in leaf-<i/8>.
+func leafNICNode(t *testing.T, i int) []runtime.Object {
+	name := fmt.Sprintf("n%02d", i)
+	o := nicNode(t, name, railNICs())
+	o[0].(*corev1.Node).Labels = map[string]string{corev1.LabelHostname: name, gang.LabelLeaf: fmt.Sprintf("leaf-%d", i/8)}
+	return o
+}
+
 // runningHolds are devices held in the ledger per node, as running pods
 // would hold them.
 type runningHolds map[string]func(string, bool)
@@ -329,10 +342,7 @@ func TestGangSlotsWithNICsKeptUntilNICsChange(t *testing.T) {
 	objs := objs(classes(), []runtime.Object{controllertest.NICDeviceClass()})
 	const nodes = 16
 	for i := range nodes {
-		name := fmt.Sprintf("n%02d", i)
-		o := nicNode(t, name, railNICs())
-		o[0].(*corev1.Node).Labels = map[string]string{corev1.LabelHostname: name, gang.LabelLeaf: fmt.Sprintf("leaf-%d", i/8)}
-		objs = append(objs, o...)
+		objs = append(objs, leafNICNode(t, i)...)
 	}
 	h := newHarness(t, objs...)
 	h.gangPodWith("p", "g", 1000, gpusAndNICs(2, 1), "1")
@@ -346,13 +356,7 @@ func TestGangSlotsWithNICsKeptUntilNICsChange(t *testing.T) {
 	gpusHeld, nicsHeld := runningHolds{}, runningHolds{}
 	holdNICs := func(node string, round int) {
 		nicsHeld.release(node)
-		var uses []planner.DeviceUse
-		for _, d := range c.inv.Foreign(node).Devices {
-			if rng.IntN(2) == 0 {
-				uses = append(uses, planner.DeviceUse{Key: d.Key(), Exclusive: true})
-			}
-		}
-		nicsHeld.hold(c, node, 1000+round, uses)
+		nicsHeld.hold(c, node, 1000+round, randomNICUses(rng, c.inv.Foreign(node), 2))
 	}
 	const maxPods = 4
 	changedByNICs := 0
