@@ -299,19 +299,24 @@ type slotEntry struct {
 // decision lock), so it needs no lock of its own.
 func (p *Planner) slotShape(req SlotRequest) *slotShape {
 	pending := req.Pending
-	key, classes := claimsKey(pending)
+	var key string
+	var classes []*resourceapi.DeviceClass
 	switch {
 	case req.HeldOff != nil:
 		if req.HeldOffKey == "" {
 			return nil
 		}
-		key += "\x05" + req.HeldOffKey
+		if key, classes = claimsKey(pending); key != "" {
+			key += "\x05" + req.HeldOffKey
+		}
 	case len(pending) == 1 && len(pending[0].Requests) == 1 && len(pending[0].Constraints) == 0 && len(pending[0].Requests[0].Alternatives) == 1 && !wantsForeign(pending):
 		alt := pending[0].Requests[0].Alternatives[0]
 		if alt.All || alt.Share || alt.MIG || alt.Count < 1 {
 			return nil
 		}
 		key = fmt.Sprintf("%s\x03%d/%d", quickSignature(alt), alt.Count, alt.RequiredLink)
+	default:
+		key, classes = claimsKey(pending)
 	}
 	if key == "" {
 		return nil
