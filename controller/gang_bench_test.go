@@ -212,15 +212,17 @@ func (gb *gangBench) run(b *testing.B, cold bool) {
 		cpu = append(cpu, c)
 	}
 	b.StopTimer()
-	q := func(d []time.Duration, f float64) float64 {
-		return float64(d[int(f*float64(len(d)-1))].Microseconds()) / 1000
-	}
 	slices.Sort(took)
 	slices.Sort(cpu)
-	b.ReportMetric(q(took, 0.5), "p50-ms")
-	b.ReportMetric(q(took, 0.99), "p99-ms")
-	b.ReportMetric(q(cpu, 0.5), "p50-cpu-ms")
-	b.ReportMetric(q(cpu, 0.99), "p99-cpu-ms")
+	b.ReportMetric(quantileMS(took, 0.5), "p50-ms")
+	b.ReportMetric(quantileMS(took, 0.99), "p99-ms")
+	b.ReportMetric(quantileMS(cpu, 0.5), "p50-cpu-ms")
+	b.ReportMetric(quantileMS(cpu, 0.99), "p99-cpu-ms")
+}
+
+// quantileMS is the f quantile of sorted durations, in milliseconds.
+func quantileMS(sorted []time.Duration, f float64) float64 {
+	return float64(sorted[int(f*float64(len(sorted)-1))].Microseconds()) / 1000
 }
 
 // threadCPU is the calling thread's CPU time (user and system).

@@ -96,9 +96,8 @@ func benchGangRails(b *testing.B, nodes, pods int, aligned, cold bool) {
 	}
 	b.StopTimer()
 	slices.Sort(took)
-	q := func(f float64) float64 { return float64(took[int(f*float64(len(took)-1))].Microseconds()) / 1000 }
-	b.ReportMetric(q(0.5), "p50-ms")
-	b.ReportMetric(q(0.99), "p99-ms")
+	b.ReportMetric(quantileMS(took, 0.5), "p50-ms")
+	b.ReportMetric(quantileMS(took, 0.99), "p99-ms")
 }
 
 // BenchmarkAlignedPodNearWaiting is the decision for one pod of a gang
