@@ -94,18 +94,18 @@ func (c *Controller) railSlots(ctx context.Context, ask railAsk, nodes []gang.No
 	if ask.fixed == "" {
 		keys = c.discoverRailKeys(ctx, ask, nodes)
 	}
-	rails := map[planner.DeviceKey]string{}
-	var room []int
+	v := railView{rails: map[planner.DeviceKey]string{}, nodes: nodes}
 	for i := range nodes {
 		if nodes[i].Slots == 0 {
 			continue
 		}
 		nodes[i].AlignedSlots = map[string]int{}
-		maps.Copy(rails, c.railsOn(nodes[i].Name))
-		room = append(room, i)
+		maps.Copy(v.rails, c.railsOn(nodes[i].Name))
+		v.room = append(v.room, i)
+		v.invs = append(v.invs, c.inv.Node(nodes[i].Name))
 	}
 	for _, k := range keys {
-		c.keySlots(ctx, ask, k, railView{rails: rails, nodes: nodes, room: room})
+		c.keySlots(ctx, ask, k, v)
 	}
 	return true
 }
@@ -116,8 +116,10 @@ func (c *Controller) railSlots(ctx context.Context, ask railAsk, nodes []gang.No
 type railView struct {
 	rails map[planner.DeviceKey]string
 	nodes []gang.Node
-	// room are the indices of the nodes with slots.
+	// room are the indices of the nodes with slots, invs their
+	// inventories (nil for a node gone since).
 	room []int
+	invs []*planner.NodeInventory
 }
 
 // keySlots counts each node's slots under the rail key: as many copies
@@ -132,11 +134,13 @@ func (c *Controller) keySlots(ctx context.Context, ask railAsk, key string, v ra
 	var idx, most []int
 	var invs []*planner.NodeInventory
 	top := 0
-	for _, i := range v.room {
-		name := v.nodes[i].Name
+	for r, i := range v.room {
+		name, inv := v.nodes[i].Name, v.invs[r]
+		if inv == nil {
+			continue
+		}
 		m := min(v.nodes[i].Slots, c.railCap(name, key, v.rails))
-		inv := c.inv.Node(name)
-		if m == 0 || inv == nil {
+		if m == 0 {
 			continue
 		}
 		idx, most, invs = append(idx, i), append(most, m), append(invs, inv)
