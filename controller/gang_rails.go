@@ -140,15 +140,7 @@ func (c *Controller) railsOf(fn *planner.ForeignNode) map[planner.DeviceKey]stri
 // "driver=r1,r2" per driver, sorted, joined by ";". ok is false when the
 // plan takes none, or one without a rail.
 func railKey(plan *planner.Plan, claims int, rails map[planner.DeviceKey]string) (string, bool) {
-	var devices []planner.DeviceKey
-	for i := range claims {
-		for _, fr := range plan.ForeignResults(i) {
-			for _, d := range fr.Devices {
-				devices = append(devices, d.Key())
-			}
-		}
-	}
-	return railKeyOf(devices, rails)
+	return railKeyOf(plan.ForeignKeys(claims), rails)
 }
 
 // railKeyOf is the alignment key of other drivers' devices (railKey).

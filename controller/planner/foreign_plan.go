@@ -346,9 +346,9 @@ func (pl *Plan) ForeignResults(i int) []ForeignResult {
 	return pl.Foreign[i]
 }
 
-// foreignKeys are the other drivers' devices the plan gives its first
+// ForeignKeys are the other drivers' devices the plan gives its first
 // claims claims (the pod's pending ones).
-func (pl *Plan) foreignKeys(claims int) []DeviceKey {
+func (pl *Plan) ForeignKeys(claims int) []DeviceKey {
 	var out []DeviceKey
 	for i := range claims {
 		for _, fr := range pl.ForeignResults(i) {

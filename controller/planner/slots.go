@@ -138,7 +138,7 @@ func (p *Planner) Slots(ctx context.Context, req SlotRequest) ([]NodeSlots, bool
 			} else {
 				cp := copyPlanning{sel: p.sel, pol: pol, node: n, usage: p.ledger.NodeUsage(n), pending: req.Pending, limit: limit, foreign: fn}
 				if foreign {
-					cp.first = func(plan *Plan) { first = plan.foreignKeys(len(req.Pending)) }
+					cp.first = func(plan *Plan) { first = plan.ForeignKeys(len(req.Pending)) }
 				}
 				devices = cp.count(ctx)
 			}
