@@ -57,6 +57,9 @@ type Planner struct {
 	// usage keeps the nodes' GPU usage between weighings of the demand
 	// mix (nodesNowOf).
 	usage *usageCache
+	// waiting keeps the nodes without room for the claims of GPU+NIC pods
+	// that wait (chooseForeign).
+	waiting *waitingMisses
 }
 
 // New returns a Planner over the state in cfg.
@@ -77,7 +80,7 @@ func New(cfg Config) (*Planner, error) {
 		demand.changed = cfg.DemandChanged
 	}
 	return &Planner{policy: cfg.Policy, mix: mix, demand: demand, inv: cfg.Inventory, ledger: cfg.Ledger,
-		filter: cfg.Filter, sel: cfg.Selectors, scores: newScoreCache(), slots: newSlotCache(), usage: newUsageCache()}, nil
+		filter: cfg.Filter, sel: cfg.Selectors, scores: newScoreCache(), slots: newSlotCache(), usage: newUsageCache(), waiting: newWaitingMisses()}, nil
 }
 
 // Request is one pod's decision to take.

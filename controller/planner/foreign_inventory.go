@@ -64,6 +64,8 @@ type foreignProblem struct{ node, msg string }
 // whenever its pools change, so the memo never outlives its devices.
 type ForeignNode struct {
 	Devices []*ForeignDevice
+	// pools are the pools Devices are in, once each (ForeignGeneration).
+	pools []foreignPool
 
 	memoMu sync.Mutex
 	// memo holds, per CEL expression, whether each device matches it
@@ -201,7 +203,7 @@ func (f *foreignInventory) rebuildNode(node string) {
 	var devs []*ForeignDevice
 	var pools []foreignPool
 	for k, n := range f.poolNode {
-		if n == node {
+		if n == node && len(f.devices[k]) > 0 {
 			devs = append(devs, f.devices[k]...)
 			pools = append(pools, k)
 		}
@@ -219,7 +221,7 @@ func (f *foreignInventory) rebuildNode(node string) {
 	slices.SortFunc(devs, func(a, b *ForeignDevice) int {
 		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Driver, b.Driver), cmp.Compare(a.Pool, b.Pool))
 	})
-	f.byNode[node] = &ForeignNode{Devices: devs, memo: newLRU[[]bool](memoEntriesPerNode)}
+	f.byNode[node] = &ForeignNode{Devices: devs, pools: pools, memo: newLRU[[]bool](memoEntriesPerNode)}
 }
 
 // Foreign returns the other drivers' devices on a node (nil when none);

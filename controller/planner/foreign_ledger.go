@@ -1,8 +1,6 @@
 package planner
 
 import (
-	"slices"
-
 	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/gpulink/gpulink/driver"
@@ -36,16 +34,10 @@ func (l *Ledger) ForeignGeneration(fn *ForeignNode) uint64 {
 	if fn == nil {
 		return 0
 	}
-	var seen []foreignPool
 	var sum uint64
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, d := range fn.Devices {
-		k := foreignPool{driver: d.Driver, pool: d.Pool}
-		if slices.Contains(seen, k) {
-			continue
-		}
-		seen = append(seen, k)
+	for _, k := range fn.pools {
 		sum += l.foreignGen[k]
 	}
 	return sum

@@ -365,14 +365,30 @@ func (pl *Plan) ForeignKeys(claims int) []DeviceKey {
 // ranks the plans as any other (choosePlan). The shortcuts score nodes by
 // their GPUs alone, so they do not apply.
 func (p *Planner) chooseForeign(ctx context.Context, pol allocate.Policy, cands []*NodeInventory, pending []*Claim, rank *hostRanking) (chosen *Plan, plans []*Plan, why []string, failed int) {
-	for _, n := range cands {
-		fn := &foreignNode{view: p.inv.Foreign(n.Node), held: p.ledger.ForeignHeld, taken: map[DeviceKey]bool{}}
-		// A node short of any claim's other devices, each claim counted
-		// alone, fails before its GPU usage is even read.
+	// A waiting pod's nodes without room keep that answer, and why, until
+	// their usage, their other drivers' devices or the holds on them
+	// change (foreign_waiting.go).
+	key, classes := claimsKey(pending)
+	kept := p.waiting.of(key)
+	var misses []nodeMiss
+	gens := make([]uint64, len(cands))
+	p.ledger.Generations(cands, gens)
+	for i, n := range cands {
+		view := p.inv.Foreign(n.Node)
+		at := nodeStamp{gen: gens[i], pol: pol, foreign: view, foreignGen: p.ledger.ForeignGeneration(view)}
+		reasons, miss := kept.missed(n, at)
 		var plan *Plan
-		reasons := foreignShortOn(ctx, p.sel, n, pending, fn)
-		if reasons == nil {
-			plan, reasons = planNodeWith(ctx, p.sel, pol, n, p.ledger.NodeUsage(n), pending, fn)
+		if !miss {
+			fn := &foreignNode{view: view, held: p.ledger.ForeignHeld, taken: map[DeviceKey]bool{}}
+			// A node short of any claim's other devices, each claim
+			// counted alone, fails before its GPU usage is even read.
+			reasons = foreignShortOn(ctx, p.sel, n, pending, fn)
+			if reasons == nil {
+				plan, reasons = planNodeWith(ctx, p.sel, pol, n, p.ledger.NodeUsage(n), pending, fn)
+			}
+			if plan == nil {
+				misses = append(misses, nodeMiss{node: n, missEntry: missEntry{nodeStamp: at, why: reasons}})
+			}
 		}
 		if plan == nil {
 			failed++
@@ -385,6 +401,9 @@ func (p *Planner) chooseForeign(ctx context.Context, pol allocate.Policy, cands 
 			continue
 		}
 		plans = append(plans, plan)
+	}
+	if len(plans) == 0 {
+		p.waiting.keep(key, classes, misses, p.inv)
 	}
 	return choosePlan(plans, pol, rank), plans, why, failed
 }

@@ -125,7 +125,7 @@ func (p *Planner) Slots(ctx context.Context, req SlotRequest) ([]NodeSlots, bool
 		if limit < 1 {
 			continue
 		}
-		at := slotEntry{gen: gens[i], pol: pol, foreign: fview, foreignGen: fgen, limit: limit}
+		at := slotEntry{nodeStamp: nodeStamp{gen: gens[i], pol: pol, foreign: fview, foreignGen: fgen}, limit: limit}
 		devices, first := shape.get(n, at)
 		planned := devices < 0
 		if planned {
@@ -272,20 +272,26 @@ type slotShape struct {
 	classes []*resourceapi.DeviceClass
 }
 
-// slotEntry is a node's count, valid for its usage generation and the
-// policy, for its other drivers' devices and their holds as they were
-// (foreign, foreignGen: nil and 0 for pods without such devices), and
-// for counts up to limit (a count below the limit at which it was
-// computed is final).
+// slotEntry is a node's count, valid for the state it was counted on
+// (nodeStamp), and for counts up to limit (a count below the limit at
+// which it was computed is final).
 type slotEntry struct {
-	gen          uint64
-	pol          allocate.Policy
-	foreign      *ForeignNode
-	foreignGen   uint64
+	nodeStamp
 	count, limit int
 	// first are the other drivers' devices of the first copy's plan
 	// (SlotRequest.FirstForeign).
 	first []DeviceKey
+}
+
+// nodeStamp is what an answer kept for a node depends on besides the
+// node's inventory (the key it is kept under): its usage generation, the
+// policy, its other drivers' devices and their holds (foreign,
+// foreignGen: nil and 0 for pods without such devices).
+type nodeStamp struct {
+	gen        uint64
+	pol        allocate.Policy
+	foreign    *ForeignNode
+	foreignGen uint64
 }
 
 // slotShape returns the counts kept for the pending claims' shape. One
@@ -338,7 +344,7 @@ func (s *slotShape) get(n *NodeInventory, at slotEntry) (int, []DeviceKey) {
 	}
 	limit := at.limit
 	e, ok := s.byNode[n]
-	if !ok || e.gen != at.gen || e.pol != at.pol || e.foreign != at.foreign || e.foreignGen != at.foreignGen {
+	if !ok || e.nodeStamp != at.nodeStamp {
 		return -1, nil
 	}
 	switch {
