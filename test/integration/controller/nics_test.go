@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -98,6 +99,27 @@ func TestGPUsWithNICs(t *testing.T) {
 		p2, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, "rdma-2", metav1.GetOptions{})
 		return err == nil && hasEvent(e.events("rdma-2", p2.UID), "no 2 free devices of DeviceClass "+controllertest.NICClass)
 	})
+	if err := e.checkInvariants(); err != nil {
+		t.Error(err)
+	}
+
+	// Once the first pod finishes, its GPUs and NICs are free again. The
+	// controller keeps the nodes a waiting GPU+NIC pod had no room on
+	// between its retries (planner's waitingMisses): the NICs let go must
+	// drop that answer, and the waiting pod gets them.
+	e.setPhase("rdma", corev1.PodSucceeded)
+	p2 := e.waitBound("rdma-2", 2*time.Minute)
+	nics = nil
+	for _, c := range e.claimsOf(p2) {
+		for _, r := range c.Status.Allocation.Devices.Results {
+			if r.Driver == controllertest.NICDriver {
+				nics = append(nics, r.Device)
+			}
+		}
+	}
+	if !slices.Equal(nics, []string{"nic-2", "nic-3"}) {
+		t.Errorf("the pod that waited got NICs %v, want nic-2,nic-3 (the first pod's)", nics)
+	}
 	if err := e.checkInvariants(); err != nil {
 		t.Error(err)
 	}
