@@ -154,12 +154,13 @@ func (c *Controller) keySlots(ctx context.Context, ask railAsk, key string, v ra
 	var idx, most []int
 	var invs []*planner.NodeInventory
 	top := 0
+	parts := parseRailKeyParts(key)
 	for r, i := range v.room {
 		name, inv := v.nodes[i].Name, v.invs[r]
 		if inv == nil {
 			continue
 		}
-		m := min(v.nodes[i].Slots, c.railCap(name, key, v.rails[r]))
+		m := min(v.nodes[i].Slots, c.railCap(name, parts, v.rails[r]))
 		if m == 0 {
 			continue
 		}
@@ -228,31 +229,56 @@ func (c *Controller) discoverRailKeys(ctx context.Context, ask railAsk, nodes []
 // railCap bounds the pods the node can take under a rail key by its free
 // devices on the key's rails: a pod takes as many of each driver's devices
 // as the key lists. It spares the planning that would fail (the second
-// pod of a rail set on a node whose NICs are one per rail).
-func (c *Controller) railCap(node, key string, rails map[planner.DeviceKey]string) int {
+// pod of a rail set on a node whose NICs are one per rail). rails are the
+// node's (railsOn).
+func (c *Controller) railCap(node string, key railKeyParts, rails map[planner.DeviceKey]string) int {
 	fn := c.inv.Foreign(node)
-	if fn == nil {
+	if fn == nil || key.malformed {
 		return 0
 	}
 	most := -1
-	for _, part := range strings.Split(key, ";") {
-		drv, list, ok := strings.Cut(part, "=")
-		if !ok {
-			return 0
-		}
-		want := strings.Split(list, ",")
-		allowed := sets.New(want...)
+	for _, part := range key.parts {
 		free := 0
 		for _, d := range fn.Devices {
-			if r, has := rails[d.Key()]; d.Driver == drv && has && allowed.Has(r) && !c.ledger.ForeignHeld(d.Key()) {
+			if d.Driver != part.driver {
+				continue
+			}
+			if r, has := rails[d.Key()]; has && part.allowed.Has(r) && !c.ledger.ForeignHeld(d.Key()) {
 				free++
 			}
 		}
-		if n := free / len(want); most < 0 || n < most {
+		if n := free / part.perPod; most < 0 || n < most {
 			most = n
 		}
 	}
 	return max(most, 0)
+}
+
+// railKeyParts is a rail key parsed once for railCap: per driver, the
+// rails a pod's devices are on and how many it takes.
+type railKeyParts struct {
+	parts []railKeyPart
+	// malformed is set for a key with a part that is no driver=rails.
+	malformed bool
+}
+
+type railKeyPart struct {
+	driver  string
+	allowed sets.Set[string]
+	perPod  int
+}
+
+func parseRailKeyParts(key string) railKeyParts {
+	var out railKeyParts
+	for _, part := range strings.Split(key, ";") {
+		drv, list, ok := strings.Cut(part, "=")
+		if !ok {
+			return railKeyParts{malformed: true}
+		}
+		want := strings.Split(list, ",")
+		out.parts = append(out.parts, railKeyPart{driver: drv, allowed: sets.New(want...), perPod: len(want)})
+	}
+	return out
 }
 
 // plannedRailKeys plans copies of the representative pod on the node, one

@@ -147,7 +147,7 @@ func TestAlignedRailSlotsBoundedAndDiscoveredFromSlots(t *testing.T) {
 				}
 				rails := c.railsOn(full[i].Name)
 				for k := range keys {
-					most := min(full[i].Slots, c.railCap(full[i].Name, k, rails))
+					most := min(full[i].Slots, c.railCap(full[i].Name, parseRailKeyParts(k), rails))
 					if most == 0 {
 						continue
 					}
