@@ -262,12 +262,16 @@ type railKeyParts struct {
 	malformed bool
 }
 
+// railKeyPart is one driver's part of a rail key: the rails its devices
+// may be on, and how many of them a pod takes (the rails listed).
 type railKeyPart struct {
 	driver  string
 	allowed sets.Set[string]
 	perPod  int
 }
 
+// parseRailKeyParts parses a rail key (railKey's "driver=r0,r1;..."); a
+// part without "=" makes it malformed, which bounds every node to 0.
 func parseRailKeyParts(key string) railKeyParts {
 	var out railKeyParts
 	for _, part := range strings.Split(key, ";") {
