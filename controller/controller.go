@@ -138,6 +138,9 @@ type Controller struct {
 	// claimVersions: claims released here that the informer has not
 	// shown released yet (claimversions.go).
 	claimVersions *claimVersions
+	// handledClaims: the claim versions the event handlers reacted to
+	// (claimhandled.go).
+	handledClaims *handledClaims
 	// linkSeries: the kinds of node whose link series are exported
 	// (metrics_links.go).
 	linkSeries linkSeries
@@ -246,6 +249,7 @@ func New(cfg Config) (*Controller, error) {
 		fit:             planner.NewFitTracker(),
 		ungating:        newUngating(),
 		claimVersions:   newClaimVersions(),
+		handledClaims:   newHandledClaims(),
 		sel:             planner.NewSelectorEvaluator(),
 		waiting:         sets.New[string](),
 		excluded:        map[types.UID]sets.Set[string]{},

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -55,5 +56,54 @@ func TestDeallocationSeenBeforeTheUngatedPod(t *testing.T) {
 	h.ctrl.onClaimUpdate(allocated, deallocated)
 	if !h.ctrl.excludedNodes(pod).Has("a") {
 		t.Error("node a not excluded for the pod whose gate the controller removed, once kube-scheduler deallocated its claim")
+	}
+}
+
+// TestDeallocationWaitsForItsHandler: an informer updates its cache
+// before it calls the handlers, from a goroutine of its own. A pod decided
+// in between, queued for another reason, would not yet avoid the node
+// kube-scheduler refused it on, and went back there
+// (TestGangPodRefusedAfterUngating failed so once in a full run). Its
+// claims make it wait until the handler has reacted; the handler then
+// excludes the node before it queues the pod.
+func TestDeallocationWaitsForItsHandler(t *testing.T) {
+	h := newHarness(t)
+	close(h.done) // never started: the cache and the handlers are driven here
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: ns, UID: uuid.NewUUID()},
+		Spec:       corev1.PodSpec{ResourceClaims: []corev1.PodResourceClaim{{Name: "c", ResourceClaimName: ptr.To("c")}}},
+	}
+	if err := h.ctrl.podIdx.Add(pod); err != nil {
+		t.Fatal(err)
+	}
+	allocated := &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: ns, UID: uuid.NewUUID(), ResourceVersion: "5", Finalizers: []string{driver.ClaimFinalizer}},
+		Status: resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{
+			Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{
+				{Request: "g", Driver: driver.Name, Pool: "a", Device: "gpu-0"},
+			}},
+		}},
+	}
+	if err := h.ctrl.claimIdx.Add(allocated); err != nil {
+		t.Fatal(err)
+	}
+	h.ctrl.onClaim(allocated)
+	deallocated := allocated.DeepCopy()
+	deallocated.ResourceVersion = "6"
+	deallocated.Status.Allocation = nil
+	// The cache has the deallocation; the handlers have not run.
+	if err := h.ctrl.claimIdx.Update(deallocated); err != nil {
+		t.Fatal(err)
+	}
+	const waiting = "has not reacted to that yet"
+	if pc := h.ctrl.collectClaims(h.ctx, pod); !strings.Contains(pc.notReady, waiting) {
+		t.Fatalf("claims collected as %+v before the deallocation's handler ran: want the pod to wait", pc)
+	}
+	h.ctrl.onClaimUpdate(allocated, deallocated)
+	if !h.ctrl.excludedNodes(pod).Has("a") {
+		t.Error("node a not excluded once the deallocation's handler ran")
+	}
+	if pc := h.ctrl.collectClaims(h.ctx, pod); strings.Contains(pc.notReady, waiting) {
+		t.Errorf("the pod still waits after the handler ran: %q", pc.notReady)
 	}
 }

@@ -131,6 +131,9 @@ func (c *Controller) onClaim(obj any) {
 	}
 	c.ledger.Observe(claim)
 	c.claimVersions.observe(claim)
+	// Before the claim's pods are queued: they wait while it is not
+	// recorded (handledClaims).
+	c.handledClaims.handled(claim)
 	c.enqueueClaimPods(claim)
 	if hasFinalizer(claim) {
 		c.gcQueue.Add(claim.Namespace + "/" + claim.Name)
@@ -138,11 +141,16 @@ func (c *Controller) onClaim(obj any) {
 }
 
 func (c *Controller) onClaimUpdate(oldObj, newObj any) {
-	c.onClaim(newObj)
 	old, ok1 := oldObj.(*resourceapi.ResourceClaim)
 	cur, ok2 := newObj.(*resourceapi.ResourceClaim)
-	if ok1 && ok2 && old.Status.Allocation != nil && cur.Status.Allocation == nil {
+	deallocated := ok1 && ok2 && old.Status.Allocation != nil && cur.Status.Allocation == nil
+	if deallocated {
+		// Before onClaim queues the claim's pods: a pod decided again
+		// must already avoid the node it was refused on.
 		c.onDeallocated(old)
+	}
+	c.onClaim(newObj)
+	if deallocated {
 		// Devices were freed: pods waiting for them may fit now.
 		c.enqueueWaiting()
 	}
@@ -155,6 +163,7 @@ func (c *Controller) onClaimDelete(obj any) {
 	}
 	c.forgetUnwanted(claim.UID)
 	c.claimVersions.forget(claim.UID)
+	c.handledClaims.forget(claim.UID)
 	if c.isHoldRecord(claim) {
 		c.ledger.Forget(claim.UID)
 		c.enqueueWaiting()

@@ -224,6 +224,10 @@ func (c *Controller) collectClaims(ctx context.Context, pod *corev1.Pod) podClai
 			pc.notReady = fmt.Sprintf("claim %s/%s: its allocation was removed and the controller's cache does not show that yet", claim.Namespace, claim.Name)
 			return pc
 		}
+		if c.handledClaims.deallocationPending(claim) {
+			pc.notReady = fmt.Sprintf("claim %s/%s: its allocation was removed and the controller has not reacted to that yet", claim.Namespace, claim.Name)
+			return pc
+		}
 		if err := planner.CheckCompatClaim(podClaim, claim); err != nil {
 			pc.broken = err
 			return pc
