@@ -170,7 +170,7 @@ func (c *Controller) keySlots(ctx context.Context, ask railAsk, key string, v ra
 	if len(idx) == 0 {
 		return
 	}
-	allowed := parseRailKey(key)
+	allowed := parts.byDriver()
 	heldOff := func(d planner.DeviceKey) bool {
 		ok, restricted := allowed[d.Driver]
 		if !restricted {
@@ -271,16 +271,28 @@ type railKeyPart struct {
 }
 
 // parseRailKeyParts parses a rail key (railKey's "driver=r0,r1;..."); a
-// part without "=" makes it malformed, which bounds every node to 0.
+// part without "=" is skipped and makes it malformed, which bounds every
+// node to 0 (railCap).
 func parseRailKeyParts(key string) railKeyParts {
 	var out railKeyParts
 	for _, part := range strings.Split(key, ";") {
 		drv, list, ok := strings.Cut(part, "=")
 		if !ok {
-			return railKeyParts{malformed: true}
+			out.malformed = true
+			continue
 		}
 		want := strings.Split(list, ",")
 		out.parts = append(out.parts, railKeyPart{driver: drv, allowed: sets.New(want...), perPod: len(want)})
+	}
+	return out
+}
+
+// byDriver is the rails allowed per driver (the last part of a driver
+// named twice).
+func (k railKeyParts) byDriver() map[string]sets.Set[string] {
+	out := make(map[string]sets.Set[string], len(k.parts))
+	for _, p := range k.parts {
+		out[p.driver] = p.allowed
 	}
 	return out
 }

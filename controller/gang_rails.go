@@ -165,17 +165,10 @@ func railKeyOf(devices []planner.DeviceKey, rails map[planner.DeviceKey]string) 
 	return strings.Join(parts, ";"), true
 }
 
-// parseRailKey is railKey's inverse: the rails allowed per driver.
+// parseRailKey is railKey's inverse: the rails allowed per driver (parts
+// without "=" skipped).
 func parseRailKey(key string) map[string]sets.Set[string] {
-	out := map[string]sets.Set[string]{}
-	for _, part := range strings.Split(key, ";") {
-		drv, rails, ok := strings.Cut(part, "=")
-		if !ok {
-			continue
-		}
-		out[drv] = sets.New(strings.Split(rails, ",")...)
-	}
-	return out
+	return parseRailKeyParts(key).byDriver()
 }
 
 // holdOffRails holds, in the ledger, the node's devices of the key's
