@@ -69,6 +69,9 @@ type NodeInventory struct {
 	// quickMemo caches quickChoice's view of the node per alternative
 	// signature (see quickEligible); created on first use. Bounded (LRU).
 	quickMemo *lru[*quickElig]
+	// attrMemo caches each device's value of the attributes claims
+	// constrain (attrValues); created on first use. Bounded (LRU).
+	attrMemo *lru[[]attrValue]
 
 	// clique is Clique, found once when the node is built (cliqueKnown).
 	clique      string

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sort"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -246,84 +245,6 @@ func untolerated(scheduling []resourceapi.DeviceTaint, tols []resourceapi.Device
 	return resourceapi.DeviceTaint{}, false
 }
 
-// variant is one candidate set of devices for an alternative: a group of
-// equal matchAttribute values and, for shares, equal consumption.
-type variant struct {
-	eligible []bool
-	bound    []string
-	share    *allocate.ShareRequest
-	consumed map[resourceapi.QualifiedName]resource.Quantity
-	label    string
-	// trial is the allocator's answer for the first placement, computed
-	// on the node state placeAlt will see.
-	trial allocate.Result
-}
-
-// variants splits the eligible devices into groups the alternative may
-// draw from, best first: constraints already bound restrict the devices,
-// unbound ones split them by attribute value; shares split by what they
-// would consume. Groups the allocator cannot satisfy are dropped.
-func (p *placer) variants(ic *Claim, alt *Alternative, base []bool, bound []string) []variant {
-	groups := map[string]*variant{}
-	var order []string
-	for pos, d := range p.node.Devices {
-		if !base[pos] {
-			continue
-		}
-		nb, key, ok := bindConstraints(ic.Constraints, alt.ResultName, bound, d.attr)
-		if !ok {
-			continue
-		}
-		var share *allocate.ShareRequest
-		var consumed map[resourceapi.QualifiedName]resource.Quantity
-		if alt.Share {
-			sc := p.node.shareCons(alt, pos)
-			if sc.err != nil {
-				p.note("request %s: device %s on node %s: %v", alt.ResultName, d.Name, p.node.Node, sc.err)
-				continue
-			}
-			share, consumed = sc.share, sc.consumed
-			key += sc.key
-		}
-		g := groups[key]
-		if g == nil {
-			g = &variant{eligible: make([]bool, len(p.node.Devices)), bound: nb, share: share, consumed: consumed, label: key}
-			groups[key] = g
-			order = append(order, key)
-		}
-		g.eligible[pos] = true
-	}
-	if len(order) == 0 {
-		if len(ic.Constraints) > 0 {
-			p.note("request %s: no device on node %s satisfies the claim's matchAttribute constraints together with the devices already chosen", alt.ResultName, p.node.Node)
-		}
-		return nil
-	}
-	sort.Strings(order)
-	var out []variant
-	for _, k := range order {
-		v := *groups[k]
-		p.state.MaxSharesPerGPU, p.state.MemoryOvercommitPercent = maxSharesPerGPU(alt), memoryOvercommit(alt)
-		r, err := allocate.Allocate(p.state, p.firstRequest(alt, v), p.pol)
-		if err != nil {
-			p.note("request %s: %s", alt.ResultName, reasonOf(err))
-			continue
-		}
-		v.trial = r
-		out = append(out, v)
-	}
-	if !alt.Share {
-		sort.SliceStable(out, func(i, j int) bool {
-			a, b := out[i].trial, out[j].trial
-			if a.WeakestLink != b.WeakestLink {
-				return a.WeakestLink > b.WeakestLink
-			}
-			return a.AggregateLink > b.AggregateLink
-		})
-	}
-	return out
-}
-
 // firstRequest is the allocator request for the alternative's first
 // (for whole GPUs: only) placement within a variant.
 func (p *placer) firstRequest(alt *Alternative, v variant) allocate.Request {
@@ -439,27 +360,4 @@ func linkSummary(t *topology.Topology, pos []int, weakest topology.Link) string 
 		}
 	}
 	return "every pair " + weakest.String()
-}
-
-// bindConstraints checks one device against the claim's matchAttribute
-// constraints that apply to the request resultName, given the values
-// bound so far (one per constraint, "" while unbound): ok when the device
-// has every constrained attribute as a scalar equal to the bound value. It
-// returns the values bound with the device and a key naming them, which
-// groups the devices that agree.
-func bindConstraints(constraints []matchConstraint, resultName string, bound []string, attr func(resourceapi.FullyQualifiedName) (resourceapi.DeviceAttribute, bool)) (nb []string, key string, ok bool) {
-	nb = slices.Clone(bound)
-	for ci, c := range constraints {
-		if !c.appliesTo(resultName) {
-			continue
-		}
-		a, has := attr(c.Attr)
-		val, scalar := attrKey(a)
-		if !has || !scalar || (nb[ci] != "" && nb[ci] != val) {
-			return nil, "", false
-		}
-		nb[ci] = val
-		key += string(c.Attr) + "=" + val + ";"
-	}
-	return nb, key, true
 }
