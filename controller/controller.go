@@ -70,6 +70,11 @@ type Config struct {
 	// node's CPU and memory left (stranding.go); off, nodes are ranked
 	// by their GPUs alone.
 	RankByStranding bool
+	// PlanWorkers is how many goroutines a decision that plans node after
+	// node (a pod with NICs beside its GPUs, a gang's counts) plans the
+	// nodes with; 0: one per CPU the process may use
+	// (planner.DefaultParallelism).
+	PlanWorkers int
 	// PlaceCPUPods places the gated pods that reference no resource claim
 	// (the chart's opt-in gate.cpuPods gates them) on the node where they
 	// strand the least GPU, as a preferred node affinity kube-scheduler
@@ -318,7 +323,7 @@ func New(cfg Config) (*Controller, error) {
 	}
 	var err error
 	c.planner, err = planner.New(planner.Config{Policy: cfg.Policy, Mix: cfg.Mix, RankByStranding: cfg.RankByStranding,
-		Inventory: c.inv, Ledger: c.ledger, Filter: c.filter, Selectors: c.sel, DemandChanged: c.demandChanged})
+		Parallelism: cfg.PlanWorkers, Inventory: c.inv, Ledger: c.ledger, Filter: c.filter, Selectors: c.sel, DemandChanged: c.demandChanged})
 	if err != nil {
 		return nil, fmt.Errorf("controller config: %w", err)
 	}

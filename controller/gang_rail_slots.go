@@ -93,23 +93,14 @@ func (c *Controller) railSlots(ctx context.Context, ask railAsk, nodes []gang.No
 	if ask.fixed == "" {
 		keys = c.discoverRailKeys(ctx, ask, nodes)
 	}
-	v := railView{byPool: map[railPool]map[planner.DeviceKey]string{}, nodes: nodes}
+	v := railView{nodes: nodes}
 	for i := range nodes {
 		if nodes[i].Slots == 0 {
 			continue
 		}
 		nodes[i].AlignedSlots = map[string]int{}
-		rails := c.railsOn(nodes[i].Name)
-		var last railPool
-		for d := range rails {
-			// A pool is one node's: its devices' rails are that node's
-			// (a node's devices are mostly of one pool).
-			if p := (railPool{d.Driver, d.Pool}); p != last {
-				v.byPool[p], last = rails, p
-			}
-		}
 		v.room = append(v.room, i)
-		v.rails = append(v.rails, rails)
+		v.rails = append(v.rails, c.railsOn(nodes[i].Name))
 		v.invs = append(v.invs, c.inv.Node(nodes[i].Name))
 	}
 	for _, k := range keys {
@@ -128,18 +119,6 @@ type railView struct {
 	room  []int
 	rails []map[planner.DeviceKey]string
 	invs  []*planner.NodeInventory
-	// byPool finds a device's node's rails by its pool, which is one
-	// node's.
-	byPool map[railPool]map[planner.DeviceKey]string
-}
-
-// railPool is a pool of another driver's devices.
-type railPool struct{ driver, pool string }
-
-// railOf is a device's rail, if its node is in view and it has one.
-func (v railView) railOf(d planner.DeviceKey) (string, bool) {
-	r, has := v.byPool[railPool{d.Driver, d.Pool}][d]
-	return r, has
 }
 
 // keySlots counts each node's slots under the rail key: as many copies
@@ -170,16 +149,8 @@ func (c *Controller) keySlots(ctx context.Context, ask railAsk, key string, v ra
 	if len(idx) == 0 {
 		return
 	}
-	allowed := parts.byDriver()
-	heldOff := func(d planner.DeviceKey) bool {
-		ok, restricted := allowed[d.Driver]
-		if !restricted {
-			return false
-		}
-		r, has := v.railOf(d)
-		return !has || !ok.Has(r)
-	}
-	req := planner.SlotRequest{Pod: ask.rep.pod, Pending: ask.rep.pending, Placement: ask.own, Nodes: invs, Max: top, HeldOff: heldOff, HeldOffKey: "rails " + key}
+	req := planner.SlotRequest{Pod: ask.rep.pod, Pending: ask.rep.pending, Placement: ask.own, Nodes: invs, Max: top,
+		HeldOff: c.railsHeldOff(key, parts.byDriver())}
 	counted, ok := c.planner.Slots(ctx, req)
 	for j, i := range idx {
 		var s int

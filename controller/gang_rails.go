@@ -212,53 +212,23 @@ func (c *Controller) holdOffParsedRails(node string, allowed map[string]sets.Set
 	return func() { settle("", false) }
 }
 
-// railHold holds a gang's rails off, for a pod of an aligned gang
-// planned on its own, on the nodes of the nested domains its decision
-// tries (allocatePodNear): each node once, however many of the domains
-// hold it, all released together. Used under the decision lock.
-type railHold struct {
-	c        *Controller
-	allowed  map[string]sets.Set[string] // nil: no rails to hold
-	held     sets.Set[string]
-	all      bool
-	releases []func()
-}
-
-func (c *Controller) newRailHold(key string) *railHold {
-	h := &railHold{c: c, held: sets.New[string]()}
-	if key != "" {
-		h.allowed = parseRailKey(key)
-	}
-	return h
-}
-
-// within holds the rails off on the nodes not held yet (nil: every node
-// with other drivers' devices).
-func (h *railHold) within(nodes []string) {
-	if h.allowed == nil || h.all {
-		return
-	}
-	if nodes == nil {
-		h.all = true
-		for _, n := range h.c.inv.All() {
-			nodes = append(nodes, n.Node)
+// railsHeldOff holds off, on each node, the devices of the key's drivers
+// on rails the key does not allow, and those without a rail: what a pod
+// of a gang aligned on the key may not take (holdOffParsedRails' test),
+// in the planning only (planner.HeldOff). allowed is the key parsed
+// (parseRailKey).
+func (c *Controller) railsHeldOff(key string, allowed map[string]sets.Set[string]) planner.HeldOff {
+	return planner.HeldOff{Key: "rails " + key, On: func(node string) func(planner.DeviceKey) bool {
+		rails := c.railsOn(node)
+		return func(d planner.DeviceKey) bool {
+			ok, restricted := allowed[d.Driver]
+			if !restricted {
+				return false
+			}
+			r, has := rails[d]
+			return !has || !ok.Has(r)
 		}
-	}
-	for _, n := range nodes {
-		if h.held.Has(n) {
-			continue
-		}
-		h.held.Insert(n)
-		h.releases = append(h.releases, h.c.holdOffParsedRails(n, h.allowed))
-	}
-}
-
-// release lets go of every node held.
-func (h *railHold) release() {
-	for _, r := range h.releases {
-		r()
-	}
-	h.releases, h.held, h.all = nil, sets.New[string](), false
+	}}
 }
 
 // placedRailKey is the rail key every placed pod of the gang uses (bound,

@@ -104,9 +104,10 @@ func benchGangRails(b *testing.B, nodes, pods int, aligned, cold bool) {
 // with gang-rails: aligned (2 GPUs and 1 NIC under one PCIe root) whose
 // placed pod, on n0100, uses rail 0, when rail 0 is taken on every node:
 // allocatePodNear tries the placed pod's node, leaf, spine and zone, then
-// the whole cluster, holding the other rails' NICs off on every node it
-// tries (railHold), and the pod waits. That is what each retry of
-// such a waiting pod costs. unaligned is the same pod without the rail
+// the whole cluster, with the other rails' NICs held off in the planning
+// (planner.HeldOff), and the pod waits. That is what each retry of such a
+// waiting pod costs: the nodes that did not change since the retry
+// before keep their answer (none changes here). unaligned is the same pod without the rail
 // waiting for any NIC (every NIC taken), through the same domains.
 // 5,000 idle pcie-switch-8 nodes with a NIC per PCIe root, 32 per leaf,
 // 256 per spine, 1,024 per zone; the running controller leaves the pod

@@ -281,7 +281,9 @@ func TestGangReplacementKeepsRails(t *testing.T) {
 
 // TestGangFurtherPodKeepsRails: a pod beyond minCount of an aligned gang,
 // placed on its own, takes a NIC of its placed pods' rail too (on c, not
-// c's rail 0); with that rail taken everywhere, the next one waits.
+// c's rail 0); with that rail taken everywhere, the next one waits, and
+// takes that rail's NIC once it is let go (its nodes without room are
+// kept between retries, planner.HeldOff: not past such a change).
 func TestGangFurtherPodKeepsRails(t *testing.T) {
 	h, rail, n0 := railGang(t)
 	h.nicGangPod("r2", "rails", 2, railsAligned)
@@ -293,6 +295,19 @@ func TestGangFurtherPodKeepsRails(t *testing.T) {
 	h.waitEventWith(ns+"/r3", report.ReasonWaiting, "NIC rails "+controllertest.NICDriver+"=")
 	if n := allocatedNode(h.getClaim("r3")); n != "" {
 		t.Errorf("further pod placed on %s off its gang's rail", n)
+	}
+	if err := controllertest.CheckInvariants(h.allClaims(), h.allSlices()); err != nil {
+		t.Error(err)
+	}
+
+	// r2 ends and its claim goes: c's NIC of the rail is free again.
+	h.deletePod("r2")
+	if err := h.client.ResourceV1().ResourceClaims(ns).Delete(h.ctx, "r2", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitUngated("r3")
+	if got := nicOf(t, h.getClaim("r3")); got != "c/"+rail {
+		t.Fatalf("waiting further pod got %s once c/%s was let go, want that NIC", got, rail)
 	}
 	if err := controllertest.CheckInvariants(h.allClaims(), h.allSlices()); err != nil {
 		t.Error(err)

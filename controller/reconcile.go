@@ -315,10 +315,12 @@ func (c *Controller) allocatePodNear(ctx context.Context, key string, pod *corev
 	var d planner.Decision
 	steps := home.tryOrder(c.hierarchy.Cluster())
 	step := 0
-	// The steps are nested domains: each node's rails are held off once,
-	// for every step that tries it, and released before the outcome is
-	// assumed.
-	rails := c.newRailHold(home.rail)
+	if home.rail != "" {
+		// The NICs of the rails the gang's pods do not use are held off
+		// in the planning only: a waiting pod's nodes without room stay
+		// kept from one retry to the next.
+		req.HeldOff = c.railsHeldOff(home.rail, parseRailKey(home.rail))
+	}
 	for ; step < len(steps); step++ {
 		req.Within = steps[step].nodes
 		if step < len(steps)-1 && req.Excluded.Len() > 0 {
@@ -330,13 +332,11 @@ func (c *Controller) allocatePodNear(ctx context.Context, key string, pod *corev
 				continue
 			}
 		}
-		rails.within(req.Within)
 		d = c.planner.Decide(ctx, req)
 		if d.Chosen != nil {
 			break
 		}
 	}
-	rails.release()
 	step = min(step, len(steps)-1)
 	if d.ExclusionsIgnored {
 		c.resetExcluded(ctx, pod)

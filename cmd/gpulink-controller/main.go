@@ -52,6 +52,7 @@ type options struct {
 	healthAddress      string
 	profiling          bool
 	workers            int
+	planWorkers        int
 	resyncPeriod       time.Duration
 	unschedulableGrace time.Duration
 	nodePacking        string
@@ -95,6 +96,7 @@ func main() {
 	fs.BoolVar(&o.profiling, "profiling", false, "Serve Go's runtime profiles (net/http/pprof) under /debug/pprof/ on --metrics-address.")
 	fs.StringVar(&o.healthAddress, "health-address", ":8081", "Address for /healthz and /readyz; empty disables it.")
 	fs.IntVar(&o.workers, "workers", 32, "Pods processed in parallel (decisions are serialized, API writes overlap).")
+	fs.IntVar(&o.planWorkers, "plan-workers", 0, "Goroutines one decision plans nodes with where it plans them one by one (pods with NICs beside their GPUs, gangs' counts of copies per node); 0: one per CPU the process may use, at most 16.")
 	fs.DurationVar(&o.resyncPeriod, "resync-period", 10*time.Minute, "Re-examine every watched object this often (0 disables).")
 	fs.DurationVar(&o.unschedulableGrace, "unschedulable-grace", 30*time.Second, "Time kube-scheduler gets to bind a pod to the allocated node before the allocation is released.")
 	fs.StringVar(&o.nodePacking, "node-packing", string(allocate.Binpack), "Node-level strategy: binpack or spread.")
@@ -190,6 +192,9 @@ func run(ctx context.Context, o options) error {
 	recorder, stopRecorder := controller.NewRecorder(ctx, client)
 	defer stopRecorder()
 
+	if o.planWorkers < 0 {
+		return fmt.Errorf("--plan-workers=%d: want 0 (one per CPU) or more", o.planWorkers)
+	}
 	hierarchy, err := gang.NewHierarchyFromKeys(o.gangHierarchy)
 	if err != nil {
 		return fmt.Errorf("--gang-hierarchy: %w", err)
@@ -212,6 +217,7 @@ func run(ctx context.Context, o options) error {
 		Metrics:            metrics,
 		Policy:             allocate.Policy{Node: allocate.Strategy(o.nodePacking), GPU: allocate.Strategy(o.gpuPacking)},
 		Workers:            o.workers,
+		PlanWorkers:        o.planWorkers,
 		ResyncPeriod:       o.resyncPeriod,
 		UnschedulableGrace: o.unschedulableGrace,
 		DeviceTaintRules:   o.deviceTaintRules,

@@ -34,6 +34,10 @@ type Config struct {
 	// decision lock: ReservedForScarce may then answer otherwise for any
 	// node. It must not block.
 	DemandChanged func()
+	// Parallelism is how many workers a decision plans nodes with where
+	// it plans them one by one (parallel.go); 0 means
+	// DefaultParallelism, 1 plans on the caller's goroutine only.
+	Parallelism int
 }
 
 // Planner chooses the node and the devices of a pod's pending claims: the
@@ -60,6 +64,8 @@ type Planner struct {
 	// waiting keeps the nodes without room for the claims of GPU+NIC pods
 	// that wait (chooseForeign).
 	waiting *waitingMisses
+	// parallelism is Config.Parallelism, defaulted.
+	parallelism int
 }
 
 // New returns a Planner over the state in cfg.
@@ -79,7 +85,14 @@ func New(cfg Config) (*Planner, error) {
 		demand.products = newProductAdmission(cfg.Inventory, cfg.Selectors)
 		demand.changed = cfg.DemandChanged
 	}
-	return &Planner{policy: cfg.Policy, mix: mix, demand: demand, inv: cfg.Inventory, ledger: cfg.Ledger,
+	if cfg.Parallelism < 0 {
+		return nil, fmt.Errorf("planner config: parallelism must be 0 (one worker per CPU) or more, got %d", cfg.Parallelism)
+	}
+	parallelism := cfg.Parallelism
+	if parallelism == 0 {
+		parallelism = DefaultParallelism()
+	}
+	return &Planner{parallelism: parallelism, policy: cfg.Policy, mix: mix, demand: demand, inv: cfg.Inventory, ledger: cfg.Ledger,
 		filter: cfg.Filter, sel: cfg.Selectors, scores: newScoreCache(), slots: newSlotCache(), usage: newUsageCache(), waiting: newWaitingMisses()}, nil
 }
 
@@ -101,6 +114,11 @@ type Request struct {
 	// Within, when not nil, restricts the decision to these nodes (a
 	// further pod of a gang that must stay in one domain).
 	Within []string
+	// HeldOff are other drivers' devices the decision takes as held
+	// besides the ledger's holds (a further pod of a gang with aligned
+	// rails: the NICs of the other rails). A waiting pod's nodes without
+	// room are kept under its key.
+	HeldOff HeldOff
 }
 
 // Decision is what Decide found.
@@ -165,7 +183,7 @@ func (p *Planner) Decide(ctx context.Context, req Request) Decision {
 	noFit := "no " + wantedDevices(pending)
 	if wantsForeign(pending) && !wantsMIG(pending) {
 		var failed int
-		d.Chosen, d.Plans, d.Why, failed = p.chooseForeign(ctx, pol, candidates(), pending, rank)
+		d.Chosen, d.Plans, d.Why, failed = p.chooseForeign(ctx, pol, candidates(), pending, req.HeldOff, rank)
 		for range failed {
 			d.Rejections.add(noFit)
 		}

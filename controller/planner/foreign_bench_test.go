@@ -20,27 +20,35 @@ import (
 // costs on a large cluster (docs/performance/gangs.md, Decision time).
 func BenchmarkDecideGPUsWithNICs(b *testing.B) {
 	for _, n := range []int{100, 1000, 5000} {
-		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) {
-			nics := make([][]controllertest.NIC, n)
-			for i := range nics {
-				for r, root := range []string{"pci0000:00", "pci0000:20", "pci0000:80", "pci0000:a0"} {
-					nics[i] = append(nics[i], nic(fmt.Sprintf("nic-%d", r), root))
+		nics := make([][]controllertest.NIC, n)
+		for i := range nics {
+			for r, root := range []string{"pci0000:00", "pci0000:20", "pci0000:80", "pci0000:a0"} {
+				nics[i] = append(nics[i], nic(fmt.Sprintf("nic-%d", r), root))
+			}
+		}
+		p, ip, _ := nicCluster(b, nics...)
+		ic, _, err := ip.Interpret(context.Background(), nicClaim("c", 2, 1, nil))
+		if err != nil {
+			b.Fatal(err)
+		}
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "d", UID: "p-uid"}}
+		req := Request{Pod: pod, Pending: []*Claim{ic}}
+		// The first decision evaluates the selectors on every device
+		// (memoised per node); both rows show the decisions after it.
+		p.Decide(context.Background(), req)
+		// workers=1 plans the nodes one after the other, as every
+		// decision did before parallel.go; the other, with the default
+		// (one worker per CPU).
+		for _, workers := range []int{1, DefaultParallelism()} {
+			b.Run(fmt.Sprintf("nodes=%d/workers=%d", n, workers), func(b *testing.B) {
+				p.parallelism = workers
+				for b.Loop() {
+					if d := p.Decide(context.Background(), req); d.Chosen == nil {
+						b.Fatal("nothing chosen")
+					}
 				}
-			}
-			p, ip, _ := nicCluster(b, nics...)
-			ic, _, err := ip.Interpret(context.Background(), nicClaim("c", 2, 1, nil))
-			if err != nil {
-				b.Fatal(err)
-			}
-			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "d", UID: "p-uid"}}
-			req := Request{Pod: pod, Pending: []*Claim{ic}}
-			b.ResetTimer()
-			for b.Loop() {
-				if d := p.Decide(context.Background(), req); d.Chosen == nil {
-					b.Fatal("nothing chosen")
-				}
-			}
-		})
+			})
+		}
 	}
 }
 

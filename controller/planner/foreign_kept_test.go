@@ -37,21 +37,8 @@ func TestChooseForeignKeptMissesMatchFresh(t *testing.T) {
 	p, ip, inv := nicCluster(t, nics...)
 	ctx := context.Background()
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "d", UID: "p-uid"}}
-	var pending [][]*Claim
-	for i, shape := range [][2]int64{{2, 1}, {1, 2}, {3, 1}} {
-		ic, _, err := ip.Interpret(ctx, nicClaim(fmt.Sprintf("w%d", i), shape[0], shape[1], nil))
-		if err != nil {
-			t.Fatal(err)
-		}
-		pending = append(pending, []*Claim{ic})
-	}
-	describe := func(d Decision) string {
-		s := "nothing"
-		if d.Chosen != nil {
-			s = d.Chosen.Summarize()
-		}
-		return fmt.Sprintf("%s; %d plans; %s; why %q", s, len(d.Plans), d.Rejections.summary(d.Nodes), d.Why)
-	}
+	pending := gpuNICShapes(t, ip)
+	describe := describeDecision
 	var held []types.UID
 	changes := map[string]int{}
 	kept := 0
@@ -115,6 +102,30 @@ func TestChooseForeignKeptMissesMatchFresh(t *testing.T) {
 	if kept == 0 || len(changes) < 4 {
 		t.Fatalf("kept answers %d times, changes %v: the test exercised neither the kept answers nor every change", kept, changes)
 	}
+}
+
+// gpuNICShapes interprets three GPU+NIC claims, each with its GPUs and
+// NICs under one PCIe root: 2 GPUs and 1 NIC, 1 and 2, 3 and 1.
+func gpuNICShapes(t *testing.T, ip *Interpreter) [][]*Claim {
+	t.Helper()
+	var pending [][]*Claim
+	for i, shape := range [][2]int64{{2, 1}, {1, 2}, {3, 1}} {
+		ic, _, err := ip.Interpret(context.Background(), nicClaim(fmt.Sprintf("w%d", i), shape[0], shape[1], nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pending = append(pending, []*Claim{ic})
+	}
+	return pending
+}
+
+// describeDecision renders all a decision says, to compare two.
+func describeDecision(d Decision) string {
+	s := "nothing"
+	if d.Chosen != nil {
+		s = d.Chosen.Summarize()
+	}
+	return fmt.Sprintf("%s; %d plans; %s; why %q", s, len(d.Plans), d.Rejections.summary(d.Nodes), d.Why)
 }
 
 // A node with no room for a waiting GPU+NIC pod is not planned again

@@ -363,47 +363,68 @@ func (pl *Plan) ForeignKeys(claims int) []DeviceKey {
 // chooseForeign plans pods whose claims ask for other drivers' devices on
 // every candidate node, with the node's devices of other drivers, and
 // ranks the plans as any other (choosePlan). The shortcuts score nodes by
-// their GPUs alone, so they do not apply.
-func (p *Planner) chooseForeign(ctx context.Context, pol allocate.Policy, cands []*NodeInventory, pending []*Claim, rank *hostRanking) (chosen *Plan, plans []*Plan, why []string, failed int) {
+// their GPUs alone, so they do not apply; the nodes are planned in
+// parallel (parallel.go).
+func (p *Planner) chooseForeign(ctx context.Context, pol allocate.Policy, cands []*NodeInventory, pending []*Claim, heldOff HeldOff, rank *hostRanking) (chosen *Plan, plans []*Plan, why []string, failed int) {
 	// A waiting pod's nodes without room keep that answer, and why, until
 	// their usage, their other drivers' devices or the holds on them
-	// change (foreign_waiting.go).
+	// change (foreign_waiting.go); with devices held off, under what they
+	// are.
 	key, classes := claimsKey(pending)
+	key = heldOff.keptUnder(key)
 	kept := p.waiting.of(key)
-	var misses []nodeMiss
 	gens := make([]uint64, len(cands))
 	p.ledger.Generations(cands, gens)
+	outcomes := make([]foreignOutcome, len(cands))
+	var toPlan []int
 	for i, n := range cands {
 		view := p.inv.Foreign(n.Node)
-		at := nodeStamp{gen: gens[i], pol: pol, foreign: view, foreignGen: p.ledger.ForeignGeneration(view)}
-		reasons, miss := kept.missed(n, at)
-		var plan *Plan
-		if !miss {
-			fn := &foreignNode{view: view, held: p.ledger.ForeignHeld, taken: map[DeviceKey]bool{}}
-			// A node short of any claim's other devices, each claim
-			// counted alone, fails before its GPU usage is even read.
-			reasons = foreignShortOn(ctx, p.sel, n, pending, fn)
-			if reasons == nil {
-				plan, reasons = planNodeWith(ctx, p.sel, pol, n, p.ledger.NodeUsage(n), pending, fn)
-			}
-			if plan == nil {
-				misses = append(misses, nodeMiss{node: n, missEntry: missEntry{nodeStamp: at, why: reasons}})
-			}
+		o := &outcomes[i]
+		o.at = nodeStamp{gen: gens[i], pol: pol, foreign: view, foreignGen: p.ledger.ForeignGeneration(view)}
+		if o.why, o.kept = kept.missed(n, o.at); !o.kept {
+			toPlan = append(toPlan, i)
 		}
-		if plan == nil {
-			failed++
-			// A pool left out (incomplete, say) may be why its devices
-			// are missing: say so rather than only that they are.
-			for _, msg := range p.inv.foreignProblemsOn(n.Node) {
-				why = append(why, "other drivers' devices not used: "+msg)
-			}
-			why = append(why, reasons...)
+	}
+	planEach(p.parallelism, len(toPlan), func(j int) {
+		i := toPlan[j]
+		n, o := cands[i], &outcomes[i]
+		fn := &foreignNode{view: o.at.foreign, held: p.heldOn(heldOff, n.Node), taken: map[DeviceKey]bool{}}
+		// A node short of any claim's other devices, each claim counted
+		// alone, fails before its GPU usage is even read.
+		if o.why = foreignShortOn(ctx, p.sel, n, pending, fn); o.why == nil {
+			o.plan, o.why = planNodeWith(ctx, p.sel, pol, n, p.ledger.NodeUsage(n), pending, fn)
+		}
+	})
+	var misses []nodeMiss
+	for i, n := range cands {
+		o := &outcomes[i]
+		if o.plan != nil {
+			plans = append(plans, o.plan)
 			continue
 		}
-		plans = append(plans, plan)
+		if !o.kept {
+			misses = append(misses, nodeMiss{node: n, missEntry: missEntry{nodeStamp: o.at, why: o.why}})
+		}
+		failed++
+		// A pool left out (incomplete, say) may be why its devices are
+		// missing: say so rather than only that they are.
+		for _, msg := range p.inv.foreignProblemsOn(n.Node) {
+			why = append(why, "other drivers' devices not used: "+msg)
+		}
+		why = append(why, o.why...)
 	}
 	if len(plans) == 0 {
 		p.waiting.keep(key, classes, misses, p.inv)
 	}
 	return choosePlan(plans, pol, rank), plans, why, failed
+}
+
+// foreignOutcome is one candidate node's answer in chooseForeign: the
+// state it is for, and its plan or why it has none, kept from an earlier
+// decision or planned now.
+type foreignOutcome struct {
+	at   nodeStamp
+	kept bool
+	plan *Plan
+	why  []string
 }

@@ -27,13 +27,10 @@ type SlotRequest struct {
 	Objects []*corev1.Node
 	// Max bounds the count per node (the gang's pods).
 	Max int
-	// HeldOff, when set, are other drivers' devices the count takes as
-	// held besides the ledger's holds (an aligned gang's NICs of the other
-	// rails, the controller's railSlots), named by HeldOffKey for the
-	// counts kept: one key must always mean the same devices. Without a
-	// key nothing is kept.
-	HeldOff    func(DeviceKey) bool
-	HeldOffKey string
+	// HeldOff are other drivers' devices the count takes as held besides
+	// the ledger's holds (an aligned gang's NICs of the other rails, the
+	// controller's railSlots); the counts are kept under its key.
+	HeldOff HeldOff
 	// FirstForeign, when set, sees for each node (Nodes' index) with room
 	// for a copy the other drivers' devices of the first copy's plan, and
 	// whether the node was planned now (false: the count, and those
@@ -95,14 +92,15 @@ func (p *Planner) Slots(ctx context.Context, req SlotRequest) ([]NodeSlots, bool
 	// holds, whose generation (ForeignGeneration) a kept count is valid
 	// for, with the node's devices as they were.
 	foreign := wantsForeign(req.Pending)
-	held := p.ledger.ForeignHeld
-	if req.HeldOff != nil {
-		held = func(k DeviceKey) bool { return p.ledger.ForeignHeld(k) || req.HeldOff(k) }
-	}
 	gens := make([]uint64, len(nodes))
 	p.ledger.Generations(nodes, gens)
 	perPod := WholeGPUs(req.Pending)
 	out := make([]NodeSlots, len(nodes))
+	// What each node needs is read and kept in node order; the nodes
+	// whose count is not kept are planned in parallel (parallel.go) in
+	// between.
+	counts := make([]slotCount, len(nodes))
+	var toPlan []int
 	for i, n := range nodes {
 		var fview *ForeignNode
 		var fgen uint64
@@ -125,28 +123,42 @@ func (p *Planner) Slots(ctx context.Context, req SlotRequest) ([]NodeSlots, bool
 		if limit < 1 {
 			continue
 		}
-		at := slotEntry{nodeStamp: nodeStamp{gen: gens[i], pol: pol, foreign: fview, foreignGen: fgen}, limit: limit}
-		devices, first := shape.get(n, at)
-		planned := devices < 0
-		if planned {
-			var fn *foreignNode
-			if foreign {
-				fn = &foreignNode{view: fview, held: held, taken: map[DeviceKey]bool{}}
-			}
-			if foreign && foreignShortOn(ctx, p.sel, n, req.Pending, fn) != nil {
-				devices = 0 // not one copy: as Decide's chooseForeign finds
-			} else {
-				cp := copyPlanning{sel: p.sel, pol: pol, node: n, usage: p.ledger.NodeUsage(n), pending: req.Pending, limit: limit, foreign: fn}
-				if foreign {
-					cp.first = func(plan *Plan) { first = plan.ForeignKeys(len(req.Pending)) }
-				}
-				devices = cp.count(ctx)
-			}
-			at.count, at.first = devices, first
-			shape.put(n, at)
+		c := &counts[i]
+		c.at = slotEntry{nodeStamp: nodeStamp{gen: gens[i], pol: pol, foreign: fview, foreignGen: fgen}, limit: limit}
+		c.devices, c.first = shape.get(n, c.at)
+		if c.planned = c.devices < 0; c.planned {
+			toPlan = append(toPlan, i)
 		}
+	}
+	planEach(p.parallelism, len(toPlan), func(j int) {
+		i := toPlan[j]
+		n, c := nodes[i], &counts[i]
+		var fn *foreignNode
+		if foreign {
+			fn = &foreignNode{view: c.at.foreign, held: p.heldOn(req.HeldOff, n.Node), taken: map[DeviceKey]bool{}}
+		}
+		if foreign && foreignShortOn(ctx, p.sel, n, req.Pending, fn) != nil {
+			c.devices = 0 // not one copy: as Decide's chooseForeign finds
+			return
+		}
+		cp := copyPlanning{sel: p.sel, pol: pol, node: n, usage: p.ledger.NodeUsage(n), pending: req.Pending, limit: c.at.limit, foreign: fn}
+		if foreign {
+			cp.first = func(plan *Plan) { c.first = plan.ForeignKeys(len(req.Pending)) }
+		}
+		c.devices = cp.count(ctx)
+	})
+	for i, n := range nodes {
+		c := &counts[i]
+		if c.at.limit < 1 {
+			continue
+		}
+		if c.planned {
+			c.at.count, c.at.first = c.devices, c.first
+			shape.put(n, c.at)
+		}
+		devices := c.devices
 		if req.FirstForeign != nil && devices > 0 {
-			req.FirstForeign(i, first, planned)
+			req.FirstForeign(i, c.first, c.planned)
 		}
 		out[i].Slots = devices
 		if fc != nil && devices > 0 {
@@ -165,6 +177,17 @@ func (p *Planner) Slots(ctx context.Context, req SlotRequest) ([]NodeSlots, bool
 	}
 	p.slots.free = prune(p.slots.free, p.inv)
 	return out, true
+}
+
+// slotCount is one node's count in Slots: the state it is for, and the
+// count with the first copy's other drivers' devices, kept or planned
+// now (planned). A zero limit marks a node not counted (too few free
+// GPUs).
+type slotCount struct {
+	at      slotEntry
+	devices int
+	first   []DeviceKey
+	planned bool
 }
 
 // slotsCountable tells whether Slots counts the pod's copies itself:
@@ -308,13 +331,9 @@ func (p *Planner) slotShape(req SlotRequest) *slotShape {
 	var key string
 	var classes []*resourceapi.DeviceClass
 	switch {
-	case req.HeldOff != nil:
-		if req.HeldOffKey == "" {
-			return nil
-		}
-		if key, classes = claimsKey(pending); key != "" {
-			key += "\x05" + req.HeldOffKey
-		}
+	case req.HeldOff.set():
+		key, classes = claimsKey(pending)
+		key = req.HeldOff.keptUnder(key)
 	case len(pending) == 1 && len(pending[0].Requests) == 1 && len(pending[0].Constraints) == 0 && len(pending[0].Requests[0].Alternatives) == 1 && !wantsForeign(pending):
 		alt := pending[0].Requests[0].Alternatives[0]
 		if alt.All || alt.Share || alt.MIG || alt.Count < 1 {
