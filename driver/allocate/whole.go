@@ -38,6 +38,9 @@ func allocateWhole(n *NodeState, req Request, mix *SizeMix) (Result, error) {
 	if bits.OnesCount64(cand) < req.GPUs {
 		return Result{}, &UnsatisfiableError{Node: n.Name, Reason: tooFewReason(n, req, free, cand)}
 	}
+	if bits.OnesCount64(cand) == req.GPUs {
+		return forcedWhole(n, req, cand)
+	}
 	sc := getScratch()
 	p := pickWhole(sc, n.Topology, free, cand, req.GPUs, req.RequiredLink, true, mix)
 	putScratch(sc)
@@ -47,6 +50,24 @@ func allocateWhole(n *NodeState, req Request, mix *SizeMix) (Result, error) {
 			req.GPUs, linkPhrase(req.RequiredLink), nodeLabel(n.Name), req.GPUs, p.bestAny.link())}
 	}
 	return wholeResult(n.Name, p), nil
+}
+
+// forcedWhole is allocateWhole's answer when the eligible free GPUs are
+// exactly as many as asked for: that set, if its links meet the request.
+// The search weighs every subset of the node's free GPUs (the links of
+// the GPUs it would leave free for the sizes to come) to choose among
+// sets; here there is one. A claim of GPUs and NICs bound to one PCIe
+// root asks this of each root of every node planned: on nodes with two
+// GPUs per root, every one of its GPU requests
+// (TestForcedWholeMatchesSearch checks the answers are the search's).
+func forcedWhole(n *NodeState, req Request, set uint64) (Result, error) {
+	k := setKey(n.Topology, set)
+	if !k.qualifies(req.GPUs, req.RequiredLink) {
+		return Result{}, &UnsatisfiableError{Node: n.Name, Reason: fmt.Sprintf(
+			"no %d free GPUs with %s on %s (best free set of %d: weakest link %s)",
+			req.GPUs, linkPhrase(req.RequiredLink), nodeLabel(n.Name), req.GPUs, k.link())}
+	}
+	return Result{Node: n.Name, GPUs: positions(set), WeakestLink: k.link(), AggregateLink: int(k.agg())}, nil
 }
 
 func wholeResult(node string, p pick) Result {
