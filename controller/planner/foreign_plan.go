@@ -375,20 +375,24 @@ func (p *Planner) chooseForeign(ctx context.Context, pol allocate.Policy, cands 
 	kept := p.waiting.of(key)
 	gens := make([]uint64, len(cands))
 	p.ledger.Generations(cands, gens)
+	// Every node's outcome, and the state of those planned now (for the
+	// misses kept): an array per decision, so the per-node entry is kept
+	// small.
 	outcomes := make([]foreignOutcome, len(cands))
 	var toPlan []int
+	var stamps []nodeStamp
 	for i, n := range cands {
 		view := p.inv.Foreign(n.Node)
-		o := &outcomes[i]
-		o.at = nodeStamp{gen: gens[i], pol: pol, foreign: view, foreignGen: p.ledger.ForeignGeneration(view)}
-		if o.why, o.kept = kept.missed(n, o.at); !o.kept {
-			toPlan = append(toPlan, i)
+		at := nodeStamp{gen: gens[i], pol: pol, foreign: view, foreignGen: p.ledger.ForeignGeneration(view)}
+		var hit bool
+		if outcomes[i].why, hit = kept.missed(n, at); !hit {
+			toPlan, stamps = append(toPlan, i), append(stamps, at)
 		}
 	}
 	planEach(p.parallelism, len(toPlan), func(j int) {
 		i := toPlan[j]
 		n, o := cands[i], &outcomes[i]
-		fn := &foreignNode{view: o.at.foreign, held: p.heldOn(heldOff, n.Node), taken: map[DeviceKey]bool{}}
+		fn := &foreignNode{view: stamps[j].foreign, held: p.heldOn(heldOff, n.Node), taken: map[DeviceKey]bool{}}
 		// A node short of any claim's other devices, each claim counted
 		// alone, fails before its GPU usage is even read.
 		if o.why = foreignShortOn(ctx, p.sel, n, pending, fn); o.why == nil {
@@ -396,14 +400,16 @@ func (p *Planner) chooseForeign(ctx context.Context, pol allocate.Policy, cands 
 		}
 	})
 	var misses []nodeMiss
+	for j, i := range toPlan {
+		if o := &outcomes[i]; o.plan == nil {
+			misses = append(misses, nodeMiss{node: cands[i], missEntry: missEntry{nodeStamp: stamps[j], why: o.why}})
+		}
+	}
 	for i, n := range cands {
 		o := &outcomes[i]
 		if o.plan != nil {
 			plans = append(plans, o.plan)
 			continue
-		}
-		if !o.kept {
-			misses = append(misses, nodeMiss{node: n, missEntry: missEntry{nodeStamp: o.at, why: o.why}})
 		}
 		failed++
 		// A pool left out (incomplete, say) may be why its devices are
@@ -419,12 +425,9 @@ func (p *Planner) chooseForeign(ctx context.Context, pol allocate.Policy, cands 
 	return choosePlan(plans, pol, rank), plans, why, failed
 }
 
-// foreignOutcome is one candidate node's answer in chooseForeign: the
-// state it is for, and its plan or why it has none, kept from an earlier
-// decision or planned now.
+// foreignOutcome is one candidate node's answer in chooseForeign: its
+// plan or why it has none, kept from an earlier decision or planned now.
 type foreignOutcome struct {
-	at   nodeStamp
-	kept bool
 	plan *Plan
 	why  []string
 }

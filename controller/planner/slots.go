@@ -101,6 +101,7 @@ func (p *Planner) Slots(ctx context.Context, req SlotRequest) ([]NodeSlots, bool
 	// between.
 	counts := make([]slotCount, len(nodes))
 	var toPlan []int
+	var stamps []slotEntry // of the nodes to plan, for the counts kept
 	for i, n := range nodes {
 		var fview *ForeignNode
 		var fgen uint64
@@ -124,10 +125,11 @@ func (p *Planner) Slots(ctx context.Context, req SlotRequest) ([]NodeSlots, bool
 			continue
 		}
 		c := &counts[i]
-		c.at = slotEntry{nodeStamp: nodeStamp{gen: gens[i], pol: pol, foreign: fview, foreignGen: fgen}, limit: limit}
-		c.devices, c.first = shape.get(n, c.at)
+		at := slotEntry{nodeStamp: nodeStamp{gen: gens[i], pol: pol, foreign: fview, foreignGen: fgen}, limit: limit}
+		c.counted = true
+		c.devices, c.first = shape.get(n, at)
 		if c.planned = c.devices < 0; c.planned {
-			toPlan = append(toPlan, i)
+			toPlan, stamps = append(toPlan, i), append(stamps, at)
 		}
 	}
 	planEach(p.parallelism, len(toPlan), func(j int) {
@@ -135,26 +137,27 @@ func (p *Planner) Slots(ctx context.Context, req SlotRequest) ([]NodeSlots, bool
 		n, c := nodes[i], &counts[i]
 		var fn *foreignNode
 		if foreign {
-			fn = &foreignNode{view: c.at.foreign, held: p.heldOn(req.HeldOff, n.Node), taken: map[DeviceKey]bool{}}
+			fn = &foreignNode{view: stamps[j].foreign, held: p.heldOn(req.HeldOff, n.Node), taken: map[DeviceKey]bool{}}
 		}
 		if foreign && foreignShortOn(ctx, p.sel, n, req.Pending, fn) != nil {
 			c.devices = 0 // not one copy: as Decide's chooseForeign finds
 			return
 		}
-		cp := copyPlanning{sel: p.sel, pol: pol, node: n, usage: p.ledger.NodeUsage(n), pending: req.Pending, limit: c.at.limit, foreign: fn}
+		cp := copyPlanning{sel: p.sel, pol: pol, node: n, usage: p.ledger.NodeUsage(n), pending: req.Pending, limit: stamps[j].limit, foreign: fn}
 		if foreign {
 			cp.first = func(plan *Plan) { c.first = plan.ForeignKeys(len(req.Pending)) }
 		}
 		c.devices = cp.count(ctx)
 	})
+	for j, i := range toPlan {
+		at, c := stamps[j], &counts[i]
+		at.count, at.first = c.devices, c.first
+		shape.put(nodes[i], at)
+	}
 	for i, n := range nodes {
 		c := &counts[i]
-		if c.at.limit < 1 {
+		if !c.counted {
 			continue
-		}
-		if c.planned {
-			c.at.count, c.at.first = c.devices, c.first
-			shape.put(n, c.at)
 		}
 		devices := c.devices
 		if req.FirstForeign != nil && devices > 0 {
@@ -179,15 +182,15 @@ func (p *Planner) Slots(ctx context.Context, req SlotRequest) ([]NodeSlots, bool
 	return out, true
 }
 
-// slotCount is one node's count in Slots: the state it is for, and the
-// count with the first copy's other drivers' devices, kept or planned
-// now (planned). A zero limit marks a node not counted (too few free
-// GPUs).
+// slotCount is one node's count in Slots, with the first copy's other
+// drivers' devices, kept or planned now (planned); a node without the
+// free GPUs of one copy is not counted. Slots makes one per node per
+// call, so the state a count is for is kept apart, for the nodes
+// planned only.
 type slotCount struct {
-	at      slotEntry
-	devices int
-	first   []DeviceKey
-	planned bool
+	devices          int
+	first            []DeviceKey
+	counted, planned bool
 }
 
 // slotsCountable tells whether Slots counts the pod's copies itself:
