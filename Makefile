@@ -102,10 +102,10 @@ helm-lint: ## helm lint and helm template of the chart
 	hack/helm.sh
 
 .PHONY: bench
-bench: ## allocator (latency p50/p99, churn quality per topology vs baselines), gang placement and the controller's gang decisions (64 pods × 8 GPUs on 5,000 nodes, GPU+NIC gangs, a gang's further pod, a waiting GPU+NIC pod's retry) and kubelet plugin benchmarks
+bench: ## allocator (latency p50/p99, churn quality per topology vs baselines), gang placement and the controller's gang decisions (64 pods × 8 GPUs on 5,000 nodes, GPU+NIC gangs, a gang's further pod), a GPU+NIC pod's decision with one worker and the default (and its retry while it waits), and kubelet plugin benchmarks
 	$(GO) test -run '^$$' -bench . -benchmem ./driver/... ./kubeletplugin/...
 	$(GO) test -run '^$$' -bench 'GangDecision$$|GangDecisionRails|GangReplacementDecision|AlignedPodNearWaiting' -benchtime 50x ./controller/
-	$(GO) test -run '^$$' -bench 'WaitingGPUsWithNICs' -benchtime 50x ./controller/planner/
+	$(GO) test -run '^$$' -bench 'WaitingGPUsWithNICs|DecideGPUsWithNICs' -benchtime 50x ./controller/planner/
 
 # FGD's production trace (USENIX ATC '23), read from TRACE_DIR at run time
 # (never copied into the project): gpulink against FGD and the paper's
