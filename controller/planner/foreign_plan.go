@@ -28,8 +28,16 @@ type foreignNode struct {
 	// chosen is the last claim's choice, until planNode takes it.
 	chosen []ForeignResult
 	// cands memoises each request's candidates until taken changes: every
-	// GPU set tried for a claim sees the same ones.
-	cands map[*ForeignRequest][]*ForeignDevice
+	// GPU set tried for a claim sees the same ones. A claim asks for few
+	// such requests: a list, where a map per node planned was a fifth of
+	// the decision's allocations.
+	cands []foreignCands
+}
+
+// foreignCands are a request's candidates on a node.
+type foreignCands struct {
+	req     *ForeignRequest
+	devices []*ForeignDevice
 }
 
 // maxForeignAttempts bounds the search over other drivers' devices for
@@ -137,15 +145,14 @@ func (p *placer) noteForeignShort(fr *ForeignRequest, have int) {
 // foreignCandidates are the node's devices a request may take, by name.
 func (p *placer) foreignCandidates(fr *ForeignRequest) []*ForeignDevice {
 	f := p.foreign
-	if out, ok := f.cands[fr]; ok {
-		return out
-	}
-	if f.cands == nil {
-		f.cands = map[*ForeignRequest][]*ForeignDevice{}
+	for _, c := range f.cands {
+		if c.req == fr {
+			return c.devices
+		}
 	}
 	var out []*ForeignDevice
-	defer func() { f.cands[fr] = out }()
 	if f.view == nil {
+		f.cands = append(f.cands, foreignCands{req: fr})
 		return nil
 	}
 	for i, d := range f.view.Devices {
@@ -158,6 +165,7 @@ func (p *placer) foreignCandidates(fr *ForeignRequest) []*ForeignDevice {
 		}
 		out = append(out, d)
 	}
+	f.cands = append(f.cands, foreignCands{req: fr, devices: out})
 	return out
 }
 

@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/gpulink/gpulink/driver/allocate"
+	"github.com/gpulink/gpulink/driver/topology"
 )
 
 // variant is one candidate set of devices for an alternative: a group of
@@ -22,11 +23,6 @@ type variant struct {
 	// trial is the allocator's answer for the first placement, computed
 	// on the node state placeAlt will see.
 	trial allocate.Result
-	// rep is the group's first device and shareKey its share's
-	// consumption key: a device joins the group when its constrained
-	// values and consumption equal rep's.
-	rep      int
-	shareKey string
 }
 
 // constrained is one matchAttribute constraint that applies to the
@@ -55,25 +51,7 @@ func (p *placer) variants(ic *Claim, alt *Alternative, base []bool, bound []stri
 			cons = append(cons, constrained{ci: ci, attr: c.Attr, values: p.node.attrValues(c.Attr)})
 		}
 	}
-	var groups []variant
-	for pos, d := range p.node.Devices {
-		if !base[pos] || !agrees(cons, bound, pos) {
-			continue
-		}
-		var sc *shareCons
-		if alt.Share {
-			if sc = p.node.shareCons(alt, pos); sc.err != nil {
-				p.note("request %s: device %s on node %s: %v", alt.ResultName, d.Name, p.node.Node, sc.err)
-				continue
-			}
-		}
-		g := groupOf(groups, cons, pos, sc)
-		if g < 0 {
-			g = len(groups)
-			groups = append(groups, newVariant(cons, bound, pos, sc, len(p.node.Devices)))
-		}
-		groups[g].eligible[pos] = true
-	}
+	groups := p.group(alt, cons, base, bound)
 	if len(groups) == 0 {
 		if len(ic.Constraints) > 0 {
 			p.note("request %s: no device on node %s satisfies the claim's matchAttribute constraints together with the devices already chosen", alt.ResultName, p.node.Node)
@@ -105,6 +83,57 @@ func (p *placer) variants(ic *Claim, alt *Alternative, base []bool, bound []stri
 	return out
 }
 
+// group splits the eligible devices into the alternative's groups,
+// unsorted: a first pass finds each device's group (by its first
+// device, rep), a second makes the groups, each allocation once. Grown
+// group by group, the groups were the decision's largest allocation
+// after the GPU usage copies.
+func (p *placer) group(alt *Alternative, cons []constrained, base []bool, bound []string) []variant {
+	devices := len(p.node.Devices)
+	var memberBuf [topology.MaxGPUs]int
+	var scBuf [topology.MaxGPUs]*shareCons
+	member, scs := memberBuf[:0], scBuf[:0]
+	if devices > topology.MaxGPUs {
+		member, scs = make([]int, 0, devices), make([]*shareCons, 0, devices)
+	}
+	var repBuf [8]int
+	reps := repBuf[:0]
+	for pos, d := range p.node.Devices {
+		member, scs = append(member, -1), append(scs, nil)
+		if !base[pos] || !agrees(cons, bound, pos) {
+			continue
+		}
+		if alt.Share {
+			sc := p.node.shareCons(alt, pos)
+			if sc.err != nil {
+				p.note("request %s: device %s on node %s: %v", alt.ResultName, d.Name, p.node.Node, sc.err)
+				continue
+			}
+			scs[pos] = sc
+		}
+		g := groupOf(reps, scs, cons, pos)
+		if g < 0 {
+			g = len(reps)
+			reps = append(reps, pos)
+		}
+		member[pos] = g
+	}
+	if len(reps) == 0 {
+		return nil
+	}
+	groups := make([]variant, len(reps))
+	eligible := make([]bool, len(reps)*devices)
+	for g, rep := range reps {
+		groups[g] = newVariant(cons, bound, rep, scs[rep], eligible[g*devices:(g+1)*devices:(g+1)*devices])
+	}
+	for pos, g := range member {
+		if g >= 0 {
+			groups[g].eligible[pos] = true
+		}
+	}
+	return groups
+}
+
 // agrees tells whether the device at pos has every constrained attribute
 // as a scalar equal to the value bound so far, if any.
 func agrees(cons []constrained, bound []string, pos int) bool {
@@ -117,39 +146,40 @@ func agrees(cons []constrained, bound []string, pos int) bool {
 	return true
 }
 
-// groupOf finds the group the device at pos (share consumption sc, nil
-// for whole GPUs) belongs to, -1 when none yet.
-func groupOf(groups []variant, cons []constrained, pos int, sc *shareCons) int {
-	for i := range groups {
-		g := &groups[i]
-		if sc != nil && sc.key != g.shareKey {
+// groupOf finds the group of the device at pos among the groups'
+// first devices reps, -1 when none yet: the same constrained values and,
+// for shares, the same consumption (scs, by device).
+func groupOf(reps []int, scs []*shareCons, cons []constrained, pos int) int {
+	for g, rep := range reps {
+		if scs[pos] != nil && scs[pos].key != scs[rep].key {
 			continue
 		}
 		same := true
 		for _, c := range cons {
-			if c.values[pos].key != c.values[g.rep].key {
+			if c.values[pos].key != c.values[rep].key {
 				same = false
 				break
 			}
 		}
 		if same {
-			return i
+			return g
 		}
 	}
 	return -1
 }
 
-// newVariant starts the group of the device at pos: the values it binds
-// and the label naming them ("attr=value;" per constraint, then the
-// share's consumption key), which orders the groups.
-func newVariant(cons []constrained, bound []string, pos int, sc *shareCons, devices int) variant {
-	g := variant{eligible: make([]bool, devices), bound: append([]string(nil), bound...), rep: pos}
+// newVariant is the group of the device at pos, with its devices marked
+// in eligible (all false): the values it binds and the label naming them
+// ("attr=value;" per constraint, then the share's consumption key),
+// which orders the groups.
+func newVariant(cons []constrained, bound []string, pos int, sc *shareCons, eligible []bool) variant {
+	g := variant{eligible: eligible, bound: append([]string(nil), bound...)}
 	for _, c := range cons {
 		g.bound[c.ci] = c.values[pos].key
 		g.label += string(c.attr) + "=" + c.values[pos].key + ";"
 	}
 	if sc != nil {
-		g.share, g.consumed, g.shareKey = sc.share, sc.consumed, sc.key
+		g.share, g.consumed = sc.share, sc.consumed
 		g.label += sc.key
 	}
 	return g
