@@ -29,8 +29,8 @@ type foreignNode struct {
 	chosen []ForeignResult
 	// cands memoises each request's candidates until taken changes: every
 	// GPU set tried for a claim sees the same ones. A claim asks for few
-	// such requests: a list, where a map per node planned was a fifth of
-	// the decision's allocations.
+	// such requests: a list, where a map per node planned was about a
+	// tenth of a GPU+NIC decision's allocations.
 	cands []foreignCands
 }
 

@@ -194,7 +194,7 @@ func (p *placer) placeFrom(ic *Claim, i int, bound []string, placed []PlacedResu
 // request depth i, into a buffer kept per depth: each attempt at a depth
 // saves and restores before the next, and deeper attempts use their own.
 // A node's planning tries several variants per request, and each copy was
-// an allocation (a GPU+NIC decision on 5,000 nodes made about 20,000).
+// an allocation.
 func (p *placer) saveUsage(i int) []allocate.GPUUsage {
 	for len(p.saved) <= i {
 		p.saved = append(p.saved, nil)
