@@ -141,3 +141,20 @@ func TestParallelPlanningDecidesAsOneWorker(t *testing.T) {
 		t.Fatalf("placed %d, counted %d: the test exercised nothing", placed, counted)
 	}
 }
+
+// A negative parallelism is refused, naming the value; 0 is the default.
+func TestParallelismConfig(t *testing.T) {
+	cfg := Config{Inventory: NewInventory(), Ledger: NewLedger(), Filter: &NodeFilter{}, Selectors: NewSelectorEvaluator()}
+	cfg.Parallelism = -1
+	if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), "parallelism") || !strings.Contains(err.Error(), "-1") {
+		t.Fatalf("parallelism -1: got %v, want an error naming it", err)
+	}
+	cfg.Parallelism = 0
+	p, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.parallelism != DefaultParallelism() || p.parallelism < 1 || p.parallelism > maxDefaultParallelism {
+		t.Fatalf("parallelism 0: %d workers, want the default %d", p.parallelism, DefaultParallelism())
+	}
+}
