@@ -150,7 +150,7 @@ func (c *Controller) keySlots(ctx context.Context, ask railAsk, key string, v ra
 		return
 	}
 	req := planner.SlotRequest{Pod: ask.rep.pod, Pending: ask.rep.pending, Placement: ask.own, Nodes: invs, Max: top,
-		HeldOff: c.railsHeldOff(key, parts.byDriver())}
+		HeldOff: c.railsHeldOff(key)}
 	counted, ok := c.planner.Slots(ctx, req)
 	for j, i := range idx {
 		var s int

@@ -176,30 +176,17 @@ func parseRailKey(key string) map[string]sets.Set[string] {
 // only take devices of those rails; the returned function releases them.
 // Called under the decision lock.
 func (c *Controller) holdOffRails(node, key string) func() {
-	if key == "" {
-		return func() {}
-	}
-	return c.holdOffParsedRails(node, parseRailKey(key))
-}
-
-// holdOffParsedRails is holdOffRails with the key parsed (parseRailKey).
-func (c *Controller) holdOffParsedRails(node string, allowed map[string]sets.Set[string]) func() {
 	noop := func() {}
 	fn := c.inv.Foreign(node)
-	if fn == nil {
+	if key == "" || fn == nil {
 		return noop
 	}
-	rails := c.railsOn(node)
+	off := offRails(parseRailKey(key), c.railsOn(node))
 	var uses []planner.DeviceUse
 	for _, d := range fn.Devices {
-		ok, used := allowed[d.Driver]
-		if !used {
-			continue
+		if off(d.Key()) {
+			uses = append(uses, planner.DeviceUse{Key: d.Key(), Exclusive: true})
 		}
-		if r, has := rails[d.Key()]; has && ok.Has(r) {
-			continue
-		}
-		uses = append(uses, planner.DeviceUse{Key: d.Key(), Exclusive: true})
 	}
 	if len(uses) == 0 {
 		return noop
@@ -212,23 +199,28 @@ func (c *Controller) holdOffParsedRails(node string, allowed map[string]sets.Set
 	return func() { settle("", false) }
 }
 
-// railsHeldOff holds off, on each node, the devices of the key's drivers
-// on rails the key does not allow, and those without a rail: what a pod
-// of a gang aligned on the key may not take (holdOffParsedRails' test),
-// in the planning only (planner.HeldOff). allowed is the key parsed
-// (parseRailKey).
-func (c *Controller) railsHeldOff(key string, allowed map[string]sets.Set[string]) planner.HeldOff {
+// railsHeldOff holds off, on each node, what holdOffRails holds in the
+// ledger, in the planning only (planner.HeldOff): a pod of a gang
+// aligned on the key takes no device off its rails.
+func (c *Controller) railsHeldOff(key string) planner.HeldOff {
+	allowed := parseRailKey(key)
 	return planner.HeldOff{Key: "rails " + key, On: func(node string) func(planner.DeviceKey) bool {
-		rails := c.railsOn(node)
-		return func(d planner.DeviceKey) bool {
-			ok, restricted := allowed[d.Driver]
-			if !restricted {
-				return false
-			}
-			r, has := rails[d]
-			return !has || !ok.Has(r)
-		}
+		return offRails(allowed, c.railsOn(node))
 	}}
+}
+
+// offRails tells, for a node's devices (rails: railsOn's map), which a
+// rail key (allowed, parsed) keeps a pod off: those of the key's drivers
+// on a rail it does not list, or on none.
+func offRails(allowed map[string]sets.Set[string], rails map[planner.DeviceKey]string) func(planner.DeviceKey) bool {
+	return func(d planner.DeviceKey) bool {
+		ok, restricted := allowed[d.Driver]
+		if !restricted {
+			return false
+		}
+		r, has := rails[d]
+		return !has || !ok.Has(r)
+	}
 }
 
 // placedRailKey is the rail key every placed pod of the gang uses (bound,

@@ -319,7 +319,7 @@ func (c *Controller) allocatePodNear(ctx context.Context, key string, pod *corev
 		// The NICs of the rails the gang's pods do not use are held off
 		// in the planning only: a waiting pod's nodes without room stay
 		// kept from one retry to the next.
-		req.HeldOff = c.railsHeldOff(home.rail, parseRailKey(home.rail))
+		req.HeldOff = c.railsHeldOff(home.rail)
 	}
 	for ; step < len(steps); step++ {
 		req.Within = steps[step].nodes
