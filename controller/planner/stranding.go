@@ -88,6 +88,9 @@ type demandRecorder struct {
 	// each time it changes.
 	published atomic.Pointer[allocate.DemandMix]
 	changed   func()
+	// overdemanded is the weighed mix's over-demanded products, as last
+	// logged.
+	overdemanded []string
 }
 
 // demandRefresh is how many decided pods pass between two snapshots of the
@@ -139,6 +142,12 @@ func (r *demandRecorder) policy(base allocate.Policy, nodesNow func() []*allocat
 		r.mix, r.weighed = m, allocate.HoldDemand(r.weighed, m.WithScarcity(nodesNow()))
 		if r.published.Swap(r.weighed) != r.weighed && r.changed != nil {
 			r.changed()
+		}
+		if over := r.weighed.Overdemanded(); !slices.Equal(over, r.overdemanded) {
+			// Which products pods that may run elsewhere are kept off
+			// changes placements cluster-wide: worth a line when it moves.
+			r.overdemanded = over
+			klog.Background().V(2).Info("GPU products whose pinned pods ask for more than is left; other pods are placed elsewhere first", "products", over)
 		}
 	}
 	base.Demand = r.weighed

@@ -101,6 +101,10 @@ type DemandMix struct {
 	counts []int64
 	// scarcity multiplies each shape's count (WithScarcity); nil: 1.
 	scarcity []int64
+	// overdemand is, per GPU product whose pinned pods ask for more than
+	// it has left (WithScarcity, overdemanded), what taking from its
+	// nodes costs; nil: nothing.
+	overdemand map[string]overdemandCost
 }
 
 // NewDemandMix builds a mix from counts per shape (at least one

@@ -67,7 +67,10 @@
 // measure), each shape weighed by how often it is asked for and, in a
 // mix from DemandMix.WithScarcity, by how scarce the unallocated GPU is
 // that could serve it now (nodes with the GPUs, CPU, memory and GPU
-// product it needs left).
+// product it needs left). On a node of a product whose pinned pods ask
+// for a larger share of the demand than its share of the unallocated
+// GPU (over-demanded), the GPU a placement takes that those pods could
+// be fed on counts as stranded for the whole mix (overdemand.go).
 //
 // # Invariants
 //

@@ -76,12 +76,11 @@ func hostAfter(n *NodeState, req Host) *Host {
 // takes the GPUs in set (whole) or the share on GPU pos (set has that one
 // bit), as stranded counts it.
 func strandDelta(m *DemandMix, n *NodeState, req Request, set uint64) int64 {
-	var buf [topology.MaxGPUs]int32
-	left := gpuLeft(n, buf[:0])
-	product := nodeProduct(n)
-	before := m.stranded(left, n.Host, product)
-	takeFrom(left, n, req, set)
-	return m.stranded(left, hostAfter(n, req.Host), product) - before
+	var bufBefore, bufAfter [topology.MaxGPUs]int32
+	before := gpuLeft(n, bufBefore[:0])
+	after := append(bufAfter[:0], before...)
+	takeFrom(after, n, req, set)
+	return m.strandChange(before, after, n.Host, hostAfter(n, req.Host), nodeProduct(n))
 }
 
 // takeFrom takes the request's GPUs in set (whole) or its share on GPU

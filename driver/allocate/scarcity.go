@@ -50,21 +50,23 @@ const scarcityScale = 16
 func (m *DemandMix) WithScarcity(nodes []*NodeState) *DemandMix {
 	out := &DemandMix{shapes: m.shapes, counts: m.counts, scarcity: make([]int64, len(m.shapes))}
 	capable := make([]int64, len(m.shapes))
+	supply := make(map[string]int64)
 	var all int64
 	var buf [topology.MaxGPUs]int32
 	for _, n := range nodes {
 		if n == nil || n.Topology == nil || n.Topology.Len() == 0 {
 			continue
 		}
-		left, supply := leftNow(n, buf[:0])
-		if supply == 0 {
+		gpus, left := leftNow(n, buf[:0])
+		if left == 0 {
 			continue
 		}
-		all += supply
+		all += left
 		product := nodeProduct(n)
+		supply[product] += left
 		for i := range m.shapes {
-			if m.shapes[i].runsOn(n.Host, left, product) {
-				capable[i] += supply
+			if m.shapes[i].runsOn(n.Host, gpus, product) {
+				capable[i] += left
 			}
 		}
 	}
@@ -74,6 +76,7 @@ func (m *DemandMix) WithScarcity(nodes []*NodeState) *DemandMix {
 			out.scarcity[i] = max(scarcityScale, all*scarcityScale/capable[i])
 		}
 	}
+	out.overdemand = out.overdemanded(supply, all)
 	return out
 }
 

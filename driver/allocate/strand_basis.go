@@ -41,6 +41,6 @@ func ScoreNodeWithBasis(n *NodeState, req Request, pol Policy) (NodeScore, *Stra
 // the one it was computed with, b being the basis ScoreNodeWithBasis gave
 // with it. d must not be nil.
 func (a NodeScore) WithStranded(d *DemandMix, b *StrandBasis) NodeScore {
-	a.strand = d.stranded(b.after, b.hostAfter, b.product) - d.stranded(b.before, b.hostBefore, b.product)
+	a.strand = d.strandChange(b.before, b.after, b.hostBefore, b.hostAfter, b.product)
 	return a
 }

@@ -11,7 +11,8 @@ import (
 // StrandBasis and ranked under another demand mix (NodeScore.WithStranded)
 // is the score ScoreNode gives under that mix, over random nodes (some
 // with CPU and memory left, of products some shapes exclude), usage,
-// whole and share requests and mixes.
+// whole and share requests and mixes (some costing the GPU taken, as
+// for an over-demanded product).
 func TestWithStrandedMatchesScoreNode(t *testing.T) {
 	hetero := withMemory(t, v100(t), 16*gib)
 	hetero.GPUs[3].MemoryBytes = 32 * gib
@@ -52,6 +53,14 @@ func TestWithStrandedMatchesScoreNode(t *testing.T) {
 		}
 		other := pol
 		other.Demand = randomDemand(rng)
+		if rng.IntN(2) == 0 {
+			// The topologies name no product: cost the GPU taken on
+			// theirs, as WithScarcity does for an over-demanded one.
+			costed := *other.Demand
+			costed.overdemand = map[string]overdemandCost{"": {weight: int64(1 + rng.IntN(1000)),
+				cpuPerMilli: float64(rng.IntN(20)), memoryPerMilli: float64(rng.IntN(3)) * float64(gib) / 1000}}
+			other.Demand = &costed
+		}
 		if n.Host != nil {
 			n.Host.CPUMilli = basis.hostBefore.CPUMilli
 		}
