@@ -107,7 +107,8 @@ func TestChooseNodeKeepsOthersOffOverdemandedProduct(t *testing.T) {
 		t.Errorf("without the over-demand cost: %v, %v; want t4 (the case no longer shows the rule)", r.Node, err)
 	}
 
-	// Pinned to T4: two T4 nodes, the started GPU packs best either way.
+	// Pinned to T4 (a pod's selector leaves ChooseNode the T4 nodes
+	// only): the started GPU packs best, with the cost or without.
 	idleT4 := &NodeState{Name: "t4-idle", Topology: t4.Topology, Usage: make([]GPUUsage, 2), Host: &Host{CPUMilli: 96000, MemoryBytes: 1 << 40}}
 	for _, d := range []*DemandMix{w, &plain} {
 		pol.Demand = d
