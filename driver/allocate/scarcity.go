@@ -46,7 +46,8 @@ const scarcityScale = 16
 // the GPU more unallocated than FGD from 110 % arrived on lists with
 // GPU-model constraints (docs/performance/trace.md). Nodes without GPUs
 // are skipped; a node whose Host is nil fits any CPU and memory. The
-// result shares m's shapes; m is unchanged.
+// result also knows the products whose pinned pods ask for more than
+// they have left (overdemand.go). It shares m's shapes; m is unchanged.
 func (m *DemandMix) WithScarcity(nodes []*NodeState) *DemandMix {
 	out := &DemandMix{shapes: m.shapes, counts: m.counts, scarcity: make([]int64, len(m.shapes))}
 	capable := make([]int64, len(m.shapes))
