@@ -79,17 +79,13 @@ func (c overdemandCost) feedable(left []int32, host *Host) float64 {
 // each; a shape pinned to several products counts evenly for each of
 // them that has GPU left. A product is over-demanded when the pinned
 // demand for it is a larger share of the mix's demand than its supply is
-// of all.
-func (m *DemandMix) overdemanded(supply map[string]int64, all int64) map[string]overdemandCost {
-	if all <= 0 || len(supply) == 0 {
+// of all. Each product's sums run over the shapes in the mix's order, so
+// the result does not depend on the order of the products.
+func (m *DemandMix) overdemanded(supply *productSupply, all int64) map[string]overdemandCost {
+	products := supply.names
+	if all <= 0 || len(products) == 0 {
 		return nil
 	}
-	// Sorted, so that nothing below depends on map order.
-	products := make([]string, 0, len(supply))
-	for p := range supply {
-		products = append(products, p)
-	}
-	slices.Sort(products)
 	pinned := make([]int64, len(products))
 	cpu := make([]float64, len(products))
 	memory := make([]float64, len(products))
@@ -118,9 +114,8 @@ func (m *DemandMix) overdemanded(supply map[string]int64, all int64) map[string]
 	var out map[string]overdemandCost
 	for j, p := range products {
 		// pinned/total > supply/all, in floats: both products may pass
-		// 2^63 on a large cluster; the operands are exact integers, so
-		// the comparison does not depend on the order of anything.
-		if pinned[j] == 0 || float64(pinned[j])*float64(all) <= float64(total)*float64(supply[p]) {
+		// 2^63 on a large cluster; the operands are exact integers.
+		if pinned[j] == 0 || float64(pinned[j])*float64(all) <= float64(total)*float64(supply.sums[j]) {
 			continue
 		}
 		if out == nil {

@@ -77,7 +77,7 @@ func (m *DemandMix) WithScarcity(nodes []*NodeState) *DemandMix {
 			out.scarcity[i] = max(scarcityScale, all*scarcityScale/capable[i])
 		}
 	}
-	out.overdemand = out.overdemanded(supply.byProduct(), all)
+	out.overdemand = out.overdemanded(&supply, all)
 	return out
 }
 
@@ -132,16 +132,4 @@ func (p *productSupply) add(product string, left int64) {
 	p.last = len(p.names)
 	p.names = append(p.names, product)
 	p.sums = append(p.sums, left)
-}
-
-// byProduct is the sums by product (nil when no node had GPU left).
-func (p *productSupply) byProduct() map[string]int64 {
-	if len(p.names) == 0 {
-		return nil
-	}
-	out := make(map[string]int64, len(p.names))
-	for i, n := range p.names {
-		out[n] = p.sums[i]
-	}
-	return out
 }
