@@ -5,6 +5,7 @@ package controller_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -53,6 +54,42 @@ func (e *env) cpuOnlyPod(name string, nodes []string, gates ...string) *corev1.P
 		p.Spec.SchedulingGates = append(p.Spec.SchedulingGates, corev1.PodSchedulingGate{Name: g})
 	}
 	return p
+}
+
+// waitSchedulerSeesCordon returns once kube-scheduler's cache holds the
+// node as cordoned. The API server has the cordon as soon as the patch
+// returns, but kube-scheduler learns it from its informer later: a pod
+// released before then may still be bound to the node (seen once in a
+// fresh make test). A probe pod that may run only there and that
+// kube-scheduler finds unschedulable shows that it has seen the cordon; a
+// probe bound there shows that it had not yet, and is deleted and tried
+// again.
+func (e *env) waitSchedulerSeesCordon(node string) {
+	e.t.Helper()
+	for attempt := 0; ; attempt++ {
+		name := fmt.Sprintf("cordon-probe-%d", attempt)
+		probe := e.cpuOnlyPod(name, []string{node})
+		probe.Spec.SchedulingGates = nil
+		e.createPod(probe)
+		var bound bool
+		e.poll("kube-scheduler's verdict on pod "+name, time.Minute, func() bool {
+			p, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false
+			}
+			bound = p.Spec.NodeName != ""
+			return bound || slices.ContainsFunc(p.Status.Conditions, func(c corev1.PodCondition) bool {
+				return c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable
+			})
+		})
+		e.deletePod(name)
+		if !bound {
+			return
+		}
+		if attempt == 10 {
+			e.t.Fatalf("kube-scheduler still binds pods to node %s after it was cordoned (%d probes)", node, attempt+1)
+		}
+	}
 }
 
 // preferred returns the nodes the pod's preferred node terms name by
@@ -119,6 +156,7 @@ func TestCPUOnlyPodsPreferredNode(t *testing.T) {
 	if _, err := e.client.CoreV1().Nodes().Patch(e.ctx, cpuNode, types.MergePatchType, cordon, metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	e.waitSchedulerSeesCordon(cpuNode)
 	held, err := e.client.CoreV1().Pods(e.ns).Get(e.ctx, "fallback", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
