@@ -100,9 +100,8 @@ func TestChooseNodeKeepsOthersOffOverdemandedProduct(t *testing.T) {
 		t.Errorf("a share that may run anywhere went to %s, want g2: T4's GPU is wanted by the pods pinned to it", r.Node)
 	}
 	// What the scarcity weighing alone would do: the reason for the rule.
-	plain := *w
-	plain.overdemand = nil
-	pol.Demand = &plain
+	plain := withoutOverdemand(w)
+	pol.Demand = plain
 	if r, err := ChooseNode([]*NodeState{g2, t4}, anywhere, pol); err != nil || r.Node != "t4" {
 		t.Errorf("without the over-demand cost: %v, %v; want t4 (the case no longer shows the rule)", r.Node, err)
 	}
@@ -110,7 +109,7 @@ func TestChooseNodeKeepsOthersOffOverdemandedProduct(t *testing.T) {
 	// Pinned to T4 (a pod's selector leaves ChooseNode the T4 nodes
 	// only): the started GPU packs best, with the cost or without.
 	idleT4 := &NodeState{Name: "t4-idle", Topology: t4.Topology, Usage: make([]GPUUsage, 2), Host: &Host{CPUMilli: 96000, MemoryBytes: 1 << 40}}
-	for _, d := range []*DemandMix{w, &plain} {
+	for _, d := range []*DemandMix{w, plain} {
 		pol.Demand = d
 		r, err := ChooseNode([]*NodeState{idleT4, t4}, anywhere, pol)
 		if err != nil {
@@ -127,12 +126,7 @@ func TestChooseNodeKeepsOthersOffOverdemandedProduct(t *testing.T) {
 // times the mix's weight; elsewhere FGD's measure alone.
 func TestStrandChangeCountsTakenGPU(t *testing.T) {
 	g2, t4, w := overdemandCluster(t)
-	var weight int64
-	for i := range w.shapes {
-		weight += w.weight(i)
-	}
-	plain := *w
-	plain.overdemand = nil
+	weight, plain := mixWeight(w), withoutOverdemand(w)
 	whole := Request{GPUs: 1, Host: Host{CPUMilli: 8000}}
 	share := Request{Share: &ShareRequest{Cores: 47, MemoryBytes: 1 << 20}, Host: Host{CPUMilli: 8000}}
 	cases := []struct {
@@ -152,7 +146,7 @@ func TestStrandChangeCountsTakenGPU(t *testing.T) {
 			if err != nil || !ok {
 				t.Fatalf("ScoreNode: %v, fits %v", err, ok)
 			}
-			base, _, _ := ScoreNode(c.node, c.req, Policy{Node: Binpack, GPU: Binpack, Demand: &plain})
+			base, _, _ := ScoreNode(c.node, c.req, Policy{Node: Binpack, GPU: Binpack, Demand: plain})
 			if got.Stranded()-base.Stranded() != c.taken*weight {
 				t.Errorf("stranded %d, FGD's measure %d: the difference is %d, want %d milli GPU times the weight %d",
 					got.Stranded(), base.Stranded(), got.Stranded()-base.Stranded(), c.taken, weight)
@@ -180,12 +174,7 @@ func TestOverdemandCostsFeedableGPUOnly(t *testing.T) {
 	if got := w.Overdemanded(); !slices.Equal(got, []string{"T4"}) {
 		t.Fatalf("Overdemanded = %v, want [T4]", got)
 	}
-	var weight int64
-	for i := range w.shapes {
-		weight += w.weight(i)
-	}
-	plain := *w
-	plain.overdemand = nil
+	weight, plain := mixWeight(w), withoutOverdemand(w)
 	cases := []struct {
 		name string
 		node *NodeState
@@ -204,10 +193,27 @@ func TestOverdemandCostsFeedableGPUOnly(t *testing.T) {
 			if err != nil || !ok {
 				t.Fatalf("ScoreNode: %v, fits %v", err, ok)
 			}
-			base, _, _ := ScoreNode(c.node, req, Policy{Node: Binpack, GPU: Binpack, Demand: &plain})
+			base, _, _ := ScoreNode(c.node, req, Policy{Node: Binpack, GPU: Binpack, Demand: plain})
 			if diff := got.Stranded() - base.Stranded(); diff != c.cost*weight {
 				t.Errorf("cost %d, want %d milli GPU times the weight %d (%d)", diff, c.cost, weight, c.cost*weight)
 			}
 		})
 	}
+}
+
+// mixWeight is the mix's total weight: what the over-demand cost charges
+// per milli GPU.
+func mixWeight(m *DemandMix) int64 {
+	var w int64
+	for i := range m.shapes {
+		w += m.weight(i)
+	}
+	return w
+}
+
+// withoutOverdemand is m as the scarcity weighing alone leaves it.
+func withoutOverdemand(m *DemandMix) *DemandMix {
+	plain := *m
+	plain.overdemand = nil
+	return &plain
 }
