@@ -185,7 +185,8 @@ func ChooseHost(nodes []*NodeState, req Host, pol Policy) (string, error) {
 			}
 			if pol.Demand != nil {
 				product := nodeProduct(n)
-				c.delta = pol.Demand.stranded(left, &c.after, product) - pol.Demand.stranded(left, n.Host, product)
+				before, after := pol.Demand.strandedPair(left, left, n.Host, &c.after, product)
+				c.delta = after - before
 			}
 		}
 		better := best == nil

@@ -90,6 +90,9 @@ func (m *DemandMix) overdemanded(supply *productSupply, all int64) map[string]ov
 	cpu := make([]float64, len(products))
 	memory := make([]float64, len(products))
 	var total, weight int64
+	// admits is the products a shape admits, by index: found once per
+	// shape, then its demand is split evenly among them.
+	admits := make([]int, 0, len(products))
 	for i, s := range m.shapes {
 		weight += m.weight(i)
 		d := m.counts[i] * int64(s.GPUs) * int64(s.perGPU()) * overdemandScale
@@ -97,18 +100,17 @@ func (m *DemandMix) overdemanded(supply *productSupply, all int64) map[string]ov
 		if s.Products == "" {
 			continue
 		}
-		admitted := 0
-		for _, p := range products {
-			if s.admits(p) {
-				admitted++
+		admits = admits[:0]
+		for j, p := range products {
+			if m.admitsAt(i, p) {
+				admits = append(admits, j)
 			}
 		}
-		for j, p := range products {
-			if s.admits(p) {
-				pinned[j] += d / int64(admitted)
-				cpu[j] += float64(m.counts[i]) * float64(s.Host.CPUMilli) / float64(admitted)
-				memory[j] += float64(m.counts[i]) * float64(s.Host.MemoryBytes) / float64(admitted)
-			}
+		admitted := len(admits)
+		for _, j := range admits {
+			pinned[j] += d / int64(admitted)
+			cpu[j] += float64(m.counts[i]) * float64(s.Host.CPUMilli) / float64(admitted)
+			memory[j] += float64(m.counts[i]) * float64(s.Host.MemoryBytes) / float64(admitted)
 		}
 	}
 	var out map[string]overdemandCost
@@ -132,7 +134,8 @@ func (m *DemandMix) overdemanded(supply *productSupply, all int64) map[string]ov
 // host with hostAfter instead of hostBefore), as stranded counts it, plus
 // what the placement costs the pinned pods of an over-demanded product.
 func (m *DemandMix) strandChange(before, after []int32, hostBefore, hostAfter *Host, product string) int64 {
-	d := m.stranded(after, hostAfter, product) - m.stranded(before, hostBefore, product)
+	b, a := m.strandedPair(before, after, hostBefore, hostAfter, product)
+	d := a - b
 	if c, ok := m.overdemand[product]; ok {
 		if lost := c.feedable(before, hostBefore) - c.feedable(after, hostAfter); lost > 0 {
 			d += int64(float64(c.weight) * lost)

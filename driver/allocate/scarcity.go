@@ -49,7 +49,7 @@ const scarcityScale = 16
 // result also knows the products whose pinned pods ask for more than
 // they have left (overdemand.go). It shares m's shapes; m is unchanged.
 func (m *DemandMix) WithScarcity(nodes []*NodeState) *DemandMix {
-	out := &DemandMix{shapes: m.shapes, counts: m.counts, scarcity: make([]int64, len(m.shapes))}
+	out := &DemandMix{shapes: m.shapes, counts: m.counts, products: m.products, scarcity: make([]int64, len(m.shapes))}
 	capable := make([]int64, len(m.shapes))
 	var supply productSupply
 	var all int64
@@ -66,7 +66,7 @@ func (m *DemandMix) WithScarcity(nodes []*NodeState) *DemandMix {
 		product := nodeProduct(n)
 		supply.add(product, left)
 		for i := range m.shapes {
-			if m.shapes[i].runsOn(n.Host, gpus, product) {
+			if m.runsOn(i, n.Host, gpus, product) {
 				capable[i] += left
 			}
 		}
@@ -81,17 +81,18 @@ func (m *DemandMix) WithScarcity(nodes []*NodeState) *DemandMix {
 	return out
 }
 
-// runsOn tells whether a pod of shape s could be placed on a node now:
+// runsOn tells whether a pod of shape i could be placed on a node now:
 // its CPU and memory fit what the node has left (host; any when nil), its
 // product is admitted, and s.GPUs GPUs have what one of its GPUs needs
 // left (left: leftNow's, largest first, so that the s.GPUs-th largest
 // decides without a pass over the node's GPUs for every shape:
 // WithScarcity checks every shape of the mix on every node).
-func (s *DemandShape) runsOn(host *Host, left []int32, product string) bool {
+func (m *DemandMix) runsOn(i int, host *Host, left []int32, product string) bool {
+	s := &m.shapes[i]
 	if s.GPUs > len(left) || left[s.GPUs-1] < s.perGPU() {
 		return false
 	}
-	return (host == nil || s.Host.fits(*host)) && s.admits(product)
+	return (host == nil || s.Host.fits(*host)) && m.admitsAt(i, product)
 }
 
 // leftNow is what each of n's GPUs has left (gpuLeft, into buf), largest
