@@ -304,7 +304,7 @@ func (m *DemandMix) strandedOf(states []strandState, product string) {
 						st.slots += int64(l / need)
 					}
 				}
-				st.f += w * hostShort(*s, st.host, st.all-st.small, st.slots)
+				st.f += w * hostShort(s, *st.host, st.all-st.small, st.slots)
 			}
 		}
 	}
@@ -326,12 +326,10 @@ func (m *DemandMix) strandedOf(states []strandState, product string) {
 // (they strand none of the GPUs the pinned pods could not have fed
 // anyway). For shapes that may run anywhere the count drew single-GPU
 // pods onto idle 8-GPU nodes and cost multigpu50 0.44 point of GPU
-// unallocated from 100 % arrived (docs/performance/trace.md). 0 when the
-// host is unknown.
-func hostShort(s DemandShape, host *Host, usable, slots int64) int64 {
-	if host == nil || s.Products == "" {
-		return 0
-	}
+// unallocated from 100 % arrived (docs/performance/trace.md). Nor is it
+// counted when the host is unknown: strandedOf asks only for a pinned
+// shape on a node whose host it knows, and counts slots only then.
+func hostShort(s *DemandShape, host Host, usable, slots int64) int64 {
 	podsGPU := slots / int64(s.GPUs)
 	podsHost := podsGPU
 	if s.Host.CPUMilli > 0 {

@@ -2,6 +2,7 @@ package allocate
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -49,11 +50,13 @@ func TestStrandedPairMatchesStranded(t *testing.T) {
 		}
 		return &Host{CPUMilli: int64(rng.IntN(48)) * 1000, MemoryBytes: int64(rng.IntN(128)) * gib}
 	}
+	// The shapes' products, none, and one no shape names.
+	nodeProducts := append(slices.Clone(products), "", "V100")
 	for name, m := range mixes {
 		for i := range 500 {
 			before, after := left(), left()
 			hb, ha := host(), host()
-			product := append(products, "", "V100")[rng.IntN(len(products)+2)]
+			product := nodeProducts[rng.IntN(len(nodeProducts))]
 			b, a := m.strandedPair(before, after, hb, ha, product)
 			if wb, wa := m.stranded(before, hb, product), m.stranded(after, ha, product); b != wb || a != wa {
 				t.Fatalf("%s, case %d (before %v host %+v, after %v host %+v, product %q): pair = %d, %d; alone = %d, %d",
