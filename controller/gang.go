@@ -42,8 +42,9 @@ type GangConfig struct {
 	// StarvationBound: a gang that has waited longer than this (from the
 	// creation of its oldest pod) reserves the domain it is closest to
 	// fitting in, so that no other pod is placed there until the gang is
-	// placed or gone; one gang at a time, the longest waiting
-	// (gang_reserve.go). 0: gangs never reserve.
+	// placed or gone; one gang at a time, the one of the highest level
+	// first, then the longest waiting (gang_reserve.go). 0: gangs never
+	// reserve.
 	StarvationBound time.Duration
 	// RailAttribute is the fully qualified attribute (domain/name) of
 	// other drivers' devices that names a NIC's rail, for gangs with

@@ -122,7 +122,7 @@ func main() {
 	fs.StringVar(&o.gangPodGroups, "gang-podgroups", "auto", "Read gangs from PodGroups (spec.schedulingGroup, scheduling.k8s.io/v1beta1): true, false, or auto (when the API server serves them).")
 	fs.StringVar(&o.gangDefaultLevel, "gang-default-level", "", "Level (a --gang-hierarchy key or level name such as leaf) for gangs that name none; empty: the lowest level that fits.")
 	fs.StringVar(&o.gangDefaultPolicy, "gang-default-policy", string(gangs.Preferred), "Required or Preferred, for --gang-default-level.")
-	fs.DurationVar(&o.gangStarvation, "gang-starvation-bound", 15*time.Minute, "A gang that waited longer than this reserves the domain it is closest to fitting in until it is placed (one gang at a time); 0 disables.")
+	fs.DurationVar(&o.gangStarvation, "gang-starvation-bound", 15*time.Minute, "A gang that waited longer than this reserves the domain it is closest to fitting in until it is placed (one gang at a time, the one of the highest level first); 0 disables.")
 	fs.StringVar(&o.gangRailAttribute, "gang-rail-attribute", "", "Fully qualified attribute (domain/name) of NIC devices that names their rail, for gangs with gpu.gpulink.dev/gang-rails: aligned; empty: a NIC's position among its driver's devices of the node in natural name order.")
 	klogFlags := goflag.NewFlagSet("klog", goflag.ExitOnError)
 	klog.InitFlags(klogFlags)

@@ -82,7 +82,7 @@ func (f *gangFlags) run(out io.Writer) error {
 	}
 	fmt.Fprintf(&md, "Replayed %s at loads %s with seeds 1..%d in %s (%d workers).\n\n", filepath.Clean(f.dir), strings.Join(loads, ", "), f.seeds, time.Since(start).Round(time.Second), f.workers)
 	if slices.Contains(f.policies, gangbench.PolicyGPULinkReserving) {
-		fmt.Fprintf(&md, "%s: gpulink with the controller's starvation reservation, a gang waiting longer than %s reserving the domain closest to fitting it.\n\n", gangbench.PolicyGPULinkReserving, f.starvation)
+		fmt.Fprintf(&md, "%s: gpulink with the controller's starvation reservation: of the gangs waiting longer than %s, the one of the highest level (the oldest among equals) reserves the domain closest to fitting it.\n\n", gangbench.PolicyGPULinkReserving, f.starvation)
 	}
 	for _, name := range f.clusters {
 		c, err := gangbench.ClusterByName(name, f.nodes)
@@ -96,8 +96,14 @@ func (f *gangFlags) run(out io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(&md, "## Paired differences\n\ngpulink minus each other row (the baselines, and gpulink:starvationBound, its own placement with the controller's starvation reservation), per seed on the same jobs, then mean ± standard error over the seeds; **ahead** or **behind** where |mean| > %d standard errors with at least %d seeds (gpulink better or worse; lower waits and fewer GPUs held idle are better), else within noise.\n\n", gangbench.NoiseSE, gangbench.MinPairedSeeds)
-	if err := gangbench.WritePaired(&md, cells); err != nil {
+	if err := gangbench.WritePaired(&md, cells, gangbench.PolicyGPULink); err != nil {
 		return err
+	}
+	if slices.Contains(f.policies, gangbench.PolicyGPULinkReserving) {
+		fmt.Fprintf(&md, "## The chart's default against the baselines\n\n%s (the chart's default, controller.gangs.starvationBound) minus each baseline, the same way.\n\n", gangbench.PolicyGPULinkReserving)
+		if err := gangbench.WritePaired(&md, cells, gangbench.PolicyGPULinkReserving, gangbench.PolicyGPULink); err != nil {
+			return err
+		}
 	}
 	if _, err := io.WriteString(out, md.String()); err != nil {
 		return err

@@ -37,7 +37,8 @@ func TestSimulateGangTraceRuns(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 	for _, want := range []string{"### kalos, required (1 seeds)", "| superpod | 1.0 | gpulink |", "| superpod | 1.0 | per-pod-greedy |", "superpod: 64 8-GPU nodes", "### gpulink − baseline: kalos, required (1 seeds)", "| superpod | 1.0 | kueue-tas |",
-		"| superpod | 1.0 | gpulink:starvationBound |", "gpulink:starvationBound: gpulink with the controller's starvation reservation, a gang waiting longer than 15m0s"} {
+		"| superpod | 1.0 | gpulink:starvationBound |", "gpulink:starvationBound: gpulink with the controller's starvation reservation: of the gangs waiting longer than 15m0s, the one of the highest level",
+		"## The chart's default against the baselines", "### gpulink:starvationBound − baseline: kalos, required (1 seeds)"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("report lacks %q:\n%s", want, stdout)
 		}

@@ -4,10 +4,12 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strings"
 )
 
-// Paired differences: gpulink against each baseline on the same seeds.
+// Paired differences: a gpulink row against each baseline on the same
+// seeds.
 //
 // Every policy of a cell replays the same jobs per seed (the same
 // arrivals, draws and load), so the difference of one measure between two
@@ -29,15 +31,16 @@ const MinPairedSeeds = 10
 type Verdict string
 
 const (
-	// Ahead: gpulink better beyond noise.
+	// Ahead: the reference row better beyond noise.
 	Ahead Verdict = "ahead"
-	// Behind: gpulink worse beyond noise.
+	// Behind: the reference row worse beyond noise.
 	Behind Verdict = "behind"
 	// Level: within noise, or too few seeds to tell.
 	Level Verdict = ""
 )
 
-// Diff is a paired difference, gpulink minus a baseline, over N seeds.
+// Diff is a paired difference, a reference row minus a baseline, over N
+// seeds.
 type Diff struct {
 	Mean, SE float64
 	N        int
@@ -100,27 +103,27 @@ func Paired(a, b *Cell, m PairedMeasure) Diff {
 	return d
 }
 
-// WritePaired writes, per workload and mode, gpulink's paired difference
-// against each other policy of the same cluster and load, mean ± standard
-// error, with "ahead" or "behind" where it is beyond noise (NoiseSE,
-// MinPairedSeeds). Cells without a gpulink run of the same (workload,
-// mode, cluster, load) are skipped.
-func WritePaired(w io.Writer, cells []*Cell) error {
+// WritePaired writes, per workload and mode, the paired difference of the
+// ref policy's row against each other row of the same cluster and load
+// but those in skip, mean ± standard error, with "ahead" or "behind" where
+// it is beyond noise (NoiseSE, MinPairedSeeds). Cells without a ref run of
+// the same (workload, mode, cluster, load) are skipped.
+func WritePaired(w io.Writer, cells []*Cell, ref string, skip ...string) error {
 	type key struct {
 		wl, mode, cluster string
 		load              float64
 	}
-	ref := map[key]*Cell{}
+	refs := map[key]*Cell{}
 	for _, c := range cells {
-		if c.Policy == PolicyGPULink {
-			ref[key{c.Workload, c.Mode, c.Cluster, c.Load}] = c
+		if c.Policy == ref {
+			refs[key{c.Workload, c.Mode, c.Cluster, c.Load}] = c
 		}
 	}
 	var b strings.Builder
 	group := ""
 	for _, c := range cells {
-		g := ref[key{c.Workload, c.Mode, c.Cluster, c.Load}]
-		if g == nil || c.Policy == PolicyGPULink {
+		g := refs[key{c.Workload, c.Mode, c.Cluster, c.Load}]
+		if g == nil || c.Policy == ref || slices.Contains(skip, c.Policy) {
 			continue
 		}
 		if name := c.Workload + ", " + c.Mode; name != group {
@@ -128,7 +131,7 @@ func WritePaired(w io.Writer, cells []*Cell) error {
 				b.WriteString("\n")
 			}
 			group = name
-			fmt.Fprintf(&b, "### gpulink − baseline: %s (%d seeds)\n\n", name, len(g.Runs))
+			fmt.Fprintf(&b, "### %s − baseline: %s (%d seeds)\n\n", ref, name, len(g.Runs))
 			b.WriteString("| cluster | load | baseline |")
 			for _, m := range PairedMeasures {
 				b.WriteString(" " + m.Name + " |")

@@ -14,8 +14,9 @@ const DefaultStarvationBound = 900
 // gangs") on top of the backfill queue every row shares: a gang that has
 // waited longer than Options.StarvationBound reserves the domain it is
 // closest to fitting in, and no other job is placed on that domain's
-// nodes until the gang is placed; one gang reserves at a time. The
-// holder is tried first in each pass, with every node in view, as the
+// nodes until the gang is placed; one gang reserves at a time, the one
+// of the highest minimal level among those past the bound (nextHolder).
+// The holder is tried first in each pass, with every node in view, as the
 // controller lets it use any node. The other rows keep the plain queue,
 // so that they compare placements, not queues.
 
@@ -36,8 +37,8 @@ type passArgs struct {
 
 // passReserving is passWhole with the starvation reservation rv: the
 // holder first, then the other pending jobs with the reserved nodes out of
-// view, then, when no gang holds a reservation, the first pending gang
-// past the bound reserves one.
+// view, then, when no gang holds a reservation, the pending gang past the
+// bound that nextHolder ranks first reserves one.
 func passReserving(s *state, js []jobState, pending []int, a passArgs, rv *reservation) []int {
 	if rv.holder >= 0 && len(passWhole(s, js, []int{rv.holder}, a.place, a.opt.Required, a.r, a.start)) == 0 {
 		rv.holder, rv.nodes = -1, nil
@@ -59,17 +60,34 @@ func passReserving(s *state, js []jobState, pending []int, a passArgs, rv *reser
 		slices.Sort(keep) // arrival order, as passWhole expects
 		return keep
 	}
+	if x, nodes := nextHolder(s, js, keep, a); nodes != nil {
+		rv.holder, rv.nodes = x, nodes
+	}
+	return keep
+}
+
+// nextHolder is the controller's choice of the gang that reserves
+// (controller/gang_reserve.go, outranks): among the pending gangs past
+// the bound that some domain could hold idle, the one whose minimal level
+// is the highest, the oldest among equals (keep is in arrival order). It
+// returns -1 and nil when none qualifies.
+func nextHolder(s *state, js []jobState, keep []int, a passArgs) (int, []int) {
+	holder, level := -1, -1
+	var held []int
 	for _, x := range keep {
 		j := js[x].job
 		if j.Pods < 2 || a.t-j.Submit <= a.opt.StarvationBound {
 			continue
 		}
+		lv := s.c.MinLevel(j.Pods, j.GPUsPerPod)
+		if lv <= level {
+			continue
+		}
 		if nodes := closestDomain(s, j); nodes != nil {
-			rv.holder, rv.nodes = x, nodes
-			break
+			holder, level, held = x, lv, nodes
 		}
 	}
-	return keep
+	return holder, held
 }
 
 // requiredLevel is the level a job must fit within: its minimal level

@@ -102,3 +102,42 @@ func head(nodes []int) any {
 	}
 	return nodes[0]
 }
+
+// TestNextHolder: of the gangs past the bound that an idle domain could
+// hold, the one of the highest minimal level reserves, the oldest among
+// equals; gangs within the bound, single pods and gangs no domain could
+// hold are passed over.
+func TestNextHolder(t *testing.T) {
+	c := SuperPOD(128) // 4 leaves of 32 nodes, one spine
+	jobs := []Job{
+		{ID: 0, Submit: 0, Pods: 1, GPUsPerPod: 8},     // a single pod: never holds
+		{ID: 1, Submit: 10, Pods: 16, GPUsPerPod: 8},   // a leaf, past the bound
+		{ID: 2, Submit: 20, Pods: 20, GPUsPerPod: 8},   // a leaf, past the bound, younger
+		{ID: 3, Submit: 30, Pods: 40, GPUsPerPod: 8},   // the spine, past the bound
+		{ID: 4, Submit: 40, Pods: 200, GPUsPerPod: 8},  // larger than the cluster
+		{ID: 5, Submit: 950, Pods: 100, GPUsPerPod: 8}, // the spine, within the bound
+		{ID: 6, Submit: 25, Pods: 2, GPUsPerPod: 4},    // one node, past the bound
+	}
+	js := make([]jobState, len(jobs))
+	for i := range jobs {
+		js[i] = jobState{job: &jobs[i], start: -1}
+	}
+	a := passArgs{t: 1000, opt: Options{StarvationBound: 900}}
+	cases := []struct {
+		name    string
+		pending []int
+		want    int
+		nodes   int
+	}{
+		{"the spine-sized gang outranks the older leaf-sized ones", []int{0, 1, 2, 3, 4, 5, 6}, 3, 128},
+		{"without it, the oldest leaf-sized gang", []int{0, 1, 2, 4, 5, 6}, 1, 32},
+		{"a gang of one node when no larger one waits", []int{0, 4, 5, 6}, 6, 1},
+		{"none past the bound that a domain could hold", []int{0, 4, 5}, -1, 0},
+	}
+	for _, tc := range cases {
+		got, nodes := nextHolder(newState(c), js, tc.pending, a)
+		if got != tc.want || len(nodes) != tc.nodes {
+			t.Errorf("%s: holder %d with %d nodes, want %d with %d", tc.name, got, len(nodes), tc.want, tc.nodes)
+		}
+	}
+}

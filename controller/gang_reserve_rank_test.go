@@ -1,0 +1,122 @@
+package controller
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/uuid"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/controller/gangs"
+	"github.com/gpulink/gpulink/controller/report"
+	"github.com/gpulink/gpulink/driver"
+	"github.com/gpulink/gpulink/driver/gang"
+)
+
+// TestStarvedGangOutranks: the higher level first, then the longer wait,
+// then the key.
+func TestStarvedGangOutranks(t *testing.T) {
+	now := time.Now()
+	leafOld := starvedGang{level: 3, since: now.Add(-2 * time.Hour)}
+	leafNew := starvedGang{level: 3, since: now.Add(-time.Hour)}
+	spineNew := starvedGang{level: 4, since: now.Add(-time.Hour)}
+	for _, tc := range []struct {
+		name string
+		a, b starvedGang
+		want bool
+	}{
+		{"a higher level outranks an older lower one", spineNew, leafOld, true},
+		{"a lower level never outranks a higher one", leafOld, spineNew, false},
+		{"the same level: the longer wait", leafOld, leafNew, true},
+		{"the same level, the shorter wait", leafNew, leafOld, false},
+		{"equal: the key decides", leafNew, leafNew, true},
+	} {
+		if got := tc.a.outranks(tc.b, "ns/labels/a", "ns/labels/b"); got != tc.want {
+			t.Errorf("%s: outranks = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	if leafNew.outranks(leafNew, "ns/labels/b", "ns/labels/a") {
+		t.Error("equal gangs: both outrank each other")
+	}
+}
+
+// spineNode is a leafNode in spine s1.
+func spineNode(t *testing.T, name, leaf string) []runtime.Object {
+	objs := leafNode(t, name, leaf)
+	objs[0].(*corev1.Node).Labels[gang.LabelSpine] = "s1"
+	return objs
+}
+
+// TestGangStarvationHigherLevelFirst: two gangs wait past the bound while
+// a third holds the reservation: an older one that requires a leaf and a
+// younger one that needs the spine. When the reservation ends, the
+// spine-sized gang takes it: the leaf-sized one fits as soon as any leaf
+// has two free nodes, which the churn of small pods leaves often, the
+// spine-sized one only when the spine drains.
+func TestGangStarvationHigherLevelFirst(t *testing.T) {
+	cfg := Config{Workers: 2, DeviceTaintRules: true, Gangs: GangConfig{StarvationBound: 10 * time.Minute}}
+	h := newHarnessWith(t, cfg, objs(classes(), spineNode(t, "a", "l1"), spineNode(t, "b", "l1"), spineNode(t, "c", "l2"), spineNode(t, "d", "l2"))...).start()
+	// Singletons on a and c: each leaf has one free node, the spine two.
+	for _, node := range []string{"a", "c"} {
+		name := "single-" + node
+		h.claim(name, resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 4)}})
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, UID: uuid.NewUUID()},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "x"}}, NodeSelector: map[string]string{corev1.LabelHostname: node},
+				ResourceClaims:  []corev1.PodResourceClaim{{Name: "gpus", ResourceClaimName: ptr.To(name)}},
+				SchedulingGates: []corev1.PodSchedulingGate{{Name: driver.SchedulingGate}}}}
+		if _, err := h.client.CoreV1().Pods(ns).Create(h.ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		h.waitUngated(name)
+	}
+	starved := func(name string, size int, labels map[string]string, age time.Duration) {
+		for i := range size {
+			p := h.newGangPod(fmt.Sprintf("%s%d", name, i), name, size, 4, labels)
+			p.CreationTimestamp = metav1.NewTime(time.Now().Add(-age))
+			h.createGangPod(p)
+		}
+	}
+	leaf := map[string]string{gangs.LabelLevel: gang.LabelLeaf}
+	// "first" reserves: alone past the bound, it outranks nobody's claim.
+	starved("first", 2, leaf, 3*time.Hour)
+	h.waitEventWith(ns+"/first0", report.ReasonGangReserved, "reserving leaf l1")
+	// Both wait past the bound while "first" holds the reservation.
+	starved("older", 2, leaf, 2*time.Hour)
+	starved("big", 3, nil, time.Hour)
+	h.eventually("both gangs recorded as starved", func() bool {
+		h.ctrl.reserve.mu.Lock()
+		defer h.ctrl.reserve.mu.Unlock()
+		_, older := h.ctrl.reserve.starved[ns+"/labels/older"]
+		_, big := h.ctrl.reserve.starved[ns+"/labels/big"]
+		return older && big
+	})
+	if _, ok := h.rec.find(ns+"/older0", report.ReasonGangReserved); ok {
+		t.Fatal("gang older reserved while gang first held the reservation")
+	}
+	// "first" gives up: the reservation is free for the other two.
+	for i := range 2 {
+		if err := h.client.CoreV1().Pods(ns).Delete(h.ctx, fmt.Sprintf("first%d", i), metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e := h.waitEventWith(ns+"/big0", report.ReasonGangReserved, "reserving spine s1")
+	if !contains(e.Note, "gang big waited") {
+		t.Errorf("reservation event %q, want it to name gang big", e.Note)
+	}
+	h.settle()
+	if e, ok := h.rec.find(ns+"/older0", report.ReasonGangReserved); ok {
+		t.Errorf("gang older reserved too (%q): one gang reserves at a time, the spine-sized one first", e.Note)
+	}
+	h.ctrl.reserve.mu.Lock()
+	holder := h.ctrl.reserve.gangKey
+	h.ctrl.reserve.mu.Unlock()
+	if holder != ns+"/labels/big" {
+		t.Errorf("reservation held by %q, want gang big", holder)
+	}
+}
