@@ -57,7 +57,7 @@ type reservations struct {
 	nodes   sets.Set[string]
 	// held is the reserved nodes as the holder saw them: what the other
 	// gangs' node filter hides from them, added back to rank them
-	// (rankLevel).
+	// (withHeld).
 	held []gang.Node
 	// starved is every gang seen waiting past the bound that an idle
 	// domain could hold, by gang key, until it is placed or found no
@@ -74,7 +74,7 @@ type starvedGang struct {
 
 // outranks tells whether a reserves before b: the higher level first (a
 // larger domain, which the churn of smaller jobs never drains on its
-// own), then the longer wait, then the key (by is a's key, bk b's).
+// own), then the longer wait, then the key (ak is a's key, bk b's).
 func (a starvedGang) outranks(b starvedGang, ak, bk string) bool {
 	if a.level != b.level {
 		return a.level > b.level

@@ -83,7 +83,7 @@ func TestGangStarvationHigherLevelFirst(t *testing.T) {
 		}
 	}
 	leaf := map[string]string{gangs.LabelLevel: gang.LabelLeaf}
-	// "first" reserves: alone past the bound, it outranks nobody's claim.
+	// "first" reserves: it is alone past the bound.
 	starved("first", 2, leaf, 3*time.Hour)
 	h.waitEventWith(ns+"/first0", report.ReasonGangReserved, "reserving leaf l1")
 	// Both wait past the bound while "first" holds the reservation.
