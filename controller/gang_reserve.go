@@ -191,7 +191,8 @@ func (c *Controller) considerReserving(ctx context.Context, spec gangs.Spec, mem
 	if bound <= 0 || len(nodes) == 0 {
 		return
 	}
-	waited := time.Since(oldestCreation(members))
+	since := oldestCreation(members)
+	waited := time.Since(since)
 	if waited <= bound {
 		return
 	}
@@ -204,6 +205,7 @@ func (c *Controller) considerReserving(ctx context.Context, spec gangs.Spec, mem
 		return
 	}
 	level, domain, chosen, ok := closestDomain(c.hierarchy, req, withHeld(nodes, held))
+	me := starvedGang{name: spec.String(), level: level, since: since}
 	r.mu.Lock()
 	if ok {
 		// Recorded while another gang holds the reservation too, so that
@@ -211,7 +213,7 @@ func (c *Controller) considerReserving(ctx context.Context, spec gangs.Spec, mem
 		if r.starved == nil {
 			r.starved = map[string]starvedGang{}
 		}
-		r.starved[spec.Key()] = starvedGang{name: spec.String(), level: level, since: oldestCreation(members)}
+		r.starved[spec.Key()] = me
 	} else {
 		// It could never use a reservation: it must not keep one from
 		// the gangs it would outrank.
@@ -225,7 +227,7 @@ func (c *Controller) considerReserving(ctx context.Context, spec gangs.Spec, mem
 		return
 	}
 	if ok {
-		if rival := c.outrankedBy(spec.Key(), starvedGang{level: level, since: oldestCreation(members)}); rival != "" {
+		if rival := c.outrankedBy(spec.Key(), me); rival != "" {
 			klog.FromContext(ctx).V(2).Info("Gang past the starvation bound leaves the reservation to a gang that outranks it", "outrankedBy", rival, "level", c.hierarchy.Name(level))
 			return
 		}

@@ -6,16 +6,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/uuid"
-	"k8s.io/utils/ptr"
 
-	"github.com/gpulink/gpulink/controller/controllertest"
 	"github.com/gpulink/gpulink/controller/gangs"
 	"github.com/gpulink/gpulink/controller/report"
-	"github.com/gpulink/gpulink/driver"
 	"github.com/gpulink/gpulink/driver/gang"
 )
 
@@ -63,18 +58,8 @@ func TestGangStarvationHigherLevelFirst(t *testing.T) {
 	cfg := Config{Workers: 2, DeviceTaintRules: true, Gangs: GangConfig{StarvationBound: 10 * time.Minute}}
 	h := newHarnessWith(t, cfg, objs(classes(), spineNode(t, "a", "l1"), spineNode(t, "b", "l1"), spineNode(t, "c", "l2"), spineNode(t, "d", "l2"))...).start()
 	// Singletons on a and c: each leaf has one free node, the spine two.
-	for _, node := range []string{"a", "c"} {
-		name := "single-" + node
-		h.claim(name, resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 4)}})
-		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, UID: uuid.NewUUID()},
-			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "x"}}, NodeSelector: map[string]string{corev1.LabelHostname: node},
-				ResourceClaims:  []corev1.PodResourceClaim{{Name: "gpus", ResourceClaimName: ptr.To(name)}},
-				SchedulingGates: []corev1.PodSchedulingGate{{Name: driver.SchedulingGate}}}}
-		if _, err := h.client.CoreV1().Pods(ns).Create(h.ctx, p, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		h.waitUngated(name)
-	}
+	h.singletonOn("single-a", "a", 4)
+	h.singletonOn("single-c", "c", 4)
 	starved := func(name string, size int, labels map[string]string, age time.Duration) {
 		for i := range size {
 			p := h.newGangPod(fmt.Sprintf("%s%d", name, i), name, size, 4, labels)

@@ -215,18 +215,7 @@ func TestGangFurtherPodStaysInDomain(t *testing.T) {
 func TestGangLevels(t *testing.T) {
 	h := newHarness(t, objs(classes(), leafNode(t, "a", "l1"), leafNode(t, "b", "l1"), leafNode(t, "c", "l2"))...).start()
 	// A singleton takes node b: leaf l1 has one free node, l2 one.
-	h.claim("single", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 4)}})
-	single := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "single", Namespace: ns, UID: uuid.NewUUID()},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "x"}}, NodeSelector: map[string]string{corev1.LabelHostname: "b"},
-			ResourceClaims:  []corev1.PodResourceClaim{{Name: "gpus", ResourceClaimName: ptr.To("single")}},
-			SchedulingGates: []corev1.PodSchedulingGate{{Name: driver.SchedulingGate}}}}
-	if _, err := h.client.CoreV1().Pods(ns).Create(h.ctx, single, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	h.waitUngated("single")
-	if n := allocatedNode(h.getClaim("single")); n != "b" {
-		t.Fatalf("singleton on %q, want b", n)
-	}
+	h.singletonOn("single", "b", 4)
 
 	req := map[string]string{gangs.LabelLevel: gang.LabelLeaf}
 	h.gangPod("r0", "req", 2, 4, req)
