@@ -203,6 +203,10 @@ type Controller struct {
 	// for, since when (releaseWait).
 	unwanted     map[types.UID]time.Time
 	releaseGrace time.Duration
+	// orphanReleases are the claims the clean-up is releasing as no pod's
+	// (zero time), or whose release write failed, until when
+	// (handover.go).
+	orphanReleases map[types.UID]time.Time
 	// placeCPUPods: Config.PlaceCPUPods.
 	placeCPUPods bool
 	// steering keeps the steering taints on nodes (steer.go).
@@ -261,6 +265,7 @@ func New(cfg Config) (*Controller, error) {
 		decided:         sets.New[types.UID](),
 		releasing:       sets.New[types.UID](),
 		unwanted:        map[types.UID]time.Time{},
+		orphanReleases:  map[types.UID]time.Time{},
 		releaseGrace:    cfg.ReleaseGrace,
 		placeCPUPods:    cfg.PlaceCPUPods,
 		podQueue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),

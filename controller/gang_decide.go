@@ -163,7 +163,7 @@ func (c *Controller) decideGang(ctx context.Context, spec gangs.Spec, members, r
 	c.metrics.DecisionLatency.Observe(time.Since(start).Seconds())
 	var errs []error
 	for _, pw := range dec.pods {
-		if err := c.ungate(ctx, pw.m.pod); err != nil {
+		if err := c.handOver(ctx, pw.m.pod, pw.m.allocatedClaims()); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -89,7 +89,7 @@ func (c *Controller) recoverGang(ctx context.Context, spec gangs.Spec, members [
 			if len(m.pending) > 0 || !m.ready() {
 				continue
 			}
-			if err := c.ungate(ctx, m.pod); err != nil {
+			if err := c.handOver(ctx, m.pod, m.allocatedClaims()); err != nil {
 				errs = append(errs, err)
 				continue
 			}

@@ -91,14 +91,31 @@ func (c *Controller) syncClaim(ctx context.Context, key string) error {
 			return nil
 		}
 	}
-	if claim.Status.Allocation != nil && claim.DeletionTimestamp == nil {
+	orphan := claim.Status.Allocation != nil && claim.DeletionTimestamp == nil
+	if orphan {
 		if wait := c.releaseWait(claim.UID); wait > 0 {
 			c.gcQueue.AddAfter(key, wait)
 			return nil
 		}
+		// Marked before the last look for a pod wanting it, so that the
+		// pod worker never hands over a pod with the allocation this
+		// removes (handover.go).
+		c.beginOrphanRelease(claim.UID)
+		wanted, err := c.claimWantedLive(ctx, claim)
+		if err != nil || wanted {
+			c.endOrphanRelease(claim.UID, false)
+			if wanted {
+				c.forgetUnwanted(claim.UID)
+			}
+			return err
+		}
 	}
 	logger.Info("Releasing claim no pod uses", "claim", klog.KObj(claim), "allocated", claim.Status.Allocation != nil, "deleting", claim.DeletionTimestamp != nil)
-	if _, err := c.releaseClaim(ctx, claim, nil); err != nil {
+	_, err = c.releaseClaim(ctx, claim, nil)
+	if orphan {
+		c.endOrphanRelease(claim.UID, err != nil)
+	}
+	if err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil
 		}

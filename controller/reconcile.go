@@ -170,7 +170,7 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 		if gated {
 			// Allocated (possibly by a previous run that stopped before
 			// ungating): hand the pod over.
-			if err := c.ungate(ctx, pod); err != nil {
+			if err := c.handOver(ctx, pod, pc.all); err != nil {
 				return err
 			}
 			logger.V(2).Info("Removed scheduling gate; all gpulink claims are allocated")
@@ -425,7 +425,7 @@ func (c *Controller) allocatePodNear(ctx context.Context, key string, pod *corev
 	}
 	c.explain.event(pod, pending[0].Claim, corev1.EventTypeNormal, report.ReasonAllocated, actionAllocate, "allocated "+summary+homeNote+chosen.MIGPlacementNote()+own.Note()+planner.AlternativesNote(chosen, d.Plans, d.Why, d.Rejections.Details, d.Unexamined))
 	c.explainPriority(pod, chosen, pending)
-	if err := c.ungate(ctx, pod); err != nil {
+	if err := c.handOver(ctx, pod, allocated); err != nil {
 		return err
 	}
 	return nil

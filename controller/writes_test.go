@@ -22,7 +22,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
-	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/driver"
 )
 
@@ -324,21 +323,7 @@ func TestCleanupWaitsBeforeReleasingUnreferencedClaim(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarnessWith(t, Config{Workers: 2, DeviceTaintRules: true, ReleaseGrace: tc.grace},
 				objs(classes(), gpuNode(t, "a", "pcie-4.txt"))...)
-			c := h.claim("late", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}})
-			c.Finalizers = []string{driver.ClaimFinalizer}
-			c, err := h.client.ResourceV1().ResourceClaims(ns).Update(h.ctx, c, metav1.UpdateOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			now := metav1.Now()
-			c.Status.Allocation = &resourceapi.AllocationResult{
-				Devices:             resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{Request: "g", Driver: driver.Name, Pool: "a", Device: driver.DeviceName(0)}}},
-				NodeSelector:        planner.NodeSelectorFor("a"),
-				AllocationTimestamp: &now,
-			}
-			if _, err := h.client.ResourceV1().ResourceClaims(ns).UpdateStatus(h.ctx, c, metav1.UpdateOptions{}); err != nil {
-				t.Fatal(err)
-			}
+			c := h.allocatedOrphan("late")
 			h.start()
 			if tc.released {
 				h.eventually("claim released after the grace", func() bool { return h.getClaim("late").Status.Allocation == nil })
