@@ -187,7 +187,7 @@ func (m *gangMember) ready() bool { return m.pc.broken == nil && m.pc.notReady =
 func (c *Controller) gangMembers(ctx context.Context, ref gangs.Ref) []*gangMember {
 	var out []*gangMember
 	for _, pod := range c.gangPods(ref.Key()) {
-		if pod.DeletionTimestamp != nil || planner.PodDone(pod) {
+		if !podLive(pod) {
 			continue
 		}
 		m := &gangMember{pod: pod, key: pod.Namespace + "/" + pod.Name, handedOver: c.handedOver(pod)}

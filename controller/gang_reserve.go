@@ -15,7 +15,6 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpulink/gpulink/controller/gangs"
-	"github.com/gpulink/gpulink/controller/planner"
 	"github.com/gpulink/gpulink/controller/report"
 	"github.com/gpulink/gpulink/driver/gang"
 )
@@ -144,7 +143,7 @@ func (c *Controller) checkReservation() {
 // deleted, not done, not handed over to kube-scheduler.
 func (c *Controller) gangWaits(key string) bool {
 	for _, pod := range c.gangPods(key) {
-		if pod.DeletionTimestamp == nil && !planner.PodDone(pod) && !c.handedOver(pod) {
+		if podLive(pod) && !c.handedOver(pod) {
 			return true
 		}
 	}

@@ -157,18 +157,17 @@ func (c *Controller) consumerGone(ctx context.Context, ns string, r resourceapi.
 // or owns it (a claim from a template exists before its pod's status
 // names it).
 func (c *Controller) claimWanted(claim *resourceapi.ResourceClaim) bool {
-	live := func(pod *corev1.Pod) bool { return pod.DeletionTimestamp == nil && !planner.PodDone(pod) }
 	pods, err := c.podsReferencing(claim.Namespace + "/" + claim.Name)
 	if err != nil {
 		return true
 	}
 	for _, pod := range pods {
-		if live(pod) {
+		if podLive(pod) {
 			return true
 		}
 	}
 	if o := metav1.GetControllerOf(claim); o != nil && o.Kind == "Pod" && o.APIVersion == "v1" {
-		if pod, err := c.pods.Pods(claim.Namespace).Get(o.Name); err == nil && pod.UID == o.UID && live(pod) {
+		if pod, err := c.pods.Pods(claim.Namespace).Get(o.Name); err == nil && pod.UID == o.UID && podLive(pod) {
 			return true
 		}
 	}
@@ -191,7 +190,13 @@ func (c *Controller) ownerLive(ctx context.Context, claim *resourceapi.ResourceC
 			return !apierrors.IsNotFound(err)
 		}
 	}
-	return pod.UID == o.UID && pod.DeletionTimestamp == nil && !planner.PodDone(pod)
+	return pod.UID == o.UID && podLive(pod)
+}
+
+// podLive tells whether a pod still counts as a user of its claims: not
+// being deleted and not finished.
+func podLive(pod *corev1.Pod) bool {
+	return pod.DeletionTimestamp == nil && !planner.PodDone(pod)
 }
 
 // mayAllocate tells whether the controller would allocate the claim: all

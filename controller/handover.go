@@ -11,8 +11,6 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-
-	"github.com/gpulink/gpulink/controller/planner"
 )
 
 // A standalone claim that stays allocated after its last pod went is
@@ -92,7 +90,7 @@ func (c *Controller) claimWantedLive(ctx context.Context, claim *resourceapi.Res
 	key := claim.Namespace + "/" + claim.Name
 	for i := range pods.Items {
 		pod := &pods.Items[i]
-		if pod.DeletionTimestamp != nil || planner.PodDone(pod) {
+		if !podLive(pod) {
 			continue
 		}
 		keys, _ := indexPodClaims(pod)

@@ -55,7 +55,7 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 	if err != nil {
 		return fmt.Errorf("reading pod %s from cache: %w", key, err)
 	}
-	if pod.DeletionTimestamp != nil || planner.PodDone(pod) {
+	if !podLive(pod) {
 		c.setWaiting(key, false)
 		c.forgetRollbacks(pod.UID)
 		return nil
