@@ -288,6 +288,9 @@ func New(cfg Config) (*Controller, error) {
 	for level := 0; level <= c.hierarchy.Cluster(); level++ {
 		c.metrics.GangsPlaced.WithLabelValues(c.hierarchy.Name(level))
 	}
+	if b := cfg.Gangs.StrictReservationBound; b < 0 {
+		return nil, fmt.Errorf("controller config: gang strict reservation bound %s: want 0 or more", b)
+	}
 	switch cfg.Gangs.DefaultPolicy {
 	case "", gangs.Required, gangs.Preferred:
 	default:

@@ -46,6 +46,12 @@ type GangConfig struct {
 	// first, then the longest waiting (gang_reserve.go). 0: gangs never
 	// reserve.
 	StarvationBound time.Duration
+	// StrictReservationBound: until the gang holding the reservation has
+	// waited this long, the reservation is soft: it holds its domain
+	// only against the pods that fit nowhere else in the cluster; after
+	// it, against every pod (gang_reserve_soft.go). 0, or not above
+	// StarvationBound: strict from the start.
+	StrictReservationBound time.Duration
 	// RailAttribute is the fully qualified attribute (domain/name) of
 	// other drivers' devices that names a NIC's rail, for gangs with
 	// aligned rails (gang_rails.go); empty: a NIC's position among its

@@ -97,6 +97,18 @@ func (c *Controller) decideGang(ctx context.Context, spec gangs.Spec, members, r
 		ask.rail = home.rail
 	}
 	dec, nodes, rej, step, perr := c.placeGangNear(ctx, ask, home)
+	if perr != nil && !errors.Is(perr, gang.ErrInvalid) {
+		// It fits nowhere else: a soft reservation lets it onto the
+		// reserved domain (gang_reserve_soft.go). When it does not fit
+		// there either, the first attempt's nodes stay what it would
+		// reserve from.
+		c.pastSoftReservation(spec.Key(), func() {
+			if d2, n2, r2, s2, err2 := c.placeGangNear(ctx, ask, home); err2 == nil {
+				dec, nodes, rej, step, perr = d2, n2, r2, s2, nil
+				logger.V(2).Info("Gang placed on a domain another gang reserves softly: it fits nowhere else")
+			}
+		})
+	}
 	if perr != nil {
 		c.decideMu.Unlock()
 		c.metrics.Decisions.WithLabelValues(OutcomeWaiting).Inc()

@@ -29,8 +29,11 @@ import (
 // lowest level with enough GPUs for it when idle: the domain with the most
 // slots for it now, then the most free GPUs, then the name). While the
 // reservation lasts, no other pod, singleton or gang, is placed on the
-// domain's nodes; what runs there is never touched, so the domain drains
-// as its pods end and the gang then fits. One gang reserves at a time, so
+// domain's nodes, except, while it is soft (the first
+// GangConfig.StrictReservationBound of the gang's wait;
+// gang_reserve_soft.go), those that fit nowhere else; what runs there is
+// never touched, so the domain drains as its pods end and the gang then
+// fits. One gang reserves at a time, so
 // singletons are only held off one domain, and only while that gang
 // waits. The reservation ends when the gang is placed or none of its pods
 // waits any more. It lives in the leader's memory: a new leader rebuilds
@@ -54,6 +57,12 @@ type reservations struct {
 	gang    string // for messages
 	domain  string
 	nodes   sets.Set[string]
+	// since is the holder's oldest pod's creation, from which the
+	// reservation's softness is counted (reservationSoft).
+	since time.Time
+	// passing are the keys (passKey) of the decisions let past a soft
+	// reservation right now (pastSoftReservation).
+	passing sets.Set[string]
 	// held is the reserved nodes as the holder saw them: what the other
 	// gangs' node filter hides from them, added back to rank them
 	// (withHeld).
@@ -84,13 +93,14 @@ func (a starvedGang) outranks(b starvedGang, ak, bk string) bool {
 	return ak < bk
 }
 
-// reservedFor returns the gang holding node against the gang gangKey (""
-// for a singleton), or "" when the node is free to it.
-func (c *Controller) reservedFor(node, gangKey string) string {
+// reservedFor returns the gang holding node against the decision of key
+// (passKey: a gang's key, or a singleton's), or "" when the node is free
+// to it.
+func (c *Controller) reservedFor(node, key string) string {
 	r := &c.reserve
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.gangKey == "" || r.gangKey == gangKey || !r.nodes.Has(node) {
+	if r.gangKey == "" || r.gangKey == key || !r.nodes.Has(node) || r.passing.Has(key) {
 		return ""
 	}
 	return r.gang
@@ -98,11 +108,7 @@ func (c *Controller) reservedFor(node, gangKey string) string {
 
 // reservedAgainst is the node filter's hook (planner.NodeFilter.Reserved).
 func (c *Controller) reservedAgainst(pod *corev1.Pod, node string) string {
-	key := ""
-	if ref, ok := c.gangOf(pod); ok {
-		key = ref.Key()
-	}
-	holder := c.reservedFor(node, key)
+	holder := c.reservedFor(node, c.passKey(pod))
 	if holder == "" {
 		return ""
 	}
@@ -116,7 +122,7 @@ func (c *Controller) releaseReservation(gangKey string) {
 	delete(r.starved, gangKey)
 	released := r.gangKey == gangKey && gangKey != ""
 	if released {
-		r.gangKey, r.gang, r.domain, r.nodes, r.held = "", "", "", nil, nil
+		r.gangKey, r.gang, r.domain, r.nodes, r.held, r.since = "", "", "", nil, nil, time.Time{}
 		c.metrics.GangReservedNodes.Set(0)
 	}
 	r.mu.Unlock()
@@ -247,7 +253,8 @@ func (c *Controller) considerReserving(ctx context.Context, spec gangs.Spec, mem
 		c.gangEvent(members, corev1.EventTypeWarning, report.ReasonGangReserved, actionWait, msg)
 		return
 	}
-	r.gangKey, r.gang, r.domain, r.nodes = spec.Key(), spec.String(), domain, chosen
+	r.gangKey, r.gang, r.domain, r.nodes, r.since = spec.Key(), spec.String(), domain, chosen, since
+	soft := c.reservationSoft(since)
 	r.held = nil // a new slice: readers keep the old one
 	for _, n := range nodes {
 		if chosen.Has(n.Name) {
@@ -267,6 +274,10 @@ func (c *Controller) considerReserving(ctx context.Context, spec gangs.Spec, mem
 	}
 	msg := fmt.Sprintf("%s waited %s, longer than the starvation bound %s: reserving %s (nodes %s); no other pod is placed there until the gang is placed",
 		spec.Ref, waited.Round(time.Second), bound, where, strings.Join(names, ", "))
+	if soft {
+		msg = fmt.Sprintf("%s waited %s, longer than the starvation bound %s: reserving %s (nodes %s); until it has waited %s only pods that fit nowhere else are placed there, then none until the gang is placed",
+			spec.Ref, waited.Round(time.Second), bound, where, strings.Join(names, ", "), c.gangCfg.StrictReservationBound)
+	}
 	klog.FromContext(ctx).Info("Gang reserves a domain", "level", where, "nodes", len(chosen), "waited", waited)
 	c.gangEvent(members, corev1.EventTypeNormal, report.ReasonGangReserved, actionWait, msg)
 }

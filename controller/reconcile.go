@@ -314,27 +314,40 @@ func (c *Controller) allocatePodNear(ctx context.Context, key string, pod *corev
 	req := planner.Request{Pod: pod, Pending: pending, Allocated: allocated, Excluded: c.excludedNodes(pod), Placement: own}
 	var d planner.Decision
 	steps := home.tryOrder(c.hierarchy.Cluster())
-	step := 0
+	var step int // set by decideSteps
 	if home.rail != "" {
 		// The NICs of the rails the gang's pods do not use are held off
 		// in the planning only: a waiting pod's nodes without room stay
 		// kept from one retry to the next.
 		req.HeldOff = c.railsHeldOff(home.rail)
 	}
-	for ; step < len(steps); step++ {
-		req.Within = steps[step].nodes
-		if step < len(steps)-1 && req.Excluded.Len() > 0 {
-			// The nodes the pod was refused on are tried again only
-			// when nothing else fits (the planner's ExclusionsIgnored),
-			// which is for the last step to find, not a tighter one.
-			req.Within = slices.DeleteFunc(slices.Clone(req.Within), req.Excluded.Has)
-			if len(req.Within) == 0 {
-				continue
+	decideSteps := func() {
+		for step = 0; step < len(steps); step++ {
+			req.Within = steps[step].nodes
+			if step < len(steps)-1 && req.Excluded.Len() > 0 {
+				// The nodes the pod was refused on are tried again only
+				// when nothing else fits (the planner's ExclusionsIgnored),
+				// which is for the last step to find, not a tighter one.
+				req.Within = slices.DeleteFunc(slices.Clone(req.Within), req.Excluded.Has)
+				if len(req.Within) == 0 {
+					continue
+				}
+			}
+			d = c.planner.Decide(ctx, req)
+			if d.Chosen != nil {
+				break
 			}
 		}
-		d = c.planner.Decide(ctx, req)
-		if d.Chosen != nil {
-			break
+	}
+	decideSteps()
+	if d.Chosen == nil && d.HeldOffByReservation() {
+		// It fits nowhere else: a soft reservation lets it onto the
+		// reserved domain (gang_reserve_soft.go).
+		held := d
+		if c.pastSoftReservation(c.passKey(pod), decideSteps) && d.Chosen != nil {
+			logger.V(2).Info("Placed on a domain a gang reserves softly: it fits nowhere else", "node", d.Chosen.Node.Node)
+		} else if d.Chosen == nil {
+			d = held // the waiting event names the reservation
 		}
 	}
 	step = min(step, len(steps)-1)

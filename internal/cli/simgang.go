@@ -34,6 +34,7 @@ type gangFlags struct {
 	// starvation is the controller's --gang-starvation-bound for the
 	// gpulink:starvationBound row.
 	starvation time.Duration
+	strict     time.Duration
 }
 
 func (f *gangFlags) register(cmd *cobra.Command) {
@@ -50,6 +51,7 @@ func (f *gangFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.markdown, "gang-markdown", "", "with --gang-trace: also write the report to this file")
 	fl.IntVar(&f.workers, "gang-workers", runtime.GOMAXPROCS(0), "with --gang-trace: replays run in parallel")
 	fl.DurationVar(&f.starvation, "gang-starvation-bound", gangbench.DefaultStarvationBound*time.Second, "with --gang-trace: the controller's --gang-starvation-bound for the gpulink:starvationBound row (a gang waiting longer reserves the domain closest to fitting it)")
+	fl.DurationVar(&f.strict, "gang-strict-reservation-bound", gangbench.DefaultStrictReservationBound*time.Second, "with --gang-trace: the controller's --gang-strict-reservation-bound for the gpulink:starvationBound row (until the holder has waited this long, a job that fits nowhere else may still use the reserved domain; 0: strict from the start)")
 }
 
 func (f *gangFlags) run(out io.Writer) error {
@@ -59,10 +61,17 @@ func (f *gangFlags) run(out io.Writer) error {
 	if f.starvation <= 0 {
 		return usageError{fmt.Errorf("--gang-starvation-bound must be positive, got %s (leave gpulink:starvationBound out of --gang-policies for no reservation)", f.starvation)}
 	}
+	if f.strict < 0 {
+		return usageError{fmt.Errorf("--gang-strict-reservation-bound must be 0 or more, got %s", f.strict)}
+	}
+	strict := f.strict.Seconds()
+	if strict == 0 {
+		strict = -1 // gangbench.Options: strict from the start
+	}
 	cfg := gangbench.Config{
 		Dir: f.dir, Workloads: f.workloads, SpotJobs: f.spotJobs, Clusters: f.clusters, Nodes: f.nodes,
 		Loads: f.loads, Modes: f.modes, Policies: f.policies, Workers: f.workers,
-		Options: gangbench.Options{StarvationBound: f.starvation.Seconds()},
+		Options: gangbench.Options{StarvationBound: f.starvation.Seconds(), StrictReservationBound: strict},
 	}
 	for s := 1; s <= f.seeds; s++ {
 		cfg.Seeds = append(cfg.Seeds, uint64(s))
@@ -82,7 +91,11 @@ func (f *gangFlags) run(out io.Writer) error {
 	}
 	fmt.Fprintf(&md, "Replayed %s at loads %s with seeds 1..%d in %s (%d workers).\n\n", filepath.Clean(f.dir), strings.Join(loads, ", "), f.seeds, time.Since(start).Round(time.Second), f.workers)
 	if slices.Contains(f.policies, gangbench.PolicyGPULinkReserving) {
-		fmt.Fprintf(&md, "%s: gpulink with the controller's starvation reservation: of the gangs waiting longer than %s, the one of the highest level (the oldest among equals) reserves the domain closest to fitting it.\n\n", gangbench.PolicyGPULinkReserving, f.starvation)
+		soft := "strict from the start"
+		if f.strict > f.starvation {
+			soft = fmt.Sprintf("until the holder has waited %s, a job that fits nowhere else may still use the domain", f.strict)
+		}
+		fmt.Fprintf(&md, "%s: gpulink with the controller's starvation reservation: of the gangs waiting longer than %s, the one of the highest level (the oldest among equals) reserves the domain closest to fitting it; %s.\n\n", gangbench.PolicyGPULinkReserving, f.starvation, soft)
 	}
 	for _, name := range f.clusters {
 		c, err := gangbench.ClusterByName(name, f.nodes)

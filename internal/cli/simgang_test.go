@@ -14,6 +14,7 @@ func TestSimulateGangTraceFlags(t *testing.T) {
 		{"no trace names the file", []string{"simulate", "--gang-trace", t.TempDir()}, "kalos_jobs.csv"},
 		{"seeds at least 1", []string{"simulate", "--gang-trace", t.TempDir(), "--gang-seeds", "0"}, "--gang-seeds must be at least 1"},
 		{"starvation bound positive", []string{"simulate", "--gang-trace", t.TempDir(), "--gang-starvation-bound", "0s"}, "--gang-starvation-bound must be positive, got 0s"},
+		{"strict reservation bound not negative", []string{"simulate", "--gang-trace", t.TempDir(), "--gang-strict-reservation-bound", "-1s"}, "--gang-strict-reservation-bound must be 0 or more, got -1s"},
 		{"excludes a scenario", []string{"simulate", "--gang-trace", t.TempDir(), "--scenario", "x.yaml"}, "--gang-trace excludes --scenario and --trace"},
 	}
 	for _, tt := range tests {
@@ -37,7 +38,7 @@ func TestSimulateGangTraceRuns(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 	for _, want := range []string{"### kalos, required (1 seeds)", "| superpod | 1.0 | gpulink |", "| superpod | 1.0 | per-pod-greedy |", "superpod: 64 8-GPU nodes", "### gpulink − baseline: kalos, required (1 seeds)", "| superpod | 1.0 | kueue-tas |",
-		"| superpod | 1.0 | gpulink:starvationBound |", "gpulink:starvationBound: gpulink with the controller's starvation reservation: of the gangs waiting longer than 15m0s, the one of the highest level",
+		"| superpod | 1.0 | gpulink:starvationBound |", "gpulink:starvationBound: gpulink with the controller's starvation reservation: of the gangs waiting longer than 15m0s, the one of the highest level", "until the holder has waited 4h0m0s, a job that fits nowhere else may still use the domain",
 		"## The chart's default against the baselines", "### gpulink:starvationBound − baseline: kalos, required (1 seeds)"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("report lacks %q:\n%s", want, stdout)

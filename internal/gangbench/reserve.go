@@ -9,6 +9,11 @@ import (
 // --gang-starvation-bound (controller.gangs.starvationBound), in seconds.
 const DefaultStarvationBound = 900
 
+// DefaultStrictReservationBound is the controller's default
+// --gang-strict-reservation-bound (controller.gangs.strictReservationBound),
+// in seconds.
+const DefaultStrictReservationBound = 4 * 3600
+
 // The gpulink:starvationBound row replays the controller's starvation
 // policy (controller/gang_reserve.go, docs/gangs.md "Singletons and
 // gangs") on top of the backfill queue every row shares: a gang that has
@@ -16,6 +21,9 @@ const DefaultStarvationBound = 900
 // closest to fitting in, and no other job is placed on that domain's
 // nodes until the gang is placed; one gang reserves at a time, the one
 // of the highest minimal level among those past the bound (nextHolder).
+// Until the holder has waited Options.StrictReservationBound the
+// reservation is soft (controller/gang_reserve_soft.go): a job that fits
+// nowhere else is still placed on the domain.
 // The holder is tried first in each pass, with every node in view, as the
 // controller lets it use any node. The other rows keep the plain queue,
 // so that they compare placements, not queues.
@@ -46,14 +54,13 @@ func passReserving(s *state, js []jobState, pending []int, a passArgs, rv *reser
 	others := slices.DeleteFunc(slices.Clone(pending), func(y int) bool {
 		return y == rv.holder || js[y].start >= 0
 	})
-	hidden := make([]int, len(rv.nodes))
-	for k, i := range rv.nodes {
-		hidden[k] = s.free[i]
-		s.move(i, 0)
-	}
-	keep := passWhole(s, js, others, a.place, a.opt.Required, a.r, a.start)
-	for k, i := range rv.nodes {
-		s.move(i, hidden[k])
+	var keep []int
+	if rv.holder >= 0 && a.t-js[rv.holder].job.Submit < a.opt.StrictReservationBound {
+		keep = passWhole(s, js, others, rv.softly(a.place), a.opt.Required, a.r, a.start)
+	} else {
+		restore := rv.hide(s)
+		keep = passWhole(s, js, others, a.place, a.opt.Required, a.r, a.start)
+		restore()
 	}
 	if rv.holder >= 0 {
 		keep = append(keep, rv.holder)
@@ -64,6 +71,37 @@ func passReserving(s *state, js []jobState, pending []int, a passArgs, rv *reser
 		rv.holder, rv.nodes = x, nodes
 	}
 	return keep
+}
+
+// hide takes the reserved nodes out of view (no room left) and returns
+// what puts them back.
+func (rv *reservation) hide(s *state) func() {
+	free := make([]int, len(rv.nodes))
+	for k, i := range rv.nodes {
+		free[k] = s.free[i]
+		s.move(i, 0)
+	}
+	return func() {
+		for k, i := range rv.nodes {
+			s.move(i, free[k])
+		}
+	}
+}
+
+// softly is place under a soft reservation: a job is placed with the
+// reserved nodes out of view, and only when it fits nowhere else, with
+// them in view, as the controller decides a pod again past a soft
+// reservation after it found no room.
+func (rv *reservation) softly(place placer) placer {
+	return func(s *state, j *Job, maxLevel int, r *rand.Rand) []int {
+		restore := rv.hide(s)
+		nodes := place(s, j, maxLevel, r)
+		restore()
+		if nodes == nil {
+			nodes = place(s, j, maxLevel, r)
+		}
+		return nodes
+	}
 }
 
 // nextHolder is the controller's choice of the gang that reserves

@@ -24,10 +24,16 @@ func starvedGang() (*Cluster, []Job) {
 // waiting past the bound at t = 1,000, reserves leaf-000 (every leaf full:
 // the first by name); the single pods are kept off it from then on, and
 // the gang starts when the last one placed there before, at t = 1,000,
-// ends: t = 7,400.
+// ends: t = 7,400. With the reservation soft for the first hour of the
+// gang's wait, each single pod arriving until t = 3,200 fits
+// nowhere but the node of leaf-000 that frees with it and takes it; from
+// t = 3,300 the nodes freeing are in leaf-001, and from t = 3,601 the
+// reservation is strict, so the gang starts when the last of those ends:
+// t = 3,200 + 6,400 = 9,600. Soft, it still starts; it waits longer in
+// this worst case, where nothing else ever has room.
 func TestStarvationReservation(t *testing.T) {
 	c, jobs := starvedGang()
-	opt := Options{Required: true, StarvationBound: 900}
+	opt := Options{Required: true, StarvationBound: 900, StrictReservationBound: -1}
 	plain, err := Replay(c, jobs, 20000, PolicyGPULink, 1, opt)
 	if err != nil {
 		t.Fatal(err)
@@ -44,6 +50,13 @@ func TestStarvationReservation(t *testing.T) {
 	}
 	if res.WaitGangs != 7399 {
 		t.Errorf("reserving: the gang waited %g s, want 7,399 (placed when leaf-000 drains at t = 7,400)", res.WaitGangs)
+	}
+	soft, err := Replay(c, jobs, 20000, PolicyGPULinkReserving, 1, Options{Required: true, StarvationBound: 900, StrictReservationBound: 3600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if soft.GangsPlaced != 1 || soft.WaitGangs != 9599 {
+		t.Errorf("soft for an hour: %d gangs placed after %g s, want 1 after 9,599 (leaf-000's last single, placed at t = 3,200 while soft, ends at 9,600)", soft.GangsPlaced, soft.WaitGangs)
 	}
 	// A bound past the window reserves nothing: the plain queue's result.
 	late, err := Replay(c, jobs, 20000, PolicyGPULinkReserving, 1, Options{Required: true, StarvationBound: 30000})
@@ -139,5 +152,37 @@ func TestNextHolder(t *testing.T) {
 		if got != tc.want || len(nodes) != tc.nodes {
 			t.Errorf("%s: holder %d with %d nodes, want %d with %d", tc.name, got, len(nodes), tc.want, tc.nodes)
 		}
+	}
+}
+
+// TestSoftReservation: under a soft reservation of leaf-000, a single
+// 8-GPU pod goes to the free node of leaf-001 rather than to the free
+// node of the reserved leaf; once leaf-001 is full, the next one fits
+// nowhere else and takes the reserved leaf's node.
+func TestSoftReservation(t *testing.T) {
+	c := SuperPOD(64) // leaf-000: nodes 0-31, leaf-001: 32-63
+	s := newState(c)
+	for i := range 64 {
+		if i != 5 && i != 40 {
+			s.take(i, 8)
+		}
+	}
+	leaf0 := make([]int, 32)
+	for i := range leaf0 {
+		leaf0[i] = i
+	}
+	rv := reservation{holder: 0, nodes: leaf0}
+	place := rv.softly(placerOf(PolicyGPULink))
+	job := &Job{Pods: 1, GPUsPerPod: 8}
+	got := place(s, job, c.H.Cluster(), nil)
+	if len(got) != 1 || got[0] != 40 {
+		t.Fatalf("fits outside the reserved leaf: placed on %v, want node 40", got)
+	}
+	s.take(40, 8)
+	if got = place(s, job, c.H.Cluster(), nil); len(got) != 1 || got[0] != 5 {
+		t.Fatalf("fits nowhere else: placed on %v, want node 5 of the reserved leaf", got)
+	}
+	if s.free[5] != 8 {
+		t.Errorf("the reserved node's room is %d after placing, want 8 (the caller takes it)", s.free[5])
 	}
 }

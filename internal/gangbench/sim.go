@@ -60,6 +60,11 @@ type Options struct {
 	// seconds, for the gpulink:starvationBound row (reserve.go); default
 	// 900, the controller's default.
 	StarvationBound float64
+	// StrictReservationBound is the controller's
+	// --gang-strict-reservation-bound, in seconds: until the holder has
+	// waited this long its reservation is soft (reserve.go); default
+	// 4 h, the controller's default; negative: strict from the start.
+	StrictReservationBound float64
 }
 
 // Result is one replay's measures, over the arrival window.
@@ -125,6 +130,9 @@ func Replay(c *Cluster, jobs []Job, window float64, policy string, seed uint64, 
 	}
 	if opt.StarvationBound == 0 {
 		opt.StarvationBound = DefaultStarvationBound
+	}
+	if opt.StrictReservationBound == 0 {
+		opt.StrictReservationBound = DefaultStrictReservationBound
 	}
 	place := placerOf(policy)
 	if place == nil && policy != PolicyPerPod {

@@ -1,0 +1,86 @@
+package controller
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/controller/report"
+)
+
+// TestGangSoftReservation: leaf l1 (a, b) is reserved for a gang of 2
+// pods × 4 GPUs that waited past the starvation bound; leaf l2 (c) has 2
+// GPUs free. While the reservation is soft, a 2-GPU singleton that fits
+// on c goes there and not onto the reserved leaf, and a 4-GPU pod
+// (a singleton, or the one pod of another gang) that fits nowhere but the
+// reserved node b is placed there. Once the starved gang has waited past
+// the strict bound, that pod waits, its event naming the reservation.
+func TestGangSoftReservation(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		waited time.Duration // since the gang's pods were created
+		strict bool
+		gang   bool // the 4-GPU pod is a gang of its own
+	}{
+		{"soft", time.Hour, false, false},
+		{"soft gang", time.Hour, false, true},
+		{"strict", 3 * time.Hour, true, false},
+		{"strict gang", 3 * time.Hour, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := Config{Workers: 2, DeviceTaintRules: true, Gangs: GangConfig{StarvationBound: 10 * time.Minute, StrictReservationBound: 2 * time.Hour}}
+			h := newHarnessWith(t, cfg, objs(classes(), leafNode(t, "a", "l1"), leafNode(t, "b", "l1"), leafNode(t, "c", "l2"))...).start()
+			h.singletonOn("old", "a", 2)
+			h.singletonOn("blocker", "c", 2)
+			for i := range 2 {
+				p := h.gangPod(fmt.Sprintf("g%d", i), "starved", 2, 4, nil)
+				p.CreationTimestamp = metav1.NewTime(time.Now().Add(-tc.waited))
+				if _, err := h.client.CoreV1().Pods(ns).Update(h.ctx, p, metav1.UpdateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			e := h.waitEvent(ns+"/g0", report.ReasonGangReserved)
+			if !contains(e.Note, "reserving leaf l1") {
+				t.Fatalf("reservation event %q, want leaf l1", e.Note)
+			}
+			if soft := contains(e.Note, "only pods that fit nowhere else"); soft == tc.strict {
+				t.Errorf("reservation event %q: soft %v, want %v", e.Note, soft, !tc.strict)
+			}
+
+			h.claim("late2", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 2)}})
+			h.pod("late2", true, "late2")
+			h.waitUngated("late2")
+			if n := allocatedNode(h.getClaim("late2")); n != "c" {
+				t.Errorf("2-GPU singleton on %s, want c: it fits outside the reserved leaf", n)
+			}
+
+			waiting := report.ReasonWaiting
+			if tc.gang {
+				h.gangPod("late4", "late", 1, 4, nil)
+				waiting = report.ReasonGangWaiting
+			} else {
+				h.claim("late4", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 4)}})
+				h.pod("late4", true, "late4")
+			}
+			if tc.strict {
+				w := h.waitEvent(ns+"/late4", waiting)
+				if !contains(w.Note, "reserved") {
+					t.Errorf("4-GPU pod's waiting event %q, want it to name the reservation", w.Note)
+				}
+				h.settle()
+				if gateIndex(h.getPod("late4")) < 0 {
+					t.Error("4-GPU pod ungated onto a strictly reserved leaf")
+				}
+				return
+			}
+			h.waitUngated("late4")
+			if n := allocatedNode(h.getClaim("late4")); n != "b" {
+				t.Errorf("4-GPU pod on %s, want b: it fits nowhere else, and the reservation is soft", n)
+			}
+		})
+	}
+}
