@@ -127,7 +127,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		GangReservedNodes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "gpulink", Subsystem: "controller", Name: "gang_reserved_nodes",
-			Help: "Nodes the current starvation reservation keeps every other pod off (0 when no gang holds one).",
+			Help: "Nodes the current starvation reservation keeps other pods off: while soft, those that fit elsewhere; then every one (0 when no gang holds one).",
 		}),
 		inventory: newInventoryCollector(),
 	}
