@@ -272,12 +272,12 @@ func (c *Controller) considerReserving(ctx context.Context, spec gangs.Spec, mem
 	if domain != "" {
 		where += " " + domain
 	}
-	msg := fmt.Sprintf("%s waited %s, longer than the starvation bound %s: reserving %s (nodes %s); no other pod is placed there until the gang is placed",
-		spec.Ref, waited.Round(time.Second), bound, where, strings.Join(names, ", "))
+	keptOff := "no other pod is placed there until the gang is placed"
 	if soft {
-		msg = fmt.Sprintf("%s waited %s, longer than the starvation bound %s: reserving %s (nodes %s); until it has waited %s only pods that fit nowhere else are placed there, then none until the gang is placed",
-			spec.Ref, waited.Round(time.Second), bound, where, strings.Join(names, ", "), c.gangCfg.StrictReservationBound)
+		keptOff = fmt.Sprintf("until it has waited %s only pods that fit nowhere else are placed there, then none until the gang is placed", c.gangCfg.StrictReservationBound)
 	}
+	msg := fmt.Sprintf("%s waited %s, longer than the starvation bound %s: reserving %s (nodes %s); %s",
+		spec.Ref, waited.Round(time.Second), bound, where, strings.Join(names, ", "), keptOff)
 	klog.FromContext(ctx).Info("Gang reserves a domain", "level", where, "nodes", len(chosen), "waited", waited)
 	c.gangEvent(members, corev1.EventTypeNormal, report.ReasonGangReserved, actionWait, msg)
 }
