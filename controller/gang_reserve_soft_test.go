@@ -5,11 +5,14 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
 	"github.com/gpulink/gpulink/controller/report"
+	"github.com/gpulink/gpulink/driver"
 )
 
 // TestGangSoftReservation: leaf l1 (a, b) is reserved for a gang of 2
@@ -82,5 +85,49 @@ func TestGangSoftReservation(t *testing.T) {
 				t.Errorf("4-GPU pod on %s, want b: it fits nowhere else, and the reservation is soft", n)
 			}
 		})
+	}
+}
+
+// TestReservationNotNamedForNodesThePodCannotUse: with leaf l1 (a, b)
+// reserved for a starved gang, a 4-GPU pod whose node selector names only
+// c (2 GPUs free) waits, and its waiting message gives the selector as the
+// reason for a and b, not the reservation: the node filter asks about the
+// reservation last, so a node counts as held off by it only when the pod
+// could otherwise run there (and only then is the pod decided again past
+// a soft reservation).
+func TestReservationNotNamedForNodesThePodCannotUse(t *testing.T) {
+	cfg := Config{Workers: 2, DeviceTaintRules: true, Gangs: GangConfig{StarvationBound: 10 * time.Minute, StrictReservationBound: 2 * time.Hour}}
+	h := newHarnessWith(t, cfg, objs(classes(), leafNode(t, "a", "l1"), leafNode(t, "b", "l1"), leafNode(t, "c", "l2"))...).start()
+	h.singletonOn("old", "a", 2)
+	h.singletonOn("blocker", "c", 2)
+	for i := range 2 {
+		p := h.gangPod(fmt.Sprintf("g%d", i), "starved", 2, 4, nil)
+		p.CreationTimestamp = metav1.NewTime(time.Now().Add(-time.Hour))
+		if _, err := h.client.CoreV1().Pods(ns).Update(h.ctx, p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.waitEvent(ns+"/g0", report.ReasonGangReserved)
+
+	h.claim("pinned", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 4)}})
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "pinned", Namespace: ns},
+		Spec: corev1.PodSpec{
+			Containers:      []corev1.Container{{Name: "c", Image: "x"}},
+			NodeSelector:    map[string]string{corev1.LabelHostname: "c"},
+			ResourceClaims:  []corev1.PodResourceClaim{{Name: "pinned", ResourceClaimName: ptr.To("pinned")}},
+			SchedulingGates: []corev1.PodSchedulingGate{{Name: driver.SchedulingGate}},
+		},
+	}
+	if _, err := h.client.CoreV1().Pods(ns).Create(h.ctx, p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w := h.waitEventWith(ns+"/pinned", report.ReasonWaiting, "selector")
+	if contains(w.Note, "reserved") {
+		t.Errorf("waiting event %q names the reservation for nodes the pod's selector rules out", w.Note)
+	}
+	h.settle()
+	if gateIndex(h.getPod("pinned")) < 0 {
+		t.Error("pinned pod ungated: c has 2 GPUs free, it asks for 4")
 	}
 }

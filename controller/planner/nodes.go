@@ -164,11 +164,6 @@ func (pf *podFilter) admitNode(n *NodeInventory) (*corev1.Node, bool) {
 	if pf.excluded.Has(n.Node) {
 		return nil, pf.skip(rejectExcluded, "node %s: the pod was unschedulable there before", n.Node)
 	}
-	if pf.f.Reserved != nil && pod.Spec.NodeName == "" {
-		if why := pf.f.Reserved(pod, n.Node); why != "" {
-			return nil, pf.skip(rejectReserved, "node %s: %s", n.Node, why)
-		}
-	}
 	node, err := pf.f.Nodes.Get(n.Node)
 	if err != nil {
 		return nil, pf.skip(rejectNoNode, "node %s: no Node object", n.Node)
@@ -194,6 +189,16 @@ func (pf *podFilter) admitNode(n *NodeInventory) (*corev1.Node, bool) {
 	if pf.fc != nil && pod.Spec.NodeName == "" {
 		if reason := pf.fc.reject(node, pf.f.mappedByDRA); reason != "" {
 			return nil, pf.skip(reason, "node %s: %s", n.Node, reason)
+		}
+	}
+	// Last, so that only a node the pod could otherwise run on counts as
+	// held off by a reservation: the waiting message then names the real
+	// reason for the others, and a decision is tried past a soft
+	// reservation (Decision.HeldOffByReservation) only when the reserved
+	// nodes could take the pod.
+	if pf.f.Reserved != nil && pod.Spec.NodeName == "" {
+		if why := pf.f.Reserved(pod, n.Node); why != "" {
+			return nil, pf.skip(rejectReserved, "node %s: %s", n.Node, why)
 		}
 	}
 	return node, true
