@@ -12,7 +12,7 @@ const DefaultStarvationBound = 900
 // DefaultStrictReservationBound is the controller's default
 // --gang-strict-reservation-bound (controller.gangs.strictReservationBound),
 // in seconds.
-const DefaultStrictReservationBound = 4 * 3600
+const DefaultStrictReservationBound = 8 * 3600
 
 // The gpulink:starvationBound row replays the controller's starvation
 // policy (controller/gang_reserve.go, docs/gangs.md "Singletons and

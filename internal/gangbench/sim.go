@@ -63,7 +63,7 @@ type Options struct {
 	// StrictReservationBound is the controller's
 	// --gang-strict-reservation-bound, in seconds: until the holder has
 	// waited this long its reservation is soft (reserve.go); default
-	// 4 h, the controller's default; negative: strict from the start.
+	// 8 h, the controller's default; negative: strict from the start.
 	StrictReservationBound float64
 }
 
