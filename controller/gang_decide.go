@@ -261,10 +261,20 @@ func (c *Controller) placeGang(ctx context.Context, ask gangAsk) (*gangDecision,
 		if p2, n2, r2, err2 := place(nil); err2 == nil {
 			placement, nodes, rej, err = p2, n2, r2, nil
 			c.forgetRefusals(ctx, ready, excluded)
+			excluded = nil
 		}
 	}
 	if err != nil {
 		return nil, nodes, rej, err
+	}
+	if placement.Level > 0 {
+		rails := req.AlignRails
+		if dec, n2, r2, ok := c.lowerPastSoftReservation(ctx, gangRetry{ask: ask, level: placement.Level, place: func() (*gang.Placement, []gang.Node, string, error) {
+			return place(excluded)
+		}}); ok {
+			return dec, n2, r2, nil
+		}
+		req.AlignRails = rails
 	}
 	dec, err := c.assumeGang(ctx, spec, ready, own, placement)
 	return dec, nodes, rej, err

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -129,5 +130,47 @@ func TestReservationNotNamedForNodesThePodCannotUse(t *testing.T) {
 	h.settle()
 	if gateIndex(h.getPod("pinned")) < 0 {
 		t.Error("pinned pod ungated: c has 2 GPUs free, it asks for 4")
+	}
+}
+
+// TestGangSoftReservationKeepsLinkClass: leaf l1 (a, b) is reserved for a
+// starved gang of 2 pods × 4 GPUs, and leaves l2 (c) and l3 (d) have 2
+// GPUs free each. A gang of 2 pods × 2 GPUs fits outside l1 only across
+// two leaves (c and d), but on one node (b) inside it: while the
+// reservation is soft it is placed on b; once strict, on c and d.
+func TestGangSoftReservationKeepsLinkClass(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		waited time.Duration
+		want   []string
+	}{
+		{"soft", time.Hour, []string{"b", "b"}},
+		{"strict", 3 * time.Hour, []string{"c", "d"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := Config{Workers: 2, DeviceTaintRules: true, Gangs: GangConfig{StarvationBound: 10 * time.Minute, StrictReservationBound: 2 * time.Hour}}
+			h := newHarnessWith(t, cfg, objs(classes(), leafNode(t, "a", "l1"), leafNode(t, "b", "l1"), leafNode(t, "c", "l2"), leafNode(t, "d", "l3"))...).start()
+			h.singletonOn("old", "a", 2)
+			h.singletonOn("blocker-c", "c", 2)
+			h.singletonOn("blocker-d", "d", 2)
+			for i := range 2 {
+				p := h.gangPod(fmt.Sprintf("g%d", i), "starved", 2, 4, nil)
+				p.CreationTimestamp = metav1.NewTime(time.Now().Add(-tc.waited))
+				if _, err := h.client.CoreV1().Pods(ns).Update(h.ctx, p, metav1.UpdateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			h.waitEvent(ns+"/g0", report.ReasonGangReserved)
+
+			h.gangPod("n0", "narrow", 2, 2, nil)
+			h.gangPod("n1", "narrow", 2, 2, nil)
+			h.waitUngated("n0")
+			h.waitUngated("n1")
+			got := []string{allocatedNode(h.getClaim("n0")), allocatedNode(h.getClaim("n1"))}
+			slices.Sort(got)
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("gang narrow on %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

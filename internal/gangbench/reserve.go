@@ -89,9 +89,10 @@ func (rv *reservation) hide(s *state) func() {
 }
 
 // softly is place under a soft reservation: a job is placed with the
-// reserved nodes out of view, and only when it fits nowhere else, with
-// them in view, as the controller decides a pod again past a soft
-// reservation after it found no room.
+// reserved nodes out of view, and only when it fits nowhere else, or is a
+// gang that spans a lower level with them, with them in view, as the
+// controller decides a pod again past a soft reservation after it found
+// no room or a gang placed above its minimal level.
 func (rv *reservation) softly(place placer) placer {
 	return func(s *state, j *Job, maxLevel int, r *rand.Rand) []int {
 		restore := rv.hide(s)
@@ -99,6 +100,15 @@ func (rv *reservation) softly(place placer) placer {
 		restore()
 		if nodes == nil {
 			nodes = place(s, j, maxLevel, r)
+		} else if j.Pods > 1 {
+			// A gang that fits elsewhere only across a wider domain than
+			// it would span with the reserved nodes goes there
+			// (controller/gang_reserve_soft.go, lowerPastSoftReservation).
+			if lv := s.c.Span(nodes); lv > s.c.MinLevel(j.Pods, j.GPUsPerPod) {
+				if in := place(s, j, maxLevel, r); in != nil && s.c.Span(in) < lv {
+					nodes = in
+				}
+			}
 		}
 		return nodes
 	}

@@ -1,6 +1,9 @@
 package gangbench
 
-import "testing"
+import (
+	"slices"
+	"testing"
+)
 
 // starvedGang is a 32-pod gang that requires one leaf of a 2-leaf cluster
 // whose 64 nodes are busy with single 8-GPU pods: one of them ends every
@@ -184,5 +187,38 @@ func TestSoftReservation(t *testing.T) {
 	}
 	if s.free[5] != 8 {
 		t.Errorf("the reserved node's room is %d after placing, want 8 (the caller takes it)", s.free[5])
+	}
+}
+
+// TestSoftReservationKeepsLevel: with leaf-000 reserved softly, a gang of
+// 2 pods × 8 GPUs that fits outside it only across two leaves (one node
+// free in each of leaf-001 and leaf-002) is placed inside it, where two
+// free nodes hold it in one leaf; one that fits in one leaf outside stays
+// out.
+func TestSoftReservationKeepsLevel(t *testing.T) {
+	c := SuperPOD(96) // leaf-000: nodes 0-31, leaf-001: 32-63, leaf-002: 64-95
+	s := newState(c)
+	for i := range 96 {
+		if i != 5 && i != 6 && i != 40 && i != 70 {
+			s.take(i, 8)
+		}
+	}
+	leaf0 := make([]int, 32)
+	for i := range leaf0 {
+		leaf0[i] = i
+	}
+	rv := reservation{holder: 0, nodes: leaf0}
+	place := rv.softly(placerOf(PolicyGPULink))
+	gang := &Job{Pods: 2, GPUsPerPod: 8}
+	got := place(s, gang, c.H.Cluster(), nil)
+	slices.Sort(got)
+	if !slices.Equal(got, []int{5, 6}) {
+		t.Fatalf("spans two leaves outside the reserved leaf, one inside: placed on %v, want nodes 5 and 6", got)
+	}
+	s.give(41, 8)
+	got = place(s, gang, c.H.Cluster(), nil)
+	slices.Sort(got)
+	if !slices.Equal(got, []int{40, 41}) {
+		t.Fatalf("fits in one leaf outside the reserved one: placed on %v, want nodes 40 and 41", got)
 	}
 }
