@@ -274,7 +274,7 @@ func (c *Controller) considerReserving(ctx context.Context, spec gangs.Spec, mem
 	}
 	keptOff := "no other pod is placed there until the gang is placed"
 	if soft {
-		keptOff = fmt.Sprintf("until it has waited %s only pods that fit nowhere else are placed there, then none until the gang is placed", c.gangCfg.StrictReservationBound)
+		keptOff = fmt.Sprintf("until it has waited %s only pods that fit nowhere else, or gangs that would span a wider domain elsewhere, are placed there, then none until the gang is placed", c.gangCfg.StrictReservationBound)
 	}
 	msg := fmt.Sprintf("%s waited %s, longer than the starvation bound %s: reserving %s (nodes %s); %s",
 		spec.Ref, waited.Round(time.Second), bound, where, strings.Join(names, ", "), keptOff)

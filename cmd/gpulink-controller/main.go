@@ -124,7 +124,7 @@ func main() {
 	fs.StringVar(&o.gangDefaultLevel, "gang-default-level", "", "Level (a --gang-hierarchy key or level name such as leaf) for gangs that name none; empty: the lowest level that fits.")
 	fs.StringVar(&o.gangDefaultPolicy, "gang-default-policy", string(gangs.Preferred), "Required or Preferred, for --gang-default-level.")
 	fs.DurationVar(&o.gangStarvation, "gang-starvation-bound", 15*time.Minute, "A gang that waited longer than this reserves the domain it is closest to fitting in until it is placed (one gang at a time, the one of the highest level first); 0 disables.")
-	fs.DurationVar(&o.gangStrictReserve, "gang-strict-reservation-bound", 8*time.Hour, "Until the gang holding the reservation has waited this long, pods that fit nowhere else may still be placed on its domain; after it, none. 0 or not above --gang-starvation-bound: strict from the start.")
+	fs.DurationVar(&o.gangStrictReserve, "gang-strict-reservation-bound", 8*time.Hour, "Until the gang holding the reservation has waited this long, pods that fit nowhere else, and gangs that would span a wider domain elsewhere, may still be placed on its domain; after it, none. 0 or not above --gang-starvation-bound: strict from the start.")
 	fs.StringVar(&o.gangRailAttribute, "gang-rail-attribute", "", "Fully qualified attribute (domain/name) of NIC devices that names their rail, for gangs with gpu.gpulink.dev/gang-rails: aligned; empty: a NIC's position among its driver's devices of the node in natural name order.")
 	klogFlags := goflag.NewFlagSet("klog", goflag.ExitOnError)
 	klog.InitFlags(klogFlags)
