@@ -61,11 +61,7 @@ func TestGangStarvationHigherLevelFirst(t *testing.T) {
 	h.singletonOn("single-a", "a", 4)
 	h.singletonOn("single-c", "c", 4)
 	starved := func(name string, size int, labels map[string]string, age time.Duration) {
-		for i := range size {
-			p := h.newGangPod(fmt.Sprintf("%s%d", name, i), name, size, 4, labels)
-			p.CreationTimestamp = metav1.NewTime(time.Now().Add(-age))
-			h.createGangPod(p)
-		}
+		h.backdatedGang(name, name, size, 4, age, labels)
 	}
 	leaf := map[string]string{gangs.LabelLevel: gang.LabelLeaf}
 	// "first" reserves: it is alone past the bound.

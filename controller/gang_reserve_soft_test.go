@@ -1,7 +1,6 @@
 package controller
 
 import (
-	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -9,12 +8,38 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
 	"github.com/gpulink/gpulink/controller/report"
 	"github.com/gpulink/gpulink/driver"
 )
+
+// otherNode is a node outside the leaf l1 that startSoftReservation
+// reserves, with 2 of its 4 GPUs taken (by pod blocker-<name>).
+type otherNode struct{ name, leaf string }
+
+// startSoftReservation starts the controller (starvation bound 10
+// minutes, strict bound 2 hours) on leaf l1 (a, b; pod "old" takes 2 of
+// a's 4 GPUs) and the other nodes, then creates gang "starved" of 2 pods
+// × 4 GPUs (g0, g1) as if created waited ago, and returns once it reserved
+// a domain, with that event.
+func startSoftReservation(t *testing.T, waited time.Duration, others ...otherNode) (*harness, recordedEvent) {
+	t.Helper()
+	cfg := Config{Workers: 2, DeviceTaintRules: true, Gangs: GangConfig{StarvationBound: 10 * time.Minute, StrictReservationBound: 2 * time.Hour}}
+	nodes := [][]runtime.Object{classes(), leafNode(t, "a", "l1"), leafNode(t, "b", "l1")}
+	for _, o := range others {
+		nodes = append(nodes, leafNode(t, o.name, o.leaf))
+	}
+	h := newHarnessWith(t, cfg, objs(nodes...)...).start()
+	h.singletonOn("old", "a", 2)
+	for _, o := range others {
+		h.singletonOn("blocker-"+o.name, o.name, 2)
+	}
+	h.backdatedGang("g", "starved", 2, 4, waited, nil)
+	return h, h.waitEvent(ns+"/g0", report.ReasonGangReserved)
+}
 
 // TestGangSoftReservation: leaf l1 (a, b) is reserved for a gang of 2
 // pods × 4 GPUs that waited past the starvation bound; leaf l2 (c) has 2
@@ -36,18 +61,7 @@ func TestGangSoftReservation(t *testing.T) {
 		{"strict gang", 3 * time.Hour, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := Config{Workers: 2, DeviceTaintRules: true, Gangs: GangConfig{StarvationBound: 10 * time.Minute, StrictReservationBound: 2 * time.Hour}}
-			h := newHarnessWith(t, cfg, objs(classes(), leafNode(t, "a", "l1"), leafNode(t, "b", "l1"), leafNode(t, "c", "l2"))...).start()
-			h.singletonOn("old", "a", 2)
-			h.singletonOn("blocker", "c", 2)
-			for i := range 2 {
-				p := h.gangPod(fmt.Sprintf("g%d", i), "starved", 2, 4, nil)
-				p.CreationTimestamp = metav1.NewTime(time.Now().Add(-tc.waited))
-				if _, err := h.client.CoreV1().Pods(ns).Update(h.ctx, p, metav1.UpdateOptions{}); err != nil {
-					t.Fatal(err)
-				}
-			}
-			e := h.waitEvent(ns+"/g0", report.ReasonGangReserved)
+			h, e := startSoftReservation(t, tc.waited, otherNode{"c", "l2"})
 			if !contains(e.Note, "reserving leaf l1") {
 				t.Fatalf("reservation event %q, want leaf l1", e.Note)
 			}
@@ -97,18 +111,7 @@ func TestGangSoftReservation(t *testing.T) {
 // could otherwise run there (and only then is the pod decided again past
 // a soft reservation).
 func TestReservationNotNamedForNodesThePodCannotUse(t *testing.T) {
-	cfg := Config{Workers: 2, DeviceTaintRules: true, Gangs: GangConfig{StarvationBound: 10 * time.Minute, StrictReservationBound: 2 * time.Hour}}
-	h := newHarnessWith(t, cfg, objs(classes(), leafNode(t, "a", "l1"), leafNode(t, "b", "l1"), leafNode(t, "c", "l2"))...).start()
-	h.singletonOn("old", "a", 2)
-	h.singletonOn("blocker", "c", 2)
-	for i := range 2 {
-		p := h.gangPod(fmt.Sprintf("g%d", i), "starved", 2, 4, nil)
-		p.CreationTimestamp = metav1.NewTime(time.Now().Add(-time.Hour))
-		if _, err := h.client.CoreV1().Pods(ns).Update(h.ctx, p, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	h.waitEvent(ns+"/g0", report.ReasonGangReserved)
+	h, _ := startSoftReservation(t, time.Hour, otherNode{"c", "l2"})
 
 	h.claim("pinned", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 4)}})
 	p := &corev1.Pod{
@@ -148,19 +151,7 @@ func TestGangSoftReservationKeepsLinkClass(t *testing.T) {
 		{"strict", 3 * time.Hour, []string{"c", "d"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := Config{Workers: 2, DeviceTaintRules: true, Gangs: GangConfig{StarvationBound: 10 * time.Minute, StrictReservationBound: 2 * time.Hour}}
-			h := newHarnessWith(t, cfg, objs(classes(), leafNode(t, "a", "l1"), leafNode(t, "b", "l1"), leafNode(t, "c", "l2"), leafNode(t, "d", "l3"))...).start()
-			h.singletonOn("old", "a", 2)
-			h.singletonOn("blocker-c", "c", 2)
-			h.singletonOn("blocker-d", "d", 2)
-			for i := range 2 {
-				p := h.gangPod(fmt.Sprintf("g%d", i), "starved", 2, 4, nil)
-				p.CreationTimestamp = metav1.NewTime(time.Now().Add(-tc.waited))
-				if _, err := h.client.CoreV1().Pods(ns).Update(h.ctx, p, metav1.UpdateOptions{}); err != nil {
-					t.Fatal(err)
-				}
-			}
-			h.waitEvent(ns+"/g0", report.ReasonGangReserved)
+			h, _ := startSoftReservation(t, tc.waited, otherNode{"c", "l2"}, otherNode{"d", "l3"})
 
 			h.gangPod("n0", "narrow", 2, 2, nil)
 			h.gangPod("n1", "narrow", 2, 2, nil)

@@ -65,6 +65,18 @@ func (h *harness) newGangPod(name, gangName string, size, gpus int, extra map[st
 	return p
 }
 
+// backdatedGang creates the size pods of label gang gangName (named
+// prefix0, prefix1, ...; gpus GPUs each, extra labels) as if created age
+// ago: a gang that has waited that long, for the starvation bound.
+func (h *harness) backdatedGang(prefix, gangName string, size, gpus int, age time.Duration, extra map[string]string) {
+	h.t.Helper()
+	for i := range size {
+		p := h.newGangPod(fmt.Sprintf("%s%d", prefix, i), gangName, size, gpus, extra)
+		p.CreationTimestamp = metav1.NewTime(time.Now().Add(-age))
+		h.createGangPod(p)
+	}
+}
+
 // createGangPod creates a pod of newGangPod.
 func (h *harness) createGangPod(p *corev1.Pod) *corev1.Pod {
 	h.t.Helper()
@@ -361,13 +373,7 @@ func TestGangStarvation(t *testing.T) {
 	h.waitUngated("old")
 	oldNode := allocatedNode(h.getClaim("old"))
 	// The gang was created an hour ago: past the bound.
-	for i := range 2 {
-		p := h.gangPod(fmt.Sprintf("g%d", i), "starved", 2, 4, nil)
-		p.CreationTimestamp = metav1.NewTime(time.Now().Add(-time.Hour))
-		if _, err := h.client.CoreV1().Pods(ns).Update(h.ctx, p, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	h.backdatedGang("g", "starved", 2, 4, time.Hour, nil)
 	e := h.waitEvent(ns+"/g0", report.ReasonGangReserved)
 	if !contains(e.Note, "reserving leaf l1") {
 		t.Errorf("reservation event %q, want leaf l1", e.Note)
@@ -427,13 +433,7 @@ func TestGangStarvation(t *testing.T) {
 func TestGangStarvationNoReservationWhenItNeverFits(t *testing.T) {
 	cfg := Config{Workers: 2, DeviceTaintRules: true, Gangs: GangConfig{StarvationBound: 10 * time.Minute}}
 	h := newHarnessWith(t, cfg, objs(classes(), leafNode(t, "a", "l1"), leafNode(t, "b", "l1"))...).start()
-	for i := range 3 {
-		p := h.gangPod(fmt.Sprintf("g%d", i), "huge", 3, 4, nil)
-		p.CreationTimestamp = metav1.NewTime(time.Now().Add(-time.Hour))
-		if _, err := h.client.CoreV1().Pods(ns).Update(h.ctx, p, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	h.backdatedGang("g", "huge", 3, 4, time.Hour, nil)
 	e := h.waitEventWith(ns+"/g0", report.ReasonGangReserved, "reserves nothing")
 	if e.Type != corev1.EventTypeWarning || !contains(e.Note, "3 pods × 4 GPUs even idle") {
 		t.Errorf("event %s %q, want a Warning saying the gang cannot fit even idle", e.Type, e.Note)

@@ -164,17 +164,8 @@ func TestNextHolder(t *testing.T) {
 // nowhere else and takes the reserved leaf's node.
 func TestSoftReservation(t *testing.T) {
 	c := SuperPOD(64) // leaf-000: nodes 0-31, leaf-001: 32-63
-	s := newState(c)
-	for i := range 64 {
-		if i != 5 && i != 40 {
-			s.take(i, 8)
-		}
-	}
-	leaf0 := make([]int, 32)
-	for i := range leaf0 {
-		leaf0[i] = i
-	}
-	rv := reservation{holder: 0, nodes: leaf0}
+	s := fullBut(c, 5, 40)
+	rv := reservation{holder: 0, nodes: firstNodes(32)}
 	place := rv.softly(placerOf(PolicyGPULink))
 	job := &Job{Pods: 1, GPUsPerPod: 8}
 	got := place(s, job, c.H.Cluster(), nil)
@@ -197,17 +188,8 @@ func TestSoftReservation(t *testing.T) {
 // out.
 func TestSoftReservationKeepsLevel(t *testing.T) {
 	c := SuperPOD(96) // leaf-000: nodes 0-31, leaf-001: 32-63, leaf-002: 64-95
-	s := newState(c)
-	for i := range 96 {
-		if i != 5 && i != 6 && i != 40 && i != 70 {
-			s.take(i, 8)
-		}
-	}
-	leaf0 := make([]int, 32)
-	for i := range leaf0 {
-		leaf0[i] = i
-	}
-	rv := reservation{holder: 0, nodes: leaf0}
+	s := fullBut(c, 5, 6, 40, 70)
+	rv := reservation{holder: 0, nodes: firstNodes(32)}
 	place := rv.softly(placerOf(PolicyGPULink))
 	gang := &Job{Pods: 2, GPUsPerPod: 8}
 	got := place(s, gang, c.H.Cluster(), nil)
@@ -221,4 +203,24 @@ func TestSoftReservationKeepsLevel(t *testing.T) {
 	if !slices.Equal(got, []int{40, 41}) {
 		t.Fatalf("fits in one leaf outside the reserved one: placed on %v, want nodes 40 and 41", got)
 	}
+}
+
+// fullBut is a state of c whose nodes are all full but the free ones.
+func fullBut(c *Cluster, free ...int) *state {
+	s := newState(c)
+	for i := range c.Nodes {
+		if !slices.Contains(free, i) {
+			s.take(i, GPUsPerNode)
+		}
+	}
+	return s
+}
+
+// firstNodes is nodes 0 to n-1 (leaf-000 of a SuperPOD when n is 32).
+func firstNodes(n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = i
+	}
+	return out
 }
