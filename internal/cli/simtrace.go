@@ -31,6 +31,7 @@ type traceFlags struct {
 	workers    int
 	noMemory   bool
 	failures   string
+	endState   string
 }
 
 func (f *traceFlags) register(cmd *cobra.Command) {
@@ -46,6 +47,7 @@ func (f *traceFlags) register(cmd *cobra.Command) {
 	fl.IntVar(&f.minPercent, "min-percent", 70, "with --trace: first arrival step (in % of capacity) in tables and chart")
 	fl.IntVar(&f.workers, "workers", runtime.GOMAXPROCS(0), "with --trace: replays run in parallel")
 	fl.StringVar(&f.failures, "failures", "", "with --trace: write every task a policy could not place, with the state of the nodes it may run on, to this file (tab-separated)")
+	fl.StringVar(&f.endState, "end-state", "", "with --trace: write each replay's end state, one line per GPU model (GPU left whole and in pieces, CPU left, what pinned, unpinned and CPU-only tasks took), to this file (tab-separated)")
 	fl.BoolVar(&f.noMemory, "ignore-memory", false, "with --trace: count no task's memory, as the FGD paper's simulator does (every policy)")
 }
 
@@ -57,25 +59,26 @@ func (f *traceFlags) run(out io.Writer) (err error) {
 	for s := 1; s <= f.seeds; s++ {
 		opt.Seeds = append(opt.Seeds, uint64(s))
 	}
-	if f.failures != "" {
-		fh, cerr := os.Create(f.failures)
-		if cerr != nil {
-			return fmt.Errorf("--failures: %w", cerr)
+	for _, log := range []struct {
+		flag, path, header string
+		into               *io.Writer
+	}{
+		{"--failures", f.failures, tracebench.FailureHeader, &opt.Failures},
+		{"--end-state", f.endState, tracebench.EndStateHeader, &opt.EndState},
+	} {
+		if log.path == "" {
+			continue
 		}
-		w := bufio.NewWriter(fh)
+		w, closeLog, lerr := createTSV(log.flag, log.path, log.header)
+		if lerr != nil {
+			return lerr
+		}
 		defer func() {
-			ferr := w.Flush()
-			if cerr := fh.Close(); ferr == nil {
-				ferr = cerr
-			}
-			if ferr != nil && err == nil {
-				err = fmt.Errorf("--failures %s: %w", f.failures, ferr)
+			if cerr := closeLog(); cerr != nil && err == nil {
+				err = cerr
 			}
 		}()
-		if _, werr := io.WriteString(w, tracebench.FailureHeader+"\n"); werr != nil {
-			return fmt.Errorf("--failures %s: %w", f.failures, werr)
-		}
-		opt.Failures = w
+		*log.into = w
 	}
 	start := time.Now()
 	var results []*tracebench.ListResult
@@ -133,4 +136,30 @@ func (f *traceFlags) run(out io.Writer) (err error) {
 		}
 	}
 	return nil
+}
+
+// createTSV creates the file a flag names for a tab-separated log and
+// writes its header line; the function returned flushes and closes it.
+// Errors name the flag and the path.
+func createTSV(flag, path, header string) (io.Writer, func() error, error) {
+	fh, err := os.Create(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", flag, err)
+	}
+	w := bufio.NewWriter(fh)
+	closeLog := func() error {
+		ferr := w.Flush()
+		if cerr := fh.Close(); ferr == nil {
+			ferr = cerr
+		}
+		if ferr != nil {
+			return fmt.Errorf("%s %s: %w", flag, path, ferr)
+		}
+		return nil
+	}
+	if _, err := io.WriteString(w, header+"\n"); err != nil {
+		_ = closeLog()
+		return nil, nil, fmt.Errorf("%s %s: %w", flag, path, err)
+	}
+	return w, closeLog, nil
 }

@@ -40,3 +40,48 @@ func TestSimulateTraceFailures(t *testing.T) {
 		t.Errorf("line %q: want list x, first-fit, pod-0, reason gpus", lines[1])
 	}
 }
+
+// TestSimulateTraceEndState: --end-state writes the header and one line
+// per GPU model of each replay, with the failure log beside it; a path
+// that cannot be created is refused with the flag named.
+func TestSimulateTraceEndState(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, tracebench.NodeFile, "sn,cpu_milli,memory_mib,gpu,model\nnode-0,8000,16384,2,T4\nnode-1,8000,16384,1,P100\n")
+	writeFile(t, dir, tracebench.TaskFile("x"), "name,cpu_milli,memory_mib,num_gpu,gpu_milli\npod-0,6000,1024,2,1000\n")
+	out := t.TempDir()
+	endState, failures := filepath.Join(out, "end.tsv"), filepath.Join(out, "failures.tsv")
+	_, stderr, code := runCLI(t, "simulate", "--trace", dir, "--lists", "x", "--seeds", "2", "--policies", "first-fit",
+		"--topologies", "../../driver/topology/testdata", "--end-state", endState, "--failures", failures)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	data, err := os.ReadFile(endState)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	if lines[0] != tracebench.EndStateHeader {
+		t.Fatalf("first line %q, want the header", lines[0])
+	}
+	// 2 seeds × 2 models. The 2-GPU task only fits node-0: T4 ends with
+	// no GPU left, P100 with its one GPU idle.
+	if len(lines) != 1+2*2 {
+		t.Fatalf("%d lines, want the header and 4:\n%s", len(lines), data)
+	}
+	for _, l := range lines[1:] {
+		f := strings.Split(l, "\t")
+		model, idle, free := f[3], f[6], f[9]
+		if model == "T4" && (idle != "0" || free != "0") || model == "P100" && (idle != "1" || free != "1000") || model != "T4" && model != "P100" {
+			t.Errorf("line %q: want T4 with nothing left, P100 with its GPU idle", l)
+		}
+	}
+	if data, err := os.ReadFile(failures); err != nil || !strings.HasPrefix(string(data), tracebench.FailureHeader+"\n") {
+		t.Errorf("the failure log beside it: %v, %q", err, data)
+	}
+
+	_, stderr, code = runCLI(t, "simulate", "--trace", dir, "--lists", "x", "--seeds", "1", "--policies", "first-fit",
+		"--topologies", "../../driver/topology/testdata", "--end-state", filepath.Join(out, "missing", "end.tsv"))
+	if code == 0 || !strings.Contains(stderr, "--end-state") || !strings.Contains(stderr, "missing") {
+		t.Errorf("an end-state path in a missing directory: exit %d, %q; want an error naming --end-state and the path", code, stderr)
+	}
+}

@@ -2,9 +2,7 @@ package tracebench
 
 import (
 	"fmt"
-	"io"
 	"strings"
-	"sync"
 )
 
 // Why a task failed: `gpulink simulate --trace --failures FILE` writes one
@@ -152,19 +150,4 @@ func describeFailure(c *Cluster, t *Task) FailureRecord {
 		}
 	}
 	return r
-}
-
-// failureLog writes FailureRecords from parallel replays, one line each.
-type failureLog struct {
-	mu  sync.Mutex
-	w   io.Writer
-	err error
-}
-
-func (l *failureLog) write(r *FailureRecord) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.err == nil {
-		_, l.err = io.WriteString(l.w, r.row()+"\n")
-	}
 }

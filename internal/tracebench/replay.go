@@ -1,6 +1,7 @@
 package tracebench
 
 import (
+	"cmp"
 	"fmt"
 	"hash/fnv"
 	"io"
@@ -39,6 +40,16 @@ type Options struct {
 	// from every seed and policy, in no fixed order; the caller writes
 	// FailureHeader first.
 	Failures io.Writer
+	// EndState, when set, gets each replay's end state, one line per
+	// GPU model (endstate.go), in no fixed order of the replays; the
+	// caller writes EndStateHeader first.
+	EndState io.Writer
+}
+
+// replayLogs are the logs every replay of a Replay writes to (nil: not
+// asked for).
+type replayLogs struct {
+	failures, endState *tsvLog
 }
 
 func (o *Options) defaults() {
@@ -161,10 +172,7 @@ func Replay(tr *Trace, opt Options) (*ListResult, error) {
 	}
 	res.Classes = NewWorkload(tr.Tasks).Classes()
 
-	var flog *failureLog
-	if opt.Failures != nil {
-		flog = &failureLog{w: opt.Failures}
-	}
+	logs := replayLogs{failures: newTSVLog(opt.Failures), endState: newTSVLog(opt.EndState)}
 	type job struct{ si, pi int }
 	jobs := make(chan job)
 	var wg sync.WaitGroup
@@ -175,7 +183,7 @@ func Replay(tr *Trace, opt Options) (*ListResult, error) {
 		go func() {
 			defer wg.Done()
 			for j := range jobs {
-				r, err := replayOne(tr, nodes, ks, seqs[j.si], opt.Seeds[j.si], opt.Policies[j.pi], opt, flog)
+				r, err := replayOne(tr, nodes, ks, seqs[j.si], opt.Seeds[j.si], opt.Policies[j.pi], opt, logs)
 				mu.Lock()
 				if err != nil && firstErr == nil {
 					firstErr = err
@@ -195,14 +203,14 @@ func Replay(tr *Trace, opt Options) (*ListResult, error) {
 	if firstErr != nil {
 		return nil, firstErr
 	}
-	if flog != nil && flog.err != nil {
-		return nil, fmt.Errorf("write the failure log: %w", flog.err)
+	if err := cmp.Or(logs.failures.failed("failure log"), logs.endState.failed("end-state log")); err != nil {
+		return nil, err
 	}
 	return res, nil
 }
 
 // replayOne places seq under one policy on a fresh cluster.
-func replayOne(tr *Trace, nodes []Node, ks *kindSet, seq []int, seed uint64, name string, opt Options, flog *failureLog) (Run, error) {
+func replayOne(tr *Trace, nodes []Node, ks *kindSet, seq []int, seed uint64, name string, opt Options, logs replayLogs) (Run, error) {
 	c, err := newCluster(nodes, ks)
 	if err != nil {
 		return Run{}, err
@@ -249,11 +257,11 @@ func replayOne(tr *Trace, nodes []Node, ks *kindSet, seq []int, seed uint64, nam
 		} else {
 			failed += t.TotalMilli()
 			failedTasks++
-			if flog != nil {
+			if logs.failures != nil {
 				rec := describeFailure(c, t)
 				rec.List, rec.Seed, rec.Policy, rec.Index = tr.List, seed, name, si
 				rec.ArrivedPct = 100 * float64(arrived) / float64(c.capMilli)
-				flog.write(&rec)
+				logs.failures.write(rec.row())
 			}
 		}
 		for next <= opt.MaxPercent && arrived*100 >= c.capMilli*int64(next) {
@@ -262,6 +270,16 @@ func replayOne(tr *Trace, nodes []Node, ks *kindSet, seq []int, seed uint64, nam
 				FailedTasks: failedTasks, Multi: multi, Ideal: ideal})
 			next += opt.StepPercent
 		}
+	}
+	if logs.endState != nil {
+		rows := endState(c)
+		lines := make([]string, len(rows))
+		for i := range rows {
+			rows[i].List, rows[i].Seed, rows[i].Policy = tr.List, seed, name
+			lines[i] = rows[i].row()
+		}
+		// One replay's lines stay together.
+		logs.endState.write(lines...)
 	}
 	return run, nil
 }
