@@ -30,6 +30,7 @@ type gangFlags struct {
 	policies  []string
 	seeds     int
 	markdown  string
+	perSeed   string
 	workers   int
 	// starvation is the controller's --gang-starvation-bound for the
 	// gpulink:starvationBound row.
@@ -49,12 +50,13 @@ func (f *gangFlags) register(cmd *cobra.Command) {
 	fl.StringSliceVar(&f.policies, "gang-policies", gangbench.AllPolicies, "with --gang-trace: policies to replay")
 	fl.IntVar(&f.seeds, "gang-seeds", 3, "with --gang-trace: seeds 1..N (arrival jitter, spot draws, the baselines' random choices)")
 	fl.StringVar(&f.markdown, "gang-markdown", "", "with --gang-trace: also write the report to this file")
+	fl.StringVar(&f.perSeed, "gang-per-seed", "", "with --gang-trace: also write the per-seed values behind every paired difference to this file (tab-separated)")
 	fl.IntVar(&f.workers, "gang-workers", runtime.GOMAXPROCS(0), "with --gang-trace: replays run in parallel")
 	fl.DurationVar(&f.starvation, "gang-starvation-bound", gangbench.DefaultStarvationBound*time.Second, "with --gang-trace: the controller's --gang-starvation-bound for the gpulink:starvationBound row (a gang waiting longer reserves the domain closest to fitting it)")
 	fl.DurationVar(&f.strict, "gang-strict-reservation-bound", gangbench.DefaultStrictReservationBound*time.Second, "with --gang-trace: the controller's --gang-strict-reservation-bound for the gpulink:starvationBound row (until the holder has waited this long, a job that fits nowhere else may still use the reserved domain; 0: strict from the start)")
 }
 
-func (f *gangFlags) run(out io.Writer) error {
+func (f *gangFlags) run(out io.Writer) (err error) {
 	if f.seeds < 1 {
 		return usageError{fmt.Errorf("--gang-seeds must be at least 1, got %d", f.seeds)}
 	}
@@ -75,6 +77,21 @@ func (f *gangFlags) run(out io.Writer) error {
 	}
 	for s := 1; s <= f.seeds; s++ {
 		cfg.Seeds = append(cfg.Seeds, uint64(s))
+	}
+	// Created before the replay, so that a path that cannot be written
+	// fails at once, not after it.
+	var perSeed io.Writer
+	if f.perSeed != "" {
+		w, closeLog, cerr := createTSV("--gang-per-seed", f.perSeed, gangbench.PairedSeedsHeader)
+		if cerr != nil {
+			return cerr
+		}
+		defer func() {
+			if cerr := closeLog(); cerr != nil && err == nil {
+				err = cerr
+			}
+		}()
+		perSeed = w
 	}
 	start := time.Now()
 	cells, err := gangbench.Run(cfg)
@@ -124,6 +141,16 @@ func (f *gangFlags) run(out io.Writer) error {
 	if f.markdown != "" {
 		if err := os.WriteFile(f.markdown, []byte(md.String()), 0o644); err != nil {
 			return fmt.Errorf("write --gang-markdown: %w", err)
+		}
+	}
+	if perSeed != nil {
+		if err := gangbench.WritePairedSeeds(perSeed, cells, gangbench.PolicyGPULink); err != nil {
+			return fmt.Errorf("--gang-per-seed %s: %w", f.perSeed, err)
+		}
+		if slices.Contains(f.policies, gangbench.PolicyGPULinkReserving) {
+			if err := gangbench.WritePairedSeeds(perSeed, cells, gangbench.PolicyGPULinkReserving, gangbench.PolicyGPULink); err != nil {
+				return fmt.Errorf("--gang-per-seed %s: %w", f.perSeed, err)
+			}
 		}
 	}
 	return nil

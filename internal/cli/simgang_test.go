@@ -1,8 +1,14 @@
 package cli
 
 import (
+	"maps"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/gpulink/gpulink/internal/gangbench"
 )
 
 func TestSimulateGangTraceFlags(t *testing.T) {
@@ -43,5 +49,56 @@ func TestSimulateGangTraceRuns(t *testing.T) {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("report lacks %q:\n%s", want, stdout)
 		}
+	}
+}
+
+// TestSimulateGangTracePerSeed: --gang-per-seed writes the values behind
+// both paired reports (gpulink against every other row; the chart's
+// default row against the baselines, not against gpulink), each row's
+// difference its two values' difference; a path that cannot be created
+// is refused with the flag named, before anything is replayed.
+func TestSimulateGangTracePerSeed(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "kalos_jobs.csv", "job_id,submit_time_s,duration_s,num_pods,gpus_per_pod\n0,0,100,4,8\n1,10,50,1,2\n2,20,80,40,8\n3,30,10,2,8\n")
+	perSeed := filepath.Join(t.TempDir(), "seeds.tsv")
+	args := []string{"simulate", "--gang-trace", dir, "--gang-workloads", "kalos", "--gang-clusters", "superpod",
+		"--gang-nodes", "64", "--gang-loads", "1", "--gang-seeds", "2", "--gang-modes", "required", "--gang-workers", "1",
+		"--gang-policies", "gpulink,gpulink:starvationBound,kueue-tas"}
+	_, stderr, code := runCLI(t, append(args, "--gang-per-seed", perSeed)...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	data, err := os.ReadFile(perSeed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	if lines[0] != gangbench.PairedSeedsHeader {
+		t.Fatalf("first line %q, want the header", lines[0])
+	}
+	pairs := map[string]int{}
+	for _, l := range lines[1:] {
+		f := strings.Split(l, "\t")
+		if len(f) != 11 {
+			t.Fatalf("line %q: %d columns, want 11", l, len(f))
+		}
+		a, errA := strconv.ParseFloat(f[8], 64)
+		b, errB := strconv.ParseFloat(f[9], 64)
+		d, errD := strconv.ParseFloat(f[10], 64)
+		if errA != nil || errB != nil || errD != nil || d != a-b {
+			t.Errorf("line %q: difference is not ref minus baseline", l)
+		}
+		pairs[f[4]+" - "+f[5]]++
+	}
+	// Every measure is defined here (gangs are placed on both seeds): 6
+	// measures × 2 seeds per comparison.
+	want := map[string]int{"gpulink - gpulink:starvationBound": 12, "gpulink - kueue-tas": 12, "gpulink:starvationBound - kueue-tas": 12}
+	if !maps.Equal(pairs, want) {
+		t.Errorf("rows per comparison %v, want %v", pairs, want)
+	}
+
+	_, stderr, code = runCLI(t, append(args, "--gang-per-seed", filepath.Join(t.TempDir(), "missing", "seeds.tsv"))...)
+	if code == 0 || !strings.Contains(stderr, "--gang-per-seed") || !strings.Contains(stderr, "missing") {
+		t.Errorf("a path in a missing directory: exit %d, %q; want an error naming --gang-per-seed and the path", code, stderr)
 	}
 }

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -136,30 +135,4 @@ func (f *traceFlags) run(out io.Writer) (err error) {
 		}
 	}
 	return nil
-}
-
-// createTSV creates the file a flag names for a tab-separated log and
-// writes its header line; the function returned flushes and closes it.
-// Errors name the flag and the path.
-func createTSV(flag, path, header string) (io.Writer, func() error, error) {
-	fh, err := os.Create(path)
-	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", flag, err)
-	}
-	w := bufio.NewWriter(fh)
-	closeLog := func() error {
-		ferr := w.Flush()
-		if cerr := fh.Close(); ferr == nil {
-			ferr = cerr
-		}
-		if ferr != nil {
-			return fmt.Errorf("%s %s: %w", flag, path, ferr)
-		}
-		return nil
-	}
-	if _, err := io.WriteString(w, header+"\n"); err != nil {
-		_ = closeLog()
-		return nil, nil, fmt.Errorf("%s %s: %w", flag, path, err)
-	}
-	return w, closeLog, nil
 }

@@ -70,18 +70,10 @@ var PairedMeasures = []PairedMeasure{
 // minimal share with no gang placed, is left out), judged by NoiseSE and
 // MinPairedSeeds.
 func Paired(a, b *Cell, m PairedMeasure) Diff {
-	bySeed := make(map[uint64]float64, len(b.Runs))
-	for i := range b.Runs {
-		bySeed[b.Runs[i].Seed] = m.Of(&b.Runs[i])
-	}
-	var ds []float64
-	for i := range a.Runs {
-		y, ok := bySeed[a.Runs[i].Seed]
-		x := m.Of(&a.Runs[i])
-		if !ok || math.IsNaN(x) || math.IsNaN(y) {
-			continue
-		}
-		ds = append(ds, x-y)
+	pairs := seedPairs(a, b, m)
+	ds := make([]float64, len(pairs))
+	for i, p := range pairs {
+		ds[i] = p.A - p.B
 	}
 	d := Diff{N: len(ds)}
 	if d.N == 0 {
@@ -103,12 +95,39 @@ func Paired(a, b *Cell, m PairedMeasure) Diff {
 	return d
 }
 
-// WritePaired writes, per workload and mode, the paired difference of the
-// ref policy's row against each other row of the same cluster and load
-// but those in skip, mean ± standard error, with "ahead" or "behind" where
-// it is beyond noise (NoiseSE, MinPairedSeeds). Cells without a ref run of
-// the same (workload, mode, cluster, load) are skipped.
-func WritePaired(w io.Writer, cells []*Cell, ref string, skip ...string) error {
+// SeedPair is one measure of two cells on one seed.
+type SeedPair struct {
+	Seed uint64
+	A, B float64
+}
+
+// seedPairs are m of a and b on the seeds both ran, in a's order,
+// matched by Result.Seed; a seed where either is undefined is left out.
+func seedPairs(a, b *Cell, m PairedMeasure) []SeedPair {
+	bySeed := make(map[uint64]float64, len(b.Runs))
+	for i := range b.Runs {
+		bySeed[b.Runs[i].Seed] = m.Of(&b.Runs[i])
+	}
+	var out []SeedPair
+	for i := range a.Runs {
+		y, ok := bySeed[a.Runs[i].Seed]
+		x := m.Of(&a.Runs[i])
+		if !ok || math.IsNaN(x) || math.IsNaN(y) {
+			continue
+		}
+		out = append(out, SeedPair{Seed: a.Runs[i].Seed, A: x, B: y})
+	}
+	return out
+}
+
+// comparison is a ref row and another row of the same workload, mode,
+// cluster and load.
+type comparison struct{ ref, other *Cell }
+
+// comparisons pairs each cell but ref's and those in skip with ref's
+// cell of the same workload, mode, cluster and load, in cells' order;
+// a cell without one is left out.
+func comparisons(cells []*Cell, ref string, skip []string) []comparison {
 	type key struct {
 		wl, mode, cluster string
 		load              float64
@@ -119,13 +138,27 @@ func WritePaired(w io.Writer, cells []*Cell, ref string, skip ...string) error {
 			refs[key{c.Workload, c.Mode, c.Cluster, c.Load}] = c
 		}
 	}
-	var b strings.Builder
-	group := ""
+	var out []comparison
 	for _, c := range cells {
 		g := refs[key{c.Workload, c.Mode, c.Cluster, c.Load}]
 		if g == nil || c.Policy == ref || slices.Contains(skip, c.Policy) {
 			continue
 		}
+		out = append(out, comparison{ref: g, other: c})
+	}
+	return out
+}
+
+// WritePaired writes, per workload and mode, the paired difference of the
+// ref policy's row against each other row of the same cluster and load
+// but those in skip, mean ± standard error, with "ahead" or "behind" where
+// it is beyond noise (NoiseSE, MinPairedSeeds). Cells without a ref run of
+// the same (workload, mode, cluster, load) are skipped.
+func WritePaired(w io.Writer, cells []*Cell, ref string, skip ...string) error {
+	var b strings.Builder
+	group := ""
+	for _, comp := range comparisons(cells, ref, skip) {
+		g, c := comp.ref, comp.other
 		if name := c.Workload + ", " + c.Mode; name != group {
 			if group != "" {
 				b.WriteString("\n")
