@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -21,6 +22,22 @@ func runCLI(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	var out, errOut bytes.Buffer
 	code = Execute(append([]string{"gpulink"}, args...), &out, &errOut)
 	return out.String(), errOut.String(), code
+}
+
+// readTSV reads a tab-separated log the command wrote to path, fails
+// the test unless its first line is header, and returns the lines after
+// it.
+func readTSV(t *testing.T, path, header string) []string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	if lines[0] != header {
+		t.Fatalf("%s: first line %q, want the header", path, lines[0])
+	}
+	return lines[1:]
 }
 
 // writeFile writes content to dir/name, creating directories, and returns the path.

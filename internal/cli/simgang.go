@@ -86,11 +86,7 @@ func (f *gangFlags) run(out io.Writer) (err error) {
 		if cerr != nil {
 			return cerr
 		}
-		defer func() {
-			if cerr := closeLog(); cerr != nil && err == nil {
-				err = cerr
-			}
-		}()
+		defer closeTSV(&err, closeLog)
 		perSeed = w
 	}
 	start := time.Now()

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"maps"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -68,16 +67,8 @@ func TestSimulateGangTracePerSeed(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
-	data, err := os.ReadFile(perSeed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
-	if lines[0] != gangbench.PairedSeedsHeader {
-		t.Fatalf("first line %q, want the header", lines[0])
-	}
 	pairs := map[string]int{}
-	for _, l := range lines[1:] {
+	for _, l := range readTSV(t, perSeed, gangbench.PairedSeedsHeader) {
 		f := strings.Split(l, "\t")
 		if len(f) != 11 {
 			t.Fatalf("line %q: %d columns, want 11", l, len(f))

@@ -72,11 +72,7 @@ func (f *traceFlags) run(out io.Writer) (err error) {
 		if lerr != nil {
 			return lerr
 		}
-		defer func() {
-			if cerr := closeLog(); cerr != nil && err == nil {
-				err = cerr
-			}
-		}()
+		defer closeTSV(&err, closeLog)
 		*log.into = w
 	}
 	start := time.Now()

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -23,21 +22,14 @@ func TestSimulateTraceFailures(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
-	data, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
-	if lines[0] != tracebench.FailureHeader {
-		t.Fatalf("first line %q, want the header", lines[0])
-	}
+	rows := readTSV(t, out, tracebench.FailureHeader)
 	// Arrivals go to 130 % of 2 GPUs: the first task is placed, the next
 	// one fails.
-	if len(lines) != 2 {
-		t.Fatalf("%d lines, want the header and one failed task:\n%s", len(lines), data)
+	if len(rows) != 1 {
+		t.Fatalf("%d lines after the header, want one failed task:\n%s", len(rows), strings.Join(rows, "\n"))
 	}
-	if f := strings.Split(lines[1], "\t"); f[0] != "x" || f[2] != "first-fit" || f[5] != "pod-0" || f[11] != "gpus" {
-		t.Errorf("line %q: want list x, first-fit, pod-0, reason gpus", lines[1])
+	if f := strings.Split(rows[0], "\t"); f[0] != "x" || f[2] != "first-fit" || f[5] != "pod-0" || f[11] != "gpus" {
+		t.Errorf("line %q: want list x, first-fit, pod-0, reason gpus", rows[0])
 	}
 }
 
@@ -55,28 +47,23 @@ func TestSimulateTraceEndState(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
-	data, err := os.ReadFile(endState)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
-	if lines[0] != tracebench.EndStateHeader {
-		t.Fatalf("first line %q, want the header", lines[0])
-	}
+	rows := readTSV(t, endState, tracebench.EndStateHeader)
 	// 2 seeds × 2 models. The 2-GPU task only fits node-0: T4 ends with
 	// no GPU left, P100 with its one GPU idle.
-	if len(lines) != 1+2*2 {
-		t.Fatalf("%d lines, want the header and 4:\n%s", len(lines), data)
+	if len(rows) != 2*2 {
+		t.Fatalf("%d lines after the header, want 4:\n%s", len(rows), strings.Join(rows, "\n"))
 	}
-	for _, l := range lines[1:] {
+	for _, l := range rows {
 		f := strings.Split(l, "\t")
 		model, idle, free := f[3], f[6], f[9]
 		if model == "T4" && (idle != "0" || free != "0") || model == "P100" && (idle != "1" || free != "1000") || model != "T4" && model != "P100" {
 			t.Errorf("line %q: want T4 with nothing left, P100 with its GPU idle", l)
 		}
 	}
-	if data, err := os.ReadFile(failures); err != nil || !strings.HasPrefix(string(data), tracebench.FailureHeader+"\n") {
-		t.Errorf("the failure log beside it: %v, %q", err, data)
+	// The failure log beside it: its header, then the one failed task of
+	// each seed.
+	if rows := readTSV(t, failures, tracebench.FailureHeader); len(rows) != 2 {
+		t.Errorf("the failure log beside it: %d lines after the header, want 2", len(rows))
 	}
 
 	_, stderr, code = runCLI(t, "simulate", "--trace", dir, "--lists", "x", "--seeds", "1", "--policies", "first-fit",

@@ -32,3 +32,11 @@ func createTSV(flag, path, header string) (io.Writer, func() error, error) {
 	}
 	return w, closeLog, nil
 }
+
+// closeTSV runs a log's close (createTSV's) for a deferred call, keeping
+// *err when it is already set.
+func closeTSV(err *error, closeLog func() error) {
+	if cerr := closeLog(); cerr != nil && *err == nil {
+		*err = cerr
+	}
+}

@@ -95,27 +95,27 @@ func Paired(a, b *Cell, m PairedMeasure) Diff {
 	return d
 }
 
-// SeedPair is one measure of two cells on one seed.
-type SeedPair struct {
+// seedPair is one measure of two cells on one seed.
+type seedPair struct {
 	Seed uint64
 	A, B float64
 }
 
 // seedPairs are m of a and b on the seeds both ran, in a's order,
 // matched by Result.Seed; a seed where either is undefined is left out.
-func seedPairs(a, b *Cell, m PairedMeasure) []SeedPair {
+func seedPairs(a, b *Cell, m PairedMeasure) []seedPair {
 	bySeed := make(map[uint64]float64, len(b.Runs))
 	for i := range b.Runs {
 		bySeed[b.Runs[i].Seed] = m.Of(&b.Runs[i])
 	}
-	var out []SeedPair
+	var out []seedPair
 	for i := range a.Runs {
 		y, ok := bySeed[a.Runs[i].Seed]
 		x := m.Of(&a.Runs[i])
 		if !ok || math.IsNaN(x) || math.IsNaN(y) {
 			continue
 		}
-		out = append(out, SeedPair{Seed: a.Runs[i].Seed, A: x, B: y})
+		out = append(out, seedPair{Seed: a.Runs[i].Seed, A: x, B: y})
 	}
 	return out
 }
