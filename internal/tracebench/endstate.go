@@ -71,10 +71,7 @@ func endState(c *Cluster) []EndStateRow {
 		r.Nodes++
 		r.CPUMilli += n.spec.CPUMilli
 		r.CPULeft += n.cpuLeft
-		for k := range r.Taken {
-			r.Taken[k].GPUMilli += n.taken[k].GPUMilli
-			r.Taken[k].CPUMilli += n.taken[k].CPUMilli
-		}
+		addTaken(&r.Taken, &n.taken)
 		if n.kind == nil {
 			continue
 		}

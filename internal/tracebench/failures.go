@@ -40,6 +40,15 @@ type taken struct {
 	GPUMilli, CPUMilli int64
 }
 
+// addTaken adds what each kind of task took of a node to a sum over
+// nodes.
+func addTaken(sum, node *[takers]taken) {
+	for k := range sum {
+		sum[k].GPUMilli += node[k].GPUMilli
+		sum[k].CPUMilli += node[k].CPUMilli
+	}
+}
+
 // FailureHeader is the first line of the failure log: tab-separated
 // columns, one row per failed task (FailureRecord.row).
 const FailureHeader = "list\tseed\tpolicy\tindex\tarrived_pct\ttask\tgpus\tgpu_milli\tcpu_milli\tmemory_mib\tmodels\t" +
@@ -111,10 +120,7 @@ func describeFailure(c *Cluster, t *Task) FailureRecord {
 		r.IdleGPUs += n.freeGPUs()
 		r.FreeMilli += n.leftTotal()
 		r.CPULeft += n.cpuLeft
-		for k := range r.Taken {
-			r.Taken[k].GPUMilli += n.taken[k].GPUMilli
-			r.Taken[k].CPUMilli += n.taken[k].CPUMilli
-		}
+		addTaken(&r.Taken, &n.taken)
 		if !n.gpusFit(t) {
 			continue
 		}
