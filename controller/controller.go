@@ -143,6 +143,9 @@ type Controller struct {
 	// claimVersions: claims released here that the informer has not
 	// shown released yet (claimversions.go).
 	claimVersions *claimVersions
+	// settles keeps claims released under a pod kube-scheduler holds
+	// from being allocated again at once (settle.go).
+	settles *releaseSettles
 	// handledClaims: the claim versions the event handlers reacted to
 	// (claimhandled.go).
 	handledClaims *handledClaims
@@ -258,6 +261,7 @@ func New(cfg Config) (*Controller, error) {
 		fit:             planner.NewFitTracker(),
 		ungating:        newUngating(),
 		claimVersions:   newClaimVersions(),
+		settles:         newReleaseSettles(),
 		handledClaims:   newHandledClaims(),
 		sel:             planner.NewSelectorEvaluator(),
 		waiting:         sets.New[string](),

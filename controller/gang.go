@@ -273,6 +273,13 @@ func (c *Controller) evaluateGang(ctx context.Context, key string, pod *corev1.P
 			}
 		}
 	}
+	for _, m := range members {
+		if d, cl := c.settlingClaim(m.pending); d > 0 {
+			logger.V(2).Info("Claim of a gang's pod released moments ago under a pod kube-scheduler holds; deciding the gang once that pod's binding can no longer use the old allocation", "claim", klog.KObj(cl), "after", d)
+			c.podQueue.AddAfter(key, d)
+			return nil
+		}
+	}
 	if done, err := c.recoverGang(ctx, spec, members); done || err != nil {
 		return err
 	}

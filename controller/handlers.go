@@ -163,6 +163,7 @@ func (c *Controller) onClaimDelete(obj any) {
 	}
 	c.forgetUnwanted(claim.UID)
 	c.claimVersions.forget(claim.UID)
+	c.settles.forget(claim.UID)
 	c.handledClaims.forget(claim.UID)
 	if c.isHoldRecord(claim) {
 		c.ledger.Forget(claim.UID)

@@ -155,6 +155,11 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 			pending = append(pending, ic)
 		}
 	}
+	if d, cl := c.settlingClaim(pending); d > 0 {
+		logger.V(2).Info("Claim released moments ago under a pod kube-scheduler holds; allocating it again once that pod's binding can no longer use the old allocation", "claim", klog.KObj(cl), "after", d)
+		c.podQueue.AddAfter(key, d)
+		return nil
+	}
 	if len(pending) == 0 {
 		c.setWaiting(key, false)
 		if pod.Spec.NodeName == "" {

@@ -175,6 +175,9 @@ func (c *Controller) releaseClaim(ctx context.Context, claim *resourceapi.Resour
 		upd := cur.DeepCopy()
 		upd.Status.Allocation = nil
 		c.markReleasing(claim.UID, true)
+		// Before the write: once it lands, a decision may allocate the
+		// claim again.
+		c.settleIfHandedOver(claim)
 		if cur, err = claims.UpdateStatus(ctx, upd, metav1.UpdateOptions{FieldManager: fieldManager}); err != nil {
 			// A write that failed without an answer may still land; then
 			// onDeallocated takes it for someone else's, which costs the
