@@ -471,19 +471,27 @@ func TestOrphanedClaimReleased(t *testing.T) {
 	}
 }
 
+// unschedulableOnFirstNode creates claim (2 whole GPUs) and pod, waits
+// for the allocation and the gate's removal, and reports the pod
+// unschedulable there as kube-scheduler would; it returns the node.
+func (h *harness) unschedulableOnFirstNode(claim, pod string) string {
+	h.t.Helper()
+	h.claim(claim, resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 2)}})
+	h.pod(pod, true, claim)
+	first := allocatedNode(h.waitAllocated(claim))
+	h.waitUngated(pod)
+	p := h.getPod(pod)
+	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable, Message: "0/2 nodes are available: 1 Insufficient cpu."}}
+	if _, err := h.client.CoreV1().Pods(ns).UpdateStatus(h.ctx, p, metav1.UpdateOptions{}); err != nil {
+		h.t.Fatal(err)
+	}
+	return first
+}
+
 func TestUnschedulablePodIsMovedToAnotherNode(t *testing.T) {
 	h := newHarnessWith(t, Config{Workers: 2, UnschedulableGrace: 50 * time.Millisecond},
 		objs(classes(), gpuNode(t, "a", "v100-sxm2-8-aliyun-sccgn6.txt"), gpuNode(t, "b", "v100-sxm2-8-aliyun-sccgn6.txt"))...).start()
-	h.claim("c", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 2)}})
-	h.pod("p", true, "c")
-	first := allocatedNode(h.waitAllocated("c"))
-	h.waitUngated("p")
-	// kube-scheduler reports the pod unschedulable on that node.
-	pod := h.getPod("p")
-	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable, Message: "0/2 nodes are available: 1 Insufficient cpu."}}
-	if _, err := h.client.CoreV1().Pods(ns).UpdateStatus(h.ctx, pod, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	first := h.unschedulableOnFirstNode("c", "p")
 	e := h.waitEvent(ns+"/p", report.ReasonReleased)
 	if !contains(e.Note, first) || !contains(e.Note, "Insufficient cpu") {
 		t.Errorf("release event %q does not name the node and the scheduler's reason", e.Note)

@@ -2,14 +2,11 @@ package controller
 
 import (
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	clienttesting "k8s.io/client-go/testing"
@@ -47,7 +44,7 @@ func TestReleaseSettlesExpire(t *testing.T) {
 	}
 }
 
-// statusWrites records when claim c's allocation was first removed and
+// statusWrites records when a claim's allocation was first removed and
 // when it was next written with one.
 type statusWrites struct {
 	mu                       sync.Mutex
@@ -55,13 +52,10 @@ type statusWrites struct {
 }
 
 func (w *statusWrites) watch(h *harness, name string) {
-	h.client.PrependReactor("update", "resourceclaims", func(act clienttesting.Action) (bool, runtime.Object, error) {
-		c, ok := act.(clienttesting.UpdateAction).GetObject().(*resourceapi.ResourceClaim)
-		if !ok || act.GetSubresource() != "status" || c.Name != name {
+	h.onClaimUpdate(&w.mu, func(act clienttesting.Action, c *resourceapi.ResourceClaim) (bool, runtime.Object, error) {
+		if act.GetSubresource() != "status" || c.Name != name {
 			return false, nil, nil
 		}
-		w.mu.Lock()
-		defer w.mu.Unlock()
 		switch {
 		case c.Status.Allocation == nil && w.releasedAt.IsZero():
 			w.releasedAt = time.Now()
@@ -95,15 +89,7 @@ func TestUnschedulableReleaseSettlesBeforeReallocation(t *testing.T) {
 	var writes statusWrites
 	writes.watch(h, "c")
 	h.start()
-	h.claim("c", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 2)}})
-	h.pod("p", true, "c")
-	first := allocatedNode(h.waitAllocated("c"))
-	h.waitUngated("p")
-	pod := h.getPod("p")
-	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable, Message: "0/2 nodes are available: 1 Insufficient cpu."}}
-	if _, err := h.client.CoreV1().Pods(ns).UpdateStatus(h.ctx, pod, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	first := h.unschedulableOnFirstNode("c", "p")
 	h.eventually("claim reallocated on the other node", func() bool {
 		c := h.getClaim("c")
 		return c.Status.Allocation != nil && allocatedNode(c) != first
@@ -122,21 +108,24 @@ func TestUnschedulableReleaseSettlesBeforeReallocation(t *testing.T) {
 // uses the claim, so the retry may allocate it without waiting.
 func TestRollbackOfGatedDecisionDoesNotSettle(t *testing.T) {
 	h := newHarness(t, objs(classes(), gpuNode(t, "a", "pcie-4.txt"))...)
-	var allocations atomic.Int32
-	var rollbacks, settled atomic.Int32
-	h.client.PrependReactor("update", "resourceclaims", func(act clienttesting.Action) (bool, runtime.Object, error) {
-		c, ok := act.(clienttesting.UpdateAction).GetObject().(*resourceapi.ResourceClaim)
+	var mu sync.Mutex
+	var allocations, rollbacks, settled int
+	h.onClaimUpdate(&mu, func(act clienttesting.Action, c *resourceapi.ResourceClaim) (bool, runtime.Object, error) {
 		switch {
-		case !ok || act.GetSubresource() != "status":
+		case act.GetSubresource() != "status":
 		case c.Status.Allocation == nil:
 			// releaseClaim marks a claim before its write.
-			rollbacks.Add(1)
+			rollbacks++
 			if h.ctrl.settles.left(c.UID) > 0 {
-				settled.Add(1)
+				settled++
 			}
-		case allocations.Add(1) == 2:
-			// The decision's second write fails: its first is rolled back.
-			return true, nil, apierrors.NewTooManyRequests("injected", 1)
+		default:
+			allocations++
+			if allocations == 2 {
+				// The decision's second write fails: its first is
+				// rolled back.
+				return true, nil, apierrors.NewTooManyRequests("injected", 1)
+			}
 		}
 		return false, nil, nil
 	})
@@ -147,11 +136,13 @@ func TestRollbackOfGatedDecisionDoesNotSettle(t *testing.T) {
 	h.waitAllocated("a")
 	h.waitAllocated("b")
 	h.waitUngated("p")
-	if rollbacks.Load() == 0 {
+	mu.Lock()
+	defer mu.Unlock()
+	if rollbacks == 0 {
 		t.Fatal("nothing rolled back; the test does not exercise a rollback")
 	}
-	if n := settled.Load(); n > 0 {
-		t.Errorf("%d claims rolled back under a gated pod were held from their next allocation", n)
+	if settled > 0 {
+		t.Errorf("%d claims rolled back under a gated pod were held from their next allocation", settled)
 	}
 }
 
@@ -165,14 +156,9 @@ func TestSettlingClaimHoldsGangDecision(t *testing.T) {
 	h.ctrl.settles.settle = settle
 	var mu sync.Mutex
 	var firstAllocation time.Time
-	h.client.PrependReactor("update", "resourceclaims", func(act clienttesting.Action) (bool, runtime.Object, error) {
-		c, ok := act.(clienttesting.UpdateAction).GetObject().(*resourceapi.ResourceClaim)
-		if ok && act.GetSubresource() == "status" && c.Status.Allocation != nil {
-			mu.Lock()
-			if firstAllocation.IsZero() {
-				firstAllocation = time.Now()
-			}
-			mu.Unlock()
+	h.onClaimUpdate(&mu, func(act clienttesting.Action, c *resourceapi.ResourceClaim) (bool, runtime.Object, error) {
+		if act.GetSubresource() == "status" && c.Status.Allocation != nil && firstAllocation.IsZero() {
+			firstAllocation = time.Now()
 		}
 		return false, nil, nil
 	})
