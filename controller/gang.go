@@ -276,6 +276,10 @@ func (c *Controller) evaluateGang(ctx context.Context, key string, pod *corev1.P
 	for _, m := range members {
 		if d, cl := c.settlingClaim(m.pending); d > 0 {
 			logger.V(2).Info("Claim of a gang's pod released moments ago under a pod kube-scheduler holds; deciding the gang once that pod's binding can no longer use the old allocation", "claim", klog.KObj(cl), "after", d)
+			// Not a wait for room: were the gang's last evaluation
+			// recorded as one, the retry below would be skipped as
+			// unchanged (syncGangExclusive).
+			c.setGangWaiting(members, false)
 			c.podQueue.AddAfter(key, d)
 			return nil
 		}

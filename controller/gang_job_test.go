@@ -109,8 +109,18 @@ func TestBasicPodGroupPodsOneByOne(t *testing.T) {
 		return len(waiting) == 2
 	})
 	// Room for both: each is retried and placed.
-	for _, n := range []string{"b", "c"} {
-		for _, o := range leafNode(t, n, "l1") {
+	h.addLeafNodes("l1", "b", "c")
+	for _, p := range pods {
+		h.waitUngated(p)
+	}
+}
+
+// addLeafNodes creates 4-GPU nodes (leafNode) with their slices on the
+// running harness.
+func (h *harness) addLeafNodes(leaf string, names ...string) {
+	h.t.Helper()
+	for _, n := range names {
+		for _, o := range leafNode(h.t, n, leaf) {
 			var err error
 			switch o := o.(type) {
 			case *corev1.Node:
@@ -119,11 +129,8 @@ func TestBasicPodGroupPodsOneByOne(t *testing.T) {
 				_, err = h.client.ResourceV1().ResourceSlices().Create(h.ctx, o, metav1.CreateOptions{})
 			}
 			if err != nil {
-				t.Fatal(err)
+				h.t.Fatal(err)
 			}
 		}
-	}
-	for _, p := range pods {
-		h.waitUngated(p)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/gpulink/gpulink/controller/controllertest"
+	"github.com/gpulink/gpulink/controller/report"
 )
 
 func TestReleaseSettlesExpire(t *testing.T) {
@@ -176,4 +177,23 @@ func TestSettlingClaimHoldsGangDecision(t *testing.T) {
 	if gap := firstAllocation.Sub(marked); gap < settle {
 		t.Errorf("gang's first claim allocated %v after its member's claim was marked, want at least the settle time %v", gap, settle)
 	}
+}
+
+// TestSettleAfterWaitingGangStillPlaces: a gang that waited for room
+// (its evaluation recorded as waiting) and then finds a member's claim
+// settling is evaluated again when the settle time ends, although nothing
+// else changed: the settle must not be taken for another wait on the same
+// state, which the gang's runs skip until the cluster changes.
+func TestSettleAfterWaitingGangStillPlaces(t *testing.T) {
+	h := newHarness(t, objs(classes(), leafNode(t, "a", "l1"))...)
+	const settle = 300 * time.Millisecond
+	h.ctrl.settles.settle = settle
+	h.start()
+	h.gangPod("p0", "train", 2, 4, nil)
+	h.gangPod("p1", "train", 2, 4, nil)
+	h.waitEventWith(ns+"/p1", report.ReasonGangWaiting, "gang train")
+	h.ctrl.settles.mark(h.getClaim("p1").UID)
+	h.addLeafNodes("l1", "b")
+	h.waitUngated("p0")
+	h.waitUngated("p1")
 }
