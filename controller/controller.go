@@ -143,6 +143,9 @@ type Controller struct {
 	// claimVersions: claims released here that the informer has not
 	// shown released yet (claimversions.go).
 	claimVersions *claimVersions
+	// boundElsewhere are the bound pods already reported with a claim
+	// allocated on another node (boundelsewhere.go).
+	boundElsewhere sets.Set[types.UID]
 	// settles keeps claims released under a pod kube-scheduler holds
 	// from being allocated again at once (settle.go).
 	settles *releaseSettles
@@ -262,6 +265,7 @@ func New(cfg Config) (*Controller, error) {
 		ungating:        newUngating(),
 		claimVersions:   newClaimVersions(),
 		settles:         newReleaseSettles(),
+		boundElsewhere:  sets.New[types.UID](),
 		handledClaims:   newHandledClaims(),
 		sel:             planner.NewSelectorEvaluator(),
 		waiting:         sets.New[string](),

@@ -100,6 +100,7 @@ func (c *Controller) onPodDelete(obj any) {
 	c.fit.Forget(pod.UID)
 	c.ungating.done(pod.UID)
 	c.explain.forget(pod.UID)
+	c.forgetBoundElsewhere(pod)
 	c.mu.Lock()
 	delete(c.excluded, pod.UID)
 	delete(c.rollbacks, pod.UID)

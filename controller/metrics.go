@@ -141,7 +141,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			m.SteerTaintWrites.WithLabelValues(t.Key, a)
 		}
 	}
-	for _, r := range []string{errReasonConflict, errReasonAPI, errReasonUninterpretable, errReasonUnsatisfiable, errReasonInventory} {
+	for _, r := range []string{errReasonConflict, errReasonAPI, errReasonUninterpretable, errReasonUnsatisfiable, errReasonInventory, errReasonBoundElsewhere} {
 		m.Errors.WithLabelValues(r)
 	}
 	for _, r := range []string{releaseReasonRollback, releaseReasonGangRollback, releaseReasonOrphaned, releaseReasonUnschedulable, releaseReasonScheduler} {
@@ -175,6 +175,9 @@ const (
 	errReasonUninterpretable = "uninterpretable"
 	errReasonUnsatisfiable   = "unsatisfiable"
 	errReasonInventory       = "inventory"
+	// errReasonBoundElsewhere: a bound pod's claim is allocated on
+	// another node (boundelsewhere.go).
+	errReasonBoundElsewhere = "bound_elsewhere"
 )
 
 // Release reasons (label reason of

@@ -339,7 +339,7 @@ func TestFixedSeriesExistFromStart(t *testing.T) {
 		want []string
 	}{
 		{"decisions_total", m.Decisions, []string{OutcomeAllocated, OutcomeWaiting, OutcomeInvalid, OutcomeNotReady, OutcomeError, OutcomeHostPlaced}},
-		{"errors_total", m.Errors, []string{errReasonConflict, errReasonAPI, errReasonUninterpretable, errReasonUnsatisfiable, errReasonInventory}},
+		{"errors_total", m.Errors, []string{errReasonConflict, errReasonAPI, errReasonUninterpretable, errReasonUnsatisfiable, errReasonInventory, errReasonBoundElsewhere}},
 		{"released_allocations_total", m.Released, []string{releaseReasonRollback, releaseReasonGangRollback, releaseReasonOrphaned, releaseReasonUnschedulable, releaseReasonScheduler}},
 	} {
 		if n := testutil.CollectAndCount(c.vec); n != len(c.want) {

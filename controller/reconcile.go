@@ -181,6 +181,10 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 			logger.V(2).Info("Removed scheduling gate; all gpulink claims are allocated")
 			return nil
 		}
+		if pod.Spec.NodeName != "" {
+			c.reportBoundElsewhere(ctx, pod, pc)
+			return nil
+		}
 		return c.checkUnschedulable(ctx, pod, pc)
 	}
 	if ref, ok := c.gangOf(pod); ok {

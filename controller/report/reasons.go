@@ -50,4 +50,8 @@ const (
 	// on the cluster's devices (outside the decision lock); the evaluation
 	// goes on at the next attempt.
 	ReasonSelectorsCostly = "SelectorsCostly"
+	// ReasonBoundElsewhere is a Warning on a bound pod whose claim is
+	// allocated on another node: the pod cannot start and must be
+	// created again.
+	ReasonBoundElsewhere = "ClaimOnOtherNode"
 )
