@@ -13,8 +13,9 @@ import (
 // reportBoundElsewhere says so when a bound pod's gpulink claim is
 // allocated on another node than the pod's. kube-scheduler binds a pod
 // only to the node its claims' allocations select, so this is the
-// residual of settle.go: a PreBind whose re-read of a released claim came
-// after the claim was allocated again elsewhere. The kubelet plugin then
+// residual of settle.go (a PreBind whose re-read of a released claim came
+// after the claim was allocated again elsewhere), or a pod created with
+// spec.nodeName naming another node than its claim's. The kubelet plugin then
 // refuses to prepare the claim for good ("pool X is not this node's
 // pool Y"), and only a new pod can run: the Warning names the nodes and
 // what to do, once per pod, and errors_total{reason="bound_elsewhere"}
@@ -33,7 +34,7 @@ func (c *Controller) reportBoundElsewhere(ctx context.Context, pod *corev1.Pod, 
 		if seen {
 			return
 		}
-		msg := fmt.Sprintf("pod is bound to node %s but its claim %s is allocated on node %s, so the kubelet cannot prepare it: kube-scheduler reserved the claim after it had been released and allocated again elsewhere; delete the pod so that its owner creates it again",
+		msg := fmt.Sprintf("pod is bound to node %s but its claim %s is allocated on node %s, so the kubelet cannot prepare it and the pod cannot start; delete the pod so that it is created again (kube-scheduler bound it with an allocation released and made again elsewhere, or the pod was created with spec.nodeName)",
 			pod.Spec.NodeName, ic.Claim.Name, node)
 		klog.FromContext(ctx).Error(nil, "Bound pod's claim is allocated on another node", "node", pod.Spec.NodeName, "claim", klog.KObj(ic.Claim), "claimNode", node)
 		c.metrics.Errors.WithLabelValues(errReasonBoundElsewhere).Inc()
