@@ -4,13 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/klog/v2"
 
@@ -87,7 +85,7 @@ func (c *Controller) decideGang(ctx context.Context, spec gangs.Spec, members, r
 	}
 	c.gangDemand.Record(spec.Key(), need, gpus)
 	req.Demand = c.gangDemand.Shapes()
-	ask := gangAsk{spec: spec, rep: rep, ready: ready, own: own, req: &req}
+	ask := gangAsk{spec: spec, rep: rep, ready: ready, own: own, req: &req, heldOff: new(bool)}
 	var home gangHome
 	if need < spec.MinCount {
 		// Some pods of the gang are placed already (it lost pods and
@@ -96,8 +94,9 @@ func (c *Controller) decideGang(ctx context.Context, spec gangs.Spec, members, r
 		home = c.gangHome(ctx, spec, members)
 		ask.rail = home.rail
 	}
+	count(&c.gangRuns.decisions, spec.Key())
 	dec, nodes, rej, step, perr := c.placeGangNear(ctx, ask, home)
-	if perr != nil && !errors.Is(perr, gang.ErrInvalid) {
+	if perr != nil && !errors.Is(perr, gang.ErrInvalid) && ask.mayGainPastReservation() {
 		// It fits nowhere else: a soft reservation lets it onto the
 		// reserved domain (gang_reserve_soft.go). When it does not fit
 		// there either, the first attempt's nodes stay what it would
@@ -197,7 +196,15 @@ type gangAsk struct {
 	// rail is the NIC rail key the pods must use (empty: any): the one
 	// an aligned gang's placed pods use.
 	rail string
+	// heldOff, when set, is made true by any candidate pass that turned
+	// down a node only for another gang's reservation: a placement past
+	// a soft reservation can differ only then (nil: unknown, try it).
+	heldOff *bool
 }
+
+// mayGainPastReservation tells whether placing the gang again past a
+// soft reservation could find more than its passes so far did.
+func (a gangAsk) mayGainPastReservation() bool { return a.heldOff == nil || *a.heldOff }
 
 // placeGangNear is placeGang in each of home's domains in turn, tightest
 // first, until the pods fit: the index of the step that held them, or of
@@ -239,9 +246,10 @@ func (c *Controller) placeGangNear(ctx context.Context, ask gangAsk, home gangHo
 // name them.
 func (c *Controller) placeGang(ctx context.Context, ask gangAsk) (*gangDecision, []gang.Node, string, error) {
 	spec, rep, ready, own, req := ask.spec, ask.rep, ask.ready, ask.own, ask.req
+	count(&c.gangRuns.placements, spec.Key())
 	excluded := c.refusedExclusions(ready)
 	place := func(excluded sets.Set[string]) (*gang.Placement, []gang.Node, string, error) {
-		q := candidateQuery{rep: rep, own: own, maxPods: len(ready), excluded: excluded, within: ask.within, alignRails: spec.AlignRails}
+		q := candidateQuery{rep: rep, own: own, maxPods: len(ready), excluded: excluded, within: ask.within, alignRails: spec.AlignRails, heldOff: ask.heldOff}
 		if spec.AlignRails && ask.rail == "" {
 			q.firstRails = map[string]string{}
 		}
@@ -267,7 +275,7 @@ func (c *Controller) placeGang(ctx context.Context, ask gangAsk) (*gangDecision,
 	if err != nil {
 		return nil, nodes, rej, err
 	}
-	if placement.Level > 0 {
+	if placement.Level > 0 && ask.mayGainPastReservation() {
 		rails := req.AlignRails
 		if dec, n2, r2, ok := c.lowerPastSoftReservation(ctx, gangRetry{ask: ask, level: placement.Level, place: func() (*gang.Placement, []gang.Node, string, error) {
 			return place(excluded)
@@ -278,180 +286,6 @@ func (c *Controller) placeGang(ctx context.Context, ask gangAsk) (*gangDecision,
 	}
 	dec, err := c.assumeGang(ctx, spec, ready, own, placement)
 	return dec, nodes, rej, err
-}
-
-// candidateQuery asks gangCandidates for the nodes of a gang's pods.
-type candidateQuery struct {
-	// rep is the pod whose copies are counted, own its placement policy.
-	rep *gangMember
-	own planner.Placement
-	// maxPods bounds each node's slots.
-	maxPods int
-	// alignRails is the gang's gang-rails: aligned: its slots are
-	// counted per rail key (railSlots), and bounded here by the free NICs
-	// of one rail (railSlotBound).
-	alignRails bool
-	// firstRails, when not nil, gets the rail key of the first copy on
-	// each node planner.Slots counts, planned now or kept ("" where it
-	// has none), for discoverRailKeys.
-	firstRails map[string]string
-	// excluded are nodes kube-scheduler refused the gang's pods on
-	// (refusedExclusions; nil for a gang never ungated).
-	excluded sets.Set[string]
-	// within are the only nodes considered (nil: all).
-	within sets.Set[string]
-}
-
-// gangCandidates returns the nodes the gang's representative pod may run
-// on, with their slots: how many of the gang's pods fit there at once.
-// The planner counts the slots of the usual pods itself (planner.Slots,
-// which keeps each node's count until the node changes, and counts NICs
-// beside the GPUs too); for the others (MIG, shares, pod affinity) each
-// node's copies are tried one by one (trialSlots). The second result
-// summarizes the nodes the filter turned down.
-func (c *Controller) gangCandidates(ctx context.Context, q candidateQuery) ([]gang.Node, string) {
-	logger := klog.FromContext(ctx)
-	rep, own, maxPods := q.rep, q.own, q.maxPods
-	all := c.inv.All()
-	if q.within != nil {
-		all = slices.DeleteFunc(all, func(n *planner.NodeInventory) bool { return !q.within.Has(n.Node) })
-	}
-	if q.alignRails {
-		maxPods = c.railSlotBound(rep, all, maxPods)
-	}
-	cands, objs, rej := c.filter.CandidateNodes(logger, rep.pod, all, rep.allocatedClaims(), q.excluded)
-	sreq := planner.SlotRequest{Pod: rep.pod, Pending: rep.pending, Placement: own, Nodes: cands, Objects: objs, Max: maxPods}
-	if q.firstRails != nil {
-		sreq.FirstForeign = func(i int, devices []planner.DeviceKey, _ bool) {
-			k, _ := railKeyOf(devices, c.railsOn(cands[i].Node))
-			q.firstRails[cands[i].Node] = k
-		}
-	}
-	counted, ok := c.planner.Slots(ctx, sreq)
-	out := make([]gang.Node, 0, len(cands))
-	for i, n := range cands {
-		node := objs[i]
-		var s planner.NodeSlots
-		if ok {
-			s = counted[i]
-		} else {
-			s.Slots = c.trialSlots(ctx, rep, own, n.Node, maxPods)
-			s.FreeGPUs, s.TotalGPUs = c.planner.GPUCounts(n.Node)
-		}
-		out = append(out, gang.Node{Name: n.Node, Domains: c.withPublishedClique(c.gangDomains.of(c.hierarchy, node), n), Slots: s.Slots, FreeGPUs: s.FreeGPUs, TotalGPUs: s.TotalGPUs})
-	}
-	c.gangDomains.prune(objs)
-	summary := ""
-	if rej != nil && len(cands) < len(all) {
-		summary = fmt.Sprintf("%d of %d nodes turned down for the pods: %s", len(all)-len(cands), len(all), rej.Reasons())
-	}
-	return out, summary
-}
-
-// nodeDomains keeps each node's domains in the gang hierarchy, computed
-// once per Node object (the informer replaces the object on any change of
-// its labels) rather than once per node and gang decision. Used under the
-// decision lock.
-type nodeDomains struct {
-	byNode map[*corev1.Node][]string
-}
-
-// prune forgets the Node objects no longer current, once they could make
-// up half of the map (objs: the current ones of this decision).
-func (d *nodeDomains) prune(objs []*corev1.Node) {
-	if len(d.byNode) <= 2*len(objs)+64 {
-		return
-	}
-	keep := make(map[*corev1.Node][]string, len(objs))
-	for _, n := range objs {
-		if doms, ok := d.byNode[n]; ok {
-			keep[n] = doms
-		}
-	}
-	d.byNode = keep
-}
-
-// of returns the node's domains (gang.Hierarchy.Domains); they are shared,
-// read-only.
-func (d *nodeDomains) of(h *gang.Hierarchy, node *corev1.Node) []string {
-	if doms, ok := d.byNode[node]; ok {
-		return doms
-	}
-	if d.byNode == nil {
-		d.byNode = map[*corev1.Node][]string{}
-	}
-	doms := h.Domains(node.Labels)
-	d.byNode[node] = doms
-	return doms
-}
-
-// trialSlots counts how many copies of the representative pod fit on the
-// node at once (planCopies). Called under the decision lock.
-func (c *Controller) trialSlots(ctx context.Context, rep *gangMember, own planner.Placement, node string, maxPods int) int {
-	return c.planCopies(ctx, rep, own, node, maxPods, nil)
-}
-
-// planCopies plans copies of the representative pod on the node one after
-// the other: each plan's devices are assumed in the ledger (and the pod in
-// the node fit) under trial identities before the next copy is planned,
-// until one no longer fits or maxPods were planned. visit (if not nil)
-// sees each plan. It returns how many were planned. Every trial
-// assumption is dropped before returning. Called under the decision lock,
-// so no other decision sees them.
-func (c *Controller) planCopies(ctx context.Context, rep *gangMember, own planner.Placement, node string, maxPods int, visit func(*planner.Plan)) int {
-	var settles []func(string, bool)
-	var fakes []types.UID
-	defer func() {
-		for _, s := range settles {
-			s("", false)
-		}
-		for _, uid := range fakes {
-			c.fit.Unassume(uid)
-		}
-	}()
-	// A node with F free GPUs holds at most F/g pods of g whole GPUs: no
-	// planning beyond that bound (nor on a node below one pod), which
-	// spares most nodes the planning that fails.
-	if g := planner.WholeGPUs(rep.pending); g > 0 {
-		free, _ := c.planner.GPUCounts(node)
-		maxPods = min(maxPods, free/g)
-	}
-	now := metav1.Now()
-	allocated := rep.allocatedClaims()
-	planned := 0
-	for planned < maxPods {
-		trial := rep.pod
-		if planned > 0 {
-			// Its own identity, not that of a copy assumed before it:
-			// the fit filter does not count the pod it decides on the
-			// node, so the copy would not count.
-			trial = rep.pod.DeepCopy()
-			trial.UID = types.UID(fmt.Sprintf("gang-trial/%s/next", rep.pod.UID))
-		}
-		d := c.planner.Decide(ctx, planner.Request{Pod: trial, Pending: rep.pending, Allocated: allocated, Placement: own, Only: node})
-		if d.Chosen == nil {
-			break
-		}
-		planned++
-		if visit != nil {
-			visit(d.Chosen)
-		}
-		if planned == maxPods {
-			break
-		}
-		for i, ic := range rep.pending {
-			_, uses := buildAllocation(ic, d.Chosen.Node, d.Chosen.Claims[i], d.Chosen.ForeignResults(i), now)
-			settle, ok := c.ledger.Assume(types.UID(fmt.Sprintf("gang-trial/%s/%s/%d", ic.Claim.UID, node, planned)), uses)
-			if ok {
-				settles = append(settles, settle)
-			}
-		}
-		fake := rep.pod.DeepCopy()
-		fake.UID = types.UID(fmt.Sprintf("gang-trial/%s/%d", rep.pod.UID, planned))
-		c.fit.Assume(fake, node)
-		fakes = append(fakes, fake.UID)
-	}
-	return planned
 }
 
 // assumeGang plans each pod's claims on the node the placement gave it

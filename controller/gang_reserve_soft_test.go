@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -164,4 +165,50 @@ func TestGangSoftReservationKeepsLinkClass(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestGangTriedPastReservationOnlyWhenHeldOff: with leaf l1 (a, b)
+// reserved softly for a starved gang, a gang that fails elsewhere is
+// placed a second time past the reservation only when the node filter
+// turned a reserved node down for the reservation alone: a gang whose
+// pods' selector names only c is decided once per decision (the second
+// pass could only find what the first did), while a gang of 3 pods × 4
+// GPUs, which b could take one pod of, is tried past it (and still waits:
+// a and c have 2 GPUs free each).
+func TestGangTriedPastReservationOnlyWhenHeldOff(t *testing.T) {
+	h, _ := startSoftReservation(t, time.Hour, otherNode{"c", "l2"})
+	for i := range 2 {
+		p := h.newGangPod(fmt.Sprintf("pinned%d", i), "pinned", 2, 4, nil)
+		p.Spec.NodeSelector = map[string]string{corev1.LabelHostname: "c"}
+		h.createGangPod(p)
+	}
+	for i := range 3 {
+		h.gangPod(fmt.Sprintf("wide%d", i), "wide", 3, 4, nil)
+	}
+	h.waitEventWith(ns+"/pinned1", report.ReasonGangWaiting, "gang pinned: 2 pods")
+	h.waitEventWith(ns+"/wide2", report.ReasonGangWaiting, "gang wide: 3 pods")
+	h.settle()
+	runs := &h.ctrl.gangRuns
+	pinned, wide := gangKeyOf(t, h, "pinned0"), gangKeyOf(t, h, "wide0")
+	if d, p := counted(&runs.decisions, pinned), counted(&runs.placements, pinned); d == 0 || p != d {
+		t.Errorf("gang pinned: %d placements in %d decisions, want one each: no reserved node could take its pods", p, d)
+	}
+	if d, p := counted(&runs.decisions, wide), counted(&runs.placements, wide); d == 0 || p != 2*d {
+		t.Errorf("gang wide: %d placements in %d decisions, want two each: reserved node b could take one of its pods", p, d)
+	}
+	for _, name := range []string{"pinned0", "wide0"} {
+		if gateIndex(h.getPod(name)) < 0 {
+			t.Errorf("pod %s ungated; its gang fits nowhere", name)
+		}
+	}
+}
+
+// gangKeyOf is the gang key of the named pod, as the controller sees it.
+func gangKeyOf(t *testing.T, h *harness, pod string) string {
+	t.Helper()
+	ref, ok := h.ctrl.gangOf(h.getPod(pod))
+	if !ok {
+		t.Fatalf("pod %s is in no gang", pod)
+	}
+	return ref.Key()
 }

@@ -32,6 +32,24 @@ type gangRuns struct {
 	changes atomic.Uint64
 	// evaluations counts evaluateGang calls (tests).
 	evaluations atomic.Int64
+	// decisions and placements count, per gang key, the decisions that
+	// reached a placement and the placements (placeGang) they made
+	// (tests).
+	decisions, placements sync.Map
+}
+
+// count adds one to m's counter for key.
+func count(m *sync.Map, key string) {
+	v, _ := m.LoadOrStore(key, new(atomic.Int64))
+	v.(*atomic.Int64).Add(1)
+}
+
+// counted reads m's counter for key.
+func counted(m *sync.Map, key string) int64 {
+	if v, ok := m.Load(key); ok {
+		return v.(*atomic.Int64).Load()
+	}
+	return 0
 }
 
 // fingerprint identifies what a gang's evaluation read: its pods and

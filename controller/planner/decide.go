@@ -287,5 +287,5 @@ func (p *Planner) WaitingMessage(pending []*Claim, d Decision) string {
 // HeldOffByReservation tells whether the node filter turned down some
 // node because a gang's starvation reservation holds it (NodeFilter.Reserved).
 func (d Decision) HeldOffByReservation() bool {
-	return d.Rejections != nil && d.Rejections.count(rejectReserved) > 0
+	return d.Rejections.HeldOffByReservation()
 }

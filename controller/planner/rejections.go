@@ -30,6 +30,13 @@ func (r *Rejections) detail(format string, args ...any) {
 
 func (r *Rejections) count(reason string) int { return r.counts[reason] }
 
+// HeldOffByReservation tells whether some node was turned down only
+// because a gang's starvation reservation holds it: the filter asks
+// about the reservation last (NodeFilter.Reserved).
+func (r *Rejections) HeldOffByReservation() bool {
+	return r != nil && r.count(rejectReserved) > 0
+}
+
 // summary renders "0/N nodes: 5 Insufficient cpu, 3 ...", most frequent
 // reason first, ties by reason.
 func (r *Rejections) summary(total int) string {
