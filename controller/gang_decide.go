@@ -94,7 +94,7 @@ func (c *Controller) decideGang(ctx context.Context, spec gangs.Spec, members, r
 		home = c.gangHome(ctx, spec, members)
 		ask.rail = home.rail
 	}
-	count(&c.gangRuns.decisions, spec.Key())
+	c.gangRuns.count(&c.gangRuns.decisions, spec.Key())
 	dec, nodes, rej, step, perr := c.placeGangNear(ctx, ask, home)
 	if perr != nil && !errors.Is(perr, gang.ErrInvalid) && ask.mayGainPastReservation() {
 		// It fits nowhere else: a soft reservation lets it onto the
@@ -246,7 +246,7 @@ func (c *Controller) placeGangNear(ctx context.Context, ask gangAsk, home gangHo
 // name them.
 func (c *Controller) placeGang(ctx context.Context, ask gangAsk) (*gangDecision, []gang.Node, string, error) {
 	spec, rep, ready, own, req := ask.spec, ask.rep, ask.ready, ask.own, ask.req
-	count(&c.gangRuns.placements, spec.Key())
+	c.gangRuns.count(&c.gangRuns.placements, spec.Key())
 	excluded := c.refusedExclusions(ready)
 	place := func(excluded sets.Set[string]) (*gang.Placement, []gang.Node, string, error) {
 		q := candidateQuery{rep: rep, own: own, maxPods: len(ready), excluded: excluded, within: ask.within, alignRails: spec.AlignRails, heldOff: ask.heldOff}

@@ -177,6 +177,7 @@ func TestGangSoftReservationKeepsLinkClass(t *testing.T) {
 // a and c have 2 GPUs free each).
 func TestGangTriedPastReservationOnlyWhenHeldOff(t *testing.T) {
 	h, _ := startSoftReservation(t, time.Hour, otherNode{"c", "l2"})
+	h.ctrl.gangRuns.counting.Store(true)
 	for i := range 2 {
 		p := h.newGangPod(fmt.Sprintf("pinned%d", i), "pinned", 2, 4, nil)
 		p.Spec.NodeSelector = map[string]string{corev1.LabelHostname: "c"}

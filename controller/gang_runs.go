@@ -33,13 +33,17 @@ type gangRuns struct {
 	// evaluations counts evaluateGang calls (tests).
 	evaluations atomic.Int64
 	// decisions and placements count, per gang key, the decisions that
-	// reached a placement and the placements (placeGang) they made
-	// (tests).
+	// reached a placement and the placements (placeGang) they made, while
+	// counting is on (tests: the maps are never pruned).
+	counting              atomic.Bool
 	decisions, placements sync.Map
 }
 
-// count adds one to m's counter for key.
-func count(m *sync.Map, key string) {
+// count adds one to m's counter for key, while counting is on.
+func (r *gangRuns) count(m *sync.Map, key string) {
+	if !r.counting.Load() {
+		return
+	}
 	v, _ := m.LoadOrStore(key, new(atomic.Int64))
 	v.(*atomic.Int64).Add(1)
 }
