@@ -13,14 +13,15 @@ import (
 // reportBoundElsewhere says so when a bound pod's gpulink claim is
 // allocated on another node than the pod's. kube-scheduler binds a pod
 // only to the node its claims' allocations select, so this is the
-// residual of settle.go (a PreBind whose re-read of a released claim came
-// after the claim was allocated again elsewhere), or a pod created with
-// spec.nodeName naming another node than its claim's. The kubelet plugin then
-// refuses to prepare the claim for good ("pool X is not this node's
-// pool Y"), and only a new pod can run: the Warning names the nodes and
-// what to do, once per pod, and errors_total{reason="bound_elsewhere"}
-// counts it for alerts. Nothing is released: the claim's reservation is
-// the pod's, and its allocation may be what the pod's replacement gets.
+// residual of settle.go (a PreBind whose re-read of a released claim
+// came after the claim was allocated again elsewhere), or a pod created
+// with spec.nodeName naming another node than its claim's. The kubelet
+// plugin then refuses to prepare the claim for good ("pool X is not this
+// node's pool Y"), and only a new pod can run: the Warning names the
+// nodes and what to do, once per pod, and
+// errors_total{reason="bound_elsewhere"} counts it for alerts. Nothing is
+// released: the claim's reservation is the pod's, and its allocation may
+// be what the pod's replacement gets.
 func (c *Controller) reportBoundElsewhere(ctx context.Context, pod *corev1.Pod, pc podClaims) {
 	for _, ic := range pc.ours {
 		node := allocatedNode(ic.Claim)
