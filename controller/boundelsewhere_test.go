@@ -4,9 +4,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	resourceapi "k8s.io/api/resource/v1"
 
-	"github.com/gpulink/gpulink/controller/controllertest"
 	"github.com/gpulink/gpulink/controller/report"
 )
 
@@ -16,7 +14,7 @@ import (
 // once however often the pod is synced.
 func TestBoundElsewhereReported(t *testing.T) {
 	h := newHarness(t, objs(classes(), gpuNode(t, "a", "pcie-4.txt"), gpuNode(t, "b", "pcie-4.txt"))...).start()
-	h.claim("c", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}})
+	h.oneGPUClaims("c")
 	h.pod("p", true, "c")
 	allocated := allocatedNode(h.waitAllocated("c"))
 	h.waitUngated("p")
@@ -45,7 +43,7 @@ func TestBoundElsewhereReported(t *testing.T) {
 // allocated is the normal case: no such event.
 func TestBoundOnClaimNodeNotReported(t *testing.T) {
 	h := newHarness(t, objs(classes(), gpuNode(t, "a", "pcie-4.txt"))...).start()
-	h.claim("c", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}})
+	h.oneGPUClaims("c")
 	h.pod("p", true, "c")
 	h.waitAllocated("c")
 	h.waitUngated("p")

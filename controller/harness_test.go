@@ -352,6 +352,14 @@ func (h *harness) eventually(what string, cond func() bool) {
 	h.t.Fatalf("timed out waiting for %s", what)
 }
 
+// oneGPUClaims creates a claim for one whole GPU under each name.
+func (h *harness) oneGPUClaims(names ...string) {
+	h.t.Helper()
+	for _, name := range names {
+		h.claim(name, resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}})
+	}
+}
+
 // claim creates a claim with the given requests (and optional config/constraints).
 func (h *harness) claim(name string, spec resourceapi.DeviceClaim) *resourceapi.ResourceClaim {
 	h.t.Helper()

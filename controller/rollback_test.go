@@ -46,8 +46,7 @@ func TestPartialAllocationRolledBack(t *testing.T) {
 		return false, nil, nil
 	})
 	h.start()
-	h.claim("a", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}})
-	h.claim("b", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}})
+	h.oneGPUClaims("a", "b")
 	h.pod("p", true, "a", "b")
 	h.waitUngated("p")
 	a, b := h.waitAllocated("a"), h.waitAllocated("b")
@@ -100,8 +99,7 @@ func TestFailedRollbackIsFinishedBeforeRetry(t *testing.T) {
 		return false, nil, nil
 	})
 	h.start()
-	h.claim("a", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}})
-	h.claim("b", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}})
+	h.oneGPUClaims("a", "b")
 	h.pod("p", true, "a", "b")
 	h.waitUngated("p")
 	h.waitAllocated("a")
@@ -170,8 +168,7 @@ func TestRetryAfterRollbackWaitsForTheCache(t *testing.T) {
 		return false, nil, nil
 	})
 	h.start()
-	h.claim("a", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}})
-	h.claim("b", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}})
+	h.oneGPUClaims("a", "b")
 	notReady := testutil.ToFloat64(h.ctrl.metrics.Decisions.WithLabelValues(OutcomeNotReady))
 	h.pod("p", true, "a", "b")
 	h.eventually("a rolled back", func() bool {

@@ -11,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	clienttesting "k8s.io/client-go/testing"
 
-	"github.com/gpulink/gpulink/controller/controllertest"
 	"github.com/gpulink/gpulink/controller/report"
 )
 
@@ -131,8 +130,7 @@ func TestRollbackOfGatedDecisionDoesNotSettle(t *testing.T) {
 		return false, nil, nil
 	})
 	h.start()
-	h.claim("a", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}})
-	h.claim("b", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}})
+	h.oneGPUClaims("a", "b")
 	h.pod("p", true, "a", "b")
 	h.waitAllocated("a")
 	h.waitAllocated("b")

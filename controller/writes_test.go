@@ -112,8 +112,7 @@ func TestTimedOutWriteThatWasAppliedIsKept(t *testing.T) {
 		return true, nil, applyLost(h.client, ua)
 	})
 	h.start()
-	h.claim("a", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}})
-	h.claim("b", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}})
+	h.oneGPUClaims("a", "b")
 	h.pod("p", true, "a", "b")
 	h.waitUngated("p")
 	a, b := h.waitAllocated("a"), h.waitAllocated("b")
@@ -185,8 +184,7 @@ func TestBoundPodKeepsPartOfFailedDecision(t *testing.T) {
 		return true, nil, apierrors.NewTooManyRequests("injected", 1)
 	})
 	h.start()
-	h.claim("a", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}})
-	h.claim("b", resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{controllertest.WholeRequest("g", 1)}})
+	h.oneGPUClaims("a", "b")
 	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: ns, UID: uuid.NewUUID(), CreationTimestamp: metav1.Now()},
 		Spec: corev1.PodSpec{NodeName: "a", Containers: []corev1.Container{{Name: "c", Image: "x"}},
