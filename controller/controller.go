@@ -296,6 +296,9 @@ func New(cfg Config) (*Controller, error) {
 	for level := 0; level <= c.hierarchy.Cluster(); level++ {
 		c.metrics.GangsPlaced.WithLabelValues(c.hierarchy.Name(level))
 	}
+	if b := cfg.Gangs.PreferredStarvationBound; b < 0 {
+		return nil, fmt.Errorf("controller config: gang preferred starvation bound %s: want 0 (the starvation bound) or more", b)
+	}
 	if b := cfg.Gangs.StrictReservationBound; b < 0 {
 		return nil, fmt.Errorf("controller config: gang strict reservation bound %s: want 0 or more", b)
 	}

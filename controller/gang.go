@@ -46,11 +46,18 @@ type GangConfig struct {
 	// first, then the longest waiting (gang_reserve.go). 0: gangs never
 	// reserve.
 	StarvationBound time.Duration
+	// PreferredStarvationBound replaces StarvationBound for a gang whose
+	// level is not Required: it may span any domain that holds it, so it
+	// waits only while the whole cluster has no room for it, and a domain
+	// reserved for it early drains for nothing when it then starts
+	// elsewhere (gang_reserve.go, starvationBound). 0: StarvationBound.
+	// A StarvationBound of 0 turns reservations off for every gang.
+	PreferredStarvationBound time.Duration
 	// StrictReservationBound: until the gang holding the reservation has
 	// waited this long, the reservation is soft: it holds its domain
 	// only against the pods that fit nowhere else in the cluster; after
 	// it, against every pod (gang_reserve_soft.go). 0, or not above
-	// StarvationBound: strict from the start.
+	// the holder's starvation bound: strict from the start.
 	StrictReservationBound time.Duration
 	// RailAttribute is the fully qualified attribute (domain/name) of
 	// other drivers' devices that names a NIC's rail, for gangs with

@@ -24,7 +24,8 @@ import (
 // A gang holds nothing while it waits, so it never blocks a singleton or
 // another gang. The other way round, a stream of singletons could keep a
 // gang from ever fitting. So: a gang that has waited longer than
-// GangConfig.StarvationBound (from its oldest pod's creation) reserves the
+// its starvation bound (from its oldest pod's creation; GangConfig.StarvationBound,
+// or PreferredStarvationBound when its level is not Required) reserves the
 // domain it is closest to fitting in (at its Required level, else at the
 // lowest level with enough GPUs for it when idle: the domain with the most
 // slots for it now, then the most free GPUs, then the name). While the
@@ -60,6 +61,8 @@ type reservations struct {
 	// since is the holder's oldest pod's creation, from which the
 	// reservation's softness is counted (reservationSoft).
 	since time.Time
+	// bound is the holder's starvation bound, for messages.
+	bound time.Duration
 	// passing are the keys (passKey) of the decisions let past a soft
 	// reservation right now (pastSoftReservation).
 	passing sets.Set[string]
@@ -95,24 +98,41 @@ func (a starvedGang) outranks(b starvedGang, ak, bk string) bool {
 
 // reservedFor returns the gang holding node against the decision of key
 // (passKey: a gang's key, or a singleton's), or "" when the node is free
-// to it.
-func (c *Controller) reservedFor(node, key string) string {
+// to it, and the holder's starvation bound.
+func (c *Controller) reservedFor(node, key string) (string, time.Duration) {
 	r := &c.reserve
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.gangKey == "" || r.gangKey == key || !r.nodes.Has(node) || r.passing.Has(key) {
-		return ""
+		return "", 0
 	}
-	return r.gang
+	return r.gang, r.bound
 }
 
 // reservedAgainst is the node filter's hook (planner.NodeFilter.Reserved).
 func (c *Controller) reservedAgainst(pod *corev1.Pod, node string) string {
-	holder := c.reservedFor(node, c.passKey(pod))
+	holder, bound := c.reservedFor(node, c.passKey(pod))
 	if holder == "" {
 		return ""
 	}
-	return fmt.Sprintf("reserved for %s, which waited longer than the starvation bound (%s)", holder, c.gangCfg.StarvationBound)
+	return fmt.Sprintf("reserved for %s, which waited longer than the starvation bound (%s)", holder, bound)
+}
+
+// starvationBound is how long a gang of this request waits before it may
+// reserve; 0: never. A gang whose level is not Required waits the longer
+// PreferredStarvationBound when one is set: it starts as soon as the
+// whole cluster has room for it, so a reservation is rarely what places
+// it, and on the gang replay the domains reserved early for such gangs
+// cost the gangs that came after them their minimal level and their wait
+// against Kueue TAS, which never reserves, while a third of the holders
+// then started elsewhere (docs/performance/gangs.md). Its worst case is
+// unchanged: the strict bound (reservationSoft) counts from its wait too.
+func (c *Controller) starvationBound(req gang.Request) time.Duration {
+	bound := c.gangCfg.StarvationBound
+	if bound > 0 && req.Constraint != gang.Required && c.gangCfg.PreferredStarvationBound > 0 {
+		return c.gangCfg.PreferredStarvationBound
+	}
+	return bound
 }
 
 // releaseReservation ends the gang's reservation, if it holds one.
@@ -122,7 +142,7 @@ func (c *Controller) releaseReservation(gangKey string) {
 	delete(r.starved, gangKey)
 	released := r.gangKey == gangKey && gangKey != ""
 	if released {
-		r.gangKey, r.gang, r.domain, r.nodes, r.held, r.since = "", "", "", nil, nil, time.Time{}
+		r.gangKey, r.gang, r.domain, r.nodes, r.held, r.since, r.bound = "", "", "", nil, nil, time.Time{}, 0
 		c.metrics.GangReservedNodes.Set(0)
 	}
 	r.mu.Unlock()
@@ -192,7 +212,7 @@ func (c *Controller) outrankedBy(key string, g starvedGang) string {
 // considerReserving reserves a domain for a waiting gang that has waited
 // longer than the bound, when no other gang holds a reservation.
 func (c *Controller) considerReserving(ctx context.Context, spec gangs.Spec, members []*gangMember, req gang.Request, nodes []gang.Node) {
-	bound := c.gangCfg.StarvationBound
+	bound := c.starvationBound(req)
 	if bound <= 0 || len(nodes) == 0 {
 		return
 	}
@@ -253,7 +273,7 @@ func (c *Controller) considerReserving(ctx context.Context, spec gangs.Spec, mem
 		c.gangEvent(members, corev1.EventTypeWarning, report.ReasonGangReserved, actionWait, msg)
 		return
 	}
-	r.gangKey, r.gang, r.domain, r.nodes, r.since = spec.Key(), spec.String(), domain, chosen, since
+	r.gangKey, r.gang, r.domain, r.nodes, r.since, r.bound = spec.Key(), spec.String(), domain, chosen, since, bound
 	soft := c.reservationSoft(since)
 	r.held = nil // a new slice: readers keep the old one
 	for _, n := range nodes {

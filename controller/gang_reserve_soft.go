@@ -31,9 +31,11 @@ import (
 
 // reservationSoft tells whether the reservation held since since (its
 // holder's oldest pod's creation) is still soft. Called with r.mu held.
+// A holder reserves only once it has waited past its starvation bound, so
+// a strict bound not above that bound makes the reservation strict from
+// the start, whichever bound the holder has.
 func (c *Controller) reservationSoft(since time.Time) bool {
-	strict := c.gangCfg.StrictReservationBound
-	return strict > c.gangCfg.StarvationBound && time.Since(since) < strict
+	return time.Since(since) < c.gangCfg.StrictReservationBound
 }
 
 // passKey is the key under which a pod's decision passes a soft

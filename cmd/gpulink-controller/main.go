@@ -76,6 +76,7 @@ type options struct {
 	gangDefaultLevel   string
 	gangDefaultPolicy  string
 	gangStarvation     time.Duration
+	gangPreferredStarv time.Duration
 	gangStrictReserve  time.Duration
 	gangRailAttribute  string
 }
@@ -124,7 +125,8 @@ func main() {
 	fs.StringVar(&o.gangDefaultLevel, "gang-default-level", "", "Level (a --gang-hierarchy key or level name such as leaf) for gangs that name none; empty: the lowest level that fits.")
 	fs.StringVar(&o.gangDefaultPolicy, "gang-default-policy", string(gangs.Preferred), "Required or Preferred, for --gang-default-level.")
 	fs.DurationVar(&o.gangStarvation, "gang-starvation-bound", 15*time.Minute, "A gang that waited longer than this reserves the domain it is closest to fitting in until it is placed (one gang at a time, the one of the highest level first); 0 disables.")
-	fs.DurationVar(&o.gangStrictReserve, "gang-strict-reservation-bound", 8*time.Hour, "Until the gang holding the reservation has waited this long, pods that fit nowhere else, and gangs that would span a wider domain elsewhere, may still be placed on its domain; after it, none. 0 or not above --gang-starvation-bound: strict from the start.")
+	fs.DurationVar(&o.gangPreferredStarv, "gang-preferred-starvation-bound", 4*time.Hour, "The starvation bound of a gang whose level is not Required (it may span any domain that holds it); 0: --gang-starvation-bound.")
+	fs.DurationVar(&o.gangStrictReserve, "gang-strict-reservation-bound", 8*time.Hour, "Until the gang holding the reservation has waited this long, pods that fit nowhere else, and gangs that would span a wider domain elsewhere, may still be placed on its domain; after it, none. 0 or not above the gang's starvation bound: strict from the start.")
 	fs.StringVar(&o.gangRailAttribute, "gang-rail-attribute", "", "Fully qualified attribute (domain/name) of NIC devices that names their rail, for gangs with gpu.gpulink.dev/gang-rails: aligned; empty: a NIC's position among its driver's devices of the node in natural name order.")
 	klogFlags := goflag.NewFlagSet("klog", goflag.ExitOnError)
 	klog.InitFlags(klogFlags)
@@ -211,7 +213,7 @@ func run(ctx context.Context, o options) error {
 	default:
 		return fmt.Errorf("--gang-podgroups=%q: want true, false or auto", o.gangPodGroups)
 	}
-	klog.FromContext(ctx).Info("Gangs", "hierarchy", o.gangHierarchy, "podGroups", podGroups, "starvationBound", o.gangStarvation, "strictReservationBound", o.gangStrictReserve)
+	klog.FromContext(ctx).Info("Gangs", "hierarchy", o.gangHierarchy, "podGroups", podGroups, "starvationBound", o.gangStarvation, "preferredStarvationBound", o.gangPreferredStarv, "strictReservationBound", o.gangStrictReserve)
 
 	ctrl, err := controller.New(controller.Config{
 		Client:             client,
@@ -231,7 +233,7 @@ func run(ctx context.Context, o options) error {
 		HoldNamespace:      o.holdNamespace,
 		Gangs: controller.GangConfig{Hierarchy: hierarchy, PodGroups: podGroups, DefaultLevel: o.gangDefaultLevel,
 			DefaultPolicy: gangs.Policy(o.gangDefaultPolicy), StarvationBound: o.gangStarvation,
-			StrictReservationBound: o.gangStrictReserve, RailAttribute: o.gangRailAttribute},
+			PreferredStarvationBound: o.gangPreferredStarv, StrictReservationBound: o.gangStrictReserve, RailAttribute: o.gangRailAttribute},
 	})
 	if err != nil {
 		return err

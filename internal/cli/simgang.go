@@ -35,7 +35,9 @@ type gangFlags struct {
 	// starvation is the controller's --gang-starvation-bound for the
 	// gpulink:starvationBound row.
 	starvation time.Duration
-	strict     time.Duration
+	// preferred is its --gang-preferred-starvation-bound.
+	preferred time.Duration
+	strict    time.Duration
 }
 
 func (f *gangFlags) register(cmd *cobra.Command) {
@@ -53,6 +55,7 @@ func (f *gangFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.perSeed, "gang-per-seed", "", "with --gang-trace: also write the per-seed values behind every paired difference to this file (tab-separated)")
 	fl.IntVar(&f.workers, "gang-workers", runtime.GOMAXPROCS(0), "with --gang-trace: replays run in parallel")
 	fl.DurationVar(&f.starvation, "gang-starvation-bound", gangbench.DefaultStarvationBound*time.Second, "with --gang-trace: the controller's --gang-starvation-bound for the gpulink:starvationBound row (a gang waiting longer reserves the domain closest to fitting it)")
+	fl.DurationVar(&f.preferred, "gang-preferred-starvation-bound", gangbench.DefaultPreferredStarvationBound*time.Second, "with --gang-trace: the controller's --gang-preferred-starvation-bound for the gpulink:starvationBound row (the bound of gangs whose level is only preferred: every gang under --gang-modes preferred)")
 	fl.DurationVar(&f.strict, "gang-strict-reservation-bound", gangbench.DefaultStrictReservationBound*time.Second, "with --gang-trace: the controller's --gang-strict-reservation-bound for the gpulink:starvationBound row (until the holder has waited this long, a job that fits nowhere else may still use the reserved domain; 0: strict from the start)")
 }
 
@@ -62,6 +65,9 @@ func (f *gangFlags) run(out io.Writer) (err error) {
 	}
 	if f.starvation <= 0 {
 		return usageError{fmt.Errorf("--gang-starvation-bound must be positive, got %s (leave gpulink:starvationBound out of --gang-policies for no reservation)", f.starvation)}
+	}
+	if f.preferred <= 0 {
+		return usageError{fmt.Errorf("--gang-preferred-starvation-bound must be positive, got %s", f.preferred)}
 	}
 	if f.strict < 0 {
 		return usageError{fmt.Errorf("--gang-strict-reservation-bound must be 0 or more, got %s", f.strict)}
@@ -73,7 +79,7 @@ func (f *gangFlags) run(out io.Writer) (err error) {
 	cfg := gangbench.Config{
 		Dir: f.dir, Workloads: f.workloads, SpotJobs: f.spotJobs, Clusters: f.clusters, Nodes: f.nodes,
 		Loads: f.loads, Modes: f.modes, Policies: f.policies, Workers: f.workers,
-		Options: gangbench.Options{StarvationBound: f.starvation.Seconds(), StrictReservationBound: strict},
+		Options: gangbench.Options{StarvationBound: f.starvation.Seconds(), PreferredStarvationBound: f.preferred.Seconds(), StrictReservationBound: strict},
 	}
 	for s := 1; s <= f.seeds; s++ {
 		cfg.Seeds = append(cfg.Seeds, uint64(s))
@@ -108,7 +114,7 @@ func (f *gangFlags) run(out io.Writer) (err error) {
 		if f.strict > f.starvation {
 			soft = fmt.Sprintf("until the holder has waited %s, a job that fits nowhere else may still use the domain", f.strict)
 		}
-		fmt.Fprintf(&md, "%s: gpulink with the controller's starvation reservation: of the gangs waiting longer than %s, the one of the highest level (the oldest among equals) reserves the domain closest to fitting it; %s.\n\n", gangbench.PolicyGPULinkReserving, f.starvation, soft)
+		fmt.Fprintf(&md, "%s: gpulink with the controller's starvation reservation: of the gangs waiting longer than %s (under required; %s under preferred), the one of the highest level (the oldest among equals) reserves the domain closest to fitting it; %s.\n\n", gangbench.PolicyGPULinkReserving, f.starvation, f.preferred, soft)
 	}
 	for _, name := range f.clusters {
 		c, err := gangbench.ClusterByName(name, f.nodes)

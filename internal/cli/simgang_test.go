@@ -43,7 +43,7 @@ func TestSimulateGangTraceRuns(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 	for _, want := range []string{"### kalos, required (1 seeds)", "| superpod | 1.0 | gpulink |", "| superpod | 1.0 | per-pod-greedy |", "superpod: 64 8-GPU nodes", "### gpulink − baseline: kalos, required (1 seeds)", "| superpod | 1.0 | kueue-tas |",
-		"| superpod | 1.0 | gpulink:starvationBound |", "gpulink:starvationBound: gpulink with the controller's starvation reservation: of the gangs waiting longer than 15m0s, the one of the highest level", "until the holder has waited 8h0m0s, a job that fits nowhere else may still use the domain",
+		"| superpod | 1.0 | gpulink:starvationBound |", "gpulink:starvationBound: gpulink with the controller's starvation reservation: of the gangs waiting longer than 15m0s (under required; 4h0m0s under preferred), the one of the highest level", "until the holder has waited 8h0m0s, a job that fits nowhere else may still use the domain",
 		"## The chart's default against the baselines", "### gpulink:starvationBound − baseline: kalos, required (1 seeds)"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("report lacks %q:\n%s", want, stdout)

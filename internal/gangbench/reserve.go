@@ -9,6 +9,11 @@ import (
 // --gang-starvation-bound (controller.gangs.starvationBound), in seconds.
 const DefaultStarvationBound = 900
 
+// DefaultPreferredStarvationBound is the controller's default
+// --gang-preferred-starvation-bound
+// (controller.gangs.preferredStarvationBound), in seconds.
+const DefaultPreferredStarvationBound = 4 * 3600
+
 // DefaultStrictReservationBound is the controller's default
 // --gang-strict-reservation-bound (controller.gangs.strictReservationBound),
 // in seconds.
@@ -17,7 +22,8 @@ const DefaultStrictReservationBound = 8 * 3600
 // The gpulink:starvationBound row replays the controller's starvation
 // policy (controller/gang_reserve.go, docs/gangs.md "Singletons and
 // gangs") on top of the backfill queue every row shares: a gang that has
-// waited longer than Options.StarvationBound reserves the domain it is
+// waited longer than its bound (Options.StarvationBound under Required,
+// else Options.PreferredStarvationBound; starvationBound) reserves the domain it is
 // closest to fitting in, and no other job is placed on that domain's
 // nodes until the gang is placed; one gang reserves at a time, the one
 // of the highest minimal level among those past the bound (nextHolder).
@@ -124,7 +130,7 @@ func nextHolder(s *state, js []jobState, keep []int, a passArgs) (int, []int) {
 	var held []int
 	for _, x := range keep {
 		j := js[x].job
-		if j.Pods < 2 || a.t-j.Submit <= a.opt.StarvationBound {
+		if j.Pods < 2 || a.t-j.Submit <= a.opt.starvationBound() {
 			continue
 		}
 		lv := s.c.MinLevel(j.Pods, j.GPUsPerPod)
@@ -136,6 +142,17 @@ func nextHolder(s *state, js []jobState, keep []int, a passArgs) (int, []int) {
 		}
 	}
 	return holder, held
+}
+
+// starvationBound is how long a gang waits before it may reserve: the
+// controller's bound for a gang under Required, its longer one for a gang
+// whose level is only preferred (controller/gang_reserve.go,
+// starvationBound).
+func (o *Options) starvationBound() float64 {
+	if o.Required {
+		return o.StarvationBound
+	}
+	return o.PreferredStarvationBound
 }
 
 // requiredLevel is the level a job must fit within: its minimal level

@@ -138,7 +138,7 @@ func TestNextHolder(t *testing.T) {
 	for i := range jobs {
 		js[i] = jobState{job: &jobs[i], start: -1}
 	}
-	a := passArgs{t: 1000, opt: Options{StarvationBound: 900}}
+	a := passArgs{t: 1000, opt: Options{Required: true, StarvationBound: 900, PreferredStarvationBound: 4 * 3600}}
 	cases := []struct {
 		name    string
 		pending []int
@@ -154,6 +154,47 @@ func TestNextHolder(t *testing.T) {
 		got, nodes := nextHolder(newState(c), js, tc.pending, a)
 		if got != tc.want || len(nodes) != tc.nodes {
 			t.Errorf("%s: holder %d with %d nodes, want %d with %d", tc.name, got, len(nodes), tc.want, tc.nodes)
+		}
+	}
+	// Gangs whose level is only preferred wait their own, longer bound:
+	// none of them is past 4 h at t = 1,000, and all but the youngest
+	// are at t = 4 h + 50 s.
+	a.opt.Required = false
+	if got, nodes := nextHolder(newState(c), js, []int{0, 1, 2, 3, 4, 5, 6}, a); got != -1 || nodes != nil {
+		t.Errorf("preferred, t = 1,000: holder %d with %d nodes, want none within the 4 h bound", got, len(nodes))
+	}
+	a.t = 4*3600 + 50
+	if got, nodes := nextHolder(newState(c), js, []int{0, 1, 2, 3, 4, 5, 6}, a); got != 3 || len(nodes) != 128 {
+		t.Errorf("preferred, t = 4 h + 50 s: holder %d with %d nodes, want the spine-sized gang 3 with 128", got, len(nodes))
+	}
+}
+
+// TestPreferredStarvationBound: the starved gang of
+// TestStarvationReservation, its level only preferred (it may span both
+// leaves, but 32 nodes are never free at once), reserves after the
+// preferred bound, not the Required one. With 900 s for both it reserves
+// leaf-000 at t = 1,000 and starts at 7,400 as under Required; with the
+// preferred bound at an hour it reserves at t = 3,700 (the first pass
+// past 3,601), when leaf-000's last single, placed at t = 3,200, still
+// runs until 9,600. Under Required the preferred bound plays no part.
+func TestPreferredStarvationBound(t *testing.T) {
+	c, jobs := starvedGang()
+	cases := []struct {
+		name     string
+		opt      Options
+		wantWait float64
+	}{
+		{"preferred, both bounds 900 s", Options{StarvationBound: 900, PreferredStarvationBound: 900, StrictReservationBound: -1}, 7399},
+		{"preferred, its bound an hour", Options{StarvationBound: 900, PreferredStarvationBound: 3600, StrictReservationBound: -1}, 9599},
+		{"required, the preferred bound an hour", Options{Required: true, StarvationBound: 900, PreferredStarvationBound: 3600, StrictReservationBound: -1}, 7399},
+	}
+	for _, tc := range cases {
+		res, err := Replay(c, jobs, 20000, PolicyGPULinkReserving, 1, tc.opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.GangsPlaced != 1 || res.WaitGangs != tc.wantWait {
+			t.Errorf("%s: %d gangs placed after %g s, want 1 after %g", tc.name, res.GangsPlaced, res.WaitGangs, tc.wantWait)
 		}
 	}
 }

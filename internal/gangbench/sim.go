@@ -60,6 +60,11 @@ type Options struct {
 	// seconds, for the gpulink:starvationBound row (reserve.go); default
 	// 900, the controller's default.
 	StarvationBound float64
+	// PreferredStarvationBound is the controller's
+	// --gang-preferred-starvation-bound, in seconds: the bound of a gang
+	// whose level is only preferred (every gang when Required is false);
+	// default 4 h, the controller's default.
+	PreferredStarvationBound float64
 	// StrictReservationBound is the controller's
 	// --gang-strict-reservation-bound, in seconds: until the holder has
 	// waited this long its reservation is soft (reserve.go); default
@@ -130,6 +135,9 @@ func Replay(c *Cluster, jobs []Job, window float64, policy string, seed uint64, 
 	}
 	if opt.StarvationBound == 0 {
 		opt.StarvationBound = DefaultStarvationBound
+	}
+	if opt.PreferredStarvationBound == 0 {
+		opt.PreferredStarvationBound = DefaultPreferredStarvationBound
 	}
 	if opt.StrictReservationBound == 0 {
 		opt.StrictReservationBound = DefaultStrictReservationBound
