@@ -23,10 +23,11 @@ import (
 //
 // A gang holds nothing while it waits, so it never blocks a singleton or
 // another gang. The other way round, a stream of singletons could keep a
-// gang from ever fitting. So: a gang that has waited longer than
-// its starvation bound (from its oldest pod's creation; GangConfig.StarvationBound,
-// or PreferredStarvationBound when its level is not Required) reserves the
-// domain it is closest to fitting in (at its Required level, else at the
+// gang from ever fitting. So: a gang that has waited longer than its
+// starvation bound (from its oldest pod's creation;
+// GangConfig.StarvationBound, or PreferredStarvationBound when its level
+// is not Required; starvationBound) reserves the domain it is closest to
+// fitting in (at its Required level, else at the
 // lowest level with enough GPUs for it when idle: the domain with the most
 // slots for it now, then the most free GPUs, then the name). While the
 // reservation lasts, no other pod, singleton or gang, is placed on the

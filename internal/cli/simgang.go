@@ -110,9 +110,18 @@ func (f *gangFlags) run(out io.Writer) (err error) {
 	}
 	fmt.Fprintf(&md, "Replayed %s at loads %s with seeds 1..%d in %s (%d workers).\n\n", filepath.Clean(f.dir), strings.Join(loads, ", "), f.seeds, time.Since(start).Round(time.Second), f.workers)
 	if slices.Contains(f.policies, gangbench.PolicyGPULinkReserving) {
+		// A holder reserves past its bound, so a strict bound not above it
+		// leaves no soft phase (gangbench's passReserving).
 		soft := "strict from the start"
-		if f.strict > f.starvation {
+		switch {
+		case f.strict > max(f.starvation, f.preferred):
 			soft = fmt.Sprintf("until the holder has waited %s, a job that fits nowhere else may still use the domain", f.strict)
+		case f.strict > min(f.starvation, f.preferred):
+			mode := gangbench.ModeRequired
+			if f.preferred < f.starvation {
+				mode = gangbench.ModePreferred
+			}
+			soft = fmt.Sprintf("until the holder has waited %s, a job that fits nowhere else may still use the domain (under %s; strict from the start under the other mode)", f.strict, mode)
 		}
 		fmt.Fprintf(&md, "%s: gpulink with the controller's starvation reservation: of the gangs waiting longer than %s (under required; %s under preferred), the one of the highest level (the oldest among equals) reserves the domain closest to fitting it; %s.\n\n", gangbench.PolicyGPULinkReserving, f.starvation, f.preferred, soft)
 	}

@@ -19,6 +19,7 @@ func TestSimulateGangTraceFlags(t *testing.T) {
 		{"no trace names the file", []string{"simulate", "--gang-trace", t.TempDir()}, "kalos_jobs.csv"},
 		{"seeds at least 1", []string{"simulate", "--gang-trace", t.TempDir(), "--gang-seeds", "0"}, "--gang-seeds must be at least 1"},
 		{"starvation bound positive", []string{"simulate", "--gang-trace", t.TempDir(), "--gang-starvation-bound", "0s"}, "--gang-starvation-bound must be positive, got 0s"},
+		{"preferred starvation bound positive", []string{"simulate", "--gang-trace", t.TempDir(), "--gang-preferred-starvation-bound", "0s"}, "--gang-preferred-starvation-bound must be positive, got 0s"},
 		{"strict reservation bound not negative", []string{"simulate", "--gang-trace", t.TempDir(), "--gang-strict-reservation-bound", "-1s"}, "--gang-strict-reservation-bound must be 0 or more, got -1s"},
 		{"excludes a scenario", []string{"simulate", "--gang-trace", t.TempDir(), "--scenario", "x.yaml"}, "--gang-trace excludes --scenario and --trace"},
 	}

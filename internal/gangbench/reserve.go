@@ -23,8 +23,8 @@ const DefaultStrictReservationBound = 8 * 3600
 // policy (controller/gang_reserve.go, docs/gangs.md "Singletons and
 // gangs") on top of the backfill queue every row shares: a gang that has
 // waited longer than its bound (Options.StarvationBound under Required,
-// else Options.PreferredStarvationBound; starvationBound) reserves the domain it is
-// closest to fitting in, and no other job is placed on that domain's
+// else Options.PreferredStarvationBound; starvationBound) reserves the
+// domain it is closest to fitting in, and no other job is placed on that domain's
 // nodes until the gang is placed; one gang reserves at a time, the one
 // of the highest minimal level among those past the bound (nextHolder).
 // Until the holder has waited Options.StrictReservationBound the
