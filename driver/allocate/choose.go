@@ -151,11 +151,12 @@ func chooseShare(nodes []*NodeState, req Request, pol Policy) (Result, error) {
 	defer putScratch(sc)
 	best := ranked{idx: -1}
 	var bestPos int
+	picks := freshPicks{}
 	for i, n := range nodes {
 		if n.Host != nil && !req.Host.fits(*n.Host) {
 			continue
 		}
-		pl, why := placeShare(sc, n, req, pol.GPU.spread(), pol.Mix)
+		pl, why := placeShare(sc, n, req, pol.GPU.spread(), pol.Mix, picks)
 		if why != "" {
 			continue
 		}

@@ -90,7 +90,7 @@ func scoreNode(n *NodeState, req Request, pol Policy) (s NodeScore, set uint64, 
 	sc := getScratch()
 	defer putScratch(sc)
 	if req.Share != nil {
-		pl, why := placeShare(sc, n, req, pol.GPU.spread(), pol.Mix)
+		pl, why := placeShare(sc, n, req, pol.GPU.spread(), pol.Mix, nil)
 		if why != "" {
 			return NodeScore{}, 0, false, nil
 		}

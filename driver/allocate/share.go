@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"math/bits"
 	"strings"
-
-	"github.com/gpulink/gpulink/driver/topology"
 )
 
 // misfit is why a GPU cannot take a share; the counts explain failures.
@@ -102,7 +100,9 @@ type sharePlacement struct {
 
 // placeShare chooses the GPU for a share; see doc.go. When nothing fits it
 // returns the reason instead.
-func placeShare(sc *scratch, n *NodeState, req Request, spread bool, mix *SizeMix) (sharePlacement, string) {
+// picks, when not nil, remembers the fresh GPU chosen on nodes of the
+// same state across the nodes of one ranking.
+func placeShare(sc *scratch, n *NodeState, req Request, spread bool, mix *SizeMix, picks freshPicks) (sharePlacement, string) {
 	s := req.Share
 	elig := eligibleMask(n, req)
 	free := freeMask(n)
@@ -148,8 +148,7 @@ func placeShare(sc *scratch, n *NodeState, req Request, spread bool, mix *SizeMi
 	if !useShared && fresh != 0 {
 		// Of the fresh GPUs, give up the one least useful for future
 		// whole-GPU sets: the same choice as a one-GPU request.
-		pk := pickWhole(sc, n.Topology, free, fresh, 1, topology.LinkNone, true, mix)
-		best = bits.TrailingZeros64(pk.set)
+		best = picks.pick(sc, n.Topology, free, fresh, mix)
 	}
 	if best < 0 {
 		return sharePlacement{}, shareReason(n, s, counts)
@@ -169,7 +168,7 @@ func placeShare(sc *scratch, n *NodeState, req Request, spread bool, mix *SizeMi
 
 func allocateShare(n *NodeState, req Request, pol Policy) (Result, error) {
 	sc := getScratch()
-	pl, why := placeShare(sc, n, req, pol.GPU.spread(), pol.Mix)
+	pl, why := placeShare(sc, n, req, pol.GPU.spread(), pol.Mix, nil)
 	putScratch(sc)
 	if why != "" {
 		return Result{}, &UnsatisfiableError{Node: n.Name, Reason: why}
