@@ -60,6 +60,8 @@ func chooseWhole(nodes []*NodeState, req Request, pol Policy) (Result, error) {
 	// and the best set found on nodes that had enough but missed the link.
 	mostIdx, mostFree := -1, -1
 	looseIdx, looseKey := -1, key(0)
+	strands := &sc.strands
+	strands.begin()
 	for i, n := range nodes {
 		if n.Host != nil && !req.Host.fits(*n.Host) {
 			continue
@@ -82,7 +84,7 @@ func chooseWhole(nodes []*NodeState, req Request, pol Policy) (Result, error) {
 				// Stranding does not depend on which free GPUs are
 				// taken; the set may at best be ideal.
 				ub.score.demand, ub.score.ideal = true, true
-				ub.score.strand = strandDelta(pol.Demand, n, req, lowestFreeSet(cand, k))
+				ub.score.strand = strands.delta(pol.Demand, n, req, lowestFreeSet(cand, k))
 			}
 			if !ub.beats(best, nodes, spread) {
 				continue
@@ -95,7 +97,7 @@ func chooseWhole(nodes []*NodeState, req Request, pol Policy) (Result, error) {
 			}
 			continue
 		}
-		score := withDemand(wholeNodeScore(p.key, freeAfter, false), n, req, cand, p.key, pol.Demand)
+		score := withDemand(wholeNodeScore(p.key, freeAfter, false), n, req, cand, p.key, pol.Demand, strands)
 		if s := (ranked{idx: i, score: score}); best.idx < 0 || s.beats(best, nodes, spread) {
 			best = s
 		}
@@ -152,6 +154,8 @@ func chooseShare(nodes []*NodeState, req Request, pol Policy) (Result, error) {
 	best := ranked{idx: -1}
 	var bestPos int
 	picks := freshPicks{}
+	strands := &sc.strands
+	strands.begin()
 	for i, n := range nodes {
 		if n.Host != nil && !req.Host.fits(*n.Host) {
 			continue
@@ -160,7 +164,7 @@ func chooseShare(nodes []*NodeState, req Request, pol Policy) (Result, error) {
 		if why != "" {
 			continue
 		}
-		if s := (ranked{idx: i, score: shareNodeScore(n, req, pl, pol.Demand)}); best.idx < 0 || s.beats(best, nodes, pol.Node.spread()) {
+		if s := (ranked{idx: i, score: shareNodeScore(n, req, pl, pol.Demand, strands)}); best.idx < 0 || s.beats(best, nodes, pol.Node.spread()) {
 			best, bestPos = s, pl.pos
 		}
 	}

@@ -94,7 +94,7 @@ func scoreNode(n *NodeState, req Request, pol Policy) (s NodeScore, set uint64, 
 		if why != "" {
 			return NodeScore{}, 0, false, nil
 		}
-		return shareNodeScore(n, req, pl, pol.Demand), 1 << pl.pos, true, nil
+		return shareNodeScore(n, req, pl, pol.Demand, nil), 1 << pl.pos, true, nil
 	}
 	free := freeMask(n)
 	cand := free & eligibleMask(n, req)
@@ -106,7 +106,7 @@ func scoreNode(n *NodeState, req Request, pol Policy) (s NodeScore, set uint64, 
 		return NodeScore{}, 0, false, nil
 	}
 	s = wholeNodeScore(p.key, bits.OnesCount64(free)-req.GPUs, bits.OnesCount64(free) > exactMaxFree)
-	return withDemand(s, n, req, cand, p.key, pol.Demand), lowestFreeSet(cand, req.GPUs), true, nil
+	return withDemand(s, n, req, cand, p.key, pol.Demand, nil), lowestFreeSet(cand, req.GPUs), true, nil
 }
 
 func wholeNodeScore(k key, freeAfter int, mixDependent bool) NodeScore {
@@ -114,23 +114,26 @@ func wholeNodeScore(k key, freeAfter int, mixDependent bool) NodeScore {
 }
 
 // withDemand adds the demand criteria to a whole-GPU score whose set has
-// quality k, taken from cand.
-func withDemand(s NodeScore, n *NodeState, req Request, cand uint64, k key, d *DemandMix) NodeScore {
+// quality k, taken from cand; strands, when not nil, remembers the
+// stranding across the nodes of one ranking.
+func withDemand(s NodeScore, n *NodeState, req Request, cand uint64, k key, d *DemandMix, strands *strandCache) NodeScore {
 	if d == nil {
 		return s
 	}
 	s.demand = true
 	s.ideal = k.weak() >= idealKey(n.Topology, req.GPUs).weak()
-	s.strand = strandDelta(d, n, req, lowestFreeSet(cand, req.GPUs))
+	s.strand = strands.delta(d, n, req, lowestFreeSet(cand, req.GPUs))
 	return s
 }
 
-func shareNodeScore(n *NodeState, req Request, pl sharePlacement, d *DemandMix) NodeScore {
+// shareNodeScore scores the share placed at pl on n; strands, when not
+// nil, remembers the stranding across the nodes of one ranking.
+func shareNodeScore(n *NodeState, req Request, pl sharePlacement, d *DemandMix, strands *strandCache) NodeScore {
 	s := NodeScore{share: true, fresh: pl.fresh, freeAfter: pl.freeAfter, loadAfter: pl.loadAfter,
 		mixDependent: pl.fresh && !uniformMemory(n)}
 	if d != nil {
 		s.demand = true
-		s.strand = strandDelta(d, n, req, 1<<pl.pos)
+		s.strand = strands.delta(d, n, req, 1<<pl.pos)
 	}
 	return s
 }

@@ -23,6 +23,8 @@ type scratch struct {
 	heap            beamHeap
 	chosen          []bool
 	seen            setTable
+	// strands remembers stranding across the nodes of one ranking.
+	strands strandCache
 }
 
 // scratchFree keeps idle scratch buffers. Unlike a sync.Pool it is not
